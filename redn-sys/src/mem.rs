@@ -1,0 +1,629 @@
+//! Registered memory: shared buffers, protection domains, memory regions and their keys.
+//!
+//! Every byte the softnic reads or writes on behalf of a WQE goes through this module: a key is
+//! resolved to a [`MemoryRegion`], the region checks PD, bounds and rights, and only then is the
+//! [`SharedBuffer`] touched. A buffer is shared with threads we do not control (the application,
+//! other processing units, a peer that patches our rings), so it is only ever accessed with
+//! atomic operations on 64-bit words: never a plain load or store, hence no data race and no
+//! torn WQE as far as the language is concerned. Mixed-size atomics are avoided (Miri rejects
+//! them): sub-word writes are compare-exchange loops on the containing word.
+
+use crate::types::{Access, Lkey, Pdn, Rkey, VirtAddr};
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+const WORD: usize = 8;
+
+/// Who frees a buffer's memory.
+enum Backing {
+    /// Allocated by us.
+    Heap(#[allow(dead_code)] Box<[AtomicU64]>),
+    /// Mapped by someone else (an app's memfd); `release` unmaps it.
+    Foreign(Option<Box<dyn FnOnce() + Send + Sync>>),
+}
+
+/// Memory that WQEs may read and write while other threads do too: 8-byte aligned, a whole
+/// number of 64-bit words, accessed only atomically.
+pub struct SharedBuffer {
+    words: NonNull<AtomicU64>,
+    len_words: usize,
+    backing: Backing,
+}
+
+// SAFETY: the buffer is only accessed through `&AtomicU64`, which is Sync; `words` points into
+// memory owned by `backing` (or kept mapped until `release` runs in Drop), so it stays valid for
+// as long as the SharedBuffer lives, whichever thread holds it.
+unsafe impl Send for SharedBuffer {}
+// SAFETY: as above: all shared access is atomic.
+unsafe impl Sync for SharedBuffer {}
+
+impl fmt::Debug for SharedBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedBuffer")
+            .field("addr", &self.addr())
+            .field("len", &self.len())
+            .field(
+                "backing",
+                &match self.backing {
+                    Backing::Heap(_) => "heap",
+                    Backing::Foreign(_) => "foreign",
+                },
+            )
+            .finish()
+    }
+}
+
+impl SharedBuffer {
+    /// A zeroed buffer of `len` bytes rounded up to whole words (at least one word).
+    pub fn new(len: usize) -> Arc<SharedBuffer> {
+        let n = len.div_ceil(WORD).max(1);
+        let mut words: Box<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
+        let ptr = NonNull::from(&mut words[0]);
+        Arc::new(SharedBuffer {
+            words: ptr,
+            len_words: n,
+            backing: Backing::Heap(words),
+        })
+    }
+
+    /// Wrap memory mapped elsewhere (an application's memfd).
+    ///
+    /// # Safety
+    /// `ptr` must be 8-byte aligned and valid for reads and writes of `len` bytes (a multiple of
+    /// 8, nonzero) until `release` is called, which happens exactly once when the buffer drops.
+    /// Other processes may write the memory concurrently; nobody in this process may access it
+    /// other than through this buffer.
+    pub unsafe fn from_raw(
+        ptr: NonNull<u8>,
+        len: usize,
+        release: Box<dyn FnOnce() + Send + Sync>,
+    ) -> Arc<SharedBuffer> {
+        debug_assert!(len % WORD == 0 && len > 0 && ptr.as_ptr() as usize % WORD == 0);
+        Arc::new(SharedBuffer {
+            words: ptr.cast(),
+            len_words: len / WORD,
+            backing: Backing::Foreign(Some(release)),
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len_words * WORD
+    }
+
+    /// Always false: a buffer holds at least one word.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The buffer's address, which is also the I/O virtual address WQEs use for it.
+    pub fn addr(&self) -> VirtAddr {
+        VirtAddr(self.words.as_ptr() as u64)
+    }
+
+    /// Raw pointer, for registering the buffer with real hardware.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.words.as_ptr().cast()
+    }
+
+    #[inline]
+    fn word(&self, i: usize) -> &AtomicU64 {
+        assert!(i < self.len_words, "word {i} outside buffer of {}", self.len_words);
+        // SAFETY: i < len_words (checked above) and `words` is valid for len_words atomics for
+        // the buffer's lifetime (constructor invariants).
+        unsafe { &*self.words.as_ptr().add(i) }
+    }
+
+    /// True if `off..off+len` lies inside the buffer.
+    pub fn contains(&self, off: usize, len: usize) -> bool {
+        off.checked_add(len).is_some_and(|end| end <= self.len())
+    }
+
+    /// Copy `dst.len()` bytes starting at byte `off` out of the buffer.
+    /// Panics if the range is outside the buffer (callers check with a region first).
+    #[inline]
+    pub fn read(&self, off: usize, dst: &mut [u8]) {
+        assert!(self.contains(off, dst.len()), "read outside buffer");
+        let mut pos = off;
+        let mut done = 0;
+        while done < dst.len() {
+            let (w, b) = (pos / WORD, pos % WORD);
+            let n = (WORD - b).min(dst.len() - done);
+            let v = self.word(w).load(Ordering::Relaxed).to_ne_bytes();
+            dst[done..done + n].copy_from_slice(&v[b..b + n]);
+            pos += n;
+            done += n;
+        }
+    }
+
+    /// Copy `src` into the buffer at byte `off`. Whole words are stored; partial words are
+    /// merged with a compare-exchange so concurrent writers of neighbouring bytes lose nothing.
+    #[inline]
+    pub fn write(&self, off: usize, src: &[u8]) {
+        assert!(self.contains(off, src.len()), "write outside buffer");
+        let mut pos = off;
+        let mut done = 0;
+        while done < src.len() {
+            let (w, b) = (pos / WORD, pos % WORD);
+            let n = (WORD - b).min(src.len() - done);
+            let word = self.word(w);
+            if n == WORD {
+                let mut v = [0u8; WORD];
+                v.copy_from_slice(&src[done..done + WORD]);
+                word.store(u64::from_ne_bytes(v), Ordering::Relaxed);
+            } else {
+                let part = &src[done..done + n];
+                let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                    let mut v = old.to_ne_bytes();
+                    v[b..b + n].copy_from_slice(part);
+                    Some(u64::from_ne_bytes(v))
+                });
+            }
+            pos += n;
+            done += n;
+        }
+    }
+
+    /// Read one aligned 64-bit word as a little-endian (host-order on x86) value, as an RDMA
+    /// atomic sees its target.
+    pub fn load_u64(&self, off: usize) -> u64 {
+        assert!(off % WORD == 0 && self.contains(off, WORD));
+        u64::from_le(self.word(off / WORD).load(Ordering::Acquire))
+    }
+
+    /// Store one aligned little-endian word.
+    pub fn store_u64(&self, off: usize, v: u64) {
+        assert!(off % WORD == 0 && self.contains(off, WORD));
+        self.word(off / WORD).store(v.to_le(), Ordering::Release);
+    }
+
+    /// Atomically apply `f` to the aligned little-endian word at `off` (the target of an RDMA
+    /// atomic); returns the old value. `f` returns `None` to leave the word unchanged.
+    pub fn atomic_update(&self, off: usize, mut f: impl FnMut(u64) -> Option<u64>) -> u64 {
+        assert!(off % WORD == 0 && self.contains(off, WORD));
+        let word = self.word(off / WORD);
+        let r = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |raw| {
+            f(u64::from_le(raw)).map(u64::to_le)
+        });
+        u64::from_le(r.unwrap_or_else(|v| v))
+    }
+
+    /// Copy a whole 64-byte basic block (8 aligned words) starting at `off` into `dst`.
+    #[inline]
+    pub fn read_block(&self, off: usize, dst: &mut [u8; 64]) {
+        assert!(off % WORD == 0 && self.contains(off, 64));
+        for (i, chunk) in dst.chunks_exact_mut(WORD).enumerate() {
+            chunk.copy_from_slice(
+                &self
+                    .word(off / WORD + i)
+                    .load(Ordering::Relaxed)
+                    .to_ne_bytes(),
+            );
+        }
+    }
+}
+
+impl Drop for SharedBuffer {
+    fn drop(&mut self) {
+        if let Backing::Foreign(release) = &mut self.backing {
+            if let Some(r) = release.take() {
+                r();
+            }
+        }
+    }
+}
+
+/// Why an access to registered memory was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AccessFault {
+    /// No region has this key.
+    #[error("no memory region has key {0:#x}")]
+    UnknownKey(u32),
+    /// The region belongs to another protection domain.
+    #[error("key {key:#x} belongs to protection domain {region_pd}, not {queue_pd}")]
+    ForeignPd {
+        /// The key.
+        key: u32,
+        /// The region's PD.
+        region_pd: Pdn,
+        /// The accessing queue pair's PD.
+        queue_pd: Pdn,
+    },
+    /// The range is not inside the region.
+    #[error("range {addr}+{len} outside region {region_addr}+{region_len} (key {key:#x})")]
+    OutOfBounds {
+        /// The key.
+        key: u32,
+        /// Start of the access.
+        addr: VirtAddr,
+        /// Length of the access.
+        len: u64,
+        /// Start of the region.
+        region_addr: VirtAddr,
+        /// Length of the region.
+        region_len: u64,
+    },
+    /// The region lacks a right the operation needs.
+    #[error("key {key:#x} lacks {missing} (has {has})")]
+    MissingRight {
+        /// The key.
+        key: u32,
+        /// The right needed.
+        missing: Access,
+        /// The rights the region has.
+        has: Access,
+    },
+    /// An atomic target not aligned to 8 bytes.
+    #[error("atomic target {0} is not 8-byte aligned")]
+    Misaligned(VirtAddr),
+}
+
+/// A registered memory region: a window of a [`SharedBuffer`] with a key, a protection domain
+/// and access rights.
+#[derive(Debug)]
+pub struct MemoryRegion {
+    /// Local key (equal to the remote key, as on mlx5).
+    pub lkey: Lkey,
+    /// The protection domain it was registered in.
+    pub pd: Pdn,
+    /// First address WQEs may name.
+    pub addr: VirtAddr,
+    /// Length in bytes.
+    pub len: u64,
+    /// Rights granted.
+    pub access: Access,
+    buffer: Arc<SharedBuffer>,
+    buffer_off: usize,
+}
+
+/// A checked window into registered memory, ready to read or write.
+#[derive(Clone, Copy, Debug)]
+pub struct Span<'a> {
+    /// The buffer.
+    pub buffer: &'a SharedBuffer,
+    /// Byte offset of the window in the buffer.
+    pub off: usize,
+    /// Length of the window.
+    pub len: usize,
+}
+
+impl<'a> Span<'a> {
+    /// Copy the whole window out.
+    pub fn read(&self, dst: &mut [u8]) {
+        self.buffer.read(self.off, &mut dst[..self.len]);
+    }
+
+    /// Copy `src` (at most the window's length) in.
+    pub fn write(&self, src: &[u8]) {
+        self.buffer.write(self.off, &src[..self.len.min(src.len())]);
+    }
+}
+
+impl MemoryRegion {
+    /// The remote key (same number as the local key).
+    pub fn rkey(&self) -> Rkey {
+        self.lkey.into()
+    }
+
+    /// The buffer this region is a window of.
+    pub fn buffer(&self) -> &Arc<SharedBuffer> {
+        &self.buffer
+    }
+
+    /// Check that a queue pair in `pd` may access `addr..addr+len` with rights `need`, and
+    /// return the window. The single place where PD, bounds and rights are decided.
+    #[inline]
+    pub fn check(
+        &self,
+        pd: Pdn,
+        addr: VirtAddr,
+        len: u64,
+        need: Access,
+    ) -> Result<Span<'_>, AccessFault> {
+        if pd != self.pd {
+            return Err(AccessFault::ForeignPd {
+                key: self.lkey.0,
+                region_pd: self.pd,
+                queue_pd: pd,
+            });
+        }
+        let rel = addr.0.wrapping_sub(self.addr.0);
+        if addr.0 < self.addr.0 || rel > self.len || len > self.len - rel {
+            return Err(AccessFault::OutOfBounds {
+                key: self.lkey.0,
+                addr,
+                len,
+                region_addr: self.addr,
+                region_len: self.len,
+            });
+        }
+        if !self.access.contains(need) {
+            return Err(AccessFault::MissingRight {
+                key: self.lkey.0,
+                missing: need,
+                has: self.access,
+            });
+        }
+        Ok(Span {
+            buffer: &self.buffer,
+            off: self.buffer_off + rel as usize,
+            len: len as usize,
+        })
+    }
+}
+
+/// The key table of one NIC: registers and resolves memory regions.
+///
+/// Keys are `index << 8 | tag` like mlx5 mkeys; the tag changes each time an index is reused
+/// so a stale key does not silently name a new region. `generation` increases on every
+/// deregistration so per-queue key caches know when to drop what they hold.
+#[derive(Debug, Default)]
+pub struct KeyTable {
+    slots: RwLock<Vec<KeySlot>>,
+    generation: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct KeySlot {
+    tag: u8,
+    region: Option<Arc<MemoryRegion>>,
+}
+
+/// Why a registration was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RegisterError {
+    /// The window is not inside the buffer.
+    #[error("window {off}+{len} is outside the {buffer_len}-byte buffer")]
+    OutsideBuffer {
+        /// Offset asked for.
+        off: usize,
+        /// Length asked for.
+        len: usize,
+        /// Buffer length.
+        buffer_len: usize,
+    },
+    /// Zero-length regions are refused.
+    #[error("zero-length region")]
+    Empty,
+    /// The 24-bit key index space is exhausted.
+    #[error("key table full")]
+    Full,
+}
+
+impl KeyTable {
+    /// An empty table.
+    pub fn new() -> KeyTable {
+        KeyTable::default()
+    }
+
+    /// Register `len` bytes of `buffer` at `off`.
+    pub fn register(
+        &self,
+        pd: Pdn,
+        buffer: &Arc<SharedBuffer>,
+        off: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Arc<MemoryRegion>, RegisterError> {
+        if len == 0 {
+            return Err(RegisterError::Empty);
+        }
+        if !buffer.contains(off, len) {
+            return Err(RegisterError::OutsideBuffer {
+                off,
+                len,
+                buffer_len: buffer.len(),
+            });
+        }
+        let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+        let index = match slots.iter().position(|s| s.region.is_none()) {
+            Some(i) => i,
+            None if slots.len() < (1 << 24) - 1 => {
+                slots.push(KeySlot::default());
+                slots.len() - 1
+            }
+            None => return Err(RegisterError::Full),
+        };
+        let slot = &mut slots[index];
+        slot.tag = slot.tag.wrapping_add(1);
+        // Index 0 would give keys 0x01..0xff; start at 1 so key 0 and INVALID_LKEY (0x100)
+        // never name a region.
+        let key = ((index as u32 + 2) << 8) | u32::from(slot.tag);
+        let region = Arc::new(MemoryRegion {
+            lkey: Lkey(key),
+            pd,
+            addr: VirtAddr(buffer.addr().0 + off as u64),
+            len: len as u64,
+            access,
+            buffer: Arc::clone(buffer),
+            buffer_off: off,
+        });
+        slot.region = Some(Arc::clone(&region));
+        Ok(region)
+    }
+
+    /// Remove a region; later lookups of its key fail. Returns the region if it existed.
+    pub fn deregister(&self, key: Lkey) -> Option<Arc<MemoryRegion>> {
+        let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+        let slot = slots.get_mut(Self::index(key.0)?)?;
+        if slot.tag != key.0 as u8 {
+            return None;
+        }
+        let r = slot.region.take();
+        self.generation.fetch_add(1, Ordering::Release);
+        r
+    }
+
+    fn index(key: u32) -> Option<usize> {
+        ((key >> 8) as usize).checked_sub(2)
+    }
+
+    /// Resolve a key.
+    pub fn lookup(&self, key: u32) -> Result<Arc<MemoryRegion>, AccessFault> {
+        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+        Self::index(key)
+            .and_then(|i| slots.get(i))
+            .filter(|s| s.tag == key as u8)
+            .and_then(|s| s.region.clone())
+            .ok_or(AccessFault::UnknownKey(key))
+    }
+
+    /// Current generation: changes whenever a region goes away.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Every registered region (for listings).
+    pub fn regions(&self) -> Vec<Arc<MemoryRegion>> {
+        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+        slots.iter().filter_map(|s| s.region.clone()).collect()
+    }
+}
+
+/// A tiny per-queue cache of resolved keys, so the hot path does not take the table's lock.
+/// Entries are dropped when the table's generation moves (a region was deregistered).
+#[derive(Debug, Default)]
+pub struct KeyCache {
+    generation: u64,
+    entries: Vec<Arc<MemoryRegion>>,
+    next: usize,
+}
+
+const KEY_CACHE_SIZE: usize = 8;
+
+impl KeyCache {
+    /// An empty cache.
+    pub fn new() -> KeyCache {
+        KeyCache::default()
+    }
+
+    /// Resolve `key` through the cache.
+    #[inline]
+    pub fn get(&mut self, table: &KeyTable, key: u32) -> Result<&MemoryRegion, AccessFault> {
+        let g = table.generation();
+        if g != self.generation {
+            self.entries.clear();
+            self.generation = g;
+        }
+        if let Some(i) = self.entries.iter().position(|r| r.lkey.0 == key) {
+            return Ok(&self.entries[i]);
+        }
+        let r = table.lookup(key)?;
+        let i = if self.entries.len() < KEY_CACHE_SIZE {
+            self.entries.push(r);
+            self.entries.len() - 1
+        } else {
+            let i = self.next;
+            self.next = (self.next + 1) % KEY_CACHE_SIZE;
+            self.entries[i] = r;
+            i
+        };
+        Ok(&self.entries[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_access_at_any_alignment() {
+        let b = SharedBuffer::new(64);
+        b.write(3, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+        let mut out = [0u8; 16];
+        b.read(0, &mut out);
+        assert_eq!(out, [0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0, 0]);
+        b.write(8, &[0xff; 8]);
+        b.read(0, &mut out);
+        assert_eq!(&out[6..], &[4, 5, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]);
+    }
+
+    #[test]
+    fn atomics_see_little_endian_words() {
+        let b = SharedBuffer::new(16);
+        b.write(8, &[1, 0, 0, 0, 0, 0, 0, 0x80]);
+        assert_eq!(b.load_u64(8), 0x8000_0000_0000_0001);
+        let old = b.atomic_update(8, |v| Some(v + 1));
+        assert_eq!(old, 0x8000_0000_0000_0001);
+        let mut out = [0u8; 8];
+        b.read(8, &mut out);
+        assert_eq!(out, [2, 0, 0, 0, 0, 0, 0, 0x80]);
+    }
+
+    #[test]
+    fn concurrent_byte_writers_lose_nothing() {
+        let b = SharedBuffer::new(8);
+        std::thread::scope(|s| {
+            for i in 0..8usize {
+                let b = &b;
+                s.spawn(move || {
+                    for _ in 0..100 {
+                        b.write(i, &[i as u8 + 1]);
+                    }
+                });
+            }
+        });
+        let mut out = [0u8; 8];
+        b.read(0, &mut out);
+        assert_eq!(out, [1, 2, 3, 4, 5, 6, 7, 8]);
+    }
+
+    #[test]
+    fn region_checks_pd_bounds_and_rights() {
+        let t = KeyTable::new();
+        let buf = SharedBuffer::new(4096);
+        let r = t
+            .register(Pdn(1), &buf, 1024, 1024, Access::REMOTE_READ)
+            .unwrap();
+        let base = r.addr;
+        assert_eq!(base.0, buf.addr().0 + 1024);
+        let s = r.check(Pdn(1), base, 1024, Access::REMOTE_READ).unwrap();
+        assert_eq!((s.off, s.len), (1024, 1024));
+        assert!(matches!(
+            r.check(Pdn(2), base, 8, Access::NONE),
+            Err(AccessFault::ForeignPd { .. })
+        ));
+        assert!(matches!(
+            r.check(Pdn(1), VirtAddr(base.0 + 1020), 8, Access::NONE),
+            Err(AccessFault::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            r.check(Pdn(1), VirtAddr(base.0 - 1), 1, Access::NONE),
+            Err(AccessFault::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            r.check(Pdn(1), VirtAddr(u64::MAX), 2, Access::NONE),
+            Err(AccessFault::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            r.check(Pdn(1), base, 8, Access::REMOTE_WRITE),
+            Err(AccessFault::MissingRight { .. })
+        ));
+    }
+
+    #[test]
+    fn stale_keys_do_not_resolve_to_new_regions() {
+        let t = KeyTable::new();
+        let buf = SharedBuffer::new(64);
+        let a = t.register(Pdn(1), &buf, 0, 64, Access::ALL).unwrap();
+        let key = a.lkey;
+        assert!(key.0 > 0x1ff, "keys never collide with 0 or INVALID_LKEY");
+        let mut cache = KeyCache::new();
+        assert!(cache.get(&t, key.0).is_ok());
+        t.deregister(key).unwrap();
+        assert_eq!(
+            cache.get(&t, key.0).unwrap_err(),
+            AccessFault::UnknownKey(key.0)
+        );
+        let b = t.register(Pdn(1), &buf, 0, 64, Access::ALL).unwrap();
+        assert_ne!(b.lkey, key);
+        assert!(t.lookup(key.0).is_err());
+        assert!(t.lookup(b.lkey.0).is_ok());
+        assert!(matches!(
+            t.register(Pdn(1), &buf, 8, 64, Access::ALL),
+            Err(RegisterError::OutsideBuffer { .. })
+        ));
+    }
+}

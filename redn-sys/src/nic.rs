@@ -1,0 +1,277 @@
+//! The [`Nic`] trait: what the manager needs from an RDMA NIC, whichever backend serves it.
+
+use crate::mem::{MemoryRegion, SharedBuffer};
+use crate::types::{Access, Cqn, Lkey, Pdn, Qpn, VirtAddr};
+use crate::wqe::{Cqe, CqeOpcode, Opcode, Sge, Syndrome, WorkRequest};
+use crate::{QpState, Result};
+use std::sync::Arc;
+
+/// How to create a completion queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CqConfig {
+    /// Number of CQEs the ring holds (rounded up to a power of two).
+    pub depth: u32,
+    /// A CQ that is only counted by WAITs and never polled may wrap without error
+    /// (`IBV_EXP_CQ_IGNORE_OVERRUN`).
+    pub ignore_overrun: bool,
+}
+
+impl Default for CqConfig {
+    fn default() -> Self {
+        CqConfig {
+            depth: 256,
+            ignore_overrun: false,
+        }
+    }
+}
+
+/// Where a queue's ring lives. Rings in caller-supplied memory let a program keep all its
+/// rings in one code region that RDMA operations may patch.
+#[derive(Clone, Debug)]
+pub struct RingPlacement {
+    /// The buffer holding the ring.
+    pub buffer: Arc<SharedBuffer>,
+    /// Byte offset of the ring (a multiple of 64).
+    pub offset: usize,
+}
+
+/// How to create a reliable-connected queue pair.
+#[derive(Clone, Debug)]
+pub struct QpConfig {
+    /// Protection domain: the QP may only use regions of this PD.
+    pub pd: Pdn,
+    /// CQ for send completions.
+    pub send_cq: Cqn,
+    /// CQ for receive completions (may equal `send_cq`).
+    pub recv_cq: Cqn,
+    /// Send-queue size in 64-byte basic blocks (power of two).
+    pub sq_bbs: u32,
+    /// Receive-queue slots (power of two).
+    pub rq_slots: u32,
+    /// Scatter entries per receive slot (power of two, at most 64).
+    pub rq_sges: u32,
+    /// Managed send queue: nothing runs past the index a SEND_EN enabled; never doorbelled.
+    pub managed_send: bool,
+    /// Managed receive queue: receives are consumed only up to the index a RECV_EN enabled.
+    pub managed_recv: bool,
+    /// Processing unit to run on (taken modulo the PU count); `None` spreads by QPN.
+    pub pu: Option<usize>,
+    /// Where the send ring lives; `None` allocates one.
+    pub sq_placement: Option<RingPlacement>,
+    /// Where the receive ring lives; `None` allocates one.
+    pub rq_placement: Option<RingPlacement>,
+}
+
+impl QpConfig {
+    /// A plain QP in `pd` using `cq` for everything, 256 BBs, 64 receive slots of 4 entries.
+    pub fn new(pd: Pdn, cq: Cqn) -> QpConfig {
+        QpConfig {
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            sq_bbs: 256,
+            rq_slots: 64,
+            rq_sges: 4,
+            managed_send: false,
+            managed_recv: false,
+            pu: None,
+            sq_placement: None,
+            rq_placement: None,
+        }
+    }
+}
+
+/// Where a queue's ring sits in memory, for code that writes WQEs directly.
+#[derive(Clone, Debug)]
+pub struct RingInfo {
+    /// The buffer holding the ring.
+    pub buffer: Arc<SharedBuffer>,
+    /// Byte offset of the ring in the buffer.
+    pub offset: usize,
+    /// Entries (send: 64-byte BBs; receive: slots).
+    pub entries: u32,
+    /// Bytes per entry.
+    pub stride: u32,
+    /// Address of the ring's first byte, as WQEs name it.
+    pub addr: VirtAddr,
+}
+
+/// A queue pair as created.
+#[derive(Clone, Debug)]
+pub struct QpInfo {
+    /// Its number.
+    pub qpn: Qpn,
+    /// The send ring.
+    pub sq: RingInfo,
+    /// The receive ring.
+    pub rq: RingInfo,
+    /// The processing unit it runs on.
+    pub pu: usize,
+}
+
+/// A registered region as the caller sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MrInfo {
+    /// Local key (the remote key has the same value).
+    pub lkey: Lkey,
+    /// First address.
+    pub addr: VirtAddr,
+    /// Length in bytes.
+    pub len: u64,
+    /// Rights granted.
+    pub access: Access,
+}
+
+impl MrInfo {
+    pub(crate) fn of(r: &MemoryRegion) -> MrInfo {
+        MrInfo {
+            lkey: r.lkey,
+            addr: r.addr,
+            len: r.len,
+            access: r.access,
+        }
+    }
+
+    /// A scatter/gather entry for `len` bytes at `off` into this region.
+    pub fn sge(&self, off: u64, len: u32) -> Sge {
+        Sge {
+            addr: VirtAddr(self.addr.0 + off),
+            len,
+            lkey: self.lkey,
+        }
+    }
+
+    /// The remote address of byte `off`.
+    pub fn remote(&self, off: u64) -> crate::wqe::RemoteAddr {
+        crate::wqe::RemoteAddr {
+            addr: VirtAddr(self.addr.0 + off),
+            rkey: self.lkey.into(),
+        }
+    }
+}
+
+/// Per-QP rate limit: a token bucket on WQEs and bytes. Zero means unlimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RateLimit {
+    /// WQEs per second.
+    pub wqes_per_sec: u64,
+    /// Payload bytes per second.
+    pub bytes_per_sec: u64,
+}
+
+impl RateLimit {
+    /// True if neither dimension is limited.
+    pub fn is_unlimited(&self) -> bool {
+        self.wqes_per_sec == 0 && self.bytes_per_sec == 0
+    }
+}
+
+/// Counters of one queue pair, readable while it runs.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct QpCounters {
+    /// WQEs executed, by opcode (see [`QpCounters::by_opcode`]).
+    pub wqes: [u64; 32],
+    /// Payload bytes moved by this QP's WQEs.
+    pub bytes: u64,
+    /// WQEs that ended in an error completion (flushes not counted).
+    pub errors: u64,
+    /// Times a WAIT found its count not yet reached.
+    pub wait_stalls: u64,
+    /// Times the rate limiter held a WQE back.
+    pub rate_limit_delays: u64,
+    /// Times a SEND or WRITE_IMM found no receive posted at the peer.
+    pub rnr_waits: u64,
+    /// Receives consumed.
+    pub recvs: u64,
+}
+
+impl QpCounters {
+    /// WQEs executed with `op`.
+    pub fn by_opcode(&self, op: Opcode) -> u64 {
+        self.wqes[op as usize & 31]
+    }
+
+    /// All WQEs executed.
+    pub fn total_wqes(&self) -> u64 {
+        self.wqes.iter().sum()
+    }
+}
+
+/// What a completion reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// The queue pair.
+    pub qpn: Qpn,
+    /// Kind of completion.
+    pub opcode: CqeOpcode,
+    /// `Err` with the syndrome for error and flush completions.
+    pub status: std::result::Result<(), Syndrome>,
+    /// Bytes received (receives), 8 (atomics), or 0.
+    pub byte_len: u32,
+    /// Immediate data, for receives consumed by *_IMM operations.
+    pub imm: Option<u32>,
+    /// The raw CQE, for those who need its other fields.
+    pub cqe: Cqe,
+}
+
+impl Completion {
+    /// True if the work request succeeded.
+    pub fn is_ok(&self) -> bool {
+        self.status.is_ok()
+    }
+}
+
+/// An RDMA NIC: the softnic or a ConnectX through rdma-core.
+pub trait Nic: Send + Sync {
+    /// A name for logs ("softnic0", "mlx5_2").
+    fn name(&self) -> &str;
+    /// Allocate a protection domain.
+    fn alloc_pd(&self) -> Result<Pdn>;
+    /// Free a protection domain that nothing uses any more.
+    fn dealloc_pd(&self, pd: Pdn) -> Result<()>;
+    /// Register `len` bytes of `buffer` from `offset`.
+    fn reg_mr(
+        &self,
+        pd: Pdn,
+        buffer: &Arc<SharedBuffer>,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<MrInfo>;
+    /// Deregister a region: its key stops working at once.
+    fn dereg_mr(&self, lkey: Lkey) -> Result<()>;
+    /// Create a completion queue.
+    fn create_cq(&self, cfg: CqConfig) -> Result<Cqn>;
+    /// Destroy a completion queue no queue pair uses.
+    fn destroy_cq(&self, cq: Cqn) -> Result<()>;
+    /// Create a queue pair (state INIT until connected).
+    fn create_qp(&self, cfg: QpConfig) -> Result<QpInfo>;
+    /// Destroy a queue pair (moves it to error first).
+    fn destroy_qp(&self, qp: Qpn) -> Result<()>;
+    /// Encode and post send work requests; rings the doorbell unless the queue is managed.
+    fn post_send(&self, qp: Qpn, wrs: &[WorkRequest]) -> Result<()>;
+    /// Post one receive.
+    fn post_recv(&self, qp: Qpn, wr_id: u64, sgl: &[Sge]) -> Result<()>;
+    /// Tell the NIC that the send ring holds WQEs up to producer index `pi` (in BBs): what a
+    /// doorbell write does. Ignored by managed queues, which only SEND_EN advances.
+    fn ring_doorbell(&self, qp: Qpn, pi: u64) -> Result<()>;
+    /// Record `wr_id` for the WQE starting at producer index `pi`, for code that writes WQE
+    /// bytes straight into the ring, and advance the posted index to `end`.
+    fn note_posted(&self, qp: Qpn, pi: u64, end: u64, wr_id: u64) -> Result<()>;
+    /// Take up to `max` completions off a CQ.
+    fn poll_cq(&self, cq: Cqn, max: usize, out: &mut Vec<Completion>) -> Result<usize>;
+    /// Completions a CQ has produced since creation (what WAIT counts).
+    fn cq_produced(&self, cq: Cqn) -> Result<u64>;
+    /// A queue pair's state.
+    fn qp_state(&self, qp: Qpn) -> Result<QpState>;
+    /// Move a queue pair to the error state: nothing more runs, outstanding WQEs are flushed.
+    fn set_qp_error(&self, qp: Qpn) -> Result<()>;
+    /// Set or clear a queue pair's rate limit.
+    fn set_rate_limit(&self, qp: Qpn, limit: RateLimit) -> Result<()>;
+    /// Read a queue pair's counters.
+    fn counters(&self, qp: Qpn) -> Result<QpCounters>;
+    /// Send queue: WQEs consumed so far (producer-index units).
+    fn sq_consumed(&self, qp: Qpn) -> Result<u64>;
+}

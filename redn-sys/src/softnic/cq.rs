@@ -1,0 +1,140 @@
+//! Completion queues: a ring of mlx5 CQE64 entries plus the running count WAIT compares with.
+
+use super::pu::PuSet;
+use crate::nic::Completion;
+use crate::types::Cqn;
+use crate::wqe::{Cqe, Syndrome, CQE_SIZE};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+struct CqRing {
+    cqes: Box<[[u8; CQE_SIZE]]>,
+    wr_ids: Box<[u64]>,
+    produced: u64,
+    consumed: u64,
+}
+
+/// One completion queue. Any processing unit (or a peer's) may produce into it; the host polls.
+pub(crate) struct CqShared {
+    pub(crate) cqn: Cqn,
+    depth: u64,
+    ignore_overrun: bool,
+    ring: Mutex<CqRing>,
+    /// Completions produced since creation: what WAIT counts. Written under `ring`'s lock.
+    produced: AtomicU64,
+    overrun: AtomicBool,
+    /// Bit i set: a queue on PU i has waited on this CQ, so PU i is told of new completions.
+    waiters: AtomicU64,
+    pus: Arc<PuSet>,
+    /// Queue pairs using this CQ (destroy refuses while nonzero).
+    pub(crate) users: AtomicU64,
+}
+
+impl CqShared {
+    pub(crate) fn new(cqn: Cqn, depth: u32, ignore_overrun: bool, pus: Arc<PuSet>) -> CqShared {
+        let depth = u64::from(depth.max(1).next_power_of_two());
+        CqShared {
+            cqn,
+            depth,
+            ignore_overrun,
+            ring: Mutex::new(CqRing {
+                cqes: vec![[0u8; CQE_SIZE]; depth as usize].into_boxed_slice(),
+                wr_ids: vec![0u64; depth as usize].into_boxed_slice(),
+                produced: 0,
+                consumed: 0,
+            }),
+            produced: AtomicU64::new(0),
+            overrun: AtomicBool::new(false),
+            waiters: AtomicU64::new(0),
+            pus,
+            users: AtomicU64::new(0),
+        }
+    }
+
+    /// Completions produced so far.
+    #[inline]
+    pub(crate) fn produced(&self) -> u64 {
+        self.produced.load(Ordering::SeqCst)
+    }
+
+    /// Remember that a queue on `pu` waits for this CQ. The caller re-reads `produced()`
+    /// afterwards: together with `push`'s order (count, then waiters) no wake-up is lost.
+    pub(crate) fn add_waiter(&self, pu: usize) {
+        let bit = 1u64 << pu;
+        if self.waiters.load(Ordering::Relaxed) & bit == 0 {
+            self.waiters.fetch_or(bit, Ordering::SeqCst);
+        }
+    }
+
+    /// Add a completion.
+    pub(crate) fn push(&self, mut cqe: Cqe, wr_id: u64) {
+        {
+            let mut r = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+            if r.produced - r.consumed == self.depth {
+                if self.ignore_overrun {
+                    r.consumed += 1;
+                } else {
+                    // The entry is lost, as on hardware; the poller learns of it.
+                    self.overrun.store(true, Ordering::Release);
+                    r.produced += 1;
+                    self.produced.store(r.produced, Ordering::SeqCst);
+                    drop(r);
+                    self.wake();
+                    return;
+                }
+            }
+            let slot = (r.produced & (self.depth - 1)) as usize;
+            cqe.owner = (r.produced / self.depth) & 1 == 1;
+            r.cqes[slot] = cqe.encode();
+            r.wr_ids[slot] = wr_id;
+            r.produced += 1;
+            self.produced.store(r.produced, Ordering::SeqCst);
+        }
+        self.wake();
+    }
+
+    fn wake(&self) {
+        let mut m = self.waiters.load(Ordering::SeqCst);
+        while m != 0 {
+            let pu = m.trailing_zeros() as usize;
+            self.pus.notify(pu);
+            m &= m - 1;
+        }
+    }
+
+    /// Take up to `max` completions. `Err` once if completions were lost to overrun.
+    pub(crate) fn poll(&self, max: usize, out: &mut Vec<Completion>) -> Result<usize, ()> {
+        if self.overrun.swap(false, Ordering::AcqRel) {
+            return Err(());
+        }
+        let mut r = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let mut n = 0;
+        while n < max && r.consumed < r.produced {
+            let slot = (r.consumed & (self.depth - 1)) as usize;
+            if let Some(cqe) = Cqe::decode(&r.cqes[slot]) {
+                out.push(completion_of(cqe, r.wr_ids[slot]));
+                n += 1;
+            }
+            r.consumed += 1;
+        }
+        Ok(n)
+    }
+}
+
+fn completion_of(cqe: Cqe, wr_id: u64) -> Completion {
+    use crate::wqe::CqeOpcode::*;
+    let status = if cqe.opcode.is_error() {
+        Err(Syndrome::from_u8(cqe.syndrome).unwrap_or(Syndrome::LocalQpOperation))
+    } else {
+        Ok(())
+    };
+    Completion {
+        wr_id,
+        qpn: cqe.qpn,
+        opcode: cqe.opcode,
+        status,
+        byte_len: cqe.byte_cnt,
+        imm: matches!(cqe.opcode, RespWriteImm | RespSendImm).then_some(cqe.imm),
+        cqe,
+    }
+}

@@ -1,0 +1,701 @@
+//! The send-queue executor: fetches WQE bytes from ring memory and runs them.
+//!
+//! One [`SqExec`] per queue pair, owned by the queue's processing unit, so the consumer index,
+//! the prefetch snapshots and the key caches need no locks. Faithful points:
+//! - WQEs are read from the ring as bytes, so an RDMA WRITE, READ scatter or CAS that landed in
+//!   the ring before the WQE was fetched changes what runs;
+//! - fetching stops at the doorbell (unmanaged) or enabled index (managed), and may run ahead of
+//!   execution by the configured prefetch depth: a WQE patched after it was prefetched runs as
+//!   it was fetched (stale), as on ConnectX;
+//! - operations of one queue complete in order before the next starts, so a FENCE is always
+//!   satisfied here (ConnectX needs it; programs must still set it, the verifier checks that).
+
+use super::cq::CqShared;
+use super::qp::QpShared;
+use super::rate::Limiter;
+use super::transport::{AtomicOp, Nak, Transport};
+use super::Shared;
+use crate::mem::KeyCache;
+use crate::nic::QpCounters;
+use crate::types::{Access, Cqn, Qpn, Rkey, VirtAddr};
+use crate::wqe::{
+    bbs_for_ds, off, Cqe, CqeOpcode, Opcode, RemoteAddr, Syndrome, BB_SIZE, INLINE_FLAG,
+    MAX_WQE_BYTES, SEG_SIZE,
+};
+use crate::QpState;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Largest message one WQE may move. ConnectX allows 1 GiB; the softnic stages payloads in
+/// memory, so it caps them lower and fails bigger ones with a local length error.
+pub const MAX_MESSAGE: u64 = 16 << 20;
+
+pub(crate) enum RunOutcome {
+    /// At least one WQE ran (or was flushed).
+    Progress,
+    /// Nothing to do until something notifies the PU.
+    Idle,
+    /// Nothing to do before this time (rate limit).
+    RetryAt(Instant),
+}
+
+enum Step {
+    /// Ran; the WQE occupied this many BBs.
+    Done(u64),
+    /// Not runnable yet (not fully enabled, WAIT not satisfied, receiver not ready).
+    Blocked,
+    /// Rate limited until then.
+    Retry(Instant),
+    /// Failed: error completion, QP to error.
+    Fault(Syndrome, u64),
+}
+
+#[inline]
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+#[inline]
+fn be64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(a)
+}
+
+/// Small caches of the queues and CQs that WAIT / SEND_EN / RECV_EN name, invalidated when
+/// the NIC's object generation moves.
+#[derive(Default)]
+struct ObjCache {
+    generation: u64,
+    qps: Vec<Arc<QpShared>>,
+    cqs: Vec<Arc<CqShared>>,
+}
+
+impl ObjCache {
+    fn sync(&mut self, nic: &Shared) {
+        let g = nic.objects_generation();
+        if g != self.generation {
+            self.qps.clear();
+            self.cqs.clear();
+            self.generation = g;
+        }
+    }
+
+    fn qp(&mut self, nic: &Shared, qpn: Qpn) -> Option<&Arc<QpShared>> {
+        self.sync(nic);
+        if let Some(i) = self.qps.iter().position(|q| q.qpn == qpn) {
+            return Some(&self.qps[i]);
+        }
+        let q = nic.qp(qpn).ok()?;
+        if self.qps.len() >= 8 {
+            self.qps.remove(0);
+        }
+        self.qps.push(q);
+        self.qps.last()
+    }
+
+    fn cq(&mut self, nic: &Shared, cqn: Cqn) -> Option<&Arc<CqShared>> {
+        self.sync(nic);
+        if let Some(i) = self.cqs.iter().position(|c| c.cqn == cqn) {
+            return Some(&self.cqs[i]);
+        }
+        let c = nic.cq(cqn).ok()?;
+        if self.cqs.len() >= 8 {
+            self.cqs.remove(0);
+        }
+        self.cqs.push(c);
+        self.cqs.last()
+    }
+}
+
+pub(crate) struct SqExec {
+    qp: Arc<QpShared>,
+    nic: Arc<Shared>,
+    /// Consumer index: first BB of the next WQE to run.
+    ci: u64,
+    /// BBs below this have been fetched into `snap`.
+    fetched: u64,
+    snap: Box<[[u8; BB_SIZE]]>,
+    /// How many BBs past the current WQE may be fetched early.
+    depth: u64,
+    local_keys: KeyCache,
+    remote_keys: KeyCache,
+    peer: Option<Arc<dyn Transport>>,
+    objs: ObjCache,
+    limiter: Limiter,
+    rate_generation: u64,
+    batch: QpCounters,
+    stalled_at: u64,
+    delayed_at: u64,
+    scratch: Vec<u8>,
+    wqe: [u8; MAX_WQE_BYTES],
+}
+
+impl SqExec {
+    pub(crate) fn new(qp: Arc<QpShared>, nic: Arc<Shared>) -> SqExec {
+        let entries = qp.sq.entries;
+        let depth = nic.config.prefetch.depth(entries);
+        let cap = (depth + crate::wqe::MAX_WQE_BBS as u64).next_power_of_two();
+        SqExec {
+            snap: vec![[0u8; BB_SIZE]; cap as usize].into_boxed_slice(),
+            depth,
+            qp,
+            nic,
+            ci: 0,
+            fetched: 0,
+            local_keys: KeyCache::new(),
+            remote_keys: KeyCache::new(),
+            peer: None,
+            objs: ObjCache::default(),
+            limiter: Limiter::default(),
+            rate_generation: 0,
+            batch: QpCounters::default(),
+            stalled_at: u64::MAX,
+            delayed_at: u64::MAX,
+            scratch: Vec::new(),
+            wqe: [0u8; MAX_WQE_BYTES],
+        }
+    }
+
+    pub(crate) fn is_destroyed(&self) -> bool {
+        self.qp.destroyed.load(Ordering::Acquire)
+    }
+
+    /// The index fetching may not pass.
+    #[inline]
+    fn limit(&self) -> u64 {
+        if self.qp.managed_send {
+            self.qp.enabled.load(Ordering::Acquire)
+        } else {
+            self.qp.doorbell.load(Ordering::Acquire)
+        }
+    }
+
+    #[inline]
+    fn fetch(&mut self, index: u64) {
+        let mask = self.snap.len() as u64 - 1;
+        let off = self.qp.sq.entry_off(index);
+        self.qp
+            .sq
+            .buffer
+            .read_block(off, &mut self.snap[(index & mask) as usize]);
+    }
+
+    /// Run up to `budget` WQEs.
+    pub(crate) fn run(&mut self, budget: usize) -> RunOutcome {
+        match self.qp.state() {
+            QpState::Init => return RunOutcome::Idle,
+            QpState::Error => {
+                return if self.flush() {
+                    RunOutcome::Progress
+                } else {
+                    RunOutcome::Idle
+                }
+            }
+            QpState::ReadyToSend => {}
+        }
+        if self.peer.is_none() {
+            self.peer = self
+                .qp
+                .peer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+        }
+        let g = self.qp.rate_generation.load(Ordering::Acquire);
+        if g != self.rate_generation {
+            self.rate_generation = g;
+            self.limiter = Limiter::new(*self.qp.rate.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+        let mut limit = self.limit();
+        let mut done = 0;
+        let mut outcome = RunOutcome::Idle;
+        while done < budget {
+            if self.ci >= limit {
+                limit = self.limit();
+                if self.ci >= limit {
+                    break;
+                }
+            }
+            match self.step(limit) {
+                Step::Done(bbs) => {
+                    self.ci += bbs;
+                    done += 1;
+                }
+                Step::Blocked => break,
+                Step::Retry(t) => {
+                    outcome = RunOutcome::RetryAt(t);
+                    break;
+                }
+                Step::Fault(syndrome, bbs) => {
+                    self.fault(syndrome, bbs);
+                    done += 1;
+                    break;
+                }
+            }
+        }
+        if done > 0 {
+            self.qp.consumed.store(self.ci, Ordering::Release);
+            self.qp.counters.add(&self.batch);
+            self.batch = QpCounters::default();
+            return RunOutcome::Progress;
+        }
+        if self.batch != QpCounters::default() {
+            self.qp.counters.add(&self.batch);
+            self.batch = QpCounters::default();
+        }
+        outcome
+    }
+
+    /// Fetch (as far as allowed) and run the WQE at `ci`.
+    #[inline]
+    fn step(&mut self, limit: u64) -> Step {
+        let ci = self.ci;
+        let mask = self.snap.len() as u64 - 1;
+        if self.fetched <= ci {
+            self.fetched = ci;
+            self.fetch(ci);
+            self.fetched = ci + 1;
+        }
+        let bbs = bbs_for_ds(self.snap[(ci & mask) as usize][off::DS]) as u64;
+        if ci + bbs > limit {
+            return Step::Blocked;
+        }
+        let ahead = (ci + bbs + self.depth).min(limit).min(ci + mask + 1);
+        while self.fetched < ahead.max(ci + bbs) {
+            let j = self.fetched;
+            self.fetch(j);
+            self.fetched = j + 1;
+        }
+        for i in 0..bbs {
+            let s = &self.snap[((ci + i) & mask) as usize];
+            let at = i as usize * BB_SIZE;
+            self.wqe[at..at + BB_SIZE].copy_from_slice(s);
+        }
+        self.execute(ci, bbs)
+    }
+
+    fn execute(&mut self, ci: u64, bbs: u64) -> Step {
+        let w = &self.wqe;
+        let opcode_byte = w[off::OPCODE];
+        let ds = usize::from(w[off::DS] & 0x3f);
+        let flags = w[off::FM_CE_SE];
+        let Some(opcode) = Opcode::from_u8(opcode_byte) else {
+            return Step::Fault(Syndrome::LocalQpOperation, bbs);
+        };
+        if self.nic.config.wqe_checks {
+            let qpn = be32(w, off::QPN) >> 8;
+            let idx = u16::from_be_bytes([w[1], w[2]]);
+            if qpn != self.qp.qpn.0 || idx != ci as u16 {
+                return Step::Fault(Syndrome::LocalQpOperation, bbs);
+            }
+        }
+        let need = match opcode {
+            Opcode::Nop | Opcode::Send | Opcode::SendImm => 1,
+            Opcode::AtomicCs | Opcode::AtomicFa | Opcode::AtomicMaskedFa => 3,
+            Opcode::AtomicMaskedCs => 4,
+            _ => 2,
+        };
+        if ds < need {
+            return Step::Fault(Syndrome::LocalQpOperation, bbs);
+        }
+
+        if self.limiter.is_active() {
+            let bytes = match opcode {
+                Opcode::RdmaWrite | Opcode::RdmaWriteImm | Opcode::RdmaRead => {
+                    payload_len(w, 2, ds)
+                }
+                Opcode::Send | Opcode::SendImm => payload_len(w, 1, ds),
+                o if o.is_atomic() => 8,
+                _ => 0,
+            };
+            if let Err(t) = self.limiter.admit(bytes) {
+                if self.delayed_at != ci {
+                    self.delayed_at = ci;
+                    self.batch.rate_limit_delays += 1;
+                }
+                return Step::Retry(t);
+            }
+        }
+
+        let result = match opcode {
+            Opcode::Nop => Ok(0),
+            Opcode::RdmaWrite | Opcode::RdmaWriteImm => self.op_write(opcode, ds),
+            Opcode::Send | Opcode::SendImm => self.op_send(opcode, ds),
+            Opcode::RdmaRead => self.op_read(ds),
+            Opcode::AtomicCs
+            | Opcode::AtomicFa
+            | Opcode::AtomicMaskedCs
+            | Opcode::AtomicMaskedFa => self.op_atomic(opcode, ds),
+            Opcode::Wait => match self.op_wait(ci) {
+                Ok(true) => Ok(0),
+                Ok(false) => return Step::Blocked,
+                Err(s) => Err(s),
+            },
+            Opcode::SendEn | Opcode::RecvEn => self.op_enable(opcode),
+        };
+        match result {
+            Ok(bytes) => {
+                self.batch.wqes[opcode_byte as usize & 31] += 1;
+                self.batch.bytes += bytes;
+                if flags & 0x0c == 0x08 {
+                    let byte_cnt = match opcode {
+                        Opcode::RdmaRead => bytes as u32,
+                        o if o.is_atomic() => 8,
+                        _ => 0,
+                    };
+                    self.complete(ci, opcode_byte, byte_cnt);
+                }
+                Step::Done(bbs)
+            }
+            Err(Fail::NotReady) => {
+                self.batch.rnr_waits += 1;
+                Step::Blocked
+            }
+            Err(Fail::Syndrome(s)) => Step::Fault(s, bbs),
+        }
+    }
+
+    fn complete(&self, ci: u64, opcode: u8, byte_cnt: u32) {
+        self.qp.send_cq.push(
+            Cqe {
+                opcode: CqeOpcode::Req,
+                qpn: self.qp.qpn,
+                send_opcode: opcode,
+                wqe_counter: ci as u16,
+                byte_cnt,
+                imm: 0,
+                syndrome: 0,
+                vendor_syndrome: 0,
+                owner: false,
+            },
+            self.wr_id(ci),
+        );
+    }
+
+    fn wr_id(&self, ci: u64) -> u64 {
+        self.qp.sq_wr_ids[(ci & (self.qp.sq.entries - 1)) as usize].load(Ordering::Relaxed)
+    }
+
+    /// Gather the payload described by data (or inline) segments `from..ds` into `scratch`.
+    fn gather(&mut self, from: usize, ds: usize) -> Result<usize, Fail> {
+        let w = &self.wqe;
+        if from < ds && be32(w, from * SEG_SIZE) & INLINE_FLAG != 0 {
+            let len = (be32(w, from * SEG_SIZE) & !INLINE_FLAG) as usize;
+            let at = from * SEG_SIZE + 4;
+            if at + len > ds * SEG_SIZE {
+                return Err(Fail::Syndrome(Syndrome::LocalLength));
+            }
+            if self.scratch.len() < len {
+                self.scratch.resize(len, 0);
+            }
+            self.scratch[..len].copy_from_slice(&w[at..at + len]);
+            return Ok(len);
+        }
+        let total = payload_len(w, from, ds);
+        if total > MAX_MESSAGE {
+            return Err(Fail::Syndrome(Syndrome::LocalLength));
+        }
+        if self.scratch.len() < total as usize {
+            self.scratch.resize(total as usize, 0);
+        }
+        let mut at = 0usize;
+        for s in from..ds {
+            let seg = s * SEG_SIZE;
+            let len = be32(w, seg + off::SEG_BYTE_COUNT) as usize;
+            if len == 0 {
+                continue;
+            }
+            let lkey = be32(w, seg + off::SEG_LKEY);
+            let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
+            let span = self
+                .local_keys
+                .get(&self.nic.keys, lkey)
+                .and_then(|r| r.check(self.qp.pd, addr, len as u64, Access::NONE))
+                .map_err(|_| Fail::Syndrome(Syndrome::LocalProtection))?;
+            span.read(&mut self.scratch[at..at + len]);
+            at += len;
+        }
+        Ok(at)
+    }
+
+    fn op_write(&mut self, opcode: Opcode, ds: usize) -> Result<u64, Fail> {
+        let remote = remote_of(&self.wqe);
+        let imm = (opcode == Opcode::RdmaWriteImm).then(|| be32(&self.wqe, off::IMM));
+        let len = self.gather(2, ds)?;
+        let peer = self
+            .peer
+            .as_ref()
+            .ok_or(Fail::Syndrome(Syndrome::TransportRetryExceeded))?;
+        peer.write(&mut self.remote_keys, remote, &self.scratch[..len], imm)
+            .map_err(Fail::from)?;
+        Ok(len as u64)
+    }
+
+    fn op_send(&mut self, opcode: Opcode, ds: usize) -> Result<u64, Fail> {
+        let imm = (opcode == Opcode::SendImm).then(|| be32(&self.wqe, off::IMM));
+        let len = self.gather(1, ds)?;
+        let peer = self
+            .peer
+            .as_ref()
+            .ok_or(Fail::Syndrome(Syndrome::TransportRetryExceeded))?;
+        peer.send(&mut self.remote_keys, &self.scratch[..len], imm)
+            .map_err(Fail::from)?;
+        Ok(len as u64)
+    }
+
+    /// Check that the local segment `seg` may receive `len` bytes.
+    fn check_local_write(&mut self, seg: usize, len: u64) -> Result<(), Fail> {
+        let w = &self.wqe;
+        let lkey = be32(w, seg + off::SEG_LKEY);
+        let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
+        self.local_keys
+            .get(&self.nic.keys, lkey)
+            .and_then(|r| r.check(self.qp.pd, addr, len, Access::LOCAL_WRITE))
+            .map(|_| ())
+            .map_err(|_| Fail::Syndrome(Syndrome::LocalProtection))
+    }
+
+    fn write_local(&mut self, seg: usize, data: &[u8]) {
+        let w = &self.wqe;
+        let lkey = be32(w, seg + off::SEG_LKEY);
+        let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
+        if let Ok(span) = self
+            .local_keys
+            .get(&self.nic.keys, lkey)
+            .and_then(|r| r.check(self.qp.pd, addr, data.len() as u64, Access::LOCAL_WRITE))
+        {
+            span.write(data);
+        }
+    }
+
+    fn op_read(&mut self, ds: usize) -> Result<u64, Fail> {
+        let remote = remote_of(&self.wqe);
+        let total = payload_len(&self.wqe, 2, ds);
+        if total > MAX_MESSAGE {
+            return Err(Fail::Syndrome(Syndrome::LocalLength));
+        }
+        for s in 2..ds {
+            let len = u64::from(be32(&self.wqe, s * SEG_SIZE));
+            if len != 0 {
+                self.check_local_write(s * SEG_SIZE, len)?;
+            }
+        }
+        let total = total as usize;
+        if self.scratch.len() < total {
+            self.scratch.resize(total, 0);
+        }
+        let peer = self
+            .peer
+            .as_ref()
+            .ok_or(Fail::Syndrome(Syndrome::TransportRetryExceeded))?;
+        peer.read(&mut self.remote_keys, remote, &mut self.scratch[..total])
+            .map_err(Fail::from)?;
+        let mut at = 0;
+        let data = std::mem::take(&mut self.scratch);
+        for s in 2..ds {
+            let len = be32(&self.wqe, s * SEG_SIZE) as usize;
+            if len != 0 {
+                self.write_local(s * SEG_SIZE, &data[at..at + len]);
+                at += len;
+            }
+        }
+        self.scratch = data;
+        Ok(total as u64)
+    }
+
+    fn op_atomic(&mut self, opcode: Opcode, ds: usize) -> Result<u64, Fail> {
+        let w = &self.wqe;
+        let remote = remote_of(w);
+        let (op, result_seg) = match opcode {
+            Opcode::AtomicCs => (
+                AtomicOp::CompareSwap {
+                    swap: be64(w, off::SWAP_ADD),
+                    compare: be64(w, off::COMPARE),
+                },
+                3,
+            ),
+            Opcode::AtomicFa => (
+                AtomicOp::FetchAdd {
+                    add: be64(w, off::SWAP_ADD),
+                },
+                3,
+            ),
+            Opcode::AtomicMaskedCs => (
+                AtomicOp::MaskedCompareSwap {
+                    swap: be64(w, 32),
+                    compare: be64(w, 40),
+                    swap_mask: be64(w, 48),
+                    compare_mask: be64(w, 56),
+                },
+                4,
+            ),
+            _ => (
+                AtomicOp::MaskedFetchAdd {
+                    add: be64(w, 32),
+                    field_boundary: be64(w, 40),
+                },
+                3,
+            ),
+        };
+        let result = (ds > result_seg).then_some(result_seg * SEG_SIZE);
+        if let Some(seg) = result {
+            self.check_local_write(seg, 8)?;
+        }
+        let peer = self
+            .peer
+            .as_ref()
+            .ok_or(Fail::Syndrome(Syndrome::TransportRetryExceeded))?;
+        let old = peer
+            .atomic(&mut self.remote_keys, remote, op)
+            .map_err(Fail::from)?;
+        if let Some(seg) = result {
+            // ConnectX returns the old value big-endian (ATOMIC_BE_REPLY); so do we.
+            self.write_local(seg, &old.to_be_bytes());
+        }
+        Ok(8)
+    }
+
+    /// True if the WAIT is satisfied.
+    fn op_wait(&mut self, ci: u64) -> Result<bool, Fail> {
+        let cqn = Cqn(be32(&self.wqe, off::WAIT_OBJ));
+        let pi = be32(&self.wqe, off::WAIT_PI);
+        let pu = self.qp.pu;
+        let nic = Arc::clone(&self.nic);
+        let cq = self
+            .objs
+            .cq(&nic, cqn)
+            .ok_or(Fail::Syndrome(Syndrome::LocalQpOperation))?;
+        let passed = |produced: u64| (produced as u32).wrapping_sub(pi) as i32 > 0;
+        if passed(cq.produced()) {
+            return Ok(true);
+        }
+        cq.add_waiter(pu);
+        if passed(cq.produced()) {
+            return Ok(true);
+        }
+        if self.stalled_at != ci {
+            self.stalled_at = ci;
+            self.batch.wait_stalls += 1;
+        }
+        Ok(false)
+    }
+
+    fn op_enable(&mut self, opcode: Opcode) -> Result<u64, Fail> {
+        let target = Qpn(be32(&self.wqe, off::WAIT_OBJ) & crate::types::MAX_QPN);
+        let pi = be32(&self.wqe, off::WAIT_PI);
+        let nic = Arc::clone(&self.nic);
+        let t = self
+            .objs
+            .qp(&nic, target)
+            .ok_or(Fail::Syndrome(Syndrome::LocalQpOperation))?;
+        if opcode == Opcode::SendEn {
+            if !t.managed_send {
+                return Err(Fail::Syndrome(Syndrome::LocalQpOperation));
+            }
+            if QpShared::advance(&t.enabled, pi) {
+                t.pus.notify(t.pu);
+            }
+        } else {
+            if !t.managed_recv {
+                return Err(Fail::Syndrome(Syndrome::LocalQpOperation));
+            }
+            if QpShared::advance(&t.rq.enabled, pi) {
+                t.wake_requester();
+            }
+        }
+        Ok(0)
+    }
+
+    /// The WQE at `ci` failed: error completion (always, signaled or not), QP to error, and
+    /// flush everything behind it.
+    fn fault(&mut self, syndrome: Syndrome, bbs: u64) {
+        let ci = self.ci;
+        self.batch.errors += 1;
+        self.qp.send_cq.push(
+            Cqe {
+                opcode: CqeOpcode::ReqErr,
+                qpn: self.qp.qpn,
+                send_opcode: self.wqe[off::OPCODE],
+                wqe_counter: ci as u16,
+                byte_cnt: 0,
+                imm: 0,
+                syndrome: syndrome as u8,
+                vendor_syndrome: 0,
+                owner: false,
+            },
+            self.wr_id(ci),
+        );
+        self.ci += bbs;
+        self.qp.enter_error();
+        self.flush();
+    }
+
+    /// In the error state: complete every outstanding WQE with a flush error. True if any.
+    fn flush(&mut self) -> bool {
+        let end = self
+            .limit()
+            .max(self.qp.posted.load(Ordering::Acquire))
+            .min(self.ci + self.qp.sq.entries);
+        let mut any = false;
+        let mut ctrl = [0u8; SEG_SIZE];
+        while self.ci < end {
+            let ci = self.ci;
+            self.qp.sq.buffer.read(self.qp.sq.entry_off(ci), &mut ctrl);
+            self.qp.send_cq.push(
+                Cqe {
+                    opcode: CqeOpcode::ReqErr,
+                    qpn: self.qp.qpn,
+                    send_opcode: ctrl[off::OPCODE],
+                    wqe_counter: ci as u16,
+                    byte_cnt: 0,
+                    imm: 0,
+                    syndrome: Syndrome::WrFlush as u8,
+                    vendor_syndrome: 0,
+                    owner: false,
+                },
+                self.wr_id(ci),
+            );
+            self.ci += bbs_for_ds(ctrl[off::DS]) as u64;
+            any = true;
+        }
+        self.fetched = self.ci;
+        if any {
+            self.qp.consumed.store(self.ci, Ordering::Release);
+        }
+        any
+    }
+}
+
+/// Why an operation did not complete.
+enum Fail {
+    /// Try again later (no receive at the peer).
+    NotReady,
+    /// Error completion with this syndrome.
+    Syndrome(Syndrome),
+}
+
+impl From<Nak> for Fail {
+    fn from(n: Nak) -> Fail {
+        match n {
+            Nak::ReceiverNotReady => Fail::NotReady,
+            other => Fail::Syndrome(other.syndrome()),
+        }
+    }
+}
+
+fn remote_of(w: &[u8]) -> RemoteAddr {
+    RemoteAddr {
+        addr: VirtAddr(be64(w, off::RADDR)),
+        rkey: Rkey(be32(w, off::RKEY)),
+    }
+}
+
+/// Sum of the byte counts of data segments `from..ds` (or the inline length).
+fn payload_len(w: &[u8], from: usize, ds: usize) -> u64 {
+    if from < ds && be32(w, from * SEG_SIZE) & INLINE_FLAG != 0 {
+        return u64::from(be32(w, from * SEG_SIZE) & !INLINE_FLAG);
+    }
+    (from..ds).map(|s| u64::from(be32(w, s * SEG_SIZE))).sum()
+}

@@ -1,0 +1,634 @@
+//! The softnic: a software RDMA NIC that executes mlx5 WQE bytes straight out of ring memory.
+//!
+//! It is the product's default backend, not a mock. It models what RedN programs depend on:
+//! rings of 64-byte basic blocks in registered memory with ever-growing indices; managed
+//! queues that only SEND_EN / RECV_EN advance; WAIT on completion counts; WQE prefetch (so a
+//! self-modifying chain without doorbell ordering runs stale WQEs, as on hardware); processing
+//! units that run queues in parallel; full key / PD / bounds / rights checks with error
+//! completions, error state and flush; per-QP token-bucket rate limits and counters.
+//!
+//! Queue pairs connect within one softnic ([`SoftNic::connect`], loopback included) or across
+//! two softnic instances of one process ([`SoftNic::connect_pair`]); the transport sits behind
+//! a seam so a network transport can follow.
+
+mod cq;
+mod exec;
+mod pu;
+mod qp;
+mod rate;
+mod transport;
+
+pub use exec::MAX_MESSAGE;
+
+use crate::mem::{KeyTable, SharedBuffer};
+use crate::nic::{
+    Completion, CqConfig, MrInfo, Nic, QpConfig, QpCounters, QpInfo, RateLimit, RingInfo,
+    RingPlacement,
+};
+use crate::types::{Access, Cqn, Lkey, Pdn, Qpn, MAX_QPN};
+use crate::wqe::{encode_recv, encode_wqe, Sge, WorkRequest, BB_SIZE, SEG_SIZE};
+use crate::{Error, QpState, Result};
+use cq::CqShared;
+use pu::PuSet;
+use qp::{QpShared, Ring};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use transport::InProcess;
+
+/// How far ahead of execution a queue fetches WQEs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefetch {
+    /// Each WQE is fetched just before it runs ("snapshot at execute"): the most forgiving.
+    AtExecute,
+    /// Up to this many BBs past the running WQE are fetched early.
+    Depth(u32),
+    /// Everything eligible is fetched as early as allowed ("snapshot at enable / doorbell"):
+    /// the harshest setting, for testing that a chain orders its patches correctly.
+    Adversarial,
+}
+
+impl Prefetch {
+    fn depth(self, ring_entries: u64) -> u64 {
+        match self {
+            Prefetch::AtExecute => 0,
+            Prefetch::Depth(d) => u64::from(d).min(ring_entries),
+            Prefetch::Adversarial => ring_entries,
+        }
+    }
+}
+
+/// Settings of one softnic instance.
+#[derive(Clone, Debug)]
+pub struct SoftNicConfig {
+    /// Name for logs.
+    pub name: String,
+    /// Processing units (worker threads), 1..=64.
+    pub pus: usize,
+    /// WQE prefetch model.
+    pub prefetch: Prefetch,
+    /// Check that each WQE's QPN and index match its queue and slot (ConnectX's "WQE checks").
+    /// RedN needs them off, because its chains keep operands in those fields; off by default.
+    pub wqe_checks: bool,
+}
+
+impl Default for SoftNicConfig {
+    fn default() -> Self {
+        SoftNicConfig {
+            name: "softnic0".into(),
+            pus: 1,
+            prefetch: Prefetch::Depth(8),
+            wqe_checks: false,
+        }
+    }
+}
+
+/// State shared by the softnic's handle, its PUs and its queues.
+pub(crate) struct Shared {
+    pub(crate) config: SoftNicConfig,
+    pub(crate) keys: Arc<KeyTable>,
+    pds: Mutex<HashSet<u32>>,
+    cqs: RwLock<HashMap<u32, Arc<CqShared>>>,
+    qps: RwLock<HashMap<u32, Arc<QpShared>>>,
+    objects_generation: AtomicU64,
+    next_pdn: AtomicU32,
+    next_qpn: AtomicU32,
+    next_cqn: AtomicU32,
+    pus: Arc<PuSet>,
+}
+
+impl Shared {
+    pub(crate) fn objects_generation(&self) -> u64 {
+        self.objects_generation.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn qp(&self, qpn: Qpn) -> Result<Arc<QpShared>> {
+        self.qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qpn.0)
+            .cloned()
+            .ok_or(Error::NoSuchQp(qpn))
+    }
+
+    pub(crate) fn cq(&self, cqn: Cqn) -> Result<Arc<CqShared>> {
+        self.cqs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&cqn.0)
+            .cloned()
+            .ok_or(Error::NoSuchCq(cqn))
+    }
+}
+
+/// A software RDMA NIC. Dropping it stops its processing units.
+pub struct SoftNic {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for SoftNic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftNic")
+            .field("name", &self.shared.config.name)
+            .field("pus", &self.shared.config.pus)
+            .field("prefetch", &self.shared.config.prefetch)
+            .finish()
+    }
+}
+
+fn check_pow2(what: &'static str, v: u32, max: u32) -> Result<()> {
+    if v == 0 || !v.is_power_of_two() || v > max {
+        return Err(Error::InvalidConfig {
+            what,
+            detail: format!("{v} is not a power of two in 1..={max}"),
+        });
+    }
+    Ok(())
+}
+
+impl SoftNic {
+    /// Largest send ring, in BBs (4 MiB of WQEs).
+    pub const MAX_SQ_BBS: u32 = 1 << 16;
+    /// Largest receive ring, in slots.
+    pub const MAX_RQ_SLOTS: u32 = 1 << 16;
+    /// Most scatter entries per receive.
+    pub const MAX_RQ_SGES: u32 = 64;
+
+    /// Start a softnic with `config.pus` processing units.
+    pub fn new(config: SoftNicConfig) -> Result<SoftNic> {
+        if config.pus == 0 || config.pus > 64 {
+            return Err(Error::InvalidConfig {
+                what: "softnic processing units",
+                detail: format!("{} is outside 1..=64", config.pus),
+            });
+        }
+        let pus = Arc::new(PuSet::new(config.pus));
+        let shared = Arc::new(Shared {
+            config,
+            keys: Arc::new(KeyTable::new()),
+            pds: Mutex::new(HashSet::new()),
+            cqs: RwLock::new(HashMap::new()),
+            qps: RwLock::new(HashMap::new()),
+            objects_generation: AtomicU64::new(0),
+            next_pdn: AtomicU32::new(1),
+            next_qpn: AtomicU32::new(0x100),
+            next_cqn: AtomicU32::new(0x80),
+            pus: Arc::clone(&pus),
+        });
+        let mut threads = Vec::new();
+        for i in 0..pus.len() {
+            let p = Arc::clone(&pus);
+            let w = Arc::downgrade(&shared);
+            let name = format!("{}-pu{i}", shared.config.name);
+            let t = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || pu::run(i, p, w))
+                .map_err(|e| Error::InvalidConfig {
+                    what: "processing unit thread",
+                    detail: e.to_string(),
+                })?;
+            threads.push(t);
+        }
+        Ok(SoftNic { shared, threads })
+    }
+
+    /// A softnic with default settings and `pus` processing units.
+    pub fn with_pus(pus: usize) -> Result<SoftNic> {
+        SoftNic::new(SoftNicConfig {
+            pus,
+            ..SoftNicConfig::default()
+        })
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &SoftNicConfig {
+        &self.shared.config
+    }
+
+    /// Connect two queue pairs of this softnic (or one to itself: loopback). Both move to RTS.
+    pub fn connect(&self, a: Qpn, b: Qpn) -> Result<()> {
+        SoftNic::connect_pair(self, a, self, b)
+    }
+
+    /// Connect queue pair `a` of softnic `nic_a` with `b` of `nic_b` (in-process transport).
+    pub fn connect_pair(nic_a: &SoftNic, a: Qpn, nic_b: &SoftNic, b: Qpn) -> Result<()> {
+        let qa = nic_a.shared.qp(a)?;
+        let qb = nic_b.shared.qp(b)?;
+        for q in [&qa, &qb] {
+            let st = q.state();
+            if st != QpState::Init || q.peer.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+            {
+                if !(Arc::ptr_eq(&qa, &qb) && st == QpState::Init) {
+                    return Err(Error::QpState {
+                        qpn: q.qpn,
+                        state: st,
+                        what: "connect",
+                        needed: "INIT and not yet connected",
+                    });
+                }
+            }
+        }
+        *qa.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(InProcess {
+            target: Arc::clone(&qb),
+            keys: Arc::clone(&nic_b.shared.keys),
+        }));
+        let _ = qb.requester.set(Arc::downgrade(&qa));
+        if !Arc::ptr_eq(&qa, &qb) {
+            *qb.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(InProcess {
+                target: Arc::clone(&qa),
+                keys: Arc::clone(&nic_a.shared.keys),
+            }));
+            let _ = qa.requester.set(Arc::downgrade(&qb));
+        }
+        for q in [&qa, &qb] {
+            q.set_ready();
+            q.pus.notify(q.pu);
+        }
+        Ok(())
+    }
+
+    /// Every registered region's key and extent (for listings and audits).
+    pub fn regions(&self) -> Vec<MrInfo> {
+        self.shared
+            .keys
+            .regions()
+            .iter()
+            .map(|r| MrInfo::of(r))
+            .collect()
+    }
+
+    /// The PU a queue pair runs on.
+    pub fn qp_pu(&self, qp: Qpn) -> Result<usize> {
+        Ok(self.shared.qp(qp)?.pu)
+    }
+
+    fn alloc_ring(
+        placement: Option<RingPlacement>,
+        entries: u64,
+        stride: usize,
+        what: &'static str,
+    ) -> Result<Ring> {
+        let bytes = entries as usize * stride;
+        let (buffer, offset) = match placement {
+            Some(p) => {
+                if p.offset % BB_SIZE != 0 || !p.buffer.contains(p.offset, bytes) {
+                    return Err(Error::InvalidConfig {
+                        what,
+                        detail: format!(
+                            "ring of {bytes} bytes at offset {} does not fit a 64-byte aligned \
+                             window of the {}-byte buffer",
+                            p.offset,
+                            p.buffer.len()
+                        ),
+                    });
+                }
+                (p.buffer, p.offset)
+            }
+            None => (SharedBuffer::new(bytes), 0),
+        };
+        Ok(Ring {
+            buffer,
+            offset,
+            entries,
+            stride,
+        })
+    }
+
+    fn ring_info(r: &Ring) -> RingInfo {
+        RingInfo {
+            buffer: Arc::clone(&r.buffer),
+            offset: r.offset,
+            entries: r.entries as u32,
+            stride: r.stride as u32,
+            addr: crate::types::VirtAddr(r.buffer.addr().0 + r.offset as u64),
+        }
+    }
+
+    fn bump_objects(&self) {
+        self.shared
+            .objects_generation
+            .fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+impl Drop for SoftNic {
+    fn drop(&mut self) {
+        self.shared.pus.shutdown.store(true, Ordering::SeqCst);
+        self.shared.pus.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        // Break peer cycles so queue memory is freed.
+        for q in self.shared.qps.read().unwrap_or_else(|e| e.into_inner()).values() {
+            q.destroyed.store(true, Ordering::Release);
+            q.peer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        }
+    }
+}
+
+impl Nic for SoftNic {
+    fn name(&self) -> &str {
+        &self.shared.config.name
+    }
+
+    fn alloc_pd(&self) -> Result<Pdn> {
+        let pdn = self.shared.next_pdn.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .pds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(pdn);
+        Ok(Pdn(pdn))
+    }
+
+    fn dealloc_pd(&self, pd: Pdn) -> Result<()> {
+        let in_use = self
+            .shared
+            .qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .any(|q| q.pd == pd)
+            || self.shared.keys.regions().iter().any(|r| r.pd == pd);
+        if in_use {
+            return Err(Error::Busy {
+                what: format!("protection domain {pd}"),
+                by: "queue pairs or memory regions".into(),
+            });
+        }
+        if !self
+            .shared
+            .pds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&pd.0)
+        {
+            return Err(Error::NoSuchPd(pd));
+        }
+        Ok(())
+    }
+
+    fn reg_mr(
+        &self,
+        pd: Pdn,
+        buffer: &Arc<SharedBuffer>,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<MrInfo> {
+        if !self
+            .shared
+            .pds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&pd.0)
+        {
+            return Err(Error::NoSuchPd(pd));
+        }
+        let r = self.shared.keys.register(pd, buffer, offset, len, access)?;
+        Ok(MrInfo::of(&r))
+    }
+
+    fn dereg_mr(&self, lkey: Lkey) -> Result<()> {
+        self.shared
+            .keys
+            .deregister(lkey)
+            .map(|_| ())
+            .ok_or(Error::NoSuchKey(lkey))
+    }
+
+    fn create_cq(&self, cfg: CqConfig) -> Result<Cqn> {
+        check_pow2("CQ depth", cfg.depth.max(1).next_power_of_two(), 1 << 20)?;
+        let cqn = self.shared.next_cqn.fetch_add(1, Ordering::Relaxed);
+        if cqn > MAX_QPN {
+            return Err(Error::InvalidConfig {
+                what: "CQ number",
+                detail: "24-bit CQ numbers exhausted".into(),
+            });
+        }
+        let cq = Arc::new(CqShared::new(
+            Cqn(cqn),
+            cfg.depth,
+            cfg.ignore_overrun,
+            Arc::clone(&self.shared.pus),
+        ));
+        self.shared
+            .cqs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(cqn, cq);
+        Ok(Cqn(cqn))
+    }
+
+    fn destroy_cq(&self, cq: Cqn) -> Result<()> {
+        let c = self.shared.cq(cq)?;
+        if c.users.load(Ordering::Acquire) > 0 {
+            return Err(Error::Busy {
+                what: format!("completion queue {cq}"),
+                by: "queue pairs".into(),
+            });
+        }
+        self.shared
+            .cqs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&cq.0);
+        self.bump_objects();
+        Ok(())
+    }
+
+    fn create_qp(&self, cfg: QpConfig) -> Result<QpInfo> {
+        check_pow2("send queue size (BBs)", cfg.sq_bbs, Self::MAX_SQ_BBS)?;
+        check_pow2("receive queue size", cfg.rq_slots, Self::MAX_RQ_SLOTS)?;
+        check_pow2("receive scatter entries", cfg.rq_sges, Self::MAX_RQ_SGES)?;
+        if !self
+            .shared
+            .pds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&cfg.pd.0)
+        {
+            return Err(Error::NoSuchPd(cfg.pd));
+        }
+        let send_cq = self.shared.cq(cfg.send_cq)?;
+        let recv_cq = self.shared.cq(cfg.recv_cq)?;
+        let qpn = self.shared.next_qpn.fetch_add(1, Ordering::Relaxed);
+        if qpn > MAX_QPN {
+            return Err(Error::InvalidConfig {
+                what: "QP number",
+                detail: "24-bit QP numbers exhausted".into(),
+            });
+        }
+        let pu = cfg.pu.unwrap_or(qpn as usize) % self.shared.pus.len();
+        let sq = Self::alloc_ring(
+            cfg.sq_placement,
+            u64::from(cfg.sq_bbs),
+            BB_SIZE,
+            "send queue placement",
+        )?;
+        let rq = Self::alloc_ring(
+            cfg.rq_placement,
+            u64::from(cfg.rq_slots),
+            cfg.rq_sges as usize * SEG_SIZE,
+            "receive queue placement",
+        )?;
+        send_cq.users.fetch_add(1, Ordering::AcqRel);
+        recv_cq.users.fetch_add(1, Ordering::AcqRel);
+        let qp = Arc::new(QpShared::new(
+            Qpn(qpn),
+            cfg.pd,
+            pu,
+            Arc::clone(&self.shared.pus),
+            cfg.managed_send,
+            cfg.managed_recv,
+            sq,
+            rq,
+            send_cq,
+            recv_cq,
+        ));
+        let info = QpInfo {
+            qpn: Qpn(qpn),
+            sq: Self::ring_info(&qp.sq),
+            rq: Self::ring_info(&qp.rq.ring),
+            pu,
+        };
+        self.shared
+            .qps
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(qpn, Arc::clone(&qp));
+        self.shared.pus.adopt(qp);
+        Ok(info)
+    }
+
+    fn destroy_qp(&self, qp: Qpn) -> Result<()> {
+        let q = self
+            .shared
+            .qps
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&qp.0)
+            .ok_or(Error::NoSuchQp(qp))?;
+        q.enter_error();
+        q.destroyed.store(true, Ordering::Release);
+        q.peer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        q.send_cq.users.fetch_sub(1, Ordering::AcqRel);
+        q.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
+        self.bump_objects();
+        q.pus.notify(q.pu);
+        Ok(())
+    }
+
+    fn post_send(&self, qp: Qpn, wrs: &[WorkRequest]) -> Result<()> {
+        let q = self.shared.qp(qp)?;
+        let _guard = q.post.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pi = q.posted.load(Ordering::Acquire);
+        let consumed = q.consumed.load(Ordering::Acquire);
+        // Encode everything first: a bad request posts nothing.
+        let mut encoded = Vec::with_capacity(wrs.len());
+        let mut at = pi;
+        for wr in wrs {
+            let e = encode_wqe(wr, qp, at as u16)?;
+            at += e.bbs() as u64;
+            encoded.push(e);
+        }
+        if at - consumed > q.sq.entries {
+            return Err(Error::QueueFull {
+                qpn: qp,
+                queue: "send",
+                capacity: q.sq.entries,
+            });
+        }
+        for (wr, e) in wrs.iter().zip(&encoded) {
+            for (i, bb) in e.bytes().chunks_exact(BB_SIZE).enumerate() {
+                q.sq.buffer.write(q.sq.entry_off(pi + i as u64), bb);
+            }
+            q.sq_wr_ids[(pi & (q.sq.entries - 1)) as usize].store(wr.wr_id, Ordering::Relaxed);
+            pi += e.bbs() as u64;
+        }
+        q.posted.store(pi, Ordering::Release);
+        if !q.managed_send {
+            q.doorbell.fetch_max(pi, Ordering::AcqRel);
+        }
+        q.pus.notify(q.pu);
+        Ok(())
+    }
+
+    fn post_recv(&self, qp: Qpn, wr_id: u64, sgl: &[Sge]) -> Result<()> {
+        let q = self.shared.qp(qp)?;
+        let _guard = q.post.lock().unwrap_or_else(|e| e.into_inner());
+        let entries = q.rq.ring.stride / SEG_SIZE;
+        let bytes = encode_recv(sgl, entries)?;
+        let posted = q.rq.posted.load(Ordering::Acquire);
+        let consumed = *q.rq.consumer.lock().unwrap_or_else(|e| e.into_inner());
+        if posted - consumed >= q.rq.ring.entries {
+            return Err(Error::QueueFull {
+                qpn: qp,
+                queue: "receive",
+                capacity: q.rq.ring.entries,
+            });
+        }
+        q.rq.ring.buffer.write(q.rq.ring.entry_off(posted), &bytes);
+        q.rq.wr_ids[(posted & (q.rq.ring.entries - 1)) as usize].store(wr_id, Ordering::Relaxed);
+        q.rq.posted.store(posted + 1, Ordering::Release);
+        if q.state() == QpState::Error {
+            q.flush_recv();
+        }
+        q.wake_requester();
+        Ok(())
+    }
+
+    fn ring_doorbell(&self, qp: Qpn, pi: u64) -> Result<()> {
+        let q = self.shared.qp(qp)?;
+        if !q.managed_send {
+            q.doorbell.fetch_max(pi, Ordering::AcqRel);
+            q.pus.notify(q.pu);
+        }
+        Ok(())
+    }
+
+    fn note_posted(&self, qp: Qpn, pi: u64, end: u64, wr_id: u64) -> Result<()> {
+        let q = self.shared.qp(qp)?;
+        q.sq_wr_ids[(pi & (q.sq.entries - 1)) as usize].store(wr_id, Ordering::Relaxed);
+        q.posted.fetch_max(end, Ordering::AcqRel);
+        Ok(())
+    }
+
+    fn poll_cq(&self, cq: Cqn, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
+        self.shared
+            .cq(cq)?
+            .poll(max, out)
+            .map_err(|()| Error::CqOverrun(cq))
+    }
+
+    fn cq_produced(&self, cq: Cqn) -> Result<u64> {
+        Ok(self.shared.cq(cq)?.produced())
+    }
+
+    fn qp_state(&self, qp: Qpn) -> Result<QpState> {
+        Ok(self.shared.qp(qp)?.state())
+    }
+
+    fn set_qp_error(&self, qp: Qpn) -> Result<()> {
+        self.shared.qp(qp)?.enter_error();
+        Ok(())
+    }
+
+    fn set_rate_limit(&self, qp: Qpn, limit: RateLimit) -> Result<()> {
+        let q = self.shared.qp(qp)?;
+        *q.rate.lock().unwrap_or_else(|e| e.into_inner()) = limit;
+        q.rate_generation.fetch_add(1, Ordering::AcqRel);
+        q.pus.notify(q.pu);
+        Ok(())
+    }
+
+    fn counters(&self, qp: Qpn) -> Result<QpCounters> {
+        Ok(self.shared.qp(qp)?.counters.snapshot())
+    }
+
+    fn sq_consumed(&self, qp: Qpn) -> Result<u64> {
+        Ok(self.shared.qp(qp)?.consumed.load(Ordering::Acquire))
+    }
+}

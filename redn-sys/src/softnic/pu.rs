@@ -1,0 +1,143 @@
+//! Processing units: worker threads that run queues. Each queue belongs to one PU, so a queue's
+//! WQEs run in order while queues on different PUs run in parallel.
+//!
+//! Wake-ups dominate latency (design §3), so an idle PU spins for a short while before it
+//! parks; anything that may unblock one of its queues (a doorbell, a SEND_EN, a completion a
+//! WAIT is counting, a receive a SEND was waiting for) bumps its event counter and unparks it.
+
+use super::exec::{RunOutcome, SqExec};
+use super::qp::QpShared;
+use super::Shared;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// How long a PU keeps polling after its last useful work before it parks.
+const SPIN: Duration = Duration::from_micros(50);
+/// WQEs one queue may run before the PU looks at its other queues.
+const BURST: usize = 256;
+
+pub(crate) struct PuNotify {
+    events: AtomicU64,
+    sleeping: AtomicBool,
+    thread: OnceLock<Thread>,
+    incoming: Mutex<Vec<Arc<QpShared>>>,
+    has_incoming: AtomicBool,
+}
+
+/// The PUs of one softnic, as seen by those who need to wake them.
+pub(crate) struct PuSet {
+    pus: Box<[PuNotify]>,
+    pub(crate) shutdown: AtomicBool,
+}
+
+impl PuSet {
+    pub(crate) fn new(n: usize) -> PuSet {
+        PuSet {
+            pus: (0..n)
+                .map(|_| PuNotify {
+                    events: AtomicU64::new(0),
+                    sleeping: AtomicBool::new(false),
+                    thread: OnceLock::new(),
+                    incoming: Mutex::new(Vec::new()),
+                    has_incoming: AtomicBool::new(false),
+                })
+                .collect(),
+            shutdown: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.pus.len()
+    }
+
+    /// Tell PU `pu` that something changed.
+    #[inline]
+    pub(crate) fn notify(&self, pu: usize) {
+        let p = &self.pus[pu];
+        p.events.fetch_add(1, Ordering::SeqCst);
+        if p.sleeping.load(Ordering::SeqCst) {
+            if let Some(t) = p.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    pub(crate) fn notify_all(&self) {
+        for i in 0..self.pus.len() {
+            self.notify(i);
+        }
+    }
+
+    /// Hand a new queue to its PU.
+    pub(crate) fn adopt(&self, qp: Arc<QpShared>) {
+        let p = &self.pus[qp.pu];
+        p.incoming
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::clone(&qp));
+        p.has_incoming.store(true, Ordering::SeqCst);
+        self.notify(qp.pu);
+    }
+}
+
+/// Body of PU thread `index`. Holds only a weak reference to the NIC so that dropping the last
+/// handle shuts the PUs down.
+pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
+    let me = &pus.pus[index];
+    let _ = me.thread.set(std::thread::current());
+    let mut queues: Vec<SqExec> = Vec::new();
+    let mut idle_since: Option<Instant> = None;
+    loop {
+        let seen = me.events.load(Ordering::SeqCst);
+        if pus.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        if me.has_incoming.swap(false, Ordering::SeqCst) {
+            let Some(shared) = nic.upgrade() else { return };
+            let new: Vec<_> = std::mem::take(&mut *me.incoming.lock().unwrap_or_else(|e| e.into_inner()));
+            for qp in new {
+                queues.push(SqExec::new(qp, Arc::clone(&shared)));
+            }
+        }
+        queues.retain(|q| !q.is_destroyed());
+
+        let mut progress = false;
+        let mut deadline: Option<Instant> = None;
+        for q in queues.iter_mut() {
+            match q.run(BURST) {
+                RunOutcome::Progress => progress = true,
+                RunOutcome::Idle => {}
+                RunOutcome::RetryAt(t) => deadline = Some(deadline.map_or(t, |d| d.min(t))),
+            }
+        }
+        if progress {
+            idle_since = None;
+            continue;
+        }
+        if me.events.load(Ordering::SeqCst) != seen {
+            continue;
+        }
+        let now = Instant::now();
+        if let Some(d) = deadline {
+            if d <= now {
+                continue;
+            }
+        }
+        let since = *idle_since.get_or_insert(now);
+        if now.duration_since(since) < SPIN {
+            std::hint::spin_loop();
+            continue;
+        }
+        me.sleeping.store(true, Ordering::SeqCst);
+        if me.events.load(Ordering::SeqCst) == seen && !pus.shutdown.load(Ordering::SeqCst) {
+            match deadline {
+                Some(d) => std::thread::park_timeout(d.saturating_duration_since(now)),
+                None => std::thread::park(),
+            }
+        }
+        me.sleeping.store(false, Ordering::SeqCst);
+        idle_since = None;
+    }
+}

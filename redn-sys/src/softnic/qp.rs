@@ -1,0 +1,236 @@
+//! Shared state of a queue pair: what the host, the owning PU and peers all touch.
+
+use super::cq::CqShared;
+use super::pu::PuSet;
+use super::transport::Transport;
+use crate::mem::SharedBuffer;
+use crate::nic::{QpCounters, RateLimit};
+use crate::types::{Pdn, Qpn};
+use crate::wqe::{Cqe, CqeOpcode, Syndrome};
+use crate::QpState;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+/// A ring in shared memory.
+pub(crate) struct Ring {
+    pub(crate) buffer: Arc<SharedBuffer>,
+    pub(crate) offset: usize,
+    /// Entries, a power of two.
+    pub(crate) entries: u64,
+    /// Bytes per entry.
+    pub(crate) stride: usize,
+}
+
+impl Ring {
+    /// Byte offset in the buffer of entry `index` (any absolute index; wraps by masking).
+    #[inline]
+    pub(crate) fn entry_off(&self, index: u64) -> usize {
+        self.offset + (index & (self.entries - 1)) as usize * self.stride
+    }
+}
+
+/// Counters kept as atomics so they can be read while the queue runs. The owning PU adds its
+/// batch at the end of each burst; responder-side events are added by whoever serves them.
+#[derive(Default)]
+pub(crate) struct SharedCounters {
+    pub(crate) wqes: [AtomicU64; 32],
+    pub(crate) bytes: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) wait_stalls: AtomicU64,
+    pub(crate) rate_limit_delays: AtomicU64,
+    pub(crate) rnr_waits: AtomicU64,
+    pub(crate) recvs: AtomicU64,
+}
+
+impl SharedCounters {
+    pub(crate) fn snapshot(&self) -> QpCounters {
+        let mut c = QpCounters::default();
+        for (d, s) in c.wqes.iter_mut().zip(self.wqes.iter()) {
+            *d = s.load(Ordering::Relaxed);
+        }
+        c.bytes = self.bytes.load(Ordering::Relaxed);
+        c.errors = self.errors.load(Ordering::Relaxed);
+        c.wait_stalls = self.wait_stalls.load(Ordering::Relaxed);
+        c.rate_limit_delays = self.rate_limit_delays.load(Ordering::Relaxed);
+        c.rnr_waits = self.rnr_waits.load(Ordering::Relaxed);
+        c.recvs = self.recvs.load(Ordering::Relaxed);
+        c
+    }
+
+    pub(crate) fn add(&self, c: &QpCounters) {
+        for (s, d) in self.wqes.iter().zip(c.wqes.iter()) {
+            if *d != 0 {
+                s.fetch_add(*d, Ordering::Relaxed);
+            }
+        }
+        for (s, d) in [
+            (&self.bytes, c.bytes),
+            (&self.errors, c.errors),
+            (&self.wait_stalls, c.wait_stalls),
+            (&self.rate_limit_delays, c.rate_limit_delays),
+            (&self.rnr_waits, c.rnr_waits),
+        ] {
+            if d != 0 {
+                s.fetch_add(d, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Receive queue state. Consumption happens under `consumer` (the peer's requester, or the
+/// flush); posting under the QP's `post` lock.
+pub(crate) struct RecvQueue {
+    pub(crate) ring: Ring,
+    pub(crate) wr_ids: Box<[AtomicU64]>,
+    pub(crate) posted: AtomicU64,
+    pub(crate) enabled: AtomicU64,
+    pub(crate) consumer: Mutex<u64>,
+}
+
+pub(crate) struct QpShared {
+    pub(crate) qpn: Qpn,
+    pub(crate) pd: Pdn,
+    pub(crate) pu: usize,
+    pub(crate) pus: Arc<PuSet>,
+    pub(crate) managed_send: bool,
+    pub(crate) managed_recv: bool,
+    state: AtomicU8,
+    pub(crate) destroyed: AtomicBool,
+    pub(crate) sq: Ring,
+    pub(crate) sq_wr_ids: Box<[AtomicU64]>,
+    /// Unmanaged queues: the last doorbell's producer index.
+    pub(crate) doorbell: AtomicU64,
+    /// Managed queues: WQEs below this index may be fetched and run.
+    pub(crate) enabled: AtomicU64,
+    /// Host producer index (what was posted, for flushing and space checks).
+    pub(crate) posted: AtomicU64,
+    /// WQEs consumed, published by the PU after each burst.
+    pub(crate) consumed: AtomicU64,
+    pub(crate) post: Mutex<()>,
+    pub(crate) rq: RecvQueue,
+    pub(crate) send_cq: Arc<CqShared>,
+    pub(crate) recv_cq: Arc<CqShared>,
+    /// How our requests reach the peer; taken away on destroy to break the reference cycle.
+    pub(crate) peer: Mutex<Option<Arc<dyn Transport>>>,
+    /// The QP connected to us (to wake its PU when we post a receive it may be waiting for).
+    pub(crate) requester: OnceLock<Weak<QpShared>>,
+    pub(crate) rate: Mutex<RateLimit>,
+    pub(crate) rate_generation: AtomicU64,
+    pub(crate) counters: SharedCounters,
+}
+
+impl QpShared {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        qpn: Qpn,
+        pd: Pdn,
+        pu: usize,
+        pus: Arc<PuSet>,
+        managed_send: bool,
+        managed_recv: bool,
+        sq: Ring,
+        rq: Ring,
+        send_cq: Arc<CqShared>,
+        recv_cq: Arc<CqShared>,
+    ) -> QpShared {
+        let atomics = |n: u64| (0..n).map(|_| AtomicU64::new(0)).collect();
+        QpShared {
+            qpn,
+            pd,
+            pu,
+            pus,
+            managed_send,
+            managed_recv,
+            state: AtomicU8::new(QpState::Init as u8),
+            destroyed: AtomicBool::new(false),
+            sq_wr_ids: atomics(sq.entries),
+            sq,
+            doorbell: AtomicU64::new(0),
+            enabled: AtomicU64::new(0),
+            posted: AtomicU64::new(0),
+            consumed: AtomicU64::new(0),
+            post: Mutex::new(()),
+            rq: RecvQueue {
+                wr_ids: atomics(rq.entries),
+                ring: rq,
+                posted: AtomicU64::new(0),
+                enabled: AtomicU64::new(0),
+                consumer: Mutex::new(0),
+            },
+            send_cq,
+            recv_cq,
+            peer: Mutex::new(None),
+            requester: OnceLock::new(),
+            rate: Mutex::new(RateLimit::default()),
+            rate_generation: AtomicU64::new(0),
+            counters: SharedCounters::default(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn state(&self) -> QpState {
+        QpState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn set_ready(&self) {
+        let _ = self.state.compare_exchange(
+            QpState::Init as u8,
+            QpState::ReadyToSend as u8,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// Move to the error state (once): flush the receive queue here, and wake the PU, which
+    /// flushes the send queue (it owns the send queue's consumer index).
+    pub(crate) fn enter_error(&self) {
+        if self.state.swap(QpState::Error as u8, Ordering::AcqRel) == QpState::Error as u8 {
+            return;
+        }
+        self.flush_recv();
+        self.pus.notify(self.pu);
+    }
+
+    /// Complete every posted, unconsumed receive with a flush error.
+    pub(crate) fn flush_recv(&self) {
+        let mut consumed = self.rq.consumer.lock().unwrap_or_else(|e| e.into_inner());
+        let posted = self.rq.posted.load(Ordering::Acquire);
+        while *consumed < posted {
+            let idx = *consumed;
+            self.recv_cq.push(
+                Cqe {
+                    opcode: CqeOpcode::RespErr,
+                    qpn: self.qpn,
+                    send_opcode: 0,
+                    wqe_counter: idx as u16,
+                    byte_cnt: 0,
+                    imm: 0,
+                    syndrome: Syndrome::WrFlush as u8,
+                    vendor_syndrome: 0,
+                    owner: false,
+                },
+                self.rq.wr_ids[(idx & (self.rq.ring.entries - 1)) as usize].load(Ordering::Relaxed),
+            );
+            *consumed += 1;
+        }
+    }
+
+    /// Advance a managed index to the 32-bit absolute `pi` if that moves it forward (indices
+    /// on the wire are 32 bits and wrap; ours are 64 bits and never do).
+    pub(crate) fn advance(index: &AtomicU64, pi: u32) -> bool {
+        let cur = index.load(Ordering::Acquire);
+        let delta = pi.wrapping_sub(cur as u32) as i32;
+        if delta <= 0 {
+            return false;
+        }
+        index.fetch_max(cur + delta as u64, Ordering::AcqRel);
+        true
+    }
+
+    /// Wake the PU of the queue pair that sends to us (it may be waiting for a receive).
+    pub(crate) fn wake_requester(&self) {
+        if let Some(r) = self.requester.get().and_then(Weak::upgrade) {
+            r.pus.notify(r.pu);
+        }
+    }
+}

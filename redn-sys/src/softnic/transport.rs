@@ -1,0 +1,305 @@
+//! The seam between a requester and the responder it talks to.
+//!
+//! A [`Transport`] carries one request of an RC connection to the peer and brings back its
+//! answer. Queue pairs of one softnic, and of two softnic instances in one process, use
+//! [`InProcess`], which serves the request at once on the caller's thread through the
+//! responder functions below; a network transport (RoCEv2) will call the same responder
+//! functions when its packets arrive.
+
+use super::qp::QpShared;
+use crate::mem::{AccessFault, KeyCache, KeyTable};
+use crate::types::Access;
+use crate::wqe::{Cqe, CqeOpcode, RemoteAddr, Syndrome};
+use crate::QpState;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The atomic a requester asks for; values are host-order u64s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AtomicOp {
+    CompareSwap { compare: u64, swap: u64 },
+    FetchAdd { add: u64 },
+    MaskedCompareSwap { compare: u64, compare_mask: u64, swap: u64, swap_mask: u64 },
+    MaskedFetchAdd { add: u64, field_boundary: u64 },
+}
+
+impl AtomicOp {
+    /// The new value for `old`, or `None` to leave it.
+    pub(crate) fn apply(self, old: u64) -> Option<u64> {
+        match self {
+            AtomicOp::CompareSwap { compare, swap } => (old == compare).then_some(swap),
+            AtomicOp::FetchAdd { add } => Some(old.wrapping_add(add)),
+            AtomicOp::MaskedCompareSwap {
+                compare,
+                compare_mask,
+                swap,
+                swap_mask,
+            } => ((old ^ compare) & compare_mask == 0)
+                .then_some((old & !swap_mask) | (swap & swap_mask)),
+            AtomicOp::MaskedFetchAdd {
+                add,
+                field_boundary,
+            } => Some(masked_add(old, add, field_boundary)),
+        }
+    }
+}
+
+/// Add with carries cut at the bits set in `boundary` (each set bit ends a field).
+fn masked_add(a: u64, b: u64, boundary: u64) -> u64 {
+    let mut out = 0u64;
+    let mut carry = 0u64;
+    for i in 0..64 {
+        let s = ((a >> i) & 1) + ((b >> i) & 1) + carry;
+        out |= (s & 1) << i;
+        carry = if boundary >> i & 1 == 1 { 0 } else { s >> 1 };
+    }
+    out
+}
+
+/// Why the responder refused a request (the NAK the requester turns into a completion).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Nak {
+    /// Key, PD, bounds or rights refused.
+    RemoteAccess(AccessFault),
+    /// Malformed request (misaligned atomic, message longer than the receive).
+    RemoteInvalid,
+    /// The responder failed to place the data (its receive's own keys were bad).
+    RemoteOperation,
+    /// No receive posted: retry later.
+    ReceiverNotReady,
+    /// The peer is gone or in error: nothing answers.
+    NoResponse,
+}
+
+impl Nak {
+    pub(crate) fn syndrome(self) -> Syndrome {
+        match self {
+            Nak::RemoteAccess(_) => Syndrome::RemoteAccess,
+            Nak::RemoteInvalid => Syndrome::RemoteInvalidRequest,
+            Nak::RemoteOperation => Syndrome::RemoteOperation,
+            Nak::ReceiverNotReady => Syndrome::RnrRetryExceeded,
+            Nak::NoResponse => Syndrome::TransportRetryExceeded,
+        }
+    }
+}
+
+/// How a requester reaches its responder. `keys` is the requester's cache of the responder's
+/// keys, so the hot path does not lock the responder's key table.
+pub(crate) trait Transport: Send + Sync {
+    fn write(
+        &self,
+        keys: &mut KeyCache,
+        remote: RemoteAddr,
+        data: &[u8],
+        imm: Option<u32>,
+    ) -> Result<(), Nak>;
+    fn send(&self, keys: &mut KeyCache, data: &[u8], imm: Option<u32>) -> Result<(), Nak>;
+    fn read(&self, keys: &mut KeyCache, remote: RemoteAddr, out: &mut [u8]) -> Result<(), Nak>;
+    fn atomic(&self, keys: &mut KeyCache, remote: RemoteAddr, op: AtomicOp) -> Result<u64, Nak>;
+}
+
+/// A peer in the same process: the responder's QP and its NIC's key table.
+pub(crate) struct InProcess {
+    pub(crate) target: Arc<QpShared>,
+    pub(crate) keys: Arc<KeyTable>,
+}
+
+impl InProcess {
+    fn live(&self) -> Result<&QpShared, Nak> {
+        let t = &*self.target;
+        if t.state() == QpState::Error || t.destroyed.load(Ordering::Relaxed) {
+            return Err(Nak::NoResponse);
+        }
+        Ok(t)
+    }
+}
+
+impl Transport for InProcess {
+    #[inline]
+    fn write(
+        &self,
+        keys: &mut KeyCache,
+        remote: RemoteAddr,
+        data: &[u8],
+        imm: Option<u32>,
+    ) -> Result<(), Nak> {
+        let t = self.live()?;
+        let span = keys
+            .get(&self.keys, remote.rkey.0)
+            .and_then(|r| r.check(t.pd, remote.addr, data.len() as u64, Access::REMOTE_WRITE))
+            .map_err(Nak::RemoteAccess)?;
+        match imm {
+            None => {
+                span.write(data);
+                Ok(())
+            }
+            // WRITE_IMM consumes a receive; take it first so an RNR leaves memory untouched.
+            Some(imm) => consume_recv(t, &self.keys, data.len(), |_, _| {
+                span.write(data);
+                Ok(())
+            })
+            .map(|idx| complete_recv(t, CqeOpcode::RespWriteImm, idx, data.len(), imm)),
+        }
+    }
+
+    fn send(&self, _keys: &mut KeyCache, data: &[u8], imm: Option<u32>) -> Result<(), Nak> {
+        let t = self.live()?;
+        let idx = consume_recv(t, &self.keys, data.len(), |recv_keys, sgl| {
+            scatter(t, recv_keys, sgl, data)
+        })?;
+        let op = if imm.is_some() {
+            CqeOpcode::RespSendImm
+        } else {
+            CqeOpcode::RespSend
+        };
+        complete_recv(t, op, idx, data.len(), imm.unwrap_or(0));
+        Ok(())
+    }
+
+    #[inline]
+    fn read(&self, keys: &mut KeyCache, remote: RemoteAddr, out: &mut [u8]) -> Result<(), Nak> {
+        let t = self.live()?;
+        keys.get(&self.keys, remote.rkey.0)
+            .and_then(|r| r.check(t.pd, remote.addr, out.len() as u64, Access::REMOTE_READ))
+            .map_err(Nak::RemoteAccess)?
+            .read(out);
+        Ok(())
+    }
+
+    #[inline]
+    fn atomic(&self, keys: &mut KeyCache, remote: RemoteAddr, op: AtomicOp) -> Result<u64, Nak> {
+        let t = self.live()?;
+        if remote.addr.0 % 8 != 0 {
+            return Err(Nak::RemoteInvalid);
+        }
+        let span = keys
+            .get(&self.keys, remote.rkey.0)
+            .and_then(|r| r.check(t.pd, remote.addr, 8, Access::REMOTE_ATOMIC))
+            .map_err(Nak::RemoteAccess)?;
+        Ok(span.buffer.atomic_update(span.off, |old| op.apply(old)))
+    }
+}
+
+/// Take the next receive of `t` (if one is posted and enabled), let `place` put the data,
+/// and return the receive's index. On a placement failure the responder's QP goes to error
+/// with an error completion for that receive, as a responder does.
+fn consume_recv(
+    t: &QpShared,
+    keys: &KeyTable,
+    len: usize,
+    place: impl FnOnce(&KeyTable, &[crate::wqe::Sge]) -> Result<(), (Syndrome, Nak)>,
+) -> Result<u64, Nak> {
+    let mut consumed = t.rq.consumer.lock().unwrap_or_else(|e| e.into_inner());
+    let idx = *consumed;
+    let posted = t.rq.posted.load(Ordering::Acquire);
+    let enabled_ok = !t.managed_recv || idx < t.rq.enabled.load(Ordering::Acquire);
+    if idx >= posted || !enabled_ok {
+        t.counters.rnr_waits.fetch_add(1, Ordering::Relaxed);
+        return Err(Nak::ReceiverNotReady);
+    }
+    let mut raw = [0u8; 64 * 16];
+    let slot = &mut raw[..t.rq.ring.stride];
+    t.rq.ring.buffer.read(t.rq.ring.entry_off(idx), slot);
+    let sgl = crate::wqe::decode_recv(slot);
+    let room: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
+    let placed = if len as u64 > room {
+        Err((Syndrome::LocalLength, Nak::RemoteInvalid))
+    } else {
+        place(keys, &sgl)
+    };
+    *consumed += 1;
+    drop(consumed);
+    t.counters.recvs.fetch_add(1, Ordering::Relaxed);
+    if let Err((syndrome, nak)) = placed {
+        t.counters.errors.fetch_add(1, Ordering::Relaxed);
+        push_recv_cqe(t, CqeOpcode::RespErr, idx, 0, 0, syndrome as u8);
+        t.enter_error();
+        return Err(nak);
+    }
+    Ok(idx)
+}
+
+/// Scatter `data` over a receive's entries, each checked for LOCAL_WRITE in the responder's PD.
+fn scatter(
+    t: &QpShared,
+    keys: &KeyTable,
+    sgl: &[crate::wqe::Sge],
+    data: &[u8],
+) -> Result<(), (Syndrome, Nak)> {
+    let mut rest = data;
+    // Check everything before writing anything: a bad entry places no byte.
+    let mut spans = Vec::with_capacity(sgl.len());
+    for sge in sgl {
+        if rest.is_empty() {
+            break;
+        }
+        let n = rest.len().min(sge.len as usize);
+        let r = keys
+            .lookup(sge.lkey.0)
+            .map_err(|_| (Syndrome::LocalProtection, Nak::RemoteOperation))?;
+        r.check(t.pd, sge.addr, n as u64, Access::LOCAL_WRITE)
+            .map_err(|_| (Syndrome::LocalProtection, Nak::RemoteOperation))?;
+        spans.push((r, sge.addr, n));
+        rest = &rest[n..];
+    }
+    let mut at = 0;
+    for (r, addr, n) in spans {
+        if let Ok(s) = r.check(t.pd, addr, n as u64, Access::LOCAL_WRITE) {
+            s.write(&data[at..at + n]);
+        }
+        at += n;
+    }
+    Ok(())
+}
+
+fn complete_recv(t: &QpShared, op: CqeOpcode, idx: u64, len: usize, imm: u32) {
+    push_recv_cqe(t, op, idx, len as u32, imm, 0);
+}
+
+fn push_recv_cqe(t: &QpShared, op: CqeOpcode, idx: u64, len: u32, imm: u32, syndrome: u8) {
+    t.recv_cq.push(
+        Cqe {
+            opcode: op,
+            qpn: t.qpn,
+            send_opcode: 0,
+            wqe_counter: idx as u16,
+            byte_cnt: len,
+            imm,
+            syndrome,
+            vendor_syndrome: 0,
+            owner: false,
+        },
+        t.rq.wr_ids[(idx & (t.rq.ring.entries - 1)) as usize].load(Ordering::Relaxed),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masked_add_stops_carries_at_boundaries() {
+        // Two 32-bit counters in one word: the low one wraps without touching the high one.
+        let a = 0x0000_0001_ffff_ffffu64;
+        assert_eq!(masked_add(a, 1, 1 << 31), 0x0000_0001_0000_0000);
+        assert_eq!(masked_add(a, 1, 0), 0x0000_0002_0000_0000);
+    }
+
+    #[test]
+    fn atomic_ops_apply() {
+        let cas = AtomicOp::CompareSwap {
+            compare: 5,
+            swap: 9,
+        };
+        assert_eq!(cas.apply(5), Some(9));
+        assert_eq!(cas.apply(6), None);
+        let m = AtomicOp::MaskedCompareSwap {
+            compare: 0xab00,
+            compare_mask: 0xff00,
+            swap: 0x00cd,
+            swap_mask: 0x00ff,
+        };
+        assert_eq!(m.apply(0xab11), Some(0xabcd));
+        assert_eq!(m.apply(0xac11), None);
+    }
+}
