@@ -134,7 +134,8 @@ impl Transport for InProcess {
                 Ok(())
             }
             // WRITE_IMM consumes a receive; take it first so an RNR leaves memory untouched.
-            Some(imm) => consume_recv(t, &self.keys, data.len(), |_, _| {
+            // The data goes to the RDMA address, so the receive needs no room for it.
+            Some(imm) => consume_recv(t, &self.keys, 0, |_, _| {
                 span.write(data);
                 Ok(())
             })

@@ -1,0 +1,210 @@
+//! Ordering (RedN §3.1: WQ, completion and doorbell order), the prefetch hazard of
+//! self-modifying chains, and a loop that re-arms itself with WAIT/ENABLE.
+
+mod common;
+use common::*;
+use redn_sys::nic::{CqConfig, Nic, QpConfig};
+use redn_sys::softnic::{Prefetch, SoftNic};
+use redn_sys::wqe::{off, Opcode, Payload, WorkRequest, WrOp, WqeFlags, BB_SIZE};
+
+const MODES: [Prefetch; 3] = [Prefetch::AtExecute, Prefetch::Depth(8), Prefetch::Adversarial];
+
+fn write(local: redn_sys::wqe::Sge, remote: redn_sys::wqe::RemoteAddr) -> WrOp {
+    WrOp::Write { remote, payload: Payload::Sgl(vec![local]), imm: None }
+}
+
+#[test]
+fn wq_order_later_wqes_see_earlier_effects() {
+    for mode in MODES {
+        let nic = nic(1, mode);
+        let pd = nic.alloc_pd().unwrap();
+        let m = Region::new(&nic, pd, 4096, ALL);
+        let ep = endpoint(&nic, pd, |_| {});
+        nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
+        m.write(0, b"A");
+        m.write(1, b"B");
+        // WRITE A to x, WRITE B to x, READ x to y: y must be B.
+        nic.post_send(ep.qp.qpn, &[
+            wr(1, WqeFlags::NONE, write(m.mr.sge(0, 1), m.mr.remote(100))),
+            wr(2, WqeFlags::NONE, write(m.mr.sge(1, 1), m.mr.remote(100))),
+            wr(3, SIG, WrOp::Read { remote: m.mr.remote(100), sgl: vec![m.mr.sge(200, 1)] }),
+        ])
+        .unwrap();
+        let c = wait_cqes(&nic, ep.cq, 1);
+        assert_eq!(c[0].wr_id, 3);
+        assert_eq!(m.read(200, 1), b"B", "{mode:?}");
+    }
+}
+
+#[test]
+fn completion_order_wait_holds_a_queue_until_another_queue_completes() {
+    let nic = nic(2, Prefetch::Adversarial);
+    let pd = nic.alloc_pd().unwrap();
+    let m = Region::new(&nic, pd, 4096, ALL);
+    let producer = endpoint(&nic, pd, |c| c.pu = Some(0));
+    let consumer = endpoint(&nic, pd, |c| c.pu = Some(1));
+    for q in [producer.qp.qpn, consumer.qp.qpn] {
+        nic.connect(q, q).unwrap();
+    }
+    m.write(0, b"data!");
+    // Consumer: WAIT for the producer's first completion, then copy what it wrote.
+    nic.post_send(consumer.qp.qpn, &[
+        wr(1, WqeFlags::NONE, WrOp::Wait { cq: producer.cq, count: 0 }),
+        wr(2, SIG, WrOp::Read { remote: m.mr.remote(100), sgl: vec![m.mr.sge(200, 5)] }),
+    ])
+    .unwrap();
+    expect_no_cqe(&nic, consumer.cq, 30);
+    nic.post_send(producer.qp.qpn, &[wr(3, SIG, write(m.mr.sge(0, 5), m.mr.remote(100)))]).unwrap();
+    wait_cqes(&nic, consumer.cq, 1);
+    assert_eq!(m.read(200, 5), b"data!");
+}
+
+/// Two WQEs: the first patches the second's local address (bytes 40..48, its data segment)
+/// from `old` to `new`. Returns what the second one wrote.
+fn self_modifying_chain(mode: Prefetch, doorbell_ordered: bool) -> Vec<u8> {
+    let nic = nic(1, mode);
+    let pd = nic.alloc_pd().unwrap();
+    let m = Region::new(&nic, pd, 4096, ALL);
+    m.write(0, b"OLD");
+    m.write(8, b"NEW");
+    m.write(16, &(m.mr.addr.0 + 8).to_be_bytes()); // the patch: BE address of "NEW"
+
+    let cq = nic.create_cq(CqConfig::default()).unwrap();
+    let mut cfg = QpConfig::new(pd, cq);
+    cfg.managed_send = doorbell_ordered;
+    let target = nic.create_qp(cfg).unwrap();
+    let ring = nic
+        .reg_mr(pd, &target.sq.buffer, target.sq.offset, 64 * 256, ALL)
+        .unwrap();
+    nic.connect(target.qpn, target.qpn).unwrap();
+    let second = wr(2, SIG, write(m.mr.sge(0, 3), m.mr.remote(100)));
+    // Where the second WQE will sit in the ring: slot 1 when the patch shares the queue,
+    // slot 0 of the managed queue otherwise.
+    if !doorbell_ordered {
+        let patch = wr(1, WqeFlags::NONE, write(m.mr.sge(16, 8), ring.remote(BB_SIZE as u64 + 40)));
+        nic.post_send(target.qpn, &[patch, second]).unwrap();
+    } else {
+        // Doorbell order: the second WQE sits on the managed queue; a master queue patches it,
+        // waits for the patch's completion, then enables it.
+        nic.post_send(target.qpn, &[second]).unwrap();
+        let master = endpoint(&nic, pd, |_| {});
+        nic.connect(master.qp.qpn, master.qp.qpn).unwrap();
+        nic.post_send(master.qp.qpn, &[
+            wr(1, SIG, write(m.mr.sge(16, 8), ring.remote(40))),
+            wr(3, WqeFlags::NONE, WrOp::Wait { cq: master.cq, count: 0 }),
+            wr(4, WqeFlags::NONE, WrOp::SendEnable { qp: target.qpn, pi: 1 }),
+        ])
+        .unwrap();
+    }
+    let c = wait_cqes(&nic, cq, 1);
+    assert!(c[0].is_ok(), "{c:?}");
+    m.read(100, 3)
+}
+
+#[test]
+fn self_modifying_chain_without_doorbell_ordering_runs_a_stale_wqe() {
+    // The second WQE was prefetched before the first patched it: it writes OLD, as ConnectX
+    // would, even though memory holds the patched WQE.
+    assert_eq!(self_modifying_chain(Prefetch::Adversarial, false), b"OLD");
+    assert_eq!(self_modifying_chain(Prefetch::Depth(8), false), b"OLD");
+    // Only when the NIC happens not to prefetch does the unordered chain look right.
+    assert_eq!(self_modifying_chain(Prefetch::AtExecute, false), b"NEW");
+}
+
+#[test]
+fn self_modifying_chain_with_doorbell_ordering_is_correct_in_every_prefetch_mode() {
+    for mode in MODES {
+        assert_eq!(self_modifying_chain(mode, true), b"NEW", "{mode:?}");
+    }
+}
+
+/// Offset in a WQE at which an 8-byte big-endian FETCH_ADD result must land so that its low
+/// four bytes fill the 32-bit count of a WAIT/SEND_EN segment (bytes 20..24 are reserved).
+const COUNT_RESULT: u64 = off::WAIT_PI as u64 - 4;
+
+#[test]
+fn loop_re_arms_itself_with_wait_and_enable_and_runs_without_host_posts() {
+    // Two managed queues, A and B, of 4 BBs each, hand control to each other forever. Each
+    // round, A counts one iteration (a signaled FETCH_ADD), then advances B's WAIT count and
+    // B's enable of A; B waits for A's completion and advances A's enable of B. Every index
+    // field is patched by the *other* queue while its own round is not yet enabled (doorbell
+    // order), so the loop is correct under every prefetch mode. The patches are FETCH_ADDs on
+    // host-order counters whose old value lands big-endian in the WQE field.
+    for mode in MODES {
+        let nic = nic(2, mode);
+        let pd = nic.alloc_pd().unwrap();
+        let data = Region::new(&nic, pd, 4096, ALL);
+        let cq_a = nic.create_cq(CqConfig { depth: 64, ignore_overrun: true }).unwrap();
+        let cq_b = nic.create_cq(CqConfig::default()).unwrap();
+        let mk = |cq, pu| {
+            let mut c = QpConfig::new(pd, cq);
+            c.sq_bbs = 4;
+            c.managed_send = true;
+            c.pu = Some(pu);
+            nic.create_qp(c).unwrap()
+        };
+        let a = mk(cq_a, 0);
+        let b = mk(cq_b, 1);
+        let ring_a = nic.reg_mr(pd, &a.sq.buffer, a.sq.offset, 256, ALL).unwrap();
+        let ring_b = nic.reg_mr(pd, &b.sq.buffer, b.sq.offset, 256, ALL).unwrap();
+        for q in [a.qpn, b.qpn] {
+            nic.connect(q, q).unwrap();
+        }
+        // Counters (host order): iterations @0, next B-enables-A @8, next WAIT count @16,
+        // next A-enables-B @24.
+        data.write(8, &8u64.to_le_bytes());
+        data.write(16, &0u64.to_le_bytes());
+        data.write(24, &8u64.to_le_bytes());
+        let faa = |at: u64, add: u64, result: redn_sys::wqe::Sge, flags| {
+            wr(0, flags, WrOp::FetchAdd { remote: data.mr.remote(at), add, result: Some(result) })
+        };
+        let scratch = data.mr.sge(512, 8);
+        let slot = |ring: &redn_sys::nic::MrInfo, i: u64| ring.sge(i * 64 + COUNT_RESULT, 8);
+        let a_wqes: Vec<WorkRequest> = vec![
+            faa(0, 1, scratch, SIG),                              // A0: the loop body
+            faa(8, 4, slot(&ring_b, 3), WqeFlags::NONE),          // A1: B3's enable of A
+            faa(16, 1, slot(&ring_b, 0), WqeFlags::NONE),         // A2: B0's WAIT count
+            wr(0, WqeFlags::NONE, WrOp::SendEnable { qp: b.qpn, pi: 4 }), // A3
+        ];
+        let b_wqes: Vec<WorkRequest> = vec![
+            wr(0, WqeFlags::NONE, WrOp::Wait { cq: cq_a, count: 0 }),  // B0
+            faa(24, 4, slot(&ring_a, 3), WqeFlags::NONE),              // B1: A3's enable of B
+            wr(0, WqeFlags::NONE, WrOp::Nop { raw_segments: vec![] }), // B2
+            wr(0, WqeFlags::NONE, WrOp::SendEnable { qp: a.qpn, pi: 8 }), // B3
+        ];
+        nic.post_send(a.qpn, &a_wqes).unwrap();
+        nic.post_send(b.qpn, &b_wqes).unwrap();
+        // The one host action: a master enables A's first round.
+        let master = endpoint(&nic, pd, |_| {});
+        nic.connect(master.qp.qpn, master.qp.qpn).unwrap();
+        nic.post_send(master.qp.qpn, &[wr(9, SIG, WrOp::SendEnable { qp: a.qpn, pi: 4 })]).unwrap();
+        wait_cqes(&nic, master.cq, 1);
+
+        let iterations = |d: &Region| u64::from_le_bytes(d.read(0, 8).try_into().unwrap());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while iterations(&data) < 1000 {
+            assert!(std::time::Instant::now() < deadline, "{mode:?}: stuck at {}", iterations(&data));
+            std::thread::yield_now();
+        }
+        // It keeps going with nobody posting: far past any ring's capacity (4 BBs).
+        let before = iterations(&data);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(iterations(&data) > before, "{mode:?}: loop stopped");
+        let ca = nic.counters(a.qpn).unwrap();
+        assert!(ca.by_opcode(Opcode::SendEn) >= 1000);
+        assert!(nic.sq_consumed(a.qpn).unwrap() > 4000);
+        assert_eq!(ca.errors, 0);
+        assert_eq!(nic.counters(b.qpn).unwrap().errors, 0);
+        drop(nic);
+    }
+}
+
+#[test]
+fn dropping_a_running_softnic_stops_its_threads() {
+    let nic: SoftNic = nic(2, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    let ep = endpoint(&nic, pd, |_| {});
+    nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
+    nic.post_send(ep.qp.qpn, &[wr(1, SIG, WrOp::Nop { raw_segments: vec![] })]).unwrap();
+    drop(nic); // joins the PUs; hanging here would fail the test by timeout
+}
