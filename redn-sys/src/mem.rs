@@ -109,11 +109,15 @@ impl SharedBuffer {
     }
 
     #[inline]
+    fn words(&self) -> &[AtomicU64] {
+        // SAFETY: `words` is aligned and valid for `len_words` atomics for as long as the
+        // buffer lives (the constructors' invariants); all access through the slice is atomic.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr(), self.len_words) }
+    }
+
+    #[inline]
     fn word(&self, i: usize) -> &AtomicU64 {
-        assert!(i < self.len_words, "word {i} outside buffer of {}", self.len_words);
-        // SAFETY: i < len_words (checked above) and `words` is valid for len_words atomics for
-        // the buffer's lifetime (constructor invariants).
-        unsafe { &*self.words.as_ptr().add(i) }
+        &self.words()[i]
     }
 
     /// True if `off..off+len` lies inside the buffer.

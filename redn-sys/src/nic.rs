@@ -183,6 +183,8 @@ pub struct QpCounters {
     pub rnr_waits: u64,
     /// Receives consumed.
     pub recvs: u64,
+    /// Send WQEs the host posted (through `post_send`); a NIC-resident loop leaves it still.
+    pub host_posts: u64,
 }
 
 impl QpCounters {

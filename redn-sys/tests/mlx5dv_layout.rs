@@ -15,7 +15,7 @@
 
 use redn_sys::types::MAX_QPN;
 use redn_sys::wqe::{
-    encode_wqe, off, CqeOpcode, Cqe, CtrlSeg, Opcode, Payload, RemoteAddr, Sge, Syndrome,
+    encode_wqe, off, Cqe, CqeOpcode, CtrlSeg, Opcode, Payload, RemoteAddr, Sge, Syndrome,
     WorkRequest, WqeFlags, WrOp, BB_SIZE, CQE_SIZE, INLINE_FLAG, INVALID_LKEY, MAX_DS,
     OPMOD_EXT_ATOMIC_8B, SEG_SIZE,
 };
@@ -138,7 +138,15 @@ fn wqe_cases() -> Vec<(&'static str, WorkRequest)> {
         op,
     };
     vec![
-        ("wqe.nop", wr(WqeFlags::SIGNALED, WrOp::Nop { raw_segments: vec![] })),
+        (
+            "wqe.nop",
+            wr(
+                WqeFlags::SIGNALED,
+                WrOp::Nop {
+                    raw_segments: vec![],
+                },
+            ),
+        ),
         (
             "wqe.write",
             wr(
@@ -654,10 +662,8 @@ fn build_and_run() -> Option<Facts> {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    let dir = std::env::temp_dir().join(format!(
-        "redn-mlx5dv-layout-{}-{nanos}",
-        std::process::id()
-    ));
+    let dir =
+        std::env::temp_dir().join(format!("redn-mlx5dv-layout-{}-{nanos}", std::process::id()));
     std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
     let src = dir.join("layout.c");
     let exe = dir.join("layout");
@@ -811,15 +817,25 @@ fn send_opcodes_match() {
         "MLX5_OPCODE_UMR",
     ] {
         let v = h.num(name);
-        assert_eq!(Opcode::from_u8(v as u8), None, "{name} ({v:#x}) decodes as ours");
+        assert_eq!(
+            Opcode::from_u8(v as u8),
+            None,
+            "{name} ({v:#x}) decodes as ours"
+        );
     }
 }
 
 #[test]
 fn wqe_flags_and_constants_match() {
     let Some(h) = facts() else { return };
-    assert_eq!(u64::from(WqeFlags::SIGNALED.0), h.num("MLX5_WQE_CTRL_CQ_UPDATE"));
-    assert_eq!(u64::from(WqeFlags::SOLICITED.0), h.num("MLX5_WQE_CTRL_SOLICITED"));
+    assert_eq!(
+        u64::from(WqeFlags::SIGNALED.0),
+        h.num("MLX5_WQE_CTRL_CQ_UPDATE")
+    );
+    assert_eq!(
+        u64::from(WqeFlags::SOLICITED.0),
+        h.num("MLX5_WQE_CTRL_SOLICITED")
+    );
     assert_eq!(u64::from(WqeFlags::FENCE.0), h.num("MLX5_WQE_CTRL_FENCE"));
     assert_eq!(
         u64::from(WqeFlags::INITIATOR_SMALL_FENCE.0),

@@ -218,16 +218,15 @@ impl SoftNic {
         let qb = nic_b.shared.qp(b)?;
         for q in [&qa, &qb] {
             let st = q.state();
+            // Nothing is set before both are checked, so a loopback QP passes twice.
             if st != QpState::Init || q.peer.lock().unwrap_or_else(|e| e.into_inner()).is_some()
             {
-                if !(Arc::ptr_eq(&qa, &qb) && st == QpState::Init) {
-                    return Err(Error::QpState {
-                        qpn: q.qpn,
-                        state: st,
-                        what: "connect",
-                        needed: "INIT and not yet connected",
-                    });
-                }
+                return Err(Error::QpState {
+                    qpn: q.qpn,
+                    state: st,
+                    what: "connect",
+                    needed: "INIT and not yet connected",
+                });
             }
         }
         *qa.peer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(InProcess {
@@ -549,6 +548,9 @@ impl Nic for SoftNic {
             pi += e.bbs() as u64;
         }
         q.posted.store(pi, Ordering::Release);
+        q.counters
+            .host_posts
+            .fetch_add(wrs.len() as u64, Ordering::Relaxed);
         if !q.managed_send {
             q.doorbell.fetch_max(pi, Ordering::AcqRel);
         }

@@ -40,6 +40,7 @@ pub(crate) struct SharedCounters {
     pub(crate) rate_limit_delays: AtomicU64,
     pub(crate) rnr_waits: AtomicU64,
     pub(crate) recvs: AtomicU64,
+    pub(crate) host_posts: AtomicU64,
 }
 
 impl SharedCounters {
@@ -54,6 +55,7 @@ impl SharedCounters {
         c.rate_limit_delays = self.rate_limit_delays.load(Ordering::Relaxed);
         c.rnr_waits = self.rnr_waits.load(Ordering::Relaxed);
         c.recvs = self.recvs.load(Ordering::Relaxed);
+        c.host_posts = self.host_posts.load(Ordering::Relaxed);
         c
     }
 
