@@ -18,8 +18,9 @@ const WORD: usize = 8;
 
 /// Who frees a buffer's memory.
 enum Backing {
-    /// Allocated by us.
-    Heap(#[allow(dead_code)] Box<[AtomicU64]>),
+    /// Allocated by us with `Box::into_raw`; freed in Drop. (Keeping the Box itself beside a
+    /// pointer into it would be undefined behaviour: moving a Box asserts unique access.)
+    Heap,
     /// Mapped by someone else (an app's memfd); `release` unmaps it.
     Foreign(Option<Box<dyn FnOnce() + Send + Sync>>),
 }
@@ -47,7 +48,7 @@ impl fmt::Debug for SharedBuffer {
             .field(
                 "backing",
                 &match self.backing {
-                    Backing::Heap(_) => "heap",
+                    Backing::Heap => "heap",
                     Backing::Foreign(_) => "foreign",
                 },
             )
@@ -59,12 +60,12 @@ impl SharedBuffer {
     /// A zeroed buffer of `len` bytes rounded up to whole words (at least one word).
     pub fn new(len: usize) -> Arc<SharedBuffer> {
         let n = len.div_ceil(WORD).max(1);
-        let mut words: Box<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
-        let ptr = NonNull::from(&mut words[0]);
+        let words: Box<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
+        let raw = NonNull::from(Box::leak(words));
         Arc::new(SharedBuffer {
-            words: ptr,
+            words: raw.cast(),
             len_words: n,
-            backing: Backing::Heap(words),
+            backing: Backing::Heap,
         })
     }
 
@@ -211,9 +212,17 @@ impl SharedBuffer {
 
 impl Drop for SharedBuffer {
     fn drop(&mut self) {
-        if let Backing::Foreign(release) = &mut self.backing {
-            if let Some(r) = release.take() {
-                r();
+        match &mut self.backing {
+            Backing::Heap => {
+                let slice = std::ptr::slice_from_raw_parts_mut(self.words.as_ptr(), self.len_words);
+                // SAFETY: `words`/`len_words` came from `Box::leak` of a boxed slice of exactly
+                // this length in `new`, and this is the only place it is turned back into a Box.
+                drop(unsafe { Box::from_raw(slice) });
+            }
+            Backing::Foreign(release) => {
+                if let Some(r) = release.take() {
+                    r();
+                }
             }
         }
     }

@@ -127,7 +127,9 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
         }
         let since = *idle_since.get_or_insert(now);
         if now.duration_since(since) < SPIN {
-            std::hint::spin_loop();
+            // Yield rather than spin: PUs, apps and pollers often outnumber cores, and a
+            // spinning PU would keep the thread it waits for off the CPU.
+            std::thread::yield_now();
             continue;
         }
         me.sleeping.store(true, Ordering::SeqCst);
