@@ -3,6 +3,7 @@
 //! - [`wqe`]: byte-exact mlx5 send/receive WQEs and CQEs (pure, no FFI);
 //! - [`mem`]: shared buffers, memory regions, keys and the one place access is checked;
 //! - [`nic`]: the [`Nic`](nic::Nic) trait every backend implements;
+//! - [`program`]: offload programs as data, RedN's constructs and the offload catalog;
 //! - [`softnic`]: the software RDMA NIC that executes mlx5 WQE bytes from ring memory, the
 //!   default backend.
 //!
@@ -10,6 +11,7 @@
 
 pub mod mem;
 pub mod nic;
+pub mod program;
 pub mod softnic;
 pub mod types;
 pub mod wqe;

@@ -262,6 +262,8 @@ pub trait Nic: Send + Sync {
     /// Record `wr_id` for the WQE starting at producer index `pi`, for code that writes WQE
     /// bytes straight into the ring, and advance the posted index to `end`.
     fn note_posted(&self, qp: Qpn, pi: u64, end: u64, wr_id: u64) -> Result<()>;
+    /// Tell the NIC that the receive ring holds `n` receives written straight into it.
+    fn note_recvs_posted(&self, qp: Qpn, n: u64) -> Result<()>;
     /// Take up to `max` completions off a CQ.
     fn poll_cq(&self, cq: Cqn, max: usize, out: &mut Vec<Completion>) -> Result<usize>;
     /// Completions a CQ has produced since creation (what WAIT counts).

@@ -628,6 +628,9 @@ impl SqExec {
             self.wr_id(ci),
         );
         self.ci += bbs;
+        // Counters first: whoever sees the error state must also see the error counted.
+        self.qp.counters.add(&self.batch);
+        self.batch = QpCounters::default();
         self.qp.enter_error();
         self.flush();
     }

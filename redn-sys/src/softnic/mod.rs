@@ -598,6 +598,20 @@ impl Nic for SoftNic {
         Ok(())
     }
 
+    fn note_recvs_posted(&self, qp: Qpn, n: u64) -> Result<()> {
+        let q = self.shared.qp(qp)?;
+        if n > q.rq.ring.entries {
+            return Err(Error::QueueFull {
+                qpn: qp,
+                queue: "receive",
+                capacity: q.rq.ring.entries,
+            });
+        }
+        q.rq.posted.fetch_max(n, Ordering::AcqRel);
+        q.wake_requester();
+        Ok(())
+    }
+
     fn poll_cq(&self, cq: Cqn, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
         self.shared
             .cq(cq)?

@@ -196,7 +196,12 @@ impl QpShared {
     /// Complete every posted, unconsumed receive with a flush error.
     pub(crate) fn flush_recv(&self) {
         let mut consumed = self.rq.consumer.lock().unwrap_or_else(|e| e.into_inner());
-        let posted = self.rq.posted.load(Ordering::Acquire);
+        let posted = self
+            .rq
+            .posted
+            .load(Ordering::Acquire)
+            .max(self.rq.enabled.load(Ordering::Acquire))
+            .min(*consumed + self.rq.ring.entries);
         while *consumed < posted {
             let idx = *consumed;
             self.recv_cq.push(

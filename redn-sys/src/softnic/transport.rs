@@ -192,9 +192,14 @@ fn consume_recv(
 ) -> Result<u64, Nak> {
     let mut consumed = t.rq.consumer.lock().unwrap_or_else(|e| e.into_inner());
     let idx = *consumed;
-    let posted = t.rq.posted.load(Ordering::Acquire);
-    let enabled_ok = !t.managed_recv || idx < t.rq.enabled.load(Ordering::Acquire);
-    if idx >= posted || !enabled_ok {
+    // A managed receive queue consumes up to what RECV_EN enabled, whatever the host posted:
+    // a NIC-resident loop re-arms the same slots (their scatter lists stay in the ring).
+    let limit = if t.managed_recv {
+        t.rq.enabled.load(Ordering::Acquire)
+    } else {
+        t.rq.posted.load(Ordering::Acquire)
+    };
+    if idx >= limit {
         t.counters.rnr_waits.fetch_add(1, Ordering::Relaxed);
         return Err(Nak::ReceiverNotReady);
     }

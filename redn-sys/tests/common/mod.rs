@@ -94,3 +94,87 @@ pub fn wr(wr_id: u64, flags: WqeFlags, op: WrOp) -> WorkRequest {
 
 pub const SIG: WqeFlags = WqeFlags::SIGNALED;
 pub const ALL: Access = Access::ALL;
+
+/// A server softnic running one installed offload and a client softnic connected to it.
+pub struct Rig {
+    pub server: SoftNic,
+    pub client: SoftNic,
+    pub program: redn_sys::program::Program,
+    pub installed: redn_sys::program::Installed,
+    pub data: Region,
+    pub cqp: redn_sys::Qpn,
+    pub ccq: Cqn,
+    pub cbuf: Region,
+    pub next_recv: u64,
+}
+
+/// Bytes of the server's data region (one region bound as `table`/`list` and `values`).
+pub const DATA_LEN: usize = 1 << 20;
+
+impl Rig {
+    pub fn new(program: redn_sys::program::Program, prefetch: Prefetch) -> Rig {
+        let server = nic(2, prefetch);
+        let client = nic(1, prefetch);
+        let spd = server.alloc_pd().unwrap();
+        let data = Region::new(&server, spd, DATA_LEN, ALL);
+        let cpd = client.alloc_pd().unwrap();
+        let cbuf = Region::new(&client, cpd, 128 << 10, ALL);
+        let ccq = client
+            .create_cq(CqConfig { depth: 4096, ignore_overrun: false })
+            .unwrap();
+        let mut ccfg = QpConfig::new(cpd, ccq);
+        ccfg.rq_slots = 4096;
+        let cqp = client.create_qp(ccfg).unwrap().qpn;
+        let mut regions = std::collections::HashMap::new();
+        for name in ["table", "list", "values"] {
+            regions.insert(name.to_string(), (data.mr.addr, data.mr.lkey, DATA_LEN as u64));
+        }
+        regions.insert(
+            "response".to_string(),
+            (cbuf.mr.addr, cbuf.mr.lkey, 128 << 10),
+        );
+        let installed = redn_sys::program::install(&server, spd, &program, &regions, &mut |q| {
+            SoftNic::connect_pair(&client, cqp, &server, q)
+        })
+        .unwrap();
+        Rig { server, client, program, installed, data, cqp, ccq, cbuf, next_recv: 0 }
+    }
+
+    /// Send one trigger; collect responses until one with `byte_len == 0` or `until` says done.
+    pub fn trigger(&mut self, msg: &[u8], responses: usize) -> Vec<(u32, Vec<u8>)> {
+        for _ in 0..responses {
+            self.client.post_recv(self.cqp, self.next_recv, &[]).unwrap();
+            self.next_recv += 1;
+        }
+        self.client
+            .post_send(self.cqp, &[wr(0, WqeFlags::NONE, WrOp::Send { payload: redn_sys::wqe::Payload::Inline(msg.to_vec()), imm: None })])
+            .unwrap();
+        let cqes = wait_cqes(&self.client, self.ccq, responses);
+        cqes.iter()
+            .map(|c| {
+                assert!(c.is_ok(), "response failed: {c:?}");
+                (c.imm.unwrap_or(u32::MAX), self.cbuf.read(0, c.byte_len as usize))
+            })
+            .collect()
+    }
+
+    /// WQEs the server executed on all the program's queues.
+    pub fn server_wqes(&self) -> u64 {
+        self.installed
+            .qps
+            .iter()
+            .map(|q| self.server.counters(q.qpn).unwrap().total_wqes())
+            .sum()
+    }
+
+    /// Host posts on the server's program queues (and the installer's master).
+    pub fn server_host_posts(&self) -> u64 {
+        self.installed
+            .qps
+            .iter()
+            .map(|q| q.qpn)
+            .chain([self.installed.master])
+            .map(|q| self.server.counters(q).unwrap().host_posts)
+            .sum()
+    }
+}

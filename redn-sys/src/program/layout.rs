@@ -1,0 +1,355 @@
+//! Placing one client's instance of a program in its code region and resolving its symbols.
+
+use super::{Addr, Form, Op, Operand, Program, ProgramError, Sge, Slots, MAX_OPERAND};
+use crate::types::{Cqn, Lkey, Qpn, Rkey, VirtAddr};
+use crate::wqe::{
+    self, encode_recv, encode_wqe, Payload, RemoteAddr, WorkRequest, WrOp, BB_SIZE, SEG_SIZE,
+};
+use std::collections::HashMap;
+
+/// Where each ring and static block sits in the code region (offsets from its start).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CodeLayout {
+    /// Send ring offset of each queue.
+    pub sq: Vec<usize>,
+    /// Receive ring offset of each queue.
+    pub rq: Vec<usize>,
+    /// Offset of each static block.
+    pub statics: Vec<usize>,
+    /// Bytes the code region needs.
+    pub len: usize,
+}
+
+fn align(v: usize, a: usize) -> usize {
+    v.div_ceil(a) * a
+}
+
+impl Program {
+    /// Check ring sizes and place rings and statics in a code region.
+    pub fn layout(&self) -> Result<CodeLayout, ProgramError> {
+        let mut at = 0usize;
+        let mut sq = Vec::new();
+        let mut rq = Vec::new();
+        for q in &self.queues {
+            let needed: u64 = q.wqes.iter().map(|w| w.op.bbs()).sum();
+            if needed > u64::from(q.sq_bbs) || !q.sq_bbs.is_power_of_two() {
+                return Err(ProgramError::RingTooSmall {
+                    queue: q.name.clone(),
+                    needed,
+                    ring: q.sq_bbs,
+                });
+            }
+            if q.recvs.len() > q.rq_slots as usize || !q.rq_slots.is_power_of_two() {
+                return Err(ProgramError::Invalid(format!(
+                    "queue {:?}: {} receives do not fit {} slots",
+                    q.name,
+                    q.recvs.len(),
+                    q.rq_slots
+                )));
+            }
+            if let Some(r) = q.recvs.iter().find(|r| r.sgl.len() > q.rq_sges as usize) {
+                return Err(ProgramError::Invalid(format!(
+                    "queue {:?}: a receive has {} entries, slots hold {}",
+                    q.name,
+                    r.sgl.len(),
+                    q.rq_sges
+                )));
+            }
+            sq.push(at);
+            at += q.sq_bbs as usize * BB_SIZE;
+            rq.push(at);
+            at = align(at + q.rq_slots as usize * q.rq_sges as usize * SEG_SIZE, BB_SIZE);
+        }
+        let mut statics = Vec::new();
+        for b in &self.statics {
+            statics.push(at);
+            at = align(at + b.bytes.len().max(1), BB_SIZE);
+        }
+        Ok(CodeLayout {
+            sq,
+            rq,
+            statics,
+            len: at.max(BB_SIZE),
+        })
+    }
+}
+
+/// A bound region: where it is and its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bound {
+    /// First address.
+    pub addr: VirtAddr,
+    /// Key (lkey == rkey).
+    pub key: u32,
+    /// Length.
+    pub len: u64,
+}
+
+/// Everything needed to turn symbols into numbers for one client's instance.
+#[derive(Clone, Debug)]
+pub struct Resolver {
+    /// The code region.
+    pub code: Bound,
+    /// The layout inside it.
+    pub layout: CodeLayout,
+    /// Bound regions by name.
+    pub regions: HashMap<String, Bound>,
+    /// Each queue's QPN and CQN, in program order.
+    pub queues: Vec<(Qpn, Cqn)>,
+}
+
+impl Resolver {
+    fn wqe_pos(&self, p: &Program, label: &str) -> Result<(usize, u64), ProgramError> {
+        p.find_wqe(label)
+            .map(|(q, at, _)| (q, at))
+            .ok_or_else(|| ProgramError::Unknown {
+                kind: "WQE label",
+                name: label.into(),
+            })
+    }
+
+    /// Resolve an address.
+    pub fn addr(&self, p: &Program, a: &Addr) -> Result<VirtAddr, ProgramError> {
+        Ok(match a {
+            Addr::Region { region, offset } => {
+                let b = self.region(region)?;
+                VirtAddr(b.addr.0 + offset)
+            }
+            Addr::Wqe { label, byte } => {
+                let (q, at) = self.wqe_pos(p, label)?;
+                VirtAddr(
+                    self.code.addr.0
+                        + (self.layout.sq[q] + at as usize * BB_SIZE) as u64
+                        + u64::from(*byte),
+                )
+            }
+            Addr::Static { name, offset } => {
+                let i = p
+                    .statics
+                    .iter()
+                    .position(|s| &s.name == name)
+                    .ok_or_else(|| ProgramError::Unknown {
+                        kind: "static block",
+                        name: name.clone(),
+                    })?;
+                VirtAddr(self.code.addr.0 + self.layout.statics[i] as u64 + offset)
+            }
+        })
+    }
+
+    fn region(&self, name: &str) -> Result<&Bound, ProgramError> {
+        self.regions.get(name).ok_or_else(|| ProgramError::Unknown {
+            kind: "region binding",
+            name: name.into(),
+        })
+    }
+
+    /// Resolve the key covering an address.
+    pub fn key(&self, a: &Addr) -> Result<u32, ProgramError> {
+        Ok(match a {
+            Addr::Region { region, .. } => self.region(region)?.key,
+            _ => self.code.key,
+        })
+    }
+
+    fn sge(&self, p: &Program, s: &Sge) -> Result<wqe::Sge, ProgramError> {
+        Ok(wqe::Sge {
+            addr: self.addr(p, &s.addr)?,
+            len: s.len,
+            lkey: Lkey(self.key(&s.addr)?),
+        })
+    }
+
+    fn remote(&self, p: &Program, a: &Addr) -> Result<RemoteAddr, ProgramError> {
+        Ok(RemoteAddr {
+            addr: self.addr(p, a)?,
+            rkey: Rkey(self.key(a)?),
+        })
+    }
+
+    fn queue(&self, p: &Program, name: &str) -> Result<(Qpn, Cqn), ProgramError> {
+        p.queue(name)
+            .map(|(i, _)| self.queues[i])
+            .ok_or_else(|| ProgramError::Unknown {
+                kind: "queue",
+                name: name.into(),
+            })
+    }
+
+    /// The 8 control bytes of WQE `label`: opcode per `form`, operand bytes per `slots`,
+    /// ds from the WQE unless `ds` overrides it.
+    pub fn ctrl_image(
+        &self,
+        p: &Program,
+        label: &str,
+        form: Form,
+        slots: Slots,
+        ds: Option<u8>,
+    ) -> Result<[u8; 8], ProgramError> {
+        let (q, at) = self.wqe_pos(p, label)?;
+        let (_, _, w) = p.find_wqe(label).ok_or_else(|| ProgramError::Unknown {
+            kind: "WQE label",
+            name: label.into(),
+        })?;
+        let ds = ds.unwrap_or_else(|| w.op.ds());
+        let opcode = match form {
+            Form::Nop => wqe::Opcode::Nop as u8,
+            Form::Active => w.op.opcode() as u8,
+        };
+        let s = match slots {
+            Slots::Real => {
+                let idx = (at as u16).to_be_bytes();
+                let qpn = self.queues[q].0 .0.to_be_bytes();
+                [0, idx[0], idx[1], qpn[1], qpn[2], qpn[3]]
+            }
+            Slots::Operand(v) => {
+                if v > MAX_OPERAND {
+                    return Err(ProgramError::OperandTooWide(v));
+                }
+                let b = v.to_be_bytes();
+                [b[2], b[3], b[4], b[5], b[6], b[7]]
+            }
+        };
+        Ok([s[0], s[1], s[2], opcode, s[3], s[4], s[5], ds])
+    }
+
+    fn operand(&self, p: &Program, o: &Operand) -> Result<u64, ProgramError> {
+        Ok(match o {
+            Operand::Lit(v) => *v,
+            Operand::Ctrl {
+                label,
+                form,
+                slots,
+                ds,
+            } => u64::from_le_bytes(self.ctrl_image(p, label, *form, *slots, *ds)?),
+        })
+    }
+
+    /// The concrete work request for a template.
+    pub fn work_request(&self, p: &Program, op: &Op) -> Result<WrOp, ProgramError> {
+        let sgl = |v: &[Sge]| v.iter().map(|s| self.sge(p, s)).collect::<Result<Vec<_>, _>>();
+        Ok(match op {
+            Op::Nop => WrOp::Nop {
+                raw_segments: vec![],
+            },
+            Op::Write { remote, sgl: s, imm } => WrOp::Write {
+                remote: self.remote(p, remote)?,
+                payload: Payload::Sgl(sgl(s)?),
+                imm: *imm,
+            },
+            Op::Read { remote, sgl: s } => WrOp::Read {
+                remote: self.remote(p, remote)?,
+                sgl: sgl(s)?,
+            },
+            Op::Cas {
+                remote,
+                compare,
+                swap,
+                result,
+            } => WrOp::CompareSwap {
+                remote: self.remote(p, remote)?,
+                compare: self.operand(p, compare)?,
+                swap: self.operand(p, swap)?,
+                result: result.as_ref().map(|r| self.sge(p, r)).transpose()?,
+            },
+            Op::MaskedCas {
+                remote,
+                compare,
+                compare_mask,
+                swap,
+                swap_mask,
+            } => WrOp::MaskedCompareSwap {
+                remote: self.remote(p, remote)?,
+                compare: self.operand(p, compare)?,
+                compare_mask: *compare_mask,
+                swap: self.operand(p, swap)?,
+                swap_mask: *swap_mask,
+                result: None,
+            },
+            Op::Faa {
+                remote,
+                add,
+                result,
+            } => WrOp::FetchAdd {
+                remote: self.remote(p, remote)?,
+                add: *add,
+                result: result.as_ref().map(|r| self.sge(p, r)).transpose()?,
+            },
+            Op::Wait { queue, count } => WrOp::Wait {
+                cq: self.queue(p, queue)?.1,
+                count: *count,
+            },
+            Op::SendEn { queue, count } => WrOp::SendEnable {
+                qp: self.queue(p, queue)?.0,
+                pi: *count,
+            },
+            Op::RecvEn { queue, count } => WrOp::RecvEnable {
+                qp: self.queue(p, queue)?.0,
+                pi: *count,
+            },
+        })
+    }
+}
+
+/// The bytes of one client's code region, ready to copy in.
+#[derive(Clone, Debug)]
+pub struct Rendered {
+    /// The whole code region.
+    pub code: Vec<u8>,
+    /// BBs of WQEs in each queue (its posted index).
+    pub posted: Vec<u64>,
+    /// Receives in each queue.
+    pub recvs: Vec<u64>,
+}
+
+impl Program {
+    /// Resolve every symbol and produce the code region's bytes.
+    pub fn render(&self, r: &Resolver) -> Result<Rendered, ProgramError> {
+        let mut code = vec![0u8; r.layout.len];
+        let mut posted = Vec::new();
+        let mut recvs = Vec::new();
+        for (qi, q) in self.queues.iter().enumerate() {
+            let qpn = r.queues[qi].0;
+            let mut at = 0u64;
+            for w in &q.wqes {
+                let wr = WorkRequest {
+                    wr_id: 0,
+                    flags: w.flags,
+                    op: r.work_request(self, &w.op)?,
+                };
+                let e = encode_wqe(&wr, qpn, at as u16)
+                    .map_err(|e| ProgramError::Invalid(format!("WQE {}: {e}", w.label)))?;
+                debug_assert_eq!(e.bbs() as u64, w.op.bbs(), "{}", w.label);
+                let off = r.layout.sq[qi] + at as usize * BB_SIZE;
+                code[off..off + e.bytes().len()].copy_from_slice(e.bytes());
+                if w.form == Form::Nop {
+                    let img = r.ctrl_image(self, &w.label, Form::Nop, Slots::Operand(0), None)?;
+                    code[off..off + 8].copy_from_slice(&img);
+                }
+                at += e.bbs() as u64;
+            }
+            posted.push(at);
+            let stride = q.rq_sges as usize * SEG_SIZE;
+            for (i, recv) in q.recvs.iter().enumerate() {
+                let sgl = recv
+                    .sgl
+                    .iter()
+                    .map(|s| r.sge(self, s))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let bytes = encode_recv(&sgl, q.rq_sges as usize)
+                    .map_err(|e| ProgramError::Invalid(format!("queue {} receive {i}: {e}", q.name)))?;
+                let off = r.layout.rq[qi] + i * stride;
+                code[off..off + stride].copy_from_slice(&bytes);
+            }
+            recvs.push(q.recvs.len() as u64);
+        }
+        for (b, off) in self.statics.iter().zip(&r.layout.statics) {
+            code[*off..*off + b.bytes.len()].copy_from_slice(&b.bytes);
+        }
+        Ok(Rendered {
+            code,
+            posted,
+            recvs,
+        })
+    }
+}
