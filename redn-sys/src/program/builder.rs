@@ -362,3 +362,86 @@ impl Builder {
         Ok(p)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::program::catalog;
+
+    fn tiny() -> (Builder, QueueHandle) {
+        let mut b = Builder::new("t", "test");
+        let q = b.queue("q", QueueRole::Worker, true, false, None, 2, 1, 1);
+        b.push(q, "target", Op::Nop, WqeFlags::NONE, Form::Nop);
+        (b, q)
+    }
+
+    #[test]
+    fn operand_wider_than_48_bits_is_refused() {
+        let (mut b, q) = tiny();
+        assert_eq!(
+            b.if_eq(q, "cas", "target", Some(1 << 48), WqeFlags::NONE),
+            Err(ProgramError::OperandTooWide(1 << 48))
+        );
+        assert!(b.if_eq(q, "cas", "target", Some((1 << 48) - 1), WqeFlags::NONE).is_ok());
+    }
+
+    #[test]
+    fn ring_too_small_is_refused_with_sizes() {
+        let (mut b, q) = tiny();
+        b.push(q, "a", Op::Nop, WqeFlags::NONE, Form::Active);
+        b.push(q, "b", Op::Nop, WqeFlags::NONE, Form::Active);
+        let e = b.build().unwrap_err();
+        assert_eq!(
+            e,
+            ProgramError::RingTooSmall {
+                queue: "q".into(),
+                needed: 3,
+                ring: 2
+            }
+        );
+        assert_eq!(e.to_string(), "queue \"q\" needs 3 BBs, its ring has 2");
+    }
+
+    #[test]
+    fn duplicate_labels_and_unknown_patch_targets_are_refused() {
+        let (mut b, q) = tiny();
+        b.push(q, "target", Op::Nop, WqeFlags::NONE, Form::Active);
+        assert!(matches!(b.build(), Err(ProgramError::Duplicate { .. })));
+        let (mut b, _) = tiny();
+        b.patch("nowhere", 0, 8, PatchSource::Cas { label: "x".into() });
+        assert!(matches!(b.build(), Err(ProgramError::Unknown { .. })));
+    }
+
+    #[test]
+    fn catalog_programs_build_and_list() {
+        for p in [
+            catalog::echo(16, 4).unwrap(),
+            catalog::hash_get(catalog::HashVariant::Single, 4).unwrap(),
+            catalog::hash_get(catalog::HashVariant::Sequential, 4).unwrap(),
+            catalog::hash_get(catalog::HashVariant::Parallel, 4).unwrap(),
+            catalog::list_find(4, false, 2).unwrap(),
+            catalog::list_find(4, true, 1).unwrap(),
+            catalog::server_loop().unwrap(),
+        ] {
+            let l = p.listing();
+            assert!(l.starts_with(&format!("offload {}:", p.name)), "{l}");
+            // Every WQE appears in the listing, and every patch point under its WQE.
+            for q in &p.queues {
+                for w in &q.wqes {
+                    assert!(l.contains(&w.label), "{} missing from listing", w.label);
+                }
+            }
+            assert_eq!(l.matches("patch bytes").count(), p.patches.len());
+            // Trigger parameters tile the trigger.
+            let mut at = 0;
+            for prm in &p.params {
+                assert_eq!(prm.offset, at);
+                at += prm.len;
+            }
+            assert_eq!(at, p.trigger_len);
+        }
+        assert!(catalog::list_find(4, true, 2).is_err());
+        assert!(catalog::list_find(0, false, 1).is_err());
+        assert!(catalog::echo(0, 1).is_err());
+    }
+}
