@@ -229,6 +229,11 @@ impl Resolver {
     pub fn work_request(&self, p: &Program, op: &Op) -> Result<WrOp, ProgramError> {
         let sgl = |v: &[Sge]| v.iter().map(|s| self.sge(p, s)).collect::<Result<Vec<_>, _>>();
         Ok(match op {
+            Op::Other { opcode } => {
+                return Err(ProgramError::Invalid(format!(
+                    "opcode {opcode:#04x} cannot be rendered"
+                )))
+            }
             Op::Nop => WrOp::Nop {
                 raw_segments: vec![],
             },

@@ -337,12 +337,28 @@ pub enum Op {
         /// Absolute receive index.
         count: u32,
     },
+    /// An opcode outside the ones above (UMR, LOCAL_INVAL, CONFIG_CMD, ...). Representable so
+    /// that a definition naming one can be loaded and refused by the verifier; never rendered.
+    Other {
+        /// The raw opcode byte.
+        opcode: u8,
+    },
 }
 
 impl Op {
-    /// The opcode this operation encodes to.
+    /// The raw opcode byte.
+    pub fn opcode_byte(&self) -> u8 {
+        match self {
+            Op::Other { opcode } => *opcode,
+            other => other.opcode() as u8,
+        }
+    }
+
+    /// The opcode this operation encodes to (NOP for [`Op::Other`]; see
+    /// [`Op::opcode_byte`]).
     pub fn opcode(&self) -> Opcode {
         match self {
+            Op::Other { .. } => Opcode::Nop,
             Op::Nop => Opcode::Nop,
             Op::Write { imm: None, .. } => Opcode::RdmaWrite,
             Op::Write { imm: Some(_), .. } => Opcode::RdmaWriteImm,
@@ -359,7 +375,7 @@ impl Op {
     /// Segments (ds) the encoded WQE has.
     pub fn ds(&self) -> u8 {
         let n = match self {
-            Op::Nop => 1,
+            Op::Nop | Op::Other { .. } => 1,
             Op::Write { sgl, .. } | Op::Read { sgl, .. } => {
                 2 + sgl.iter().filter(|s| s.len > 0).count()
             }
@@ -607,7 +623,10 @@ impl Program {
                     s,
                     "  {at:>5}  {:<14} {:<10}{}{}",
                     w.label,
-                    w.op.opcode().name(),
+                    match &w.op {
+                        Op::Other { opcode } => format!("OP_{opcode:#04x}"),
+                        op => op.opcode().name().to_string(),
+                    },
                     if w.form == Form::Nop { " [posted as NOP]" } else { "" },
                     flags_text(w.flags)
                 );
@@ -728,6 +747,7 @@ fn op_text(op: &Op) -> String {
         Op::Wait { queue, count } => format!("cq({queue}) > {count}"),
         Op::SendEn { queue, count } => format!("{queue} up to {count}"),
         Op::RecvEn { queue, count } => format!("{queue} receives up to {count}"),
+        Op::Other { opcode } => format!("raw opcode {opcode:#04x}"),
     }
 }
 

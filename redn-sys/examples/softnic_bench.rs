@@ -1,0 +1,1794 @@
+//! softnic_bench: the RedN paper's §5.1 microbenchmarks run against the softnic, each figure
+//! printed next to a native baseline measured in the same run (the same memory operations done
+//! directly by the CPU on the same `SharedBuffer`s) and a slowdown column.
+//!
+//! 1. Chain latency vs chain length (Fig. 8) in WQ, completion and doorbell order.
+//! 2. Throughput per opcode (NOP, 64 B WRITE, 64 B READ, CAS, FAA) on one PU and on all PUs.
+//!
+//! Run with `cargo run --release -p redn-sys --example softnic_bench -- --help`.
+//! It prints tables; nothing is asserted. Exit status 1 means the softnic misbehaved (a hang,
+//! an error or out-of-order completion, a wrong result in memory): see the "anomalies" list.
+
+use redn_sys::mem::SharedBuffer;
+use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig, QpInfo};
+use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
+use redn_sys::wqe::{encode_wqe, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
+use redn_sys::{Access, Cqn, Pdn, QpState, Qpn};
+use std::fmt::Display;
+use std::hint::black_box;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+const HELP: &str = "\
+softnic_bench: RedN §5.1 microbenchmarks on the softnic, with native CPU baselines
+
+USAGE:
+    cargo run --release -p redn-sys --example softnic_bench -- [OPTIONS]
+
+OPTIONS:
+    --quick             short run (< ~10 s): fewer samples, repetitions and batches
+    --pus N             softnic processing units (default: available cores); the
+                        throughput table's \"all PUs\" rows use one QP per PU
+    --iters N           latency samples per chain length and order
+                        (default 5000, quick 400)
+    --reps N            throughput repetitions per row (default 7, quick 3)
+    --batches N         throughput batches of 1024 WQEs per repetition
+                        (default 256, quick 32)
+    --prefetch P        softnic WQE prefetch: at-execute | adversarial | depth:N | N
+                        (default depth:8, the softnic default)
+    --only SECTION      latency | throughput (default: both)
+    -h, --help          this text
+
+Section 1 (chain latency, paper Fig. 8): chains of N NOPs, N in 1..64, in three orders,
+  each on fresh queues of its own:
+  (a) WQ order: N NOPs on one unmanaged SQ, one doorbell, last one signaled;
+  (b) completion order: one SQ, every NOP signaled, each NOP after the first preceded by
+      WAIT(cq, previous NOP's completion);
+  (c) doorbell order: NOPs on a managed SQ Q; a master SQ runs SEND_EN(Q, 1), then
+      WAIT(cq of Q, completion of NOP k-1) + SEND_EN(Q, k+1) for each further NOP;
+  (c') as (c) with master and managed SQ on different PUs (when --pus >= 2).
+  WQEs are written straight into the ring (encoding not timed); the time runs from the
+  doorbell until the host sees the chain done, two ways: \"CQ\" busy-polls
+  Nic::cq_produced; \"flag\" appends one 8 B inline WRITE to a host word the host spins on
+  (so the host never calls into the softnic while the chain runs). Lengths and modes are
+  interleaved. Reported: median, p99, and the slope (median(64) - median(1)) / 63.
+  Native: one CPU thread doing the chain's memory ops (64 B WQE loads from the same ring,
+  completion-counter / enable-index atomics).
+
+Section 2 (throughput): batches of 1024 WQEs, last of each batch signaled, on a 4096-BB
+  ring with at most 3 batches outstanding (16384 BBs / 15 when PUs + host exceed the cores
+  and the host sleeps between polls). The host re-arms pre-encoded WQEs (rewrites each ctrl
+  word's wqe_index), records the batch's wr_id and rings the doorbell; one extra row posts
+  through Nic::post_send instead (encoding included). Every completion is checked (status,
+  order, wr_id), then counters, QP state and memory contents.
+  Native: the same operation by the CPU on the same buffers (64 B copy via
+  SharedBuffer::read + write; atomic_update for CAS/FAA, old value stored like the NIC does).
+
+Slowdown columns are softnic time / native time (> 1 means the softnic is slower).
+";
+
+const CHAIN_LENGTHS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+const LAT_RING: u32 = 1024;
+/// Throughput ring when the host has a core of its own (it polls the CQ, yielding in between).
+const TP_RING: u32 = 4096;
+/// Throughput ring when host and PUs share cores: the host sleeps (≥ ~60 µs with Linux timer
+/// slack), so the ring must hold more queued work than that.
+const TP_RING_SHARED: u32 = 16384;
+const TP_BATCH: usize = 1024;
+const TP_REGION: usize = 4096;
+const WAIT_TIMEOUT: Duration = Duration::from_secs(2);
+/// A busy-polling host yields its CPU after this long: if the PU it waits for was scheduled
+/// on the same core (other processes running), the PU only runs once the host yields.
+const SPIN_BEFORE_YIELD: Duration = Duration::from_micros(20);
+const DB_TARGET_NS: f64 = 50.0;
+const CX5_DB_NS: f64 = 540.0;
+const WRITE_TARGET_MWQES: f64 = 50.0;
+const WRITE_TARGET_SLOWDOWN: f64 = 5.0;
+
+// ---------------------------------------------------------------------------------------------
+// Options
+
+#[derive(Clone, Debug)]
+struct Opts {
+    quick: bool,
+    pus: usize,
+    cores: usize,
+    iters: usize,
+    reps: usize,
+    batches: usize,
+    prefetch: Prefetch,
+    latency: bool,
+    throughput: bool,
+}
+
+fn parse_num(name: &str, v: Option<String>) -> Result<usize, String> {
+    let v = v.ok_or_else(|| format!("{name} needs a value"))?;
+    let n: usize = v
+        .parse()
+        .map_err(|_| format!("{name}: '{v}' is not a number"))?;
+    if n == 0 {
+        return Err(format!("{name} must be at least 1"));
+    }
+    Ok(n)
+}
+
+fn parse_prefetch(v: Option<String>) -> Result<Prefetch, String> {
+    let v = v.ok_or("--prefetch needs a value")?;
+    match v.as_str() {
+        "at-execute" | "atexecute" | "0" => Ok(Prefetch::AtExecute),
+        "adversarial" => Ok(Prefetch::Adversarial),
+        s => {
+            let d = s.strip_prefix("depth:").unwrap_or(s);
+            d.parse::<u32>()
+                .map(Prefetch::Depth)
+                .map_err(|_| format!("--prefetch: '{v}' is not at-execute, adversarial or depth:N"))
+        }
+    }
+}
+
+fn parse_args() -> Result<Opts, String> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (mut quick, mut pus, mut iters, mut reps, mut batches) = (false, None, None, None, None);
+    let mut prefetch = Prefetch::Depth(8);
+    let (mut latency, mut throughput) = (true, true);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let (name, inline) = match a.split_once('=') {
+            Some((n, v)) if a.starts_with("--") => (n.to_string(), Some(v.to_string())),
+            _ => (a.clone(), None),
+        };
+        let mut value = || inline.clone().or_else(|| args.next());
+        match name.as_str() {
+            "-h" | "--help" => {
+                print!("{HELP}");
+                std::process::exit(0);
+            }
+            "--quick" => quick = true,
+            "--pus" => pus = Some(parse_num("--pus", value())?),
+            "--iters" => iters = Some(parse_num("--iters", value())?),
+            "--reps" => reps = Some(parse_num("--reps", value())?),
+            "--batches" => batches = Some(parse_num("--batches", value())?),
+            "--prefetch" => prefetch = parse_prefetch(value())?,
+            "--only" => match value().as_deref() {
+                Some("latency") => (latency, throughput) = (true, false),
+                Some("throughput") => (latency, throughput) = (false, true),
+                other => {
+                    return Err(format!(
+                        "--only: expected latency or throughput, got {other:?}"
+                    ))
+                }
+            },
+            other => return Err(format!("unknown option '{other}'")),
+        }
+    }
+    let pus = pus.unwrap_or(cores);
+    if pus > 64 {
+        return Err("--pus: the softnic has at most 64 PUs".into());
+    }
+    Ok(Opts {
+        quick,
+        pus,
+        cores,
+        iters: iters.unwrap_or(if quick { 400 } else { 5000 }),
+        reps: reps.unwrap_or(if quick { 3 } else { 7 }),
+        batches: batches.unwrap_or(if quick { 32 } else { 256 }),
+        prefetch,
+        latency,
+        throughput,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small helpers
+
+trait Ctx<T> {
+    fn ctx(self, what: &str) -> Result<T, String>;
+}
+
+impl<T, E: Display> Ctx<T> for Result<T, E> {
+    fn ctx(self, what: &str) -> Result<T, String> {
+        self.map_err(|e| format!("{what}: {e}"))
+    }
+}
+
+/// Median and p99 (nearest rank) of a sample set.
+#[derive(Clone, Copy, Debug, Default)]
+struct Stats {
+    median: f64,
+    p99: f64,
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+fn stats(v: &[f64]) -> Stats {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    Stats {
+        median: percentile(&s, 0.5),
+        p99: percentile(&s, 0.99),
+    }
+}
+
+fn ns(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e9
+}
+
+fn fmt_ns(v: f64) -> String {
+    if !v.is_finite() {
+        "-".into()
+    } else if v.abs() < 10.0 {
+        format!("{v:.2}")
+    } else if v.abs() < 100_000.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met {
+        "MET"
+    } else {
+        "NOT MET"
+    }
+}
+
+fn nop(flags: WqeFlags, wr_id: u64) -> WorkRequest {
+    WorkRequest {
+        wr_id,
+        flags,
+        op: WrOp::Nop {
+            raw_segments: Vec::new(),
+        },
+    }
+}
+
+fn flags_if(signaled: bool) -> WqeFlags {
+    if signaled {
+        WqeFlags::SIGNALED
+    } else {
+        WqeFlags::NONE
+    }
+}
+
+/// Writes WQE bytes straight into a send ring (what a driver does), so encoding is never
+/// timed; the doorbell (or a SEND_EN) is what the measurement starts with.
+struct SqWriter {
+    qpn: Qpn,
+    buf: Arc<SharedBuffer>,
+    off: usize,
+    entries: u64,
+    /// Producer index (BBs), absolute.
+    pi: u64,
+}
+
+impl SqWriter {
+    fn new(info: &QpInfo) -> SqWriter {
+        SqWriter {
+            qpn: info.qpn,
+            buf: Arc::clone(&info.sq.buffer),
+            off: info.sq.offset,
+            entries: u64::from(info.sq.entries),
+            pi: 0,
+        }
+    }
+
+    fn slot_off(&self, index: u64) -> usize {
+        self.off + (index & (self.entries - 1)) as usize * BB_SIZE
+    }
+
+    fn push(&mut self, nic: &SoftNic, wr: &WorkRequest) -> Result<(), String> {
+        let e = encode_wqe(wr, self.qpn, self.pi as u16).ctx("encode_wqe")?;
+        for (i, bb) in e.bytes().chunks_exact(BB_SIZE).enumerate() {
+            self.buf.write(self.slot_off(self.pi + i as u64), bb);
+        }
+        let end = self.pi + e.bbs() as u64;
+        nic.note_posted(self.qpn, self.pi, end, wr.wr_id)
+            .ctx("note_posted")?;
+        self.pi = end;
+        Ok(())
+    }
+}
+
+/// How the host waits for the softnic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WaitMode {
+    /// Busy-poll (yield only after 20 µs): latency runs, where the host has a core of its own.
+    Spin,
+    /// Poll, yield the CPU between polls: throughput runs where host + PUs fit the cores
+    /// (a busy host would steal the PU's CPU whenever anything else runs on the machine).
+    Yield,
+    /// Poll, then sleep 20 µs between polls: host and PUs share cores.
+    Sleep,
+}
+
+impl WaitMode {
+    fn name(self) -> &'static str {
+        match self {
+            WaitMode::Spin => "busy-polls",
+            WaitMode::Yield => "polls + sched_yield",
+            WaitMode::Sleep => "polls + 20 µs sleep",
+        }
+    }
+}
+
+/// Wait until `cq` has produced at least `target` completions (what WAIT counts).
+fn wait_cq(nic: &SoftNic, cq: Cqn, target: u64, mode: WaitMode) -> Result<(), String> {
+    let mut spins = 0u32;
+    let mut started: Option<Instant> = None;
+    loop {
+        let p = nic.cq_produced(cq).ctx("cq_produced")?;
+        if p >= target {
+            return Ok(());
+        }
+        spins = spins.wrapping_add(1);
+        if mode != WaitMode::Spin {
+            let now = Instant::now();
+            if now - *started.get_or_insert(now) > WAIT_TIMEOUT {
+                return Err(format!(
+                    "timed out after {WAIT_TIMEOUT:?}: CQ {cq} produced {p}, waiting for {target}"
+                ));
+            }
+            if mode == WaitMode::Sleep {
+                std::thread::sleep(Duration::from_micros(20));
+            } else {
+                std::thread::yield_now();
+            }
+        } else if spins % 128 == 0 {
+            let now = Instant::now();
+            let waited = now - *started.get_or_insert(now);
+            if waited > WAIT_TIMEOUT {
+                return Err(format!(
+                    "timed out after {WAIT_TIMEOUT:?}: CQ {cq} produced {p}, waiting for {target}"
+                ));
+            }
+            if waited > SPIN_BEFORE_YIELD {
+                std::thread::yield_now();
+            }
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// What the softnic says about some queues, for hang reports.
+fn diag(nic: &SoftNic, qps: &[Qpn], cqs: &[Cqn]) -> String {
+    let mut s = String::new();
+    for &q in qps {
+        let st = nic.qp_state(q).map_or("?".into(), |s| s.to_string());
+        let ci = nic.sq_consumed(q).map_or("?".into(), |c| c.to_string());
+        match nic.counters(q) {
+            Ok(c) => s += &format!(
+                "\n      QP {q}: state {st}, sq_consumed {ci}, WQEs {} (NOP {}, WAIT {}, SEND_EN {}, \
+                 WRITE {}, READ {}, CAS {}, FAA {}), errors {}, wait_stalls {}",
+                c.total_wqes(),
+                c.by_opcode(Opcode::Nop),
+                c.by_opcode(Opcode::Wait),
+                c.by_opcode(Opcode::SendEn),
+                c.by_opcode(Opcode::RdmaWrite),
+                c.by_opcode(Opcode::RdmaRead),
+                c.by_opcode(Opcode::AtomicCs),
+                c.by_opcode(Opcode::AtomicFa),
+                c.errors,
+                c.wait_stalls
+            ),
+            Err(e) => s += &format!("\n      QP {q}: {e}"),
+        }
+    }
+    for &c in cqs {
+        let p = nic.cq_produced(c).map_or("?".into(), |p| p.to_string());
+        s += &format!("\n      CQ {c}: produced {p}");
+    }
+    s
+}
+
+/// A CQ counted by WAITs and never polled, so it may wrap.
+fn counting_cq(nic: &SoftNic) -> Result<Cqn, String> {
+    nic.create_cq(CqConfig {
+        depth: 4096,
+        ignore_overrun: true,
+    })
+    .ctx("create_cq")
+}
+
+/// A loopback-connected QP with its own CQ.
+fn loopback_qp(
+    nic: &SoftNic,
+    pd: Pdn,
+    cq: Cqn,
+    pu: usize,
+    sq_bbs: u32,
+    managed: bool,
+) -> Result<QpInfo, String> {
+    let mut c = QpConfig::new(pd, cq);
+    c.sq_bbs = sq_bbs;
+    c.pu = Some(pu);
+    c.managed_send = managed;
+    let info = nic.create_qp(c).ctx("create_qp")?;
+    nic.connect(info.qpn, info.qpn).ctx("connect")?;
+    Ok(info)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Header: environment and timing floors
+
+fn instant_overhead_ns() -> f64 {
+    let n = 100_000;
+    let t0 = Instant::now();
+    for _ in 0..n {
+        black_box(Instant::now());
+    }
+    ns(t0.elapsed()) / f64::from(n)
+}
+
+/// Round trip of one 8-byte message between two CPU threads through a SharedBuffer: the floor
+/// for any "post, let another thread execute, see the completion" latency.
+fn cross_thread_rtt(samples: usize) -> Stats {
+    let buf = SharedBuffer::new(256);
+    let mut v = Vec::with_capacity(samples);
+    std::thread::scope(|s| {
+        let b = &buf;
+        s.spawn(move || {
+            let mut last = 0;
+            loop {
+                let x = b.load_u64(0);
+                if x == u64::MAX {
+                    return;
+                }
+                if x != last {
+                    b.store_u64(128, x);
+                    last = x;
+                }
+                std::hint::spin_loop();
+            }
+        });
+        for i in 1..=(samples + samples / 10) as u64 {
+            let t0 = Instant::now();
+            buf.store_u64(0, i);
+            while buf.load_u64(128) != i {
+                std::hint::spin_loop();
+            }
+            let d = ns(t0.elapsed());
+            if i as usize > samples / 10 {
+                v.push(d);
+            }
+        }
+        buf.store_u64(0, u64::MAX);
+    });
+    stats(&v)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Section 1: chain latency
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Chain {
+    /// WQ order.
+    Wq,
+    /// Completion order.
+    Cq,
+    /// Doorbell order.
+    Db,
+}
+
+/// A master (unmanaged) queue driving a managed queue with WAIT + SEND_EN.
+struct DbPair {
+    m: SqWriter,
+    cq_m: Cqn,
+    q: SqWriter,
+    cq_q: Cqn,
+}
+
+/// The queues one chain order runs on; created for that order alone, so no other queue
+/// shares its PU (every queue on a PU costs time in each of the PU's scheduling rounds).
+enum LatQueues {
+    /// One unmanaged SQ and its CQ (WQ and completion order).
+    Single { l: SqWriter, cq: Cqn },
+    /// A master / managed pair (doorbell order).
+    Pair(DbPair),
+}
+
+impl LatQueues {
+    fn new(nic: &SoftNic, pd: Pdn, kind: Chain, mpu: usize, qpu: usize) -> Result<Self, String> {
+        if kind != Chain::Db {
+            let cq = counting_cq(nic)?;
+            let l = loopback_qp(nic, pd, cq, qpu, LAT_RING, false)?;
+            return Ok(LatQueues::Single {
+                l: SqWriter::new(&l),
+                cq,
+            });
+        }
+        let cq_m = counting_cq(nic)?;
+        let cq_q = counting_cq(nic)?;
+        // Managed queue first: the PU scans its queues in creation order.
+        let q = loopback_qp(nic, pd, cq_q, qpu, LAT_RING, true)?;
+        let m = loopback_qp(nic, pd, cq_m, mpu, LAT_RING, false)?;
+        Ok(LatQueues::Pair(DbPair {
+            m: SqWriter::new(&m),
+            cq_m,
+            q: SqWriter::new(&q),
+            cq_q,
+        }))
+    }
+
+    fn qpns(&self) -> Vec<Qpn> {
+        match self {
+            LatQueues::Single { l, .. } => vec![l.qpn],
+            LatQueues::Pair(p) => vec![p.m.qpn, p.q.qpn],
+        }
+    }
+
+    fn cqns(&self) -> Vec<Cqn> {
+        match self {
+            LatQueues::Single { cq, .. } => vec![*cq],
+            LatQueues::Pair(p) => vec![p.cq_m, p.cq_q],
+        }
+    }
+
+    /// The ring the native baseline reads WQEs from.
+    fn native_ring(&self) -> &SqWriter {
+        match self {
+            LatQueues::Single { l, .. } => l,
+            LatQueues::Pair(p) => &p.m,
+        }
+    }
+
+    fn destroy(&self, nic: &SoftNic) {
+        for q in self.qpns() {
+            let _ = nic.destroy_qp(q);
+        }
+        for c in self.cqns() {
+            let _ = nic.destroy_cq(c);
+        }
+    }
+}
+
+/// WQEs a chain of `n` steps executes.
+fn chain_wqes(kind: Chain, n: usize) -> usize {
+    match kind {
+        Chain::Wq => n,
+        Chain::Cq => 2 * n - 1,
+        Chain::Db => 3 * n - 1,
+    }
+}
+
+/// How the host learns that a chain finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Detect {
+    /// Busy-poll `Nic::cq_produced` until the last NOP's completion is counted.
+    Cq,
+    /// The chain ends with an extra unsignaled 8-byte inline WRITE of a sequence number into a
+    /// registered host word (after the last NOP, same queue); the host spins on that word and
+    /// never calls into the softnic while the chain runs.
+    Flag,
+}
+
+/// Where flag-detected chains write their sequence number.
+struct Flag {
+    buf: Arc<SharedBuffer>,
+    mr: MrInfo,
+    seq: u64,
+}
+
+impl Flag {
+    fn write_wr(&self) -> WorkRequest {
+        WorkRequest {
+            wr_id: u64::MAX,
+            flags: WqeFlags::NONE,
+            op: WrOp::Write {
+                remote: self.mr.remote(0),
+                payload: Payload::Inline(self.seq.to_le_bytes().to_vec()),
+                imm: None,
+            },
+        }
+    }
+
+    fn wait(&self) -> Result<(), String> {
+        let mut spins = 0u32;
+        let mut started: Option<Instant> = None;
+        while self.buf.load_u64(0) != self.seq {
+            spins = spins.wrapping_add(1);
+            if spins % 128 == 0 {
+                let now = Instant::now();
+                let waited = now - *started.get_or_insert(now);
+                if waited > WAIT_TIMEOUT {
+                    return Err(format!(
+                        "timed out after {WAIT_TIMEOUT:?} waiting for flag write {} (flag holds {})",
+                        self.seq,
+                        self.buf.load_u64(0)
+                    ));
+                }
+                if waited > SPIN_BEFORE_YIELD {
+                    std::thread::yield_now();
+                }
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Build a chain of `n` NOPs in `kind` order (untimed), ring the doorbell and time until the
+/// chain is seen finished.
+fn run_chain(
+    nic: &SoftNic,
+    lq: &mut LatQueues,
+    kind: Chain,
+    n: usize,
+    detect: Detect,
+    flag: &mut Flag,
+) -> Result<Duration, String> {
+    if (kind == Chain::Db) != matches!(lq, LatQueues::Pair(_)) {
+        return Err(format!("{kind:?} chain needs other queues"));
+    }
+    flag.seq += 1;
+    let (db, cq, target) = match lq {
+        LatQueues::Single { l, cq } => {
+            let cq = *cq;
+            let base = nic.cq_produced(cq).ctx("cq_produced")?;
+            for i in 0..n {
+                if kind == Chain::Cq && i > 0 {
+                    let w = WorkRequest {
+                        wr_id: 0,
+                        flags: WqeFlags::NONE,
+                        op: WrOp::Wait {
+                            cq,
+                            count: (base + i as u64 - 1) as u32,
+                        },
+                    };
+                    l.push(nic, &w)?;
+                }
+                let sig = kind == Chain::Cq || i + 1 == n;
+                l.push(nic, &nop(flags_if(sig), i as u64))?;
+            }
+            if detect == Detect::Flag {
+                l.push(nic, &flag.write_wr())?;
+            }
+            let target = base + if kind == Chain::Cq { n as u64 } else { 1 };
+            ((l.qpn, l.pi), cq, target)
+        }
+        LatQueues::Pair(pair) => {
+            let base = nic.cq_produced(pair.cq_q).ctx("cq_produced")?;
+            let qb = pair.q.pi;
+            for i in 0..n {
+                pair.q.push(nic, &nop(WqeFlags::SIGNALED, i as u64))?;
+            }
+            // With flag detection the last SEND_EN also enables the trailing WRITE.
+            let extra = u64::from(detect == Detect::Flag);
+            if detect == Detect::Flag {
+                pair.q.push(nic, &flag.write_wr())?;
+            }
+            let en = |k: u64| WorkRequest {
+                wr_id: 0,
+                flags: WqeFlags::NONE,
+                op: WrOp::SendEnable {
+                    qp: pair.q.qpn,
+                    pi: (qb + k + if k == n as u64 { extra } else { 0 }) as u32,
+                },
+            };
+            let first = en(1);
+            pair.m.push(nic, &first)?;
+            for k in 1..n as u64 {
+                let w = WorkRequest {
+                    wr_id: 0,
+                    flags: WqeFlags::NONE,
+                    op: WrOp::Wait {
+                        cq: pair.cq_q,
+                        count: (base + k - 1) as u32,
+                    },
+                };
+                let e = en(k + 1);
+                pair.m.push(nic, &w)?;
+                pair.m.push(nic, &e)?;
+            }
+            ((pair.m.qpn, pair.m.pi), pair.cq_q, base + n as u64)
+        }
+    };
+    let t0 = Instant::now();
+    nic.ring_doorbell(db.0, db.1).ctx("ring_doorbell")?;
+    match detect {
+        Detect::Cq => wait_cq(nic, cq, target, WaitMode::Spin)?,
+        Detect::Flag => flag.wait()?,
+    }
+    let d = t0.elapsed();
+    if detect == Detect::Flag {
+        // The NOPs completed before the WRITE ran (same queue, in order); check it.
+        let p = nic.cq_produced(cq).ctx("cq_produced")?;
+        if p < target {
+            return Err(format!(
+                "flag written but CQ {cq} has produced only {p} of {target} completions"
+            ));
+        }
+    }
+    Ok(d)
+}
+
+/// The same chain's memory operations done by one CPU thread: 64 B WQE loads from the same
+/// ring, a completion counter bumped per signaled WQE and read per WAIT, an enable index
+/// stored per SEND_EN and read by the "managed queue".
+fn native_chain(kind: Chain, n: usize, ring: &SqWriter, ctr: &SharedBuffer) {
+    let mut blk = [0u8; BB_SIZE];
+    let slot = |i: usize| ring.slot_off(i as u64);
+    match kind {
+        Chain::Wq => {
+            for i in 0..n {
+                ring.buf.read_block(slot(i), &mut blk);
+                black_box(&blk);
+            }
+            ctr.atomic_update(0, |v| Some(v + 1));
+        }
+        Chain::Cq => {
+            let base = ctr.load_u64(0);
+            for i in 0..n {
+                if i > 0 {
+                    ring.buf.read_block(slot(2 * i - 1), &mut blk);
+                    black_box(&blk);
+                    black_box(ctr.load_u64(0) > base + i as u64 - 1);
+                }
+                ring.buf.read_block(slot(2 * i), &mut blk);
+                black_box(&blk);
+                ctr.atomic_update(0, |v| Some(v + 1));
+            }
+        }
+        Chain::Db => {
+            let base = ctr.load_u64(0);
+            for i in 0..n {
+                if i > 0 {
+                    ring.buf.read_block(slot(2 * i - 1), &mut blk);
+                    black_box(&blk);
+                    black_box(ctr.load_u64(0) > base + i as u64 - 1);
+                }
+                ring.buf.read_block(slot(2 * i), &mut blk);
+                black_box(&blk);
+                ctr.store_u64(8, i as u64 + 1);
+                black_box(ctr.load_u64(8) > i as u64);
+                ring.buf.read_block(slot(2 * n + i), &mut blk);
+                black_box(&blk);
+                ctr.atomic_update(0, |v| Some(v + 1));
+            }
+        }
+    }
+}
+
+/// Per-sample mean of `reps` native chains; samples of such means.
+fn native_chain_stats(kind: Chain, n: usize, ring: &SqWriter, samples: usize) -> Stats {
+    let ctr = SharedBuffer::new(64);
+    let reps = (4096 / n).max(16);
+    for _ in 0..reps {
+        native_chain(kind, n, ring, &ctr);
+    }
+    let mut v = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let t0 = Instant::now();
+        for _ in 0..reps {
+            native_chain(kind, n, ring, &ctr);
+        }
+        v.push(ns(t0.elapsed()) / reps as f64);
+    }
+    stats(&v)
+}
+
+struct ChainRow {
+    n: usize,
+    /// Completion seen by polling the CQ.
+    cq: Stats,
+    /// Completion seen through the trailing flag WRITE.
+    flag: Stats,
+    native: Stats,
+}
+
+struct Slope {
+    name: String,
+    target: bool,
+    cq: f64,
+    flag: f64,
+    native: f64,
+}
+
+fn slope(rows: &[ChainRow], f: impl Fn(&ChainRow) -> f64) -> f64 {
+    let (a, b) = (&rows[0], &rows[rows.len() - 1]);
+    (f(b) - f(a)) / (b.n - a.n) as f64
+}
+
+fn latency_section(
+    nic: &SoftNic,
+    pd: Pdn,
+    o: &Opts,
+    anomalies: &mut Vec<String>,
+) -> Result<(), String> {
+    let warm = (o.iters / 10).max(20);
+    println!();
+    println!("== 1. Chain latency vs chain length (RedN Fig. 8) ==");
+    println!("   NOP chains; time from the doorbell until the host sees the chain finished;");
+    println!(
+        "   {} samples per point and detection mode (+{warm} warm-up); lengths and modes are",
+        o.iters
+    );
+    println!("   interleaved round-robin. Detection modes:");
+    println!("   - \"CQ\": host busy-polls Nic::cq_produced for the last NOP's completion;");
+    println!(
+        "   - \"flag\": the chain ends with one extra 8 B inline WRITE to a host word the host"
+    );
+    println!(
+        "     spins on (no softnic calls while the chain runs; +1 WQE, cancels in the slope)."
+    );
+    println!(
+        "   Both poll without pause for {} µs, then yield between polls (so a PU that shares the",
+        SPIN_BEFORE_YIELD.as_micros()
+    );
+    println!("   host's core can run).");
+    println!("   Native: one CPU thread doing the chain's memory ops (mean over repeated runs;");
+    println!("   median/p99 over those means). Slowdown = CQ median / native median.");
+
+    let fbuf = SharedBuffer::new(64);
+    let fmr = nic.reg_mr(pd, &fbuf, 0, 64, Access::ALL).ctx("reg_mr")?;
+    let mut flag = Flag {
+        buf: fbuf,
+        mr: fmr,
+        seq: 0,
+    };
+
+    // (kind, master PU, chain PU, title); each order gets fresh queues of its own.
+    let mut kinds = vec![
+        (
+            Chain::Wq,
+            0,
+            0,
+            "(a) WQ order: N NOPs on one unmanaged SQ (PU 0), one doorbell, last signaled"
+                .to_string(),
+        ),
+        (
+            Chain::Cq,
+            0,
+            0,
+            "(b) completion order: one SQ (PU 0), every NOP signaled, WAIT(previous NOP's CQE) \
+             before each NOP but the first"
+                .to_string(),
+        ),
+    ];
+    let db_title = |tag: &str, placement: &str| {
+        format!(
+            "({tag}) doorbell order: managed SQ Q holds the NOPs; master SQ runs SEND_EN(Q,1), \
+             then WAIT(CQE k-1) + SEND_EN(Q,k+1);\n    {placement}"
+        )
+    };
+    kinds.push((
+        Chain::Db,
+        0,
+        0,
+        db_title("c", "master and managed SQ both on PU 0"),
+    ));
+    if o.pus >= 2 {
+        kinds.push((
+            Chain::Db,
+            0,
+            1,
+            db_title(
+                "c'",
+                "master SQ on PU 0, managed SQ on PU 1 (every step crosses PUs)",
+            ),
+        ));
+    }
+
+    let native_samples = (o.iters / 10).clamp(30, 400);
+    let mut slopes: Vec<Slope> = Vec::new();
+    let (mut expected_nops, mut expected_writes) = (0u64, 0u64);
+    let (mut nops, mut writes) = (0u64, 0u64);
+    for (kind, mpu, qpu, title) in &kinds {
+        let (kind, cross) = (*kind, mpu != qpu);
+        let mut lq = LatQueues::new(nic, pd, kind, *mpu, *qpu)?;
+        println!();
+        println!("{title}");
+        if cross && o.cores < 3 {
+            println!(
+                "    note: 2 PUs busy + host on {} cores: threads share cores, expect preemption noise",
+                o.cores
+            );
+        }
+        println!(
+            "   {:>4} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}",
+            "N", "WQEs", "CQ med ns", "CQ p99", "flag med", "flag p99", "native", "slowdown"
+        );
+        // Lengths and detection modes are interleaved round-robin, so slow phases of the
+        // machine hit every point alike and the slope stays meaningful.
+        let nl = CHAIN_LENGTHS.len();
+        let mut v_cq = vec![Vec::with_capacity(o.iters); nl];
+        let mut v_flag = vec![Vec::with_capacity(o.iters); nl];
+        for i in 0..warm + o.iters {
+            for (j, &n) in CHAIN_LENGTHS.iter().enumerate() {
+                for detect in [Detect::Cq, Detect::Flag] {
+                    let d = match run_chain(nic, &mut lq, kind, n, detect, &mut flag) {
+                        Ok(d) => d,
+                        Err(e) => {
+                            let msg = format!(
+                                "chain latency {kind:?} N={n} ({detect:?} detection), iteration \
+                                 {i}: {e}{}",
+                                diag(nic, &lq.qpns(), &lq.cqns())
+                            );
+                            anomalies.push(msg.clone());
+                            lq.destroy(nic);
+                            return Err(msg);
+                        }
+                    };
+                    expected_nops += n as u64;
+                    if detect == Detect::Flag {
+                        expected_writes += 1;
+                    }
+                    if i >= warm {
+                        match detect {
+                            Detect::Cq => v_cq[j].push(ns(d)),
+                            Detect::Flag => v_flag[j].push(ns(d)),
+                        }
+                    }
+                }
+            }
+        }
+        let mut rows: Vec<ChainRow> = Vec::new();
+        for (j, &n) in CHAIN_LENGTHS.iter().enumerate() {
+            let row = ChainRow {
+                n,
+                cq: stats(&v_cq[j]),
+                flag: stats(&v_flag[j]),
+                native: native_chain_stats(kind, n, lq.native_ring(), native_samples),
+            };
+            println!(
+                "   {:>4} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8.1}×",
+                n,
+                chain_wqes(kind, n),
+                fmt_ns(row.cq.median),
+                fmt_ns(row.cq.p99),
+                fmt_ns(row.flag.median),
+                fmt_ns(row.flag.p99),
+                fmt_ns(row.native.median),
+                row.cq.median / row.native.median
+            );
+            rows.push(row);
+        }
+        let sl = Slope {
+            name: match kind {
+                Chain::Wq => "WQ order".to_string(),
+                Chain::Cq => "completion order".to_string(),
+                Chain::Db if cross => "doorbell order, cross-PU".to_string(),
+                Chain::Db => "doorbell order".to_string(),
+            },
+            target: kind == Chain::Db && !cross,
+            cq: slope(&rows, |r| r.cq.median),
+            flag: slope(&rows, |r| r.flag.median),
+            native: slope(&rows, |r| r.native.median),
+        };
+        println!(
+            "   per additional step (median slope N={}→{}): CQ {} ns, flag {} ns, native {} ns",
+            rows[0].n,
+            rows[rows.len() - 1].n,
+            fmt_ns(sl.cq),
+            fmt_ns(sl.flag),
+            fmt_ns(sl.native)
+        );
+        slopes.push(sl);
+
+        // Did every chain run exactly what was posted, without errors?
+        let (mut n_nop, mut n_write) = (0, 0);
+        for q in lq.qpns() {
+            let c = nic.counters(q).ctx("counters")?;
+            n_nop += c.by_opcode(Opcode::Nop);
+            n_write += c.by_opcode(Opcode::RdmaWrite);
+            let st = nic.qp_state(q).ctx("qp_state")?;
+            if c.errors != 0 || st != QpState::ReadyToSend {
+                anomalies.push(format!(
+                    "chain latency {kind:?}: QP {q} ended in state {st} with {} errors{}",
+                    c.errors,
+                    diag(nic, &[q], &[])
+                ));
+            }
+        }
+        lq.destroy(nic);
+        nops += n_nop;
+        writes += n_write;
+    }
+    let ok = nops == expected_nops && writes == expected_writes;
+    if !ok {
+        anomalies.push(format!(
+            "chain latency: softnic counted {nops} NOPs and {writes} WRITEs, {expected_nops} and \
+             {expected_writes} were posted"
+        ));
+    }
+    println!();
+    println!(
+        "   verified: {nops} NOPs + {writes} flag WRITEs executed (= posted), no error completions, \
+         QPs still RTS: {}",
+        if ok { "yes" } else { "NO" }
+    );
+
+    println!();
+    println!("Per-additional-step cost (slope of the medians between N=1 and N=64):");
+    println!(
+        "   {:<26} {:>9} {:>9} {:>10} {:>9}   reference / target",
+        "order", "CQ ns", "flag ns", "native ns", "slowdown"
+    );
+    for sl in &slopes {
+        let note = if sl.target {
+            format!(
+                "ConnectX-5 {CX5_DB_NS:.0} ns; target ≤ {DB_TARGET_NS:.0} ns: CQ {}, flag {}",
+                verdict(sl.cq <= DB_TARGET_NS),
+                verdict(sl.flag <= DB_TARGET_NS)
+            )
+        } else if sl.name.contains("cross") {
+            "(informational)".into()
+        } else {
+            String::new()
+        };
+        println!(
+            "   {:<26} {:>9} {:>9} {:>10} {:>8.1}×   {}",
+            sl.name,
+            fmt_ns(sl.cq),
+            fmt_ns(sl.flag),
+            fmt_ns(sl.native),
+            sl.cq / sl.native,
+            note
+        );
+    }
+
+    let _ = nic.dereg_mr(flag.mr.lkey);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Section 2: throughput
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TOp {
+    Nop,
+    Write,
+    Read,
+    Cas,
+    Faa,
+}
+
+impl TOp {
+    fn name(self) -> &'static str {
+        match self {
+            TOp::Nop => "NOP",
+            TOp::Write => "WRITE 64 B",
+            TOp::Read => "READ 64 B",
+            TOp::Cas => "CAS",
+            TOp::Faa => "FAA",
+        }
+    }
+
+    fn opcode(self) -> Opcode {
+        match self {
+            TOp::Nop => Opcode::Nop,
+            TOp::Write => Opcode::RdmaWrite,
+            TOp::Read => Opcode::RdmaRead,
+            TOp::Cas => Opcode::AtomicCs,
+            TOp::Faa => Opcode::AtomicFa,
+        }
+    }
+
+    fn native_name(self) -> &'static str {
+        match self {
+            TOp::Nop => "64 B WQE load (read_block)",
+            TOp::Write | TOp::Read => "64 B copy (read + write)",
+            TOp::Cas => "atomic_update CAS + store old",
+            TOp::Faa => "atomic_update FAA + store old",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Post {
+    /// Pre-encoded ring; the host rewrites each WQE's ctrl word (wqe_index) and rings.
+    Rearm,
+    /// `Nic::post_send` of 1024 work requests (encoding included).
+    PostSend,
+}
+
+struct Region {
+    buf: Arc<SharedBuffer>,
+    mr: MrInfo,
+}
+
+impl Region {
+    fn new(nic: &SoftNic, pd: Pdn, fill: impl Fn(usize) -> u8) -> Result<Region, String> {
+        let buf = SharedBuffer::new(TP_REGION);
+        let bytes: Vec<u8> = (0..TP_REGION).map(fill).collect();
+        buf.write(0, &bytes);
+        let mr = nic
+            .reg_mr(pd, &buf, 0, TP_REGION, Access::ALL)
+            .ctx("reg_mr")?;
+        Ok(Region { buf, mr })
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let mut v = vec![0u8; TP_REGION];
+        self.buf.read(0, &mut v);
+        v
+    }
+}
+
+/// Byte offset used by the WQE in ring slot `s`: 64 different cache lines of a 4 KiB region.
+fn slot_data_off(s: u64) -> u64 {
+    (s % 64) * 64
+}
+
+fn tp_wr(op: TOp, s: u64, src: &MrInfo, dst: &MrInfo, flags: WqeFlags, wr_id: u64) -> WorkRequest {
+    let off = slot_data_off(s);
+    let op = match op {
+        TOp::Nop => WrOp::Nop {
+            raw_segments: Vec::new(),
+        },
+        TOp::Write => WrOp::Write {
+            remote: dst.remote(off),
+            payload: Payload::Sgl(vec![src.sge(off, 64)]),
+            imm: None,
+        },
+        TOp::Read => WrOp::Read {
+            remote: src.remote(off),
+            sgl: vec![dst.sge(off, 64)],
+        },
+        TOp::Cas => WrOp::CompareSwap {
+            remote: src.remote(off),
+            compare: 0,
+            swap: 0,
+            result: Some(dst.sge(off, 8)),
+        },
+        TOp::Faa => WrOp::FetchAdd {
+            remote: src.remote(off),
+            add: 1,
+            result: Some(dst.sge(off, 8)),
+        },
+    };
+    WorkRequest { wr_id, flags, op }
+}
+
+/// One throughput queue pair with its buffers.
+struct TpQp {
+    w: SqWriter,
+    cq: Cqn,
+    /// First 8 bytes (opmod, wqe_index, opcode, qpn, ds) of the pre-encoded WQEs.
+    ctrl0: [u8; 8],
+    /// For `Post::PostSend`.
+    wrs: Vec<WorkRequest>,
+    /// Source / remote / atomic target.
+    src: Region,
+    /// Destination / local / atomic result.
+    dst: Region,
+    /// Batches posted and seen completed.
+    posted: u64,
+    seen: u64,
+    /// Batches that may be outstanding (ring / batch - 1).
+    outstanding: u64,
+    /// When each batch's completion was observed.
+    obs: Vec<Instant>,
+    polled: Vec<Completion>,
+}
+
+impl TpQp {
+    fn new(
+        nic: &SoftNic,
+        pd: Pdn,
+        op: TOp,
+        pu: usize,
+        post: Post,
+        ring: u32,
+    ) -> Result<TpQp, String> {
+        let cq = nic
+            .create_cq(CqConfig {
+                depth: 64,
+                ignore_overrun: false,
+            })
+            .ctx("create_cq")?;
+        let info = loopback_qp(nic, pd, cq, pu, ring, false)?;
+        let w = SqWriter::new(&info);
+        let (src, dst) = match op {
+            TOp::Cas | TOp::Faa => (
+                Region::new(nic, pd, |_| 0)?,
+                Region::new(nic, pd, |_| 0xff)?,
+            ),
+            _ => (
+                Region::new(nic, pd, |i| (i * 7 + pu * 13 + 1) as u8)?,
+                Region::new(nic, pd, |_| 0)?,
+            ),
+        };
+        let mut ctrl0 = [0u8; 8];
+        let mut wrs = Vec::new();
+        match post {
+            Post::Rearm => {
+                for s in 0..u64::from(ring) {
+                    let last = (s + 1) % TP_BATCH as u64 == 0;
+                    let wr = tp_wr(op, s, &src.mr, &dst.mr, flags_if(last), 0);
+                    let e = encode_wqe(&wr, w.qpn, s as u16).ctx("encode_wqe")?;
+                    if e.bbs() != 1 {
+                        return Err(format!(
+                            "{} WQE takes {} BBs, expected 1",
+                            op.name(),
+                            e.bbs()
+                        ));
+                    }
+                    w.buf.write(w.slot_off(s), e.bytes());
+                    if s == 0 {
+                        ctrl0.copy_from_slice(&e.bytes()[..8]);
+                    }
+                }
+            }
+            Post::PostSend => {
+                wrs = (0..TP_BATCH as u64)
+                    .map(|s| {
+                        tp_wr(
+                            op,
+                            s,
+                            &src.mr,
+                            &dst.mr,
+                            flags_if(s + 1 == TP_BATCH as u64),
+                            0,
+                        )
+                    })
+                    .collect();
+            }
+        }
+        Ok(TpQp {
+            w,
+            cq,
+            ctrl0,
+            wrs,
+            src,
+            dst,
+            posted: 0,
+            seen: 0,
+            outstanding: u64::from(ring) / TP_BATCH as u64 - 1,
+            obs: Vec::new(),
+            polled: Vec::new(),
+        })
+    }
+
+    fn post_batch(&mut self, nic: &SoftNic, post: Post) -> Result<(), String> {
+        let start = self.w.pi;
+        let end = start + TP_BATCH as u64;
+        match post {
+            Post::Rearm => {
+                let mut word = self.ctrl0;
+                for idx in start..end {
+                    word[1..3].copy_from_slice(&(idx as u16).to_be_bytes());
+                    self.w.buf.write(self.w.slot_off(idx), &word);
+                }
+                nic.note_posted(self.w.qpn, end - 1, end, self.posted)
+                    .ctx("note_posted")?;
+                nic.ring_doorbell(self.w.qpn, end).ctx("ring_doorbell")?;
+            }
+            Post::PostSend => {
+                self.wrs[TP_BATCH - 1].wr_id = self.posted;
+                let t0 = Instant::now();
+                loop {
+                    match nic.post_send(self.w.qpn, &self.wrs) {
+                        Ok(()) => break,
+                        Err(redn_sys::Error::QueueFull { .. }) if t0.elapsed() < WAIT_TIMEOUT => {
+                            std::thread::yield_now()
+                        }
+                        Err(e) => return Err(format!("post_send: {e}")),
+                    }
+                }
+            }
+        }
+        self.w.pi = end;
+        self.posted += 1;
+        Ok(())
+    }
+
+    /// Wait until batch `k` (absolute) completed; check every completion on the way.
+    fn wait_batch(&mut self, nic: &SoftNic, k: u64, mode: WaitMode) -> Result<(), String> {
+        while self.seen <= k {
+            wait_cq(nic, self.cq, k + 1, mode)?;
+            let now = Instant::now();
+            self.polled.clear();
+            nic.poll_cq(self.cq, 64, &mut self.polled).ctx("poll_cq")?;
+            if self.polled.is_empty() {
+                return Err(format!(
+                    "CQ {} produced {} completions but poll_cq returned none (seen {})",
+                    self.cq,
+                    nic.cq_produced(self.cq).unwrap_or(0),
+                    self.seen
+                ));
+            }
+            for c in &self.polled {
+                if !c.is_ok() || c.wr_id != self.seen || c.qpn != self.w.qpn {
+                    return Err(format!(
+                        "QP {}: completion for batch {} is wrong: wr_id {}, qpn {}, status {:?}, \
+                         cqe {:?}",
+                        self.w.qpn, self.seen, c.wr_id, c.qpn, c.status, c.cqe
+                    ));
+                }
+                self.seen += 1;
+                self.obs.push(now);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Intervals between successive observed batch completions, in ns.
+fn batch_intervals(qps: &[TpQp], t0: Instant, from: usize) -> Vec<f64> {
+    let mut v = Vec::new();
+    for q in qps {
+        let mut last = t0;
+        for &t in &q.obs[from..] {
+            v.push(ns(t - last));
+            last = t;
+        }
+    }
+    v
+}
+
+/// Stream `nb` batches into every QP (round robin); returns elapsed time.
+fn run_stream(
+    nic: &SoftNic,
+    qps: &mut [TpQp],
+    nb: u64,
+    post: Post,
+    mode: WaitMode,
+) -> Result<(Duration, Vec<f64>), String> {
+    let first = qps[0].posted;
+    let obs_from = qps[0].obs.len();
+    let t0 = Instant::now();
+    for b in 0..nb {
+        for q in qps.iter_mut() {
+            if b >= q.outstanding {
+                q.wait_batch(nic, first + b - q.outstanding, mode)?;
+            }
+            q.post_batch(nic, post)?;
+        }
+    }
+    for q in qps.iter_mut() {
+        q.wait_batch(nic, first + nb - 1, mode)?;
+    }
+    let el = t0.elapsed();
+    Ok((el, batch_intervals(qps, t0, obs_from)))
+}
+
+/// Run `count` native operations in chunks of TP_BATCH; per-chunk times in ns.
+fn native_chunks(count: usize, mut f: impl FnMut(u64)) -> Vec<f64> {
+    let mut iv = Vec::with_capacity(count / TP_BATCH);
+    let mut last = Instant::now();
+    for c in 0..count / TP_BATCH {
+        for j in 0..TP_BATCH {
+            f(black_box((c * TP_BATCH + j) as u64));
+        }
+        let t = Instant::now();
+        iv.push(ns(t - last));
+        last = t;
+    }
+    iv
+}
+
+/// The operation the softnic performs, done by the CPU on the same buffers.
+fn native_worker(op: TOp, q: &TpQp, count: usize) -> (Instant, Instant, Vec<f64>) {
+    let (src, dst, ring) = (&*q.src.buf, &*q.dst.buf, &q.w);
+    let start = Instant::now();
+    let iv = match op {
+        TOp::Nop => native_chunks(count, |s| {
+            let mut blk = [0u8; BB_SIZE];
+            ring.buf.read_block(ring.slot_off(s), &mut blk);
+            black_box(&blk);
+        }),
+        TOp::Write | TOp::Read => native_chunks(count, |s| {
+            let off = slot_data_off(s) as usize;
+            let mut t = [0u8; 64];
+            src.read(off, &mut t);
+            dst.write(off, black_box(&t));
+        }),
+        TOp::Cas => native_chunks(count, |s| {
+            let off = slot_data_off(s) as usize;
+            let old = src.atomic_update(off, |v| (v == 0).then_some(0));
+            dst.write(off, &old.to_be_bytes());
+        }),
+        TOp::Faa => native_chunks(count, |s| {
+            let off = slot_data_off(s) as usize;
+            let old = src.atomic_update(off, |v| Some(v.wrapping_add(1)));
+            dst.write(off, &old.to_be_bytes());
+        }),
+    };
+    (start, Instant::now(), iv)
+}
+
+/// Native rate (ops/s) with one thread per QP, plus per-chunk times.
+fn native_run(op: TOp, qps: &[TpQp], count: usize) -> (f64, Vec<f64>) {
+    if qps.len() == 1 {
+        let (s, e, iv) = native_worker(op, &qps[0], count);
+        return (count as f64 / (e - s).as_secs_f64(), iv);
+    }
+    let barrier = Barrier::new(qps.len());
+    let results: Vec<(Instant, Instant, Vec<f64>)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = qps
+            .iter()
+            .map(|q| {
+                let b = &barrier;
+                sc.spawn(move || {
+                    b.wait();
+                    native_worker(op, q, count)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("native worker"))
+            .collect()
+    });
+    let start = results.iter().map(|r| r.0).min().expect("threads");
+    let end = results.iter().map(|r| r.1).max().expect("threads");
+    let iv = results.into_iter().flat_map(|r| r.2).collect();
+    ((count * qps.len()) as f64 / (end - start).as_secs_f64(), iv)
+}
+
+/// Rate (copies/s) of a 64 B copy through `read_block` (8 whole words) + `write`: what the
+/// CPU achieves without `SharedBuffer::read`'s per-word variable-length copies.
+fn block_copy_rate(count: usize, reps: usize) -> f64 {
+    let (src, dst) = (SharedBuffer::new(TP_REGION), SharedBuffer::new(TP_REGION));
+    let mut rates = Vec::new();
+    for r in 0..=reps {
+        let t0 = Instant::now();
+        for s in 0..count as u64 {
+            let off = slot_data_off(black_box(s)) as usize;
+            let mut b = [0u8; 64];
+            src.read_block(off, &mut b);
+            dst.write(off, black_box(&b));
+        }
+        if r > 0 {
+            rates.push(count as f64 / t0.elapsed().as_secs_f64());
+        }
+    }
+    stats(&rates).median
+}
+
+struct TpRow {
+    label: String,
+    nqp: usize,
+    /// Median rate over repetitions (WQE/s).
+    soft: f64,
+    /// Slow-tail rate (WQE/s): at the p99 batch time, or the p99 (slowest) repetition when the
+    /// host sleeps and so sees batch completions in bursts.
+    soft_p99: f64,
+    native: f64,
+    native_p99: f64,
+}
+
+/// Check memory, counters and state after a throughput run.
+fn tp_verify(nic: &SoftNic, op: TOp, qps: &[TpQp], expected_per_qp: u64) -> Result<(), String> {
+    for q in qps {
+        let c = nic.counters(q.w.qpn).ctx("counters")?;
+        let st = nic.qp_state(q.w.qpn).ctx("qp_state")?;
+        let ran = c.by_opcode(op.opcode());
+        if ran != expected_per_qp || c.errors != 0 || st != QpState::ReadyToSend {
+            return Err(format!(
+                "{}: QP {} executed {ran} {} WQEs (expected {expected_per_qp}), {} errors, \
+                 state {st}",
+                op.name(),
+                q.w.qpn,
+                op.opcode(),
+                c.errors
+            ));
+        }
+        let (src, dst) = (q.src.bytes(), q.dst.bytes());
+        match op {
+            TOp::Nop => {}
+            TOp::Write | TOp::Read => {
+                if src != dst {
+                    let at = src.iter().zip(&dst).position(|(a, b)| a != b).unwrap_or(0);
+                    return Err(format!(
+                        "{}: QP {}: destination differs from source at byte {at}",
+                        op.name(),
+                        q.w.qpn
+                    ));
+                }
+            }
+            TOp::Cas | TOp::Faa => {
+                let mut total = 0u64;
+                for wd in 0..64usize {
+                    let off = wd * 64;
+                    let v = q.src.buf.load_u64(off);
+                    total += v;
+                    let mut r = [0u8; 8];
+                    r.copy_from_slice(&dst[off..off + 8]);
+                    let want = if op == TOp::Cas { 0 } else { v.wrapping_sub(1) };
+                    if u64::from_be_bytes(r) != want {
+                        return Err(format!(
+                            "{}: QP {}: result word at {off} holds {:#x}, expected {want:#x} \
+                             (target {v})",
+                            op.name(),
+                            q.w.qpn,
+                            u64::from_be_bytes(r)
+                        ));
+                    }
+                }
+                let want = if op == TOp::Cas { 0 } else { expected_per_qp };
+                if total != want {
+                    return Err(format!(
+                        "{}: QP {}: target words sum to {total}, expected {want}",
+                        op.name(),
+                        q.w.qpn
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Poll + yield with a 4096-BB ring if the host has a core besides the PUs, else sleep between
+/// polls and use a bigger ring.
+fn wait_mode(o: &Opts, nqp: usize) -> (WaitMode, u32) {
+    if nqp < o.cores {
+        (WaitMode::Yield, TP_RING)
+    } else {
+        (WaitMode::Sleep, TP_RING_SHARED)
+    }
+}
+
+fn tp_row(
+    nic: &SoftNic,
+    pd: Pdn,
+    o: &Opts,
+    op: TOp,
+    post: Post,
+    nqp: usize,
+) -> Result<TpRow, String> {
+    let (mode, ring) = wait_mode(o, nqp);
+    let mut qps = Vec::with_capacity(nqp);
+    for pu in 0..nqp {
+        qps.push(TpQp::new(nic, pd, op, pu, post, ring)?);
+    }
+    let nb = o.batches.max(4) as u64;
+    let warm = (nb / 4).max(4);
+    let result = (|| {
+        run_stream(nic, &mut qps, warm, post, mode)?;
+        let mut rates = Vec::new();
+        let mut iv = Vec::new();
+        for _ in 0..o.reps {
+            let (el, v) = run_stream(nic, &mut qps, nb, post, mode)?;
+            rates.push((nb as usize * TP_BATCH * nqp) as f64 / el.as_secs_f64());
+            iv.extend(v);
+        }
+        tp_verify(nic, op, &qps, (warm + nb * o.reps as u64) * TP_BATCH as u64)?;
+        Ok::<_, String>((rates, iv))
+    })();
+    let (rates, iv) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            let qpns: Vec<Qpn> = qps.iter().map(|q| q.w.qpn).collect();
+            let cqns: Vec<Cqn> = qps.iter().map(|q| q.cq).collect();
+            let d = diag(nic, &qpns, &cqns);
+            cleanup(nic, &qps);
+            return Err(format!("{e}{d}"));
+        }
+    };
+    // Native baseline on the same buffers (after verification: it changes them).
+    let count = nb as usize * TP_BATCH;
+    native_run(op, &qps, count / 4);
+    let mut nrates = Vec::new();
+    let mut niv = Vec::new();
+    for _ in 0..o.reps {
+        let (r, v) = native_run(op, &qps, count);
+        nrates.push(r);
+        niv.extend(v);
+    }
+    cleanup(nic, &qps);
+    let at_p99_batch = |iv: &[f64]| (TP_BATCH * nqp) as f64 / stats(iv).p99 * 1e9;
+    let soft_p99 = match mode {
+        WaitMode::Spin | WaitMode::Yield => at_p99_batch(&iv),
+        // The slowest repetition is the 1st-percentile rate.
+        WaitMode::Sleep => rates.iter().copied().fold(f64::INFINITY, f64::min),
+    };
+    Ok(TpRow {
+        label: match post {
+            Post::Rearm => op.name().to_string(),
+            Post::PostSend => format!("{} (post_send)", op.name()),
+        },
+        nqp,
+        soft: stats(&rates).median,
+        soft_p99,
+        native: stats(&nrates).median,
+        native_p99: at_p99_batch(&niv),
+    })
+}
+
+fn cleanup(nic: &SoftNic, qps: &[TpQp]) {
+    for q in qps {
+        let _ = nic.destroy_qp(q.w.qpn);
+        let _ = nic.destroy_cq(q.cq);
+        let _ = nic.dereg_mr(q.src.mr.lkey);
+        let _ = nic.dereg_mr(q.dst.mr.lkey);
+    }
+}
+
+fn throughput_section(
+    nic: &SoftNic,
+    pd: Pdn,
+    o: &Opts,
+    anomalies: &mut Vec<String>,
+) -> Result<(), String> {
+    println!();
+    println!("== 2. Throughput per opcode ==");
+    let ring1 = TP_RING;
+    println!(
+        "   batches of {TP_BATCH} WQEs (last signaled), {} batches × {} reps per row (+ warm-up);",
+        o.batches, o.reps
+    );
+    println!(
+        "   ring {ring1} BBs (≤ {} batches outstanding) while the host has a core of its own (it polls \
+         the CQ, yielding between polls);",
+        ring1 as usize / TP_BATCH - 1
+    );
+    println!(
+        "   ring {TP_RING_SHARED} BBs (≤ {} outstanding) when PUs + host exceed the cores and the \
+         host sleeps 20 µs between polls.",
+        TP_RING_SHARED as usize / TP_BATCH - 1
+    );
+    println!(
+        "   M/s: median over reps. p99: rate at the 99th-percentile time between successive batch"
+    );
+    println!("   completions (* = host sleeps, so p99 over reps instead, i.e. the slowest rep).");
+    println!("   Native: one CPU thread per QP doing the same operation on the same buffers.");
+    let mut configs: Vec<(TOp, Post, usize)> = Vec::new();
+    for op in [TOp::Nop, TOp::Write, TOp::Read, TOp::Cas, TOp::Faa] {
+        configs.push((op, Post::Rearm, 1));
+    }
+    configs.push((TOp::Write, Post::PostSend, 1));
+    if o.pus > 1 {
+        for op in [TOp::Nop, TOp::Write, TOp::Read, TOp::Cas, TOp::Faa] {
+            configs.push((op, Post::Rearm, o.pus));
+        }
+    }
+    println!();
+    println!(
+        "   {:<22} {:>3} {:>11} {:>11} {:>9} {:>11} {:>11} {:>9}   native op",
+        "op", "PUs", "softnic M/s", "p99 M/s", "ns/WQE/PU", "native M/s", "p99 M/s", "slowdown",
+    );
+    let mut write1: Option<(f64, f64)> = None;
+    let mut last_nqp = 0;
+    for (op, post, nqp) in configs {
+        let (mode, ring) = wait_mode(o, nqp);
+        if nqp != last_nqp {
+            println!(
+                "   -- {nqp} PU{}, one QP per PU; host {}; ring {ring} BBs ({} cores for {nqp} PU \
+                 thread{} + host)",
+                if nqp == 1 { "" } else { "s" },
+                mode.name(),
+                o.cores,
+                if nqp == 1 { "" } else { "s" },
+            );
+            last_nqp = nqp;
+        }
+        match tp_row(nic, pd, o, op, post, nqp) {
+            Ok(r) => {
+                println!(
+                    "   {:<22} {:>3} {:>11.2} {:>10.2}{} {:>9} {:>11.2} {:>11.2} {:>8.1}×   {}",
+                    r.label,
+                    r.nqp,
+                    r.soft / 1e6,
+                    r.soft_p99 / 1e6,
+                    if mode == WaitMode::Sleep { "*" } else { " " },
+                    fmt_ns(1e9 * r.nqp as f64 / r.soft),
+                    r.native / 1e6,
+                    r.native_p99 / 1e6,
+                    r.native / r.soft,
+                    op.native_name()
+                );
+                let (soft, nat) = (r.soft, r.native);
+                if op == TOp::Write && post == Post::Rearm && nqp == 1 {
+                    write1 = Some((soft, nat));
+                }
+            }
+            Err(e) => {
+                println!("   {:<22} {:>3}   FAILED (see anomalies)", op.name(), nqp);
+                anomalies.push(format!("throughput {} on {nqp} PU(s): {e}", op.name()));
+            }
+        }
+    }
+    println!();
+    println!("   verified after each row: WQE counters = posted, no error completions, QPs RTS,");
+    println!("   completions in order with the right wr_id, WRITE/READ destinations = source,");
+    println!("   CAS/FAA targets and returned old values as expected.");
+    println!();
+    if let Some((soft, nat)) = write1 {
+        println!(
+            "   target: 64 B WRITE, WQ order, 1 PU ≥ {WRITE_TARGET_MWQES:.0} M WQE/s: {:.2} M WQE/s: {}",
+            soft / 1e6,
+            verdict(soft / 1e6 >= WRITE_TARGET_MWQES)
+        );
+        println!(
+            "   target: 64 B WRITE within {WRITE_TARGET_SLOWDOWN:.0}× of the native 64 B copy: {:.1}×: {}",
+            nat / soft,
+            verdict(nat / soft <= WRITE_TARGET_SLOWDOWN)
+        );
+        let fast = block_copy_rate(o.batches.max(4) * TP_BATCH, o.reps);
+        println!(
+            "   context: SharedBuffer::read (used by the native copy above and by the softnic's \
+             WRITE/READ data path)"
+        );
+        println!(
+            "   is the slow half of that copy; a 64 B copy via read_block + write runs at {:.2} M/s \
+             ({:.1}× the softnic WRITE).",
+            fast / 1e6,
+            fast / soft
+        );
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+
+fn main() {
+    let o = match parse_args() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("softnic_bench: {e}\n(see --help)");
+            std::process::exit(2);
+        }
+    };
+    let started = Instant::now();
+    println!("softnic_bench: RedN §5.1 microbenchmarks on the softnic, with native baselines");
+    println!(
+        "   {} cores, {} PUs, prefetch {:?}, {}{}",
+        o.cores,
+        o.pus,
+        o.prefetch,
+        if o.quick { "quick run" } else { "full run" },
+        if cfg!(debug_assertions) {
+            "  !! debug build: numbers are meaningless, use --release"
+        } else {
+            ""
+        }
+    );
+    println!("   Instant::now() costs {:.1} ns", instant_overhead_ns());
+    if o.cores >= 2 {
+        let rtt = cross_thread_rtt(if o.quick { 2000 } else { 20000 });
+        println!(
+            "   floor: cross-thread round trip through a SharedBuffer word: median {} ns, p99 {} ns",
+            fmt_ns(rtt.median),
+            fmt_ns(rtt.p99)
+        );
+    }
+
+    let nic = match SoftNic::new(SoftNicConfig {
+        name: "bench".into(),
+        pus: o.pus,
+        prefetch: o.prefetch,
+        wqe_checks: false,
+    }) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("softnic_bench: cannot start the softnic: {e}");
+            std::process::exit(2);
+        }
+    };
+    let pd = nic.alloc_pd().expect("alloc_pd");
+    let mut anomalies = Vec::new();
+    if o.latency {
+        if let Err(e) = latency_section(&nic, pd, &o, &mut anomalies) {
+            println!("   latency section aborted: {e}");
+        }
+    }
+    if o.throughput {
+        if let Err(e) = throughput_section(&nic, pd, &o, &mut anomalies) {
+            println!("   throughput section aborted: {e}");
+        }
+    }
+    println!();
+    if anomalies.is_empty() {
+        println!("anomalies: none");
+    } else {
+        println!("anomalies ({}):", anomalies.len());
+        for a in &anomalies {
+            println!(" - {a}");
+        }
+    }
+    println!("total run time {:.1} s", started.elapsed().as_secs_f64());
+    drop(nic);
+    if !anomalies.is_empty() {
+        std::process::exit(1);
+    }
+}
