@@ -131,14 +131,53 @@ impl SharedBuffer {
     #[inline]
     pub fn read(&self, off: usize, dst: &mut [u8]) {
         assert!(self.contains(off, dst.len()), "read outside buffer");
+        let words = self.words();
         let mut pos = off;
         let mut done = 0;
         while done < dst.len() {
             let (w, b) = (pos / WORD, pos % WORD);
+            let v = words[w].load(Ordering::Relaxed).to_ne_bytes();
+            if b == 0 && dst.len() - done >= WORD {
+                // Whole words: a fixed-size copy, no call to memcpy.
+                dst[done..done + WORD].copy_from_slice(&v);
+                pos += WORD;
+                done += WORD;
+                continue;
+            }
             let n = (WORD - b).min(dst.len() - done);
-            let v = self.word(w).load(Ordering::Relaxed).to_ne_bytes();
             dst[done..done + n].copy_from_slice(&v[b..b + n]);
             pos += n;
+            done += n;
+        }
+    }
+
+    /// Copy `len` bytes from `src` at `src_off` to `self` at `dst_off`, word by word when
+    /// both sides are 8-byte aligned, through a small stack buffer otherwise. Both ranges
+    /// must have been checked (panics otherwise).
+    #[inline(always)]
+    pub fn copy_from(&self, dst_off: usize, src: &SharedBuffer, src_off: usize, len: usize) {
+        assert!(self.contains(dst_off, len) && src.contains(src_off, len));
+        if dst_off % WORD == 0 && src_off % WORD == 0 {
+            let n = len / WORD;
+            let d = &self.words()[dst_off / WORD..][..n];
+            let s = &src.words()[src_off / WORD..][..n];
+            for i in 0..n {
+                d[i].store(s[i].load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+            let tail = n * WORD;
+            if tail < len {
+                let mut t = [0u8; WORD];
+                src.read(src_off + tail, &mut t[..len - tail]);
+                self.write(dst_off + tail, &t[..len - tail]);
+            }
+            return;
+        }
+        let mut chunk = [0u8; 256];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(chunk.len());
+            src.read(src_off + done, &mut chunk[..n]);
+            self.write(dst_off + done, &chunk[..n]);
             done += n;
         }
     }
@@ -198,14 +237,12 @@ impl SharedBuffer {
     /// Copy a whole 64-byte basic block (8 aligned words) starting at `off` into `dst`.
     #[inline]
     pub fn read_block(&self, off: usize, dst: &mut [u8; 64]) {
-        assert!(off % WORD == 0 && self.contains(off, 64));
-        for (i, chunk) in dst.chunks_exact_mut(WORD).enumerate() {
-            chunk.copy_from_slice(
-                &self
-                    .word(off / WORD + i)
-                    .load(Ordering::Relaxed)
-                    .to_ne_bytes(),
-            );
+        assert!(off % WORD == 0, "unaligned block");
+        let words: &[AtomicU64; 8] = self.words()[off / WORD..][..8]
+            .try_into()
+            .expect("eight words");
+        for (chunk, w) in dst.chunks_exact_mut(WORD).zip(words) {
+            chunk.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
         }
     }
 }
@@ -312,6 +349,13 @@ impl<'a> Span<'a> {
     pub fn write(&self, src: &[u8]) {
         self.buffer.write(self.off, &src[..self.len.min(src.len())]);
     }
+
+    /// Copy the window `src` (same length or shorter) into this one.
+    #[inline(always)]
+    pub fn copy_from(&self, src: &Span<'_>) {
+        self.buffer
+            .copy_from(self.off, src.buffer, src.off, self.len.min(src.len));
+    }
 }
 
 impl MemoryRegion {
@@ -327,7 +371,7 @@ impl MemoryRegion {
 
     /// Check that a queue pair in `pd` may access `addr..addr+len` with rights `need`, and
     /// return the window. The single place where PD, bounds and rights are decided.
-    #[inline]
+    #[inline(always)]
     pub fn check(
         &self,
         pd: Pdn,
@@ -513,8 +557,20 @@ impl KeyCache {
     }
 
     /// Resolve `key` through the cache.
-    #[inline]
+    #[inline(always)]
     pub fn get(&mut self, table: &KeyTable, key: u32) -> Result<&MemoryRegion, AccessFault> {
+        let g = table.generation();
+        if g == self.generation {
+            if let Some(i) = self.entries.iter().position(|r| r.lkey.0 == key) {
+                return Ok(&self.entries[i]);
+            }
+        }
+        self.miss(table, key)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn miss(&mut self, table: &KeyTable, key: u32) -> Result<&MemoryRegion, AccessFault> {
         let g = table.generation();
         if g != self.generation {
             self.entries.clear();
@@ -551,6 +607,22 @@ mod tests {
         b.write(8, &[0xff; 8]);
         b.read(0, &mut out);
         assert_eq!(&out[6..], &[4, 5, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]);
+    }
+
+    #[test]
+    fn copy_between_buffers_at_any_alignment() {
+        let a = SharedBuffer::new(64);
+        let b = SharedBuffer::new(64);
+        let data: Vec<u8> = (1..=40).collect();
+        a.write(0, &data);
+        for (d, s, n) in [(0, 0, 40), (8, 0, 19), (3, 5, 30), (16, 1, 7)] {
+            b.write(0, &[0u8; 64]);
+            b.copy_from(d, &a, s, n);
+            let mut out = vec![0u8; 64];
+            b.read(0, &mut out);
+            assert_eq!(&out[d..d + n], &data[s..s + n], "{d} {s} {n}");
+            assert!(out[..d].iter().all(|&x| x == 0) && out[d + n..].iter().all(|&x| x == 0));
+        }
     }
 
     #[test]

@@ -7,6 +7,9 @@ use crate::wqe::{Cqe, Syndrome, CQE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+#[repr(align(64))]
+struct Padded(AtomicU64);
+
 struct CqRing {
     cqes: Box<[[u8; CQE_SIZE]]>,
     wr_ids: Box<[u64]>,
@@ -20,8 +23,9 @@ pub(crate) struct CqShared {
     depth: u64,
     ignore_overrun: bool,
     ring: Mutex<CqRing>,
-    /// Completions produced since creation: what WAIT counts. Written under `ring`'s lock.
-    produced: AtomicU64,
+    /// Completions produced since creation: what WAIT counts. Written under `ring`'s lock;
+    /// on its own cache line, since waiters on other threads read it constantly.
+    produced: Padded,
     overrun: AtomicBool,
     /// Bit i set: a queue on PU i has waited on this CQ, so PU i is told of new completions.
     waiters: AtomicU64,
@@ -43,7 +47,7 @@ impl CqShared {
                 produced: 0,
                 consumed: 0,
             }),
-            produced: AtomicU64::new(0),
+            produced: Padded(AtomicU64::new(0)),
             overrun: AtomicBool::new(false),
             waiters: AtomicU64::new(0),
             pus,
@@ -54,7 +58,7 @@ impl CqShared {
     /// Completions produced so far.
     #[inline]
     pub(crate) fn produced(&self) -> u64 {
-        self.produced.load(Ordering::SeqCst)
+        self.produced.0.load(Ordering::SeqCst)
     }
 
     /// Remember that a queue on `pu` waits for this CQ. The caller re-reads `produced()`
@@ -77,7 +81,7 @@ impl CqShared {
                     // The entry is lost, as on hardware; the poller learns of it.
                     self.overrun.store(true, Ordering::Release);
                     r.produced += 1;
-                    self.produced.store(r.produced, Ordering::SeqCst);
+                    self.produced.0.store(r.produced, Ordering::SeqCst);
                     drop(r);
                     self.wake();
                     return;
@@ -88,7 +92,7 @@ impl CqShared {
             r.cqes[slot] = cqe.encode();
             r.wr_ids[slot] = wr_id;
             r.produced += 1;
-            self.produced.store(r.produced, Ordering::SeqCst);
+            self.produced.0.store(r.produced, Ordering::SeqCst);
         }
         self.wake();
     }

@@ -126,6 +126,9 @@ pub(crate) struct SqExec {
     limiter: Limiter,
     rate_generation: u64,
     batch: QpCounters,
+    /// Opcodes counted in `batch` (bit per opcode), and whether anything else was.
+    batch_ops: u32,
+    batch_dirty: bool,
     stalled_at: u64,
     delayed_at: u64,
     scratch: Vec<u8>,
@@ -151,6 +154,8 @@ impl SqExec {
             limiter: Limiter::default(),
             rate_generation: 0,
             batch: QpCounters::default(),
+            batch_ops: 0,
+            batch_dirty: false,
             stalled_at: u64::MAX,
             delayed_at: u64::MAX,
             scratch: Vec::new(),
@@ -237,15 +242,23 @@ impl SqExec {
         }
         if done > 0 {
             self.qp.consumed.store(self.ci, Ordering::Release);
-            self.qp.counters.add(&self.batch);
-            self.batch = QpCounters::default();
+            self.flush_counters();
             return RunOutcome::Progress;
         }
-        if self.batch != QpCounters::default() {
-            self.qp.counters.add(&self.batch);
-            self.batch = QpCounters::default();
-        }
+        self.flush_counters();
         outcome
+    }
+
+    /// Publish the batched counters.
+    #[inline]
+    fn flush_counters(&mut self) {
+        if !self.batch_dirty {
+            return;
+        }
+        self.qp.counters.add(&self.batch, self.batch_ops);
+        self.batch = QpCounters::default();
+        self.batch_ops = 0;
+        self.batch_dirty = false;
     }
 
     /// Fetch (as far as allowed) and run the WQE at `ci`.
@@ -314,6 +327,7 @@ impl SqExec {
                 if self.delayed_at != ci {
                     self.delayed_at = ci;
                     self.batch.rate_limit_delays += 1;
+                    self.batch_dirty = true;
                 }
                 return Step::Retry(t);
             }
@@ -338,6 +352,8 @@ impl SqExec {
         match result {
             Ok(bytes) => {
                 self.batch.wqes[opcode_byte as usize & 31] += 1;
+                self.batch_ops |= 1 << (opcode_byte & 31);
+                self.batch_dirty = true;
                 self.batch.bytes += bytes;
                 if flags & 0x0c == 0x08 {
                     let byte_cnt = match opcode {
@@ -351,6 +367,7 @@ impl SqExec {
             }
             Err(Fail::NotReady) => {
                 self.batch.rnr_waits += 1;
+                self.batch_dirty = true;
                 Step::Blocked
             }
             Err(Fail::Syndrome(s)) => Step::Fault(s, bbs),
@@ -423,6 +440,28 @@ impl SqExec {
     fn op_write(&mut self, opcode: Opcode, ds: usize) -> Result<u64, Fail> {
         let remote = remote_of(&self.wqe);
         let imm = (opcode == Opcode::RdmaWriteImm).then(|| be32(&self.wqe, off::IMM));
+        if ds == 3 && be32(&self.wqe, 2 * SEG_SIZE) & INLINE_FLAG == 0 {
+            // One data segment: copy region to region, no staging.
+            let seg = 2 * SEG_SIZE;
+            let len = u64::from(be32(&self.wqe, seg + off::SEG_BYTE_COUNT));
+            let lkey = be32(&self.wqe, seg + off::SEG_LKEY);
+            let addr = VirtAddr(be64(&self.wqe, seg + off::SEG_ADDR));
+            if len > MAX_MESSAGE {
+                return Err(Fail::Syndrome(Syndrome::LocalLength));
+            }
+            let src = self
+                .local_keys
+                .get(&self.nic.keys, lkey)
+                .and_then(|r| r.check(self.qp.pd, addr, len, Access::NONE))
+                .map_err(|_| Fail::Syndrome(Syndrome::LocalProtection))?;
+            let peer = self
+                .peer
+                .as_ref()
+                .ok_or(Fail::Syndrome(Syndrome::TransportRetryExceeded))?;
+            peer.write_from(&mut self.remote_keys, remote, &src, imm)
+                .map_err(Fail::from)?;
+            return Ok(len);
+        }
         let len = self.gather(2, ds)?;
         let peer = self
             .peer
@@ -475,6 +514,24 @@ impl SqExec {
         let total = payload_len(&self.wqe, 2, ds);
         if total > MAX_MESSAGE {
             return Err(Fail::Syndrome(Syndrome::LocalLength));
+        }
+        if ds == 3 {
+            // One scatter entry: copy region to region, no staging.
+            let seg = 2 * SEG_SIZE;
+            let lkey = be32(&self.wqe, seg + off::SEG_LKEY);
+            let addr = VirtAddr(be64(&self.wqe, seg + off::SEG_ADDR));
+            let dst = self
+                .local_keys
+                .get(&self.nic.keys, lkey)
+                .and_then(|r| r.check(self.qp.pd, addr, total, Access::LOCAL_WRITE))
+                .map_err(|_| Fail::Syndrome(Syndrome::LocalProtection))?;
+            let peer = self
+                .peer
+                .as_ref()
+                .ok_or(Fail::Syndrome(Syndrome::TransportRetryExceeded))?;
+            peer.read_into(&mut self.remote_keys, remote, &dst)
+                .map_err(Fail::from)?;
+            return Ok(total);
         }
         for s in 2..ds {
             let len = u64::from(be32(&self.wqe, s * SEG_SIZE));
@@ -578,6 +635,7 @@ impl SqExec {
         if self.stalled_at != ci {
             self.stalled_at = ci;
             self.batch.wait_stalls += 1;
+            self.batch_dirty = true;
         }
         Ok(false)
     }
@@ -613,6 +671,7 @@ impl SqExec {
     fn fault(&mut self, syndrome: Syndrome, bbs: u64) {
         let ci = self.ci;
         self.batch.errors += 1;
+        self.batch_dirty = true;
         self.qp.send_cq.push(
             Cqe {
                 opcode: CqeOpcode::ReqErr,
@@ -629,8 +688,7 @@ impl SqExec {
         );
         self.ci += bbs;
         // Counters first: whoever sees the error state must also see the error counted.
-        self.qp.counters.add(&self.batch);
-        self.batch = QpCounters::default();
+        self.flush_counters();
         self.qp.enter_error();
         self.flush();
     }

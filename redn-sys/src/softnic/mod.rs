@@ -112,6 +112,17 @@ impl Shared {
             .ok_or(Error::NoSuchQp(qpn))
     }
 
+    /// Run `f` on a queue pair without cloning its Arc: hosts poll these, and an Arc clone
+    /// writes the reference count that shares a cache line with fields the PU reads.
+    pub(crate) fn with_qp<T>(&self, qpn: Qpn, f: impl FnOnce(&QpShared) -> T) -> Result<T> {
+        self.qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qpn.0)
+            .map(|q| f(q))
+            .ok_or(Error::NoSuchQp(qpn))
+    }
+
     pub(crate) fn cq(&self, cqn: Cqn) -> Result<Arc<CqShared>> {
         self.cqs
             .read()
@@ -620,11 +631,18 @@ impl Nic for SoftNic {
     }
 
     fn cq_produced(&self, cq: Cqn) -> Result<u64> {
-        Ok(self.shared.cq(cq)?.produced())
+        // Hosts spin on this: no Arc clone, so the poller does not write the CQ's cache lines.
+        self.shared
+            .cqs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&cq.0)
+            .map(|c| c.produced())
+            .ok_or(Error::NoSuchCq(cq))
     }
 
     fn qp_state(&self, qp: Qpn) -> Result<QpState> {
-        Ok(self.shared.qp(qp)?.state())
+        self.shared.with_qp(qp, |q| q.state())
     }
 
     fn set_qp_error(&self, qp: Qpn) -> Result<()> {
@@ -641,10 +659,11 @@ impl Nic for SoftNic {
     }
 
     fn counters(&self, qp: Qpn) -> Result<QpCounters> {
-        Ok(self.shared.qp(qp)?.counters.snapshot())
+        self.shared.with_qp(qp, |q| q.counters.snapshot())
     }
 
     fn sq_consumed(&self, qp: Qpn) -> Result<u64> {
-        Ok(self.shared.qp(qp)?.consumed.load(Ordering::Acquire))
+        self.shared
+            .with_qp(qp, |q| q.consumed.load(Ordering::Acquire))
     }
 }

@@ -15,6 +15,16 @@ use std::time::{Duration, Instant};
 
 /// How long a PU keeps polling after its last useful work before it parks.
 const SPIN: Duration = Duration::from_micros(50);
+/// For how much of that it busy-spins before it starts yielding the CPU between polls
+/// (a yield costs ~1 µs on our VMs, so short gaps are better spun through; long ones are
+/// better yielded, because PUs, apps and pollers often outnumber cores).
+const BUSY: Duration = Duration::from_micros(5);
+
+thread_local! {
+    /// The PU this thread is (set set, index), so a PU does not notify itself: it rescans
+    /// after any progress anyway.
+    static CURRENT: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, usize::MAX)) };
+}
 /// WQEs one queue may run before the PU looks at its other queues.
 const BURST: usize = 256;
 
@@ -55,6 +65,9 @@ impl PuSet {
     /// Tell PU `pu` that something changed.
     #[inline]
     pub(crate) fn notify(&self, pu: usize) {
+        if CURRENT.with(|c| c.get()) == (self as *const PuSet as usize, pu) {
+            return;
+        }
         let p = &self.pus[pu];
         p.events.fetch_add(1, Ordering::SeqCst);
         if p.sleeping.load(Ordering::SeqCst) {
@@ -87,6 +100,7 @@ impl PuSet {
 pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
     let me = &pus.pus[index];
     let _ = me.thread.set(std::thread::current());
+    CURRENT.with(|c| c.set((&*pus as *const PuSet as usize, index)));
     let mut queues: Vec<SqExec> = Vec::new();
     let mut idle_since: Option<Instant> = None;
     loop {
@@ -94,7 +108,7 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
         if pus.shutdown.load(Ordering::Acquire) {
             return;
         }
-        if me.has_incoming.swap(false, Ordering::SeqCst) {
+        if me.has_incoming.load(Ordering::Relaxed) && me.has_incoming.swap(false, Ordering::SeqCst) {
             let Some(shared) = nic.upgrade() else { return };
             let new: Vec<_> = std::mem::take(&mut *me.incoming.lock().unwrap_or_else(|e| e.into_inner()));
             for qp in new {
@@ -126,9 +140,12 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
             }
         }
         let since = *idle_since.get_or_insert(now);
-        if now.duration_since(since) < SPIN {
-            // Yield rather than spin: PUs, apps and pollers often outnumber cores, and a
-            // spinning PU would keep the thread it waits for off the CPU.
+        let idle = now.duration_since(since);
+        if idle < BUSY {
+            std::hint::spin_loop();
+            continue;
+        }
+        if idle < SPIN {
             std::thread::yield_now();
             continue;
         }

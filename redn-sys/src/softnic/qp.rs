@@ -59,11 +59,12 @@ impl SharedCounters {
         c
     }
 
-    pub(crate) fn add(&self, c: &QpCounters) {
-        for (s, d) in self.wqes.iter().zip(c.wqes.iter()) {
-            if *d != 0 {
-                s.fetch_add(*d, Ordering::Relaxed);
-            }
+    /// Add a batch; `ops` has a bit set for each opcode slot of `c.wqes` in use.
+    pub(crate) fn add(&self, c: &QpCounters, mut ops: u32) {
+        while ops != 0 {
+            let i = ops.trailing_zeros() as usize;
+            self.wqes[i].fetch_add(c.wqes[i], Ordering::Relaxed);
+            ops &= ops - 1;
         }
         for (s, d) in [
             (&self.bytes, c.bytes),

@@ -7,7 +7,7 @@
 //! functions when its packets arrive.
 
 use super::qp::QpShared;
-use crate::mem::{AccessFault, KeyCache, KeyTable};
+use crate::mem::{AccessFault, KeyCache, KeyTable, Span};
 use crate::types::Access;
 use crate::wqe::{Cqe, CqeOpcode, RemoteAddr, Syndrome};
 use crate::QpState;
@@ -93,6 +93,16 @@ pub(crate) trait Transport: Send + Sync {
         data: &[u8],
         imm: Option<u32>,
     ) -> Result<(), Nak>;
+    /// WRITE straight from a checked local window (the one-segment fast path).
+    fn write_from(
+        &self,
+        keys: &mut KeyCache,
+        remote: RemoteAddr,
+        src: &Span<'_>,
+        imm: Option<u32>,
+    ) -> Result<(), Nak>;
+    /// READ straight into a checked local window (the one-segment fast path).
+    fn read_into(&self, keys: &mut KeyCache, remote: RemoteAddr, dst: &Span<'_>) -> Result<(), Nak>;
     fn send(&self, keys: &mut KeyCache, data: &[u8], imm: Option<u32>) -> Result<(), Nak>;
     fn read(&self, keys: &mut KeyCache, remote: RemoteAddr, out: &mut [u8]) -> Result<(), Nak>;
     fn atomic(&self, keys: &mut KeyCache, remote: RemoteAddr, op: AtomicOp) -> Result<u64, Nak>;
@@ -141,6 +151,43 @@ impl Transport for InProcess {
             })
             .map(|idx| complete_recv(t, CqeOpcode::RespWriteImm, idx, data.len(), imm)),
         }
+    }
+
+    #[inline]
+    fn write_from(
+        &self,
+        keys: &mut KeyCache,
+        remote: RemoteAddr,
+        src: &Span<'_>,
+        imm: Option<u32>,
+    ) -> Result<(), Nak> {
+        let t = self.live()?;
+        let span = keys
+            .get(&self.keys, remote.rkey.0)
+            .and_then(|r| r.check(t.pd, remote.addr, src.len as u64, Access::REMOTE_WRITE))
+            .map_err(Nak::RemoteAccess)?;
+        match imm {
+            None => {
+                span.copy_from(src);
+                Ok(())
+            }
+            Some(imm) => consume_recv(t, &self.keys, 0, |_, _| {
+                span.copy_from(src);
+                Ok(())
+            })
+            .map(|idx| complete_recv(t, CqeOpcode::RespWriteImm, idx, src.len, imm)),
+        }
+    }
+
+    #[inline]
+    fn read_into(&self, keys: &mut KeyCache, remote: RemoteAddr, dst: &Span<'_>) -> Result<(), Nak> {
+        let t = self.live()?;
+        let span = keys
+            .get(&self.keys, remote.rkey.0)
+            .and_then(|r| r.check(t.pd, remote.addr, dst.len as u64, Access::REMOTE_READ))
+            .map_err(Nak::RemoteAccess)?;
+        dst.copy_from(&span);
+        Ok(())
     }
 
     fn send(&self, _keys: &mut KeyCache, data: &[u8], imm: Option<u32>) -> Result<(), Nak> {
