@@ -1,0 +1,793 @@
+//! `policy.toml`: which local apps may use the manager, which offloads each may install,
+//! its quotas, and the limits on its remote clients.
+//!
+//! ```toml
+//! [[app]]
+//! name = "kv"                        # unique; letters, digits, _ . -
+//! uid = 1000                         # matchers: at least one of uid, gid, exe, cgroup
+//! exe = "/usr/bin/kvstore"
+//! offloads = ["hash_get", "list_find"]
+//! max_regions = 4                    # memory regions registered at once, >= 1
+//! max_pinned = "1G"                  # bytes pinned at once, base-1024 suffixes, > 0
+//! max_queues = 16                    # queue pairs at once, >= 1
+//! max_remote_clients = 64            # clients holding a token at once, may be 0
+//! keep_serving_after_exit = true     # default true
+//!
+//! [app.client]                       # limits on each remote client of this app
+//! rate_limit_kbps = 1000000          # kbit/s, or "infinity"
+//! wqes_per_second = "2M"             # decimal k/M/G, or "infinity"
+//! wqes_per_invocation = 64           # >= 1
+//! on_violation = "ban"               # "throttle" | "terminate" | "ban"
+//! ban_duration = "1h"                # required with "ban", refused otherwise
+//! token_lifetime = "1d"              # default "1h"; "infinity" allowed
+//! ```
+//!
+//! Every key above is required unless a default is given; unknown keys are refused. Units are
+//! described in [`units`](crate::units); which rule applies to a process is described in
+//! [`identity`](crate::identity). A policy without any `[[app]]` is valid and admits nobody.
+//!
+//! Meaning of the per-app keys:
+//! - `offloads`: names of the offload definitions (`offloads.d/NAME.toml`) the app may
+//!   install; an empty list lets the app connect but install nothing. Each name once.
+//! - `max_regions`, `max_pinned`, `max_queues`, `max_remote_clients`: quotas over everything
+//!   the app holds at one time. They are charged by the manager, which owns every verbs
+//!   object (the rdma cgroup would charge the manager, not the app).
+//! - `keep_serving_after_exit`: whether the app's offloads keep serving its remote clients
+//!   after the app exits or crashes (the resources belong to the manager). `false` tears them
+//!   down when the app's connection closes.
+//!
+//! Meaning of the per-client keys (`[app.client]`), which apply to each remote client
+//! separately:
+//! - `rate_limit_kbps`: bandwidth, applied as QP pacing on mlx5 and a token bucket on the
+//!   softnic;
+//! - `wqes_per_second`: work requests the client's invocations may execute per second,
+//!   counted by the manager's auditor;
+//! - `wqes_per_invocation`: work requests one invocation may execute (the verifier's bound
+//!   for unrolled chains, the auditor's budget for recycled loops);
+//! - `on_violation`: what a client over a limit gets: `throttle` (held back until under the
+//!   limit again), `terminate` (its queues go to error and its keys are revoked), `ban`
+//!   (terminated, and its token refused for `ban_duration`);
+//! - `token_lifetime`: how long a token handed to a client stays valid.
+
+use crate::error::{Error, Result};
+use crate::identity::{is_normal_absolute, Matchers};
+use crate::source::{invalid, read_capped, Document, Invalid, KeyPath};
+use crate::units::{ByteSize, KbitRate, TimeSpan, WqeRate};
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Where the manager reads its policy by default.
+pub const DEFAULT_POLICY_PATH: &str = "/etc/redn/policy.toml";
+/// `token_lifetime` when not given: one hour.
+pub const DEFAULT_TOKEN_LIFETIME: TimeSpan = TimeSpan::Finite(Duration::from_secs(3600));
+/// Longest app or offload name, in bytes.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// The policy: every app rule, from `policy.toml`. Valid by construction: names are unique,
+/// every rule has a matcher, and no two rules tie (see [`identity`](crate::identity)).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Policy {
+    apps: Vec<AppRule>,
+}
+
+impl Policy {
+    /// The rules, in file order.
+    pub fn apps(&self) -> &[AppRule] {
+        &self.apps
+    }
+
+    /// The rule named `name`.
+    pub fn app(&self, name: &str) -> Option<&AppRule> {
+        self.apps.iter().find(|a| a.name == name)
+    }
+}
+
+/// One `[[app]]`: who the app is, and what it and its remote clients may do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppRule {
+    /// Unique name (`name`), used in audit records and by `redn`.
+    pub name: String,
+    /// Which local processes this rule is for (`uid`, `gid`, `exe`, `cgroup`).
+    pub matchers: Matchers,
+    /// Offloads the app may install (`offloads`), in file order, no duplicates.
+    pub offloads: Vec<String>,
+    /// What the app may hold at once.
+    pub quota: Quota,
+    /// Whether its offloads keep serving after the app exits (`keep_serving_after_exit`).
+    pub keep_serving_after_exit: bool,
+    /// Limits on each of its remote clients (`[app.client]`).
+    pub client: ClientLimits,
+}
+
+impl AppRule {
+    /// Whether the app may install the offload named `offload`.
+    pub fn allows_offload(&self, offload: &str) -> bool {
+        self.offloads.iter().any(|o| o == offload)
+    }
+}
+
+/// What one app may hold at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota {
+    /// Memory regions registered (`max_regions`).
+    pub max_regions: NonZeroU32,
+    /// Bytes pinned over all its regions (`max_pinned`).
+    pub max_pinned: ByteSize,
+    /// Queue pairs (`max_queues`).
+    pub max_queues: NonZeroU32,
+    /// Remote clients holding a valid token (`max_remote_clients`); 0 allows none.
+    pub max_remote_clients: u32,
+}
+
+/// Limits on each remote client of an app (`[app.client]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// Bandwidth (`rate_limit_kbps`).
+    pub rate_limit_kbps: KbitRate,
+    /// Work requests per second (`wqes_per_second`).
+    pub wqes_per_second: WqeRate,
+    /// Work requests per invocation (`wqes_per_invocation`).
+    pub wqes_per_invocation: NonZeroU32,
+    /// What a client over a limit gets (`on_violation`, `ban_duration`).
+    pub on_violation: OnViolation,
+    /// How long a token stays valid (`token_lifetime`).
+    pub token_lifetime: TimeSpan,
+}
+
+/// What happens to a remote client that goes over a limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnViolation {
+    /// `"throttle"`: held back until it is under its limits again.
+    Throttle,
+    /// `"terminate"`: its queues are moved to error and its keys revoked; nobody else is
+    /// touched.
+    Terminate,
+    /// `"ban"`: terminated, and its token refused for this long (`ban_duration`, never zero).
+    Ban(TimeSpan),
+}
+
+/// Read `policy.toml` at `path` (at most [`MAX_FILE_BYTES`](crate::MAX_FILE_BYTES)) and
+/// validate it. Errors name the file, the line and column, and the key.
+pub fn load_policy(path: impl AsRef<Path>) -> Result<Policy> {
+    let path = path.as_ref();
+    let text = read_capped(path)?;
+    parse_policy(&text, &path.display().to_string())
+}
+
+/// Parse and validate the text of a `policy.toml`; `origin` names it in errors.
+pub fn parse_policy(text: &str, origin: &str) -> Result<Policy> {
+    let (raw, doc) = Document::parse::<RawPolicy>(text, origin)?;
+    raw.validate(&doc).map_err(|e| doc.error(e))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The file as written; validated into the public types above.
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    #[serde(default)]
+    app: Vec<RawApp>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawApp {
+    name: Name,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    exe: Option<AbsolutePath>,
+    cgroup: Option<AbsolutePath>,
+    offloads: Vec<Name>,
+    max_regions: u32,
+    max_pinned: ByteSize,
+    max_queues: u32,
+    max_remote_clients: u32,
+    #[serde(default = "yes")]
+    keep_serving_after_exit: bool,
+    client: RawClient,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClient {
+    rate_limit_kbps: KbitRate,
+    wqes_per_second: WqeRate,
+    wqes_per_invocation: u32,
+    on_violation: ViolationKind,
+    ban_duration: Option<TimeSpan>,
+    token_lifetime: Option<TimeSpan>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ViolationKind {
+    Throttle,
+    Terminate,
+    Ban,
+}
+
+/// An app or offload name.
+struct Name(String);
+
+impl FromStr for Name {
+    type Err = Error;
+    fn from_str(text: &str) -> Result<Self> {
+        let ok = (1..=MAX_NAME_LEN).contains(&text.len())
+            && text.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+        if ok {
+            Ok(Name(text.to_owned()))
+        } else {
+            Err(Error::value(
+                "name",
+                text,
+                "expected 1 to 64 letters, digits, '_', '-' or '.', starting with a letter or digit",
+            ))
+        }
+    }
+}
+
+/// An absolute path in normal form (`exe`, `cgroup`).
+struct AbsolutePath(String);
+
+impl FromStr for AbsolutePath {
+    type Err = Error;
+    fn from_str(text: &str) -> Result<Self> {
+        if is_normal_absolute(text) && !text.contains('\0') && text.len() < 4096 {
+            Ok(AbsolutePath(text.to_owned()))
+        } else {
+            Err(Error::value(
+                "path",
+                text,
+                "expected an absolute path without '.', '..', '//' or a trailing '/', as /proc reports it",
+            ))
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Name {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer)?
+            .parse()
+            .map_err(de::Error::custom)
+    }
+}
+
+impl<'de> Deserialize<'de> for AbsolutePath {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer)?
+            .parse()
+            .map_err(de::Error::custom)
+    }
+}
+
+/// `(uid_t)-1` / `(gid_t)-1`: "no id", which no process has.
+const NO_ID: u32 = u32::MAX;
+
+impl RawPolicy {
+    fn validate(self, doc: &Document<'_>) -> Result<Policy, Invalid> {
+        let apps_at = KeyPath::root().key("app");
+        let mut apps = Vec::with_capacity(self.app.len());
+        for (i, raw) in self.app.into_iter().enumerate() {
+            apps.push(raw.validate(&apps_at.index(i))?);
+        }
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        // Equal matchers are the only way two rules can tie on a peer (see `identity`).
+        let mut matchers: HashMap<&Matchers, usize> = HashMap::new();
+        for (i, app) in apps.iter().enumerate() {
+            let line = |j: usize| {
+                doc.line_of(&apps_at.index(j))
+                    .map_or_else(String::new, |l| format!(" (line {l})"))
+            };
+            if let Some(&first) = names.get(app.name.as_str()) {
+                return Err(invalid(
+                    apps_at.index(i).key("name"),
+                    format!(
+                        "the name {:?} is already used by another app{}",
+                        app.name,
+                        line(first)
+                    ),
+                ));
+            }
+            names.insert(&app.name, i);
+            if let Some(&first) = matchers.get(&app.matchers) {
+                return Err(invalid(
+                    apps_at.index(i),
+                    format!(
+                        "same matchers as app {:?}{}, so a process matching both could not be \
+                         assigned to one; make one of them more specific or merge them",
+                        apps[first].name,
+                        line(first)
+                    ),
+                ));
+            }
+            matchers.insert(&app.matchers, i);
+        }
+        Ok(Policy { apps })
+    }
+}
+
+impl RawApp {
+    fn validate(self, at: &KeyPath) -> Result<AppRule, Invalid> {
+        let matchers = Matchers {
+            uid: self.uid,
+            gid: self.gid,
+            exe: self.exe.map(|p| PathBuf::from(p.0)),
+            cgroup: self.cgroup.map(|p| p.0),
+        };
+        if matchers.is_empty() {
+            return Err(invalid(
+                at.clone(),
+                "no matcher: give at least one of uid, gid, exe or cgroup (a rule without one \
+                 would admit every local process)",
+            ));
+        }
+        for (key, id) in [("uid", matchers.uid), ("gid", matchers.gid)] {
+            if id == Some(NO_ID) {
+                return Err(invalid(
+                    at.key(key),
+                    format!("{NO_ID} means \"no id\" ((uid_t)-1) and matches no process"),
+                ));
+            }
+        }
+        let mut offloads: Vec<String> = Vec::with_capacity(self.offloads.len());
+        for (k, Name(offload)) in self.offloads.into_iter().enumerate() {
+            if offloads.contains(&offload) {
+                return Err(invalid(
+                    at.key("offloads").index(k),
+                    format!("{offload:?} is listed twice"),
+                ));
+            }
+            offloads.push(offload);
+        }
+        let at_least_one = |key: &str, n: u32, what: &str| {
+            NonZeroU32::new(n).ok_or_else(|| {
+                invalid(
+                    at.key(key),
+                    format!("must be at least 1: an app without {what} can install nothing (remove the app to refuse it)"),
+                )
+            })
+        };
+        let quota = Quota {
+            max_regions: at_least_one("max_regions", self.max_regions, "memory regions")?,
+            max_pinned: self.max_pinned,
+            max_queues: at_least_one("max_queues", self.max_queues, "queues")?,
+            max_remote_clients: self.max_remote_clients,
+        };
+        if quota.max_pinned.bytes() == 0 {
+            return Err(invalid(
+                at.key("max_pinned"),
+                "must be more than 0 bytes: an app without pinned memory can install nothing",
+            ));
+        }
+        let client = self.client.validate(&at.key("client"))?;
+        Ok(AppRule {
+            name: self.name.0,
+            matchers,
+            offloads,
+            quota,
+            keep_serving_after_exit: self.keep_serving_after_exit,
+            client,
+        })
+    }
+}
+
+impl RawClient {
+    fn validate(self, at: &KeyPath) -> Result<ClientLimits, Invalid> {
+        let wqes_per_invocation = NonZeroU32::new(self.wqes_per_invocation).ok_or_else(|| {
+            invalid(
+                at.key("wqes_per_invocation"),
+                "must be at least 1: every invocation executes work requests",
+            )
+        })?;
+        let on_violation = match (self.on_violation, self.ban_duration) {
+            (ViolationKind::Ban, None) => {
+                return Err(invalid(
+                    at.key("on_violation"),
+                    "\"ban\" requires ban_duration (such as \"1h\", or \"infinity\")",
+                ))
+            }
+            (ViolationKind::Ban, Some(d)) if d.is_zero() => {
+                return Err(invalid(
+                    at.key("ban_duration"),
+                    "must be longer than 0s (use on_violation = \"terminate\" for no ban)",
+                ))
+            }
+            (ViolationKind::Ban, Some(d)) => OnViolation::Ban(d),
+            (_, Some(_)) => return Err(invalid(
+                at.key("ban_duration"),
+                "only used with on_violation = \"ban\"; remove it or set on_violation = \"ban\"",
+            )),
+            (ViolationKind::Throttle, None) => OnViolation::Throttle,
+            (ViolationKind::Terminate, None) => OnViolation::Terminate,
+        };
+        let token_lifetime = self.token_lifetime.unwrap_or(DEFAULT_TOKEN_LIFETIME);
+        if token_lifetime.is_zero() {
+            return Err(invalid(
+                at.key("token_lifetime"),
+                "must be longer than 0s: a token that is never valid admits no client",
+            ));
+        }
+        Ok(ClientLimits {
+            rate_limit_kbps: self.rate_limit_kbps,
+            wqes_per_second: self.wqes_per_second,
+            wqes_per_invocation,
+            on_violation,
+            token_lifetime,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::NonZeroU64;
+
+    const KV: &str = r#"
+[[app]]
+name = "kv"
+uid = 1000
+exe = "/usr/bin/kvstore"
+offloads = ["hash_get", "list_find"]
+max_regions = 4
+max_pinned = "1G"
+max_queues = 16
+max_remote_clients = 64
+
+[app.client]
+rate_limit_kbps = 1000000
+wqes_per_second = "2M"
+wqes_per_invocation = 64
+on_violation = "ban"
+ban_duration = "1h"
+token_lifetime = "1d"
+"#;
+
+    fn parse(text: &str) -> Result<Policy> {
+        parse_policy(text, "policy.toml")
+    }
+
+    /// The error for `text`, checked to name the file, the line and the key.
+    fn error(text: &str, line: usize, key: &str) -> String {
+        let e = parse(text).expect_err(text).to_string();
+        let want = format!("policy.toml:{line}:");
+        assert!(e.starts_with(&want), "expected {want}: {e}");
+        assert!(e.contains(&format!(" {key}: ")), "expected key {key}: {e}");
+        e
+    }
+
+    /// KV with `from` replaced by `to` (which must occur).
+    fn kv_with(from: &str, to: &str) -> String {
+        assert!(KV.contains(from), "{from}");
+        KV.replacen(from, to, 1)
+    }
+
+    #[test]
+    fn good_file_parses_to_the_expected_rule() {
+        let p = parse(KV).unwrap();
+        assert_eq!(
+            p.apps(),
+            [AppRule {
+                name: "kv".into(),
+                matchers: Matchers {
+                    uid: Some(1000),
+                    gid: None,
+                    exe: Some("/usr/bin/kvstore".into()),
+                    cgroup: None,
+                },
+                offloads: vec!["hash_get".into(), "list_find".into()],
+                quota: Quota {
+                    max_regions: NonZeroU32::new(4).unwrap(),
+                    max_pinned: ByteSize::new(1 << 30),
+                    max_queues: NonZeroU32::new(16).unwrap(),
+                    max_remote_clients: 64,
+                },
+                keep_serving_after_exit: true,
+                client: ClientLimits {
+                    rate_limit_kbps: KbitRate::Limited(NonZeroU32::new(1_000_000).unwrap()),
+                    wqes_per_second: WqeRate::Limited(NonZeroU64::new(2_000_000).unwrap()),
+                    wqes_per_invocation: NonZeroU32::new(64).unwrap(),
+                    on_violation: OnViolation::Ban(TimeSpan::Finite(Duration::from_secs(3600))),
+                    token_lifetime: TimeSpan::Finite(Duration::from_secs(86_400)),
+                },
+            }]
+        );
+        let kv = p.app("kv").unwrap();
+        assert!(kv.allows_offload("hash_get"));
+        assert!(!kv.allows_offload("echo"));
+        assert!(p.app("nope").is_none());
+    }
+
+    #[test]
+    fn defaults_and_other_violations() {
+        let text = kv_with(
+            "on_violation = \"ban\"\nban_duration = \"1h\"\ntoken_lifetime = \"1d\"\n",
+            "on_violation = \"throttle\"\n",
+        );
+        let text = text.replace("max_remote_clients = 64", "max_remote_clients = 0");
+        let p = parse(&text).unwrap();
+        let kv = &p.apps()[0];
+        assert_eq!(kv.client.on_violation, OnViolation::Throttle);
+        assert_eq!(kv.client.token_lifetime, DEFAULT_TOKEN_LIFETIME);
+        assert_eq!(kv.quota.max_remote_clients, 0);
+        let p = parse(&kv_with(
+            "on_violation = \"ban\"\nban_duration = \"1h\"",
+            "on_violation = \"terminate\"",
+        ))
+        .unwrap();
+        assert_eq!(p.apps()[0].client.on_violation, OnViolation::Terminate);
+        let p = parse(&kv_with("\"1h\"", "\"infinity\"")).unwrap();
+        assert_eq!(
+            p.apps()[0].client.on_violation,
+            OnViolation::Ban(TimeSpan::Infinite)
+        );
+        let p = parse(&kv_with(
+            "max_remote_clients = 64",
+            "max_remote_clients = 64\nkeep_serving_after_exit = false",
+        ))
+        .unwrap();
+        assert!(!p.apps()[0].keep_serving_after_exit);
+        assert_eq!(parse("").unwrap(), Policy::default());
+        assert_eq!(parse("# nobody\n").unwrap().apps().len(), 0);
+    }
+
+    #[test]
+    fn missing_ban_duration() {
+        let e = error(
+            &kv_with("ban_duration = \"1h\"\n", ""),
+            16,
+            "app \"kv\" client.on_violation",
+        );
+        assert!(
+            e.ends_with("\"ban\" requires ban_duration (such as \"1h\", or \"infinity\")"),
+            "{e}"
+        );
+        let e = error(
+            &kv_with("\"ban\"", "\"terminate\""),
+            17,
+            "app \"kv\" client.ban_duration",
+        );
+        assert!(e.contains("only used with on_violation = \"ban\""), "{e}");
+        error(
+            &kv_with("\"1h\"", "\"0s\""),
+            17,
+            "app \"kv\" client.ban_duration",
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let e = error(
+            &kv_with("max_queues", "max_cpus = 1\nmax_queues"),
+            9,
+            "app \"kv\" max_cpus",
+        );
+        assert!(e.contains("unknown key"), "{e}");
+        error(
+            &kv_with("wqes_per_second", "burst = 1\nwqes_per_second"),
+            14,
+            "app \"kv\" client.burst",
+        );
+        error(&format!("version = 1\n{KV}"), 1, "version");
+    }
+
+    #[test]
+    fn wrong_types_are_refused() {
+        let e = error(
+            &kv_with("uid = 1000", "uid = \"alice\""),
+            4,
+            "app \"kv\" uid",
+        );
+        assert!(e.contains("invalid type: string \"alice\""), "{e}");
+        error(&kv_with("uid = 1000", "uid = -1"), 4, "app \"kv\" uid");
+        error(
+            &kv_with("max_queues = 16", "max_queues = \"16\""),
+            9,
+            "app \"kv\" max_queues",
+        );
+        error(
+            &kv_with("[\"hash_get\", \"list_find\"]", "\"hash_get\""),
+            6,
+            "app \"kv\" offloads",
+        );
+        error(
+            &kv_with("on_violation = \"ban\"", "on_violation = \"kill\""),
+            16,
+            "app \"kv\" client.on_violation",
+        );
+        error(
+            &kv_with(
+                "max_remote_clients = 64",
+                "max_remote_clients = 64\nkeep_serving_after_exit = \"yes\"",
+            ),
+            11,
+            "app \"kv\" keep_serving_after_exit",
+        );
+    }
+
+    #[test]
+    fn bad_units_are_refused() {
+        let e = error(&kv_with("\"1G\"", "\"1GB\""), 8, "app \"kv\" max_pinned");
+        assert!(e.contains("invalid size \"1GB\": ambiguous unit"), "{e}");
+        let e = error(
+            &kv_with("\"2M\"", "\"2Mi\""),
+            14,
+            "app \"kv\" client.wqes_per_second",
+        );
+        assert!(e.contains("invalid WQE rate \"2Mi\""), "{e}");
+        let e = error(
+            &kv_with("1000000", "0"),
+            13,
+            "app \"kv\" client.rate_limit_kbps",
+        );
+        assert!(e.contains("write \"infinity\" for no limit"), "{e}");
+        let e = error(
+            &kv_with("\"1d\"", "\"1 fortnight\""),
+            18,
+            "app \"kv\" client.token_lifetime",
+        );
+        assert!(e.contains("invalid duration \"1 fortnight\""), "{e}");
+        error(
+            &kv_with("\"1d\"", "\"0s\""),
+            18,
+            "app \"kv\" client.token_lifetime",
+        );
+    }
+
+    #[test]
+    fn ranges_are_checked() {
+        for (from, to, line, key) in [
+            (
+                "max_regions = 4",
+                "max_regions = 0",
+                7,
+                "app \"kv\" max_regions",
+            ),
+            (
+                "max_queues = 16",
+                "max_queues = 0",
+                9,
+                "app \"kv\" max_queues",
+            ),
+            ("\"1G\"", "0", 8, "app \"kv\" max_pinned"),
+            (
+                "wqes_per_invocation = 64",
+                "wqes_per_invocation = 0",
+                15,
+                "app \"kv\" client.wqes_per_invocation",
+            ),
+            (
+                "max_queues = 16",
+                "max_queues = 4294967296",
+                9,
+                "app \"kv\" max_queues",
+            ),
+            ("uid = 1000", "uid = 4294967295", 4, "app \"kv\" uid"),
+        ] {
+            error(&kv_with(from, to), line, key);
+        }
+    }
+
+    #[test]
+    fn duplicate_apps_are_refused() {
+        let other = KV.replace("uid = 1000", "uid = 1001");
+        let e = error(&format!("{KV}{other}"), 21, "app \"kv\" name");
+        assert!(
+            e.ends_with("the name \"kv\" is already used by another app (line 2)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn duplicate_offloads_are_refused() {
+        let e = error(
+            &kv_with("\"list_find\"]", "\"hash_get\"]"),
+            6,
+            "app \"kv\" offloads[1]",
+        );
+        assert!(e.contains("\"hash_get\" is listed twice"), "{e}");
+    }
+
+    #[test]
+    fn an_app_needs_a_matcher() {
+        let e = error(
+            &kv_with("uid = 1000\nexe = \"/usr/bin/kvstore\"\n", ""),
+            2,
+            "app \"kv\"",
+        );
+        assert!(
+            e.contains("no matcher: give at least one of uid, gid, exe or cgroup"),
+            "{e}"
+        );
+        assert!(e.contains("every local process"), "{e}");
+    }
+
+    #[test]
+    fn bad_names_and_paths_are_refused() {
+        error(
+            &kv_with("name = \"kv\"", "name = \"k v\""),
+            3,
+            "app \"k v\" name",
+        );
+        error(&kv_with("name = \"kv\"", "name = \"\""), 3, "app \"\" name");
+        error(&kv_with("name = \"kv\"", "name = 7"), 3, "app[0].name");
+        let e = error(
+            &kv_with("\"list_find\"", "\"../etc\""),
+            6,
+            "app \"kv\" offloads",
+        );
+        assert!(e.contains("invalid name \"../etc\""), "{e}");
+        let e = error(&kv_with("/usr/bin/kvstore", "kvstore"), 5, "app \"kv\" exe");
+        assert!(e.contains("invalid path \"kvstore\""), "{e}");
+        error(
+            &kv_with("/usr/bin/kvstore", "/usr/bin/../bin/kvstore"),
+            5,
+            "app \"kv\" exe",
+        );
+        error(
+            &kv_with("uid = 1000", "cgroup = \"/system.slice/\""),
+            4,
+            "app \"kv\" cgroup",
+        );
+        let p = parse(&kv_with("uid = 1000", "cgroup = \"/\"")).unwrap();
+        assert_eq!(p.apps()[0].matchers.cgroup.as_deref(), Some("/"));
+    }
+
+    #[test]
+    fn missing_required_keys_are_named() {
+        let e = error(
+            &kv_with("max_queues = 16\n", ""),
+            2,
+            "app \"kv\" max_queues",
+        );
+        assert!(e.contains("required"), "{e}");
+        let e = error(
+            &kv_with("wqes_per_invocation = 64\n", ""),
+            12,
+            "app \"kv\" client.wqes_per_invocation",
+        );
+        assert!(e.contains("required"), "{e}");
+    }
+
+    #[test]
+    fn oversize_files_are_refused() {
+        let dir = std::env::temp_dir().join(format!("redn-policy-policy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("policy.toml");
+        let mut text = KV.to_owned();
+        while text.len() as u64 <= crate::MAX_FILE_BYTES {
+            text.push_str("# padding padding padding padding padding padding padding padding\n");
+        }
+        std::fs::write(&path, &text).unwrap();
+        let e = load_policy(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("policy.toml: larger than the 1048576-byte limit"),
+            "{e}"
+        );
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(e.starts_with("policy.toml: larger than"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn shipped_example_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../etc/redn/policy.toml");
+        let p = load_policy(&path).unwrap();
+        assert!(p.apps().len() >= 2, "{p:?}");
+        for app in p.apps() {
+            assert!(!app.matchers.is_empty());
+        }
+    }
+}
