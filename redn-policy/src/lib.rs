@@ -11,10 +11,9 @@
 //!   specific rule wins) and the [`Token`] remote clients present;
 //! - [`units`]: sizes (`"64M"`, base 1024 like systemd), durations (`"5min"`, `"infinity"`)
 //!   and rates;
+//! - [`verifier`]: the offload verifier ([`verify`]): admits a program for a client only if
+//!   every WQE stays inside the client's grants, and says why not in a verifier log;
 //! - [`error`]: the crate's one [`Error`] type.
-//!
-//! The offload definition files and the verifier are still to come (see
-//! `docs/architecture.md`).
 //!
 //! # Loading files
 //!
@@ -81,6 +80,7 @@ pub mod identity;
 pub mod policy;
 mod source;
 pub mod units;
+pub mod verifier;
 
 pub use config::{
     load_manager_config, parse_manager_config, AuditConfig, Backend, Dataplane, DeviceSelector,
@@ -90,6 +90,7 @@ pub use error::{Error, Location, Result};
 pub use identity::{Matchers, PeerIdentity, Specificity, Token};
 pub use policy::{load_policy, parse_policy, AppRule, ClientLimits, OnViolation, Policy, Quota};
 pub use units::{ByteSize, KbitRate, TimeSpan, WqeRate};
+pub use verifier::{verify, Finding, Grants, RegionGrant, Report, Rule};
 
 /// Largest configuration file accepted, in bytes (1 MiB). Larger files are refused before
 /// they are parsed.

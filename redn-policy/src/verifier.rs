@@ -1,0 +1,834 @@
+//! The offload verifier, modelled on the eBPF verifier: an offload program is admitted for a
+//! client only if every WQE provably stays inside what the client was granted.
+//!
+//! RedN's own instructions ask users to turn off the NIC's WQE checks; this pass is what makes
+//! self-modifying chains safe to run for several tenants. It checks, statically:
+//!
+//! - **structure**: every WAIT / SEND_EN / RECV_EN and every entry names a queue of the
+//!   program (no queue or CQ it does not own), enables only managed queues, and every WQE can
+//!   be enabled (none unreachable);
+//! - **each WQE**: its opcode is on the allow-list (no UMR, LOCAL_INVAL, CONFIG_CMD, ...);
+//!   every key names a region granted to the client with the right the opcode needs, on the
+//!   right side of the connection; every static address range lies inside its region; atomic
+//!   targets are 8-byte aligned;
+//! - **self-modification**: every write into a WQE (receive scatter, READ scatter, CAS, atomic
+//!   result, WRITE) lands inside a declared patch point of that source; no patch point covers
+//!   a key, a QP or CQ number, the ds or flag bytes, reserved bytes or an opcode — except the
+//!   operand bytes of a conditional WQE and a CAS whose swap is a static control image of an
+//!   allowed opcode with the queue's real numbers (RedN's `if`, `else`, `break`);
+//! - **bounds**: queue count and ring sizes within limits; the WQEs one invocation runs
+//!   within the per-invocation budget, or the loop declared recycled and given a budget that
+//!   the manager's auditor enforces at run time.
+//!
+//! Addresses a trigger patches at run time (a bucket address, say) cannot be checked here;
+//! the keys can, and the NIC checks every access against them (the softnic does, ConnectX
+//! does), so a bad address ends in a protection error, never in memory outside the grant.
+//!
+//! Findings are data ([`Finding`]) and render one per line like the eBPF verifier's log,
+//! followed by a stats line; the log is never truncated.
+
+use redn_sys::program::{
+    Addr, Form, Iterations, Op, Operand, PatchSource, Program, QueueRole, RegionRole, Sge, Slots,
+};
+use redn_sys::wqe::{off, Opcode, SEG_SIZE};
+use redn_sys::Access;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+/// What a client may use: the regions bound for it and the limits of its policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grants {
+    /// Regions by the name the program binds, with the rights granted and their length.
+    pub regions: BTreeMap<String, RegionGrant>,
+    /// Most WQEs one invocation may run.
+    pub max_wqes_per_invocation: u32,
+    /// Largest send ring, in 64-byte BBs.
+    pub max_ring_bbs: u32,
+    /// Largest receive ring, in slots.
+    pub max_rq_slots: u32,
+    /// Most queues per offload instance.
+    pub max_queues: usize,
+    /// WQEs per second a recycled loop may run, enforced by the auditor; `None` refuses
+    /// recycled loops.
+    pub loop_budget: Option<u64>,
+}
+
+/// One granted region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionGrant {
+    /// Rights granted.
+    pub access: Access,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl Grants {
+    /// Limits with no regions, suitable defaults for tests: 64 WQEs per invocation, 64 Ki-BB
+    /// rings, 8 queues, no loops.
+    pub fn new() -> Grants {
+        Grants {
+            regions: BTreeMap::new(),
+            max_wqes_per_invocation: 64,
+            max_ring_bbs: 1 << 16,
+            max_rq_slots: 1 << 16,
+            max_queues: 8,
+            loop_budget: None,
+        }
+    }
+
+    /// Grant `name` with `access` over `len` bytes.
+    pub fn with_region(mut self, name: &str, access: Access, len: u64) -> Grants {
+        self.regions.insert(name.into(), RegionGrant { access, len });
+        self
+    }
+}
+
+impl Default for Grants {
+    fn default() -> Self {
+        Grants::new()
+    }
+}
+
+/// The verifier's rules. [`Rule::id`] is what the log shows and tests match.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Rule {
+    /// A WAIT, ENABLE, entry or patch names a queue, WQE or parameter the program lacks.
+    UnknownName,
+    /// SEND_EN of a queue that is not managed (or RECV_EN of one whose receives are not).
+    EnableUnmanaged,
+    /// A WQE no enable or doorbell ever reaches.
+    Unreachable,
+    /// An opcode outside the allow-list.
+    Opcode,
+    /// A key names a region not granted to the client.
+    KeyNotGranted,
+    /// A granted region lacks the right the opcode needs.
+    MissingRight,
+    /// A static address range is not inside its region.
+    OutOfRegion,
+    /// A region used from the wrong side: app memory through the client's connection, the
+    /// client's buffer as local memory, or a read or atomic aimed at the client.
+    WrongSide,
+    /// An atomic target not 8-byte aligned.
+    Misaligned,
+    /// A write into a WQE outside every patch point declared for its source.
+    UndeclaredPatch,
+    /// A patch point covers a key, a QP/CQ number, ds, flags, reserved bytes or an opcode.
+    ProtectedField,
+    /// A CAS on a control word whose swap is not a static image of an allowed opcode with
+    /// real numbers, or whose compare may be patched outside the operand bytes.
+    UnsafeSwap,
+    /// A control image that changes a WQE's size (ds) in a way it cannot hold.
+    BadDs,
+    /// More WQEs per invocation than the policy allows, or more than declared.
+    WqeBudget,
+    /// A recycled loop without a run-time budget.
+    UnboundedLoop,
+    /// A ring, receive queue or queue count over the limits.
+    Size,
+}
+
+impl Rule {
+    /// Short stable id.
+    pub fn id(self) -> &'static str {
+        match self {
+            Rule::UnknownName => "unknown-name",
+            Rule::EnableUnmanaged => "enable-unmanaged",
+            Rule::Unreachable => "unreachable",
+            Rule::Opcode => "opcode",
+            Rule::KeyNotGranted => "key-not-granted",
+            Rule::MissingRight => "missing-right",
+            Rule::OutOfRegion => "out-of-region",
+            Rule::WrongSide => "wrong-side",
+            Rule::Misaligned => "misaligned",
+            Rule::UndeclaredPatch => "undeclared-patch",
+            Rule::ProtectedField => "protected-field",
+            Rule::UnsafeSwap => "unsafe-swap",
+            Rule::BadDs => "bad-ds",
+            Rule::WqeBudget => "wqe-budget",
+            Rule::UnboundedLoop => "unbounded-loop",
+            Rule::Size => "size",
+        }
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.id())
+    }
+}
+
+/// One reason to refuse a program.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    /// The queue, when the finding is about one.
+    pub queue: Option<String>,
+    /// The WQE: its index (BB position) and label.
+    pub wqe: Option<(u64, String)>,
+    /// The field ("opcode", "rkey", "sgl[1]", "bytes 24..28", ...).
+    pub field: String,
+    /// The rule broken.
+    pub rule: Rule,
+    /// What exactly.
+    pub detail: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(q) = &self.queue {
+            write!(f, "queue {q}: ")?;
+        }
+        if let Some((i, l)) = &self.wqe {
+            write!(f, "wqe {i} ({l}): ")?;
+        }
+        write!(f, "{}: {}: {}", self.field, self.rule, self.detail)
+    }
+}
+
+/// Counts for the stats line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// WQEs checked.
+    pub wqes: usize,
+    /// The per-invocation limit.
+    pub limit: u32,
+    /// Queues.
+    pub queues: usize,
+    /// Patch points.
+    pub patch_points: usize,
+    /// Recycled loops.
+    pub loops: usize,
+}
+
+/// The verifier's verdict.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// The program's name.
+    pub program: String,
+    /// Every reason to refuse it (empty: accepted).
+    pub findings: Vec<Finding>,
+    /// What was checked.
+    pub stats: Stats,
+}
+
+impl Report {
+    /// True if the program may be installed.
+    pub fn accepted(&self) -> bool {
+        self.findings.is_empty()
+    }
+
+    /// True if some finding broke `rule`.
+    pub fn broke(&self, rule: Rule) -> bool {
+        self.findings.iter().any(|f| f.rule == rule)
+    }
+
+    /// The verifier log: one line per finding, then the verdict and the stats line.
+    pub fn log(&self) -> String {
+        let mut s = String::new();
+        for f in &self.findings {
+            s.push_str(&f.to_string());
+            s.push('\n');
+        }
+        s.push_str(&format!(
+            "{}: {}\nchecked {} wqes (limit {}) queues {} patch_points {} loops {}\n",
+            self.program,
+            if self.accepted() {
+                "accepted".to_string()
+            } else {
+                format!("refused ({} findings)", self.findings.len())
+            },
+            self.stats.wqes,
+            self.stats.limit,
+            self.stats.queues,
+            self.stats.patch_points,
+            self.stats.loops
+        ));
+        s
+    }
+}
+
+/// Opcodes a program may contain.
+pub const ALLOWED_OPCODES: [Opcode; 12] = [
+    Opcode::Nop,
+    Opcode::RdmaWrite,
+    Opcode::RdmaWriteImm,
+    Opcode::Send,
+    Opcode::SendImm,
+    Opcode::RdmaRead,
+    Opcode::AtomicCs,
+    Opcode::AtomicFa,
+    Opcode::AtomicMaskedCs,
+    Opcode::Wait,
+    Opcode::SendEn,
+    Opcode::RecvEn,
+];
+
+fn allowed(opcode: u8) -> bool {
+    ALLOWED_OPCODES.iter().any(|o| *o as u8 == opcode)
+}
+
+/// Where each WQE sits: label -> (queue index, BB index, queue name).
+struct Index<'p> {
+    p: &'p Program,
+    at: HashMap<&'p str, (usize, u64)>,
+}
+
+impl<'p> Index<'p> {
+    fn new(p: &'p Program) -> Index<'p> {
+        let mut at = HashMap::new();
+        for (qi, q) in p.queues.iter().enumerate() {
+            let mut pos = 0;
+            for w in &q.wqes {
+                at.insert(w.label.as_str(), (qi, pos));
+                pos += w.op.bbs();
+            }
+        }
+        Index { p, at }
+    }
+
+    fn wqe(&self, label: &str) -> Option<(usize, u64, &'p redn_sys::program::Wqe)> {
+        let &(qi, pos) = self.at.get(label)?;
+        let w = self.p.queues[qi].wqes.iter().find(|w| w.label == label)?;
+        Some((qi, pos, w))
+    }
+}
+
+struct Checker<'a> {
+    p: &'a Program,
+    g: &'a Grants,
+    idx: Index<'a>,
+    out: Vec<Finding>,
+}
+
+/// Byte ranges of a WQE that nothing but the installer may write, with their names.
+fn protected(op: &Op) -> Vec<(u32, u32, &'static str)> {
+    let mut v = vec![
+        (3, 4, "opcode"),
+        (7, 8, "ds"),
+        (8, 12, "signature and flags"),
+        (0, 3, "opmod and index"),
+        (4, 7, "QPN"),
+    ];
+    let ds = u32::from(op.ds());
+    match op {
+        Op::Write { .. } | Op::Read { .. } | Op::Cas { .. } | Op::MaskedCas { .. } | Op::Faa { .. } => {
+            v.push((24, 28, "rkey"));
+            v.push((28, 32, "reserved"));
+        }
+        Op::Wait { .. } | Op::SendEn { .. } | Op::RecvEn { .. } => {
+            v.push((16, 24, "reserved"));
+            v.push((28, 32, "object number (QP/CQ)"));
+        }
+        _ => {}
+    }
+    let first_data = match op {
+        Op::Write { .. } | Op::Read { .. } => Some(2),
+        Op::Cas { result: Some(_), .. } | Op::Faa { result: Some(_), .. } => Some(3),
+        _ => None,
+    };
+    if let Some(first) = first_data {
+        for s in first..ds {
+            let b = s * SEG_SIZE as u32;
+            v.push((b + 4, b + 8, "lkey"));
+        }
+    }
+    v.push((ds * SEG_SIZE as u32, op.bbs() as u32 * 64, "padding"));
+    v
+}
+
+fn overlap(a: (u32, u32), b: (u32, u32)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+impl<'a> Checker<'a> {
+    fn find(&mut self, queue: Option<&str>, wqe: Option<(u64, &str)>, field: &str, rule: Rule, detail: String) {
+        self.out.push(Finding {
+            queue: queue.map(str::to_string),
+            wqe: wqe.map(|(i, l)| (i, l.to_string())),
+            field: field.into(),
+            rule,
+            detail,
+        });
+    }
+
+    fn queue_exists(&self, name: &str) -> Option<&'a redn_sys::program::Queue> {
+        self.p.queues.iter().find(|q| q.name == name)
+    }
+
+    fn structure(&mut self) {
+        let p = self.p;
+        if p.queues.len() > self.g.max_queues {
+            self.find(None, None, "queues", Rule::Size, format!("{} queues, the limit is {}", p.queues.len(), self.g.max_queues));
+        }
+        let mut reach: HashMap<&str, u64> = HashMap::new();
+        let mut recycled: Vec<&str> = Vec::new();
+        for (name, count) in &p.entry {
+            match self.queue_exists(name) {
+                None => self.find(Some(name), None, "entry", Rule::UnknownName, format!("entry enables unknown queue {name:?}")),
+                Some(_) => {
+                    let e = reach.entry(name).or_default();
+                    *e = (*e).max(u64::from(*count));
+                }
+            }
+        }
+        for (name, _) in &p.recv_entry {
+            match self.queue_exists(name) {
+                None => self.find(Some(name), None, "recv entry", Rule::UnknownName, format!("entry enables receives of unknown queue {name:?}")),
+                Some(q) if !q.managed_recv => self.find(Some(name), None, "recv entry", Rule::EnableUnmanaged, "receive queue is not managed".into()),
+                Some(_) => {}
+            }
+        }
+        let patched_counts: Vec<&str> = p
+            .patches
+            .iter()
+            .filter(|pp| matches!(pp.source, PatchSource::AtomicResult { .. }) && pp.byte <= off::WAIT_PI as u32 && pp.byte + pp.len > off::WAIT_PI as u32)
+            .map(|pp| pp.label.as_str())
+            .collect();
+        for q in &p.queues {
+            let mut pos = 0;
+            for w in &q.wqes {
+                let here = Some((pos, w.label.as_str()));
+                match &w.op {
+                    Op::Wait { queue, .. } if self.queue_exists(queue).is_none() => {
+                        self.find(Some(&q.name), here, "wait.cq", Rule::UnknownName, format!("WAIT on the CQ of {queue:?}, which this offload does not own"));
+                    }
+                    Op::SendEn { queue, count } | Op::RecvEn { queue, count } => {
+                        let recv = matches!(w.op, Op::RecvEn { .. });
+                        match self.queue_exists(queue) {
+                            None => self.find(Some(&q.name), here, "enable.queue", Rule::UnknownName, format!("enables {queue:?}, which this offload does not own")),
+                            Some(t) if !recv && !t.managed_send => self.find(Some(&q.name), here, "enable.queue", Rule::EnableUnmanaged, format!("SEND_EN of {queue:?}, whose send queue is not managed")),
+                            Some(t) if recv && !t.managed_recv => self.find(Some(&q.name), here, "enable.queue", Rule::EnableUnmanaged, format!("RECV_EN of {queue:?}, whose receive queue is not managed")),
+                            Some(t) if !recv => {
+                                if patched_counts.contains(&w.label.as_str()) {
+                                    recycled.push(t.name.as_str());
+                                }
+                                let e = reach.entry(t.name.as_str()).or_default();
+                                *e = (*e).max(u64::from(*count));
+                            }
+                            Some(_) => {}
+                        }
+                    }
+                    _ => {}
+                }
+                pos += w.op.bbs();
+            }
+        }
+        for q in &p.queues {
+            if recycled.contains(&q.name.as_str()) {
+                continue;
+            }
+            let limit = reach.get(q.name.as_str()).copied().unwrap_or(0);
+            let mut pos = 0;
+            for w in &q.wqes {
+                if pos + w.op.bbs() > limit {
+                    self.find(Some(&q.name), Some((pos, &w.label)), "position", Rule::Unreachable, format!("no enable or doorbell reaches index {pos} (they reach {limit})"));
+                    break;
+                }
+                pos += w.op.bbs();
+            }
+        }
+    }
+
+    fn sizes_and_budget(&mut self) {
+        let p = self.p;
+        for q in &p.queues {
+            if q.sq_bbs > self.g.max_ring_bbs {
+                self.find(Some(&q.name), None, "ring", Rule::Size, format!("{} BBs, the limit is {}", q.sq_bbs, self.g.max_ring_bbs));
+            }
+            if q.rq_slots > self.g.max_rq_slots {
+                self.find(Some(&q.name), None, "receive ring", Rule::Size, format!("{} slots, the limit is {}", q.rq_slots, self.g.max_rq_slots));
+            }
+        }
+        let total: u64 = p.queues.iter().map(|q| q.wqes.len() as u64).sum();
+        match p.iterations {
+            Iterations::Bounded { invocations, wqes_per_invocation } => {
+                let per = total.div_ceil(u64::from(invocations.max(1)));
+                if per > u64::from(wqes_per_invocation) {
+                    self.find(None, None, "iterations", Rule::WqeBudget, format!("declares {wqes_per_invocation} WQEs per invocation but holds {total} for {invocations} invocations"));
+                }
+                if wqes_per_invocation > self.g.max_wqes_per_invocation {
+                    self.find(None, None, "iterations", Rule::WqeBudget, format!("{wqes_per_invocation} WQEs per invocation, the limit is {}", self.g.max_wqes_per_invocation));
+                }
+            }
+            Iterations::Recycled { wqes_per_round } => {
+                if self.g.loop_budget.is_none() {
+                    self.find(None, None, "iterations", Rule::UnboundedLoop, format!("recycled loop ({wqes_per_round} WQEs a round) but the policy gives no loop budget"));
+                }
+                if u64::from(wqes_per_round) < total {
+                    self.find(None, None, "iterations", Rule::WqeBudget, format!("declares {wqes_per_round} WQEs per round but holds {total}"));
+                }
+            }
+        }
+    }
+
+    /// Check one address range used by `q`'s WQE; `remote` for the remote side of an op.
+    #[allow(clippy::too_many_arguments)]
+    fn range(&mut self, q: &redn_sys::program::Queue, here: (u64, &str), field: &str, a: &Addr, len: u64, need: Access, remote: bool) {
+        let qn = Some(q.name.as_str());
+        match a {
+            Addr::Region { region, offset } => {
+                let decl = self.p.regions.iter().find(|r| &r.name == region);
+                let is_response = matches!(decl.map(|d| &d.role), Some(RegionRole::Response));
+                if decl.is_none() {
+                    self.find(qn, Some(here), field, Rule::UnknownName, format!("region {region:?} is not declared by the program"));
+                    return;
+                }
+                // Which side may name which region.
+                if remote && q.role == QueueRole::Client && !is_response {
+                    self.find(qn, Some(here), field, Rule::WrongSide, format!("region {region:?} is app memory, but this queue's peer is the client"));
+                    return;
+                }
+                if is_response && !(remote && q.role == QueueRole::Client) {
+                    self.find(qn, Some(here), field, Rule::WrongSide, format!("region {region:?} is the client's buffer: only the client-facing queue may write it"));
+                    return;
+                }
+                let Some(grant) = self.g.regions.get(region) else {
+                    self.find(qn, Some(here), field, Rule::KeyNotGranted, format!("region {region:?} is not granted to this client"));
+                    return;
+                };
+                if !grant.access.contains(need) {
+                    self.find(qn, Some(here), field, Rule::MissingRight, format!("region {region:?} is granted {} but needs {need}", grant.access));
+                }
+                if offset.checked_add(len).map_or(true, |end| end > grant.len) {
+                    self.find(qn, Some(here), field, Rule::OutOfRegion, format!("{region}+{offset}..+{len} is outside the {}-byte region", grant.len));
+                }
+            }
+            Addr::Static { name, offset } => match self.p.statics.iter().find(|s| &s.name == name) {
+                None => self.find(qn, Some(here), field, Rule::UnknownName, format!("static block {name:?} does not exist")),
+                Some(s) if offset.checked_add(len).map_or(true, |e| e > s.bytes.len() as u64) => {
+                    self.find(qn, Some(here), field, Rule::OutOfRegion, format!("static {name}+{offset}..+{len} is outside its {} bytes", s.bytes.len()));
+                }
+                Some(_) if remote && q.role == QueueRole::Client => {
+                    self.find(qn, Some(here), field, Rule::WrongSide, "the code region is not reachable through the client's connection".into());
+                }
+                Some(_) => {}
+            },
+            Addr::Wqe { label, byte } => match self.idx.wqe(label) {
+                None => self.find(qn, Some(here), field, Rule::UnknownName, format!("WQE {label:?} does not exist")),
+                Some((_, _, w)) => {
+                    if u64::from(*byte) + len > w.op.bbs() * 64 {
+                        self.find(qn, Some(here), field, Rule::OutOfRegion, format!("{label}@{byte}..+{len} is outside that WQE"));
+                    }
+                    if remote && q.role == QueueRole::Client {
+                        self.find(qn, Some(here), field, Rule::WrongSide, "the code region is not reachable through the client's connection".into());
+                    }
+                }
+            },
+        }
+    }
+
+    /// A write of `len` bytes at `a` by `source`: if it lands in a WQE, it must be inside a
+    /// declared patch point of that source.
+    fn code_write(&mut self, qn: &str, here: Option<(u64, &str)>, field: &str, a: &Addr, len: u32, source: &PatchSource) {
+        let Addr::Wqe { label, byte } = a else { return };
+        let (b, e) = (*byte, *byte + len);
+        // The write may be covered by several adjacent patch points of the same source.
+        let mut covered = vec![false; len as usize];
+        for pp in self.p.patches.iter().filter(|pp| &pp.label == label && &pp.source == source) {
+            for (i, c) in covered.iter_mut().enumerate() {
+                let at = b + i as u32;
+                if at >= pp.byte && at < pp.byte + pp.len {
+                    *c = true;
+                }
+            }
+        }
+        if covered.iter().any(|c| !c) {
+            self.find(Some(qn), here, field, Rule::UndeclaredPatch, format!("writes {label}@{b}..{e} outside every patch point declared for {}", source_name(source)));
+        }
+    }
+
+    fn ctrl_operand_ok(&mut self, qn: &str, here: (u64, &str), field: &str, o: &Operand, target: &str, what: &str) {
+        let Some((_, _, t)) = self.idx.wqe(target) else { return };
+        match o {
+            Operand::Lit(_) => self.find(Some(qn), Some(here), field, Rule::UnsafeSwap, format!("{what} of a control word must be a control image, not a literal")),
+            Operand::Ctrl { label, form, slots, ds } => {
+                if label != target {
+                    self.find(Some(qn), Some(here), field, Rule::UnsafeSwap, format!("{what} is the image of {label:?}, not of the target {target:?}"));
+                }
+                if *form == Form::Active && !allowed(t.op.opcode_byte()) {
+                    self.find(Some(qn), Some(here), field, Rule::UnsafeSwap, format!("{what} installs opcode {:#04x}, which is not allowed", t.op.opcode_byte()));
+                }
+                if what == "swap" && *form == Form::Active && *slots != Slots::Real {
+                    self.find(Some(qn), Some(here), field, Rule::UnsafeSwap, format!("swap installs an active {} with an operand in its QPN and index bytes instead of the queue's own", t.op.opcode().name()));
+                }
+                if let Some(d) = ds {
+                    let own = t.op.ds();
+                    let min = if *form == Form::Active { min_ds(&t.op) } else { 1 };
+                    if *d > own || *d < min {
+                        self.find(Some(qn), Some(here), field, Rule::BadDs, format!("{what} sets ds {d}; {target:?} holds {own} segments and its opcode needs at least {min}"));
+                    }
+                }
+            }
+        }
+    }
+
+    fn wqes(&mut self) {
+        let p = self.p;
+        for q in &p.queues {
+            let qn = q.name.as_str();
+            let mut pos = 0u64;
+            for w in &q.wqes {
+                let here = (pos, w.label.as_str());
+                let byte = w.op.opcode_byte();
+                if !allowed(byte) {
+                    self.find(Some(qn), Some(here), "opcode", Rule::Opcode, format!("opcode {byte:#04x} is not on the allow-list"));
+                }
+                let src = |l: &str| l.to_string();
+                match &w.op {
+                    Op::Write { remote, sgl, .. } => {
+                        let len: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
+                        self.range(q, here, "raddr", remote, len, Access::REMOTE_WRITE, true);
+                        if let Addr::Wqe { .. } = remote {
+                            self.code_write(qn, Some(here), "raddr", remote, len as u32, &PatchSource::Write { label: src(&w.label) });
+                        }
+                        for (i, s) in sgl.iter().enumerate() {
+                            self.range(q, here, &format!("sgl[{i}]"), &s.addr, u64::from(s.len), Access::NONE, false);
+                        }
+                    }
+                    Op::Read { remote, sgl } => {
+                        let len: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
+                        if q.role == QueueRole::Client {
+                            self.find(Some(qn), Some(here), "opcode", Rule::WrongSide, "READ through the client's connection would read the client's memory".into());
+                        }
+                        self.range(q, here, "raddr", remote, len, Access::REMOTE_READ, true);
+                        for (i, s) in sgl.iter().enumerate() {
+                            self.local_write(q, here, &format!("sgl[{i}]"), s, PatchSource::Read { label: src(&w.label) });
+                        }
+                    }
+                    Op::Cas { remote, compare, swap, result } => {
+                        self.atomic_common(q, here, remote, result.as_ref(), &w.label);
+                        if let Addr::Wqe { label, byte } = remote {
+                            self.code_write(qn, Some(here), "raddr", remote, 8, &PatchSource::Cas { label: src(&w.label) });
+                            if *byte == 0 {
+                                self.ctrl_operand_ok(qn, here, "swap", swap, label, "swap");
+                                self.ctrl_operand_ok(qn, here, "compare", compare, label, "compare");
+                            }
+                        }
+                    }
+                    Op::MaskedCas { remote, compare, swap, .. } => {
+                        self.atomic_common(q, here, remote, None, &w.label);
+                        if let Addr::Wqe { label, byte } = remote {
+                            self.code_write(qn, Some(here), "raddr", remote, 8, &PatchSource::Cas { label: src(&w.label) });
+                            if *byte == 0 {
+                                self.ctrl_operand_ok(qn, here, "swap", swap, label, "swap");
+                                self.ctrl_operand_ok(qn, here, "compare", compare, label, "compare");
+                            }
+                        }
+                    }
+                    Op::Faa { remote, result, .. } => {
+                        if let Addr::Wqe { .. } = remote {
+                            self.find(Some(qn), Some(here), "raddr", Rule::ProtectedField, "FETCH_ADD aimed at a WQE (WQE fields are big-endian; use a counter and land its old value)".into());
+                        }
+                        self.atomic_common(q, here, remote, result.as_ref(), &w.label);
+                    }
+                    Op::Nop | Op::Wait { .. } | Op::SendEn { .. } | Op::RecvEn { .. } | Op::Other { .. } => {}
+                }
+                pos += w.op.bbs();
+            }
+            // Receives: their scatter lists write what the client sends.
+            for (i, r) in q.recvs.iter().enumerate() {
+                let field = format!("recv[{i}]");
+                let mut at = 0u32;
+                for s in &r.sgl {
+                    let param = self.p.params.iter().find(|pr| pr.offset <= at && at < pr.offset + pr.len).map(|pr| pr.name.clone());
+                    match (&s.addr, param) {
+                        (Addr::Wqe { .. }, Some(param)) => self.code_write(qn, None, &field, &s.addr, s.len, &PatchSource::Trigger { param }),
+                        (Addr::Wqe { label, byte }, None) => self.find(Some(qn), None, &field, Rule::UndeclaredPatch, format!("trigger bytes {at}.. land in {label}@{byte} but no parameter covers them")),
+                        (Addr::Region { .. }, _) => self.range(q, (0, "receive"), &field, &s.addr, u64::from(s.len), Access::LOCAL_WRITE, false),
+                        (Addr::Static { .. }, _) => self.range(q, (0, "receive"), &field, &s.addr, u64::from(s.len), Access::NONE, false),
+                    }
+                    at += s.len;
+                }
+            }
+        }
+    }
+
+    fn local_write(&mut self, q: &redn_sys::program::Queue, here: (u64, &str), field: &str, s: &Sge, source: PatchSource) {
+        match &s.addr {
+            Addr::Wqe { .. } => {
+                self.range(q, here, field, &s.addr, u64::from(s.len), Access::NONE, false);
+                self.code_write(&q.name, Some(here), field, &s.addr, s.len, &source);
+            }
+            _ => self.range(q, here, field, &s.addr, u64::from(s.len), Access::LOCAL_WRITE, false),
+        }
+    }
+
+    fn atomic_common(&mut self, q: &redn_sys::program::Queue, here: (u64, &str), remote: &Addr, result: Option<&Sge>, label: &str) {
+        if q.role == QueueRole::Client {
+            self.find(Some(&q.name), Some(here), "opcode", Rule::WrongSide, "atomic through the client's connection would act on the client's memory".into());
+        }
+        self.range(q, here, "raddr", remote, 8, Access::REMOTE_ATOMIC, true);
+        let misaligned = match remote {
+            Addr::Region { offset, .. } | Addr::Static { offset, .. } => offset % 8 != 0,
+            Addr::Wqe { byte, .. } => byte % 8 != 0,
+        };
+        if misaligned {
+            self.find(Some(&q.name), Some(here), "raddr", Rule::Misaligned, "atomic target is not 8-byte aligned".into());
+        }
+        if let Some(r) = result {
+            self.local_write(q, here, "result", r, PatchSource::AtomicResult { label: label.into() });
+        }
+    }
+
+    /// Patch points: sources exist and are of the right kind; no protected bytes.
+    fn patch_points(&mut self) {
+        let p = self.p;
+        let cas_targets: Vec<&str> = p
+            .queues
+            .iter()
+            .flat_map(|q| &q.wqes)
+            .filter_map(|w| match &w.op {
+                Op::Cas { remote: Addr::Wqe { label, byte: 0 }, .. }
+                | Op::MaskedCas { remote: Addr::Wqe { label, byte: 0 }, .. } => Some(label.as_str()),
+                _ => None,
+            })
+            .collect();
+        for pp in &p.patches {
+            let Some((qi, pos, w)) = self.idx.wqe(&pp.label) else {
+                self.find(None, None, "patch", Rule::UnknownName, format!("patch point on unknown WQE {:?}", pp.label));
+                continue;
+            };
+            let qn = p.queues[qi].name.clone();
+            let here = Some((pos, pp.label.as_str()));
+            let field = format!("bytes {}..{}", pp.byte, pp.byte + pp.len);
+            // The source must exist and be of its kind.
+            let kind_ok = match &pp.source {
+                PatchSource::Trigger { param } => p.params.iter().any(|x| &x.name == param),
+                PatchSource::Read { label } => matches!(self.idx.wqe(label).map(|x| &x.2.op), Some(Op::Read { .. })),
+                PatchSource::Cas { label } => matches!(self.idx.wqe(label).map(|x| &x.2.op), Some(Op::Cas { .. } | Op::MaskedCas { .. })),
+                PatchSource::AtomicResult { label } => matches!(self.idx.wqe(label).map(|x| &x.2.op), Some(Op::Cas { .. } | Op::Faa { .. })),
+                PatchSource::Write { label } => matches!(self.idx.wqe(label).map(|x| &x.2.op), Some(Op::Write { .. })),
+            };
+            if !kind_ok {
+                self.find(Some(&qn), here, &field, Rule::UnknownName, format!("patch source {} does not exist or is not of that kind", source_name(&pp.source)));
+            }
+            let conditional = cas_targets.contains(&pp.label.as_str());
+            for (b, e, name) in protected(&w.op) {
+                if !overlap((pp.byte, pp.byte + pp.len), (b, e)) {
+                    continue;
+                }
+                let ok = match (&pp.source, name) {
+                    // RedN's `if`: a (verified) CAS rewrites the whole control word.
+                    (PatchSource::Cas { .. }, _) if pp.byte == 0 && pp.len == 8 && b < 8 => true,
+                    // A conditional WQE put back in its NOP form from a constant template.
+                    (PatchSource::Write { label }, _)
+                        if conditional && pp.byte == 0 && pp.len == 8 && b < 8 && self.nop_reset(label, w) =>
+                    {
+                        true
+                    }
+                    // The operand bytes of a conditional WQE are data until the CAS decides.
+                    (_, "opmod and index" | "QPN") if conditional => true,
+                    // A FETCH_ADD's big-endian old value fills a count's high, reserved half.
+                    (PatchSource::AtomicResult { .. }, "reserved")
+                        if matches!(w.op, Op::Wait { .. } | Op::SendEn { .. } | Op::RecvEn { .. })
+                            && pp.byte == off::WAIT_PI as u32 - 4
+                            && pp.len == 8 =>
+                    {
+                        true
+                    }
+                    _ => false,
+                };
+                if !ok {
+                    self.find(Some(&qn), here, &field, Rule::ProtectedField, format!("{} may rewrite the {name} (bytes {b}..{e})", source_name(&pp.source)));
+                }
+            }
+            // A CAS on a control word: its compare may be patched only in the operand bytes,
+            // its swap not at all.
+            if let Op::Cas { remote: Addr::Wqe { byte: 0, .. }, .. } | Op::MaskedCas { remote: Addr::Wqe { byte: 0, .. }, .. } = &w.op {
+                let operand_slots = [(41u32, 44u32), (45, 48)];
+                let r = (pp.byte, pp.byte + pp.len);
+                let in_slots = operand_slots.iter().any(|s| r.0 >= s.0 && r.1 <= s.1);
+                if overlap(r, (32, 64)) && !in_slots {
+                    self.find(Some(&qn), here, &field, Rule::UnsafeSwap, format!("{} may rewrite this CAS's swap or the opcode/ds bytes of its compare", source_name(&pp.source)));
+                }
+            }
+        }
+    }
+}
+
+impl Checker<'_> {
+    /// True if WRITE `label` copies, from a static block nothing ever writes, exactly the NOP
+    /// image of `target` (opcode 0, operand bytes 0, its own ds) onto its control word.
+    fn nop_reset(&self, label: &str, target: &redn_sys::program::Wqe) -> bool {
+        let Some((_, _, w)) = self.idx.wqe(label) else { return false };
+        let Op::Write { remote: Addr::Wqe { label: to, byte: 0 }, sgl, imm: None } = &w.op else {
+            return false;
+        };
+        let [Sge { addr: Addr::Static { name, offset }, len: 8 }] = sgl.as_slice() else {
+            return false;
+        };
+        if to != &target.label {
+            return false;
+        }
+        let Some(block) = self.p.statics.iter().find(|b| &b.name == name) else { return false };
+        let at = *offset as usize;
+        let want = [0, 0, 0, 0, 0, 0, 0, target.op.ds()];
+        block.bytes.get(at..at + 8) == Some(&want[..]) && !self.static_written(name)
+    }
+
+    /// True if any WQE or receive may write static block `name`.
+    fn static_written(&self, name: &str) -> bool {
+        let hits = |a: &Addr| matches!(a, Addr::Static { name: n, .. } if n == name);
+        self.p.queues.iter().any(|q| {
+            q.recvs.iter().flat_map(|r| &r.sgl).any(|s| hits(&s.addr))
+                || q.wqes.iter().any(|w| match &w.op {
+                    Op::Write { remote, .. } => hits(remote),
+                    Op::Read { sgl, .. } => sgl.iter().any(|s| hits(&s.addr)),
+                    Op::Cas { remote, result, .. } => {
+                        hits(remote) || result.as_ref().is_some_and(|r| hits(&r.addr))
+                    }
+                    Op::Faa { remote, result, .. } => {
+                        // Counters are FETCH_ADD targets by design; a template never is.
+                        hits(remote) || result.as_ref().is_some_and(|r| hits(&r.addr))
+                    }
+                    Op::MaskedCas { remote, .. } => hits(remote),
+                    _ => false,
+                })
+        })
+    }
+}
+
+fn min_ds(op: &Op) -> u8 {
+    match op {
+        Op::Nop | Op::Other { .. } => 1,
+        Op::Write { .. } | Op::Read { .. } | Op::Wait { .. } | Op::SendEn { .. } | Op::RecvEn { .. } => 2,
+        Op::Cas { .. } | Op::Faa { .. } => 3,
+        Op::MaskedCas { .. } => 4,
+    }
+}
+
+fn source_name(s: &PatchSource) -> String {
+    match s {
+        PatchSource::Trigger { param } => format!("trigger parameter {param:?}"),
+        PatchSource::Read { label } => format!("READ {label:?}"),
+        PatchSource::Cas { label } => format!("CAS {label:?}"),
+        PatchSource::AtomicResult { label } => format!("the result of {label:?}"),
+        PatchSource::Write { label } => format!("WRITE {label:?}"),
+    }
+}
+
+/// Verify `program` for a client with `grants`.
+pub fn verify(program: &Program, grants: &Grants) -> Report {
+    let mut c = Checker {
+        p: program,
+        g: grants,
+        idx: Index::new(program),
+        out: Vec::new(),
+    };
+    c.structure();
+    c.sizes_and_budget();
+    c.wqes();
+    c.patch_points();
+    let loops = usize::from(matches!(program.iterations, Iterations::Recycled { .. }));
+    Report {
+        program: program.name.clone(),
+        findings: c.out,
+        stats: Stats {
+            wqes: program.wqe_count(),
+            limit: grants.max_wqes_per_invocation,
+            queues: program.queues.len(),
+            patch_points: program.patches.len(),
+            loops,
+        },
+    }
+}

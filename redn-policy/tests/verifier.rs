@@ -1,0 +1,284 @@
+//! The verifier: every catalog program is accepted; a hostile corpus is refused, each program
+//! for the rule it breaks.
+
+use redn_policy::{verify, Grants, Rule};
+use redn_sys::program::catalog::{self, HashVariant};
+use redn_sys::program::{
+    Addr, Form, Iterations, Op, Operand, PatchPoint, PatchSource, Program, Recv, RegionDecl,
+    RegionRole, Sge, Slots, Wqe,
+};
+use redn_sys::wqe::WqeFlags;
+use redn_sys::Access;
+
+/// What a client of the catalog is granted.
+fn grants() -> Grants {
+    Grants::new()
+        .with_region("table", Access::REMOTE_READ, 1 << 20)
+        .with_region("list", Access::REMOTE_READ, 1 << 20)
+        .with_region("values", Access::NONE, 1 << 20)
+        .with_region("response", Access::REMOTE_WRITE, 1 << 17)
+}
+
+fn catalog_programs() -> Vec<Program> {
+    vec![
+        catalog::echo(64, 8).unwrap(),
+        catalog::hash_get(HashVariant::Single, 8).unwrap(),
+        catalog::hash_get(HashVariant::Sequential, 8).unwrap(),
+        catalog::hash_get(HashVariant::Parallel, 8).unwrap(),
+        catalog::list_find(8, false, 4).unwrap(),
+        catalog::list_find(8, true, 1).unwrap(),
+        catalog::server_loop().unwrap(),
+    ]
+}
+
+#[test]
+fn every_catalog_program_is_accepted() {
+    let mut g = grants();
+    g.loop_budget = Some(1_000_000);
+    g.max_wqes_per_invocation = 256;
+    for p in catalog_programs() {
+        let r = verify(&p, &g);
+        assert!(r.accepted(), "{}", r.log());
+        assert!(r.log().ends_with(&format!(
+            "checked {} wqes (limit 256) queues {} patch_points {} loops {}\n",
+            p.wqe_count(),
+            p.queues.len(),
+            p.patches.len(),
+            usize::from(matches!(p.iterations, Iterations::Recycled { .. }))
+        )));
+    }
+}
+
+// ---- the hostile corpus ----------------------------------------------------------------
+
+fn base() -> Program {
+    catalog::hash_get(HashVariant::Single, 1).unwrap()
+}
+
+fn wqe_mut<'a>(p: &'a mut Program, label: &str) -> &'a mut Wqe {
+    p.queues
+        .iter_mut()
+        .flat_map(|q| q.wqes.iter_mut())
+        .find(|w| w.label == label)
+        .unwrap_or_else(|| panic!("no WQE {label}"))
+}
+
+fn push(p: &mut Program, queue: &str, label: &str, op: Op) {
+    let q = p.queues.iter_mut().find(|q| q.name == queue).unwrap();
+    q.wqes.push(Wqe { label: label.into(), op, flags: WqeFlags::NONE, form: Form::Active });
+}
+
+fn patch(p: &mut Program, label: &str, byte: u32, len: u32, source: PatchSource) {
+    p.patches.push(PatchPoint { label: label.into(), byte, len, source });
+}
+
+fn read_source() -> PatchSource {
+    PatchSource::Read { label: "0.b0.read".into() }
+}
+
+/// Each entry: a name, a hostile program (and the grants it is checked with), the rule.
+fn corpus() -> Vec<(&'static str, Program, Grants, Rule)> {
+    let g = grants;
+    let mut v = Vec::new();
+
+    // 1. A READ scatter into another WQE's key field (declared, so it is the field that fails).
+    let mut p = base();
+    if let Op::Read { sgl, .. } = &mut wqe_mut(&mut p, "0.b0.read").op {
+        sgl.push(Sge::new(Addr::wqe("0.b0.if", 24), 4));
+    }
+    patch(&mut p, "0.b0.if", 24, 4, read_source());
+    v.push(("write into a key field", p, g(), Rule::ProtectedField));
+
+    // 2. A WRITE into memory of another client (a region this client is not granted).
+    let mut p = base();
+    p.regions.push(RegionDecl { name: "client_b_code".into(), role: RegionRole::Data { access: Access::REMOTE_WRITE }, min_len: 64, doc: String::new() });
+    push(&mut p, "worker0", "evil", Op::Write { remote: Addr::region("client_b_code", 0), sgl: vec![Sge::new(Addr::region("values", 0), 8)], imm: None });
+    v.push(("write into another client's code region", p, g(), Rule::KeyNotGranted));
+
+    // 3. The trigger scattered into an opcode byte.
+    let mut p = base();
+    p.queues[0].recvs[0].sgl.push(Sge::new(Addr::wqe("0.b0.read", 3), 1));
+    p.params.push(redn_sys::program::Param { name: "evil".into(), offset: p.trigger_len, len: 1, doc: String::new() });
+    p.trigger_len += 1;
+    patch(&mut p, "0.b0.read", 3, 1, PatchSource::Trigger { param: "evil".into() });
+    v.push(("scatter into an opcode", p, g(), Rule::ProtectedField));
+
+    // 4. WAIT on a CQ the offload does not own.
+    let mut p = base();
+    if let Op::Wait { queue, .. } = &mut wqe_mut(&mut p, "0.join").op {
+        *queue = "other-tenant".into();
+    }
+    v.push(("WAIT on a foreign CQ", p, g(), Rule::UnknownName));
+
+    // 5. SEND_EN of a queue the offload does not own.
+    let mut p = base();
+    if let Op::SendEn { queue, .. } = &mut wqe_mut(&mut p, "0.answer").op {
+        *queue = "other-tenant".into();
+    }
+    v.push(("ENABLE of a foreign queue", p, g(), Rule::UnknownName));
+
+    // 6. A recycled loop, but the policy gives no loop budget.
+    v.push(("unbounded loop without budget", catalog::server_loop().unwrap(), g(), Rule::UnboundedLoop));
+
+    // 7. A forbidden opcode (UMR).
+    let mut p = base();
+    push(&mut p, "worker0", "umr", Op::Other { opcode: 0x25 });
+    v.push(("forbidden opcode (UMR)", p, g(), Rule::Opcode));
+
+    // 8. A static address outside the region.
+    let mut p = base();
+    if let Op::Read { remote, .. } = &mut wqe_mut(&mut p, "0.b0.read").op {
+        *remote = Addr::region("table", (1 << 20) - 4);
+    }
+    v.push(("out-of-region static address", p, g(), Rule::OutOfRegion));
+
+    // 9. A ring over the limit.
+    let mut p = base();
+    p.queues[1].sq_bbs = 1 << 20;
+    v.push(("ring over the limit", p, g(), Rule::Size));
+
+    // 10. A wrong ds: the `else` image claims more segments than the WQE holds.
+    let mut p = base();
+    if let Op::MaskedCas { swap: Operand::Ctrl { ds, .. }, .. } = &mut wqe_mut(&mut p, "0.b0.else").op {
+        *ds = Some(9);
+    }
+    v.push(("wrong ds count", p, g(), Rule::BadDs));
+
+    // 11. A READ scatter into a WQE with no patch point declared.
+    let mut p = base();
+    if let Op::Read { sgl, .. } = &mut wqe_mut(&mut p, "0.b0.read").op {
+        sgl.push(Sge::new(Addr::wqe("0.answer", 24), 4));
+    }
+    v.push(("undeclared patch", p, g(), Rule::UndeclaredPatch));
+
+    // 12. A CAS on a control word with a literal swap (could install anything).
+    let mut p = base();
+    if let Op::Cas { swap, .. } = &mut wqe_mut(&mut p, "0.b0.if").op {
+        *swap = Operand::Lit(0x0300_0000_2500_0000);
+    }
+    v.push(("literal swap on a control word", p, g(), Rule::UnsafeSwap));
+
+    // 13. The trigger may rewrite the CAS's swap value.
+    let mut p = base();
+    patch(&mut p, "0.b0.if", 32, 8, PatchSource::Trigger { param: "key0".into() });
+    v.push(("trigger rewrites a CAS swap", p, g(), Rule::UnsafeSwap));
+
+    // 14. A swap that installs a forbidden opcode.
+    let mut p = base();
+    wqe_mut(&mut p, "0.r0").op = Op::Other { opcode: 0x1f };
+    v.push(("swap installs a forbidden opcode", p, g(), Rule::UnsafeSwap));
+
+    // 15. A swap whose QPN bytes come from an operand (could name another tenant's QP).
+    let mut p = base();
+    if let Op::Cas { swap: Operand::Ctrl { slots, .. }, .. } = &mut wqe_mut(&mut p, "0.b0.if").op {
+        *slots = Slots::Operand(0x00ab_cdef);
+    }
+    v.push(("swap with a foreign QPN", p, g(), Rule::UnsafeSwap));
+
+    // 16. The table granted without the right a READ needs.
+    v.push(("missing remote-read right", base(), g().with_region("table", Access::REMOTE_WRITE, 1 << 20), Rule::MissingRight));
+
+    // 17. A worker (loopback) queue writing the client's response buffer.
+    let mut p = base();
+    push(&mut p, "worker0", "sneak", Op::Write { remote: Addr::region("response", 0), sgl: vec![Sge::new(Addr::region("values", 0), 8)], imm: None });
+    v.push(("worker writes the client's buffer", p, g(), Rule::WrongSide));
+
+    // 18. A READ through the client's connection (reads the client's memory).
+    let mut p = base();
+    push(&mut p, "client", "peek", Op::Read { remote: Addr::region("response", 0), sgl: vec![Sge::new(Addr::static_("nope", 0), 8)] });
+    v.push(("READ of the client's memory", p, g(), Rule::WrongSide));
+
+    // 19. A misaligned atomic target.
+    let mut p = base();
+    push(&mut p, "worker0", "faa", Op::Faa { remote: Addr::region("table", 4), add: 1, result: None });
+    v.push(("misaligned atomic", p, g().with_region("table", Access::REMOTE_READ | Access::REMOTE_ATOMIC, 1 << 20), Rule::Misaligned));
+
+    // 20. SEND_EN of a queue that is not managed.
+    let mut p = base();
+    p.queues[0].managed_send = false;
+    v.push(("enable of an unmanaged queue", p, g(), Rule::EnableUnmanaged));
+
+    // 21. A WQE nothing ever enables.
+    let mut p = base();
+    push(&mut p, "worker0", "orphan", Op::Nop);
+    v.push(("unreachable WQE", p, g(), Rule::Unreachable));
+
+    // 22. More WQEs per invocation than the policy allows.
+    let mut g22 = g();
+    g22.max_wqes_per_invocation = 4;
+    v.push(("over the per-invocation budget", base(), g22, Rule::WqeBudget));
+
+    // 23. Too many queues.
+    let mut g23 = g();
+    g23.max_queues = 1;
+    v.push(("too many queues", base(), g23, Rule::Size));
+
+    // 24. A FETCH_ADD aimed straight at a WQE.
+    let mut p = base();
+    push(&mut p, "worker0", "bump", Op::Faa { remote: Addr::wqe("0.answer", 24), add: 1, result: None });
+    v.push(("FETCH_ADD on a WQE", p, g(), Rule::ProtectedField));
+
+    // 25. An atomic result landing on a SEND_EN's object number.
+    let mut p = base();
+    p.statics.push(redn_sys::program::StaticBlock { name: "ctr".into(), bytes: vec![0; 8] });
+    push(&mut p, "worker0", "retarget", Op::Faa { remote: Addr::static_("ctr", 0), add: 1, result: Some(Sge::new(Addr::wqe("0.answer", 24), 8)) });
+    patch(&mut p, "0.answer", 24, 8, PatchSource::AtomicResult { label: "retarget".into() });
+    v.push(("atomic result onto a QP number", p, g(), Rule::ProtectedField));
+
+    // 26. A receive scattering into the client's own buffer as if it were local memory.
+    let mut p = base();
+    p.queues[0].recvs.push(Recv { sgl: vec![Sge::new(Addr::region("response", 0), 8)] });
+    v.push(("receive into the client's buffer", p, g(), Rule::WrongSide));
+
+    // 27. The loop's "reset to NOP" template is itself written by the trigger, so the reset
+    // could install any opcode.
+    let mut p = catalog::server_loop().unwrap();
+    p.queues[0].recvs[0].sgl.push(Sge::new(Addr::static_("resp.nop", 0), 8));
+    let mut g27 = g();
+    g27.loop_budget = Some(1_000_000);
+    v.push(("reset template writable by the trigger", p, g27, Rule::ProtectedField));
+
+    v
+}
+
+#[test]
+fn hostile_corpus_is_refused_for_the_right_reason() {
+    let corpus = corpus();
+    assert!(corpus.len() >= 20);
+    for (name, p, g, rule) in corpus {
+        let r = verify(&p, &g);
+        assert!(!r.accepted(), "{name}: accepted\n{}", r.log());
+        assert!(r.broke(rule), "{name}: expected {rule}, got\n{}", r.log());
+        // The log names the rule on a line of its own and ends with the stats line.
+        assert!(r.log().lines().any(|l| l.contains(&format!(": {rule}: "))), "{name}: {}", r.log());
+        assert!(r.log().lines().last().unwrap().starts_with("checked "));
+    }
+}
+
+#[test]
+fn findings_name_queue_wqe_field_and_rule() {
+    let mut p = base();
+    push(&mut p, "worker0", "umr", Op::Other { opcode: 0x25 });
+    let r = verify(&p, &grants());
+    let f = r.findings.iter().find(|f| f.rule == Rule::Opcode).unwrap();
+    assert_eq!(f.queue.as_deref(), Some("worker0"));
+    assert_eq!(f.wqe.as_ref().map(|w| w.1.as_str()), Some("umr"));
+    assert_eq!(f.field, "opcode");
+    assert_eq!(
+        f.to_string(),
+        "queue worker0: wqe 8 (umr): opcode: opcode: opcode 0x25 is not on the allow-list"
+    );
+}
+
+#[test]
+fn the_log_is_never_truncated() {
+    // Many findings: every one appears.
+    let mut p = base();
+    for i in 0..500 {
+        push(&mut p, "worker0", &format!("umr{i}"), Op::Other { opcode: 0x25 });
+    }
+    let r = verify(&p, &grants());
+    let log = r.log();
+    assert_eq!(log.lines().filter(|l| l.contains(": opcode: ")).count(), 500);
+    let _ = Iterations::Recycled { wqes_per_round: 1 };
+}
