@@ -29,8 +29,10 @@ impl Ring {
     }
 }
 
-/// Counters kept as atomics so they can be read while the queue runs. The owning PU adds its
-/// batch at the end of each burst; responder-side events are added by whoever serves them.
+/// Counters kept as atomics so they can be read while the queue runs. The owning PU is the
+/// only writer of the first group and adds its batch at the end of each burst with plain
+/// loads and stores (no locked instructions on the hot path); responder-side events, counted
+/// by whichever thread serves them, and host posts use read-modify-write.
 #[derive(Default)]
 pub(crate) struct SharedCounters {
     pub(crate) wqes: [AtomicU64; 32],
@@ -39,8 +41,16 @@ pub(crate) struct SharedCounters {
     pub(crate) wait_stalls: AtomicU64,
     pub(crate) rate_limit_delays: AtomicU64,
     pub(crate) rnr_waits: AtomicU64,
+    // Written by other threads:
+    pub(crate) responder_errors: AtomicU64,
     pub(crate) recvs: AtomicU64,
     pub(crate) host_posts: AtomicU64,
+}
+
+/// Add `d` to a counter that only the calling thread writes.
+#[inline]
+fn bump(c: &AtomicU64, d: u64) {
+    c.store(c.load(Ordering::Relaxed) + d, Ordering::Relaxed);
 }
 
 impl SharedCounters {
@@ -50,7 +60,8 @@ impl SharedCounters {
             *d = s.load(Ordering::Relaxed);
         }
         c.bytes = self.bytes.load(Ordering::Relaxed);
-        c.errors = self.errors.load(Ordering::Relaxed);
+        c.errors = self.errors.load(Ordering::Relaxed)
+            + self.responder_errors.load(Ordering::Relaxed);
         c.wait_stalls = self.wait_stalls.load(Ordering::Relaxed);
         c.rate_limit_delays = self.rate_limit_delays.load(Ordering::Relaxed);
         c.rnr_waits = self.rnr_waits.load(Ordering::Relaxed);
@@ -59,11 +70,11 @@ impl SharedCounters {
         c
     }
 
-    /// Add a batch; `ops` has a bit set for each opcode slot of `c.wqes` in use.
+    /// Add a batch (owning PU only); `ops` has a bit set for each opcode slot in use.
     pub(crate) fn add(&self, c: &QpCounters, mut ops: u32) {
         while ops != 0 {
             let i = ops.trailing_zeros() as usize;
-            self.wqes[i].fetch_add(c.wqes[i], Ordering::Relaxed);
+            bump(&self.wqes[i], c.wqes[i]);
             ops &= ops - 1;
         }
         for (s, d) in [
@@ -74,7 +85,7 @@ impl SharedCounters {
             (&self.rnr_waits, c.rnr_waits),
         ] {
             if d != 0 {
-                s.fetch_add(d, Ordering::Relaxed);
+                bump(s, d);
             }
         }
     }

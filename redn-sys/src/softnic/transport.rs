@@ -247,7 +247,7 @@ fn consume_recv(
         t.rq.posted.load(Ordering::Acquire)
     };
     if idx >= limit {
-        t.counters.rnr_waits.fetch_add(1, Ordering::Relaxed);
+        // Counted by the requester (its rnr_waits), not here.
         return Err(Nak::ReceiverNotReady);
     }
     let mut raw = [0u8; 64 * 16];
@@ -264,7 +264,7 @@ fn consume_recv(
     drop(consumed);
     t.counters.recvs.fetch_add(1, Ordering::Relaxed);
     if let Err((syndrome, nak)) = placed {
-        t.counters.errors.fetch_add(1, Ordering::Relaxed);
+        t.counters.responder_errors.fetch_add(1, Ordering::Relaxed);
         push_recv_cqe(t, CqeOpcode::RespErr, idx, 0, 0, syndrome as u8);
         t.enter_error();
         return Err(nak);
