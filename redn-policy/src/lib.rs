@@ -11,6 +11,9 @@
 //!   specific rule wins) and the [`Token`] remote clients present;
 //! - [`units`]: sizes (`"64M"`, base 1024 like systemd), durations (`"5min"`, `"infinity"`)
 //!   and rates;
+//! - [`definition`]: offload definition files (`offloads.d/NAME.toml`), the readable form of
+//!   a [`Program`](redn_sys::program::Program), loaded with [`load_definition`],
+//!   [`parse_definition`] or [`load_offloads_dir`] and written with [`write_definition`];
 //! - [`verifier`]: the offload verifier ([`verify`]): admits a program for a client only if
 //!   every WQE stays inside the client's grants, and says why not in a verifier log;
 //! - [`error`]: the crate's one [`Error`] type.
@@ -45,7 +48,7 @@
 //! [[app]]
 //! name = "kv"
 //! exe = "/usr/bin/kvstore"
-//! offloads = ["hash_get"]
+//! offloads = ["hash-get"]
 //! max_regions = 4
 //! max_pinned = "1G"
 //! max_queues = 16
@@ -67,7 +70,7 @@
 //!     start_time: 123_456,
 //! };
 //! let app = policy.match_app(&peer).expect("kv matches");
-//! assert!(app.allows_offload("hash_get"));
+//! assert!(app.allows_offload("hash-get"));
 //! assert_eq!(app.quota.max_pinned.bytes(), 1 << 30);
 //! # Ok::<(), redn_policy::Error>(())
 //! ```
@@ -75,6 +78,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod definition;
 pub mod error;
 pub mod identity;
 pub mod policy;
@@ -85,6 +89,10 @@ pub mod verifier;
 pub use config::{
     load_manager_config, parse_manager_config, AuditConfig, Backend, Dataplane, DeviceSelector,
     Facility, FileMode, ManagerConfig, NodeGuid, PciAddress, Prefetch, SocketConfig,
+};
+pub use definition::{
+    load_definition, load_offloads_dir, parse_definition, shipped_offloads, write_definition,
+    ShippedOffload,
 };
 pub use error::{Error, Location, Result};
 pub use identity::{Matchers, PeerIdentity, Specificity, Token};

@@ -6,7 +6,7 @@
 //! name = "kv"                        # unique; letters, digits, _ . -
 //! uid = 1000                         # matchers: at least one of uid, gid, exe, cgroup
 //! exe = "/usr/bin/kvstore"
-//! offloads = ["hash_get", "list_find"]
+//! offloads = ["hash-get", "list-find"]
 //! max_regions = 4                    # memory regions registered at once, >= 1
 //! max_pinned = "1G"                  # bytes pinned at once, base-1024 suffixes, > 0
 //! max_queues = 16                    # queue pairs at once, >= 1
@@ -440,7 +440,7 @@ mod tests {
 name = "kv"
 uid = 1000
 exe = "/usr/bin/kvstore"
-offloads = ["hash_get", "list_find"]
+offloads = ["hash-get", "list-find"]
 max_regions = 4
 max_pinned = "1G"
 max_queues = 16
@@ -487,7 +487,7 @@ token_lifetime = "1d"
                     exe: Some("/usr/bin/kvstore".into()),
                     cgroup: None,
                 },
-                offloads: vec!["hash_get".into(), "list_find".into()],
+                offloads: vec!["hash-get".into(), "list-find".into()],
                 quota: Quota {
                     max_regions: NonZeroU32::new(4).unwrap(),
                     max_pinned: ByteSize::new(1 << 30),
@@ -505,7 +505,7 @@ token_lifetime = "1d"
             }]
         );
         let kv = p.app("kv").unwrap();
-        assert!(kv.allows_offload("hash_get"));
+        assert!(kv.allows_offload("hash-get"));
         assert!(!kv.allows_offload("echo"));
         assert!(p.app("nope").is_none());
     }
@@ -598,7 +598,7 @@ token_lifetime = "1d"
             "app \"kv\" max_queues",
         );
         error(
-            &kv_with("[\"hash_get\", \"list_find\"]", "\"hash_get\""),
+            &kv_with("[\"hash-get\", \"list-find\"]", "\"hash-get\""),
             6,
             "app \"kv\" offloads",
         );
@@ -693,11 +693,11 @@ token_lifetime = "1d"
     #[test]
     fn duplicate_offloads_are_refused() {
         let e = error(
-            &kv_with("\"list_find\"]", "\"hash_get\"]"),
+            &kv_with("\"list-find\"]", "\"hash-get\"]"),
             6,
             "app \"kv\" offloads[1]",
         );
-        assert!(e.contains("\"hash_get\" is listed twice"), "{e}");
+        assert!(e.contains("\"hash-get\" is listed twice"), "{e}");
     }
 
     #[test]
@@ -724,7 +724,7 @@ token_lifetime = "1d"
         error(&kv_with("name = \"kv\"", "name = \"\""), 3, "app \"\" name");
         error(&kv_with("name = \"kv\"", "name = 7"), 3, "app[0].name");
         let e = error(
-            &kv_with("\"list_find\"", "\"../etc\""),
+            &kv_with("\"list-find\"", "\"../etc\""),
             6,
             "app \"kv\" offloads",
         );

@@ -75,7 +75,7 @@ impl KeyPath {
 }
 
 /// A semantic error found after deserialization: where (as a key path) and what.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Invalid {
     pub(crate) path: KeyPath,
     pub(crate) message: String,
@@ -278,7 +278,8 @@ impl<'a> Document<'a> {
     }
 
     /// Render a key path for people: keys joined by dots; an array element that is a table
-    /// with a string `name` shows as ` "name"` (`app "kv" client.on_violation`), any other as
+    /// with a string `name` (or, failing that, `label`) shows as ` "name"`
+    /// (`app "kv" client.on_violation`, `queue "worker0" wqe "0.b0.if" swap`), any other as
     /// `[index]`.
     fn render(&self, path: &[Seg]) -> String {
         let mut out = String::new();
@@ -305,8 +306,11 @@ impl<'a> Document<'a> {
                 Seg::Index(i) => {
                     let name = next
                         .and_then(|e| e.get_ref().as_table())
-                        .and_then(|t| t.get("name"))
-                        .and_then(|n| n.get_ref().as_str());
+                        .and_then(|t| {
+                            ["name", "label"]
+                                .iter()
+                                .find_map(|k| t.get(*k).and_then(|n| n.get_ref().as_str()))
+                        });
                     match name {
                         Some(name) => {
                             let _ = write!(out, " {name:?}");

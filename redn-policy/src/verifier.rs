@@ -165,7 +165,7 @@ pub struct Finding {
     pub queue: Option<String>,
     /// The WQE: its index (BB position) and label.
     pub wqe: Option<(u64, String)>,
-    /// The field ("opcode", "rkey", "sgl[1]", "bytes 24..28", ...).
+    /// The field (`opcode`, `rkey`, `sgl[1]`, `bytes 24..28`, ...).
     pub field: String,
     /// The rule broken.
     pub rule: Rule,
@@ -381,7 +381,7 @@ impl<'a> Checker<'a> {
         let patched_counts: Vec<&str> = p
             .patches
             .iter()
-            .filter(|pp| matches!(pp.source, PatchSource::AtomicResult { .. }) && pp.byte <= off::WAIT_PI as u32 && pp.byte + pp.len > off::WAIT_PI as u32)
+            .filter(|pp| matches!(pp.source, PatchSource::AtomicResult { .. }) && pp.byte <= off::WAIT_PI as u32 && u64::from(pp.byte) + u64::from(pp.len) > off::WAIT_PI as u64)
             .map(|pp| pp.label.as_str())
             .collect();
         for q in &p.queues {
@@ -519,20 +519,27 @@ impl<'a> Checker<'a> {
 
     /// A write of `len` bytes at `a` by `source`: if it lands in a WQE, it must be inside a
     /// declared patch point of that source.
-    fn code_write(&mut self, qn: &str, here: Option<(u64, &str)>, field: &str, a: &Addr, len: u32, source: &PatchSource) {
+    fn code_write(&mut self, qn: &str, here: Option<(u64, &str)>, field: &str, a: &Addr, len: u64, source: &PatchSource) {
         let Addr::Wqe { label, byte } = a else { return };
-        let (b, e) = (*byte, *byte + len);
-        // The write may be covered by several adjacent patch points of the same source.
-        let mut covered = vec![false; len as usize];
-        for pp in self.p.patches.iter().filter(|pp| &pp.label == label && &pp.source == source) {
-            for (i, c) in covered.iter_mut().enumerate() {
-                let at = b + i as u32;
-                if at >= pp.byte && at < pp.byte + pp.len {
-                    *c = true;
-                }
+        let (b, e) = (u64::from(*byte), u64::from(*byte).saturating_add(len));
+        // The write may be covered by several adjacent patch points of the same source:
+        // sweep them in order of their first byte (lengths come from files; no byte maps).
+        let mut points: Vec<(u64, u64)> = self
+            .p
+            .patches
+            .iter()
+            .filter(|pp| &pp.label == label && &pp.source == source)
+            .map(|pp| (u64::from(pp.byte), u64::from(pp.byte) + u64::from(pp.len)))
+            .collect();
+        points.sort_unstable();
+        let mut covered_to = b;
+        for (from, to) in points {
+            if from > covered_to {
+                break;
             }
+            covered_to = covered_to.max(to);
         }
-        if covered.iter().any(|c| !c) {
+        if covered_to < e {
             self.find(Some(qn), here, field, Rule::UndeclaredPatch, format!("writes {label}@{b}..{e} outside every patch point declared for {}", source_name(source)));
         }
     }
@@ -572,6 +579,9 @@ impl<'a> Checker<'a> {
                 let byte = w.op.opcode_byte();
                 if !allowed(byte) {
                     self.find(Some(qn), Some(here), "opcode", Rule::Opcode, format!("opcode {byte:#04x} is not on the allow-list"));
+                } else if let Op::Other { .. } = &w.op {
+                    // A raw opcode (from a definition's `opcode = 0x..`) has no operands to check.
+                    self.find(Some(qn), Some(here), "opcode", Rule::Opcode, format!("raw opcode {byte:#04x} carries no operands the verifier can check"));
                 }
                 let src = |l: &str| l.to_string();
                 match &w.op {
@@ -579,7 +589,7 @@ impl<'a> Checker<'a> {
                         let len: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
                         self.range(q, here, "raddr", remote, len, Access::REMOTE_WRITE, true);
                         if let Addr::Wqe { .. } = remote {
-                            self.code_write(qn, Some(here), "raddr", remote, len as u32, &PatchSource::Write { label: src(&w.label) });
+                            self.code_write(qn, Some(here), "raddr", remote, len, &PatchSource::Write { label: src(&w.label) });
                         }
                         for (i, s) in sgl.iter().enumerate() {
                             self.range(q, here, &format!("sgl[{i}]"), &s.addr, u64::from(s.len), Access::NONE, false);
@@ -628,16 +638,16 @@ impl<'a> Checker<'a> {
             // Receives: their scatter lists write what the client sends.
             for (i, r) in q.recvs.iter().enumerate() {
                 let field = format!("recv[{i}]");
-                let mut at = 0u32;
+                let mut at = 0u64;
                 for s in &r.sgl {
-                    let param = self.p.params.iter().find(|pr| pr.offset <= at && at < pr.offset + pr.len).map(|pr| pr.name.clone());
+                    let param = self.p.params.iter().find(|pr| u64::from(pr.offset) <= at && at < u64::from(pr.offset) + u64::from(pr.len)).map(|pr| pr.name.clone());
                     match (&s.addr, param) {
-                        (Addr::Wqe { .. }, Some(param)) => self.code_write(qn, None, &field, &s.addr, s.len, &PatchSource::Trigger { param }),
+                        (Addr::Wqe { .. }, Some(param)) => self.code_write(qn, None, &field, &s.addr, u64::from(s.len), &PatchSource::Trigger { param }),
                         (Addr::Wqe { label, byte }, None) => self.find(Some(qn), None, &field, Rule::UndeclaredPatch, format!("trigger bytes {at}.. land in {label}@{byte} but no parameter covers them")),
                         (Addr::Region { .. }, _) => self.range(q, (0, "receive"), &field, &s.addr, u64::from(s.len), Access::LOCAL_WRITE, false),
                         (Addr::Static { .. }, _) => self.range(q, (0, "receive"), &field, &s.addr, u64::from(s.len), Access::NONE, false),
                     }
-                    at += s.len;
+                    at += u64::from(s.len);
                 }
             }
         }
@@ -647,7 +657,7 @@ impl<'a> Checker<'a> {
         match &s.addr {
             Addr::Wqe { .. } => {
                 self.range(q, here, field, &s.addr, u64::from(s.len), Access::NONE, false);
-                self.code_write(&q.name, Some(here), field, &s.addr, s.len, &source);
+                self.code_write(&q.name, Some(here), field, &s.addr, u64::from(s.len), &source);
             }
             _ => self.range(q, here, field, &s.addr, u64::from(s.len), Access::LOCAL_WRITE, false),
         }
@@ -690,7 +700,8 @@ impl<'a> Checker<'a> {
             };
             let qn = p.queues[qi].name.clone();
             let here = Some((pos, pp.label.as_str()));
-            let field = format!("bytes {}..{}", pp.byte, pp.byte + pp.len);
+            let end = pp.byte.saturating_add(pp.len);
+            let field = format!("bytes {}..{}", pp.byte, u64::from(pp.byte) + u64::from(pp.len));
             // The source must exist and be of its kind.
             let kind_ok = match &pp.source {
                 PatchSource::Trigger { param } => p.params.iter().any(|x| &x.name == param),
@@ -704,7 +715,7 @@ impl<'a> Checker<'a> {
             }
             let conditional = cas_targets.contains(&pp.label.as_str());
             for (b, e, name) in protected(&w.op) {
-                if !overlap((pp.byte, pp.byte + pp.len), (b, e)) {
+                if !overlap((pp.byte, end), (b, e)) {
                     continue;
                 }
                 let ok = match (&pp.source, name) {
@@ -736,7 +747,7 @@ impl<'a> Checker<'a> {
             // its swap not at all.
             if let Op::Cas { remote: Addr::Wqe { byte: 0, .. }, .. } | Op::MaskedCas { remote: Addr::Wqe { byte: 0, .. }, .. } = &w.op {
                 let operand_slots = [(41u32, 44u32), (45, 48)];
-                let r = (pp.byte, pp.byte + pp.len);
+                let r = (pp.byte, end);
                 let in_slots = operand_slots.iter().any(|s| r.0 >= s.0 && r.1 <= s.1);
                 if overlap(r, (32, 64)) && !in_slots {
                     self.find(Some(&qn), here, &field, Rule::UnsafeSwap, format!("{} may rewrite this CAS's swap or the opcode/ds bytes of its compare", source_name(&pp.source)));
@@ -761,7 +772,9 @@ impl Checker<'_> {
             return false;
         }
         let Some(block) = self.p.statics.iter().find(|b| &b.name == name) else { return false };
-        let at = *offset as usize;
+        let Some(at) = usize::try_from(*offset).ok().filter(|at| at.checked_add(8).is_some()) else {
+            return false;
+        };
         let want = [0, 0, 0, 0, 0, 0, 0, target.op.ds()];
         block.bytes.get(at..at + 8) == Some(&want[..]) && !self.static_written(name)
     }
