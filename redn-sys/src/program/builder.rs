@@ -31,6 +31,10 @@ pub struct Builder {
     p: Program,
     /// Signaled send WQEs pushed on each queue (its CQ's send completions so far).
     signaled: Vec<u32>,
+    /// BBs pushed on each queue so far.
+    bbs: Vec<u32>,
+    /// Label -> (queue, index in the queue).
+    labels: std::collections::HashMap<String, (usize, usize)>,
 }
 
 /// Control-segment bytes that hold a 48-bit operand: (first byte, length) pairs.
@@ -61,6 +65,8 @@ impl Builder {
                 response_doc: String::new(),
             },
             signaled: Vec::new(),
+            bbs: Vec::new(),
+            labels: std::collections::HashMap::new(),
         }
     }
 
@@ -90,6 +96,7 @@ impl Builder {
             recvs: Vec::new(),
         });
         self.signaled.push(0);
+        self.bbs.push(0);
         QueueHandle(self.p.queues.len() - 1)
     }
 
@@ -100,7 +107,7 @@ impl Builder {
 
     /// Next WQE position (BB index) on `q`.
     pub fn pos(&self, q: QueueHandle) -> u32 {
-        self.p.queues[q.0].wqes.iter().map(|w| w.op.bbs() as u32).sum()
+        self.bbs[q.0]
     }
 
     /// Signaled send WQEs pushed on `q` so far.
@@ -113,6 +120,10 @@ impl Builder {
         if flags.signaled() {
             self.signaled[q.0] += 1;
         }
+        self.bbs[q.0] += op.bbs() as u32;
+        self.labels
+            .entry(label.to_string())
+            .or_insert((q.0, self.p.queues[q.0].wqes.len()));
         self.p.queues[q.0].wqes.push(Wqe {
             label: label.into(),
             op,
@@ -306,16 +317,11 @@ impl Builder {
     /// Change the count of an already pushed WAIT, SEND_EN or RECV_EN (for counts that are
     /// only known once later WQEs are placed).
     pub fn set_enable_count(&mut self, label: &str, new: u32) {
-        for q in &mut self.p.queues {
-            for w in &mut q.wqes {
-                if w.label == label {
-                    if let Op::Wait { count, .. } | Op::SendEn { count, .. } | Op::RecvEn { count, .. } =
-                        &mut w.op
-                    {
-                        *count = new;
-                    }
-                }
-            }
+        let Some(&(q, i)) = self.labels.get(label) else { return };
+        if let Op::Wait { count, .. } | Op::SendEn { count, .. } | Op::RecvEn { count, .. } =
+            &mut self.p.queues[q].wqes[i].op
+        {
+            *count = new;
         }
     }
 

@@ -208,12 +208,15 @@ pub fn hash_get(variant: HashVariant, invocations: u32) -> Result<Program, Progr
         HashVariant::Sequential => 12,
         HashVariant::Parallel => 6,
     };
+    // The answer is enabled by the join; keep the client queue on the join's PU so the
+    // answer does not cross PUs (worker1 is on PU 1 in the parallel variant).
+    let client_pu = if variant == HashVariant::Parallel { 1 } else { 0 };
     let client = b.queue(
         "client",
         QueueRole::Client,
         true,
         false,
-        Some(0),
+        Some(client_pu),
         pow2(u64::from(n * buckets)),
         pow2(u64::from(n)),
         8,

@@ -24,6 +24,8 @@ pub struct Installed {
     pub code_mr: MrInfo,
     /// The unmanaged queue that issued the entry enables.
     pub master: Qpn,
+    /// Its CQ.
+    pub master_cq: crate::Cqn,
     /// The resolver used (addresses and keys), for listings and tests.
     pub resolver: Resolver,
 }
@@ -34,10 +36,13 @@ impl Installed {
         program.queue(name).map(|(i, _)| self.qps[i].qpn)
     }
 
-    /// Tear down: queues to error and destroyed, code region deregistered.
+    /// Tear down: queues to error and destroyed, then their CQs, then the code region.
     pub fn remove(self, nic: &SoftNic) -> Result<(), Error> {
         for q in self.qps.iter().map(|q| q.qpn).chain([self.master]) {
             nic.destroy_qp(q)?;
+        }
+        for cq in self.cqs.iter().chain([&self.master_cq]) {
+            nic.destroy_cq(*cq)?;
         }
         nic.dereg_mr(self.code_mr.lkey)?;
         Ok(())
@@ -112,14 +117,15 @@ pub fn install(
         qps.push(nic.create_qp(cfg)?);
         cqs.push(cq);
     }
-    let resolver = Resolver {
-        code: Bound {
+    let resolver = Resolver::new(
+        program,
+        Bound {
             addr: code_mr.addr,
             key: code_mr.lkey.0,
             len: code_mr.len,
         },
         layout,
-        regions: regions
+        regions
             .iter()
             .map(|(k, (a, key, len))| {
                 (
@@ -132,8 +138,8 @@ pub fn install(
                 )
             })
             .collect(),
-        queues: qps.iter().zip(&cqs).map(|(q, c)| (q.qpn, *c)).collect(),
-    };
+        qps.iter().zip(&cqs).map(|(q, c)| (q.qpn, *c)).collect(),
+    );
     let rendered = program.render(&resolver).map_err(program_err)?;
     // The rings are written before anything can run: no queue is connected yet.
     code.write(0, &rendered.code);
@@ -189,6 +195,7 @@ pub fn install(
         code,
         code_mr,
         master,
+        master_cq,
         resolver,
     })
 }

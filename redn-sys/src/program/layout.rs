@@ -96,16 +96,53 @@ pub struct Resolver {
     pub regions: HashMap<String, Bound>,
     /// Each queue's QPN and CQN, in program order.
     pub queues: Vec<(Qpn, Cqn)>,
+    /// WQE label -> (queue, BB position, index in the queue), built once: resolving is
+    /// linear in the program's size, not quadratic.
+    positions: HashMap<String, (usize, u64, usize)>,
 }
 
 impl Resolver {
-    fn wqe_pos(&self, p: &Program, label: &str) -> Result<(usize, u64), ProgramError> {
-        p.find_wqe(label)
-            .map(|(q, at, _)| (q, at))
+    /// A resolver for `program` placed at `code` with `layout`.
+    pub fn new(
+        program: &Program,
+        code: Bound,
+        layout: CodeLayout,
+        regions: HashMap<String, Bound>,
+        queues: Vec<(Qpn, Cqn)>,
+    ) -> Resolver {
+        let mut positions = HashMap::new();
+        for (qi, q) in program.queues.iter().enumerate() {
+            let mut at = 0;
+            for (wi, w) in q.wqes.iter().enumerate() {
+                positions.entry(w.label.clone()).or_insert((qi, at, wi));
+                at += w.op.bbs();
+            }
+        }
+        Resolver {
+            code,
+            layout,
+            regions,
+            queues,
+            positions,
+        }
+    }
+
+    fn find<'p>(
+        &self,
+        p: &'p Program,
+        label: &str,
+    ) -> Result<(usize, u64, &'p super::Wqe), ProgramError> {
+        self.positions
+            .get(label)
+            .and_then(|&(q, at, wi)| Some((q, at, p.queues.get(q)?.wqes.get(wi)?)))
             .ok_or_else(|| ProgramError::Unknown {
                 kind: "WQE label",
                 name: label.into(),
             })
+    }
+
+    fn wqe_pos(&self, p: &Program, label: &str) -> Result<(usize, u64), ProgramError> {
+        self.find(p, label).map(|(q, at, _)| (q, at))
     }
 
     /// Resolve an address.
@@ -186,11 +223,7 @@ impl Resolver {
         slots: Slots,
         ds: Option<u8>,
     ) -> Result<[u8; 8], ProgramError> {
-        let (q, at) = self.wqe_pos(p, label)?;
-        let (_, _, w) = p.find_wqe(label).ok_or_else(|| ProgramError::Unknown {
-            kind: "WQE label",
-            name: label.into(),
-        })?;
+        let (q, at, w) = self.find(p, label)?;
         let ds = ds.unwrap_or_else(|| w.op.ds());
         let opcode = match form {
             Form::Nop => wqe::Opcode::Nop as u8,
