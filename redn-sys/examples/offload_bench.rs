@@ -779,11 +779,8 @@ fn install(env: &Env, program: &Program, scratch: u64, sq_bbs: u32, rq_slots: u3
 
 /// Tear an installation down: its queues, code region and CQs, and the client QP.
 fn remove(env: &Env, inst: Inst) -> Result<(), String> {
-    let cqs = inst.installed.cqs.clone();
+    // `remove` destroys the offload's queues, their CQs and the code region.
     inst.installed.remove(&env.server).ctx("remove offload")?;
-    for c in cqs {
-        env.server.destroy_cq(c).ctx("destroy_cq")?;
-    }
     env.client.destroy_qp(inst.cqp).ctx("destroy client QP")?;
     Ok(())
 }
