@@ -124,6 +124,50 @@ impl InProcess {
     }
 }
 
+impl InProcess {
+    /// The live target and the checked window `remote`..+`len` for `need`: the responder's
+    /// key, PD, bounds and rights check, in one place for every one-sided operation.
+    #[inline(always)]
+    fn remote_span<'k>(
+        &self,
+        keys: &'k mut KeyCache,
+        remote: RemoteAddr,
+        len: u64,
+        need: Access,
+    ) -> Result<(&QpShared, Span<'k>), Nak> {
+        let t = self.live()?;
+        let span = keys
+            .get(&self.keys, remote.rkey.0)
+            .and_then(|r| r.check(t.pd, remote.addr, len, need))
+            .map_err(Nak::RemoteAccess)?;
+        Ok((t, span))
+    }
+
+    /// Place a WRITE's `len` bytes with `put`. WRITE_IMM consumes a receive first, so an RNR
+    /// leaves memory untouched; its data goes to the RDMA address, so the receive needs no
+    /// room for it.
+    #[inline(always)]
+    fn place_write(
+        &self,
+        t: &QpShared,
+        len: usize,
+        imm: Option<u32>,
+        put: impl FnOnce(),
+    ) -> Result<(), Nak> {
+        match imm {
+            None => {
+                put();
+                Ok(())
+            }
+            Some(imm) => consume_recv(t, &self.keys, 0, |_, _| {
+                put();
+                Ok(())
+            })
+            .map(|idx| complete_recv(t, CqeOpcode::RespWriteImm, idx, len, imm)),
+        }
+    }
+}
+
 impl Transport for InProcess {
     #[inline]
     fn write(
@@ -133,24 +177,8 @@ impl Transport for InProcess {
         data: &[u8],
         imm: Option<u32>,
     ) -> Result<(), Nak> {
-        let t = self.live()?;
-        let span = keys
-            .get(&self.keys, remote.rkey.0)
-            .and_then(|r| r.check(t.pd, remote.addr, data.len() as u64, Access::REMOTE_WRITE))
-            .map_err(Nak::RemoteAccess)?;
-        match imm {
-            None => {
-                span.write(data);
-                Ok(())
-            }
-            // WRITE_IMM consumes a receive; take it first so an RNR leaves memory untouched.
-            // The data goes to the RDMA address, so the receive needs no room for it.
-            Some(imm) => consume_recv(t, &self.keys, 0, |_, _| {
-                span.write(data);
-                Ok(())
-            })
-            .map(|idx| complete_recv(t, CqeOpcode::RespWriteImm, idx, data.len(), imm)),
-        }
+        let (t, span) = self.remote_span(keys, remote, data.len() as u64, Access::REMOTE_WRITE)?;
+        self.place_write(t, data.len(), imm, || span.write(data))
     }
 
     #[inline]
@@ -161,31 +189,13 @@ impl Transport for InProcess {
         src: &Span<'_>,
         imm: Option<u32>,
     ) -> Result<(), Nak> {
-        let t = self.live()?;
-        let span = keys
-            .get(&self.keys, remote.rkey.0)
-            .and_then(|r| r.check(t.pd, remote.addr, src.len as u64, Access::REMOTE_WRITE))
-            .map_err(Nak::RemoteAccess)?;
-        match imm {
-            None => {
-                span.copy_from(src);
-                Ok(())
-            }
-            Some(imm) => consume_recv(t, &self.keys, 0, |_, _| {
-                span.copy_from(src);
-                Ok(())
-            })
-            .map(|idx| complete_recv(t, CqeOpcode::RespWriteImm, idx, src.len, imm)),
-        }
+        let (t, span) = self.remote_span(keys, remote, src.len as u64, Access::REMOTE_WRITE)?;
+        self.place_write(t, src.len, imm, || span.copy_from(src))
     }
 
     #[inline]
     fn read_into(&self, keys: &mut KeyCache, remote: RemoteAddr, dst: &Span<'_>) -> Result<(), Nak> {
-        let t = self.live()?;
-        let span = keys
-            .get(&self.keys, remote.rkey.0)
-            .and_then(|r| r.check(t.pd, remote.addr, dst.len as u64, Access::REMOTE_READ))
-            .map_err(Nak::RemoteAccess)?;
+        let (_, span) = self.remote_span(keys, remote, dst.len as u64, Access::REMOTE_READ)?;
         dst.copy_from(&span);
         Ok(())
     }
@@ -206,24 +216,18 @@ impl Transport for InProcess {
 
     #[inline]
     fn read(&self, keys: &mut KeyCache, remote: RemoteAddr, out: &mut [u8]) -> Result<(), Nak> {
-        let t = self.live()?;
-        keys.get(&self.keys, remote.rkey.0)
-            .and_then(|r| r.check(t.pd, remote.addr, out.len() as u64, Access::REMOTE_READ))
-            .map_err(Nak::RemoteAccess)?
-            .read(out);
+        let (_, span) = self.remote_span(keys, remote, out.len() as u64, Access::REMOTE_READ)?;
+        span.read(out);
         Ok(())
     }
 
     #[inline]
     fn atomic(&self, keys: &mut KeyCache, remote: RemoteAddr, op: AtomicOp) -> Result<u64, Nak> {
-        let t = self.live()?;
         if remote.addr.0 % 8 != 0 {
+            self.live()?;
             return Err(Nak::RemoteInvalid);
         }
-        let span = keys
-            .get(&self.keys, remote.rkey.0)
-            .and_then(|r| r.check(t.pd, remote.addr, 8, Access::REMOTE_ATOMIC))
-            .map_err(Nak::RemoteAccess)?;
+        let (_, span) = self.remote_span(keys, remote, 8, Access::REMOTE_ATOMIC)?;
         Ok(span.buffer.atomic_update(span.off, |old| op.apply(old)))
     }
 }
