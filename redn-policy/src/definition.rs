@@ -166,6 +166,7 @@
 //! ```
 
 use crate::error::{Error, Result};
+use crate::names;
 use crate::policy::MAX_NAME_LEN;
 use crate::source::{invalid, read_capped, Document, Invalid, KeyPath};
 use redn_sys::program::{
@@ -359,6 +360,18 @@ triggers; addresses in triggers and app memory are big-endian 64-bit virtual add
 the bound regions. Every response is an RDMA WRITE with immediate into the client's
 `response` region at offset 0; a zero-length response means \"not found\".";
 
+/// The trigger, response and capacity of the two-bucket hash GETs (`hash-get-seq`,
+/// `hash-get-par`), for their `about`.
+macro_rules! two_bucket_get {
+    () => {
+        "Trigger:  key0 · key1 (the same key twice, 6 bytes each, little-endian) · bucket0 ·
+          bucket1 (8 bytes each, big-endian addresses of the two candidate buckets).
+Response: one WRITE_IMM per bucket: its value on a hit, zero bytes on a miss;
+          immediate = invocation number.
+Serves 4 triggers per installation (bounded)."
+    };
+}
+
 /// The shipped catalog with its default sizes: `echo(64, 4)`, `hash_get(v, 4)` for the
 /// three variants, `list_find(8, false, 4)`, `list_find(8, true, 1)` and `server_loop()`,
 /// in that order. These are the files of `etc/redn/offloads.d/`.
@@ -393,26 +406,24 @@ Serves 4 triggers per installation (bounded).",
         ShippedOffload {
             program: hash(HashVariant::Sequential)?,
             builder: "catalog::hash_get(HashVariant::Sequential, 4)",
-            about: "hash-get-seq: a hash-table GET probing two buckets, one after the other on one
+            about: concat!(
+                "hash-get-seq: a hash-table GET probing two buckets, one after the other on one
 worker queue.
 
-Trigger:  key0 · key1 (the same key twice, 6 bytes each, little-endian) · bucket0 ·
-          bucket1 (8 bytes each, big-endian addresses of the two candidate buckets).
-Response: one WRITE_IMM per bucket: its value on a hit, zero bytes on a miss;
-          immediate = invocation number.
-Serves 4 triggers per installation (bounded).",
+",
+                two_bucket_get!()
+            ),
         },
         ShippedOffload {
             program: hash(HashVariant::Parallel)?,
             builder: "catalog::hash_get(HashVariant::Parallel, 4)",
-            about: "hash-get-par: a hash-table GET probing two buckets at once on two worker queues
+            about: concat!(
+                "hash-get-par: a hash-table GET probing two buckets at once on two worker queues
 on different processing units, joined before answering.
 
-Trigger:  key0 · key1 (the same key twice, 6 bytes each, little-endian) · bucket0 ·
-          bucket1 (8 bytes each, big-endian addresses of the two candidate buckets).
-Response: one WRITE_IMM per bucket: its value on a hit, zero bytes on a miss;
-          immediate = invocation number.
-Serves 4 triggers per installation (bounded).",
+",
+                two_bucket_get!()
+            ),
         },
         ShippedOffload {
             program: catalog::list_find(8, false, 4)?,
@@ -1020,74 +1031,61 @@ fn parse_u64(text: &str) -> std::result::Result<u64, String> {
     parsed.ok_or_else(|| format!("invalid number {text:?}: expected {U64_EXPECTING}"))
 }
 
+/// A visitor for values written as a TOML integer from 0 or as a string: `from_u64` and
+/// `from_str` make the value; a negative integer is refused with the message `negative`
+/// gives.
+struct IntOrStr<T> {
+    expecting: &'static str,
+    negative: fn(i64) -> String,
+    from_u64: fn(u64) -> T,
+    from_str: fn(&str) -> std::result::Result<T, String>,
+}
+
+impl<T> Visitor<'_> for IntOrStr<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.expecting)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<T, E> {
+        u64::try_from(v)
+            .map(self.from_u64)
+            .map_err(|_| E::custom((self.negative)(v)))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<T, E> {
+        Ok((self.from_u64)(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<T, E> {
+        (self.from_str)(v).map_err(E::custom)
+    }
+}
+
 impl<'de> Deserialize<'de> for U64 {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = U64;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(U64_EXPECTING)
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<U64, E> {
-                u64::try_from(v)
-                    .map(U64)
-                    .map_err(|_| E::custom(format!("{v} is negative; expected {U64_EXPECTING}")))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<U64, E> {
-                Ok(U64(v))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<U64, E> {
-                parse_u64(v).map(U64).map_err(E::custom)
-            }
-        }
-        deserializer.deserialize_any(V)
+        deserializer.deserialize_any(IntOrStr {
+            expecting: U64_EXPECTING,
+            negative: |v| format!("{v} is negative; expected {U64_EXPECTING}"),
+            from_u64: U64,
+            from_str: |v| parse_u64(v).map(U64),
+        })
     }
 }
 
 impl<'de> Deserialize<'de> for RawOperand {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = RawOperand;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a number, or a control image such as \"ctrl:LABEL:active:real\"")
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<RawOperand, E> {
-                u64::try_from(v).map(RawOperand::Num).map_err(|_| {
-                    E::custom(format!(
-                        "{v} is negative; write a large operand as \"0x...\""
-                    ))
-                })
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<RawOperand, E> {
-                Ok(RawOperand::Num(v))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<RawOperand, E> {
-                Ok(RawOperand::Text(v.to_owned()))
-            }
-        }
-        deserializer.deserialize_any(V)
+        deserializer.deserialize_any(IntOrStr {
+            expecting: "a number, or a control image such as \"ctrl:LABEL:active:real\"",
+            negative: |v| format!("{v} is negative; write a large operand as \"0x...\""),
+            from_u64: RawOperand::Num,
+            from_str: |v| Ok(RawOperand::Text(v.to_owned())),
+        })
     }
 }
 
 /// Check a name: 1 to 64 letters, digits, `_`, `-` or `.`, starting with a letter or digit
 /// (the rule of app and offload names in `policy.toml`).
 fn check_name(at: &KeyPath, text: &str) -> std::result::Result<(), Invalid> {
-    let ok = (1..=MAX_NAME_LEN).contains(&text.len())
-        && text.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(invalid(
-            at.clone(),
-            format!(
-                "invalid name {text:?}: expected 1 to {MAX_NAME_LEN} letters, digits, '_', '-' or '.', starting with a letter or digit"
-            ),
-        ))
-    }
+    names::check_name(text)
+        .map_err(|rule| invalid(at.clone(), format!("invalid name {text:?}: {rule}")))
 }
 
 fn parse_access(at: &KeyPath, text: &str) -> std::result::Result<Access, Invalid> {
@@ -1789,7 +1787,7 @@ fn parse_hex(at: &KeyPath, text: &str) -> std::result::Result<Vec<u8>, Invalid> 
 }
 
 /// Unique names, and every name a program uses defined, each error at its key.
-fn resolve(p: &Program, doc: &Document<'_>) -> std::result::Result<(), Invalid> {
+fn resolve<'p>(p: &'p Program, doc: &Document<'_>) -> std::result::Result<(), Invalid> {
     let root = KeyPath::root();
     let line = |path: &KeyPath| {
         doc.line_of(path)
@@ -1811,36 +1809,26 @@ fn resolve(p: &Program, doc: &Document<'_>) -> std::result::Result<(), Invalid> 
         seen.insert(name, at);
         Ok(())
     }
-    let mut regions = HashMap::new();
-    for (i, r) in p.regions.iter().enumerate() {
-        unique(
-            &mut regions,
-            &r.name,
-            root.key("region").index(i).key("name"),
-            "region",
-            &line,
-        )?;
-    }
-    let mut params = HashMap::new();
-    for (i, x) in p.params.iter().enumerate() {
-        unique(
-            &mut params,
-            &x.name,
-            root.key("param").index(i).key("name"),
-            "parameter",
-            &line,
-        )?;
-    }
-    let mut statics = HashMap::new();
-    for (i, b) in p.statics.iter().enumerate() {
-        unique(
-            &mut statics,
-            &b.name,
-            root.key("static").index(i).key("name"),
-            "static block",
-            &line,
-        )?;
-    }
+    // The `name`s of the tables in array `key`, each unique; where each is.
+    let unique_names = |key: &str, what: &str, list: &mut dyn Iterator<Item = &'p str>| {
+        let mut seen = HashMap::new();
+        for (i, name) in list.enumerate() {
+            unique(
+                &mut seen,
+                name,
+                root.key(key).index(i).key("name"),
+                what,
+                &line,
+            )?;
+        }
+        Ok::<_, Invalid>(seen)
+    };
+    let mut list = p.regions.iter().map(|r| r.name.as_str());
+    let regions = unique_names("region", "region", &mut list)?;
+    let mut list = p.params.iter().map(|x| x.name.as_str());
+    let params = unique_names("param", "parameter", &mut list)?;
+    let mut list = p.statics.iter().map(|b| b.name.as_str());
+    let statics = unique_names("static", "static block", &mut list)?;
     let mut queues = HashMap::new();
     let mut labels = HashMap::new();
     // Bytes each WQE occupies.

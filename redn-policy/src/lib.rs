@@ -81,6 +81,7 @@ pub mod config;
 pub mod definition;
 pub mod error;
 pub mod identity;
+mod names;
 pub mod policy;
 mod source;
 pub mod units;

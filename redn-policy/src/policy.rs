@@ -51,6 +51,7 @@
 
 use crate::error::{Error, Result};
 use crate::identity::{is_normal_absolute, Matchers};
+use crate::names;
 use crate::source::{invalid, read_capped, Document, Invalid, KeyPath};
 use crate::units::{ByteSize, KbitRate, TimeSpan, WqeRate};
 use serde::de::{self, Deserializer};
@@ -222,20 +223,9 @@ struct Name(String);
 impl FromStr for Name {
     type Err = Error;
     fn from_str(text: &str) -> Result<Self> {
-        let ok = (1..=MAX_NAME_LEN).contains(&text.len())
-            && text.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && text
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-        if ok {
-            Ok(Name(text.to_owned()))
-        } else {
-            Err(Error::value(
-                "name",
-                text,
-                "expected 1 to 64 letters, digits, '_', '-' or '.', starting with a letter or digit",
-            ))
-        }
+        names::check_name(text)
+            .map(|()| Name(text.to_owned()))
+            .map_err(|rule| Error::value("name", text, rule))
     }
 }
 

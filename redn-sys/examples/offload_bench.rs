@@ -15,20 +15,26 @@
 //! tables; nothing is asserted. Exit status 1 means the softnic or a program misbehaved (a hang,
 //! an error completion, a wrong response, wrong WQE counts): see the "anomalies" list.
 
+mod bench_common;
+
+use bench_common::{
+    flags_if, mean_ns_samples, median, nop, ns, on_threads, parse_num, print_anomalies, print_head,
+    stats, timed_out, verdict, wait_produced, Backoff, CommonOpts, Ctx, SqWriter, Stats, WaitMode,
+    WAIT_TIMEOUT,
+};
 use redn_sys::mem::SharedBuffer;
-use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig, QpInfo};
+use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig};
 use redn_sys::program::catalog::{self, HashVariant, BUCKET_STRIDE};
 use redn_sys::program::{
     self, Addr, Builder, Form, Installed, Iterations, Op, Program, ProgramError, QueueRole,
     RegionRole, Sge,
 };
-use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
-use redn_sys::wqe::{encode_wqe, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
+use redn_sys::softnic::{SoftNic, SoftNicConfig};
+use redn_sys::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
 use redn_sys::{Access, Cqn, Lkey, Pdn, QpState, Qpn, VirtAddr};
 use std::collections::HashMap;
-use std::fmt::Display;
 use std::hint::black_box;
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const HELP: &str = "\
@@ -129,152 +135,51 @@ const CBUF_LEN: usize = 256 << 10;
 const RESP_LEN: u64 = 64 << 10;
 const READ_AT: u64 = 128 << 10;
 
-const WAIT_TIMEOUT: Duration = Duration::from_secs(2);
-const SPIN_BEFORE_YIELD: Duration = Duration::from_micros(20);
-
 // ---------------------------------------------------------------------------------------------
 // Options
 
 #[derive(Clone, Debug)]
 struct Opts {
-    quick: bool,
-    pus: usize,
-    cores: usize,
+    /// --quick, --pus, --prefetch, and the cores.
+    common: CommonOpts,
     samples: usize,
     reps: usize,
-    prefetch: Prefetch,
     constructs: bool,
     hash: bool,
     list: bool,
 }
 
-fn parse_num(name: &str, v: Option<String>) -> Result<usize, String> {
-    let v = v.ok_or_else(|| format!("{name} needs a value"))?;
-    let n: usize = v
-        .parse()
-        .map_err(|_| format!("{name}: '{v}' is not a number"))?;
-    if n == 0 {
-        return Err(format!("{name} must be at least 1"));
-    }
-    Ok(n)
-}
-
-fn parse_prefetch(v: Option<String>) -> Result<Prefetch, String> {
-    let v = v.ok_or("--prefetch needs a value")?;
-    match v.as_str() {
-        "at-execute" | "atexecute" | "0" => Ok(Prefetch::AtExecute),
-        "adversarial" => Ok(Prefetch::Adversarial),
-        s => {
-            let d = s.strip_prefix("depth:").unwrap_or(s);
-            d.parse::<u32>()
-                .map(Prefetch::Depth)
-                .map_err(|_| format!("--prefetch: '{v}' is not at-execute, adversarial or depth:N"))
-        }
-    }
-}
-
-fn parse_args() -> Result<Opts, String> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (mut quick, mut pus, mut samples, mut reps) = (false, None, None, None);
-    let mut prefetch = Prefetch::Depth(8);
+fn parse_args() -> Opts {
+    let (mut samples, mut reps) = (None, None);
     let mut only: Option<String> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let (name, inline) = match a.split_once('=') {
-            Some((n, v)) if a.starts_with("--") => (n.to_string(), Some(v.to_string())),
-            _ => (a.clone(), None),
-        };
-        let mut value = || inline.clone().or_else(|| args.next());
-        match name.as_str() {
-            "-h" | "--help" => {
-                print!("{HELP}");
-                std::process::exit(0);
-            }
-            "--quick" => quick = true,
-            "--pus" => pus = Some(parse_num("--pus", value())?),
+    let common = bench_common::parse_args("offload_bench", HELP, |name, value| {
+        match name {
             "--samples" => samples = Some(parse_num("--samples", value())?),
             "--reps" => reps = Some(parse_num("--reps", value())?),
-            "--prefetch" => prefetch = parse_prefetch(value())?,
             "--only" => match value().as_deref() {
                 Some(s @ ("constructs" | "hash" | "list")) => only = Some(s.to_string()),
                 other => {
                     return Err(format!("--only: expected constructs, hash or list, got {other:?}"))
                 }
             },
-            other => return Err(format!("unknown option '{other}'")),
+            _ => return Ok(false),
         }
-    }
-    let pus = pus.unwrap_or(cores);
-    if pus > 64 {
-        return Err("--pus: the softnic has at most 64 PUs".into());
-    }
+        Ok(true)
+    });
+    let quick = common.quick;
     let on = |s: &str| only.as_deref().map_or(true, |o| o == s);
-    Ok(Opts {
-        quick,
-        pus,
-        cores,
+    Opts {
         samples: samples.unwrap_or(if quick { 300 } else { 3000 }),
         reps: reps.unwrap_or(if quick { 3 } else { 5 }),
-        prefetch,
         constructs: on("constructs"),
         hash: on("hash"),
         list: on("list"),
-    })
+        common,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers
-
-trait Ctx<T> {
-    fn ctx(self, what: &str) -> Result<T, String>;
-}
-
-impl<T, E: Display> Ctx<T> for Result<T, E> {
-    fn ctx(self, what: &str) -> Result<T, String> {
-        self.map_err(|e| format!("{what}: {e}"))
-    }
-}
-
-/// Median and p99 (nearest rank) of a sample set.
-#[derive(Clone, Copy, Debug)]
-struct Stats {
-    median: f64,
-    p99: f64,
-}
-
-impl Default for Stats {
-    fn default() -> Self {
-        Stats {
-            median: f64::NAN,
-            p99: f64::NAN,
-        }
-    }
-}
-
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
-fn stats(v: &[f64]) -> Stats {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    Stats {
-        median: percentile(&s, 0.5),
-        p99: percentile(&s, 0.99),
-    }
-}
-
-fn median(v: &[f64]) -> f64 {
-    stats(v).median
-}
-
-fn ns(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e9
-}
 
 /// Nanoseconds as microseconds, with enough digits for sub-µs values.
 fn us(v: f64) -> String {
@@ -311,64 +216,19 @@ fn loadavg() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-fn verdict(met: bool) -> &'static str {
-    if met {
-        "MET"
-    } else {
-        "NOT MET"
-    }
-}
-
 const NONE: WqeFlags = WqeFlags::NONE;
 const SIG: WqeFlags = WqeFlags::SIGNALED;
 
-/// How the host waits for the softnic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum WaitMode {
-    /// Busy-poll, yielding after 20 µs (the PUs may share the host's core).
-    Spin,
-    /// Poll, sleep 20 µs between polls: host and PUs share cores.
-    Sleep,
-}
-
 /// Wait until `cq` has produced at least `target` completions; the instant it was seen.
 fn wait_cq(nic: &SoftNic, cq: Cqn, target: u64, mode: WaitMode) -> Result<Instant, String> {
-    let mut spins = 0u32;
-    let started = Instant::now();
-    loop {
-        let p = nic.cq_produced(cq).ctx("cq_produced")?;
-        if p >= target {
-            return Ok(Instant::now());
-        }
-        spins = spins.wrapping_add(1);
-        if mode == WaitMode::Sleep {
-            if started.elapsed() > WAIT_TIMEOUT {
-                return Err(format!(
-                    "timed out after {WAIT_TIMEOUT:?}: CQ {cq} produced {p}, waiting for {target}"
-                ));
-            }
-            std::thread::sleep(Duration::from_micros(20));
-        } else if spins % 64 == 0 {
-            let waited = started.elapsed();
-            if waited > WAIT_TIMEOUT {
-                return Err(format!(
-                    "timed out after {WAIT_TIMEOUT:?}: CQ {cq} produced {p}, waiting for {target}"
-                ));
-            }
-            if waited > SPIN_BEFORE_YIELD {
-                std::thread::yield_now();
-            }
-        } else {
-            std::hint::spin_loop();
-        }
-    }
+    wait_produced(nic, cq, target, mode, Backoff::new(64, Some(Instant::now())))?;
+    Ok(Instant::now())
 }
 
 /// Wait until `cq` has produced `base + 1`, ..., `base + n` completions; when each was seen.
 fn wait_steps(nic: &SoftNic, cq: Cqn, base: u64, n: u64) -> Result<Vec<Instant>, String> {
     let mut seen = Vec::with_capacity(n as usize);
-    let started = Instant::now();
-    let mut spins = 0u32;
+    let mut backoff = Backoff::new(64, Some(Instant::now()));
     loop {
         let p = nic.cq_produced(cq).ctx("cq_produced")?;
         if p > base + seen.len() as u64 {
@@ -380,21 +240,9 @@ fn wait_steps(nic: &SoftNic, cq: Cqn, base: u64, n: u64) -> Result<Vec<Instant>,
                 return Ok(seen);
             }
         }
-        spins = spins.wrapping_add(1);
-        if spins % 64 == 0 {
-            let waited = started.elapsed();
-            if waited > WAIT_TIMEOUT {
-                return Err(format!(
-                    "timed out after {WAIT_TIMEOUT:?}: CQ {cq} produced {p}, waiting for {}",
-                    base + n
-                ));
-            }
-            if waited > SPIN_BEFORE_YIELD {
-                std::thread::yield_now();
-            }
-        } else {
-            std::hint::spin_loop();
-        }
+        backoff
+            .pause(WaitMode::Spin)
+            .map_err(|()| timed_out(cq, p, base + n))?;
     }
 }
 
@@ -413,86 +261,7 @@ fn take_cqes(nic: &SoftNic, cq: Cqn, n: usize) -> Result<Vec<Completion>, String
 
 /// What the softnic says about some queues, for hang and error reports.
 fn diag(nic: &SoftNic, qps: &[Qpn], cqs: &[Cqn]) -> String {
-    let mut s = String::new();
-    for &q in qps {
-        let st = nic.qp_state(q).map_or("?".into(), |s| s.to_string());
-        let ci = nic.sq_consumed(q).map_or("?".into(), |c| c.to_string());
-        match nic.counters(q) {
-            Ok(c) => {
-                s += &format!(
-                    "\n      QP {q}: state {st}, sq_consumed {ci}, WQEs {} (NOP {}, WAIT {}, SEND_EN {}, \
-                     RECV_EN {}, WRITE {}, WRITE_IMM {}, SEND {}, READ {}, CAS {}, MCAS {}, FAA {}), \
-                     errors {}, wait_stalls {}, rnr_waits {}, recvs {}",
-                    c.total_wqes(),
-                    c.by_opcode(Opcode::Nop),
-                    c.by_opcode(Opcode::Wait),
-                    c.by_opcode(Opcode::SendEn),
-                    c.by_opcode(Opcode::RecvEn),
-                    c.by_opcode(Opcode::RdmaWrite),
-                    c.by_opcode(Opcode::RdmaWriteImm),
-                    c.by_opcode(Opcode::Send),
-                    c.by_opcode(Opcode::RdmaRead),
-                    c.by_opcode(Opcode::AtomicCs),
-                    c.by_opcode(Opcode::AtomicMaskedCs),
-                    c.by_opcode(Opcode::AtomicFa),
-                    c.errors,
-                    c.wait_stalls,
-                    c.rnr_waits,
-                    c.recvs
-                )
-            }
-            Err(e) => s += &format!("\n      QP {q}: {e}"),
-        }
-    }
-    for &c in cqs {
-        let p = nic.cq_produced(c).map_or("?".into(), |p| p.to_string());
-        s += &format!("\n      CQ {c}: produced {p}");
-    }
-    s
-}
-
-/// Writes WQE bytes straight into a send ring (what a driver does), so encoding is not timed;
-/// the doorbell is what a measurement starts with.
-struct SqWriter {
-    qpn: Qpn,
-    buf: Arc<SharedBuffer>,
-    off: usize,
-    entries: u64,
-    /// Producer index (BBs), absolute.
-    pi: u64,
-}
-
-impl SqWriter {
-    fn new(info: &QpInfo) -> SqWriter {
-        SqWriter {
-            qpn: info.qpn,
-            buf: Arc::clone(&info.sq.buffer),
-            off: info.sq.offset,
-            entries: u64::from(info.sq.entries),
-            pi: 0,
-        }
-    }
-
-    fn push(&mut self, nic: &SoftNic, wr: &WorkRequest) -> Result<(), String> {
-        let e = encode_wqe(wr, self.qpn, self.pi as u16).ctx("encode_wqe")?;
-        let end = self.pi + e.bbs() as u64;
-        let consumed = nic.sq_consumed(self.qpn).ctx("sq_consumed")?;
-        if end - consumed > self.entries {
-            return Err(format!("send ring of QP {} full ({} BBs)", self.qpn, self.entries));
-        }
-        for (i, bb) in e.bytes().chunks_exact(BB_SIZE).enumerate() {
-            let at = self.off + ((self.pi + i as u64) & (self.entries - 1)) as usize * BB_SIZE;
-            self.buf.write(at, bb);
-        }
-        nic.note_posted(self.qpn, self.pi, end, wr.wr_id)
-            .ctx("note_posted")?;
-        self.pi = end;
-        Ok(())
-    }
-
-    fn ring(&self, nic: &SoftNic) -> Result<(), String> {
-        nic.ring_doorbell(self.qpn, self.pi).ctx("ring_doorbell")
-    }
+    bench_common::diag(nic, qps, cqs, true)
 }
 
 fn send_wr(msg: Vec<u8>) -> WorkRequest {
@@ -584,15 +353,15 @@ impl Env {
     fn new(o: &Opts) -> Result<Env, String> {
         let server = SoftNic::new(SoftNicConfig {
             name: "server".into(),
-            pus: o.pus,
-            prefetch: o.prefetch,
+            pus: o.common.pus,
+            prefetch: o.common.prefetch,
             wqe_checks: false,
         })
         .ctx("server softnic")?;
         let client = SoftNic::new(SoftNicConfig {
             name: "client".into(),
             pus: 1,
-            prefetch: o.prefetch,
+            prefetch: o.common.prefetch,
             wqe_checks: false,
         })
         .ctx("client softnic")?;
@@ -620,7 +389,7 @@ impl Env {
         let sqp = server.create_qp(QpConfig::new(spd, scq)).ctx("create_qp")?;
         SoftNic::connect_pair(&client, rqp.qpn, &server, sqp.qpn).ctx("connect_pair")?;
         let mut wakers = Vec::new();
-        for (on_server, nic, pd, pu) in (0..o.pus)
+        for (on_server, nic, pd, pu) in (0..o.common.pus)
             .map(|p| (true, &server, spd, p))
             .chain([(false, &client, cpd, 0)])
         {
@@ -640,12 +409,12 @@ impl Env {
             cbuf,
             ccq,
             reader: std::cell::RefCell::new(Reader {
-                sq: SqWriter::new(&rqp),
+                sq: SqWriter::new(&rqp, true),
                 cq: rcq,
             }),
             wakers,
             install_costs: Default::default(),
-            pus: o.pus,
+            pus: o.common.pus,
         })
     }
 
@@ -661,14 +430,7 @@ impl Env {
             }
             let nic = if on_server { &self.server } else { &self.client };
             let base = nic.cq_produced(cq).ctx("cq_produced")?;
-            let wr = WorkRequest {
-                wr_id: 0,
-                flags: SIG,
-                op: WrOp::Nop {
-                    raw_segments: Vec::new(),
-                },
-            };
-            nic.post_send(q, &[wr]).ctx("post_send")?;
+            nic.post_send(q, &[nop(SIG, 0)]).ctx("post_send")?;
             targets.push((nic, cq, base + 1));
         }
         for (nic, cq, t) in targets {
@@ -770,7 +532,7 @@ fn install(env: &Env, program: &Program, scratch: u64, sq_bbs: u32, rq_slots: u3
     Ok(Inst {
         installed,
         cqp: cinfo.qpn,
-        csq: SqWriter::new(&cinfo),
+        csq: SqWriter::new(&cinfo, true),
         capacity,
         served: 0,
         pus,
@@ -1035,39 +797,19 @@ fn native_find(data: &SharedBuffer, base: u64, dst: &SharedBuffer, head: u64, ke
 }
 
 /// Per-operation ns of `f`, timed over batches sized so a batch moves ~64 KiB (1..64 ops).
-fn native_samples(samples: usize, bytes_per_op: usize, mut f: impl FnMut() -> usize) -> Vec<f64> {
+fn native_samples(samples: usize, bytes_per_op: usize, f: impl FnMut() -> usize) -> Vec<f64> {
     let batch = (65536 / bytes_per_op.max(1)).clamp(1, 64);
-    for _ in 0..batch * 16 {
-        black_box(f());
-    }
-    let mut v = Vec::with_capacity(samples);
-    for _ in 0..samples {
-        let t0 = Instant::now();
-        for _ in 0..batch {
-            black_box(f());
-        }
-        v.push(ns(t0.elapsed()) / batch as f64);
-    }
-    v
+    mean_ns_samples(samples, batch, batch * 16, f)
 }
 
 /// `threads` CPU threads each running `f(count)` (which times itself) at the same time:
 /// total operations per second over the slowest thread.
 fn native_parallel(threads: usize, count: u64, f: &(dyn Fn(u64) -> Duration + Sync)) -> f64 {
-    let barrier = Barrier::new(threads);
-    let times: Vec<Duration> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads)
-            .map(|_| {
-                let b = &barrier;
-                s.spawn(move || {
-                    b.wait();
-                    f(count)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap_or(Duration::MAX)).collect()
-    });
-    let slowest = times.into_iter().max().unwrap_or(Duration::MAX);
+    let slowest = on_threads(threads, |_| f(count))
+        .into_iter()
+        .map(|r| r.unwrap_or(Duration::MAX))
+        .max()
+        .unwrap_or(Duration::MAX);
     threads as f64 * count as f64 / slowest.as_secs_f64()
 }
 
@@ -1098,7 +840,7 @@ fn if_program(n: u32) -> Result<Program, ProgramError> {
             sgl: vec![Sge::new(Addr::region("data", 64), 8)],
             imm: None,
         };
-        b.push(t, &target, op, if i + 1 == n { SIG } else { NONE }, Form::Nop);
+        b.push(t, &target, op, flags_if(i + 1 == n), Form::Nop);
         b.if_eq(w, &format!("c{i}"), &target, Some(u64::from(i % 2)), SIG)?;
         b.push(w, &format!("w{i}"), Op::Wait { queue: "w".into(), count: i }, NONE, Form::Active);
         b.push(w, &format!("e{i}"), Op::SendEn { queue: "t".into(), count: i + 1 }, NONE, Form::Active);
@@ -1455,7 +1197,7 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
     // The host busy-polls only if it has a core of its own: it, the server PUs a row uses and
     // (for rows driven by client triggers) the client's PU must fit the cores.
     let mode_for = |server_pus: usize, client: bool| {
-        if server_pus + usize::from(client) + 1 > o.cores {
+        if server_pus + usize::from(client) + 1 > o.common.cores {
             WaitMode::Sleep
         } else {
             WaitMode::Spin
@@ -1465,13 +1207,13 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
     // stay small and several instances share a PU to make each timed run long enough.
     // (instances per PU with one PU, instances per PU with all PUs)
     let if_n: u32 = 512;
-    let if_k = if o.quick { (4, 8) } else { (8, 16) };
+    let if_k = if o.common.quick { (4, 8) } else { (8, 16) };
     let hash_n: u64 = 256;
-    let hash_k = if o.quick { (4, 4) } else { (8, 8) };
+    let hash_k = if o.common.quick { (4, 4) } else { (8, 8) };
     let list_n: u64 = 32;
-    let list_k = if o.quick { (8, 8) } else { (16, 16) };
-    let sl_n: u64 = if o.quick { 500 } else { 2000 };
-    let window = Duration::from_millis(if o.quick { 20 } else { 60 });
+    let list_k = if o.common.quick { (8, 8) } else { (16, 16) };
+    let sl_n: u64 = if o.common.quick { 500 } else { 2000 };
+    let window = Duration::from_millis(if o.common.quick { 20 } else { 60 });
     println!(
         "   ops/s: median over {} reps (after a warm-up run); \"worst\" is the slowest rep. Time: from the",
         o.reps
@@ -1485,7 +1227,7 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
     );
     println!(
         "   PU fit the {} cores; otherwise (rows marked *) it sleeps 20 µs between polls: detection up to",
-        o.cores
+        o.common.cores
     );
     println!("   ~70 µs late, so those rates err low.");
     println!(
@@ -1530,7 +1272,7 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
         );
     };
     let pu_sets: Vec<usize> = if all > 1 { vec![1, all] } else { vec![1] };
-    let native_n = if o.quick { 200_000 } else { 1_000_000 };
+    let native_n = if o.common.quick { 200_000 } else { 1_000_000 };
     let native = |p: usize, f: &(dyn Fn(u64) -> Duration + Sync)| -> f64 {
         let v: Vec<f64> = (0..o.reps.min(3)).map(|_| native_parallel(p, native_n, f)).collect();
         median(&v)
@@ -1761,7 +1503,7 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
     );
     println!(
         "   on {} cores; for the READ baselines only the host and the client's PU.",
-        o.cores
+        o.common.cores
     );
     // The offload rows: (variant, the client-facing queue moved to PU 1).
     let offloads = [
@@ -2227,26 +1969,13 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
 // ---------------------------------------------------------------------------------------------
 
 fn main() {
-    let o = match parse_args() {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("offload_bench: {e}\n(see --help)");
-            std::process::exit(2);
-        }
-    };
+    let o = parse_args();
     let started = Instant::now();
-    println!("offload_bench: RedN Table 3 and §5.2-5.3 on the softnic, with same-run baselines");
-    println!(
-        "   {} cores, server softnic {} PUs, client softnic 1 PU, prefetch {:?}, {}{}",
-        o.cores,
-        o.pus,
-        o.prefetch,
-        if o.quick { "quick run" } else { "full run" },
-        if cfg!(debug_assertions) {
-            "  !! debug build: numbers are meaningless, use --release"
-        } else {
-            ""
-        }
+    let pus = format!("server softnic {} PUs, client softnic 1 PU", o.common.pus);
+    print_head(
+        "offload_bench: RedN Table 3 and §5.2-5.3 on the softnic, with same-run baselines",
+        &o.common,
+        &pus,
     );
     println!(
         "   load average at the start: {} (other processes share these cores; latencies are",
@@ -2289,15 +2018,7 @@ fn main() {
     }
     println!();
     println!("load average at the end: {}", loadavg());
-    if anomalies.is_empty() {
-        println!("anomalies: none");
-    } else {
-        println!("anomalies ({}):", anomalies.len());
-        for a in &anomalies {
-            println!(" - {a}");
-        }
-    }
-    println!("total run time {:.1} s", started.elapsed().as_secs_f64());
+    print_anomalies(&anomalies, started);
     drop(env);
     if !anomalies.is_empty() {
         std::process::exit(1);

@@ -9,14 +9,20 @@
 //! It prints tables; nothing is asserted. Exit status 1 means the softnic misbehaved (a hang,
 //! an error or out-of-order completion, a wrong result in memory): see the "anomalies" list.
 
+mod bench_common;
+
+use bench_common::{
+    flags_if, mean_ns_samples, median, nop, ns, on_threads, parse_num, print_anomalies, print_head,
+    stats, verdict, wait_produced, Backoff, CommonOpts, Ctx, SqWriter, Stats, WaitMode,
+    SPIN_BEFORE_YIELD, WAIT_TIMEOUT,
+};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig, QpInfo};
-use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
+use redn_sys::softnic::{SoftNic, SoftNicConfig};
 use redn_sys::wqe::{encode_wqe, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::{Access, Cqn, Pdn, QpState, Qpn};
-use std::fmt::Display;
 use std::hint::black_box;
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const HELP: &str = "\
@@ -76,10 +82,6 @@ const TP_RING: u32 = 4096;
 const TP_RING_SHARED: u32 = 16384;
 const TP_BATCH: usize = 1024;
 const TP_REGION: usize = 4096;
-const WAIT_TIMEOUT: Duration = Duration::from_secs(2);
-/// A busy-polling host yields its CPU after this long: if the PU it waits for was scheduled
-/// on the same core (other processes running), the PU only runs once the host yields.
-const SPIN_BEFORE_YIELD: Duration = Duration::from_micros(20);
 const DB_TARGET_NS: f64 = 50.0;
 const CX5_DB_NS: f64 = 540.0;
 const WRITE_TARGET_MWQES: f64 = 50.0;
@@ -90,65 +92,23 @@ const WRITE_TARGET_SLOWDOWN: f64 = 5.0;
 
 #[derive(Clone, Debug)]
 struct Opts {
-    quick: bool,
-    pus: usize,
-    cores: usize,
+    /// --quick, --pus, --prefetch, and the cores.
+    common: CommonOpts,
     iters: usize,
     reps: usize,
     batches: usize,
-    prefetch: Prefetch,
     latency: bool,
     throughput: bool,
 }
 
-fn parse_num(name: &str, v: Option<String>) -> Result<usize, String> {
-    let v = v.ok_or_else(|| format!("{name} needs a value"))?;
-    let n: usize = v
-        .parse()
-        .map_err(|_| format!("{name}: '{v}' is not a number"))?;
-    if n == 0 {
-        return Err(format!("{name} must be at least 1"));
-    }
-    Ok(n)
-}
-
-fn parse_prefetch(v: Option<String>) -> Result<Prefetch, String> {
-    let v = v.ok_or("--prefetch needs a value")?;
-    match v.as_str() {
-        "at-execute" | "atexecute" | "0" => Ok(Prefetch::AtExecute),
-        "adversarial" => Ok(Prefetch::Adversarial),
-        s => {
-            let d = s.strip_prefix("depth:").unwrap_or(s);
-            d.parse::<u32>()
-                .map(Prefetch::Depth)
-                .map_err(|_| format!("--prefetch: '{v}' is not at-execute, adversarial or depth:N"))
-        }
-    }
-}
-
-fn parse_args() -> Result<Opts, String> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (mut quick, mut pus, mut iters, mut reps, mut batches) = (false, None, None, None, None);
-    let mut prefetch = Prefetch::Depth(8);
+fn parse_args() -> Opts {
+    let (mut iters, mut reps, mut batches) = (None, None, None);
     let (mut latency, mut throughput) = (true, true);
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let (name, inline) = match a.split_once('=') {
-            Some((n, v)) if a.starts_with("--") => (n.to_string(), Some(v.to_string())),
-            _ => (a.clone(), None),
-        };
-        let mut value = || inline.clone().or_else(|| args.next());
-        match name.as_str() {
-            "-h" | "--help" => {
-                print!("{HELP}");
-                std::process::exit(0);
-            }
-            "--quick" => quick = true,
-            "--pus" => pus = Some(parse_num("--pus", value())?),
+    let common = bench_common::parse_args("softnic_bench", HELP, |name, value| {
+        match name {
             "--iters" => iters = Some(parse_num("--iters", value())?),
             "--reps" => reps = Some(parse_num("--reps", value())?),
             "--batches" => batches = Some(parse_num("--batches", value())?),
-            "--prefetch" => prefetch = parse_prefetch(value())?,
             "--only" => match value().as_deref() {
                 Some("latency") => (latency, throughput) = (true, false),
                 Some("throughput") => (latency, throughput) = (false, true),
@@ -158,66 +118,23 @@ fn parse_args() -> Result<Opts, String> {
                     ))
                 }
             },
-            other => return Err(format!("unknown option '{other}'")),
+            _ => return Ok(false),
         }
-    }
-    let pus = pus.unwrap_or(cores);
-    if pus > 64 {
-        return Err("--pus: the softnic has at most 64 PUs".into());
-    }
-    Ok(Opts {
-        quick,
-        pus,
-        cores,
+        Ok(true)
+    });
+    let quick = common.quick;
+    Opts {
         iters: iters.unwrap_or(if quick { 400 } else { 5000 }),
         reps: reps.unwrap_or(if quick { 3 } else { 7 }),
         batches: batches.unwrap_or(if quick { 32 } else { 256 }),
-        prefetch,
         latency,
         throughput,
-    })
+        common,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers
-
-trait Ctx<T> {
-    fn ctx(self, what: &str) -> Result<T, String>;
-}
-
-impl<T, E: Display> Ctx<T> for Result<T, E> {
-    fn ctx(self, what: &str) -> Result<T, String> {
-        self.map_err(|e| format!("{what}: {e}"))
-    }
-}
-
-/// Median and p99 (nearest rank) of a sample set.
-#[derive(Clone, Copy, Debug, Default)]
-struct Stats {
-    median: f64,
-    p99: f64,
-}
-
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
-fn stats(v: &[f64]) -> Stats {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    Stats {
-        median: percentile(&s, 0.5),
-        p99: percentile(&s, 0.99),
-    }
-}
-
-fn ns(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e9
-}
 
 fn fmt_ns(v: f64) -> String {
     if !v.is_finite() {
@@ -231,83 +148,6 @@ fn fmt_ns(v: f64) -> String {
     }
 }
 
-fn verdict(met: bool) -> &'static str {
-    if met {
-        "MET"
-    } else {
-        "NOT MET"
-    }
-}
-
-fn nop(flags: WqeFlags, wr_id: u64) -> WorkRequest {
-    WorkRequest {
-        wr_id,
-        flags,
-        op: WrOp::Nop {
-            raw_segments: Vec::new(),
-        },
-    }
-}
-
-fn flags_if(signaled: bool) -> WqeFlags {
-    if signaled {
-        WqeFlags::SIGNALED
-    } else {
-        WqeFlags::NONE
-    }
-}
-
-/// Writes WQE bytes straight into a send ring (what a driver does), so encoding is never
-/// timed; the doorbell (or a SEND_EN) is what the measurement starts with.
-struct SqWriter {
-    qpn: Qpn,
-    buf: Arc<SharedBuffer>,
-    off: usize,
-    entries: u64,
-    /// Producer index (BBs), absolute.
-    pi: u64,
-}
-
-impl SqWriter {
-    fn new(info: &QpInfo) -> SqWriter {
-        SqWriter {
-            qpn: info.qpn,
-            buf: Arc::clone(&info.sq.buffer),
-            off: info.sq.offset,
-            entries: u64::from(info.sq.entries),
-            pi: 0,
-        }
-    }
-
-    fn slot_off(&self, index: u64) -> usize {
-        self.off + (index & (self.entries - 1)) as usize * BB_SIZE
-    }
-
-    fn push(&mut self, nic: &SoftNic, wr: &WorkRequest) -> Result<(), String> {
-        let e = encode_wqe(wr, self.qpn, self.pi as u16).ctx("encode_wqe")?;
-        for (i, bb) in e.bytes().chunks_exact(BB_SIZE).enumerate() {
-            self.buf.write(self.slot_off(self.pi + i as u64), bb);
-        }
-        let end = self.pi + e.bbs() as u64;
-        nic.note_posted(self.qpn, self.pi, end, wr.wr_id)
-            .ctx("note_posted")?;
-        self.pi = end;
-        Ok(())
-    }
-}
-
-/// How the host waits for the softnic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum WaitMode {
-    /// Busy-poll (yield only after 20 µs): latency runs, where the host has a core of its own.
-    Spin,
-    /// Poll, yield the CPU between polls: throughput runs where host + PUs fit the cores
-    /// (a busy host would steal the PU's CPU whenever anything else runs on the machine).
-    Yield,
-    /// Poll, then sleep 20 µs between polls: host and PUs share cores.
-    Sleep,
-}
-
 impl WaitMode {
     fn name(self) -> &'static str {
         match self {
@@ -318,74 +158,15 @@ impl WaitMode {
     }
 }
 
-/// Wait until `cq` has produced at least `target` completions (what WAIT counts).
+/// Wait until `cq` has produced at least `target` completions (what WAIT counts). Latency
+/// runs spin: the clock is only read every 128 polls, and not before.
 fn wait_cq(nic: &SoftNic, cq: Cqn, target: u64, mode: WaitMode) -> Result<(), String> {
-    let mut spins = 0u32;
-    let mut started: Option<Instant> = None;
-    loop {
-        let p = nic.cq_produced(cq).ctx("cq_produced")?;
-        if p >= target {
-            return Ok(());
-        }
-        spins = spins.wrapping_add(1);
-        if mode != WaitMode::Spin {
-            let now = Instant::now();
-            if now - *started.get_or_insert(now) > WAIT_TIMEOUT {
-                return Err(format!(
-                    "timed out after {WAIT_TIMEOUT:?}: CQ {cq} produced {p}, waiting for {target}"
-                ));
-            }
-            if mode == WaitMode::Sleep {
-                std::thread::sleep(Duration::from_micros(20));
-            } else {
-                std::thread::yield_now();
-            }
-        } else if spins % 128 == 0 {
-            let now = Instant::now();
-            let waited = now - *started.get_or_insert(now);
-            if waited > WAIT_TIMEOUT {
-                return Err(format!(
-                    "timed out after {WAIT_TIMEOUT:?}: CQ {cq} produced {p}, waiting for {target}"
-                ));
-            }
-            if waited > SPIN_BEFORE_YIELD {
-                std::thread::yield_now();
-            }
-        } else {
-            std::hint::spin_loop();
-        }
-    }
+    wait_produced(nic, cq, target, mode, Backoff::new(128, None))
 }
 
 /// What the softnic says about some queues, for hang reports.
 fn diag(nic: &SoftNic, qps: &[Qpn], cqs: &[Cqn]) -> String {
-    let mut s = String::new();
-    for &q in qps {
-        let st = nic.qp_state(q).map_or("?".into(), |s| s.to_string());
-        let ci = nic.sq_consumed(q).map_or("?".into(), |c| c.to_string());
-        match nic.counters(q) {
-            Ok(c) => s += &format!(
-                "\n      QP {q}: state {st}, sq_consumed {ci}, WQEs {} (NOP {}, WAIT {}, SEND_EN {}, \
-                 WRITE {}, READ {}, CAS {}, FAA {}), errors {}, wait_stalls {}",
-                c.total_wqes(),
-                c.by_opcode(Opcode::Nop),
-                c.by_opcode(Opcode::Wait),
-                c.by_opcode(Opcode::SendEn),
-                c.by_opcode(Opcode::RdmaWrite),
-                c.by_opcode(Opcode::RdmaRead),
-                c.by_opcode(Opcode::AtomicCs),
-                c.by_opcode(Opcode::AtomicFa),
-                c.errors,
-                c.wait_stalls
-            ),
-            Err(e) => s += &format!("\n      QP {q}: {e}"),
-        }
-    }
-    for &c in cqs {
-        let p = nic.cq_produced(c).map_or("?".into(), |p| p.to_string());
-        s += &format!("\n      CQ {c}: produced {p}");
-    }
-    s
+    bench_common::diag(nic, qps, cqs, false)
 }
 
 /// A CQ counted by WAITs and never polled, so it may wrap.
@@ -500,7 +281,7 @@ impl LatQueues {
             let cq = counting_cq(nic)?;
             let l = loopback_qp(nic, pd, cq, qpu, LAT_RING, false)?;
             return Ok(LatQueues::Single {
-                l: SqWriter::new(&l),
+                l: SqWriter::new(&l, false),
                 cq,
             });
         }
@@ -510,9 +291,9 @@ impl LatQueues {
         let q = loopback_qp(nic, pd, cq_q, qpu, LAT_RING, true)?;
         let m = loopback_qp(nic, pd, cq_m, mpu, LAT_RING, false)?;
         Ok(LatQueues::Pair(DbPair {
-            m: SqWriter::new(&m),
+            m: SqWriter::new(&m, false),
             cq_m,
-            q: SqWriter::new(&q),
+            q: SqWriter::new(&q, false),
             cq_q,
         }))
     }
@@ -590,26 +371,15 @@ impl Flag {
     }
 
     fn wait(&self) -> Result<(), String> {
-        let mut spins = 0u32;
-        let mut started: Option<Instant> = None;
+        let mut backoff = Backoff::new(128, None);
         while self.buf.load_u64(0) != self.seq {
-            spins = spins.wrapping_add(1);
-            if spins % 128 == 0 {
-                let now = Instant::now();
-                let waited = now - *started.get_or_insert(now);
-                if waited > WAIT_TIMEOUT {
-                    return Err(format!(
-                        "timed out after {WAIT_TIMEOUT:?} waiting for flag write {} (flag holds {})",
-                        self.seq,
-                        self.buf.load_u64(0)
-                    ));
-                }
-                if waited > SPIN_BEFORE_YIELD {
-                    std::thread::yield_now();
-                }
-            } else {
-                std::hint::spin_loop();
-            }
+            backoff.pause(WaitMode::Spin).map_err(|()| {
+                format!(
+                    "timed out after {WAIT_TIMEOUT:?} waiting for flag write {} (flag holds {})",
+                    self.seq,
+                    self.buf.load_u64(0)
+                )
+            })?;
         }
         Ok(())
     }
@@ -629,7 +399,7 @@ fn run_chain(
         return Err(format!("{kind:?} chain needs other queues"));
     }
     flag.seq += 1;
-    let (db, cq, target) = match lq {
+    let (db, cq, target): (&SqWriter, Cqn, u64) = match lq {
         LatQueues::Single { l, cq } => {
             let cq = *cq;
             let base = nic.cq_produced(cq).ctx("cq_produced")?;
@@ -652,7 +422,7 @@ fn run_chain(
                 l.push(nic, &flag.write_wr())?;
             }
             let target = base + if kind == Chain::Cq { n as u64 } else { 1 };
-            ((l.qpn, l.pi), cq, target)
+            (l, cq, target)
         }
         LatQueues::Pair(pair) => {
             let base = nic.cq_produced(pair.cq_q).ctx("cq_produced")?;
@@ -688,11 +458,11 @@ fn run_chain(
                 pair.m.push(nic, &w)?;
                 pair.m.push(nic, &e)?;
             }
-            ((pair.m.qpn, pair.m.pi), pair.cq_q, base + n as u64)
+            (&pair.m, pair.cq_q, base + n as u64)
         }
     };
     let t0 = Instant::now();
-    nic.ring_doorbell(db.0, db.1).ctx("ring_doorbell")?;
+    db.ring(nic)?;
     match detect {
         Detect::Cq => wait_cq(nic, cq, target, WaitMode::Spin)?,
         Detect::Flag => flag.wait()?,
@@ -715,45 +485,32 @@ fn run_chain(
 /// stored per SEND_EN and read by the "managed queue".
 fn native_chain(kind: Chain, n: usize, ring: &SqWriter, ctr: &SharedBuffer) {
     let mut blk = [0u8; BB_SIZE];
-    let slot = |i: usize| ring.slot_off(i as u64);
-    match kind {
-        Chain::Wq => {
-            for i in 0..n {
-                ring.buf.read_block(slot(i), &mut blk);
-                black_box(&blk);
-            }
-            ctr.atomic_update(0, |v| Some(v + 1));
+    let mut load_wqe = |i: usize| {
+        ring.buf.read_block(ring.slot_off(i as u64), &mut blk);
+        black_box(&blk);
+    };
+    if kind == Chain::Wq {
+        for i in 0..n {
+            load_wqe(i);
         }
-        Chain::Cq => {
-            let base = ctr.load_u64(0);
-            for i in 0..n {
-                if i > 0 {
-                    ring.buf.read_block(slot(2 * i - 1), &mut blk);
-                    black_box(&blk);
-                    black_box(ctr.load_u64(0) > base + i as u64 - 1);
-                }
-                ring.buf.read_block(slot(2 * i), &mut blk);
-                black_box(&blk);
-                ctr.atomic_update(0, |v| Some(v + 1));
-            }
+        ctr.atomic_update(0, |v| Some(v + 1));
+        return;
+    }
+    // Completion and doorbell order: WAIT for the previous completion, then the NOP (doorbell
+    // order: the SEND_EN, its enable index, and the NOP on the managed queue).
+    let base = ctr.load_u64(0);
+    for i in 0..n {
+        if i > 0 {
+            load_wqe(2 * i - 1);
+            black_box(ctr.load_u64(0) > base + i as u64 - 1);
         }
-        Chain::Db => {
-            let base = ctr.load_u64(0);
-            for i in 0..n {
-                if i > 0 {
-                    ring.buf.read_block(slot(2 * i - 1), &mut blk);
-                    black_box(&blk);
-                    black_box(ctr.load_u64(0) > base + i as u64 - 1);
-                }
-                ring.buf.read_block(slot(2 * i), &mut blk);
-                black_box(&blk);
-                ctr.store_u64(8, i as u64 + 1);
-                black_box(ctr.load_u64(8) > i as u64);
-                ring.buf.read_block(slot(2 * n + i), &mut blk);
-                black_box(&blk);
-                ctr.atomic_update(0, |v| Some(v + 1));
-            }
+        load_wqe(2 * i);
+        if kind == Chain::Db {
+            ctr.store_u64(8, i as u64 + 1);
+            black_box(ctr.load_u64(8) > i as u64);
+            load_wqe(2 * n + i);
         }
+        ctr.atomic_update(0, |v| Some(v + 1));
     }
 }
 
@@ -761,18 +518,9 @@ fn native_chain(kind: Chain, n: usize, ring: &SqWriter, ctr: &SharedBuffer) {
 fn native_chain_stats(kind: Chain, n: usize, ring: &SqWriter, samples: usize) -> Stats {
     let ctr = SharedBuffer::new(64);
     let reps = (4096 / n).max(16);
-    for _ in 0..reps {
-        native_chain(kind, n, ring, &ctr);
-    }
-    let mut v = Vec::with_capacity(samples);
-    for _ in 0..samples {
-        let t0 = Instant::now();
-        for _ in 0..reps {
-            native_chain(kind, n, ring, &ctr);
-        }
-        v.push(ns(t0.elapsed()) / reps as f64);
-    }
-    stats(&v)
+    stats(&mean_ns_samples(samples, reps, reps, || {
+        native_chain(kind, n, ring, &ctr)
+    }))
 }
 
 struct ChainRow {
@@ -865,7 +613,7 @@ fn latency_section(
         0,
         db_title("c", "master and managed SQ both on PU 0"),
     ));
-    if o.pus >= 2 {
+    if o.common.pus >= 2 {
         kinds.push((
             Chain::Db,
             0,
@@ -886,10 +634,10 @@ fn latency_section(
         let mut lq = LatQueues::new(nic, pd, kind, *mpu, *qpu)?;
         println!();
         println!("{title}");
-        if cross && o.cores < 3 {
+        if cross && o.common.cores < 3 {
             println!(
                 "    note: 2 PUs busy + host on {} cores: threads share cores, expect preemption noise",
-                o.cores
+                o.common.cores
             );
         }
         println!(
@@ -1186,7 +934,7 @@ impl TpQp {
             })
             .ctx("create_cq")?;
         let info = loopback_qp(nic, pd, cq, pu, ring, false)?;
-        let w = SqWriter::new(&info);
+        let w = SqWriter::new(&info, false);
         let (src, dst) = match op {
             TOp::Cas | TOp::Faa => (
                 Region::new(nic, pd, |_| 0)?,
@@ -1402,22 +1150,11 @@ fn native_run(op: TOp, qps: &[TpQp], count: usize) -> (f64, Vec<f64>) {
         let (s, e, iv) = native_worker(op, &qps[0], count);
         return (count as f64 / (e - s).as_secs_f64(), iv);
     }
-    let barrier = Barrier::new(qps.len());
-    let results: Vec<(Instant, Instant, Vec<f64>)> = std::thread::scope(|sc| {
-        let hs: Vec<_> = qps
-            .iter()
-            .map(|q| {
-                let b = &barrier;
-                sc.spawn(move || {
-                    b.wait();
-                    native_worker(op, q, count)
-                })
-            })
+    let results: Vec<(Instant, Instant, Vec<f64>)> =
+        on_threads(qps.len(), |i| native_worker(op, &qps[i], count))
+            .into_iter()
+            .map(|r| r.expect("native worker"))
             .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("native worker"))
-            .collect()
-    });
     let start = results.iter().map(|r| r.0).min().expect("threads");
     let end = results.iter().map(|r| r.1).max().expect("threads");
     let iv = results.into_iter().flat_map(|r| r.2).collect();
@@ -1441,7 +1178,7 @@ fn block_copy_rate(count: usize, reps: usize) -> f64 {
             rates.push(count as f64 / t0.elapsed().as_secs_f64());
         }
     }
-    stats(&rates).median
+    median(&rates)
 }
 
 struct TpRow {
@@ -1521,7 +1258,7 @@ fn tp_verify(nic: &SoftNic, op: TOp, qps: &[TpQp], expected_per_qp: u64) -> Resu
 /// Poll + yield with a 4096-BB ring if the host has a core besides the PUs, else sleep between
 /// polls and use a bigger ring.
 fn wait_mode(o: &Opts, nqp: usize) -> (WaitMode, u32) {
-    if nqp < o.cores {
+    if nqp < o.common.cores {
         (WaitMode::Yield, TP_RING)
     } else {
         (WaitMode::Sleep, TP_RING_SHARED)
@@ -1588,9 +1325,9 @@ fn tp_row(
             Post::PostSend => format!("{} (post_send)", op.name()),
         },
         nqp,
-        soft: stats(&rates).median,
+        soft: median(&rates),
         soft_p99,
-        native: stats(&nrates).median,
+        native: median(&nrates),
         native_p99: at_p99_batch(&niv),
     })
 }
@@ -1637,9 +1374,9 @@ fn throughput_section(
         configs.push((op, Post::Rearm, 1));
     }
     configs.push((TOp::Write, Post::PostSend, 1));
-    if o.pus > 1 {
+    if o.common.pus > 1 {
         for op in [TOp::Nop, TOp::Write, TOp::Read, TOp::Cas, TOp::Faa] {
-            configs.push((op, Post::Rearm, o.pus));
+            configs.push((op, Post::Rearm, o.common.pus));
         }
     }
     println!();
@@ -1657,7 +1394,7 @@ fn throughput_section(
                  thread{} + host)",
                 if nqp == 1 { "" } else { "s" },
                 mode.name(),
-                o.cores,
+                o.common.cores,
                 if nqp == 1 { "" } else { "s" },
             );
             last_nqp = nqp;
@@ -1722,30 +1459,16 @@ fn throughput_section(
 // ---------------------------------------------------------------------------------------------
 
 fn main() {
-    let o = match parse_args() {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("softnic_bench: {e}\n(see --help)");
-            std::process::exit(2);
-        }
-    };
+    let o = parse_args();
     let started = Instant::now();
-    println!("softnic_bench: RedN §5.1 microbenchmarks on the softnic, with native baselines");
-    println!(
-        "   {} cores, {} PUs, prefetch {:?}, {}{}",
-        o.cores,
-        o.pus,
-        o.prefetch,
-        if o.quick { "quick run" } else { "full run" },
-        if cfg!(debug_assertions) {
-            "  !! debug build: numbers are meaningless, use --release"
-        } else {
-            ""
-        }
+    print_head(
+        "softnic_bench: RedN §5.1 microbenchmarks on the softnic, with native baselines",
+        &o.common,
+        &format!("{} PUs", o.common.pus),
     );
     println!("   Instant::now() costs {:.1} ns", instant_overhead_ns());
-    if o.cores >= 2 {
-        let rtt = cross_thread_rtt(if o.quick { 2000 } else { 20000 });
+    if o.common.cores >= 2 {
+        let rtt = cross_thread_rtt(if o.common.quick { 2000 } else { 20000 });
         println!(
             "   floor: cross-thread round trip through a SharedBuffer word: median {} ns, p99 {} ns",
             fmt_ns(rtt.median),
@@ -1755,8 +1478,8 @@ fn main() {
 
     let nic = match SoftNic::new(SoftNicConfig {
         name: "bench".into(),
-        pus: o.pus,
-        prefetch: o.prefetch,
+        pus: o.common.pus,
+        prefetch: o.common.prefetch,
         wqe_checks: false,
     }) {
         Ok(n) => n,
@@ -1778,15 +1501,7 @@ fn main() {
         }
     }
     println!();
-    if anomalies.is_empty() {
-        println!("anomalies: none");
-    } else {
-        println!("anomalies ({}):", anomalies.len());
-        for a in &anomalies {
-            println!(" - {a}");
-        }
-    }
-    println!("total run time {:.1} s", started.elapsed().as_secs_f64());
+    print_anomalies(&anomalies, started);
     drop(nic);
     if !anomalies.is_empty() {
         std::process::exit(1);
