@@ -304,13 +304,11 @@ impl<'a> Document<'a> {
                     after_name = false;
                 }
                 Seg::Index(i) => {
-                    let name = next
-                        .and_then(|e| e.get_ref().as_table())
-                        .and_then(|t| {
-                            ["name", "label"]
-                                .iter()
-                                .find_map(|k| t.get(*k).and_then(|n| n.get_ref().as_str()))
-                        });
+                    let name = next.and_then(|e| e.get_ref().as_table()).and_then(|t| {
+                        ["name", "label"]
+                            .iter()
+                            .find_map(|k| t.get(*k).and_then(|n| n.get_ref().as_str()))
+                    });
                     match name {
                         Some(name) => {
                             let _ = write!(out, " {name:?}");

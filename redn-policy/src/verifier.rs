@@ -78,7 +78,8 @@ impl Grants {
 
     /// Grant `name` with `access` over `len` bytes.
     pub fn with_region(mut self, name: &str, access: Access, len: u64) -> Grants {
-        self.regions.insert(name.into(), RegionGrant { access, len });
+        self.regions
+            .insert(name.into(), RegionGrant { access, len });
         self
     }
 }
@@ -311,7 +312,11 @@ fn protected(op: &Op) -> Vec<(u32, u32, &'static str)> {
     ];
     let ds = u32::from(op.ds());
     match op {
-        Op::Write { .. } | Op::Read { .. } | Op::Cas { .. } | Op::MaskedCas { .. } | Op::Faa { .. } => {
+        Op::Write { .. }
+        | Op::Read { .. }
+        | Op::Cas { .. }
+        | Op::MaskedCas { .. }
+        | Op::Faa { .. } => {
             v.push((24, 28, "rkey"));
             v.push((28, 32, "reserved"));
         }
@@ -323,7 +328,12 @@ fn protected(op: &Op) -> Vec<(u32, u32, &'static str)> {
     }
     let first_data = match op {
         Op::Write { .. } | Op::Read { .. } => Some(2),
-        Op::Cas { result: Some(_), .. } | Op::Faa { result: Some(_), .. } => Some(3),
+        Op::Cas {
+            result: Some(_), ..
+        }
+        | Op::Faa {
+            result: Some(_), ..
+        } => Some(3),
         _ => None,
     };
     if let Some(first) = first_data {
@@ -341,7 +351,14 @@ fn overlap(a: (u32, u32), b: (u32, u32)) -> bool {
 }
 
 impl<'a> Checker<'a> {
-    fn find(&mut self, queue: Option<&str>, wqe: Option<(u64, &str)>, field: &str, rule: Rule, detail: String) {
+    fn find(
+        &mut self,
+        queue: Option<&str>,
+        wqe: Option<(u64, &str)>,
+        field: &str,
+        rule: Rule,
+        detail: String,
+    ) {
         self.out.push(Finding {
             queue: queue.map(str::to_string),
             wqe: wqe.map(|(i, l)| (i, l.to_string())),
@@ -358,13 +375,29 @@ impl<'a> Checker<'a> {
     fn structure(&mut self) {
         let p = self.p;
         if p.queues.len() > self.g.max_queues {
-            self.find(None, None, "queues", Rule::Size, format!("{} queues, the limit is {}", p.queues.len(), self.g.max_queues));
+            self.find(
+                None,
+                None,
+                "queues",
+                Rule::Size,
+                format!(
+                    "{} queues, the limit is {}",
+                    p.queues.len(),
+                    self.g.max_queues
+                ),
+            );
         }
         let mut reach: HashMap<&str, u64> = HashMap::new();
         let mut recycled: Vec<&str> = Vec::new();
         for (name, count) in &p.entry {
             match self.queue_exists(name) {
-                None => self.find(Some(name), None, "entry", Rule::UnknownName, format!("entry enables unknown queue {name:?}")),
+                None => self.find(
+                    Some(name),
+                    None,
+                    "entry",
+                    Rule::UnknownName,
+                    format!("entry enables unknown queue {name:?}"),
+                ),
                 Some(_) => {
                     let e = reach.entry(name).or_default();
                     *e = (*e).max(u64::from(*count));
@@ -373,15 +406,31 @@ impl<'a> Checker<'a> {
         }
         for (name, _) in &p.recv_entry {
             match self.queue_exists(name) {
-                None => self.find(Some(name), None, "recv entry", Rule::UnknownName, format!("entry enables receives of unknown queue {name:?}")),
-                Some(q) if !q.managed_recv => self.find(Some(name), None, "recv entry", Rule::EnableUnmanaged, "receive queue is not managed".into()),
+                None => self.find(
+                    Some(name),
+                    None,
+                    "recv entry",
+                    Rule::UnknownName,
+                    format!("entry enables receives of unknown queue {name:?}"),
+                ),
+                Some(q) if !q.managed_recv => self.find(
+                    Some(name),
+                    None,
+                    "recv entry",
+                    Rule::EnableUnmanaged,
+                    "receive queue is not managed".into(),
+                ),
                 Some(_) => {}
             }
         }
         let patched_counts: Vec<&str> = p
             .patches
             .iter()
-            .filter(|pp| matches!(pp.source, PatchSource::AtomicResult { .. }) && pp.byte <= off::WAIT_PI as u32 && u64::from(pp.byte) + u64::from(pp.len) > off::WAIT_PI as u64)
+            .filter(|pp| {
+                matches!(pp.source, PatchSource::AtomicResult { .. })
+                    && pp.byte <= off::WAIT_PI as u32
+                    && u64::from(pp.byte) + u64::from(pp.len) > off::WAIT_PI as u64
+            })
             .map(|pp| pp.label.as_str())
             .collect();
         for q in &p.queues {
@@ -390,14 +439,38 @@ impl<'a> Checker<'a> {
                 let here = Some((pos, w.label.as_str()));
                 match &w.op {
                     Op::Wait { queue, .. } if self.queue_exists(queue).is_none() => {
-                        self.find(Some(&q.name), here, "wait.cq", Rule::UnknownName, format!("WAIT on the CQ of {queue:?}, which this offload does not own"));
+                        self.find(
+                            Some(&q.name),
+                            here,
+                            "wait.cq",
+                            Rule::UnknownName,
+                            format!("WAIT on the CQ of {queue:?}, which this offload does not own"),
+                        );
                     }
                     Op::SendEn { queue, count } | Op::RecvEn { queue, count } => {
                         let recv = matches!(w.op, Op::RecvEn { .. });
                         match self.queue_exists(queue) {
-                            None => self.find(Some(&q.name), here, "enable.queue", Rule::UnknownName, format!("enables {queue:?}, which this offload does not own")),
-                            Some(t) if !recv && !t.managed_send => self.find(Some(&q.name), here, "enable.queue", Rule::EnableUnmanaged, format!("SEND_EN of {queue:?}, whose send queue is not managed")),
-                            Some(t) if recv && !t.managed_recv => self.find(Some(&q.name), here, "enable.queue", Rule::EnableUnmanaged, format!("RECV_EN of {queue:?}, whose receive queue is not managed")),
+                            None => self.find(
+                                Some(&q.name),
+                                here,
+                                "enable.queue",
+                                Rule::UnknownName,
+                                format!("enables {queue:?}, which this offload does not own"),
+                            ),
+                            Some(t) if !recv && !t.managed_send => self.find(
+                                Some(&q.name),
+                                here,
+                                "enable.queue",
+                                Rule::EnableUnmanaged,
+                                format!("SEND_EN of {queue:?}, whose send queue is not managed"),
+                            ),
+                            Some(t) if recv && !t.managed_recv => self.find(
+                                Some(&q.name),
+                                here,
+                                "enable.queue",
+                                Rule::EnableUnmanaged,
+                                format!("RECV_EN of {queue:?}, whose receive queue is not managed"),
+                            ),
                             Some(t) if !recv => {
                                 if patched_counts.contains(&w.label.as_str()) {
                                     recycled.push(t.name.as_str());
@@ -421,7 +494,13 @@ impl<'a> Checker<'a> {
             let mut pos = 0;
             for w in &q.wqes {
                 if pos + w.op.bbs() > limit {
-                    self.find(Some(&q.name), Some((pos, &w.label)), "position", Rule::Unreachable, format!("no enable or doorbell reaches index {pos} (they reach {limit})"));
+                    self.find(
+                        Some(&q.name),
+                        Some((pos, &w.label)),
+                        "position",
+                        Rule::Unreachable,
+                        format!("no enable or doorbell reaches index {pos} (they reach {limit})"),
+                    );
                     break;
                 }
                 pos += w.op.bbs();
@@ -433,21 +512,45 @@ impl<'a> Checker<'a> {
         let p = self.p;
         for q in &p.queues {
             if q.sq_bbs > self.g.max_ring_bbs {
-                self.find(Some(&q.name), None, "ring", Rule::Size, format!("{} BBs, the limit is {}", q.sq_bbs, self.g.max_ring_bbs));
+                self.find(
+                    Some(&q.name),
+                    None,
+                    "ring",
+                    Rule::Size,
+                    format!("{} BBs, the limit is {}", q.sq_bbs, self.g.max_ring_bbs),
+                );
             }
             if q.rq_slots > self.g.max_rq_slots {
-                self.find(Some(&q.name), None, "receive ring", Rule::Size, format!("{} slots, the limit is {}", q.rq_slots, self.g.max_rq_slots));
+                self.find(
+                    Some(&q.name),
+                    None,
+                    "receive ring",
+                    Rule::Size,
+                    format!("{} slots, the limit is {}", q.rq_slots, self.g.max_rq_slots),
+                );
             }
         }
         let total: u64 = p.queues.iter().map(|q| q.wqes.len() as u64).sum();
         match p.iterations {
-            Iterations::Bounded { invocations, wqes_per_invocation } => {
+            Iterations::Bounded {
+                invocations,
+                wqes_per_invocation,
+            } => {
                 let per = total.div_ceil(u64::from(invocations.max(1)));
                 if per > u64::from(wqes_per_invocation) {
                     self.find(None, None, "iterations", Rule::WqeBudget, format!("declares {wqes_per_invocation} WQEs per invocation but holds {total} for {invocations} invocations"));
                 }
                 if wqes_per_invocation > self.g.max_wqes_per_invocation {
-                    self.find(None, None, "iterations", Rule::WqeBudget, format!("{wqes_per_invocation} WQEs per invocation, the limit is {}", self.g.max_wqes_per_invocation));
+                    self.find(
+                        None,
+                        None,
+                        "iterations",
+                        Rule::WqeBudget,
+                        format!(
+                            "{wqes_per_invocation} WQEs per invocation, the limit is {}",
+                            self.g.max_wqes_per_invocation
+                        ),
+                    );
                 }
             }
             Iterations::Recycled { wqes_per_round } => {
@@ -455,7 +558,13 @@ impl<'a> Checker<'a> {
                     self.find(None, None, "iterations", Rule::UnboundedLoop, format!("recycled loop ({wqes_per_round} WQEs a round) but the policy gives no loop budget"));
                 }
                 if u64::from(wqes_per_round) < total {
-                    self.find(None, None, "iterations", Rule::WqeBudget, format!("declares {wqes_per_round} WQEs per round but holds {total}"));
+                    self.find(
+                        None,
+                        None,
+                        "iterations",
+                        Rule::WqeBudget,
+                        format!("declares {wqes_per_round} WQEs per round but holds {total}"),
+                    );
                 }
             }
         }
@@ -463,19 +572,42 @@ impl<'a> Checker<'a> {
 
     /// Check one address range used by `q`'s WQE; `remote` for the remote side of an op.
     #[allow(clippy::too_many_arguments)]
-    fn range(&mut self, q: &redn_sys::program::Queue, here: (u64, &str), field: &str, a: &Addr, len: u64, need: Access, remote: bool) {
+    fn range(
+        &mut self,
+        q: &redn_sys::program::Queue,
+        here: (u64, &str),
+        field: &str,
+        a: &Addr,
+        len: u64,
+        need: Access,
+        remote: bool,
+    ) {
         let qn = Some(q.name.as_str());
         match a {
             Addr::Region { region, offset } => {
                 let decl = self.p.regions.iter().find(|r| &r.name == region);
                 let is_response = matches!(decl.map(|d| &d.role), Some(RegionRole::Response));
                 if decl.is_none() {
-                    self.find(qn, Some(here), field, Rule::UnknownName, format!("region {region:?} is not declared by the program"));
+                    self.find(
+                        qn,
+                        Some(here),
+                        field,
+                        Rule::UnknownName,
+                        format!("region {region:?} is not declared by the program"),
+                    );
                     return;
                 }
                 // Which side may name which region.
                 if remote && q.role == QueueRole::Client && !is_response {
-                    self.find(qn, Some(here), field, Rule::WrongSide, format!("region {region:?} is app memory, but this queue's peer is the client"));
+                    self.find(
+                        qn,
+                        Some(here),
+                        field,
+                        Rule::WrongSide,
+                        format!(
+                            "region {region:?} is app memory, but this queue's peer is the client"
+                        ),
+                    );
                     return;
                 }
                 if is_response && !(remote && q.role == QueueRole::Client) {
@@ -483,34 +615,105 @@ impl<'a> Checker<'a> {
                     return;
                 }
                 let Some(grant) = self.g.regions.get(region) else {
-                    self.find(qn, Some(here), field, Rule::KeyNotGranted, format!("region {region:?} is not granted to this client"));
+                    self.find(
+                        qn,
+                        Some(here),
+                        field,
+                        Rule::KeyNotGranted,
+                        format!("region {region:?} is not granted to this client"),
+                    );
                     return;
                 };
                 if !grant.access.contains(need) {
-                    self.find(qn, Some(here), field, Rule::MissingRight, format!("region {region:?} is granted {} but needs {need}", grant.access));
+                    self.find(
+                        qn,
+                        Some(here),
+                        field,
+                        Rule::MissingRight,
+                        format!(
+                            "region {region:?} is granted {} but needs {need}",
+                            grant.access
+                        ),
+                    );
                 }
                 if offset.checked_add(len).map_or(true, |end| end > grant.len) {
-                    self.find(qn, Some(here), field, Rule::OutOfRegion, format!("{region}+{offset}..+{len} is outside the {}-byte region", grant.len));
+                    self.find(
+                        qn,
+                        Some(here),
+                        field,
+                        Rule::OutOfRegion,
+                        format!(
+                            "{region}+{offset}..+{len} is outside the {}-byte region",
+                            grant.len
+                        ),
+                    );
                 }
             }
-            Addr::Static { name, offset } => match self.p.statics.iter().find(|s| &s.name == name) {
-                None => self.find(qn, Some(here), field, Rule::UnknownName, format!("static block {name:?} does not exist")),
-                Some(s) if offset.checked_add(len).map_or(true, |e| e > s.bytes.len() as u64) => {
-                    self.find(qn, Some(here), field, Rule::OutOfRegion, format!("static {name}+{offset}..+{len} is outside its {} bytes", s.bytes.len()));
+            Addr::Static { name, offset } => {
+                match self.p.statics.iter().find(|s| &s.name == name) {
+                    None => self.find(
+                        qn,
+                        Some(here),
+                        field,
+                        Rule::UnknownName,
+                        format!("static block {name:?} does not exist"),
+                    ),
+                    Some(s)
+                        if offset
+                            .checked_add(len)
+                            .map_or(true, |e| e > s.bytes.len() as u64) =>
+                    {
+                        self.find(
+                            qn,
+                            Some(here),
+                            field,
+                            Rule::OutOfRegion,
+                            format!(
+                                "static {name}+{offset}..+{len} is outside its {} bytes",
+                                s.bytes.len()
+                            ),
+                        );
+                    }
+                    Some(_) if remote && q.role == QueueRole::Client => {
+                        self.find(
+                            qn,
+                            Some(here),
+                            field,
+                            Rule::WrongSide,
+                            "the code region is not reachable through the client's connection"
+                                .into(),
+                        );
+                    }
+                    Some(_) => {}
                 }
-                Some(_) if remote && q.role == QueueRole::Client => {
-                    self.find(qn, Some(here), field, Rule::WrongSide, "the code region is not reachable through the client's connection".into());
-                }
-                Some(_) => {}
-            },
+            }
             Addr::Wqe { label, byte } => match self.idx.wqe(label) {
-                None => self.find(qn, Some(here), field, Rule::UnknownName, format!("WQE {label:?} does not exist")),
+                None => self.find(
+                    qn,
+                    Some(here),
+                    field,
+                    Rule::UnknownName,
+                    format!("WQE {label:?} does not exist"),
+                ),
                 Some((_, _, w)) => {
                     if u64::from(*byte) + len > w.op.bbs() * 64 {
-                        self.find(qn, Some(here), field, Rule::OutOfRegion, format!("{label}@{byte}..+{len} is outside that WQE"));
+                        self.find(
+                            qn,
+                            Some(here),
+                            field,
+                            Rule::OutOfRegion,
+                            format!("{label}@{byte}..+{len} is outside that WQE"),
+                        );
                     }
                     if remote && q.role == QueueRole::Client {
-                        self.find(qn, Some(here), field, Rule::WrongSide, "the code region is not reachable through the client's connection".into());
+                        self.find(
+                            qn,
+                            Some(here),
+                            field,
+                            Rule::WrongSide,
+                            "the code region is not reachable through the client's connection"
+                                .into(),
+                        );
                     }
                 }
             },
@@ -519,7 +722,15 @@ impl<'a> Checker<'a> {
 
     /// A write of `len` bytes at `a` by `source`: if it lands in a WQE, it must be inside a
     /// declared patch point of that source.
-    fn code_write(&mut self, qn: &str, here: Option<(u64, &str)>, field: &str, a: &Addr, len: u64, source: &PatchSource) {
+    fn code_write(
+        &mut self,
+        qn: &str,
+        here: Option<(u64, &str)>,
+        field: &str,
+        a: &Addr,
+        len: u64,
+        source: &PatchSource,
+    ) {
         let Addr::Wqe { label, byte } = a else { return };
         let (b, e) = (u64::from(*byte), u64::from(*byte).saturating_add(len));
         // The write may be covered by several adjacent patch points of the same source:
@@ -540,27 +751,76 @@ impl<'a> Checker<'a> {
             covered_to = covered_to.max(to);
         }
         if covered_to < e {
-            self.find(Some(qn), here, field, Rule::UndeclaredPatch, format!("writes {label}@{b}..{e} outside every patch point declared for {}", source_name(source)));
+            self.find(
+                Some(qn),
+                here,
+                field,
+                Rule::UndeclaredPatch,
+                format!(
+                    "writes {label}@{b}..{e} outside every patch point declared for {}",
+                    source_name(source)
+                ),
+            );
         }
     }
 
-    fn ctrl_operand_ok(&mut self, qn: &str, here: (u64, &str), field: &str, o: &Operand, target: &str, what: &str) {
-        let Some((_, _, t)) = self.idx.wqe(target) else { return };
+    fn ctrl_operand_ok(
+        &mut self,
+        qn: &str,
+        here: (u64, &str),
+        field: &str,
+        o: &Operand,
+        target: &str,
+        what: &str,
+    ) {
+        let Some((_, _, t)) = self.idx.wqe(target) else {
+            return;
+        };
         match o {
-            Operand::Lit(_) => self.find(Some(qn), Some(here), field, Rule::UnsafeSwap, format!("{what} of a control word must be a control image, not a literal")),
-            Operand::Ctrl { label, form, slots, ds } => {
+            Operand::Lit(_) => self.find(
+                Some(qn),
+                Some(here),
+                field,
+                Rule::UnsafeSwap,
+                format!("{what} of a control word must be a control image, not a literal"),
+            ),
+            Operand::Ctrl {
+                label,
+                form,
+                slots,
+                ds,
+            } => {
                 if label != target {
-                    self.find(Some(qn), Some(here), field, Rule::UnsafeSwap, format!("{what} is the image of {label:?}, not of the target {target:?}"));
+                    self.find(
+                        Some(qn),
+                        Some(here),
+                        field,
+                        Rule::UnsafeSwap,
+                        format!("{what} is the image of {label:?}, not of the target {target:?}"),
+                    );
                 }
                 if *form == Form::Active && !allowed(t.op.opcode_byte()) {
-                    self.find(Some(qn), Some(here), field, Rule::UnsafeSwap, format!("{what} installs opcode {:#04x}, which is not allowed", t.op.opcode_byte()));
+                    self.find(
+                        Some(qn),
+                        Some(here),
+                        field,
+                        Rule::UnsafeSwap,
+                        format!(
+                            "{what} installs opcode {:#04x}, which is not allowed",
+                            t.op.opcode_byte()
+                        ),
+                    );
                 }
                 if what == "swap" && *form == Form::Active && *slots != Slots::Real {
                     self.find(Some(qn), Some(here), field, Rule::UnsafeSwap, format!("swap installs an active {} with an operand in its QPN and index bytes instead of the queue's own", t.op.opcode().name()));
                 }
                 if let Some(d) = ds {
                     let own = t.op.ds();
-                    let min = if *form == Form::Active { min_ds(&t.op) } else { 1 };
+                    let min = if *form == Form::Active {
+                        min_ds(&t.op)
+                    } else {
+                        1
+                    };
                     if *d > own || *d < min {
                         self.find(Some(qn), Some(here), field, Rule::BadDs, format!("{what} sets ds {d}; {target:?} holds {own} segments and its opcode needs at least {min}"));
                     }
@@ -578,10 +838,24 @@ impl<'a> Checker<'a> {
                 let here = (pos, w.label.as_str());
                 let byte = w.op.opcode_byte();
                 if !allowed(byte) {
-                    self.find(Some(qn), Some(here), "opcode", Rule::Opcode, format!("opcode {byte:#04x} is not on the allow-list"));
+                    self.find(
+                        Some(qn),
+                        Some(here),
+                        "opcode",
+                        Rule::Opcode,
+                        format!("opcode {byte:#04x} is not on the allow-list"),
+                    );
                 } else if let Op::Other { .. } = &w.op {
                     // A raw opcode (from a definition's `opcode = 0x..`) has no operands to check.
-                    self.find(Some(qn), Some(here), "opcode", Rule::Opcode, format!("raw opcode {byte:#04x} carries no operands the verifier can check"));
+                    self.find(
+                        Some(qn),
+                        Some(here),
+                        "opcode",
+                        Rule::Opcode,
+                        format!(
+                            "raw opcode {byte:#04x} carries no operands the verifier can check"
+                        ),
+                    );
                 }
                 let src = |l: &str| l.to_string();
                 match &w.op {
@@ -589,10 +863,27 @@ impl<'a> Checker<'a> {
                         let len: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
                         self.range(q, here, "raddr", remote, len, Access::REMOTE_WRITE, true);
                         if let Addr::Wqe { .. } = remote {
-                            self.code_write(qn, Some(here), "raddr", remote, len, &PatchSource::Write { label: src(&w.label) });
+                            self.code_write(
+                                qn,
+                                Some(here),
+                                "raddr",
+                                remote,
+                                len,
+                                &PatchSource::Write {
+                                    label: src(&w.label),
+                                },
+                            );
                         }
                         for (i, s) in sgl.iter().enumerate() {
-                            self.range(q, here, &format!("sgl[{i}]"), &s.addr, u64::from(s.len), Access::NONE, false);
+                            self.range(
+                                q,
+                                here,
+                                &format!("sgl[{i}]"),
+                                &s.addr,
+                                u64::from(s.len),
+                                Access::NONE,
+                                false,
+                            );
                         }
                     }
                     Op::Read { remote, sgl } => {
@@ -602,26 +893,66 @@ impl<'a> Checker<'a> {
                         }
                         self.range(q, here, "raddr", remote, len, Access::REMOTE_READ, true);
                         for (i, s) in sgl.iter().enumerate() {
-                            self.local_write(q, here, &format!("sgl[{i}]"), s, PatchSource::Read { label: src(&w.label) });
+                            self.local_write(
+                                q,
+                                here,
+                                &format!("sgl[{i}]"),
+                                s,
+                                PatchSource::Read {
+                                    label: src(&w.label),
+                                },
+                            );
                         }
                     }
-                    Op::Cas { remote, compare, swap, result } => {
+                    Op::Cas {
+                        remote,
+                        compare,
+                        swap,
+                        result,
+                    } => {
                         self.atomic_common(q, here, remote, result.as_ref(), &w.label);
                         if let Addr::Wqe { label, byte } = remote {
-                            self.code_write(qn, Some(here), "raddr", remote, 8, &PatchSource::Cas { label: src(&w.label) });
+                            self.code_write(
+                                qn,
+                                Some(here),
+                                "raddr",
+                                remote,
+                                8,
+                                &PatchSource::Cas {
+                                    label: src(&w.label),
+                                },
+                            );
                             if *byte == 0 {
                                 self.ctrl_operand_ok(qn, here, "swap", swap, label, "swap");
-                                self.ctrl_operand_ok(qn, here, "compare", compare, label, "compare");
+                                self.ctrl_operand_ok(
+                                    qn, here, "compare", compare, label, "compare",
+                                );
                             }
                         }
                     }
-                    Op::MaskedCas { remote, compare, swap, .. } => {
+                    Op::MaskedCas {
+                        remote,
+                        compare,
+                        swap,
+                        ..
+                    } => {
                         self.atomic_common(q, here, remote, None, &w.label);
                         if let Addr::Wqe { label, byte } = remote {
-                            self.code_write(qn, Some(here), "raddr", remote, 8, &PatchSource::Cas { label: src(&w.label) });
+                            self.code_write(
+                                qn,
+                                Some(here),
+                                "raddr",
+                                remote,
+                                8,
+                                &PatchSource::Cas {
+                                    label: src(&w.label),
+                                },
+                            );
                             if *byte == 0 {
                                 self.ctrl_operand_ok(qn, here, "swap", swap, label, "swap");
-                                self.ctrl_operand_ok(qn, here, "compare", compare, label, "compare");
+                                self.ctrl_operand_ok(
+                                    qn, here, "compare", compare, label, "compare",
+                                );
                             }
                         }
                     }
@@ -631,7 +962,11 @@ impl<'a> Checker<'a> {
                         }
                         self.atomic_common(q, here, remote, result.as_ref(), &w.label);
                     }
-                    Op::Nop | Op::Wait { .. } | Op::SendEn { .. } | Op::RecvEn { .. } | Op::Other { .. } => {}
+                    Op::Nop
+                    | Op::Wait { .. }
+                    | Op::SendEn { .. }
+                    | Op::RecvEn { .. }
+                    | Op::Other { .. } => {}
                 }
                 pos += w.op.bbs();
             }
@@ -640,7 +975,15 @@ impl<'a> Checker<'a> {
                 let field = format!("recv[{i}]");
                 let mut at = 0u64;
                 for s in &r.sgl {
-                    let param = self.p.params.iter().find(|pr| u64::from(pr.offset) <= at && at < u64::from(pr.offset) + u64::from(pr.len)).map(|pr| pr.name.clone());
+                    let param = self
+                        .p
+                        .params
+                        .iter()
+                        .find(|pr| {
+                            u64::from(pr.offset) <= at
+                                && at < u64::from(pr.offset) + u64::from(pr.len)
+                        })
+                        .map(|pr| pr.name.clone());
                     match (&s.addr, param) {
                         (Addr::Wqe { .. }, Some(param)) => self.code_write(qn, None, &field, &s.addr, u64::from(s.len), &PatchSource::Trigger { param }),
                         (Addr::Wqe { label, byte }, None) => self.find(Some(qn), None, &field, Rule::UndeclaredPatch, format!("trigger bytes {at}.. land in {label}@{byte} but no parameter covers them")),
@@ -653,19 +996,62 @@ impl<'a> Checker<'a> {
         }
     }
 
-    fn local_write(&mut self, q: &redn_sys::program::Queue, here: (u64, &str), field: &str, s: &Sge, source: PatchSource) {
+    fn local_write(
+        &mut self,
+        q: &redn_sys::program::Queue,
+        here: (u64, &str),
+        field: &str,
+        s: &Sge,
+        source: PatchSource,
+    ) {
         match &s.addr {
             Addr::Wqe { .. } => {
-                self.range(q, here, field, &s.addr, u64::from(s.len), Access::NONE, false);
-                self.code_write(&q.name, Some(here), field, &s.addr, u64::from(s.len), &source);
+                self.range(
+                    q,
+                    here,
+                    field,
+                    &s.addr,
+                    u64::from(s.len),
+                    Access::NONE,
+                    false,
+                );
+                self.code_write(
+                    &q.name,
+                    Some(here),
+                    field,
+                    &s.addr,
+                    u64::from(s.len),
+                    &source,
+                );
             }
-            _ => self.range(q, here, field, &s.addr, u64::from(s.len), Access::LOCAL_WRITE, false),
+            _ => self.range(
+                q,
+                here,
+                field,
+                &s.addr,
+                u64::from(s.len),
+                Access::LOCAL_WRITE,
+                false,
+            ),
         }
     }
 
-    fn atomic_common(&mut self, q: &redn_sys::program::Queue, here: (u64, &str), remote: &Addr, result: Option<&Sge>, label: &str) {
+    fn atomic_common(
+        &mut self,
+        q: &redn_sys::program::Queue,
+        here: (u64, &str),
+        remote: &Addr,
+        result: Option<&Sge>,
+        label: &str,
+    ) {
         if q.role == QueueRole::Client {
-            self.find(Some(&q.name), Some(here), "opcode", Rule::WrongSide, "atomic through the client's connection would act on the client's memory".into());
+            self.find(
+                Some(&q.name),
+                Some(here),
+                "opcode",
+                Rule::WrongSide,
+                "atomic through the client's connection would act on the client's memory".into(),
+            );
         }
         self.range(q, here, "raddr", remote, 8, Access::REMOTE_ATOMIC, true);
         let misaligned = match remote {
@@ -673,10 +1059,24 @@ impl<'a> Checker<'a> {
             Addr::Wqe { byte, .. } => byte % 8 != 0,
         };
         if misaligned {
-            self.find(Some(&q.name), Some(here), "raddr", Rule::Misaligned, "atomic target is not 8-byte aligned".into());
+            self.find(
+                Some(&q.name),
+                Some(here),
+                "raddr",
+                Rule::Misaligned,
+                "atomic target is not 8-byte aligned".into(),
+            );
         }
         if let Some(r) = result {
-            self.local_write(q, here, "result", r, PatchSource::AtomicResult { label: label.into() });
+            self.local_write(
+                q,
+                here,
+                "result",
+                r,
+                PatchSource::AtomicResult {
+                    label: label.into(),
+                },
+            );
         }
     }
 
@@ -688,30 +1088,65 @@ impl<'a> Checker<'a> {
             .iter()
             .flat_map(|q| &q.wqes)
             .filter_map(|w| match &w.op {
-                Op::Cas { remote: Addr::Wqe { label, byte: 0 }, .. }
-                | Op::MaskedCas { remote: Addr::Wqe { label, byte: 0 }, .. } => Some(label.as_str()),
+                Op::Cas {
+                    remote: Addr::Wqe { label, byte: 0 },
+                    ..
+                }
+                | Op::MaskedCas {
+                    remote: Addr::Wqe { label, byte: 0 },
+                    ..
+                } => Some(label.as_str()),
                 _ => None,
             })
             .collect();
         for pp in &p.patches {
             let Some((qi, pos, w)) = self.idx.wqe(&pp.label) else {
-                self.find(None, None, "patch", Rule::UnknownName, format!("patch point on unknown WQE {:?}", pp.label));
+                self.find(
+                    None,
+                    None,
+                    "patch",
+                    Rule::UnknownName,
+                    format!("patch point on unknown WQE {:?}", pp.label),
+                );
                 continue;
             };
             let qn = p.queues[qi].name.clone();
             let here = Some((pos, pp.label.as_str()));
             let end = pp.byte.saturating_add(pp.len);
-            let field = format!("bytes {}..{}", pp.byte, u64::from(pp.byte) + u64::from(pp.len));
+            let field = format!(
+                "bytes {}..{}",
+                pp.byte,
+                u64::from(pp.byte) + u64::from(pp.len)
+            );
             // The source must exist and be of its kind.
             let kind_ok = match &pp.source {
                 PatchSource::Trigger { param } => p.params.iter().any(|x| &x.name == param),
-                PatchSource::Read { label } => matches!(self.idx.wqe(label).map(|x| &x.2.op), Some(Op::Read { .. })),
-                PatchSource::Cas { label } => matches!(self.idx.wqe(label).map(|x| &x.2.op), Some(Op::Cas { .. } | Op::MaskedCas { .. })),
-                PatchSource::AtomicResult { label } => matches!(self.idx.wqe(label).map(|x| &x.2.op), Some(Op::Cas { .. } | Op::Faa { .. })),
-                PatchSource::Write { label } => matches!(self.idx.wqe(label).map(|x| &x.2.op), Some(Op::Write { .. })),
+                PatchSource::Read { label } => {
+                    matches!(self.idx.wqe(label).map(|x| &x.2.op), Some(Op::Read { .. }))
+                }
+                PatchSource::Cas { label } => matches!(
+                    self.idx.wqe(label).map(|x| &x.2.op),
+                    Some(Op::Cas { .. } | Op::MaskedCas { .. })
+                ),
+                PatchSource::AtomicResult { label } => matches!(
+                    self.idx.wqe(label).map(|x| &x.2.op),
+                    Some(Op::Cas { .. } | Op::Faa { .. })
+                ),
+                PatchSource::Write { label } => {
+                    matches!(self.idx.wqe(label).map(|x| &x.2.op), Some(Op::Write { .. }))
+                }
             };
             if !kind_ok {
-                self.find(Some(&qn), here, &field, Rule::UnknownName, format!("patch source {} does not exist or is not of that kind", source_name(&pp.source)));
+                self.find(
+                    Some(&qn),
+                    here,
+                    &field,
+                    Rule::UnknownName,
+                    format!(
+                        "patch source {} does not exist or is not of that kind",
+                        source_name(&pp.source)
+                    ),
+                );
             }
             let conditional = cas_targets.contains(&pp.label.as_str());
             for (b, e, name) in protected(&w.op) {
@@ -723,7 +1158,11 @@ impl<'a> Checker<'a> {
                     (PatchSource::Cas { .. }, _) if pp.byte == 0 && pp.len == 8 && b < 8 => true,
                     // A conditional WQE put back in its NOP form from a constant template.
                     (PatchSource::Write { label }, _)
-                        if conditional && pp.byte == 0 && pp.len == 8 && b < 8 && self.nop_reset(label, w) =>
+                        if conditional
+                            && pp.byte == 0
+                            && pp.len == 8
+                            && b < 8
+                            && self.nop_reset(label, w) =>
                     {
                         true
                     }
@@ -731,8 +1170,10 @@ impl<'a> Checker<'a> {
                     (_, "opmod and index" | "QPN") if conditional => true,
                     // A FETCH_ADD's big-endian old value fills a count's high, reserved half.
                     (PatchSource::AtomicResult { .. }, "reserved")
-                        if matches!(w.op, Op::Wait { .. } | Op::SendEn { .. } | Op::RecvEn { .. })
-                            && pp.byte == off::WAIT_PI as u32 - 4
+                        if matches!(
+                            w.op,
+                            Op::Wait { .. } | Op::SendEn { .. } | Op::RecvEn { .. }
+                        ) && pp.byte == off::WAIT_PI as u32 - 4
                             && pp.len == 8 =>
                     {
                         true
@@ -740,17 +1181,43 @@ impl<'a> Checker<'a> {
                     _ => false,
                 };
                 if !ok {
-                    self.find(Some(&qn), here, &field, Rule::ProtectedField, format!("{} may rewrite the {name} (bytes {b}..{e})", source_name(&pp.source)));
+                    self.find(
+                        Some(&qn),
+                        here,
+                        &field,
+                        Rule::ProtectedField,
+                        format!(
+                            "{} may rewrite the {name} (bytes {b}..{e})",
+                            source_name(&pp.source)
+                        ),
+                    );
                 }
             }
             // A CAS on a control word: its compare may be patched only in the operand bytes,
             // its swap not at all.
-            if let Op::Cas { remote: Addr::Wqe { byte: 0, .. }, .. } | Op::MaskedCas { remote: Addr::Wqe { byte: 0, .. }, .. } = &w.op {
+            if let Op::Cas {
+                remote: Addr::Wqe { byte: 0, .. },
+                ..
+            }
+            | Op::MaskedCas {
+                remote: Addr::Wqe { byte: 0, .. },
+                ..
+            } = &w.op
+            {
                 let operand_slots = [(41u32, 44u32), (45, 48)];
                 let r = (pp.byte, end);
                 let in_slots = operand_slots.iter().any(|s| r.0 >= s.0 && r.1 <= s.1);
                 if overlap(r, (32, 64)) && !in_slots {
-                    self.find(Some(&qn), here, &field, Rule::UnsafeSwap, format!("{} may rewrite this CAS's swap or the opcode/ds bytes of its compare", source_name(&pp.source)));
+                    self.find(
+                        Some(&qn),
+                        here,
+                        &field,
+                        Rule::UnsafeSwap,
+                        format!(
+                            "{} may rewrite this CAS's swap or the opcode/ds bytes of its compare",
+                            source_name(&pp.source)
+                        ),
+                    );
                 }
             }
         }
@@ -761,18 +1228,34 @@ impl Checker<'_> {
     /// True if WRITE `label` copies, from a static block nothing ever writes, exactly the NOP
     /// image of `target` (opcode 0, operand bytes 0, its own ds) onto its control word.
     fn nop_reset(&self, label: &str, target: &redn_sys::program::Wqe) -> bool {
-        let Some((_, _, w)) = self.idx.wqe(label) else { return false };
-        let Op::Write { remote: Addr::Wqe { label: to, byte: 0 }, sgl, imm: None } = &w.op else {
+        let Some((_, _, w)) = self.idx.wqe(label) else {
             return false;
         };
-        let [Sge { addr: Addr::Static { name, offset }, len: 8 }] = sgl.as_slice() else {
+        let Op::Write {
+            remote: Addr::Wqe { label: to, byte: 0 },
+            sgl,
+            imm: None,
+        } = &w.op
+        else {
+            return false;
+        };
+        let [Sge {
+            addr: Addr::Static { name, offset },
+            len: 8,
+        }] = sgl.as_slice()
+        else {
             return false;
         };
         if to != &target.label {
             return false;
         }
-        let Some(block) = self.p.statics.iter().find(|b| &b.name == name) else { return false };
-        let Some(at) = usize::try_from(*offset).ok().filter(|at| at.checked_add(8).is_some()) else {
+        let Some(block) = self.p.statics.iter().find(|b| &b.name == name) else {
+            return false;
+        };
+        let Some(at) = usize::try_from(*offset)
+            .ok()
+            .filter(|at| at.checked_add(8).is_some())
+        else {
             return false;
         };
         let want = [0, 0, 0, 0, 0, 0, 0, target.op.ds()];
@@ -804,7 +1287,11 @@ impl Checker<'_> {
 fn min_ds(op: &Op) -> u8 {
     match op {
         Op::Nop | Op::Other { .. } => 1,
-        Op::Write { .. } | Op::Read { .. } | Op::Wait { .. } | Op::SendEn { .. } | Op::RecvEn { .. } => 2,
+        Op::Write { .. }
+        | Op::Read { .. }
+        | Op::Wait { .. }
+        | Op::SendEn { .. }
+        | Op::RecvEn { .. } => 2,
         Op::Cas { .. } | Op::Faa { .. } => 3,
         Op::MaskedCas { .. } => 4,
     }

@@ -72,7 +72,9 @@ fn world(program: &Program, rng: &mut Rng) -> World {
     let table = server
         .reg_mr(spd, &smem, TABLE.0, TABLE.1, Access::REMOTE_READ)
         .unwrap();
-    let values = server.reg_mr(spd, &smem, VALUES.0, VALUES.1, Access::NONE).unwrap();
+    let values = server
+        .reg_mr(spd, &smem, VALUES.0, VALUES.1, Access::NONE)
+        .unwrap();
     // A table of valid buckets / list nodes pointing into the values, plus some junk.
     for i in 0..(TABLE.1 as u64 / BUCKET_STRIDE) {
         let key = 0x1000 + i;
@@ -89,7 +91,10 @@ fn world(program: &Program, rng: &mut Rng) -> World {
             node[6..10].copy_from_slice(&(64 + rng.below(64) as u32).to_be_bytes());
             node[10..18].copy_from_slice(&ptr.to_be_bytes());
         }
-        smem.write(TABLE.0 + (i * BUCKET_STRIDE) as usize, &node[..(BUCKET_STRIDE as usize).min(node.len())]);
+        smem.write(
+            TABLE.0 + (i * BUCKET_STRIDE) as usize,
+            &node[..(BUCKET_STRIDE as usize).min(node.len())],
+        );
     }
     // Values never contain the guard byte, so a response carrying one read outside the grants.
     let mut v = vec![0u8; VALUES.1];
@@ -105,9 +110,20 @@ fn world(program: &Program, rng: &mut Rng) -> World {
     let cmem = SharedBuffer::new(CLIENT_LEN);
     cmem.write(0, &vec![GUARD; CLIENT_LEN]);
     let resp = client
-        .reg_mr(cpd, &cmem, RESPONSE.0, RESPONSE.1, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .reg_mr(
+            cpd,
+            &cmem,
+            RESPONSE.0,
+            RESPONSE.1,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
         .unwrap();
-    let ccq = client.create_cq(CqConfig { depth: 1024, ignore_overrun: false }).unwrap();
+    let ccq = client
+        .create_cq(CqConfig {
+            depth: 1024,
+            ignore_overrun: false,
+        })
+        .unwrap();
     let mut qcfg = QpConfig::new(cpd, ccq);
     qcfg.rq_slots = 64;
     let cqp = client.create_qp(qcfg).unwrap().qpn;
@@ -159,7 +175,11 @@ fn trigger(p: &Program, w: &World, rng: &mut Rng) -> Vec<u8> {
         let at = prm.offset as usize;
         match prm.len {
             8 => {
-                let base = if rng.below(2) == 0 { w.table_addr } else { w.values_addr };
+                let base = if rng.below(2) == 0 {
+                    w.table_addr
+                } else {
+                    w.values_addr
+                };
                 let delta = rng.below(3 * 4096) as i64 - 4096;
                 let addr = (base as i64 + delta) as u64 & !if rng.below(2) == 0 { 31 } else { 0 };
                 m[at..at + 8].copy_from_slice(&addr.to_be_bytes());
@@ -203,7 +223,17 @@ fn check_program(p: &Program, cases: usize, seed: u64) {
         }
         let msg = trigger(p, &w, &mut rng);
         w.client
-            .post_send(w.cqp, &[WorkRequest { wr_id: 1, flags: WqeFlags::NONE, op: WrOp::Send { payload: Payload::Inline(msg.clone()), imm: None } }])
+            .post_send(
+                w.cqp,
+                &[WorkRequest {
+                    wr_id: 1,
+                    flags: WqeFlags::NONE,
+                    op: WrOp::Send {
+                        payload: Payload::Inline(msg.clone()),
+                        imm: None,
+                    },
+                }],
+            )
             .unwrap();
         // Settle: until a response, an error on the server, or 30 ms.
         let deadline = Instant::now() + Duration::from_millis(30);
@@ -229,7 +259,13 @@ fn check_program(p: &Program, cases: usize, seed: u64) {
             let _ = w.server.poll_cq(w.installed.cqs[i], 1024, &mut cqes);
             for c in cqes.iter().filter(|c| !c.is_ok()) {
                 let s = c.status.unwrap_err();
-                assert!(protection(s), "{}: case {case}: {:?} on {} ({s})", p.name, c, q.qpn);
+                assert!(
+                    protection(s),
+                    "{}: case {case}: {:?} on {} ({s})",
+                    p.name,
+                    c,
+                    q.qpn
+                );
             }
         }
         let answered = got.iter().any(|c| c.imm.is_some());
@@ -237,7 +273,11 @@ fn check_program(p: &Program, cases: usize, seed: u64) {
             faults += 1;
         }
         // Every trigger ends somewhere: an answer (found or not) or a fault on the server.
-        assert!(answered || in_error(&w), "{}: case {case}: neither an answer nor a fault", p.name);
+        assert!(
+            answered || in_error(&w),
+            "{}: case {case}: neither an answer nor a fault",
+            p.name
+        );
         answers += got.iter().filter(|c| c.imm.is_some()).count();
         // What came back was read from inside the grants: no guard byte (echo returns the
         // client's own bytes, so only the lookups are checked).
@@ -245,25 +285,47 @@ fn check_program(p: &Program, cases: usize, seed: u64) {
             for c in got.iter().filter(|c| c.imm.is_some()) {
                 let mut data = vec![0u8; c.byte_len as usize];
                 w.cmem.read(RESPONSE.0, &mut data);
-                assert!(!data.contains(&GUARD), "{}: case {case}: response carries bytes from outside the grants", p.name);
+                assert!(
+                    !data.contains(&GUARD),
+                    "{}: case {case}: response carries bytes from outside the grants",
+                    p.name
+                );
             }
         }
         // Nothing outside the grants changed on either side; read-only grants did not change.
         let server_after = snapshot(&w.smem);
-        assert!(server_before == server_after, "{}: case {case}: server memory changed (trigger {msg:02x?})", p.name);
+        assert!(
+            server_before == server_after,
+            "{}: case {case}: server memory changed (trigger {msg:02x?})",
+            p.name
+        );
         let client_after = snapshot(&w.cmem);
         for (i, (a, b)) in client_before.iter().zip(&client_after).enumerate() {
             let inside = i >= RESPONSE.0 && i < RESPONSE.0 + RESPONSE.1;
-            assert!(inside || a == b, "{}: case {case}: client byte {i} outside the response buffer changed", p.name);
+            assert!(
+                inside || a == b,
+                "{}: case {case}: client byte {i} outside the response buffer changed",
+                p.name
+            );
         }
         drop(w);
     }
-    eprintln!("{}: {cases} triggers, {answers} answers, {faults} ended in a protection fault", p.name);
+    eprintln!(
+        "{}: {cases} triggers, {answers} answers, {faults} ended in a protection fault",
+        p.name
+    );
 }
 
 #[test]
 fn hash_get_variants_stay_inside_their_grants() {
-    for (i, v) in [HashVariant::Single, HashVariant::Sequential, HashVariant::Parallel].into_iter().enumerate() {
+    for (i, v) in [
+        HashVariant::Single,
+        HashVariant::Sequential,
+        HashVariant::Parallel,
+    ]
+    .into_iter()
+    .enumerate()
+    {
         check_program(&catalog::hash_get(v, 1).unwrap(), 40, 0x1234 + i as u64);
     }
 }

@@ -208,10 +208,7 @@ fn shipped_files_load_to_exactly_the_builders_programs() {
         shipped[3].program,
         catalog::hash_get(HashVariant::Parallel, 4).unwrap()
     );
-    assert_eq!(
-        shipped[4].program,
-        catalog::list_find(8, false, 4).unwrap()
-    );
+    assert_eq!(shipped[4].program, catalog::list_find(8, false, 4).unwrap());
     assert_eq!(shipped[5].program, catalog::list_find(8, true, 1).unwrap());
     assert_eq!(shipped[6].program, catalog::server_loop().unwrap());
 }

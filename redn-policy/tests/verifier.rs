@@ -65,15 +65,27 @@ fn wqe_mut<'a>(p: &'a mut Program, label: &str) -> &'a mut Wqe {
 
 fn push(p: &mut Program, queue: &str, label: &str, op: Op) {
     let q = p.queues.iter_mut().find(|q| q.name == queue).unwrap();
-    q.wqes.push(Wqe { label: label.into(), op, flags: WqeFlags::NONE, form: Form::Active });
+    q.wqes.push(Wqe {
+        label: label.into(),
+        op,
+        flags: WqeFlags::NONE,
+        form: Form::Active,
+    });
 }
 
 fn patch(p: &mut Program, label: &str, byte: u32, len: u32, source: PatchSource) {
-    p.patches.push(PatchPoint { label: label.into(), byte, len, source });
+    p.patches.push(PatchPoint {
+        label: label.into(),
+        byte,
+        len,
+        source,
+    });
 }
 
 fn read_source() -> PatchSource {
-    PatchSource::Read { label: "0.b0.read".into() }
+    PatchSource::Read {
+        label: "0.b0.read".into(),
+    }
 }
 
 /// Each entry: a name, a hostile program (and the grants it is checked with), the rule.
@@ -91,16 +103,52 @@ fn corpus() -> Vec<(&'static str, Program, Grants, Rule)> {
 
     // 2. A WRITE into memory of another client (a region this client is not granted).
     let mut p = base();
-    p.regions.push(RegionDecl { name: "client_b_code".into(), role: RegionRole::Data { access: Access::REMOTE_WRITE }, min_len: 64, doc: String::new() });
-    push(&mut p, "worker0", "evil", Op::Write { remote: Addr::region("client_b_code", 0), sgl: vec![Sge::new(Addr::region("values", 0), 8)], imm: None });
-    v.push(("write into another client's code region", p, g(), Rule::KeyNotGranted));
+    p.regions.push(RegionDecl {
+        name: "client_b_code".into(),
+        role: RegionRole::Data {
+            access: Access::REMOTE_WRITE,
+        },
+        min_len: 64,
+        doc: String::new(),
+    });
+    push(
+        &mut p,
+        "worker0",
+        "evil",
+        Op::Write {
+            remote: Addr::region("client_b_code", 0),
+            sgl: vec![Sge::new(Addr::region("values", 0), 8)],
+            imm: None,
+        },
+    );
+    v.push((
+        "write into another client's code region",
+        p,
+        g(),
+        Rule::KeyNotGranted,
+    ));
 
     // 3. The trigger scattered into an opcode byte.
     let mut p = base();
-    p.queues[0].recvs[0].sgl.push(Sge::new(Addr::wqe("0.b0.read", 3), 1));
-    p.params.push(redn_sys::program::Param { name: "evil".into(), offset: p.trigger_len, len: 1, doc: String::new() });
+    p.queues[0].recvs[0]
+        .sgl
+        .push(Sge::new(Addr::wqe("0.b0.read", 3), 1));
+    p.params.push(redn_sys::program::Param {
+        name: "evil".into(),
+        offset: p.trigger_len,
+        len: 1,
+        doc: String::new(),
+    });
     p.trigger_len += 1;
-    patch(&mut p, "0.b0.read", 3, 1, PatchSource::Trigger { param: "evil".into() });
+    patch(
+        &mut p,
+        "0.b0.read",
+        3,
+        1,
+        PatchSource::Trigger {
+            param: "evil".into(),
+        },
+    );
     v.push(("scatter into an opcode", p, g(), Rule::ProtectedField));
 
     // 4. WAIT on a CQ the offload does not own.
@@ -118,7 +166,12 @@ fn corpus() -> Vec<(&'static str, Program, Grants, Rule)> {
     v.push(("ENABLE of a foreign queue", p, g(), Rule::UnknownName));
 
     // 6. A recycled loop, but the policy gives no loop budget.
-    v.push(("unbounded loop without budget", catalog::server_loop().unwrap(), g(), Rule::UnboundedLoop));
+    v.push((
+        "unbounded loop without budget",
+        catalog::server_loop().unwrap(),
+        g(),
+        Rule::UnboundedLoop,
+    ));
 
     // 7. A forbidden opcode (UMR).
     let mut p = base();
@@ -139,7 +192,11 @@ fn corpus() -> Vec<(&'static str, Program, Grants, Rule)> {
 
     // 10. A wrong ds: the `else` image claims more segments than the WQE holds.
     let mut p = base();
-    if let Op::MaskedCas { swap: Operand::Ctrl { ds, .. }, .. } = &mut wqe_mut(&mut p, "0.b0.else").op {
+    if let Op::MaskedCas {
+        swap: Operand::Ctrl { ds, .. },
+        ..
+    } = &mut wqe_mut(&mut p, "0.b0.else").op
+    {
         *ds = Some(9);
     }
     v.push(("wrong ds count", p, g(), Rule::BadDs));
@@ -160,7 +217,15 @@ fn corpus() -> Vec<(&'static str, Program, Grants, Rule)> {
 
     // 13. The trigger may rewrite the CAS's swap value.
     let mut p = base();
-    patch(&mut p, "0.b0.if", 32, 8, PatchSource::Trigger { param: "key0".into() });
+    patch(
+        &mut p,
+        "0.b0.if",
+        32,
+        8,
+        PatchSource::Trigger {
+            param: "key0".into(),
+        },
+    );
     v.push(("trigger rewrites a CAS swap", p, g(), Rule::UnsafeSwap));
 
     // 14. A swap that installs a forbidden opcode.
@@ -170,33 +235,82 @@ fn corpus() -> Vec<(&'static str, Program, Grants, Rule)> {
 
     // 15. A swap whose QPN bytes come from an operand (could name another tenant's QP).
     let mut p = base();
-    if let Op::Cas { swap: Operand::Ctrl { slots, .. }, .. } = &mut wqe_mut(&mut p, "0.b0.if").op {
+    if let Op::Cas {
+        swap: Operand::Ctrl { slots, .. },
+        ..
+    } = &mut wqe_mut(&mut p, "0.b0.if").op
+    {
         *slots = Slots::Operand(0x00ab_cdef);
     }
     v.push(("swap with a foreign QPN", p, g(), Rule::UnsafeSwap));
 
     // 16. The table granted without the right a READ needs.
-    v.push(("missing remote-read right", base(), g().with_region("table", Access::REMOTE_WRITE, 1 << 20), Rule::MissingRight));
+    v.push((
+        "missing remote-read right",
+        base(),
+        g().with_region("table", Access::REMOTE_WRITE, 1 << 20),
+        Rule::MissingRight,
+    ));
 
     // 17. A worker (loopback) queue writing the client's response buffer.
     let mut p = base();
-    push(&mut p, "worker0", "sneak", Op::Write { remote: Addr::region("response", 0), sgl: vec![Sge::new(Addr::region("values", 0), 8)], imm: None });
+    push(
+        &mut p,
+        "worker0",
+        "sneak",
+        Op::Write {
+            remote: Addr::region("response", 0),
+            sgl: vec![Sge::new(Addr::region("values", 0), 8)],
+            imm: None,
+        },
+    );
     v.push(("worker writes the client's buffer", p, g(), Rule::WrongSide));
 
     // 18. A READ through the client's connection (reads the client's memory).
     let mut p = base();
-    push(&mut p, "client", "peek", Op::Read { remote: Addr::region("response", 0), sgl: vec![Sge::new(Addr::static_("nope", 0), 8)] });
+    push(
+        &mut p,
+        "client",
+        "peek",
+        Op::Read {
+            remote: Addr::region("response", 0),
+            sgl: vec![Sge::new(Addr::static_("nope", 0), 8)],
+        },
+    );
     v.push(("READ of the client's memory", p, g(), Rule::WrongSide));
 
     // 19. A misaligned atomic target.
     let mut p = base();
-    push(&mut p, "worker0", "faa", Op::Faa { remote: Addr::region("table", 4), add: 1, result: None });
-    v.push(("misaligned atomic", p, g().with_region("table", Access::REMOTE_READ | Access::REMOTE_ATOMIC, 1 << 20), Rule::Misaligned));
+    push(
+        &mut p,
+        "worker0",
+        "faa",
+        Op::Faa {
+            remote: Addr::region("table", 4),
+            add: 1,
+            result: None,
+        },
+    );
+    v.push((
+        "misaligned atomic",
+        p,
+        g().with_region(
+            "table",
+            Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            1 << 20,
+        ),
+        Rule::Misaligned,
+    ));
 
     // 20. SEND_EN of a queue that is not managed.
     let mut p = base();
     p.queues[0].managed_send = false;
-    v.push(("enable of an unmanaged queue", p, g(), Rule::EnableUnmanaged));
+    v.push((
+        "enable of an unmanaged queue",
+        p,
+        g(),
+        Rule::EnableUnmanaged,
+    ));
 
     // 21. A WQE nothing ever enables.
     let mut p = base();
@@ -206,7 +320,12 @@ fn corpus() -> Vec<(&'static str, Program, Grants, Rule)> {
     // 22. More WQEs per invocation than the policy allows.
     let mut g22 = g();
     g22.max_wqes_per_invocation = 4;
-    v.push(("over the per-invocation budget", base(), g22, Rule::WqeBudget));
+    v.push((
+        "over the per-invocation budget",
+        base(),
+        g22,
+        Rule::WqeBudget,
+    ));
 
     // 23. Too many queues.
     let mut g23 = g();
@@ -215,28 +334,71 @@ fn corpus() -> Vec<(&'static str, Program, Grants, Rule)> {
 
     // 24. A FETCH_ADD aimed straight at a WQE.
     let mut p = base();
-    push(&mut p, "worker0", "bump", Op::Faa { remote: Addr::wqe("0.answer", 24), add: 1, result: None });
+    push(
+        &mut p,
+        "worker0",
+        "bump",
+        Op::Faa {
+            remote: Addr::wqe("0.answer", 24),
+            add: 1,
+            result: None,
+        },
+    );
     v.push(("FETCH_ADD on a WQE", p, g(), Rule::ProtectedField));
 
     // 25. An atomic result landing on a SEND_EN's object number.
     let mut p = base();
-    p.statics.push(redn_sys::program::StaticBlock { name: "ctr".into(), bytes: vec![0; 8] });
-    push(&mut p, "worker0", "retarget", Op::Faa { remote: Addr::static_("ctr", 0), add: 1, result: Some(Sge::new(Addr::wqe("0.answer", 24), 8)) });
-    patch(&mut p, "0.answer", 24, 8, PatchSource::AtomicResult { label: "retarget".into() });
-    v.push(("atomic result onto a QP number", p, g(), Rule::ProtectedField));
+    p.statics.push(redn_sys::program::StaticBlock {
+        name: "ctr".into(),
+        bytes: vec![0; 8],
+    });
+    push(
+        &mut p,
+        "worker0",
+        "retarget",
+        Op::Faa {
+            remote: Addr::static_("ctr", 0),
+            add: 1,
+            result: Some(Sge::new(Addr::wqe("0.answer", 24), 8)),
+        },
+    );
+    patch(
+        &mut p,
+        "0.answer",
+        24,
+        8,
+        PatchSource::AtomicResult {
+            label: "retarget".into(),
+        },
+    );
+    v.push((
+        "atomic result onto a QP number",
+        p,
+        g(),
+        Rule::ProtectedField,
+    ));
 
     // 26. A receive scattering into the client's own buffer as if it were local memory.
     let mut p = base();
-    p.queues[0].recvs.push(Recv { sgl: vec![Sge::new(Addr::region("response", 0), 8)] });
+    p.queues[0].recvs.push(Recv {
+        sgl: vec![Sge::new(Addr::region("response", 0), 8)],
+    });
     v.push(("receive into the client's buffer", p, g(), Rule::WrongSide));
 
     // 27. The loop's "reset to NOP" template is itself written by the trigger, so the reset
     // could install any opcode.
     let mut p = catalog::server_loop().unwrap();
-    p.queues[0].recvs[0].sgl.push(Sge::new(Addr::static_("resp.nop", 0), 8));
+    p.queues[0].recvs[0]
+        .sgl
+        .push(Sge::new(Addr::static_("resp.nop", 0), 8));
     let mut g27 = g();
     g27.loop_budget = Some(1_000_000);
-    v.push(("reset template writable by the trigger", p, g27, Rule::ProtectedField));
+    v.push((
+        "reset template writable by the trigger",
+        p,
+        g27,
+        Rule::ProtectedField,
+    ));
 
     v
 }
@@ -250,7 +412,11 @@ fn hostile_corpus_is_refused_for_the_right_reason() {
         assert!(!r.accepted(), "{name}: accepted\n{}", r.log());
         assert!(r.broke(rule), "{name}: expected {rule}, got\n{}", r.log());
         // The log names the rule on a line of its own and ends with the stats line.
-        assert!(r.log().lines().any(|l| l.contains(&format!(": {rule}: "))), "{name}: {}", r.log());
+        assert!(
+            r.log().lines().any(|l| l.contains(&format!(": {rule}: "))),
+            "{name}: {}",
+            r.log()
+        );
         assert!(r.log().lines().last().unwrap().starts_with("checked "));
     }
 }
@@ -275,10 +441,18 @@ fn the_log_is_never_truncated() {
     // Many findings: every one appears.
     let mut p = base();
     for i in 0..500 {
-        push(&mut p, "worker0", &format!("umr{i}"), Op::Other { opcode: 0x25 });
+        push(
+            &mut p,
+            "worker0",
+            &format!("umr{i}"),
+            Op::Other { opcode: 0x25 },
+        );
     }
     let r = verify(&p, &grants());
     let log = r.log();
-    assert_eq!(log.lines().filter(|l| l.contains(": opcode: ")).count(), 500);
+    assert_eq!(
+        log.lines().filter(|l| l.contains(": opcode: ")).count(),
+        500
+    );
     let _ = Iterations::Recycled { wqes_per_round: 1 };
 }

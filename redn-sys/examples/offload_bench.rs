@@ -159,7 +159,9 @@ fn parse_args() -> Opts {
             "--only" => match value().as_deref() {
                 Some(s @ ("constructs" | "hash" | "list")) => only = Some(s.to_string()),
                 other => {
-                    return Err(format!("--only: expected constructs, hash or list, got {other:?}"))
+                    return Err(format!(
+                        "--only: expected constructs, hash or list, got {other:?}"
+                    ))
                 }
             },
             _ => return Ok(false),
@@ -221,7 +223,13 @@ const SIG: WqeFlags = WqeFlags::SIGNALED;
 
 /// Wait until `cq` has produced at least `target` completions; the instant it was seen.
 fn wait_cq(nic: &SoftNic, cq: Cqn, target: u64, mode: WaitMode) -> Result<Instant, String> {
-    wait_produced(nic, cq, target, mode, Backoff::new(64, Some(Instant::now())))?;
+    wait_produced(
+        nic,
+        cq,
+        target,
+        mode,
+        Backoff::new(64, Some(Instant::now())),
+    )?;
     Ok(Instant::now())
 }
 
@@ -253,7 +261,10 @@ fn take_cqes(nic: &SoftNic, cq: Cqn, n: usize) -> Result<Vec<Completion>, String
     while out.len() < n {
         nic.poll_cq(cq, n - out.len(), &mut out).ctx("poll_cq")?;
         if started.elapsed() > WAIT_TIMEOUT {
-            return Err(format!("only {} of {n} completions could be polled from CQ {cq}", out.len()));
+            return Err(format!(
+                "only {} of {n} completions could be polled from CQ {cq}",
+                out.len()
+            ));
         }
     }
     Ok(out)
@@ -428,7 +439,11 @@ impl Env {
             if on_server && !server_pus.contains(&i) {
                 continue;
             }
-            let nic = if on_server { &self.server } else { &self.client };
+            let nic = if on_server {
+                &self.server
+            } else {
+                &self.client
+            };
             let base = nic.cq_produced(cq).ctx("cq_produced")?;
             nic.post_send(q, &[nop(SIG, 0)]).ctx("post_send")?;
             targets.push((nic, cq, base + 1));
@@ -450,9 +465,16 @@ impl Env {
         }
         m.insert(
             "data".to_string(),
-            (VirtAddr(self.data.addr(SCRATCH_AT + scratch * 4096)), self.data.mr.lkey, 4096),
+            (
+                VirtAddr(self.data.addr(SCRATCH_AT + scratch * 4096)),
+                self.data.mr.lkey,
+                4096,
+            ),
         );
-        m.insert("response".to_string(), (self.cbuf.mr.addr, self.cbuf.mr.lkey, RESP_LEN));
+        m.insert(
+            "response".to_string(),
+            (self.cbuf.mr.addr, self.cbuf.mr.lkey, RESP_LEN),
+        );
         m
     }
 }
@@ -497,7 +519,13 @@ impl Inst {
 
 /// Install `program` on the server with a fresh client QP (send ring `sq_bbs`, `rq_slots`
 /// receive slots) connected to its client-facing queue.
-fn install(env: &Env, program: &Program, scratch: u64, sq_bbs: u32, rq_slots: u32) -> Result<Inst, String> {
+fn install(
+    env: &Env,
+    program: &Program,
+    scratch: u64,
+    sq_bbs: u32,
+    rq_slots: u32,
+) -> Result<Inst, String> {
     let mut c = QpConfig::new(env.cpd, env.ccq);
     c.sq_bbs = sq_bbs;
     c.rq_slots = rq_slots;
@@ -511,7 +539,9 @@ fn install(env: &Env, program: &Program, scratch: u64, sq_bbs: u32, rq_slots: u3
     });
     {
         let mut costs = env.install_costs.borrow_mut();
-        let e = costs.entry((program.name.clone(), program.wqe_count())).or_insert((0, 0.0));
+        let e = costs
+            .entry((program.name.clone(), program.wqe_count()))
+            .or_insert((0, 0.0));
         e.0 += 1;
         e.1 += t_inst.elapsed().as_secs_f64();
     }
@@ -558,7 +588,12 @@ fn on_pu(program: &Program, pu: usize) -> Program {
 
 /// Send one trigger and wait for `responses` completions on the client CQ: the ns from the
 /// doorbell to each, and the completions. The client CQ must be drained before.
-fn trigger(env: &Env, inst: &mut Inst, msg: &[u8], responses: u64) -> Result<(Vec<f64>, Vec<Completion>), String> {
+fn trigger(
+    env: &Env,
+    inst: &mut Inst,
+    msg: &[u8],
+    responses: u64,
+) -> Result<(Vec<f64>, Vec<Completion>), String> {
     for _ in 0..responses {
         env.client.post_recv(inst.cqp, 0, &[]).ctx("post_recv")?;
     }
@@ -567,7 +602,8 @@ fn trigger(env: &Env, inst: &mut Inst, msg: &[u8], responses: u64) -> Result<(Ve
     env.wake(&inst.pus)?;
     let t0 = Instant::now();
     inst.csq.ring(&env.client)?;
-    let seen = wait_steps(&env.client, env.ccq, base, responses).map_err(|e| format!("{e}{}", inst.diag(env)))?;
+    let seen = wait_steps(&env.client, env.ccq, base, responses)
+        .map_err(|e| format!("{e}{}", inst.diag(env)))?;
     inst.served += 1;
     let times = seen.iter().map(|t| ns(*t - t0)).collect();
     let cqes = take_cqes(&env.client, env.ccq, responses as usize)?;
@@ -582,7 +618,10 @@ fn check_responses(cqes: &[Completion], imm: u32, lens: &[u32]) -> Result<(), St
             return Err(format!("response failed: {c:?}"));
         }
         if c.imm != Some(imm) {
-            return Err(format!("response immediate {:?}, expected {imm}: {c:?}", c.imm));
+            return Err(format!(
+                "response immediate {:?}, expected {imm}: {c:?}",
+                c.imm
+            ));
         }
         got.push(c.byte_len);
     }
@@ -635,7 +674,13 @@ fn single_msg(env: &Env, key: u64, b: u64) -> Vec<u8> {
 
 fn two_msg(env: &Env, key: u64, b0: u64, b1: u64) -> Vec<u8> {
     let k = catalog::trigger_key(key);
-    [k.as_slice(), &k, &bucket_addr(env, b0), &bucket_addr(env, b1)].concat()
+    [
+        k.as_slice(),
+        &k,
+        &bucket_addr(env, b0),
+        &bucket_addr(env, b1),
+    ]
+    .concat()
 }
 
 fn lkey(i: u64) -> u64 {
@@ -643,7 +688,9 @@ fn lkey(i: u64) -> u64 {
 }
 
 fn lvalue(i: u64) -> Vec<u8> {
-    (0..LIST_VALUE).map(|b| (i as usize * 31 + b) as u8).collect()
+    (0..LIST_VALUE)
+        .map(|b| (i as usize * 31 + b) as u8)
+        .collect()
 }
 
 fn lnode_off(i: u64) -> u64 {
@@ -654,10 +701,19 @@ fn lnode_off(i: u64) -> u64 {
 fn fill_list(env: &Env) -> u64 {
     let steps = u64::from(LIST_STEPS);
     for i in 0..steps {
-        let next = if i + 1 < steps { lnode_off(i + 1) } else { lnode_off(i) };
+        let next = if i + 1 < steps {
+            lnode_off(i + 1)
+        } else {
+            lnode_off(i)
+        };
         let voff = LVALUES_AT + i * 4096;
         env.data.write(voff, &lvalue(i));
-        let b = catalog::node_bytes(lkey(i), LIST_VALUE as u32, env.data.addr(voff), env.data.addr(next));
+        let b = catalog::node_bytes(
+            lkey(i),
+            LIST_VALUE as u32,
+            env.data.addr(voff),
+            env.data.addr(next),
+        );
         env.data.write(lnode_off(i), &b);
     }
     env.data.addr(lnode_off(0))
@@ -682,7 +738,12 @@ fn list_msg(head: u64, key: u64, with_break: bool) -> Vec<u8> {
 
 /// One READ from the server's data region into the client buffer at READ_AT + `dst`, waited
 /// for. The WQE is encoded here (the client builds it from what the previous READ returned).
-fn read_once(env: &Env, r: &mut SqWriter, cq: Cqn, reads: &[(u64, u64, u32)]) -> Result<(), String> {
+fn read_once(
+    env: &Env,
+    r: &mut SqWriter,
+    cq: Cqn,
+    reads: &[(u64, u64, u32)],
+) -> Result<(), String> {
     for &(src_addr, dst, len) in reads {
         let wr = WorkRequest {
             wr_id: 1,
@@ -721,7 +782,9 @@ fn read_get(env: &Env, rd: &mut Reader, key: u64, buckets: &[u64]) -> Result<(f6
     let mut hit = None;
     for i in 0..buckets.len() {
         let mut bk = [0u8; 18];
-        env.cbuf.buf.read((READ_AT + 32 * i as u64) as usize, &mut bk);
+        env.cbuf
+            .buf
+            .read((READ_AT + 32 * i as u64) as usize, &mut bk);
         if be48(&bk) == key {
             hit = Some((be32(&bk[6..]), be64(&bk[10..])));
             break;
@@ -766,7 +829,13 @@ fn read_find(env: &Env, rd: &mut Reader, head: u64, key: u64) -> Result<(f64, us
 
 /// The CPU's hash GET on the same buffer: read each candidate bucket, compare, copy the value
 /// into `dst`. Returns the value length.
-fn native_get(data: &SharedBuffer, base: u64, dst: &SharedBuffer, key: u64, buckets: &[u64]) -> usize {
+fn native_get(
+    data: &SharedBuffer,
+    base: u64,
+    dst: &SharedBuffer,
+    key: u64,
+    buckets: &[u64],
+) -> usize {
     for &b in buckets {
         let mut bk = [0u8; 18];
         data.read(bucket_off(b) as usize, &mut bk);
@@ -831,8 +900,26 @@ fn if_program(n: u32) -> Result<Program, ProgramError> {
         "scratch the taken WRITEs copy within",
     );
     // `t` first: every label the render looks up is a t_i, and lookups scan the queues in order.
-    let t = b.queue("t", QueueRole::Worker, true, false, Some(0), n.next_power_of_two(), 1, 1);
-    let w = b.queue("w", QueueRole::Worker, false, false, Some(0), (3 * n).next_power_of_two(), 1, 1);
+    let t = b.queue(
+        "t",
+        QueueRole::Worker,
+        true,
+        false,
+        Some(0),
+        n.next_power_of_two(),
+        1,
+        1,
+    );
+    let w = b.queue(
+        "w",
+        QueueRole::Worker,
+        false,
+        false,
+        Some(0),
+        (3 * n).next_power_of_two(),
+        1,
+        1,
+    );
     for i in 0..n {
         let target = format!("t{i}");
         let op = Op::Write {
@@ -842,8 +929,26 @@ fn if_program(n: u32) -> Result<Program, ProgramError> {
         };
         b.push(t, &target, op, flags_if(i + 1 == n), Form::Nop);
         b.if_eq(w, &format!("c{i}"), &target, Some(u64::from(i % 2)), SIG)?;
-        b.push(w, &format!("w{i}"), Op::Wait { queue: "w".into(), count: i }, NONE, Form::Active);
-        b.push(w, &format!("e{i}"), Op::SendEn { queue: "t".into(), count: i + 1 }, NONE, Form::Active);
+        b.push(
+            w,
+            &format!("w{i}"),
+            Op::Wait {
+                queue: "w".into(),
+                count: i,
+            },
+            NONE,
+            Form::Active,
+        );
+        b.push(
+            w,
+            &format!("e{i}"),
+            Op::SendEn {
+                queue: "t".into(),
+                count: i + 1,
+            },
+            NONE,
+            Form::Active,
+        );
     }
     b.finish(
         Iterations::Bounded {
@@ -860,7 +965,10 @@ fn if_program(n: u32) -> Result<Program, ProgramError> {
 /// other queue's SEND_EN count (the other is not enabled, so the patch is never stale), then
 /// SEND_ENs (fenced) the other queue for its next round.
 fn loop_program() -> Result<Program, ProgramError> {
-    let mut b = Builder::new("bench-while", "a recycled loop: two queues re-arming each other");
+    let mut b = Builder::new(
+        "bench-while",
+        "a recycled loop: two queues re-arming each other",
+    );
     let w = b.queue("w", QueueRole::Worker, true, false, Some(0), 2, 1, 1);
     let h = b.queue("h", QueueRole::Worker, true, false, Some(0), 2, 1, 1);
     // Round r: w enables h up to 2(r+1); h enables w up to 2(r+2).
@@ -868,9 +976,27 @@ fn loop_program() -> Result<Program, ProgramError> {
     b.static_block("c.w", 4u64.to_le_bytes().to_vec()); // w.en in w's round r+1: 2(r+2)
     b.advance_count(w, "w.adv", "c.h", 2, "h.en");
     let fence = WqeFlags::FENCE;
-    b.push(w, "w.en", Op::SendEn { queue: "h".into(), count: 2 }, fence, Form::Active);
+    b.push(
+        w,
+        "w.en",
+        Op::SendEn {
+            queue: "h".into(),
+            count: 2,
+        },
+        fence,
+        Form::Active,
+    );
     b.advance_count(h, "h.adv", "c.w", 2, "w.en");
-    b.push(h, "h.en", Op::SendEn { queue: "w".into(), count: 4 }, fence, Form::Active);
+    b.push(
+        h,
+        "h.en",
+        Op::SendEn {
+            queue: "w".into(),
+            count: 4,
+        },
+        fence,
+        Form::Active,
+    );
     b.entry(w, 2);
     b.finish(Iterations::Recycled { wqes_per_round: 4 }, "none");
     b.build()
@@ -884,7 +1010,13 @@ struct TpRow {
 }
 
 /// Run the `if` program: `k` instances on each of `p` PUs, all doorbells rung together.
-fn if_run(env: &Env, progs: &[Program], k: usize, n: u32, mode: WaitMode) -> Result<(f64, f64), String> {
+fn if_run(
+    env: &Env,
+    progs: &[Program],
+    k: usize,
+    n: u32,
+    mode: WaitMode,
+) -> Result<(f64, f64), String> {
     let mut insts = Vec::new();
     for (p, prog) in progs.iter().enumerate() {
         for j in 0..k {
@@ -904,7 +1036,8 @@ fn if_run(env: &Env, progs: &[Program], k: usize, n: u32, mode: WaitMode) -> Res
         let mut end = t0;
         for i in &insts {
             end = end.max(
-                wait_cq(&env.server, i.installed.cqs[0], 1, mode).map_err(|e| format!("{e}{}", i.diag(env)))?,
+                wait_cq(&env.server, i.installed.cqs[0], 1, mode)
+                    .map_err(|e| format!("{e}{}", i.diag(env)))?,
             );
         }
         let secs = (end - t0).as_secs_f64();
@@ -915,8 +1048,14 @@ fn if_run(env: &Env, progs: &[Program], k: usize, n: u32, mode: WaitMode) -> Res
             let (taken, not) = (u64::from(n).div_ceil(2), u64::from(n) / 2);
             let settle = Instant::now();
             loop {
-                let t = env.server.counters(i.installed.qps[0].qpn).ctx("counters")?;
-                let w = env.server.counters(i.installed.qps[1].qpn).ctx("counters")?;
+                let t = env
+                    .server
+                    .counters(i.installed.qps[0].qpn)
+                    .ctx("counters")?;
+                let w = env
+                    .server
+                    .counters(i.installed.qps[1].qpn)
+                    .ctx("counters")?;
                 let ok = w.by_opcode(Opcode::AtomicCs) == u64::from(n)
                     && t.by_opcode(Opcode::RdmaWrite) == taken
                     && t.by_opcode(Opcode::Nop) == not
@@ -968,7 +1107,8 @@ fn loop_run(env: &Env, prog: &Program, p: usize, window: Duration) -> Result<f64
         for i in &insts {
             for q in i.server_qps() {
                 let c = env.server.counters(q).ctx("counters")?;
-                if c.errors != 0 || env.server.qp_state(q).ctx("qp_state")? != QpState::ReadyToSend {
+                if c.errors != 0 || env.server.qp_state(q).ctx("qp_state")? != QpState::ReadyToSend
+                {
                     return Err(format!("recycled loop failed{}", i.diag(env)));
                 }
             }
@@ -1024,12 +1164,18 @@ fn pipelined(
     let secs = (end - t0).as_secs_f64();
     let cqes = take_cqes(&env.client, env.ccq, total as usize)?;
     if let Some(c) = cqes.iter().find(|c| !c.is_ok() || c.byte_len != resp_len) {
-        return Err(format!("pipelined response wrong (expected {resp_len} bytes): {c:?}"));
+        return Err(format!(
+            "pipelined response wrong (expected {resp_len} bytes): {c:?}"
+        ));
     }
     for inst in insts.iter_mut() {
         let n = cqes.iter().filter(|c| c.qpn == inst.cqp).count() as u64;
         if n != count * resp {
-            return Err(format!("QP {} got {n} responses, expected {}", inst.cqp, count * resp));
+            return Err(format!(
+                "QP {} got {n} responses, expected {}",
+                inst.cqp,
+                count * resp
+            ));
         }
         inst.served += count;
     }
@@ -1147,7 +1293,10 @@ fn native_get_loop(count: u64) -> Duration {
     for b in 0..BUCKETS {
         let v = 4096 + b * 64;
         data.write(v as usize, &hvalue(b, 64));
-        data.write(bucket_off(b) as usize, &catalog::bucket_bytes(hkey(b), 64, base + v));
+        data.write(
+            bucket_off(b) as usize,
+            &catalog::bucket_bytes(hkey(b), 64, base + v),
+        );
     }
     let run = |count: u64| {
         for i in 0..count {
@@ -1247,41 +1396,55 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
     println!();
     println!(
         "   {:<40} {:>3} {:>11} {:>9} {:>8} {:>8} {:>10} {:>9} {:>9}   target",
-        "construct", "PUs", "softnic/s", "worst", "ns/op/PU", "WQEs/op", "native/s", "slowdown", "CX-5"
+        "construct",
+        "PUs",
+        "softnic/s",
+        "worst",
+        "ns/op/PU",
+        "WQEs/op",
+        "native/s",
+        "slowdown",
+        "CX-5"
     );
-    let print_row = |name: &str, p: usize, r: &TpRow, cx5: Option<f64>, target: Option<f64>, mode: WaitMode| {
-        let med = median(&r.rates);
-        let worst = r.rates.iter().copied().fold(f64::INFINITY, f64::min);
-        let t = match target {
-            Some(t) => format!("≥ {} M/s: {}", t / 1e6, verdict(med >= t)),
-            None => String::new(),
+    let print_row =
+        |name: &str, p: usize, r: &TpRow, cx5: Option<f64>, target: Option<f64>, mode: WaitMode| {
+            let med = median(&r.rates);
+            let worst = r.rates.iter().copied().fold(f64::INFINITY, f64::min);
+            let t = match target {
+                Some(t) => format!("≥ {} M/s: {}", t / 1e6, verdict(med >= t)),
+                None => String::new(),
+            };
+            println!(
+                "   {:<40} {:>3} {:>9}{} {:>8}M {:>8.1} {:>8.1} {:>9}M {:>8.1}× {:>9}   {}",
+                name,
+                p,
+                mops(med),
+                if mode == WaitMode::Sleep { "M*" } else { "M " },
+                mops(worst),
+                1e9 * p as f64 / med,
+                r.wqes_per_op,
+                mops(r.native),
+                r.native / med,
+                cx5.map_or("-".into(), |c| format!("{}M", mops(c))),
+                t
+            );
         };
-        println!(
-            "   {:<40} {:>3} {:>9}{} {:>8}M {:>8.1} {:>8.1} {:>9}M {:>8.1}× {:>9}   {}",
-            name,
-            p,
-            mops(med),
-            if mode == WaitMode::Sleep { "M*" } else { "M " },
-            mops(worst),
-            1e9 * p as f64 / med,
-            r.wqes_per_op,
-            mops(r.native),
-            r.native / med,
-            cx5.map_or("-".into(), |c| format!("{}M", mops(c))),
-            t
-        );
-    };
     let pu_sets: Vec<usize> = if all > 1 { vec![1, all] } else { vec![1] };
     let native_n = if o.common.quick { 200_000 } else { 1_000_000 };
     let native = |p: usize, f: &(dyn Fn(u64) -> Duration + Sync)| -> f64 {
-        let v: Vec<f64> = (0..o.reps.min(3)).map(|_| native_parallel(p, native_n, f)).collect();
+        let v: Vec<f64> = (0..o.reps.min(3))
+            .map(|_| native_parallel(p, native_n, f))
+            .collect();
         median(&v)
     };
     let mut if1 = None;
     let mut loop1 = None;
 
     // `if` (Builder).
-    let if_progs: Vec<Program> = match (0..all).map(|p| if_program(if_n).map(|pr| on_pu(&pr, p))).collect() {
+    let if_progs: Vec<Program> = match (0..all)
+        .map(|p| if_program(if_n).map(|pr| on_pu(&pr, p)))
+        .collect()
+    {
         Ok(v) => v,
         Err(e) => return Err(format!("if program: {e}")),
     };
@@ -1307,8 +1470,19 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
         }
         match failed {
             None => {
-                let r = TpRow { rates, wqes_per_op: wq, native: native(p, &native_if) };
-                print_row("if (CAS → NOP/WRITE, WAIT, SEND_EN)", p, &r, Some(CX5_IF), (p == 1).then_some(IF_TARGET), mode);
+                let r = TpRow {
+                    rates,
+                    wqes_per_op: wq,
+                    native: native(p, &native_if),
+                };
+                print_row(
+                    "if (CAS → NOP/WRITE, WAIT, SEND_EN)",
+                    p,
+                    &r,
+                    Some(CX5_IF),
+                    (p == 1).then_some(IF_TARGET),
+                    mode,
+                );
                 if p == 1 {
                     if1 = Some(median(&r.rates));
                 }
@@ -1332,11 +1506,18 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
         let k = if p == 1 { hash_k.0 } else { hash_k.1 };
         match pipelined_row(env, &hash, p, k, hash_n, o.reps, &hmsg, 64, 1.0, mode) {
             Ok((rates, w)) => {
-                let r = TpRow { rates, wqes_per_op: w, native: native(p, &native_get_loop) };
+                let r = TpRow {
+                    rates,
+                    wqes_per_op: w,
+                    native: native(p, &native_get_loop),
+                };
                 print_row("if in hash-get (GETs, pipelined)", p, &r, None, None, mode);
             }
             Err(e) => {
-                println!("   {:<40} {:>3}   FAILED (see anomalies)", "if in hash-get", p);
+                println!(
+                    "   {:<40} {:>3}   FAILED (see anomalies)",
+                    "if in hash-get", p
+                );
                 anomalies.push(format!("constructs: hash-get pipelined on {p} PU(s): {e}"));
             }
         }
@@ -1349,13 +1530,38 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
     for &p in &pu_sets {
         let mode = mode_for(p, true);
         let k = if p == 1 { list_k.0 } else { list_k.1 };
-        match pipelined_row(env, &lf, p, k, list_n, o.reps, &lmsg, 0, f64::from(LIST_STEPS), mode) {
+        match pipelined_row(
+            env,
+            &lf,
+            p,
+            k,
+            list_n,
+            o.reps,
+            &lmsg,
+            0,
+            f64::from(LIST_STEPS),
+            mode,
+        ) {
             Ok((rates, w)) => {
-                let r = TpRow { rates, wqes_per_op: w, native: native(p, &native_list_iter) };
-                print_row("while, unrolled (list-find iterations)", p, &r, None, None, mode);
+                let r = TpRow {
+                    rates,
+                    wqes_per_op: w,
+                    native: native(p, &native_list_iter),
+                };
+                print_row(
+                    "while, unrolled (list-find iterations)",
+                    p,
+                    &r,
+                    None,
+                    None,
+                    mode,
+                );
             }
             Err(e) => {
-                println!("   {:<40} {:>3}   FAILED (see anomalies)", "while, unrolled", p);
+                println!(
+                    "   {:<40} {:>3}   FAILED (see anomalies)",
+                    "while, unrolled", p
+                );
                 anomalies.push(format!("constructs: list-find pipelined on {p} PU(s): {e}"));
             }
         }
@@ -1377,15 +1583,29 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
         }
         match failed {
             None => {
-                let r = TpRow { rates, wqes_per_op: 4.0, native: native(p, &native_loop) };
+                let r = TpRow {
+                    rates,
+                    wqes_per_op: 4.0,
+                    native: native(p, &native_loop),
+                };
                 // Counted over a window between two clock reads: no detection delay, no marker.
-                print_row("while, recycled (minimal loop rounds)", p, &r, Some(CX5_LOOP), (p == 1).then_some(LOOP_TARGET), WaitMode::Spin);
+                print_row(
+                    "while, recycled (minimal loop rounds)",
+                    p,
+                    &r,
+                    Some(CX5_LOOP),
+                    (p == 1).then_some(LOOP_TARGET),
+                    WaitMode::Spin,
+                );
                 if p == 1 {
                     loop1 = Some(median(&r.rates));
                 }
             }
             Some(e) => {
-                println!("   {:<40} {:>3}   FAILED (see anomalies)", "while, recycled", p);
+                println!(
+                    "   {:<40} {:>3}   FAILED (see anomalies)",
+                    "while, recycled", p
+                );
                 anomalies.push(format!("constructs: recycled loop on {p} PU(s): {e}"));
             }
         }
@@ -1397,18 +1617,38 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
         let mode = mode_for(p, true);
         match pipelined_row(env, &sl, p, 1, sl_n, o.reps, &hmsg, 64, 1.0, mode) {
             Ok((rates, w)) => {
-                let r = TpRow { rates, wqes_per_op: w, native: native(p, &native_get_loop) };
-                print_row("while, recycled (server-loop rounds)", p, &r, Some(CX5_LOOP), None, mode);
+                let r = TpRow {
+                    rates,
+                    wqes_per_op: w,
+                    native: native(p, &native_get_loop),
+                };
+                print_row(
+                    "while, recycled (server-loop rounds)",
+                    p,
+                    &r,
+                    Some(CX5_LOOP),
+                    None,
+                    mode,
+                );
             }
             Err(e) => {
-                println!("   {:<40} {:>3}   FAILED (see anomalies)", "while, recycled (server-loop)", p);
-                anomalies.push(format!("constructs: server-loop pipelined on {p} PU(s): {e}"));
+                println!(
+                    "   {:<40} {:>3}   FAILED (see anomalies)",
+                    "while, recycled (server-loop)", p
+                );
+                anomalies.push(format!(
+                    "constructs: server-loop pipelined on {p} PU(s): {e}"
+                ));
             }
         }
     }
     println!();
-    println!("   native: if = CAS on a control word + the 8 B copy when taken; hash GET = read bucket,");
-    println!("   compare, copy 64 B; list iteration = read node, compare, follow next; recycled round =");
+    println!(
+        "   native: if = CAS on a control word + the 8 B copy when taken; hash GET = read bucket,"
+    );
+    println!(
+        "   compare, copy 64 B; list iteration = read node, compare, follow next; recycled round ="
+    );
     println!("   2 × (FETCH_ADD + store the count + store the enable index). One thread per PU.");
     println!("   CX-5: the paper's ConnectX-5 figures (whole NIC).");
     println!();
@@ -1420,7 +1660,10 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
             mops(r),
             verdict(r >= IF_TARGET)
         ),
-        None => println!("   target: if ≥ {} M/s on one PU: not measured: NOT MET", IF_TARGET / 1e6),
+        None => println!(
+            "   target: if ≥ {} M/s on one PU: not measured: NOT MET",
+            IF_TARGET / 1e6
+        ),
     }
     match loop1 {
         Some(r) => println!(
@@ -1470,7 +1713,9 @@ impl Slot {
             // Let the entry enables run, and the PUs be awake, before the first trigger.
             std::thread::sleep(Duration::from_micros(100));
         }
-        self.inst.as_mut().ok_or_else(|| "no installation".to_string())
+        self.inst
+            .as_mut()
+            .ok_or_else(|| "no installation".to_string())
     }
 
     fn clear(&mut self, env: &Env) -> Result<(), String> {
@@ -1507,10 +1752,26 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
     );
     // The offload rows: (variant, the client-facing queue moved to PU 1).
     let offloads = [
-        (HashVariant::Single, false, "offload hash-get, 1 bucket (hit)"),
-        (HashVariant::Sequential, false, "offload hash-get-seq, key in 2nd bucket"),
-        (HashVariant::Parallel, false, "offload hash-get-par, key in 2nd bucket"),
-        (HashVariant::Parallel, true, "  same, client queue on the join's PU 1"),
+        (
+            HashVariant::Single,
+            false,
+            "offload hash-get, 1 bucket (hit)",
+        ),
+        (
+            HashVariant::Sequential,
+            false,
+            "offload hash-get-seq, key in 2nd bucket",
+        ),
+        (
+            HashVariant::Parallel,
+            false,
+            "offload hash-get-par, key in 2nd bucket",
+        ),
+        (
+            HashVariant::Parallel,
+            true,
+            "  same, client queue on the join's PU 1",
+        ),
     ];
     let mut slots = Vec::new();
     for (v, moved, _) in offloads {
@@ -1557,9 +1818,12 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
                         let pair = (s % 4) as u64;
                         let k = inst.served as u32;
                         let (msg, resp, lens, key_b) = match v {
-                            HashVariant::Single => {
-                                (single_msg(env, hkey(2 * pair), 2 * pair), 1, vec![size as u32], 2 * pair)
-                            }
+                            HashVariant::Single => (
+                                single_msg(env, hkey(2 * pair), 2 * pair),
+                                1,
+                                vec![size as u32],
+                                2 * pair,
+                            ),
                             _ => (
                                 two_msg(env, hkey(2 * pair + 1), 2 * pair, 2 * pair + 1),
                                 2,
@@ -1573,7 +1837,9 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
                         if s == warm || s % 64 == 0 {
                             let got = env.cbuf.read(0, size);
                             if got != hvalue(key_b, size) {
-                                return Err(format!("wrong value bytes for bucket {key_b} ({size} B)"));
+                                return Err(format!(
+                                    "wrong value bytes for bucket {key_b} ({size} B)"
+                                ));
                             }
                         }
                         if s >= warm {
@@ -1630,13 +1896,23 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
             lat[no + 3].extend(native_samples(per_block, size, || {
                 s += 1;
                 let pair = s % 4;
-                native_get(&env.data.buf, base, &dst, hkey(2 * pair + 1), &[2 * pair, 2 * pair + 1])
+                native_get(
+                    &env.data.buf,
+                    base,
+                    &dst,
+                    hkey(2 * pair + 1),
+                    &[2 * pair, 2 * pair + 1],
+                )
             }));
         }
         let st: Vec<Stats> = lat.iter().map(|v| stats(v)).collect();
         let single = st[0].median;
         for (i, name) in names.iter().enumerate() {
-            let label = if i == 0 { size_name(size) } else { String::new() };
+            let label = if i == 0 {
+                size_name(size)
+            } else {
+                String::new()
+            };
             match &failed[i] {
                 Some(e) => {
                     println!("   {label:<7} {name:<44}   FAILED (see anomalies)");
@@ -1653,7 +1929,12 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
             }
         }
         if failed[0].is_none() && failed[2].is_none() {
-            ratios.push((size, st[2].median / single, st[1].median / single, st[3].median / single));
+            ratios.push((
+                size,
+                st[2].median / single,
+                st[1].median / single,
+                st[3].median / single,
+            ));
         }
     }
     for s in &mut slots {
@@ -1665,7 +1946,12 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
         slots
             .iter()
             .zip(&offloads)
-            .map(|(s, o)| format!("{} × {}{}", s.installs, s.program.name, if o.1 { " (moved)" } else { "" }))
+            .map(|(s, o)| format!(
+                "{} × {}{}",
+                s.installs,
+                s.program.name,
+                if o.1 { " (moved)" } else { "" }
+            ))
             .collect::<Vec<_>>()
             .join(", ")
     );
@@ -1740,10 +2026,21 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
     let mut slots = [Slot::new(nb, ring), Slot::new(moved, ring)];
     let mut rd = env.reader.borrow_mut();
     let positions = LIST_STEPS as usize + 1; // 1..8, then absent
-    let key_at = |pos: usize| if pos < LIST_STEPS as usize { lkey(pos as u64) } else { 0xdead };
+    let key_at = |pos: usize| {
+        if pos < LIST_STEPS as usize {
+            lkey(pos as u64)
+        } else {
+            0xdead
+        }
+    };
     // Per position: [warm value, warm end, moved value, moved end, fresh end, break, READs, native]
     let mut lat: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); 8]; positions];
-    let series = [LSeries::Warm, LSeries::Moved, LSeries::Fresh, LSeries::Break];
+    let series = [
+        LSeries::Warm,
+        LSeries::Moved,
+        LSeries::Fresh,
+        LSeries::Break,
+    ];
     let mut failed: Vec<Option<String>> = vec![None; 6];
     for block in 0..blocks {
         // Positions in a rotated order, so no position is always first in a block.
@@ -1759,7 +2056,11 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
                 let with_break = ser == LSeries::Break;
                 let msg = list_msg(head, key, with_break);
                 let fresh = matches!(ser, LSeries::Fresh | LSeries::Break);
-                let count = if fresh { fresh_per_block + 2 } else { per_block + warm };
+                let count = if fresh {
+                    fresh_per_block + 2
+                } else {
+                    per_block + warm
+                };
                 let skip = if fresh { 2 } else { warm };
                 let r = (|| -> Result<(), String> {
                     for s in 0..count {
@@ -1786,9 +2087,15 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
                                 format!("position {}: {e}{}", pos + 1, inst.diag(env))
                             })?;
                             if found && cqes[0].byte_len == 0 {
-                                return Err(format!("position {}: end marker before the value", pos + 1));
+                                return Err(format!(
+                                    "position {}: end marker before the value",
+                                    pos + 1
+                                ));
                             }
-                            if found && s == skip && env.cbuf.read(0, LIST_VALUE) != lvalue(pos as u64) {
+                            if found
+                                && s == skip
+                                && env.cbuf.read(0, LIST_VALUE) != lvalue(pos as u64)
+                            {
                                 return Err(format!("position {}: wrong value bytes", pos + 1));
                             }
                             Ok(t)
@@ -1826,7 +2133,10 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
                         let (t, len) = read_find(env, &mut rd, head, key)?;
                         let want = if found { LIST_VALUE } else { 0 };
                         if len != want {
-                            return Err(format!("READ find, position {}: {len} bytes, expected {want}", pos + 1));
+                            return Err(format!(
+                                "READ find, position {}: {len} bytes, expected {want}",
+                                pos + 1
+                            ));
                         }
                         if s >= warm {
                             lp[6].push(t);
@@ -1860,7 +2170,12 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
                 std::thread::sleep(Duration::from_micros(200));
                 let before = inst.wqes(env)?;
                 let resp = if found && !with_break { 2 } else { 1 };
-                let r = trigger(env, &mut inst, &list_msg(head, key_at(pos), with_break), resp);
+                let r = trigger(
+                    env,
+                    &mut inst,
+                    &list_msg(head, key_at(pos), with_break),
+                    resp,
+                );
                 std::thread::sleep(Duration::from_millis(3));
                 let after = inst.wqes(env);
                 remove(env, inst)?;
@@ -1885,13 +2200,45 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
     );
     println!(
         "   {:<9}|{:>9} {:>9} {:>9}|{:>9} {:>9}|{:>9}|{:>9} {:>9}|{:>9}|{:>9}",
-        "position", "value p50", "end p50", "end p99", "p50", "p99", "end p50", "p50", "p99", "p50", ""
+        "position",
+        "value p50",
+        "end p50",
+        "end p99",
+        "p50",
+        "p99",
+        "end p50",
+        "p50",
+        "p99",
+        "p50",
+        ""
     );
-    let med = |v: &[f64], failed: bool| if failed || v.is_empty() { "-".into() } else { us(stats(v).median) };
-    let p99 = |v: &[f64], failed: bool| if failed || v.is_empty() { "-".into() } else { us(stats(v).p99) };
-    let wq = |v: f64| if v.is_finite() { format!("{v:.0}") } else { "-".into() };
+    let med = |v: &[f64], failed: bool| {
+        if failed || v.is_empty() {
+            "-".into()
+        } else {
+            us(stats(v).median)
+        }
+    };
+    let p99 = |v: &[f64], failed: bool| {
+        if failed || v.is_empty() {
+            "-".into()
+        } else {
+            us(stats(v).p99)
+        }
+    };
+    let wq = |v: f64| {
+        if v.is_finite() {
+            format!("{v:.0}")
+        } else {
+            "-".into()
+        }
+    };
     for (pos, lp) in lat.iter().enumerate() {
-        let name = if pos < LIST_STEPS as usize { format!("{}", pos + 1) } else { "absent".into() };
+        let name = if pos < LIST_STEPS as usize {
+            format!("{}", pos + 1)
+        } else {
+            "absent".into()
+        };
         println!(
             "   {:<9}|{:>9} {:>9} {:>9}|{:>9} {:>9}|{:>9}|{:>9} {:>9}|{:>9}|{:>9}",
             name,
@@ -1919,7 +2266,11 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
         "   {:<9} {}",
         "position",
         (1..=positions)
-            .map(|p| if p <= LIST_STEPS as usize { format!("{p:>7}") } else { format!("{:>7}", "absent") })
+            .map(|p| if p <= LIST_STEPS as usize {
+                format!("{p:>7}")
+            } else {
+                format!("{:>7}", "absent")
+            })
             .collect::<Vec<_>>()
             .join(" ")
     );
@@ -1960,7 +2311,9 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
             if nb_flat { "yes" } else { "NO" }
         );
         if !brk_fewer || !nb_flat {
-            anomalies.push(format!("list find WQE counts unexpected (no break, break): {w:?}"));
+            anomalies.push(format!(
+                "list find WQE counts unexpected (no break, break): {w:?}"
+            ));
         }
     }
     Ok(())
@@ -2012,9 +2365,15 @@ fn main() {
     println!("== Installation cost (never inside a timed region) ==");
     println!("   program::install (layout, render, queues, ring writes); render looks labels up linearly,");
     println!("   so the cost grows with the square of the program's WQE count.");
-    println!("   {:<18} {:>7} {:>9} {:>10}", "program", "WQEs", "installs", "mean ms");
+    println!(
+        "   {:<18} {:>7} {:>9} {:>10}",
+        "program", "WQEs", "installs", "mean ms"
+    );
     for ((name, wqes), (count, secs)) in env.install_costs.borrow().iter() {
-        println!("   {name:<18} {wqes:>7} {count:>9} {:>10.3}", secs * 1e3 / *count as f64);
+        println!(
+            "   {name:<18} {wqes:>7} {count:>9} {:>10.3}",
+            secs * 1e3 / *count as f64
+        );
     }
     println!();
     println!("load average at the end: {}", loadavg());

@@ -20,7 +20,7 @@
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, Nic, QpConfig};
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
-use redn_sys::wqe::{off, Opcode, Payload, RemoteAddr, WorkRequest, WrOp, WqeFlags, BB_SIZE};
+use redn_sys::wqe::{off, Opcode, Payload, RemoteAddr, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::{Access, Qpn};
 use std::time::{Duration, Instant};
 
@@ -104,12 +104,27 @@ pub fn run(requests: &[(u32, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
     let cpd = client.alloc_pd().unwrap();
     let cbuf = SharedBuffer::new(8192);
     let cmr = client.reg_mr(cpd, &cbuf, 0, 8192, Access::ALL).unwrap();
-    let ccq = client.create_cq(CqConfig { depth: 1024, ignore_overrun: false }).unwrap();
+    let ccq = client
+        .create_cq(CqConfig {
+            depth: 1024,
+            ignore_overrun: false,
+        })
+        .unwrap();
     let cqp = client.create_qp(QpConfig::new(cpd, ccq)).unwrap();
 
     // --- server queues ----------------------------------------------------------------------
-    let recv_cq = server.create_cq(CqConfig { depth: 1024, ignore_overrun: true }).unwrap();
-    let work_cq = server.create_cq(CqConfig { depth: 1024, ignore_overrun: true }).unwrap();
+    let recv_cq = server
+        .create_cq(CqConfig {
+            depth: 1024,
+            ignore_overrun: true,
+        })
+        .unwrap();
+    let work_cq = server
+        .create_cq(CqConfig {
+            depth: 1024,
+            ignore_overrun: true,
+        })
+        .unwrap();
     let ring_bbs = (6 * n + 8).next_power_of_two() as u32;
     let mut scfg = QpConfig::new(spd, recv_cq);
     scfg.managed_send = true;
@@ -125,7 +140,13 @@ pub fn run(requests: &[(u32, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
     let master = server.create_qp(QpConfig::new(spd, work_cq)).unwrap();
     let code = |q: &redn_sys::nic::QpInfo| {
         server
-            .reg_mr(spd, &q.sq.buffer, q.sq.offset, (q.sq.entries * q.sq.stride) as usize, Access::ALL)
+            .reg_mr(
+                spd,
+                &q.sq.buffer,
+                q.sq.offset,
+                (q.sq.entries * q.sq.stride) as usize,
+                Access::ALL,
+            )
             .unwrap()
     };
     let ring_s = code(&sqp);
@@ -136,7 +157,10 @@ pub fn run(requests: &[(u32, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
 
     // --- server program, one iteration per expected request --------------------------------
     let resp_at = |k: u64| k * BB_SIZE as u64; // R_k: slot k of the client-facing queue
-    let client_resp = RemoteAddr { addr: cmr.addr, rkey: cmr.lkey.into() };
+    let client_resp = RemoteAddr {
+        addr: cmr.addr,
+        rkey: cmr.lkey.into(),
+    };
     let mut responses = Vec::new();
     let mut chain = Vec::new();
     for k in 0..n {
@@ -155,8 +179,20 @@ pub fn run(requests: &[(u32, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
         responses.push((r, nop_image));
         let base = 6 * k;
         chain.extend([
-            wr(WrOp::Wait { cq: recv_cq, count: k as u32 }, WqeFlags::NONE),
-            wr(WrOp::SendEnable { qp: wqp.qpn, pi: (base + 8) as u32 }, WqeFlags::NONE),
+            wr(
+                WrOp::Wait {
+                    cq: recv_cq,
+                    count: k as u32,
+                },
+                WqeFlags::NONE,
+            ),
+            wr(
+                WrOp::SendEnable {
+                    qp: wqp.qpn,
+                    pi: (base + 8) as u32,
+                },
+                WqeFlags::NONE,
+            ),
             wr(
                 WrOp::Read {
                     remote: data.remote(0), // raddr patched by the request
@@ -176,8 +212,20 @@ pub fn run(requests: &[(u32, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
                 },
                 WqeFlags::SIGNALED | WqeFlags::FENCE,
             ),
-            wr(WrOp::Wait { cq: work_cq, count: k as u32 }, WqeFlags::NONE),
-            wr(WrOp::SendEnable { qp: sqp.qpn, pi: (k + 1) as u32 }, WqeFlags::NONE),
+            wr(
+                WrOp::Wait {
+                    cq: work_cq,
+                    count: k as u32,
+                },
+                WqeFlags::NONE,
+            ),
+            wr(
+                WrOp::SendEnable {
+                    qp: sqp.qpn,
+                    pi: (k + 1) as u32,
+                },
+                WqeFlags::NONE,
+            ),
         ]);
     }
     let resp_wrs: Vec<WorkRequest> = responses.iter().map(|(r, _)| r.clone()).collect();
@@ -194,16 +242,29 @@ pub fn run(requests: &[(u32, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
         let cas = base + 3 * BB_SIZE as u64;
         let read = base + 2 * BB_SIZE as u64;
         server
-            .post_recv(sqp.qpn, k, &[ring_w.sge(cas + 41, 3), ring_w.sge(read + off::RADDR as u64, 8)])
+            .post_recv(
+                sqp.qpn,
+                k,
+                &[
+                    ring_w.sge(cas + 41, 3),
+                    ring_w.sge(read + off::RADDR as u64, 8),
+                ],
+            )
             .unwrap();
     }
     // Kick off: enable the first WAIT and SEND_EN of the worker.
     server
-        .post_send(master.qpn, &[wr(WrOp::SendEnable { qp: wqp.qpn, pi: 2 }, WqeFlags::NONE)])
+        .post_send(
+            master.qpn,
+            &[wr(WrOp::SendEnable { qp: wqp.qpn, pi: 2 }, WqeFlags::NONE)],
+        )
         .unwrap();
     let server_qps = [sqp.qpn, wqp.qpn, master.qpn];
     let host_posts = |nic: &SoftNic| -> u64 {
-        server_qps.iter().map(|q| nic.counters(*q).unwrap().host_posts).sum()
+        server_qps
+            .iter()
+            .map(|q| nic.counters(*q).unwrap().host_posts)
+            .sum()
     };
     let posts_at_setup = host_posts(&server);
 
@@ -218,7 +279,16 @@ pub fn run(requests: &[(u32, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
         cbuf.write(4096, &[0u8; VALUE_LEN as usize]);
         let start = Instant::now();
         client
-            .post_send(cqp.qpn, &[wr(WrOp::Send { payload: Payload::Inline(msg.to_vec()), imm: None }, WqeFlags::NONE)])
+            .post_send(
+                cqp.qpn,
+                &[wr(
+                    WrOp::Send {
+                        payload: Payload::Inline(msg.to_vec()),
+                        imm: None,
+                    },
+                    WqeFlags::NONE,
+                )],
+            )
             .unwrap();
         let mut got = None;
         while start.elapsed() < MISS_TIMEOUT {
@@ -234,7 +304,12 @@ pub fn run(requests: &[(u32, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
             std::hint::spin_loop();
         }
         let micros = start.elapsed().as_secs_f64() * 1e6;
-        answers.push(Answer { key, bucket, value: got, micros });
+        answers.push(Answer {
+            key,
+            bucket,
+            value: got,
+            micros,
+        });
     }
     let mut by_opcode = Vec::new();
     for q in [sqp.qpn, wqp.qpn] {
@@ -259,7 +334,11 @@ pub fn run(requests: &[(u32, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
 }
 
 fn wr(op: WrOp, flags: WqeFlags) -> WorkRequest {
-    WorkRequest { wr_id: 0, flags, op }
+    WorkRequest {
+        wr_id: 0,
+        flags,
+        op,
+    }
 }
 
 /// The first 8 bytes of a control segment, as the CAS sees them.
@@ -304,14 +383,21 @@ fn main() {
     let reqs: Vec<(u32, u64)> = (0..requests as u64)
         .map(|i| {
             let b = (i * 5) % BUCKETS;
-            let key = if i % 3 == 2 { key_of_bucket(b) ^ 0x40 } else { key_of_bucket(b) };
+            let key = if i % 3 == 2 {
+                key_of_bucket(b) ^ 0x40
+            } else {
+                key_of_bucket(b)
+            };
             (key, b)
         })
         .collect();
     println!("RedN hash GET on the softnic: {requests} requests, client and server on two softnic instances");
     println!("server chain per request: WAIT, SEND_EN, READ, CAS (the `if`), WAIT, SEND_EN, then the response WQE\n");
     let (answers, stats) = run(&reqs, Prefetch::Adversarial);
-    println!("{:>3}  {:>8}  {:>6}  {:>9}  answer", "#", "key", "bucket", "rtt (µs)");
+    println!(
+        "{:>3}  {:>8}  {:>6}  {:>9}  answer",
+        "#", "key", "bucket", "rtt (µs)"
+    );
     let mut wrong = 0;
     for (i, a) in answers.iter().enumerate() {
         let expected = (key_of_bucket(a.bucket) == a.key).then(|| value_of(a.key));
@@ -335,7 +421,10 @@ fn main() {
     for (op, n) in &stats.by_opcode {
         println!("  {:<10} {n}", op.name());
     }
-    println!("server host posts after setup: {}", stats.host_posts_after_setup);
+    println!(
+        "server host posts after setup: {}",
+        stats.host_posts_after_setup
+    );
     if wrong > 0 {
         eprintln!("redn_demo: {wrong} wrong answers");
         std::process::exit(1);

@@ -162,7 +162,9 @@ impl SharedBuffer {
             let mut d = &self.words()[dst_off / WORD..][..n];
             let mut s = &src.words()[src_off / WORD..][..n];
             // Eight words at a time: fixed-size chunks let the compiler unroll the copy.
-            while let (Some((dc, dr)), Some((sc, sr))) = (d.split_first_chunk::<8>(), s.split_first_chunk::<8>()) {
+            while let (Some((dc, dr)), Some((sc, sr))) =
+                (d.split_first_chunk::<8>(), s.split_first_chunk::<8>())
+            {
                 for (d, s) in dc.iter().zip(sc) {
                     d.store(s.load(Ordering::Relaxed), Ordering::Relaxed);
                 }
@@ -615,7 +617,10 @@ mod tests {
         assert_eq!(out, [0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0, 0]);
         b.write(8, &[0xff; 8]);
         b.read(0, &mut out);
-        assert_eq!(&out[6..], &[4, 5, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]);
+        assert_eq!(
+            &out[6..],
+            &[4, 5, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]
+        );
     }
 
     #[test]

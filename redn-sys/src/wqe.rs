@@ -341,7 +341,11 @@ impl CtrlSeg {
         b[off::OPMOD] = self.opmod;
         put16(&mut b, off::WQE_INDEX, self.wqe_index);
         b[off::OPCODE] = self.opcode;
-        put32(&mut b, off::QPN, (self.qpn.0 << 8) | u32::from(self.ds & MAX_DS));
+        put32(
+            &mut b,
+            off::QPN,
+            (self.qpn.0 << 8) | u32::from(self.ds & MAX_DS),
+        );
         b[off::SIGNATURE] = self.signature;
         b[off::FM_CE_SE] = self.flags.0;
         put32(&mut b, off::IMM, self.imm);
@@ -371,7 +375,9 @@ impl CtrlSeg {
 
 /// Basic blocks a WQE of `ds` segments occupies (a zero ds still occupies one block).
 pub fn bbs_for_ds(ds: u8) -> usize {
-    (usize::from(ds & MAX_DS) * SEG_SIZE).div_ceil(BB_SIZE).max(1)
+    (usize::from(ds & MAX_DS) * SEG_SIZE)
+        .div_ceil(BB_SIZE)
+        .max(1)
 }
 
 /// A scatter/gather entry: local memory a WQE reads from or writes to.
@@ -1159,8 +1165,8 @@ mod tests {
         assert_eq!(
             b,
             [
-                0x00, 0x01, 0x02, 0x09, 0xab, 0xcd, 0xef, 0x03, 0x00, 0x00, 0x00, 0x88, 0x11,
-                0x22, 0x33, 0x44
+                0x00, 0x01, 0x02, 0x09, 0xab, 0xcd, 0xef, 0x03, 0x00, 0x00, 0x00, 0x88, 0x11, 0x22,
+                0x33, 0x44
             ]
         );
         assert_eq!(CtrlSeg::decode(&b), c);
@@ -1302,7 +1308,10 @@ mod tests {
                 imm: None,
             },
         };
-        assert_eq!(encode_wqe(&wr, Qpn(1), 0).unwrap_err(), WqeError::TooLarge(64));
+        assert_eq!(
+            encode_wqe(&wr, Qpn(1), 0).unwrap_err(),
+            WqeError::TooLarge(64)
+        );
         let wait = WorkRequest {
             wr_id: 0,
             flags: WqeFlags::NONE,

@@ -56,13 +56,22 @@ fn hash_get_single_hit_miss_and_collision() {
         let r = rig.trigger(&trigger(&[&k(1), &bucket_addr(&rig, 1)]), 1);
         assert_eq!(r, vec![(0, value(1, 64))], "{mode:?}");
         // miss: a key no bucket holds
-        let r = rig.trigger(&trigger(&[&catalog::trigger_key(0x42), &bucket_addr(&rig, 1)]), 1);
+        let r = rig.trigger(
+            &trigger(&[&catalog::trigger_key(0x42), &bucket_addr(&rig, 1)]),
+            1,
+        );
         assert_eq!(r, vec![(1, vec![])], "{mode:?}");
         // collision: the key hashes to a bucket that holds another key
         let r = rig.trigger(&trigger(&[&k(2), &bucket_addr(&rig, 0)]), 1);
         assert_eq!(r, vec![(2, vec![])], "{mode:?}");
         // keys differing only in the top byte do not match
-        let r = rig.trigger(&trigger(&[&catalog::trigger_key(keys[0] ^ (0xff << 40)), &bucket_addr(&rig, 0)]), 1);
+        let r = rig.trigger(
+            &trigger(&[
+                &catalog::trigger_key(keys[0] ^ (0xff << 40)),
+                &bucket_addr(&rig, 0),
+            ]),
+            1,
+        );
         assert_eq!(r, vec![(3, vec![])], "{mode:?}");
         let r = rig.trigger(&trigger(&[&k(0), &bucket_addr(&rig, 0)]), 1);
         assert_eq!(r, vec![(4, value(0, 64))], "{mode:?}");
@@ -84,10 +93,18 @@ fn two_bucket(variant: HashVariant) {
         };
         // hit in the first bucket
         let r = sorted(rig.trigger(&msg(0x10, 0, 1, &rig), 2));
-        assert_eq!(r, vec![(0, vec![]), (0, value(0, 100))], "{variant:?} {mode:?}");
+        assert_eq!(
+            r,
+            vec![(0, vec![]), (0, value(0, 100))],
+            "{variant:?} {mode:?}"
+        );
         // collision: first bucket holds another key, the key is in the second
         let r = sorted(rig.trigger(&msg(0x40, 2, 3, &rig), 2));
-        assert_eq!(r, vec![(1, vec![]), (1, value(3, 100))], "{variant:?} {mode:?}");
+        assert_eq!(
+            r,
+            vec![(1, vec![]), (1, value(3, 100))],
+            "{variant:?} {mode:?}"
+        );
         // miss in both
         let r = rig.trigger(&msg(0x99, 0, 1, &rig), 2);
         assert_eq!(r, vec![(2, vec![]), (2, vec![])], "{variant:?} {mode:?}");
@@ -112,11 +129,18 @@ fn bucket_address_outside_the_table_is_a_protection_error_not_an_answer() {
     let client = nic(1, Prefetch::Adversarial);
     let spd = server.alloc_pd().unwrap();
     let data = Region::new(&server, spd, 1 << 16, ALL);
-    let table = server.reg_mr(spd, &data.buf, 0, 4096, redn_sys::Access::REMOTE_READ).unwrap();
+    let table = server
+        .reg_mr(spd, &data.buf, 0, 4096, redn_sys::Access::REMOTE_READ)
+        .unwrap();
     let cpd = client.alloc_pd().unwrap();
     let cbuf = Region::new(&client, cpd, 4096, ALL);
-    let ccq = client.create_cq(redn_sys::nic::CqConfig::default()).unwrap();
-    let cqp = client.create_qp(redn_sys::nic::QpConfig::new(cpd, ccq)).unwrap().qpn;
+    let ccq = client
+        .create_cq(redn_sys::nic::CqConfig::default())
+        .unwrap();
+    let cqp = client
+        .create_qp(redn_sys::nic::QpConfig::new(cpd, ccq))
+        .unwrap()
+        .qpn;
     let mut regions = std::collections::HashMap::new();
     regions.insert("table".to_string(), (table.addr, table.lkey, 4096));
     regions.insert("values".to_string(), (data.mr.addr, data.mr.lkey, 1 << 16));
@@ -133,7 +157,17 @@ fn bucket_address_outside_the_table_is_a_protection_error_not_an_answer() {
     let evil = (data.mr.addr.0 + 8192 - 32).to_be_bytes();
     let msg = [catalog::trigger_key(7).as_slice(), &evil].concat();
     client
-        .post_send(cqp, &[wr(1, SIG, redn_sys::wqe::WrOp::Send { payload: redn_sys::wqe::Payload::Inline(msg), imm: None })])
+        .post_send(
+            cqp,
+            &[wr(
+                1,
+                SIG,
+                redn_sys::wqe::WrOp::Send {
+                    payload: redn_sys::wqe::Payload::Inline(msg),
+                    imm: None,
+                },
+            )],
+        )
         .unwrap();
     // The worker's READ faults: its QP goes to error with a remote access error; the client
     // gets nothing back, and the secret stays put.
@@ -146,9 +180,17 @@ fn bucket_address_outside_the_table_is_a_protection_error_not_an_answer() {
     assert_eq!(server.counters(worker).unwrap().errors, 1);
     let mut out = Vec::new();
     server.poll_cq(inst.cqs[1], 8, &mut out).unwrap_or(0);
-    assert!(out.iter().any(|c| c.status == Err(redn_sys::wqe::Syndrome::RemoteAccess)), "{out:?}");
+    assert!(
+        out.iter()
+            .any(|c| c.status == Err(redn_sys::wqe::Syndrome::RemoteAccess)),
+        "{out:?}"
+    );
     let sent = wait_cqes(&client, ccq, 1);
-    assert!(sent.iter().all(|c| c.opcode == redn_sys::wqe::CqeOpcode::Req), "no response: {sent:?}");
+    assert!(
+        sent.iter()
+            .all(|c| c.opcode == redn_sys::wqe::CqeOpcode::Req),
+        "no response: {sent:?}"
+    );
     assert_eq!(cbuf.read(0, 8), [0u8; 8]);
 }
 
@@ -159,7 +201,11 @@ fn fill_list(rig: &Rig, keys: &[u64]) -> u64 {
     for (i, &k) in keys.iter().enumerate() {
         let vaddr = VALUES_AT + i * 4096;
         rig.data.write(vaddr, &value(i as u64, 32));
-        let next = if i + 1 < keys.len() { node(i + 1) } else { node(i) };
+        let next = if i + 1 < keys.len() {
+            node(i + 1)
+        } else {
+            node(i)
+        };
         let b = catalog::node_bytes(k, 32, base + vaddr as u64, next);
         rig.data.write(64 * i, &b);
     }
@@ -189,7 +235,17 @@ fn list_find_at_each_position_with_and_without_break() {
             let positions = steps as u64 + 1;
             // Without break one installation serves every trigger; with break each trigger
             // gets a fresh installation (a break leaves its queue stopped).
-            let fresh = || Rig::new(catalog::list_find(steps, with_break, if with_break { 1 } else { positions as u32 }).unwrap(), mode);
+            let fresh = || {
+                Rig::new(
+                    catalog::list_find(
+                        steps,
+                        with_break,
+                        if with_break { 1 } else { positions as u32 },
+                    )
+                    .unwrap(),
+                    mode,
+                )
+            };
             let mut rig = fresh();
             let mut executed = Vec::new();
             for pos in 0..positions {
@@ -198,7 +254,11 @@ fn list_find_at_each_position_with_and_without_break() {
                 }
                 let head = fill_list(&rig, &keys);
                 let k = if with_break { 0 } else { pos as u32 };
-                let key = if pos < steps as u64 { keys[pos as usize] } else { 0xdead };
+                let key = if pos < steps as u64 {
+                    keys[pos as usize]
+                } else {
+                    0xdead
+                };
                 let before = rig.server_wqes();
                 let msg = list_trigger(head, key, steps, with_break);
                 let found = pos < steps as u64;
@@ -222,7 +282,9 @@ fn list_find_at_each_position_with_and_without_break() {
             } else {
                 assert!(executed.windows(2).all(|w| w[0] == w[1]), "{executed:?}");
             }
-            eprintln!("list-find break={with_break} {mode:?}: WQEs per lookup by position {executed:?}");
+            eprintln!(
+                "list-find break={with_break} {mode:?}: WQEs per lookup by position {executed:?}"
+            );
         }
     }
 }
@@ -242,7 +304,11 @@ fn server_loop_serves_1000_gets_with_no_host_posts() {
             let expect = if b < 16 { value(b, 48) } else { vec![] };
             assert_eq!(r, vec![(0, expect)], "request {i} {mode:?}");
         }
-        assert_eq!(rig.server_host_posts(), posts, "the server host posted during the loop");
+        assert_eq!(
+            rig.server_host_posts(),
+            posts,
+            "the server host posted during the loop"
+        );
         // 24 WQEs a round (15 worker WQEs in 16 BBs, 8 re-arm, 1 response); the last round
         // may still be re-arming when the client has its answer.
         assert!(rig.server_wqes() >= 999 * 24, "{}", rig.server_wqes());

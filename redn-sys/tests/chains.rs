@@ -5,12 +5,20 @@ mod common;
 use common::*;
 use redn_sys::nic::{CqConfig, Nic, QpConfig};
 use redn_sys::softnic::{Prefetch, SoftNic};
-use redn_sys::wqe::{off, Opcode, Payload, WorkRequest, WrOp, WqeFlags, BB_SIZE};
+use redn_sys::wqe::{off, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 
-const MODES: [Prefetch; 3] = [Prefetch::AtExecute, Prefetch::Depth(8), Prefetch::Adversarial];
+const MODES: [Prefetch; 3] = [
+    Prefetch::AtExecute,
+    Prefetch::Depth(8),
+    Prefetch::Adversarial,
+];
 
 fn write(local: redn_sys::wqe::Sge, remote: redn_sys::wqe::RemoteAddr) -> WrOp {
-    WrOp::Write { remote, payload: Payload::Sgl(vec![local]), imm: None }
+    WrOp::Write {
+        remote,
+        payload: Payload::Sgl(vec![local]),
+        imm: None,
+    }
 }
 
 #[test]
@@ -24,11 +32,21 @@ fn wq_order_later_wqes_see_earlier_effects() {
         m.write(0, b"A");
         m.write(1, b"B");
         // WRITE A to x, WRITE B to x, READ x to y: y must be B.
-        nic.post_send(ep.qp.qpn, &[
-            wr(1, WqeFlags::NONE, write(m.mr.sge(0, 1), m.mr.remote(100))),
-            wr(2, WqeFlags::NONE, write(m.mr.sge(1, 1), m.mr.remote(100))),
-            wr(3, SIG, WrOp::Read { remote: m.mr.remote(100), sgl: vec![m.mr.sge(200, 1)] }),
-        ])
+        nic.post_send(
+            ep.qp.qpn,
+            &[
+                wr(1, WqeFlags::NONE, write(m.mr.sge(0, 1), m.mr.remote(100))),
+                wr(2, WqeFlags::NONE, write(m.mr.sge(1, 1), m.mr.remote(100))),
+                wr(
+                    3,
+                    SIG,
+                    WrOp::Read {
+                        remote: m.mr.remote(100),
+                        sgl: vec![m.mr.sge(200, 1)],
+                    },
+                ),
+            ],
+        )
         .unwrap();
         let c = wait_cqes(&nic, ep.cq, 1);
         assert_eq!(c[0].wr_id, 3);
@@ -48,13 +66,34 @@ fn completion_order_wait_holds_a_queue_until_another_queue_completes() {
     }
     m.write(0, b"data!");
     // Consumer: WAIT for the producer's first completion, then copy what it wrote.
-    nic.post_send(consumer.qp.qpn, &[
-        wr(1, WqeFlags::NONE, WrOp::Wait { cq: producer.cq, count: 0 }),
-        wr(2, SIG, WrOp::Read { remote: m.mr.remote(100), sgl: vec![m.mr.sge(200, 5)] }),
-    ])
+    nic.post_send(
+        consumer.qp.qpn,
+        &[
+            wr(
+                1,
+                WqeFlags::NONE,
+                WrOp::Wait {
+                    cq: producer.cq,
+                    count: 0,
+                },
+            ),
+            wr(
+                2,
+                SIG,
+                WrOp::Read {
+                    remote: m.mr.remote(100),
+                    sgl: vec![m.mr.sge(200, 5)],
+                },
+            ),
+        ],
+    )
     .unwrap();
     expect_no_cqe(&nic, consumer.cq, 30);
-    nic.post_send(producer.qp.qpn, &[wr(3, SIG, write(m.mr.sge(0, 5), m.mr.remote(100)))]).unwrap();
+    nic.post_send(
+        producer.qp.qpn,
+        &[wr(3, SIG, write(m.mr.sge(0, 5), m.mr.remote(100)))],
+    )
+    .unwrap();
     wait_cqes(&nic, consumer.cq, 1);
     assert_eq!(m.read(200, 5), b"data!");
 }
@@ -81,7 +120,11 @@ fn self_modifying_chain(mode: Prefetch, doorbell_ordered: bool) -> Vec<u8> {
     // Where the second WQE will sit in the ring: slot 1 when the patch shares the queue,
     // slot 0 of the managed queue otherwise.
     if !doorbell_ordered {
-        let patch = wr(1, WqeFlags::NONE, write(m.mr.sge(16, 8), ring.remote(BB_SIZE as u64 + 40)));
+        let patch = wr(
+            1,
+            WqeFlags::NONE,
+            write(m.mr.sge(16, 8), ring.remote(BB_SIZE as u64 + 40)),
+        );
         nic.post_send(target.qpn, &[patch, second]).unwrap();
     } else {
         // Doorbell order: the second WQE sits on the managed queue; a master queue patches it,
@@ -89,11 +132,28 @@ fn self_modifying_chain(mode: Prefetch, doorbell_ordered: bool) -> Vec<u8> {
         nic.post_send(target.qpn, &[second]).unwrap();
         let master = endpoint(&nic, pd, |_| {});
         nic.connect(master.qp.qpn, master.qp.qpn).unwrap();
-        nic.post_send(master.qp.qpn, &[
-            wr(1, SIG, write(m.mr.sge(16, 8), ring.remote(40))),
-            wr(3, WqeFlags::NONE, WrOp::Wait { cq: master.cq, count: 0 }),
-            wr(4, WqeFlags::NONE, WrOp::SendEnable { qp: target.qpn, pi: 1 }),
-        ])
+        nic.post_send(
+            master.qp.qpn,
+            &[
+                wr(1, SIG, write(m.mr.sge(16, 8), ring.remote(40))),
+                wr(
+                    3,
+                    WqeFlags::NONE,
+                    WrOp::Wait {
+                        cq: master.cq,
+                        count: 0,
+                    },
+                ),
+                wr(
+                    4,
+                    WqeFlags::NONE,
+                    WrOp::SendEnable {
+                        qp: target.qpn,
+                        pi: 1,
+                    },
+                ),
+            ],
+        )
         .unwrap();
     }
     let c = wait_cqes(&nic, cq, 1);
@@ -134,7 +194,12 @@ fn loop_re_arms_itself_with_wait_and_enable_and_runs_without_host_posts() {
         let nic = nic(2, mode);
         let pd = nic.alloc_pd().unwrap();
         let data = Region::new(&nic, pd, 4096, ALL);
-        let cq_a = nic.create_cq(CqConfig { depth: 64, ignore_overrun: true }).unwrap();
+        let cq_a = nic
+            .create_cq(CqConfig {
+                depth: 64,
+                ignore_overrun: true,
+            })
+            .unwrap();
         let cq_b = nic.create_cq(CqConfig::default()).unwrap();
         let mk = |cq, pu| {
             let mut c = QpConfig::new(pd, cq);
@@ -156,20 +221,34 @@ fn loop_re_arms_itself_with_wait_and_enable_and_runs_without_host_posts() {
         data.write(16, &0u64.to_le_bytes());
         data.write(24, &8u64.to_le_bytes());
         let faa = |at: u64, add: u64, result: redn_sys::wqe::Sge, flags| {
-            wr(0, flags, WrOp::FetchAdd { remote: data.mr.remote(at), add, result: Some(result) })
+            wr(
+                0,
+                flags,
+                WrOp::FetchAdd {
+                    remote: data.mr.remote(at),
+                    add,
+                    result: Some(result),
+                },
+            )
         };
         let scratch = data.mr.sge(512, 8);
         let slot = |ring: &redn_sys::nic::MrInfo, i: u64| ring.sge(i * 64 + COUNT_RESULT, 8);
         let a_wqes: Vec<WorkRequest> = vec![
-            faa(0, 1, scratch, SIG),                              // A0: the loop body
-            faa(8, 4, slot(&ring_b, 3), WqeFlags::NONE),          // A1: B3's enable of A
-            faa(16, 1, slot(&ring_b, 0), WqeFlags::NONE),         // A2: B0's WAIT count
+            faa(0, 1, scratch, SIG),                      // A0: the loop body
+            faa(8, 4, slot(&ring_b, 3), WqeFlags::NONE),  // A1: B3's enable of A
+            faa(16, 1, slot(&ring_b, 0), WqeFlags::NONE), // A2: B0's WAIT count
             wr(0, WqeFlags::NONE, WrOp::SendEnable { qp: b.qpn, pi: 4 }), // A3
         ];
         let b_wqes: Vec<WorkRequest> = vec![
-            wr(0, WqeFlags::NONE, WrOp::Wait { cq: cq_a, count: 0 }),  // B0
-            faa(24, 4, slot(&ring_a, 3), WqeFlags::NONE),              // B1: A3's enable of B
-            wr(0, WqeFlags::NONE, WrOp::Nop { raw_segments: vec![] }), // B2
+            wr(0, WqeFlags::NONE, WrOp::Wait { cq: cq_a, count: 0 }), // B0
+            faa(24, 4, slot(&ring_a, 3), WqeFlags::NONE),             // B1: A3's enable of B
+            wr(
+                0,
+                WqeFlags::NONE,
+                WrOp::Nop {
+                    raw_segments: vec![],
+                },
+            ), // B2
             wr(0, WqeFlags::NONE, WrOp::SendEnable { qp: a.qpn, pi: 8 }), // B3
         ];
         nic.post_send(a.qpn, &a_wqes).unwrap();
@@ -177,13 +256,21 @@ fn loop_re_arms_itself_with_wait_and_enable_and_runs_without_host_posts() {
         // The one host action: a master enables A's first round.
         let master = endpoint(&nic, pd, |_| {});
         nic.connect(master.qp.qpn, master.qp.qpn).unwrap();
-        nic.post_send(master.qp.qpn, &[wr(9, SIG, WrOp::SendEnable { qp: a.qpn, pi: 4 })]).unwrap();
+        nic.post_send(
+            master.qp.qpn,
+            &[wr(9, SIG, WrOp::SendEnable { qp: a.qpn, pi: 4 })],
+        )
+        .unwrap();
         wait_cqes(&nic, master.cq, 1);
 
         let iterations = |d: &Region| u64::from_le_bytes(d.read(0, 8).try_into().unwrap());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while iterations(&data) < 1000 {
-            assert!(std::time::Instant::now() < deadline, "{mode:?}: stuck at {}", iterations(&data));
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{mode:?}: stuck at {}",
+                iterations(&data)
+            );
             std::thread::yield_now();
         }
         // It keeps going with nobody posting: far past any ring's capacity (4 BBs).
@@ -205,6 +292,16 @@ fn dropping_a_running_softnic_stops_its_threads() {
     let pd = nic.alloc_pd().unwrap();
     let ep = endpoint(&nic, pd, |_| {});
     nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
-    nic.post_send(ep.qp.qpn, &[wr(1, SIG, WrOp::Nop { raw_segments: vec![] })]).unwrap();
+    nic.post_send(
+        ep.qp.qpn,
+        &[wr(
+            1,
+            SIG,
+            WrOp::Nop {
+                raw_segments: vec![],
+            },
+        )],
+    )
+    .unwrap();
     drop(nic); // joins the PUs; hanging here would fail the test by timeout
 }

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use redn_sys::nic::Nic;
 use redn_sys::softnic::{Prefetch, SoftNic};
-use redn_sys::wqe::{CqeOpcode, Opcode, Payload, WrOp, WqeFlags};
+use redn_sys::wqe::{CqeOpcode, Opcode, Payload, WqeFlags, WrOp};
 use redn_sys::Cqn;
 
 struct Loop {
@@ -38,9 +38,23 @@ fn write_gathers_and_inline() {
     l.a.write(0, b"abc");
     l.a.write(100, b"defgh");
     let sgl = vec![l.a.mr.sge(0, 3), l.a.mr.sge(100, 5)];
-    run(&l, WrOp::Write { remote: l.b.mr.remote(7), payload: Payload::Sgl(sgl), imm: None });
+    run(
+        &l,
+        WrOp::Write {
+            remote: l.b.mr.remote(7),
+            payload: Payload::Sgl(sgl),
+            imm: None,
+        },
+    );
     assert_eq!(l.b.read(6, 10), b"\0abcdefgh\0");
-    run(&l, WrOp::Write { remote: l.b.mr.remote(1000), payload: Payload::Inline(b"inline!".to_vec()), imm: None });
+    run(
+        &l,
+        WrOp::Write {
+            remote: l.b.mr.remote(1000),
+            payload: Payload::Inline(b"inline!".to_vec()),
+            imm: None,
+        },
+    );
     assert_eq!(l.b.read(1000, 7), b"inline!");
     let c = l.nic.counters(l.ep.qp.qpn).unwrap();
     assert_eq!(c.by_opcode(Opcode::RdmaWrite), 2);
@@ -52,7 +66,13 @@ fn read_scatters_at_any_alignment() {
     let l = setup();
     l.b.write(0, b"0123456789ABCDEFGHIJ");
     let sgl = vec![l.a.mr.sge(3, 3), l.a.mr.sge(41, 8), l.a.mr.sge(13, 9)];
-    let c = run(&l, WrOp::Read { remote: l.b.mr.remote(1), sgl });
+    let c = run(
+        &l,
+        WrOp::Read {
+            remote: l.b.mr.remote(1),
+            sgl,
+        },
+    );
     assert_eq!(c.byte_len, 20);
     assert_eq!(l.a.read(3, 3), b"123");
     assert_eq!(l.a.read(41, 8), b"456789AB");
@@ -64,11 +84,27 @@ fn cas_compares_host_order_and_returns_old_value_big_endian() {
     let l = setup();
     l.b.write(64, &0x1122_3344_5566_7788u64.to_le_bytes());
     // Mismatch: success completion, target unchanged, old value returned.
-    run(&l, WrOp::CompareSwap { remote: l.b.mr.remote(64), compare: 1, swap: 2, result: Some(l.a.mr.sge(0, 8)) });
+    run(
+        &l,
+        WrOp::CompareSwap {
+            remote: l.b.mr.remote(64),
+            compare: 1,
+            swap: 2,
+            result: Some(l.a.mr.sge(0, 8)),
+        },
+    );
     assert_eq!(l.b.read(64, 8), 0x1122_3344_5566_7788u64.to_le_bytes());
     assert_eq!(l.a.read(0, 8), 0x1122_3344_5566_7788u64.to_be_bytes());
     // Match.
-    run(&l, WrOp::CompareSwap { remote: l.b.mr.remote(64), compare: 0x1122_3344_5566_7788, swap: 42, result: None });
+    run(
+        &l,
+        WrOp::CompareSwap {
+            remote: l.b.mr.remote(64),
+            compare: 0x1122_3344_5566_7788,
+            swap: 42,
+            result: None,
+        },
+    );
     assert_eq!(l.b.read(64, 8), 42u64.to_le_bytes());
 }
 
@@ -80,12 +116,15 @@ fn cas_on_a_big_endian_control_word_uses_byte_reversed_operands() {
     let nop = [0u8, 0x00, 0x05, 0x00, 0x00, 0x00, 0x00, 0x03]; // idx 5, NOP, qpn 0, ds 3
     let write = [0u8, 0x00, 0x05, 0x09, 0x00, 0x01, 0x23, 0x03]; // WRITE_IMM, qpn 0x123
     l.b.write(128, &nop);
-    run(&l, WrOp::CompareSwap {
-        remote: l.b.mr.remote(128),
-        compare: u64::from_le_bytes(nop),
-        swap: u64::from_le_bytes(write),
-        result: None,
-    });
+    run(
+        &l,
+        WrOp::CompareSwap {
+            remote: l.b.mr.remote(128),
+            compare: u64::from_le_bytes(nop),
+            swap: u64::from_le_bytes(write),
+            result: None,
+        },
+    );
     assert_eq!(l.b.read(128, 8), write);
 }
 
@@ -93,23 +132,41 @@ fn cas_on_a_big_endian_control_word_uses_byte_reversed_operands() {
 fn fetch_add_and_masked_atomics() {
     let l = setup();
     l.b.write(0, &10u64.to_le_bytes());
-    run(&l, WrOp::FetchAdd { remote: l.b.mr.remote(0), add: 5, result: Some(l.a.mr.sge(8, 8)) });
+    run(
+        &l,
+        WrOp::FetchAdd {
+            remote: l.b.mr.remote(0),
+            add: 5,
+            result: Some(l.a.mr.sge(8, 8)),
+        },
+    );
     assert_eq!(l.b.read(0, 8), 15u64.to_le_bytes());
     assert_eq!(l.a.read(8, 8), 10u64.to_be_bytes());
 
     l.b.write(16, &0xab11u64.to_le_bytes());
-    run(&l, WrOp::MaskedCompareSwap {
-        remote: l.b.mr.remote(16),
-        compare: 0xab00,
-        compare_mask: 0xff00,
-        swap: 0xcd,
-        swap_mask: 0xff,
-        result: None,
-    });
+    run(
+        &l,
+        WrOp::MaskedCompareSwap {
+            remote: l.b.mr.remote(16),
+            compare: 0xab00,
+            compare_mask: 0xff00,
+            swap: 0xcd,
+            swap_mask: 0xff,
+            result: None,
+        },
+    );
     assert_eq!(l.b.read(16, 8), 0xabcdu64.to_le_bytes());
 
     l.b.write(24, &0x0000_0005_ffff_ffffu64.to_le_bytes());
-    run(&l, WrOp::MaskedFetchAdd { remote: l.b.mr.remote(24), add: 1, field_boundary: 1 << 31, result: None });
+    run(
+        &l,
+        WrOp::MaskedFetchAdd {
+            remote: l.b.mr.remote(24),
+            add: 1,
+            field_boundary: 1 << 31,
+            result: None,
+        },
+    );
     assert_eq!(l.b.read(24, 8), 0x0000_0005_0000_0000u64.to_le_bytes());
     let c = l.nic.counters(l.ep.qp.qpn).unwrap();
     assert_eq!(c.by_opcode(Opcode::AtomicFa), 1);
@@ -121,7 +178,18 @@ fn fetch_add_and_masked_atomics() {
 fn misaligned_atomic_is_a_remote_invalid_request() {
     let l = setup();
     l.nic
-        .post_send(l.ep.qp.qpn, &[wr(9, WqeFlags::NONE, WrOp::FetchAdd { remote: l.b.mr.remote(4), add: 1, result: None })])
+        .post_send(
+            l.ep.qp.qpn,
+            &[wr(
+                9,
+                WqeFlags::NONE,
+                WrOp::FetchAdd {
+                    remote: l.b.mr.remote(4),
+                    add: 1,
+                    result: None,
+                },
+            )],
+        )
         .unwrap();
     let c = wait_cqes(&l.nic, l.ep.cq, 1).remove(0);
     assert_eq!(c.status, Err(redn_sys::wqe::Syndrome::RemoteInvalidRequest));
@@ -130,13 +198,32 @@ fn misaligned_atomic_is_a_remote_invalid_request() {
 #[test]
 fn nop_does_nothing_but_complete() {
     let l = setup();
-    let c = run(&l, WrOp::Nop { raw_segments: vec![] });
+    let c = run(
+        &l,
+        WrOp::Nop {
+            raw_segments: vec![],
+        },
+    );
     assert_eq!(c.opcode, CqeOpcode::Req);
     assert_eq!(c.cqe.send_opcode, Opcode::Nop as u8);
     // Unsignaled WQEs produce no completion.
-    l.nic.post_send(l.ep.qp.qpn, &[wr(2, WqeFlags::NONE, WrOp::Nop { raw_segments: vec![] })]).unwrap();
+    l.nic
+        .post_send(
+            l.ep.qp.qpn,
+            &[wr(
+                2,
+                WqeFlags::NONE,
+                WrOp::Nop {
+                    raw_segments: vec![],
+                },
+            )],
+        )
+        .unwrap();
     expect_no_cqe(&l.nic, l.ep.cq, 30);
-    assert_eq!(l.nic.counters(l.ep.qp.qpn).unwrap().by_opcode(Opcode::Nop), 2);
+    assert_eq!(
+        l.nic.counters(l.ep.qp.qpn).unwrap().by_opcode(Opcode::Nop),
+        2
+    );
 }
 
 /// A client QP on one softnic and a server QP on another, connected in-process.
@@ -159,21 +246,45 @@ fn pair() -> Pair {
     let client = endpoint(&client_nic, cpd, |_| {});
     let server = endpoint(&server_nic, spd, |_| {});
     SoftNic::connect_pair(&client_nic, client.qp.qpn, &server_nic, server.qp.qpn).unwrap();
-    Pair { client_nic, server_nic, client, server, cbuf, sbuf }
+    Pair {
+        client_nic,
+        server_nic,
+        client,
+        server,
+        cbuf,
+        sbuf,
+    }
 }
 
 #[test]
 fn send_scatters_into_a_posted_receive_across_two_nics() {
     let p = pair();
     p.server_nic
-        .post_recv(p.server.qp.qpn, 77, &[p.sbuf.mr.sge(10, 3), p.sbuf.mr.sge(200, 8)])
+        .post_recv(
+            p.server.qp.qpn,
+            77,
+            &[p.sbuf.mr.sge(10, 3), p.sbuf.mr.sge(200, 8)],
+        )
         .unwrap();
     p.cbuf.write(0, b"keyADDRESS!");
     p.client_nic
-        .post_send(p.client.qp.qpn, &[wr(1, SIG, WrOp::Send { payload: Payload::Sgl(vec![p.cbuf.mr.sge(0, 11)]), imm: Some(0xbeef) })])
+        .post_send(
+            p.client.qp.qpn,
+            &[wr(
+                1,
+                SIG,
+                WrOp::Send {
+                    payload: Payload::Sgl(vec![p.cbuf.mr.sge(0, 11)]),
+                    imm: Some(0xbeef),
+                },
+            )],
+        )
         .unwrap();
     let sc = wait_cqes(&p.server_nic, p.server.cq, 1).remove(0);
-    assert_eq!((sc.wr_id, sc.opcode, sc.byte_len, sc.imm), (77, CqeOpcode::RespSendImm, 11, Some(0xbeef)));
+    assert_eq!(
+        (sc.wr_id, sc.opcode, sc.byte_len, sc.imm),
+        (77, CqeOpcode::RespSendImm, 11, Some(0xbeef))
+    );
     assert_eq!(sc.qpn, p.server.qp.qpn);
     assert_eq!(p.sbuf.read(10, 3), b"key");
     assert_eq!(p.sbuf.read(200, 8), b"ADDRESS!");
@@ -187,14 +298,24 @@ fn write_with_immediate_consumes_a_receive() {
     p.server_nic.post_recv(p.server.qp.qpn, 5, &[]).unwrap();
     p.cbuf.write(0, b"payload");
     p.client_nic
-        .post_send(p.client.qp.qpn, &[wr(1, WqeFlags::NONE, WrOp::Write {
-            remote: p.sbuf.mr.remote(64),
-            payload: Payload::Sgl(vec![p.cbuf.mr.sge(0, 7)]),
-            imm: Some(3),
-        })])
+        .post_send(
+            p.client.qp.qpn,
+            &[wr(
+                1,
+                WqeFlags::NONE,
+                WrOp::Write {
+                    remote: p.sbuf.mr.remote(64),
+                    payload: Payload::Sgl(vec![p.cbuf.mr.sge(0, 7)]),
+                    imm: Some(3),
+                },
+            )],
+        )
         .unwrap();
     let sc = wait_cqes(&p.server_nic, p.server.cq, 1).remove(0);
-    assert_eq!((sc.wr_id, sc.opcode, sc.byte_len, sc.imm), (5, CqeOpcode::RespWriteImm, 7, Some(3)));
+    assert_eq!(
+        (sc.wr_id, sc.opcode, sc.byte_len, sc.imm),
+        (5, CqeOpcode::RespWriteImm, 7, Some(3))
+    );
     assert_eq!(p.sbuf.read(64, 7), b"payload");
 }
 
@@ -202,11 +323,23 @@ fn write_with_immediate_consumes_a_receive() {
 fn send_without_a_receive_waits_until_one_is_posted() {
     let p = pair();
     p.client_nic
-        .post_send(p.client.qp.qpn, &[wr(1, SIG, WrOp::Send { payload: Payload::Inline(b"hi".to_vec()), imm: None })])
+        .post_send(
+            p.client.qp.qpn,
+            &[wr(
+                1,
+                SIG,
+                WrOp::Send {
+                    payload: Payload::Inline(b"hi".to_vec()),
+                    imm: None,
+                },
+            )],
+        )
         .unwrap();
     expect_no_cqe(&p.client_nic, p.client.cq, 50);
     assert!(p.client_nic.counters(p.client.qp.qpn).unwrap().rnr_waits >= 1);
-    p.server_nic.post_recv(p.server.qp.qpn, 1, &[p.sbuf.mr.sge(0, 16)]).unwrap();
+    p.server_nic
+        .post_recv(p.server.qp.qpn, 1, &[p.sbuf.mr.sge(0, 16)])
+        .unwrap();
     assert!(wait_cqes(&p.client_nic, p.client.cq, 1)[0].is_ok());
     assert_eq!(p.sbuf.read(0, 2), b"hi");
 }
@@ -214,9 +347,21 @@ fn send_without_a_receive_waits_until_one_is_posted() {
 #[test]
 fn send_longer_than_the_receive_is_refused_by_the_responder() {
     let p = pair();
-    p.server_nic.post_recv(p.server.qp.qpn, 1, &[p.sbuf.mr.sge(0, 4)]).unwrap();
+    p.server_nic
+        .post_recv(p.server.qp.qpn, 1, &[p.sbuf.mr.sge(0, 4)])
+        .unwrap();
     p.client_nic
-        .post_send(p.client.qp.qpn, &[wr(1, SIG, WrOp::Send { payload: Payload::Inline(b"too long".to_vec()), imm: None })])
+        .post_send(
+            p.client.qp.qpn,
+            &[wr(
+                1,
+                SIG,
+                WrOp::Send {
+                    payload: Payload::Inline(b"too long".to_vec()),
+                    imm: None,
+                },
+            )],
+        )
         .unwrap();
     let c = wait_cqes(&p.client_nic, p.client.cq, 1).remove(0);
     assert_eq!(c.status, Err(redn_sys::wqe::Syndrome::RemoteInvalidRequest));
@@ -242,35 +387,108 @@ fn wait_send_en_and_recv_en() {
     }
     // The managed queue holds a WRITE; posting does not run it.
     buf.write(0, b"X");
-    nic.post_send(managed.qp.qpn, &[wr(1, SIG, WrOp::Write { remote: buf.mr.remote(100), payload: Payload::Sgl(vec![buf.mr.sge(0, 1)]), imm: None })])
-        .unwrap();
+    nic.post_send(
+        managed.qp.qpn,
+        &[wr(
+            1,
+            SIG,
+            WrOp::Write {
+                remote: buf.mr.remote(100),
+                payload: Payload::Sgl(vec![buf.mr.sge(0, 1)]),
+                imm: None,
+            },
+        )],
+    )
+    .unwrap();
     // The master waits for one completion on `counted`'s CQ, then enables the managed queue.
-    nic.post_send(master.qp.qpn, &[
-        wr(2, WqeFlags::NONE, WrOp::Wait { cq: counted.cq, count: 0 }),
-        wr(3, SIG, WrOp::SendEnable { qp: managed.qp.qpn, pi: 1 }),
-    ])
+    nic.post_send(
+        master.qp.qpn,
+        &[
+            wr(
+                2,
+                WqeFlags::NONE,
+                WrOp::Wait {
+                    cq: counted.cq,
+                    count: 0,
+                },
+            ),
+            wr(
+                3,
+                SIG,
+                WrOp::SendEnable {
+                    qp: managed.qp.qpn,
+                    pi: 1,
+                },
+            ),
+        ],
+    )
     .unwrap();
     expect_no_cqe(&nic, managed.cq, 50);
     assert_eq!(buf.read(100, 1), [0]);
     assert_eq!(nic.counters(master.qp.qpn).unwrap().wait_stalls, 1);
     // One completion on `counted` releases the chain.
-    nic.post_send(counted.qp.qpn, &[wr(4, SIG, WrOp::Nop { raw_segments: vec![] })]).unwrap();
+    nic.post_send(
+        counted.qp.qpn,
+        &[wr(
+            4,
+            SIG,
+            WrOp::Nop {
+                raw_segments: vec![],
+            },
+        )],
+    )
+    .unwrap();
     wait_cqes(&nic, managed.cq, 1);
     assert_eq!(buf.read(100, 1), b"X");
     let m = wait_cqes(&nic, master.cq, 1).remove(0);
     assert_eq!(m.wr_id, 3);
 
     // RECV_EN: a managed receive queue does not take a posted receive until enabled.
-    nic.post_recv(managed.qp.qpn, 9, &[buf.mr.sge(200, 8)]).unwrap();
-    // The managed QP is connected to itself: its SEND lands in its own managed receive queue.
-    nic.post_send(managed.qp.qpn, &[wr(6, SIG, WrOp::Send { payload: Payload::Inline(b"late".to_vec()), imm: None })])
+    nic.post_recv(managed.qp.qpn, 9, &[buf.mr.sge(200, 8)])
         .unwrap();
-    nic.post_send(master.qp.qpn, &[wr(7, SIG, WrOp::SendEnable { qp: managed.qp.qpn, pi: 2 })]).unwrap();
+    // The managed QP is connected to itself: its SEND lands in its own managed receive queue.
+    nic.post_send(
+        managed.qp.qpn,
+        &[wr(
+            6,
+            SIG,
+            WrOp::Send {
+                payload: Payload::Inline(b"late".to_vec()),
+                imm: None,
+            },
+        )],
+    )
+    .unwrap();
+    nic.post_send(
+        master.qp.qpn,
+        &[wr(
+            7,
+            SIG,
+            WrOp::SendEnable {
+                qp: managed.qp.qpn,
+                pi: 2,
+            },
+        )],
+    )
+    .unwrap();
     expect_no_cqe(&nic, managed.cq, 50);
     assert_eq!(buf.read(200, 4), [0; 4]);
-    nic.post_send(master.qp.qpn, &[wr(8, SIG, WrOp::RecvEnable { qp: managed.qp.qpn, pi: 1 })]).unwrap();
+    nic.post_send(
+        master.qp.qpn,
+        &[wr(
+            8,
+            SIG,
+            WrOp::RecvEnable {
+                qp: managed.qp.qpn,
+                pi: 1,
+            },
+        )],
+    )
+    .unwrap();
     let got = wait_cqes(&nic, managed.cq, 2);
-    assert!(got.iter().any(|c| c.wr_id == 9 && c.opcode == CqeOpcode::RespSend));
+    assert!(got
+        .iter()
+        .any(|c| c.wr_id == 9 && c.opcode == CqeOpcode::RespSend));
     assert_eq!(buf.read(200, 4), b"late");
 }
 
@@ -281,11 +499,36 @@ fn enable_of_an_unmanaged_or_unknown_queue_is_a_local_qp_operation_error() {
     let a = endpoint(&nic, pd, |_| {});
     let b = endpoint(&nic, pd, |_| {});
     nic.connect(a.qp.qpn, a.qp.qpn).unwrap();
-    nic.post_send(a.qp.qpn, &[wr(1, SIG, WrOp::SendEnable { qp: b.qp.qpn, pi: 1 })]).unwrap();
+    nic.post_send(
+        a.qp.qpn,
+        &[wr(
+            1,
+            SIG,
+            WrOp::SendEnable {
+                qp: b.qp.qpn,
+                pi: 1,
+            },
+        )],
+    )
+    .unwrap();
     let c = wait_cqes(&nic, a.cq, 1).remove(0);
     assert_eq!(c.status, Err(redn_sys::wqe::Syndrome::LocalQpOperation));
     let c2 = endpoint(&nic, pd, |_| {});
     nic.connect(c2.qp.qpn, c2.qp.qpn).unwrap();
-    nic.post_send(c2.qp.qpn, &[wr(1, SIG, WrOp::Wait { cq: Cqn(0xabcd), count: 0 })]).unwrap();
-    assert_eq!(wait_cqes(&nic, c2.cq, 1)[0].status, Err(redn_sys::wqe::Syndrome::LocalQpOperation));
+    nic.post_send(
+        c2.qp.qpn,
+        &[wr(
+            1,
+            SIG,
+            WrOp::Wait {
+                cq: Cqn(0xabcd),
+                count: 0,
+            },
+        )],
+    )
+    .unwrap();
+    assert_eq!(
+        wait_cqes(&nic, c2.cq, 1)[0].status,
+        Err(redn_sys::wqe::Syndrome::LocalQpOperation)
+    );
 }

@@ -7,7 +7,7 @@ use common::*;
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Nic, QpCounters};
 use redn_sys::softnic::{Prefetch, SoftNic};
-use redn_sys::wqe::{CqeOpcode, Payload, RemoteAddr, Sge, Syndrome, WrOp, WqeFlags};
+use redn_sys::wqe::{CqeOpcode, Payload, RemoteAddr, Sge, Syndrome, WqeFlags, WrOp};
 use redn_sys::{Access, Lkey, QpState, Rkey, VirtAddr};
 use std::sync::Arc;
 
@@ -56,7 +56,12 @@ fn case(remote_access: Access) -> Case {
     let remote = Guarded::new(&nic, pd, remote_access);
     let ep = endpoint(&nic, pd, |_| {});
     nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
-    Case { nic, ep, local, remote }
+    Case {
+        nic,
+        ep,
+        local,
+        remote,
+    }
 }
 
 /// Post the faulting WQE (unsignaled: errors complete anyway) and two more behind it; check
@@ -64,13 +69,22 @@ fn case(remote_access: Access) -> Case {
 fn expect_fault(c: &Case, op: WrOp, syndrome: Syndrome) -> QpCounters {
     let before_local = c.local.region_bytes();
     let before_remote = c.remote.region_bytes();
-    let behind = |id| wr(id, WqeFlags::NONE, WrOp::Write {
-        remote: c.remote.mr.remote(0),
-        payload: Payload::Sgl(vec![c.local.mr.sge(0, 8)]),
-        imm: None,
-    });
+    let behind = |id| {
+        wr(
+            id,
+            WqeFlags::NONE,
+            WrOp::Write {
+                remote: c.remote.mr.remote(0),
+                payload: Payload::Sgl(vec![c.local.mr.sge(0, 8)]),
+                imm: None,
+            },
+        )
+    };
     c.nic
-        .post_send(c.ep.qp.qpn, &[wr(1, WqeFlags::NONE, op), behind(2), behind(3)])
+        .post_send(
+            c.ep.qp.qpn,
+            &[wr(1, WqeFlags::NONE, op), behind(2), behind(3)],
+        )
         .unwrap();
     let cqes = wait_cqes(&c.nic, c.ep.cq, 3);
     assert_eq!(cqes[0].wr_id, 1);
@@ -81,12 +95,22 @@ fn expect_fault(c: &Case, op: WrOp, syndrome: Syndrome) -> QpCounters {
         assert_eq!(f.status, Err(Syndrome::WrFlush));
     }
     assert_eq!(c.nic.qp_state(c.ep.qp.qpn).unwrap(), QpState::Error);
-    assert!(c.local.guards_intact() && c.remote.guards_intact(), "guard bytes changed");
+    assert!(
+        c.local.guards_intact() && c.remote.guards_intact(),
+        "guard bytes changed"
+    );
     assert_eq!(c.local.region_bytes(), before_local, "local region changed");
-    assert_eq!(c.remote.region_bytes(), before_remote, "remote region changed");
+    assert_eq!(
+        c.remote.region_bytes(),
+        before_remote,
+        "remote region changed"
+    );
     // Later posts are flushed too.
     c.nic.post_send(c.ep.qp.qpn, &[behind(4)]).unwrap();
-    assert_eq!(wait_cqes(&c.nic, c.ep.cq, 1)[0].status, Err(Syndrome::WrFlush));
+    assert_eq!(
+        wait_cqes(&c.nic, c.ep.cq, 1)[0].status,
+        Err(Syndrome::WrFlush)
+    );
     let counters = c.nic.counters(c.ep.qp.qpn).unwrap();
     assert_eq!(counters.errors, 1);
     counters
@@ -101,22 +125,47 @@ fn remote_address_past_the_region_end() {
     let c = case(Access::ALL);
     c.local.buf.write(4096, &[1; 64]);
     // Starts inside, ends 8 bytes past the end: nothing may be written, not even the inside part.
-    let op = WrOp::Write { remote: c.remote.mr.remote(4096 - 8), payload: sgl(c.local.mr.sge(0, 16)), imm: None };
+    let op = WrOp::Write {
+        remote: c.remote.mr.remote(4096 - 8),
+        payload: sgl(c.local.mr.sge(0, 16)),
+        imm: None,
+    };
     expect_fault(&c, op, Syndrome::RemoteAccess);
 }
 
 #[test]
 fn remote_address_before_the_region_start() {
     let c = case(Access::ALL);
-    let remote = RemoteAddr { addr: VirtAddr(c.remote.mr.addr.0 - 8), rkey: c.remote.mr.lkey.into() };
-    expect_fault(&c, WrOp::Read { remote, sgl: vec![c.local.mr.sge(0, 16)] }, Syndrome::RemoteAccess);
+    let remote = RemoteAddr {
+        addr: VirtAddr(c.remote.mr.addr.0 - 8),
+        rkey: c.remote.mr.lkey.into(),
+    };
+    expect_fault(
+        &c,
+        WrOp::Read {
+            remote,
+            sgl: vec![c.local.mr.sge(0, 16)],
+        },
+        Syndrome::RemoteAccess,
+    );
 }
 
 #[test]
 fn wrong_remote_key() {
     let c = case(Access::ALL);
-    let remote = RemoteAddr { addr: c.remote.mr.addr, rkey: Rkey(c.remote.mr.lkey.0 ^ 0x100) };
-    expect_fault(&c, WrOp::FetchAdd { remote, add: 1, result: None }, Syndrome::RemoteAccess);
+    let remote = RemoteAddr {
+        addr: c.remote.mr.addr,
+        rkey: Rkey(c.remote.mr.lkey.0 ^ 0x100),
+    };
+    expect_fault(
+        &c,
+        WrOp::FetchAdd {
+            remote,
+            add: 1,
+            result: None,
+        },
+        Syndrome::RemoteAccess,
+    );
 }
 
 #[test]
@@ -128,9 +177,21 @@ fn missing_remote_rights() {
     ] {
         let c = case(access);
         let w = match op {
-            "write" => WrOp::Write { remote: c.remote.mr.remote(0), payload: sgl(c.local.mr.sge(0, 8)), imm: None },
-            "read" => WrOp::Read { remote: c.remote.mr.remote(0), sgl: vec![c.local.mr.sge(0, 8)] },
-            _ => WrOp::CompareSwap { remote: c.remote.mr.remote(0), compare: 0, swap: 1, result: None },
+            "write" => WrOp::Write {
+                remote: c.remote.mr.remote(0),
+                payload: sgl(c.local.mr.sge(0, 8)),
+                imm: None,
+            },
+            "read" => WrOp::Read {
+                remote: c.remote.mr.remote(0),
+                sgl: vec![c.local.mr.sge(0, 8)],
+            },
+            _ => WrOp::CompareSwap {
+                remote: c.remote.mr.remote(0),
+                compare: 0,
+                swap: 1,
+                result: None,
+            },
         };
         expect_fault(&c, w, Syndrome::RemoteAccess);
     }
@@ -139,8 +200,20 @@ fn missing_remote_rights() {
 #[test]
 fn local_key_and_local_write_right() {
     let c = case(Access::ALL);
-    let bad = Sge { addr: c.local.mr.addr, len: 8, lkey: Lkey(0x9999) };
-    expect_fault(&c, WrOp::Write { remote: c.remote.mr.remote(0), payload: sgl(bad), imm: None }, Syndrome::LocalProtection);
+    let bad = Sge {
+        addr: c.local.mr.addr,
+        len: 8,
+        lkey: Lkey(0x9999),
+    };
+    expect_fault(
+        &c,
+        WrOp::Write {
+            remote: c.remote.mr.remote(0),
+            payload: sgl(bad),
+            imm: None,
+        },
+        Syndrome::LocalProtection,
+    );
 
     // A READ may only land in memory registered with LOCAL_WRITE.
     let nic = nic(1, Prefetch::Depth(8));
@@ -149,9 +222,17 @@ fn local_key_and_local_write_right() {
     let remote = Guarded::new(&nic, pd, Access::ALL);
     let ep = endpoint(&nic, pd, |_| {});
     nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
-    let c = Case { nic, ep, local, remote };
+    let c = Case {
+        nic,
+        ep,
+        local,
+        remote,
+    };
     c.remote.buf.write(4096, &[7; 8]);
-    let op = WrOp::Read { remote: c.remote.mr.remote(0), sgl: vec![c.local.mr.sge(0, 8)] };
+    let op = WrOp::Read {
+        remote: c.remote.mr.remote(0),
+        sgl: vec![c.local.mr.sge(0, 8)],
+    };
     expect_fault(&c, op, Syndrome::LocalProtection);
 }
 
@@ -161,7 +242,11 @@ fn foreign_protection_domain() {
     let c = case(Access::ALL);
     let other_pd = c.nic.alloc_pd().unwrap();
     let foreign = Guarded::new(&c.nic, other_pd, Access::ALL);
-    let op = WrOp::Write { remote: foreign.mr.remote(0), payload: sgl(c.local.mr.sge(0, 8)), imm: None };
+    let op = WrOp::Write {
+        remote: foreign.mr.remote(0),
+        payload: sgl(c.local.mr.sge(0, 8)),
+        imm: None,
+    };
     expect_fault(&c, op, Syndrome::RemoteAccess);
     assert!(foreign.guards_intact());
     assert_eq!(foreign.region_bytes(), vec![GUARD; 4096]);
@@ -169,7 +254,11 @@ fn foreign_protection_domain() {
     let c = case(Access::ALL);
     let other_pd = c.nic.alloc_pd().unwrap();
     let foreign = Guarded::new(&c.nic, other_pd, Access::ALL);
-    let op = WrOp::Write { remote: c.remote.mr.remote(0), payload: sgl(foreign.mr.sge(0, 8)), imm: None };
+    let op = WrOp::Write {
+        remote: c.remote.mr.remote(0),
+        payload: sgl(foreign.mr.sge(0, 8)),
+        imm: None,
+    };
     expect_fault(&c, op, Syndrome::LocalProtection);
 }
 
@@ -177,7 +266,11 @@ fn foreign_protection_domain() {
 fn deregistered_key_stops_working_at_once() {
     let c = case(Access::ALL);
     c.nic.dereg_mr(c.remote.mr.lkey).unwrap();
-    let op = WrOp::Write { remote: c.remote.mr.remote(0), payload: sgl(c.local.mr.sge(0, 8)), imm: None };
+    let op = WrOp::Write {
+        remote: c.remote.mr.remote(0),
+        payload: sgl(c.local.mr.sge(0, 8)),
+        imm: None,
+    };
     expect_fault(&c, op, Syndrome::RemoteAccess);
 }
 
@@ -190,17 +283,47 @@ fn the_peer_of_a_failed_queue_is_not_affected() {
     let cpd = client.alloc_pd().unwrap();
     let data = Guarded::new(&server, spd, Access::REMOTE_READ);
     let local = Guarded::new(&client, cpd, Access::ALL);
-    let (s1, s2) = (endpoint(&server, spd, |_| {}), endpoint(&server, spd, |_| {}));
-    let (c1, c2) = (endpoint(&client, cpd, |_| {}), endpoint(&client, cpd, |_| {}));
+    let (s1, s2) = (
+        endpoint(&server, spd, |_| {}),
+        endpoint(&server, spd, |_| {}),
+    );
+    let (c1, c2) = (
+        endpoint(&client, cpd, |_| {}),
+        endpoint(&client, cpd, |_| {}),
+    );
     SoftNic::connect_pair(&client, c1.qp.qpn, &server, s1.qp.qpn).unwrap();
     SoftNic::connect_pair(&client, c2.qp.qpn, &server, s2.qp.qpn).unwrap();
     client
-        .post_send(c1.qp.qpn, &[wr(1, SIG, WrOp::Write { remote: data.mr.remote(0), payload: sgl(local.mr.sge(0, 8)), imm: None })])
+        .post_send(
+            c1.qp.qpn,
+            &[wr(
+                1,
+                SIG,
+                WrOp::Write {
+                    remote: data.mr.remote(0),
+                    payload: sgl(local.mr.sge(0, 8)),
+                    imm: None,
+                },
+            )],
+        )
         .unwrap();
-    assert_eq!(wait_cqes(&client, c1.cq, 1)[0].status, Err(Syndrome::RemoteAccess));
+    assert_eq!(
+        wait_cqes(&client, c1.cq, 1)[0].status,
+        Err(Syndrome::RemoteAccess)
+    );
     data.buf.write(4096, b"fine");
     client
-        .post_send(c2.qp.qpn, &[wr(2, SIG, WrOp::Read { remote: data.mr.remote(0), sgl: vec![local.mr.sge(0, 4)] })])
+        .post_send(
+            c2.qp.qpn,
+            &[wr(
+                2,
+                SIG,
+                WrOp::Read {
+                    remote: data.mr.remote(0),
+                    sgl: vec![local.mr.sge(0, 4)],
+                },
+            )],
+        )
         .unwrap();
     assert!(wait_cqes(&client, c2.cq, 1)[0].is_ok());
     assert_eq!(local.region_bytes()[..4], *b"fine");
@@ -211,15 +334,38 @@ fn the_peer_of_a_failed_queue_is_not_affected() {
 #[test]
 fn host_moving_a_queue_to_error_flushes_sends_and_receives() {
     let c = case(Access::ALL);
-    c.nic.post_recv(c.ep.qp.qpn, 50, &[c.local.mr.sge(0, 8)]).unwrap();
+    c.nic
+        .post_recv(c.ep.qp.qpn, 50, &[c.local.mr.sge(0, 8)])
+        .unwrap();
     let managed = endpoint(&c.nic, c.ep.pd, |q| q.managed_send = true);
     c.nic.connect(managed.qp.qpn, managed.qp.qpn).unwrap();
     c.nic
-        .post_send(managed.qp.qpn, &[wr(60, SIG, WrOp::Nop { raw_segments: vec![] }), wr(61, WqeFlags::NONE, WrOp::Nop { raw_segments: vec![] })])
+        .post_send(
+            managed.qp.qpn,
+            &[
+                wr(
+                    60,
+                    SIG,
+                    WrOp::Nop {
+                        raw_segments: vec![],
+                    },
+                ),
+                wr(
+                    61,
+                    WqeFlags::NONE,
+                    WrOp::Nop {
+                        raw_segments: vec![],
+                    },
+                ),
+            ],
+        )
         .unwrap();
     c.nic.set_qp_error(c.ep.qp.qpn).unwrap();
     let r = wait_cqes(&c.nic, c.ep.cq, 1).remove(0);
-    assert_eq!((r.wr_id, r.opcode, r.status), (50, CqeOpcode::RespErr, Err(Syndrome::WrFlush)));
+    assert_eq!(
+        (r.wr_id, r.opcode, r.status),
+        (50, CqeOpcode::RespErr, Err(Syndrome::WrFlush))
+    );
     c.nic.set_qp_error(managed.qp.qpn).unwrap();
     let f = wait_cqes(&c.nic, managed.cq, 2);
     assert_eq!(f.iter().map(|x| x.wr_id).collect::<Vec<_>>(), [60, 61]);
@@ -230,7 +376,21 @@ fn host_moving_a_queue_to_error_flushes_sends_and_receives() {
     c.nic.connect(d.qp.qpn, e.qp.qpn).unwrap();
     c.nic.set_qp_error(e.qp.qpn).unwrap();
     c.nic
-        .post_send(d.qp.qpn, &[wr(70, SIG, WrOp::Write { remote: c.remote.mr.remote(0), payload: sgl(c.local.mr.sge(0, 8)), imm: None })])
+        .post_send(
+            d.qp.qpn,
+            &[wr(
+                70,
+                SIG,
+                WrOp::Write {
+                    remote: c.remote.mr.remote(0),
+                    payload: sgl(c.local.mr.sge(0, 8)),
+                    imm: None,
+                },
+            )],
+        )
         .unwrap();
-    assert_eq!(wait_cqes(&c.nic, d.cq, 1)[0].status, Err(Syndrome::TransportRetryExceeded));
+    assert_eq!(
+        wait_cqes(&c.nic, d.cq, 1)[0].status,
+        Err(Syndrome::TransportRetryExceeded)
+    );
 }

@@ -4,14 +4,20 @@ mod common;
 use common::*;
 use redn_sys::nic::{Nic, RateLimit};
 use redn_sys::softnic::Prefetch;
-use redn_sys::wqe::{Opcode, Payload, WorkRequest, WrOp, WqeFlags};
+use redn_sys::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
 use std::time::{Duration, Instant};
 
 fn nops(n: usize) -> Vec<WorkRequest> {
     (0..n)
         .map(|i| {
             let flags = if i + 1 == n { SIG } else { WqeFlags::NONE };
-            wr(i as u64, flags, WrOp::Nop { raw_segments: vec![] })
+            wr(
+                i as u64,
+                flags,
+                WrOp::Nop {
+                    raw_segments: vec![],
+                },
+            )
         })
         .collect()
 }
@@ -23,7 +29,14 @@ fn wqe_rate_limit_holds_within_ten_percent() {
     let ep = endpoint(&nic, pd, |c| c.sq_bbs = 8192);
     nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
     let rate = 20_000u64;
-    nic.set_rate_limit(ep.qp.qpn, RateLimit { wqes_per_sec: rate, bytes_per_sec: 0 }).unwrap();
+    nic.set_rate_limit(
+        ep.qp.qpn,
+        RateLimit {
+            wqes_per_sec: rate,
+            bytes_per_sec: 0,
+        },
+    )
+    .unwrap();
     let n = 8000usize;
     let start = Instant::now();
     nic.post_send(ep.qp.qpn, &nops(n)).unwrap();
@@ -37,7 +50,11 @@ fn wqe_rate_limit_holds_within_ten_percent() {
     let secs = start.elapsed().as_secs_f64();
     let measured = n as f64 / secs;
     let err = (measured - rate as f64).abs() / rate as f64;
-    assert!(err < 0.10, "configured {rate} WQE/s, measured {measured:.0} ({:.1} %)", err * 100.0);
+    assert!(
+        err < 0.10,
+        "configured {rate} WQE/s, measured {measured:.0} ({:.1} %)",
+        err * 100.0
+    );
 }
 
 #[test]
@@ -48,16 +65,27 @@ fn byte_rate_limit_holds_within_ten_percent() {
     let ep = endpoint(&nic, pd, |c| c.sq_bbs = 1024);
     nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
     let rate = 20u64 << 20; // 20 MiB/s
-    nic.set_rate_limit(ep.qp.qpn, RateLimit { wqes_per_sec: 0, bytes_per_sec: rate }).unwrap();
+    nic.set_rate_limit(
+        ep.qp.qpn,
+        RateLimit {
+            wqes_per_sec: 0,
+            bytes_per_sec: rate,
+        },
+    )
+    .unwrap();
     let n = 160usize; // 160 × 64 KiB = 10 MiB: half a second
     let wrs: Vec<_> = (0..n)
         .map(|i| {
             let flags = if i + 1 == n { SIG } else { WqeFlags::NONE };
-            wr(i as u64, flags, WrOp::Write {
-                remote: buf.mr.remote(0),
-                payload: Payload::Sgl(vec![buf.mr.sge(0, 64 << 10)]),
-                imm: None,
-            })
+            wr(
+                i as u64,
+                flags,
+                WrOp::Write {
+                    remote: buf.mr.remote(0),
+                    payload: Payload::Sgl(vec![buf.mr.sge(0, 64 << 10)]),
+                    imm: None,
+                },
+            )
         })
         .collect();
     let start = Instant::now();
@@ -67,7 +95,11 @@ fn byte_rate_limit_holds_within_ten_percent() {
     // The first message passes on the initial burst; the rest are paced.
     let measured = ((n - 1) as f64 * 65536.0) / secs;
     let err = (measured - rate as f64).abs() / rate as f64;
-    assert!(err < 0.10, "configured {rate} B/s, measured {measured:.0} ({:.1} %)", err * 100.0);
+    assert!(
+        err < 0.10,
+        "configured {rate} B/s, measured {measured:.0} ({:.1} %)",
+        err * 100.0
+    );
     assert_eq!(nic.counters(ep.qp.qpn).unwrap().bytes, n as u64 * 65536);
 }
 
@@ -77,7 +109,14 @@ fn clearing_the_limit_releases_a_throttled_queue() {
     let pd = nic.alloc_pd().unwrap();
     let ep = endpoint(&nic, pd, |c| c.sq_bbs = 4096);
     nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
-    nic.set_rate_limit(ep.qp.qpn, RateLimit { wqes_per_sec: 10, bytes_per_sec: 0 }).unwrap();
+    nic.set_rate_limit(
+        ep.qp.qpn,
+        RateLimit {
+            wqes_per_sec: 10,
+            bytes_per_sec: 0,
+        },
+    )
+    .unwrap();
     nic.post_send(ep.qp.qpn, &nops(1000)).unwrap();
     std::thread::sleep(Duration::from_millis(50));
     assert!(nic.counters(ep.qp.qpn).unwrap().total_wqes() < 10);

@@ -10,12 +10,16 @@ use redn_sys::wqe::Opcode;
 
 #[test]
 fn hash_get_hits_and_misses_in_every_prefetch_mode() {
-    for mode in [Prefetch::AtExecute, Prefetch::Depth(8), Prefetch::Adversarial] {
+    for mode in [
+        Prefetch::AtExecute,
+        Prefetch::Depth(8),
+        Prefetch::Adversarial,
+    ] {
         let reqs: Vec<(u32, u64)> = vec![
             (demo::key_of_bucket(3), 3),
-            (demo::key_of_bucket(3) ^ 1, 3),   // wrong key for the bucket
+            (demo::key_of_bucket(3) ^ 1, 3), // wrong key for the bucket
             (demo::key_of_bucket(9), 9),
-            (demo::key_of_bucket(9), 10),      // right key, wrong bucket
+            (demo::key_of_bucket(9), 10), // right key, wrong bucket
             (demo::key_of_bucket(15), 15),
         ];
         let (answers, stats) = demo::run(&reqs, mode);
@@ -32,9 +36,19 @@ fn hash_get_hits_and_misses_in_every_prefetch_mode() {
             "{mode:?}"
         );
         assert_eq!(stats.host_posts_after_setup, 0);
-        let count = |op| stats.by_opcode.iter().find(|(o, _)| *o == op).map_or(0, |(_, n)| *n);
+        let count = |op| {
+            stats
+                .by_opcode
+                .iter()
+                .find(|(o, _)| *o == op)
+                .map_or(0, |(_, n)| *n)
+        };
         assert_eq!(count(Opcode::AtomicCs), 5);
-        assert_eq!(count(Opcode::RdmaWriteImm), 3, "{mode:?}: one response WRITE per hit");
+        assert_eq!(
+            count(Opcode::RdmaWriteImm),
+            3,
+            "{mode:?}: one response WRITE per hit"
+        );
         assert_eq!(count(Opcode::Nop), 2, "{mode:?}: a NOP per miss");
     }
 }

@@ -15,7 +15,15 @@ fn loopback_write() {
     src.write(0, b"hello softnic");
     nic.post_send(
         ep.qp.qpn,
-        &[wr(7, SIG, WrOp::Write { remote: dst.mr.remote(100), payload: Payload::Sgl(vec![src.mr.sge(0, 13)]), imm: None })],
+        &[wr(
+            7,
+            SIG,
+            WrOp::Write {
+                remote: dst.mr.remote(100),
+                payload: Payload::Sgl(vec![src.mr.sge(0, 13)]),
+                imm: None,
+            },
+        )],
     )
     .unwrap();
     let c = wait_cqes(&nic, ep.cq, 1);

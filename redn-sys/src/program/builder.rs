@@ -116,7 +116,14 @@ impl Builder {
     }
 
     /// Append a WQE; returns its label.
-    pub fn push(&mut self, q: QueueHandle, label: &str, op: Op, flags: WqeFlags, form: Form) -> String {
+    pub fn push(
+        &mut self,
+        q: QueueHandle,
+        label: &str,
+        op: Op,
+        flags: WqeFlags,
+        form: Form,
+    ) -> String {
         if flags.signaled() {
             self.signaled[q.0] += 1;
         }
@@ -208,8 +215,23 @@ impl Builder {
         upto: u32,
     ) {
         let (w, e) = (self.name(wait), self.name(enable));
-        self.push(on, &format!("{label}.wait"), Op::Wait { queue: w, count }, WqeFlags::NONE, Form::Active);
-        self.push(on, &format!("{label}.en"), Op::SendEn { queue: e, count: upto }, WqeFlags::NONE, Form::Active);
+        self.push(
+            on,
+            &format!("{label}.wait"),
+            Op::Wait { queue: w, count },
+            WqeFlags::NONE,
+            Form::Active,
+        );
+        self.push(
+            on,
+            &format!("{label}.en"),
+            Op::SendEn {
+                queue: e,
+                count: upto,
+            },
+            WqeFlags::NONE,
+            Form::Active,
+        );
     }
 
     /// RedN's `if`: a CAS (on `on`) that turns conditional WQE `target`, posted in NOP form,
@@ -234,14 +256,27 @@ impl Builder {
             result: None,
         };
         self.push(on, label, op, flags | WqeFlags::FENCE, Form::Active);
-        self.patch(target, 0, 8, PatchSource::Cas { label: label.into() });
+        self.patch(
+            target,
+            0,
+            8,
+            PatchSource::Cas {
+                label: label.into(),
+            },
+        );
         Ok(label.into())
     }
 
     /// The `else` of [`Builder::if_eq`]: a masked CAS comparing only the opcode and ds bytes;
     /// if `target` is still a NOP it becomes its active form with ds 2 (a WRITE_IMM that
     /// carries no data, only its immediate: "not found").
-    pub fn else_unchanged(&mut self, on: QueueHandle, label: &str, target: &str, flags: WqeFlags) -> String {
+    pub fn else_unchanged(
+        &mut self,
+        on: QueueHandle,
+        label: &str,
+        target: &str,
+        flags: WqeFlags,
+    ) -> String {
         let mask_opcode_ds = 0xff00_0000_ff00_0000u64;
         let op = Op::MaskedCas {
             remote: Addr::wqe(target, 0),
@@ -256,14 +291,27 @@ impl Builder {
             swap_mask: u64::MAX,
         };
         self.push(on, label, op, flags | WqeFlags::FENCE, Form::Active);
-        self.patch(target, 0, 8, PatchSource::Cas { label: label.into() });
+        self.patch(
+            target,
+            0,
+            8,
+            PatchSource::Cas {
+                label: label.into(),
+            },
+        );
         label.into()
     }
 
     /// RedN's `break`: a CAS that turns `gate` (the WQE enabling later iterations, posted
     /// active, its operand bytes patched with the value to test) into a NOP when they equal
     /// the compare's operand bytes (patched by the caller from the trigger).
-    pub fn break_if_eq(&mut self, on: QueueHandle, label: &str, gate: &str, flags: WqeFlags) -> String {
+    pub fn break_if_eq(
+        &mut self,
+        on: QueueHandle,
+        label: &str,
+        gate: &str,
+        flags: WqeFlags,
+    ) -> String {
         let op = Op::Cas {
             remote: Addr::wqe(gate, 0),
             compare: Operand::ctrl(gate, Form::Active, Slots::Operand(0)),
@@ -271,7 +319,14 @@ impl Builder {
             result: None,
         };
         self.push(on, label, op, flags | WqeFlags::FENCE, Form::Active);
-        self.patch(gate, 0, 8, PatchSource::Cas { label: label.into() });
+        self.patch(
+            gate,
+            0,
+            8,
+            PatchSource::Cas {
+                label: label.into(),
+            },
+        );
         label.into()
     }
 
@@ -303,7 +358,14 @@ impl Builder {
     /// Recycled `while`: a FETCH_ADD on counter `counter` (a static block holding a
     /// host-order u64) whose old value lands big-endian in the 32-bit count of WAIT/ENABLE
     /// `target`; adding `step` each round advances that count by `step` per round.
-    pub fn advance_count(&mut self, on: QueueHandle, label: &str, counter: &str, step: u64, target: &str) {
+    pub fn advance_count(
+        &mut self,
+        on: QueueHandle,
+        label: &str,
+        counter: &str,
+        step: u64,
+        target: &str,
+    ) {
         let at = off::WAIT_PI as u32 - 4;
         let op = Op::Faa {
             remote: Addr::static_(counter, 0),
@@ -311,13 +373,22 @@ impl Builder {
             result: Some(Sge::new(Addr::wqe(target, at as usize), 8)),
         };
         self.push(on, label, op, WqeFlags::NONE, Form::Active);
-        self.patch(target, at, 8, PatchSource::AtomicResult { label: label.into() });
+        self.patch(
+            target,
+            at,
+            8,
+            PatchSource::AtomicResult {
+                label: label.into(),
+            },
+        );
     }
 
     /// Change the count of an already pushed WAIT, SEND_EN or RECV_EN (for counts that are
     /// only known once later WQEs are placed).
     pub fn set_enable_count(&mut self, label: &str, new: u32) {
-        let Some(&(q, i)) = self.labels.get(label) else { return };
+        let Some(&(q, i)) = self.labels.get(label) else {
+            return;
+        };
         if let Op::Wait { count, .. } | Op::SendEn { count, .. } | Op::RecvEn { count, .. } =
             &mut self.p.queues[q].wqes[i].op
         {
@@ -388,7 +459,9 @@ mod tests {
             b.if_eq(q, "cas", "target", Some(1 << 48), WqeFlags::NONE),
             Err(ProgramError::OperandTooWide(1 << 48))
         );
-        assert!(b.if_eq(q, "cas", "target", Some((1 << 48) - 1), WqeFlags::NONE).is_ok());
+        assert!(b
+            .if_eq(q, "cas", "target", Some((1 << 48) - 1), WqeFlags::NONE)
+            .is_ok());
     }
 
     #[test]

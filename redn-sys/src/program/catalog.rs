@@ -99,24 +99,59 @@ fn marker(b: &mut Builder, client: QueueHandle, label: &str, imm: u32) {
 
 /// READ of a bucket or node (its address patched in by someone else) into the response's
 /// operand bytes, length and address, plus `extra` scatter entries for the bytes after them.
-fn probe_read(b: &mut Builder, on: QueueHandle, label: &str, region: &str, resp: &str, extra: Vec<Sge>) {
+fn probe_read(
+    b: &mut Builder,
+    on: QueueHandle,
+    label: &str,
+    region: &str,
+    resp: &str,
+    extra: Vec<Sge>,
+) {
     let mut sgl = Builder::operand_sges(resp);
     sgl.push(Sge::new(Addr::wqe(resp, 32), 4));
     sgl.push(Sge::new(Addr::wqe(resp, 40), 8));
     sgl.extend(extra);
-    b.patch_sges(&sgl, PatchSource::Read { label: label.into() });
-    b.push(on, label, Op::Read { remote: Addr::region(region, 0), sgl }, NONE, Form::Active);
+    b.patch_sges(
+        &sgl,
+        PatchSource::Read {
+            label: label.into(),
+        },
+    );
+    b.push(
+        on,
+        label,
+        Op::Read {
+            remote: Addr::region(region, 0),
+            sgl,
+        },
+        NONE,
+        Form::Active,
+    );
 }
 
 fn data_regions(b: &mut Builder, table: &str, table_doc: &str) {
-    b.region(table, RegionRole::Data { access: Access::REMOTE_READ }, BUCKET_LEN, table_doc);
+    b.region(
+        table,
+        RegionRole::Data {
+            access: Access::REMOTE_READ,
+        },
+        BUCKET_LEN,
+        table_doc,
+    );
     b.region(
         "values",
-        RegionRole::Data { access: Access::NONE },
+        RegionRole::Data {
+            access: Access::NONE,
+        },
         1,
         "the values the table points at (read by the response)",
     );
-    b.region("response", RegionRole::Response, 1, "the client's response buffer");
+    b.region(
+        "response",
+        RegionRole::Response,
+        1,
+        "the client's response buffer",
+    );
 }
 
 /// One probe of one bucket for invocation `k`: READ, `if` (hit: the response sends the
@@ -134,11 +169,19 @@ fn bucket_probe(
     probe_read(b, w, &read, "table", resp, vec![]);
     b.if_eq(w, &cas, resp, None, NONE)?;
     b.else_unchanged(w, &format!("{tag}.else"), resp, SIG);
-    Ok((Builder::compare_sges(&cas), vec![Sge::new(Addr::wqe(&read, off::RADDR), 8)]))
+    Ok((
+        Builder::compare_sges(&cas),
+        vec![Sge::new(Addr::wqe(&read, off::RADDR), 8)],
+    ))
 }
 
 fn trigger_patches(b: &mut Builder, sgl: &[Sge], param: &str) {
-    b.patch_sges(sgl, PatchSource::Trigger { param: param.into() });
+    b.patch_sges(
+        sgl,
+        PatchSource::Trigger {
+            param: param.into(),
+        },
+    );
 }
 
 /// Bucket-probing strategy of a hash GET.
@@ -156,15 +199,40 @@ pub enum HashVariant {
 /// Serves `invocations` triggers.
 pub fn echo(payload: u32, invocations: u32) -> Result<Program, ProgramError> {
     if payload == 0 || payload > 4096 {
-        return Err(ProgramError::Invalid(format!("echo payload {payload} outside 1..=4096")));
+        return Err(ProgramError::Invalid(format!(
+            "echo payload {payload} outside 1..=4096"
+        )));
     }
     let n = u64::from(invocations.max(1));
     let mut b = Builder::new("echo", "SEND in, WRITE the payload back");
-    b.region("response", RegionRole::Response, u64::from(payload), "the client's response buffer");
+    b.region(
+        "response",
+        RegionRole::Response,
+        u64::from(payload),
+        "the client's response buffer",
+    );
     b.param("payload", payload, "bytes to echo");
     b.static_block("echo", vec![0u8; (n * u64::from(payload)) as usize]);
-    let client = b.queue("client", QueueRole::Client, true, false, Some(0), pow2(n), pow2(n), 1);
-    let w = b.queue("worker", QueueRole::Worker, false, false, Some(0), pow2(2 * n), 1, 1);
+    let client = b.queue(
+        "client",
+        QueueRole::Client,
+        true,
+        false,
+        Some(0),
+        pow2(n),
+        pow2(n),
+        1,
+    );
+    let w = b.queue(
+        "worker",
+        QueueRole::Worker,
+        false,
+        false,
+        Some(0),
+        pow2(2 * n),
+        1,
+        1,
+    );
     for k in 0..n as u32 {
         let slot = Addr::static_("echo", u64::from(k) * u64::from(payload));
         b.recv(client, vec![Sge::new(slot.clone(), payload)]);
@@ -179,7 +247,10 @@ pub fn echo(payload: u32, invocations: u32) -> Result<Program, ProgramError> {
     }
     b.entry(w, 2 * n as u32);
     b.finish(
-        Iterations::Bounded { invocations: n as u32, wqes_per_invocation: 3 },
+        Iterations::Bounded {
+            invocations: n as u32,
+            wqes_per_invocation: 3,
+        },
         "the payload, by WRITE_IMM (immediate = invocation number)",
     );
     b.build()
@@ -192,16 +263,31 @@ pub fn hash_get(variant: HashVariant, invocations: u32) -> Result<Program, Progr
     let (name, summary) = match variant {
         HashVariant::Single => ("hash-get", "hash GET probing one bucket"),
         HashVariant::Sequential => ("hash-get-seq", "hash GET probing two buckets on one queue"),
-        HashVariant::Parallel => ("hash-get-par", "hash GET probing two buckets on two PUs in parallel"),
+        HashVariant::Parallel => (
+            "hash-get-par",
+            "hash GET probing two buckets on two PUs in parallel",
+        ),
     };
     let mut b = Builder::new(name, summary);
-    data_regions(&mut b, "table", "the bucket table (18-byte buckets: key BE48, len BE32, value address BE64)");
+    data_regions(
+        &mut b,
+        "table",
+        "the bucket table (18-byte buckets: key BE48, len BE32, value address BE64)",
+    );
     let buckets: u32 = if variant == HashVariant::Single { 1 } else { 2 };
     for i in 0..buckets {
-        b.param(&format!("key{i}"), 6, "the key, little-endian 48 bits (repeated once per bucket)");
+        b.param(
+            &format!("key{i}"),
+            6,
+            "the key, little-endian 48 bits (repeated once per bucket)",
+        );
     }
     for i in 0..buckets {
-        b.param(&format!("bucket{i}"), 8, "address of a candidate bucket in the table, big-endian");
+        b.param(
+            &format!("bucket{i}"),
+            8,
+            "address of a candidate bucket in the table, big-endian",
+        );
     }
     let per_inv_w: u32 = match variant {
         HashVariant::Single => 8,
@@ -210,7 +296,11 @@ pub fn hash_get(variant: HashVariant, invocations: u32) -> Result<Program, Progr
     };
     // The answer is enabled by the join; keep the client queue on the join's PU so the
     // answer does not cross PUs (worker1 is on PU 1 in the parallel variant).
-    let client_pu = if variant == HashVariant::Parallel { 1 } else { 0 };
+    let client_pu = if variant == HashVariant::Parallel {
+        1
+    } else {
+        0
+    };
     let client = b.queue(
         "client",
         QueueRole::Client,
@@ -221,9 +311,28 @@ pub fn hash_get(variant: HashVariant, invocations: u32) -> Result<Program, Progr
         pow2(u64::from(n)),
         8,
     );
-    let w0 = b.queue("worker0", QueueRole::Worker, true, false, Some(0), pow2(u64::from(per_inv_w * n)), 1, 1);
-    let w1 = (variant == HashVariant::Parallel)
-        .then(|| b.queue("worker1", QueueRole::Worker, true, false, Some(1), pow2(u64::from(9 * n)), 1, 1));
+    let w0 = b.queue(
+        "worker0",
+        QueueRole::Worker,
+        true,
+        false,
+        Some(0),
+        pow2(u64::from(per_inv_w * n)),
+        1,
+        1,
+    );
+    let w1 = (variant == HashVariant::Parallel).then(|| {
+        b.queue(
+            "worker1",
+            QueueRole::Worker,
+            true,
+            false,
+            Some(1),
+            pow2(u64::from(9 * n)),
+            1,
+            1,
+        )
+    });
     for k in 0..n {
         let mut keys = Vec::new();
         let mut addrs = Vec::new();
@@ -252,7 +361,13 @@ pub fn hash_get(variant: HashVariant, invocations: u32) -> Result<Program, Progr
             let d0 = b.signaled(w0) - 1;
             wait(&mut b, join, &format!("{k}.join0"), w0, d0);
         }
-        enable(&mut b, join, &format!("{k}.answer"), client, buckets * (k + 1));
+        enable(
+            &mut b,
+            join,
+            &format!("{k}.answer"),
+            client,
+            buckets * (k + 1),
+        );
         keys.extend(addrs);
         b.recv(client, keys);
     }
@@ -261,7 +376,10 @@ pub fn hash_get(variant: HashVariant, invocations: u32) -> Result<Program, Progr
     }
     let wqes = per_inv_w + w1.map_or(0, |_| 9) + buckets;
     b.finish(
-        Iterations::Bounded { invocations: n, wqes_per_invocation: wqes },
+        Iterations::Bounded {
+            invocations: n,
+            wqes_per_invocation: wqes,
+        },
         "one WRITE_IMM per bucket probed: the value on a hit, zero bytes on a miss",
     );
     b.build()
@@ -278,7 +396,9 @@ pub fn hash_get(variant: HashVariant, invocations: u32) -> Result<Program, Progr
 /// re-posts its chains).
 pub fn list_find(steps: u32, with_break: bool, invocations: u32) -> Result<Program, ProgramError> {
     if steps == 0 || steps > 14 {
-        return Err(ProgramError::Invalid(format!("list-find steps {steps} outside 1..=14")));
+        return Err(ProgramError::Invalid(format!(
+            "list-find steps {steps} outside 1..=14"
+        )));
     }
     if with_break && invocations > 1 {
         return Err(ProgramError::Invalid(format!(
@@ -287,22 +407,38 @@ pub fn list_find(steps: u32, with_break: bool, invocations: u32) -> Result<Progr
         )));
     }
     let n = invocations.max(1);
-    let name = if with_break { "list-find-break" } else { "list-find" };
+    let name = if with_break {
+        "list-find-break"
+    } else {
+        "list-find"
+    };
     let mut b = Builder::new(name, "find a key in a linked list (unrolled)");
-    data_regions(&mut b, "list", "the list nodes (26 bytes: key BE48, len BE32, value BE64, next BE64)");
+    data_regions(
+        &mut b,
+        "list",
+        "the list nodes (26 bytes: key BE48, len BE32, value BE64, next BE64)",
+    );
     b.param("head", 8, "address of the first node, big-endian");
     if with_break {
         b.param("head_copy", 8, "the same address again");
     }
     for j in 0..steps {
-        b.param(&format!("key{j}"), 6, "the key, little-endian 48 bits (one copy per CAS)");
+        b.param(
+            &format!("key{j}"),
+            6,
+            "the key, little-endian 48 bits (one copy per CAS)",
+        );
         if with_break {
             b.param(&format!("key{j}_break"), 6, "the key again");
         }
     }
     b.static_block("sink", vec![0u8; 8]);
     let s = u64::from(steps);
-    let per_inv_w: u64 = if with_break { 2 + 7 * s + 4 * (s - 1) + 2 + 1 } else { 2 + 6 * s + 1 };
+    let per_inv_w: u64 = if with_break {
+        2 + 7 * s + 4 * (s - 1) + 2 + 1
+    } else {
+        2 + 6 * s + 1
+    };
     let client = b.queue(
         "client",
         QueueRole::Client,
@@ -313,7 +449,16 @@ pub fn list_find(steps: u32, with_break: bool, invocations: u32) -> Result<Progr
         pow2(u64::from(n)),
         64,
     );
-    let w = b.queue("worker", QueueRole::Worker, true, false, Some(0), pow2(per_inv_w * u64::from(n)), 1, 1);
+    let w = b.queue(
+        "worker",
+        QueueRole::Worker,
+        true,
+        false,
+        Some(0),
+        pow2(per_inv_w * u64::from(n)),
+        1,
+        1,
+    );
     let step_a: u32 = if with_break { 7 } else { 6 };
     for k in 0..n {
         let base = b.pos(w);
@@ -347,8 +492,22 @@ pub fn list_find(steps: u32, with_break: bool, invocations: u32) -> Result<Progr
                 // A second READ of the node's key into the operand bytes of the gate.
                 let key_read = format!("{k}.s{j}.key");
                 let sgl = Builder::operand_sges(&gate);
-                b.patch_sges(&sgl, PatchSource::Read { label: key_read.clone() });
-                b.push(w, &key_read, Op::Read { remote: Addr::region("list", 0), sgl }, NONE, Form::Active);
+                b.patch_sges(
+                    &sgl,
+                    PatchSource::Read {
+                        label: key_read.clone(),
+                    },
+                );
+                b.push(
+                    w,
+                    &key_read,
+                    Op::Read {
+                        remote: Addr::region("list", 0),
+                        sgl,
+                    },
+                    NONE,
+                    Form::Active,
+                );
             }
             let cas = format!("{k}.s{j}.if");
             b.if_eq(w, &cas, &resp, None, if with_break { NONE } else { SIG })?;
@@ -373,7 +532,14 @@ pub fn list_find(steps: u32, with_break: bool, invocations: u32) -> Result<Progr
                 if !last {
                     let copy = format!("{k}.s{j}.copy");
                     let dst = format!("{k}.s{}.key", j + 1);
-                    b.patch(&dst, off::RADDR as u32, 8, PatchSource::Write { label: copy.clone() });
+                    b.patch(
+                        &dst,
+                        off::RADDR as u32,
+                        8,
+                        PatchSource::Write {
+                            label: copy.clone(),
+                        },
+                    );
                     let op = Op::Write {
                         remote: Addr::wqe(&dst, off::RADDR),
                         sgl: vec![Sge::new(Addr::wqe(&next_read, off::RADDR), 8)],
@@ -383,21 +549,47 @@ pub fn list_find(steps: u32, with_break: bool, invocations: u32) -> Result<Progr
                     let c = b.signaled(w) - 1;
                     wait(&mut b, w, &format!("{k}.s{j}.copied"), w, c);
                 }
-                enable(&mut b, w, &format!("{k}.s{j}.answer"), client, s_base + j + 1);
+                enable(
+                    &mut b,
+                    w,
+                    &format!("{k}.s{j}.answer"),
+                    client,
+                    s_base + j + 1,
+                );
                 // The gate: enables the next step's part A (or the end), unless `break`
                 // turned it into a NOP.
-                let upto = if last { b.pos(w) + 1 + 1 } else { b.pos(w) + 1 + step_a };
+                let upto = if last {
+                    b.pos(w) + 1 + 1
+                } else {
+                    b.pos(w) + 1 + step_a
+                };
                 enable(&mut b, w, &gate, w, upto);
             } else {
-                enable(&mut b, w, &format!("{k}.s{j}.answer"), client, s_base + j + 1);
-                let upto = if j + 1 < steps { b.pos(w) + 1 + step_a } else { b.pos(w) + 1 + 1 };
+                enable(
+                    &mut b,
+                    w,
+                    &format!("{k}.s{j}.answer"),
+                    client,
+                    s_base + j + 1,
+                );
+                let upto = if j + 1 < steps {
+                    b.pos(w) + 1 + step_a
+                } else {
+                    b.pos(w) + 1 + 1
+                };
                 enable(&mut b, w, &gate, w, upto);
             }
         }
         marker(&mut b, client, &format!("{k}.end"), k);
         // After the last step: answer "not found" (break) or "end of list" (no break), and
         // enable the next invocation's header.
-        enable(&mut b, w, &format!("{k}.end.en"), client, s_base + steps + 1);
+        enable(
+            &mut b,
+            w,
+            &format!("{k}.end.en"),
+            client,
+            s_base + steps + 1,
+        );
         b.recv(client, rsgl);
         // Re-point the last gate so it also enables the next invocation's header.
         let end_pos = b.pos(w);
@@ -406,7 +598,10 @@ pub fn list_find(steps: u32, with_break: bool, invocations: u32) -> Result<Progr
     }
     b.entry(w, 2);
     b.finish(
-        Iterations::Bounded { invocations: n, wqes_per_invocation: per_inv_w as u32 + steps + 1 },
+        Iterations::Bounded {
+            invocations: n,
+            wqes_per_invocation: per_inv_w as u32 + steps + 1,
+        },
         if with_break {
             "the value of the first node whose key matches, or zero bytes"
         } else {
@@ -425,10 +620,21 @@ pub fn list_find(steps: u32, with_break: bool, invocations: u32) -> Result<Progr
 /// other is not enabled, and the probe (patched by each trigger) is enabled only after the
 /// trigger arrived.
 pub fn server_loop() -> Result<Program, ProgramError> {
-    let mut b = Builder::new("server-loop", "hash GET (one bucket), served forever by a recycled loop");
-    data_regions(&mut b, "table", "the bucket table (18-byte buckets: key BE48, len BE32, value address BE64)");
+    let mut b = Builder::new(
+        "server-loop",
+        "hash GET (one bucket), served forever by a recycled loop",
+    );
+    data_regions(
+        &mut b,
+        "table",
+        "the bucket table (18-byte buckets: key BE48, len BE32, value address BE64)",
+    );
     b.param("key0", 6, "the key, little-endian 48 bits");
-    b.param("bucket0", 8, "address of the bucket in the table, big-endian");
+    b.param(
+        "bucket0",
+        8,
+        "address of the bucket in the table, big-endian",
+    );
     const W: u32 = 16; // worker ring: one round
     const H: u32 = 8; // re-arm ring: one round
     let client = b.queue("client", QueueRole::Client, true, true, Some(0), 1, 1, 4);
@@ -438,14 +644,14 @@ pub fn server_loop() -> Result<Program, ProgramError> {
     let w_ = u64::from(W);
     let h_ = u64::from(H);
     let counters: [(&str, u64, u64); 8] = [
-        ("c.trigger", 2, 2),        // worker WAIT(client) for trigger r: completion 2r
-        ("c.go", 2 * w_, w_),       // worker SEND_EN(self) after the trigger: 16(r+1)
-        ("c.done", 1, 1),           // worker WAIT(self) for the else-CAS: r
-        ("c.answer", 2, 1),         // worker SEND_EN(client): r+1
-        ("c.sent", 3, 2),           // worker WAIT(client) for the response: 2r+1
-        ("c.rearm", 2 * h_, h_),    // worker SEND_EN(rearm): 8(r+1)
-        ("c.recv", 2, 1),           // rearm RECV_EN(client): r+2 (patched in the same round)
-        ("c.worker", w_ + 2, w_),   // rearm SEND_EN(worker): 16(r+1)+2 (same round)
+        ("c.trigger", 2, 2),      // worker WAIT(client) for trigger r: completion 2r
+        ("c.go", 2 * w_, w_),     // worker SEND_EN(self) after the trigger: 16(r+1)
+        ("c.done", 1, 1),         // worker WAIT(self) for the else-CAS: r
+        ("c.answer", 2, 1),       // worker SEND_EN(client): r+1
+        ("c.sent", 3, 2),         // worker WAIT(client) for the response: 2r+1
+        ("c.rearm", 2 * h_, h_),  // worker SEND_EN(rearm): 8(r+1)
+        ("c.recv", 2, 1),         // rearm RECV_EN(client): r+2 (patched in the same round)
+        ("c.worker", w_ + 2, w_), // rearm SEND_EN(worker): 16(r+1)+2 (same round)
     ];
     for (name, first, _) in counters {
         b.static_block(name, first.to_le_bytes().to_vec());
@@ -464,7 +670,14 @@ pub fn server_loop() -> Result<Program, ProgramError> {
     // Worker, one round (16 BBs).
     wait(&mut b, w, "trigger", client, 0);
     enable(&mut b, w, "go", w, W);
-    b.patch(resp, 0, 8, PatchSource::Write { label: "reset".into() });
+    b.patch(
+        resp,
+        0,
+        8,
+        PatchSource::Write {
+            label: "reset".into(),
+        },
+    );
     let reset = Op::Write {
         remote: Addr::wqe(resp, 0),
         sgl: vec![Sge::new(Addr::static_("resp.nop", 0), 8)],
@@ -481,7 +694,13 @@ pub fn server_loop() -> Result<Program, ProgramError> {
     enable(&mut b, w, "answer", client, 1);
     wait(&mut b, w, "sent", client, 1);
     b.advance_count(w, "adv.recv", "c.recv", step("c.recv"), "rearm.recv");
-    b.advance_count(w, "adv.worker", "c.worker", step("c.worker"), "rearm.worker");
+    b.advance_count(
+        w,
+        "adv.worker",
+        "c.worker",
+        step("c.worker"),
+        "rearm.worker",
+    );
     enable(&mut b, w, "to.rearm", h, H);
     while b.pos(w) < W {
         let l = format!("pad{}", b.pos(w));
@@ -500,13 +719,24 @@ pub fn server_loop() -> Result<Program, ProgramError> {
         b.advance_count(h, label, counter, step(counter), target);
     }
     let client_name = b.name(client);
-    b.push(h, "rearm.recv", Op::RecvEn { queue: client_name, count: 2 }, NONE, Form::Active);
+    b.push(
+        h,
+        "rearm.recv",
+        Op::RecvEn {
+            queue: client_name,
+            count: 2,
+        },
+        NONE,
+        Form::Active,
+    );
     enable(&mut b, h, "rearm.worker", w, W + 2);
     b.recv_entry(client, 1);
     b.entry(w, 2);
     b.finish(
         // 15 worker WQEs (the READ takes two BBs), 8 re-arm WQEs, the response.
-        Iterations::Recycled { wqes_per_round: W - 1 + H + 1 },
+        Iterations::Recycled {
+            wqes_per_round: W - 1 + H + 1,
+        },
         "the value, or zero bytes (immediate 0); one trigger at a time",
     );
     b.build()

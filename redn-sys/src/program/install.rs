@@ -157,26 +157,33 @@ pub fn install(
     nic.connect(master, master)?;
     let mut enables = Vec::new();
     for (name, count) in &program.entry {
-        let (i, q) = program.queue(name).ok_or_else(|| program_err(ProgramError::Unknown {
-            kind: "queue",
-            name: name.clone(),
-        }))?;
+        let (i, q) = program.queue(name).ok_or_else(|| {
+            program_err(ProgramError::Unknown {
+                kind: "queue",
+                name: name.clone(),
+            })
+        })?;
         let qpn = qps[i].qpn;
         if q.managed_send {
             enables.push(WorkRequest {
                 wr_id: 0,
                 flags: WqeFlags::NONE,
-                op: WrOp::SendEnable { qp: qpn, pi: *count },
+                op: WrOp::SendEnable {
+                    qp: qpn,
+                    pi: *count,
+                },
             });
         } else {
             nic.ring_doorbell(qpn, u64::from(*count))?;
         }
     }
     for (name, count) in &program.recv_entry {
-        let (i, _) = program.queue(name).ok_or_else(|| program_err(ProgramError::Unknown {
-            kind: "queue",
-            name: name.clone(),
-        }))?;
+        let (i, _) = program.queue(name).ok_or_else(|| {
+            program_err(ProgramError::Unknown {
+                kind: "queue",
+                name: name.clone(),
+            })
+        })?;
         enables.push(WorkRequest {
             wr_id: 0,
             flags: WqeFlags::NONE,

@@ -58,7 +58,10 @@ impl Program {
             sq.push(at);
             at += q.sq_bbs as usize * BB_SIZE;
             rq.push(at);
-            at = align(at + q.rq_slots as usize * q.rq_sges as usize * SEG_SIZE, BB_SIZE);
+            at = align(
+                at + q.rq_slots as usize * q.rq_sges as usize * SEG_SIZE,
+                BB_SIZE,
+            );
         }
         let mut statics = Vec::new();
         for b in &self.statics {
@@ -260,7 +263,11 @@ impl Resolver {
 
     /// The concrete work request for a template.
     pub fn work_request(&self, p: &Program, op: &Op) -> Result<WrOp, ProgramError> {
-        let sgl = |v: &[Sge]| v.iter().map(|s| self.sge(p, s)).collect::<Result<Vec<_>, _>>();
+        let sgl = |v: &[Sge]| {
+            v.iter()
+                .map(|s| self.sge(p, s))
+                .collect::<Result<Vec<_>, _>>()
+        };
         Ok(match op {
             Op::Other { opcode } => {
                 return Err(ProgramError::Invalid(format!(
@@ -270,7 +277,11 @@ impl Resolver {
             Op::Nop => WrOp::Nop {
                 raw_segments: vec![],
             },
-            Op::Write { remote, sgl: s, imm } => WrOp::Write {
+            Op::Write {
+                remote,
+                sgl: s,
+                imm,
+            } => WrOp::Write {
                 remote: self.remote(p, remote)?,
                 payload: Payload::Sgl(sgl(s)?),
                 imm: *imm,
@@ -374,8 +385,9 @@ impl Program {
                     .iter()
                     .map(|s| r.sge(self, s))
                     .collect::<Result<Vec<_>, _>>()?;
-                let bytes = encode_recv(&sgl, q.rq_sges as usize)
-                    .map_err(|e| ProgramError::Invalid(format!("queue {} receive {i}: {e}", q.name)))?;
+                let bytes = encode_recv(&sgl, q.rq_sges as usize).map_err(|e| {
+                    ProgramError::Invalid(format!("queue {} receive {i}: {e}", q.name))
+                })?;
                 let off = r.layout.rq[qi] + i * stride;
                 code[off..off + stride].copy_from_slice(&bytes);
             }

@@ -597,7 +597,11 @@ impl Program {
             }
         }
         for r in &self.regions {
-            let _ = writeln!(s, "region {} ({:?}, at least {} B): {}", r.name, r.role, r.min_len, r.doc);
+            let _ = writeln!(
+                s,
+                "region {} ({:?}, at least {} B): {}",
+                r.name, r.role, r.min_len, r.doc
+            );
         }
         for p in &self.params {
             let _ = writeln!(s, "param {} @{}+{}: {}", p.name, p.offset, p.len, p.doc);
@@ -627,7 +631,11 @@ impl Program {
                         Op::Other { opcode } => format!("OP_{opcode:#04x}"),
                         op => op.opcode().name().to_string(),
                     },
-                    if w.form == Form::Nop { " [posted as NOP]" } else { "" },
+                    if w.form == Form::Nop {
+                        " [posted as NOP]"
+                    } else {
+                        ""
+                    },
                     flags_text(w.flags)
                 );
                 let _ = writeln!(s, " {}", op_text(&w.op));
@@ -736,7 +744,11 @@ fn op_text(op: &Op) -> String {
             operand_text(compare),
             operand_text(swap)
         ),
-        Op::Faa { remote, add, result } => format!(
+        Op::Faa {
+            remote,
+            add,
+            result,
+        } => format!(
             "at {} += {add}{}",
             addr_text(remote),
             result

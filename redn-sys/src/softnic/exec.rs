@@ -263,7 +263,13 @@ impl SqExec {
             ops &= ops - 1;
         }
         let b = &mut self.batch;
-        (b.bytes, b.errors, b.wait_stalls, b.rate_limit_delays, b.rnr_waits) = (0, 0, 0, 0, 0);
+        (
+            b.bytes,
+            b.errors,
+            b.wait_stalls,
+            b.rate_limit_delays,
+            b.rnr_waits,
+        ) = (0, 0, 0, 0, 0);
         self.batch_ops = 0;
         self.batch_dirty = false;
     }

@@ -230,8 +230,7 @@ impl SoftNic {
         for q in [&qa, &qb] {
             let st = q.state();
             // Nothing is set before both are checked, so a loopback QP passes twice.
-            if st != QpState::Init || q.peer.lock().unwrap_or_else(|e| e.into_inner()).is_some()
-            {
+            if st != QpState::Init || q.peer.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
                 return Err(Error::QpState {
                     qpn: q.qpn,
                     state: st,
@@ -331,7 +330,13 @@ impl Drop for SoftNic {
             let _ = t.join();
         }
         // Break peer cycles so queue memory is freed.
-        for q in self.shared.qps.read().unwrap_or_else(|e| e.into_inner()).values() {
+        for q in self
+            .shared
+            .qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
             q.destroyed.store(true, Ordering::Release);
             q.peer.lock().unwrap_or_else(|e| e.into_inner()).take();
         }

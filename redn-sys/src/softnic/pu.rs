@@ -108,9 +108,11 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
         if pus.shutdown.load(Ordering::Acquire) {
             return;
         }
-        if me.has_incoming.load(Ordering::Relaxed) && me.has_incoming.swap(false, Ordering::SeqCst) {
+        if me.has_incoming.load(Ordering::Relaxed) && me.has_incoming.swap(false, Ordering::SeqCst)
+        {
             let Some(shared) = nic.upgrade() else { return };
-            let new: Vec<_> = std::mem::take(&mut *me.incoming.lock().unwrap_or_else(|e| e.into_inner()));
+            let new: Vec<_> =
+                std::mem::take(&mut *me.incoming.lock().unwrap_or_else(|e| e.into_inner()));
             for qp in new {
                 queues.push(SqExec::new(qp, Arc::clone(&shared)));
             }

@@ -60,8 +60,8 @@ impl SharedCounters {
             *d = s.load(Ordering::Relaxed);
         }
         c.bytes = self.bytes.load(Ordering::Relaxed);
-        c.errors = self.errors.load(Ordering::Relaxed)
-            + self.responder_errors.load(Ordering::Relaxed);
+        c.errors =
+            self.errors.load(Ordering::Relaxed) + self.responder_errors.load(Ordering::Relaxed);
         c.wait_stalls = self.wait_stalls.load(Ordering::Relaxed);
         c.rate_limit_delays = self.rate_limit_delays.load(Ordering::Relaxed);
         c.rnr_waits = self.rnr_waits.load(Ordering::Relaxed);

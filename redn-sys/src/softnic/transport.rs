@@ -17,10 +17,23 @@ use std::sync::Arc;
 /// The atomic a requester asks for; values are host-order u64s.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum AtomicOp {
-    CompareSwap { compare: u64, swap: u64 },
-    FetchAdd { add: u64 },
-    MaskedCompareSwap { compare: u64, compare_mask: u64, swap: u64, swap_mask: u64 },
-    MaskedFetchAdd { add: u64, field_boundary: u64 },
+    CompareSwap {
+        compare: u64,
+        swap: u64,
+    },
+    FetchAdd {
+        add: u64,
+    },
+    MaskedCompareSwap {
+        compare: u64,
+        compare_mask: u64,
+        swap: u64,
+        swap_mask: u64,
+    },
+    MaskedFetchAdd {
+        add: u64,
+        field_boundary: u64,
+    },
 }
 
 impl AtomicOp {
@@ -102,7 +115,8 @@ pub(crate) trait Transport: Send + Sync {
         imm: Option<u32>,
     ) -> Result<(), Nak>;
     /// READ straight into a checked local window (the one-segment fast path).
-    fn read_into(&self, keys: &mut KeyCache, remote: RemoteAddr, dst: &Span<'_>) -> Result<(), Nak>;
+    fn read_into(&self, keys: &mut KeyCache, remote: RemoteAddr, dst: &Span<'_>)
+        -> Result<(), Nak>;
     fn send(&self, keys: &mut KeyCache, data: &[u8], imm: Option<u32>) -> Result<(), Nak>;
     fn read(&self, keys: &mut KeyCache, remote: RemoteAddr, out: &mut [u8]) -> Result<(), Nak>;
     fn atomic(&self, keys: &mut KeyCache, remote: RemoteAddr, op: AtomicOp) -> Result<u64, Nak>;
@@ -194,7 +208,12 @@ impl Transport for InProcess {
     }
 
     #[inline]
-    fn read_into(&self, keys: &mut KeyCache, remote: RemoteAddr, dst: &Span<'_>) -> Result<(), Nak> {
+    fn read_into(
+        &self,
+        keys: &mut KeyCache,
+        remote: RemoteAddr,
+        dst: &Span<'_>,
+    ) -> Result<(), Nak> {
         let (_, span) = self.remote_span(keys, remote, dst.len as u64, Access::REMOTE_READ)?;
         dst.copy_from(&span);
         Ok(())

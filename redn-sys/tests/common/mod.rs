@@ -70,7 +70,10 @@ pub fn wait_cqes(nic: &dyn Nic, cq: Cqn, n: usize) -> Vec<Completion> {
     while out.len() < n {
         nic.poll_cq(cq, n - out.len(), &mut out).unwrap();
         if Instant::now() > deadline {
-            panic!("timed out: {} of {n} completions on {cq}: {out:?}", out.len());
+            panic!(
+                "timed out: {} of {n} completions on {cq}: {out:?}",
+                out.len()
+            );
         }
         std::thread::yield_now();
     }
@@ -120,14 +123,20 @@ impl Rig {
         let cpd = client.alloc_pd().unwrap();
         let cbuf = Region::new(&client, cpd, 128 << 10, ALL);
         let ccq = client
-            .create_cq(CqConfig { depth: 4096, ignore_overrun: false })
+            .create_cq(CqConfig {
+                depth: 4096,
+                ignore_overrun: false,
+            })
             .unwrap();
         let mut ccfg = QpConfig::new(cpd, ccq);
         ccfg.rq_slots = 4096;
         let cqp = client.create_qp(ccfg).unwrap().qpn;
         let mut regions = std::collections::HashMap::new();
         for name in ["table", "list", "values"] {
-            regions.insert(name.to_string(), (data.mr.addr, data.mr.lkey, DATA_LEN as u64));
+            regions.insert(
+                name.to_string(),
+                (data.mr.addr, data.mr.lkey, DATA_LEN as u64),
+            );
         }
         regions.insert(
             "response".to_string(),
@@ -137,23 +146,48 @@ impl Rig {
             SoftNic::connect_pair(&client, cqp, &server, q)
         })
         .unwrap();
-        Rig { server, client, program, installed, data, cqp, ccq, cbuf, next_recv: 0 }
+        Rig {
+            server,
+            client,
+            program,
+            installed,
+            data,
+            cqp,
+            ccq,
+            cbuf,
+            next_recv: 0,
+        }
     }
 
     /// Send one trigger; collect responses until one with `byte_len == 0` or `until` says done.
     pub fn trigger(&mut self, msg: &[u8], responses: usize) -> Vec<(u32, Vec<u8>)> {
         for _ in 0..responses {
-            self.client.post_recv(self.cqp, self.next_recv, &[]).unwrap();
+            self.client
+                .post_recv(self.cqp, self.next_recv, &[])
+                .unwrap();
             self.next_recv += 1;
         }
         self.client
-            .post_send(self.cqp, &[wr(0, WqeFlags::NONE, WrOp::Send { payload: redn_sys::wqe::Payload::Inline(msg.to_vec()), imm: None })])
+            .post_send(
+                self.cqp,
+                &[wr(
+                    0,
+                    WqeFlags::NONE,
+                    WrOp::Send {
+                        payload: redn_sys::wqe::Payload::Inline(msg.to_vec()),
+                        imm: None,
+                    },
+                )],
+            )
             .unwrap();
         let cqes = wait_cqes(&self.client, self.ccq, responses);
         cqes.iter()
             .map(|c| {
                 assert!(c.is_ok(), "response failed: {c:?}");
-                (c.imm.unwrap_or(u32::MAX), self.cbuf.read(0, c.byte_len as usize))
+                (
+                    c.imm.unwrap_or(u32::MAX),
+                    self.cbuf.read(0, c.byte_len as usize),
+                )
             })
             .collect()
     }
