@@ -13,6 +13,7 @@ struct Padded(AtomicU64);
 struct CqRing {
     cqes: Box<[[u8; CQE_SIZE]]>,
     wr_ids: Box<[u64]>,
+    /// Entries written into the ring (lost ones excluded).
     produced: u64,
     consumed: u64,
 }
@@ -74,14 +75,15 @@ impl CqShared {
     pub(crate) fn push(&self, mut cqe: Cqe, wr_id: u64) {
         {
             let mut r = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+            // Every completion counts for WAIT, whether or not the ring has room for it.
+            let total = self.produced.0.load(Ordering::Relaxed) + 1;
             if r.produced - r.consumed == self.depth {
                 if self.ignore_overrun {
                     r.consumed += 1;
                 } else {
                     // The entry is lost, as on hardware; the poller learns of it.
                     self.overrun.store(true, Ordering::Release);
-                    r.produced += 1;
-                    self.produced.0.store(r.produced, Ordering::SeqCst);
+                    self.produced.0.store(total, Ordering::SeqCst);
                     drop(r);
                     self.wake();
                     return;
@@ -92,7 +94,7 @@ impl CqShared {
             r.cqes[slot] = cqe.encode();
             r.wr_ids[slot] = wr_id;
             r.produced += 1;
-            self.produced.0.store(r.produced, Ordering::SeqCst);
+            self.produced.0.store(total, Ordering::SeqCst);
         }
         self.wake();
     }

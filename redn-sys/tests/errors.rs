@@ -1,0 +1,191 @@
+//! Bad requests get clear errors, CQ overrun is reported, and ConnectX's "WQE checks" (off by
+//! default, as RedN needs) refuse WQEs whose QPN or index do not match their slot.
+
+mod common;
+use common::*;
+use redn_sys::mem::SharedBuffer;
+use redn_sys::nic::{CqConfig, Nic, QpConfig};
+use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
+use redn_sys::wqe::{Syndrome, WqeFlags, WrOp};
+use redn_sys::{Access, Error, Lkey, Pdn, Qpn};
+
+fn nop() -> WrOp {
+    WrOp::Nop {
+        raw_segments: vec![],
+    }
+}
+
+#[test]
+fn configuration_and_object_errors_name_what_is_wrong() {
+    let e = SoftNic::new(SoftNicConfig {
+        pus: 0,
+        ..SoftNicConfig::default()
+    })
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid softnic processing units: 0 is outside 1..=64"
+    );
+    let nic = nic(1, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    let cq = nic.create_cq(CqConfig::default()).unwrap();
+    let mut cfg = QpConfig::new(pd, cq);
+    cfg.sq_bbs = 100;
+    assert_eq!(
+        nic.create_qp(cfg).unwrap_err().to_string(),
+        "invalid send queue size (BBs): 100 is not a power of two in 1..=65536"
+    );
+    assert!(matches!(
+        nic.create_qp(QpConfig::new(Pdn(99), cq)),
+        Err(Error::NoSuchPd(Pdn(99)))
+    ));
+    assert!(matches!(
+        nic.post_send(Qpn(0x777), &[]),
+        Err(Error::NoSuchQp(Qpn(0x777)))
+    ));
+    assert!(matches!(
+        nic.dereg_mr(Lkey(0x1234)),
+        Err(Error::NoSuchKey(_))
+    ));
+    let buf = SharedBuffer::new(64);
+    assert!(matches!(
+        nic.reg_mr(pd, &buf, 32, 64, Access::ALL),
+        Err(Error::Register(_))
+    ));
+
+    // Objects in use cannot be destroyed.
+    let ep = endpoint(&nic, pd, |_| {});
+    assert!(matches!(nic.destroy_cq(ep.cq), Err(Error::Busy { .. })));
+    assert!(matches!(nic.dealloc_pd(pd), Err(Error::Busy { .. })));
+    nic.destroy_qp(ep.qp.qpn).unwrap();
+    nic.destroy_cq(ep.cq).unwrap();
+    nic.destroy_cq(cq).unwrap();
+    nic.dealloc_pd(pd).unwrap();
+}
+
+#[test]
+fn connecting_twice_and_overfilling_queues_are_refused() {
+    let nic = nic(1, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    let a = endpoint(&nic, pd, |c| {
+        c.sq_bbs = 4;
+        c.rq_slots = 2;
+        c.managed_send = true;
+    });
+    let b = endpoint(&nic, pd, |_| {});
+    nic.connect(a.qp.qpn, b.qp.qpn).unwrap();
+    assert!(matches!(
+        nic.connect(a.qp.qpn, b.qp.qpn),
+        Err(Error::QpState { .. })
+    ));
+    // A managed queue nobody enables: the fifth BB does not fit a 4-BB ring.
+    let four: Vec<_> = (0..4).map(|i| wr(i, WqeFlags::NONE, nop())).collect();
+    nic.post_send(a.qp.qpn, &four).unwrap();
+    let e = nic
+        .post_send(a.qp.qpn, &[wr(9, WqeFlags::NONE, nop())])
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("send queue of QP {} is full (4 entries)", a.qp.qpn)
+    );
+    nic.post_recv(a.qp.qpn, 1, &[]).unwrap();
+    nic.post_recv(a.qp.qpn, 2, &[]).unwrap();
+    assert!(matches!(
+        nic.post_recv(a.qp.qpn, 3, &[]),
+        Err(Error::QueueFull {
+            queue: "receive",
+            ..
+        })
+    ));
+    // A bad request posts nothing: the ring is unchanged and still full.
+    assert!(matches!(
+        nic.post_send(
+            a.qp.qpn,
+            &[wr(
+                0,
+                WqeFlags::NONE,
+                WrOp::Wait {
+                    cq: redn_sys::Cqn(1 << 24),
+                    count: 0
+                }
+            )]
+        ),
+        Err(Error::Wqe(_))
+    ));
+}
+
+#[test]
+fn cq_overrun_is_reported_unless_ignored() {
+    let nic = nic(1, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    for ignore in [false, true] {
+        let cq = nic
+            .create_cq(CqConfig {
+                depth: 4,
+                ignore_overrun: ignore,
+            })
+            .unwrap();
+        let mut cfg = QpConfig::new(pd, cq);
+        cfg.sq_bbs = 16;
+        let qp = nic.create_qp(cfg).unwrap().qpn;
+        nic.connect(qp, qp).unwrap();
+        let six: Vec<_> = (0..6).map(|i| wr(i, SIG, nop())).collect();
+        nic.post_send(qp, &six).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while nic.cq_produced(cq).unwrap() < 6 {
+            assert!(std::time::Instant::now() < deadline);
+            std::thread::yield_now();
+        }
+        let mut out = Vec::new();
+        if ignore {
+            // The ring wrapped: the 4 newest completions remain.
+            nic.poll_cq(cq, 16, &mut out).unwrap();
+            assert_eq!(
+                out.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+                [2, 3, 4, 5]
+            );
+        } else {
+            assert!(matches!(
+                nic.poll_cq(cq, 16, &mut out),
+                Err(Error::CqOverrun(c)) if c == cq
+            ));
+            // Reported once; what fit is still there.
+            nic.poll_cq(cq, 16, &mut out).unwrap();
+            assert_eq!(
+                out.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+                [0, 1, 2, 3]
+            );
+        }
+    }
+}
+
+#[test]
+fn wqe_checks_refuse_a_foreign_qpn_that_redn_mode_runs() {
+    // RedN keeps operands in the QPN field; ConnectX's WQE checks must be off for that.
+    for checks in [false, true] {
+        let nic = SoftNic::new(SoftNicConfig {
+            name: "checks".into(),
+            pus: 1,
+            prefetch: Prefetch::Depth(8),
+            wqe_checks: checks,
+        })
+        .unwrap();
+        let pd = nic.alloc_pd().unwrap();
+        let ep = endpoint(&nic, pd, |_| {});
+        nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
+        nic.post_send(ep.qp.qpn, &[wr(1, SIG, nop())]).unwrap();
+        // A NOP whose QPN bytes hold data (what a failed `if` leaves behind).
+        let mut e = redn_sys::wqe::encode_wqe(&wr(2, SIG, nop()), ep.qp.qpn, 1).unwrap();
+        e.bytes_mut()[4..7].copy_from_slice(&[0xab, 0xcd, 0xef]);
+        ep.qp.sq.buffer.write(ep.qp.sq.offset + 64, e.bytes());
+        nic.note_posted(ep.qp.qpn, 1, 2, 2).unwrap();
+        nic.ring_doorbell(ep.qp.qpn, 2).unwrap();
+        let c = wait_cqes(&nic, ep.cq, 2);
+        assert!(c[0].is_ok());
+        if checks {
+            assert_eq!(c[1].status, Err(Syndrome::LocalQpOperation));
+        } else {
+            assert!(c[1].is_ok(), "{c:?}");
+        }
+    }
+}
