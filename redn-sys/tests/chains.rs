@@ -305,3 +305,59 @@ fn dropping_a_running_softnic_stops_its_threads() {
     .unwrap();
     drop(nic); // joins the PUs; hanging here would fail the test by timeout
 }
+
+#[test]
+fn multi_block_wqes_wrap_around_the_ring_end() {
+    // A 4-BB ring: three NOPs, then a 2-BB READ (3 scatter entries) in slots 3 and 0, then an
+    // inline WRITE of 40 bytes (2 BBs) in slots 1 and 2; repeated so indices pass 2^4 twice.
+    for mode in MODES {
+        let nic = nic(1, mode);
+        let pd = nic.alloc_pd().unwrap();
+        let m = Region::new(&nic, pd, 4096, ALL);
+        let ep = endpoint(&nic, pd, |c| c.sq_bbs = 4);
+        nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
+        m.write(0, b"abcdefghijklmnopqrst");
+        for round in 0..3u64 {
+            let nops: Vec<_> = (0..3)
+                .map(|i| {
+                    wr(
+                        i,
+                        WqeFlags::NONE,
+                        WrOp::Nop {
+                            raw_segments: vec![],
+                        },
+                    )
+                })
+                .collect();
+            nic.post_send(ep.qp.qpn, &nops).unwrap();
+            while nic.sq_consumed(ep.qp.qpn).unwrap() < 3 + 7 * round {
+                std::thread::yield_now();
+            }
+            let read = WrOp::Read {
+                remote: m.mr.remote(0),
+                sgl: vec![m.mr.sge(100, 5), m.mr.sge(200, 5), m.mr.sge(300, 10)],
+            };
+            nic.post_send(ep.qp.qpn, &[wr(10 + round, SIG, read)])
+                .unwrap();
+            let c = wait_cqes(&nic, ep.cq, 1);
+            assert_eq!((c[0].wr_id, c[0].status), (10 + round, Ok(())), "{mode:?}");
+            assert_eq!(m.read(100, 5), b"abcde");
+            assert_eq!(m.read(200, 5), b"fghij");
+            assert_eq!(m.read(300, 10), b"klmnopqrst");
+            let text = format!("inline payload of forty bytes, round {round:02}.");
+            let write = WrOp::Write {
+                remote: m.mr.remote(1000),
+                payload: Payload::Inline(text.as_bytes().to_vec()),
+                imm: None,
+            };
+            nic.post_send(ep.qp.qpn, &[wr(20 + round, SIG, write)])
+                .unwrap();
+            let c = wait_cqes(&nic, ep.cq, 1);
+            assert_eq!(c[0].wr_id, 20 + round);
+            assert_eq!(m.read(1000, text.len()), text.as_bytes(), "{mode:?}");
+            for a in [100, 200, 300, 1000] {
+                m.write(a, &[0u8; 40]);
+            }
+        }
+    }
+}

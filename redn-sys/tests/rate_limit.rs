@@ -124,3 +124,31 @@ fn clearing_the_limit_releases_a_throttled_queue() {
     wait_cqes(&nic, ep.cq, 1);
     assert_eq!(nic.counters(ep.qp.qpn).unwrap().total_wqes(), 1000);
 }
+
+#[test]
+fn a_throttled_queue_does_not_hold_up_its_pu() {
+    let nic = nic(1, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    let slow = endpoint(&nic, pd, |c| c.sq_bbs = 4096);
+    let fast = endpoint(&nic, pd, |c| c.sq_bbs = 4096);
+    for q in [slow.qp.qpn, fast.qp.qpn] {
+        nic.connect(q, q).unwrap();
+    }
+    nic.set_rate_limit(
+        slow.qp.qpn,
+        RateLimit {
+            wqes_per_sec: 10,
+            bytes_per_sec: 0,
+        },
+    )
+    .unwrap();
+    nic.post_send(slow.qp.qpn, &nops(1000)).unwrap();
+    let start = Instant::now();
+    nic.post_send(fast.qp.qpn, &nops(2000)).unwrap();
+    wait_cqes(&nic, fast.cq, 1);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "the fast queue waited for the slow one"
+    );
+    assert!(nic.counters(slow.qp.qpn).unwrap().total_wqes() < 50);
+}
