@@ -42,20 +42,27 @@ use transport::InProcess;
 pub enum Prefetch {
     /// Each WQE is fetched just before it runs ("snapshot at execute"): the most forgiving.
     AtExecute,
-    /// Up to this many BBs past the running WQE are fetched early.
+    /// Up to this many BBs past the running WQE are fetched early (at most
+    /// [`Prefetch::MAX_DEPTH`]).
     Depth(u32),
-    /// Everything eligible is fetched as early as allowed ("snapshot at enable / doorbell"):
-    /// the harshest setting, for testing that a chain orders its patches correctly.
+    /// Everything eligible is fetched as early as allowed ("snapshot at enable / doorbell"),
+    /// up to [`Prefetch::MAX_DEPTH`] BBs ahead: the harshest setting, for testing that a
+    /// chain orders its patches correctly.
     Adversarial,
 }
 
 impl Prefetch {
+    /// The furthest a queue fetches ahead, in BBs: each queue keeps its snapshots (64 bytes a
+    /// BB), so this bounds that memory at 256 KiB a queue.
+    pub const MAX_DEPTH: u64 = 4096;
+
     fn depth(self, ring_entries: u64) -> u64 {
-        match self {
+        let d = match self {
             Prefetch::AtExecute => 0,
-            Prefetch::Depth(d) => u64::from(d).min(ring_entries),
+            Prefetch::Depth(d) => u64::from(d),
             Prefetch::Adversarial => ring_entries,
-        }
+        };
+        d.min(ring_entries).min(Self::MAX_DEPTH)
     }
 }
 
