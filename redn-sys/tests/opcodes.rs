@@ -335,8 +335,13 @@ fn send_without_a_receive_waits_until_one_is_posted() {
             )],
         )
         .unwrap();
-    expect_no_cqe(&p.client_nic, p.client.cq, 50);
-    assert!(p.client_nic.counters(p.client.qp.qpn).unwrap().rnr_waits >= 1);
+    // The SEND finds no receive: it waits (and is counted), with no completion.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while p.client_nic.counters(p.client.qp.qpn).unwrap().rnr_waits == 0 {
+        assert!(std::time::Instant::now() < deadline, "the SEND never tried");
+        std::thread::yield_now();
+    }
+    expect_no_cqe(&p.client_nic, p.client.cq, 20);
     p.server_nic
         .post_recv(p.server.qp.qpn, 1, &[p.sbuf.mr.sge(0, 16)])
         .unwrap();

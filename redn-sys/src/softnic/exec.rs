@@ -387,7 +387,9 @@ impl SqExec {
         }
     }
 
-    fn complete(&self, ci: u64, opcode: u8, byte_cnt: u32) {
+    fn complete(&mut self, ci: u64, opcode: u8, byte_cnt: u32) {
+        // Whoever sees the completion must see the WQE counted.
+        self.flush_counters();
         self.qp.send_cq.push(
             Cqe {
                 opcode: CqeOpcode::Req,
