@@ -88,7 +88,10 @@ fn completion_order_wait_holds_a_queue_until_another_queue_completes() {
         ],
     )
     .unwrap();
-    expect_no_cqe(&nic, consumer.cq, 30);
+    wait_until("the consumer's WAIT stalls", || {
+        nic.counters(consumer.qp.qpn).unwrap().wait_stalls == 1
+    });
+    expect_no_cqe(&nic, consumer.cq, 20);
     nic.post_send(
         producer.qp.qpn,
         &[wr(3, SIG, write(m.mr.sge(0, 5), m.mr.remote(100)))],

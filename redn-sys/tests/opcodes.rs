@@ -219,11 +219,10 @@ fn nop_does_nothing_but_complete() {
             )],
         )
         .unwrap();
-    expect_no_cqe(&l.nic, l.ep.cq, 30);
-    assert_eq!(
-        l.nic.counters(l.ep.qp.qpn).unwrap().by_opcode(Opcode::Nop),
-        2
-    );
+    wait_until("the unsignaled NOP ran", || {
+        l.nic.counters(l.ep.qp.qpn).unwrap().by_opcode(Opcode::Nop) == 2
+    });
+    expect_no_cqe(&l.nic, l.ep.cq, 20);
 }
 
 /// A client QP on one softnic and a server QP on another, connected in-process.
@@ -336,11 +335,9 @@ fn send_without_a_receive_waits_until_one_is_posted() {
         )
         .unwrap();
     // The SEND finds no receive: it waits (and is counted), with no completion.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while p.client_nic.counters(p.client.qp.qpn).unwrap().rnr_waits == 0 {
-        assert!(std::time::Instant::now() < deadline, "the SEND never tried");
-        std::thread::yield_now();
-    }
+    wait_until("the SEND finds no receive", || {
+        p.client_nic.counters(p.client.qp.qpn).unwrap().rnr_waits > 0
+    });
     expect_no_cqe(&p.client_nic, p.client.cq, 20);
     p.server_nic
         .post_recv(p.server.qp.qpn, 1, &[p.sbuf.mr.sge(0, 16)])
@@ -428,9 +425,11 @@ fn wait_send_en_and_recv_en() {
         ],
     )
     .unwrap();
-    expect_no_cqe(&nic, managed.cq, 50);
+    wait_until("the master's WAIT stalls", || {
+        nic.counters(master.qp.qpn).unwrap().wait_stalls == 1
+    });
+    expect_no_cqe(&nic, managed.cq, 20);
     assert_eq!(buf.read(100, 1), [0]);
-    assert_eq!(nic.counters(master.qp.qpn).unwrap().wait_stalls, 1);
     // One completion on `counted` releases the chain.
     nic.post_send(
         counted.qp.qpn,
@@ -476,7 +475,10 @@ fn wait_send_en_and_recv_en() {
         )],
     )
     .unwrap();
-    expect_no_cqe(&nic, managed.cq, 50);
+    wait_until("the managed SEND finds its receive not enabled", || {
+        nic.counters(managed.qp.qpn).unwrap().rnr_waits > 0
+    });
+    expect_no_cqe(&nic, managed.cq, 20);
     assert_eq!(buf.read(200, 4), [0; 4]);
     nic.post_send(
         master.qp.qpn,

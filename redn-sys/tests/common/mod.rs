@@ -212,3 +212,12 @@ impl Rig {
             .sum()
     }
 }
+
+/// Wait (10 s at most) until `cond` holds; for states a PU reaches in its own time.
+pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::yield_now();
+    }
+}
