@@ -1,46 +1,47 @@
-//! RedN's `if` on the softnic: a hash-table GET answered by the server's NIC alone.
+//! RedN's `if` on the softnic: the catalog's `hash-get` offload answers GETs with the server's
+//! NIC alone.
 //!
-//! Two softnic instances stand for two hosts. The server pre-posts, for each expected request,
-//! a chain on a managed worker queue (RedN §3, hash lookup with one bucket):
+//! Two softnic instances stand for two hosts. The server installs `hash-get` (one bucket per
+//! GET) over a small table. For each GET its worker queue runs, with no host CPU:
 //!
 //! | worker WQE | does |
 //! |---|---|
-//! | WAIT(recv CQ, k) | until request k has arrived (its receive scattered into this chain) |
-//! | SEND_EN(worker, 6k+8) | doorbell order: only now may the patched READ and CAS be fetched |
-//! | READ bucket | key → response WQE's QPN field, value pointer → its data segment |
-//! | CAS response ctrl | compare = NOP image carrying the requested key, swap = WRITE_IMM image |
-//! | WAIT(worker CQ, k) | until the CAS completed |
-//! | SEND_EN(client QP, k+1) | release the response WQE: a WRITE_IMM on a hit, a NOP on a miss |
+//! | WAIT(client queue's CQ, k) | until GET k has arrived (its receive patched this chain) |
+//! | SEND_EN(worker) | doorbell order: only now may the patched READ and CAS be fetched |
+//! | READ bucket | key → the response WQE's operand bytes, value length and address → its data |
+//! | CAS (the `if`) | response still NOP with the requested key → the real WRITE_IMM |
+//! | masked CAS (`else`) | still a NOP → a zero-length WRITE_IMM: "not found" |
+//! | WAIT, SEND_EN(client queue) | release the response |
 //!
-//! The client SENDs 11 bytes (24-bit key, big-endian bucket address); the answer arrives by
-//! RDMA WRITE with immediate. After setup, the server host posts nothing.
+//! The client SENDs 14 bytes (48-bit key little-endian, bucket address big-endian) and gets
+//! the value, or a zero-length answer, by RDMA WRITE with immediate.
 //!
 //! Run: `cargo run --release -p redn-sys --example redn_demo [-- --requests N]`
 
 use redn_sys::mem::SharedBuffer;
-use redn_sys::nic::{Completion, CqConfig, Nic, QpConfig};
+use redn_sys::nic::{CqConfig, Nic, QpConfig};
+use redn_sys::program::catalog::{self, HashVariant, BUCKET_STRIDE};
+use redn_sys::program::{install, Program};
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
-use redn_sys::wqe::{off, Opcode, Payload, RemoteAddr, WorkRequest, WqeFlags, WrOp, BB_SIZE};
-use redn_sys::{Access, Qpn};
+use redn_sys::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
+use redn_sys::Access;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// Value size served per hit.
-pub const VALUE_LEN: u32 = 64;
+pub const VALUE_LEN: usize = 64;
 /// Buckets in the table.
 pub const BUCKETS: u64 = 16;
-const BUCKET_STRIDE: u64 = 16;
-const VALUES_AT: u64 = 4096;
-/// How long the client waits for an answer before calling it a miss.
-pub const MISS_TIMEOUT: Duration = Duration::from_millis(20);
+const VALUES_AT: usize = 4096;
 
 /// One request's outcome.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
     /// Key asked for.
-    pub key: u32,
+    pub key: u64,
     /// Bucket probed.
     pub bucket: u64,
-    /// The value, or `None` when nothing came back.
+    /// The value, or `None` for a zero-length ("not found") answer.
     pub value: Option<Vec<u8>>,
     /// Round-trip time.
     pub micros: f64,
@@ -49,271 +50,142 @@ pub struct Answer {
 /// What the server NIC did.
 #[derive(Debug, Clone)]
 pub struct ServerStats {
-    /// WQEs executed on the server, by opcode name.
+    /// WQEs executed on the server, by opcode.
     pub by_opcode: Vec<(Opcode, u64)>,
-    /// Host posts made on the server after setup (should be zero).
+    /// Host posts made on the server after setup (zero: the NIC serves alone).
     pub host_posts_after_setup: u64,
 }
 
 /// The value stored for key `k`.
-pub fn value_of(k: u32) -> Vec<u8> {
-    let mut v = format!("value of key {k:#08x}: served by the NIC").into_bytes();
-    v.resize(VALUE_LEN as usize, b'.');
+pub fn value_of(k: u64) -> Vec<u8> {
+    let mut v = format!("value of key {k:#014x}: served by the NIC").into_bytes();
+    v.resize(VALUE_LEN, b'.');
     v
 }
 
 /// The key stored in bucket `b`.
-pub fn key_of_bucket(b: u64) -> u32 {
-    0x00ab_0000 | (b as u32 * 7 + 1)
+pub fn key_of_bucket(b: u64) -> u64 {
+    0xabcd_0000_0000 | (b * 7 + 1)
+}
+
+/// The offload the demo installs for `requests` GETs.
+pub fn program(requests: u32) -> Program {
+    catalog::hash_get(HashVariant::Single, requests).expect("catalog hash-get builds")
 }
 
 /// Run `requests` as (key, bucket) pairs through the offload; return answers and server stats.
-pub fn run(requests: &[(u32, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerStats) {
-    let n = requests.len() as u64;
-    let server = SoftNic::new(SoftNicConfig {
-        name: "server".into(),
-        pus: 2,
+pub fn run(requests: &[(u64, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerStats) {
+    let cfg = |name: &str, pus| SoftNicConfig {
+        name: name.into(),
+        pus,
         prefetch,
         wqe_checks: false,
-    })
-    .expect("server softnic");
-    let client = SoftNic::new(SoftNicConfig {
-        name: "client".into(),
-        pus: 1,
-        prefetch,
-        wqe_checks: false,
-    })
-    .expect("client softnic");
+    };
+    let server = SoftNic::new(cfg("server", 2)).expect("server softnic");
+    let client = SoftNic::new(cfg("client", 1)).expect("client softnic");
 
-    // --- server: data region with the bucket table and the values --------------------------
+    // Server: one data region holding the bucket table and the values.
     let spd = server.alloc_pd().unwrap();
-    let data_buf = SharedBuffer::new((VALUES_AT + BUCKETS * u64::from(VALUE_LEN)) as usize);
-    let data = server
-        .reg_mr(spd, &data_buf, 0, data_buf.len(), Access::REMOTE_READ)
+    let data_len = VALUES_AT + BUCKETS as usize * VALUE_LEN;
+    let data = SharedBuffer::new(data_len);
+    let mr = server
+        .reg_mr(spd, &data, 0, data_len, Access::REMOTE_READ)
         .unwrap();
     for b in 0..BUCKETS {
         let key = key_of_bucket(b);
-        let value_at = VALUES_AT + b * u64::from(VALUE_LEN);
-        let bucket_at = (b * BUCKET_STRIDE) as usize;
-        data_buf.write(bucket_at, &key.to_be_bytes()[1..]);
-        data_buf.write(bucket_at + 3, &(data.addr.0 + value_at).to_be_bytes());
-        data_buf.write(value_at as usize, &value_of(key));
+        let at = VALUES_AT + b as usize * VALUE_LEN;
+        data.write(at, &value_of(key));
+        let bucket = catalog::bucket_bytes(key, VALUE_LEN as u32, mr.addr.0 + at as u64);
+        data.write((b * BUCKET_STRIDE) as usize, &bucket);
     }
 
-    // --- client side ------------------------------------------------------------------------
+    // Client: a response buffer and a queue pair.
     let cpd = client.alloc_pd().unwrap();
-    let cbuf = SharedBuffer::new(8192);
-    let cmr = client.reg_mr(cpd, &cbuf, 0, 8192, Access::ALL).unwrap();
+    let cbuf = SharedBuffer::new(4096);
+    let cmr = client.reg_mr(cpd, &cbuf, 0, 4096, Access::ALL).unwrap();
     let ccq = client
         .create_cq(CqConfig {
             depth: 1024,
             ignore_overrun: false,
         })
         .unwrap();
-    let cqp = client.create_qp(QpConfig::new(cpd, ccq)).unwrap();
+    let mut qcfg = QpConfig::new(cpd, ccq);
+    qcfg.rq_slots = 1024;
+    let cqp = client.create_qp(qcfg).unwrap().qpn;
 
-    // --- server queues ----------------------------------------------------------------------
-    let recv_cq = server
-        .create_cq(CqConfig {
-            depth: 1024,
-            ignore_overrun: true,
-        })
-        .unwrap();
-    let work_cq = server
-        .create_cq(CqConfig {
-            depth: 1024,
-            ignore_overrun: true,
-        })
-        .unwrap();
-    let ring_bbs = (6 * n + 8).next_power_of_two() as u32;
-    let mut scfg = QpConfig::new(spd, recv_cq);
-    scfg.managed_send = true;
-    scfg.sq_bbs = (n + 1).next_power_of_two() as u32;
-    scfg.rq_slots = (n + 1).next_power_of_two() as u32;
-    scfg.pu = Some(0);
-    let sqp = server.create_qp(scfg).unwrap();
-    let mut wcfg = QpConfig::new(spd, work_cq);
-    wcfg.managed_send = true;
-    wcfg.sq_bbs = ring_bbs;
-    wcfg.pu = Some(1);
-    let wqp = server.create_qp(wcfg).unwrap();
-    let master = server.create_qp(QpConfig::new(spd, work_cq)).unwrap();
-    let code = |q: &redn_sys::nic::QpInfo| {
-        server
-            .reg_mr(
-                spd,
-                &q.sq.buffer,
-                q.sq.offset,
-                (q.sq.entries * q.sq.stride) as usize,
-                Access::ALL,
-            )
-            .unwrap()
-    };
-    let ring_s = code(&sqp);
-    let ring_w = code(&wqp);
-    SoftNic::connect_pair(&client, cqp.qpn, &server, sqp.qpn).unwrap();
-    server.connect(wqp.qpn, wqp.qpn).unwrap();
-    server.connect(master.qpn, master.qpn).unwrap();
-
-    // --- server program, one iteration per expected request --------------------------------
-    let resp_at = |k: u64| k * BB_SIZE as u64; // R_k: slot k of the client-facing queue
-    let client_resp = RemoteAddr {
-        addr: cmr.addr,
-        rkey: cmr.lkey.into(),
-    };
-    let mut responses = Vec::new();
-    let mut chain = Vec::new();
-    for k in 0..n {
-        // R_k: WRITE_IMM of the value (pointer patched by the READ), posted in NOP form.
-        let r = WorkRequest {
-            wr_id: 1000 + k,
-            flags: WqeFlags::NONE,
-            op: WrOp::Write {
-                remote: client_resp,
-                payload: Payload::Sgl(vec![data.sge(0, VALUE_LEN)]),
-                imm: Some(k as u32),
-            },
-        };
-        let swap_image = ctrl_image(k as u16, Opcode::RdmaWriteImm, sqp.qpn, 3);
-        let nop_image = ctrl_image(k as u16, Opcode::Nop, Qpn(0), 3);
-        responses.push((r, nop_image));
-        let base = 6 * k;
-        chain.extend([
-            wr(
-                WrOp::Wait {
-                    cq: recv_cq,
-                    count: k as u32,
-                },
-                WqeFlags::NONE,
-            ),
-            wr(
-                WrOp::SendEnable {
-                    qp: wqp.qpn,
-                    pi: (base + 8) as u32,
-                },
-                WqeFlags::NONE,
-            ),
-            wr(
-                WrOp::Read {
-                    remote: data.remote(0), // raddr patched by the request
-                    sgl: vec![
-                        ring_s.sge(resp_at(k) + off::QPN as u64, 3),
-                        ring_s.sge(resp_at(k) + 40, 8),
-                    ],
-                },
-                WqeFlags::NONE,
-            ),
-            wr(
-                WrOp::CompareSwap {
-                    remote: ring_s.remote(resp_at(k)),
-                    compare: u64::from_le_bytes(nop_image),
-                    swap: u64::from_le_bytes(swap_image),
-                    result: None,
-                },
-                WqeFlags::SIGNALED | WqeFlags::FENCE,
-            ),
-            wr(
-                WrOp::Wait {
-                    cq: work_cq,
-                    count: k as u32,
-                },
-                WqeFlags::NONE,
-            ),
-            wr(
-                WrOp::SendEnable {
-                    qp: sqp.qpn,
-                    pi: (k + 1) as u32,
-                },
-                WqeFlags::NONE,
-            ),
-        ]);
-    }
-    let resp_wrs: Vec<WorkRequest> = responses.iter().map(|(r, _)| r.clone()).collect();
-    server.post_send(sqp.qpn, &resp_wrs).unwrap();
-    for (k, (_, nop)) in responses.iter().enumerate() {
-        // Turn each posted WRITE_IMM into its NOP form (opcode 0, QPN 0): the CAS decides.
-        sqp.sq.buffer.write(sqp.sq.offset + k * BB_SIZE, nop);
-    }
-    server.post_send(wqp.qpn, &chain).unwrap();
-    // Arm: each receive scatters the key into CAS_k's compare (bytes 41..43) and the bucket
-    // address into READ_k's remote address (bytes 16..23).
-    for k in 0..n {
-        let base = 6 * k * BB_SIZE as u64;
-        let cas = base + 3 * BB_SIZE as u64;
-        let read = base + 2 * BB_SIZE as u64;
-        server
-            .post_recv(
-                sqp.qpn,
-                k,
-                &[
-                    ring_w.sge(cas + 41, 3),
-                    ring_w.sge(read + off::RADDR as u64, 8),
-                ],
-            )
-            .unwrap();
-    }
-    // Kick off: enable the first WAIT and SEND_EN of the worker.
-    server
-        .post_send(
-            master.qpn,
-            &[wr(WrOp::SendEnable { qp: wqp.qpn, pi: 2 }, WqeFlags::NONE)],
-        )
-        .unwrap();
-    let server_qps = [sqp.qpn, wqp.qpn, master.qpn];
-    let host_posts = |nic: &SoftNic| -> u64 {
+    // Install the offload for this client: the table and values on the server, the
+    // response buffer on the client.
+    let program = program(requests.len().max(1) as u32);
+    let mut regions = HashMap::new();
+    regions.insert(
+        "table".to_string(),
+        (mr.addr, mr.lkey, BUCKETS * BUCKET_STRIDE),
+    );
+    regions.insert("values".to_string(), (mr.addr, mr.lkey, data_len as u64));
+    regions.insert("response".to_string(), (cmr.addr, cmr.lkey, 4096));
+    let installed = install(&server, spd, &program, &regions, &mut |q| {
+        SoftNic::connect_pair(&client, cqp, &server, q)
+    })
+    .expect("install hash-get");
+    let server_qps: Vec<_> = installed
+        .qps
+        .iter()
+        .map(|q| q.qpn)
+        .chain([installed.master])
+        .collect();
+    let host_posts = || -> u64 {
         server_qps
             .iter()
-            .map(|q| nic.counters(*q).unwrap().host_posts)
+            .map(|q| server.counters(*q).unwrap().host_posts)
             .sum()
     };
-    let posts_at_setup = host_posts(&server);
+    let posts_at_setup = host_posts();
 
-    // --- client: one request at a time -----------------------------------------------------
+    // One GET at a time.
     let mut answers = Vec::new();
-    let mut polled: Vec<Completion> = Vec::new();
+    let mut polled = Vec::new();
     for (i, &(key, bucket)) in requests.iter().enumerate() {
-        client.post_recv(cqp.qpn, i as u64, &[]).unwrap();
-        let mut msg = [0u8; 11];
-        msg[..3].copy_from_slice(&key.to_le_bytes()[..3]);
-        msg[3..].copy_from_slice(&(data.addr.0 + bucket * BUCKET_STRIDE).to_be_bytes());
-        cbuf.write(4096, &[0u8; VALUE_LEN as usize]);
+        client.post_recv(cqp, i as u64, &[]).unwrap();
+        let mut msg = catalog::trigger_key(key).to_vec();
+        msg.extend((mr.addr.0 + bucket * BUCKET_STRIDE).to_be_bytes());
         let start = Instant::now();
         client
             .post_send(
-                cqp.qpn,
-                &[wr(
-                    WrOp::Send {
-                        payload: Payload::Inline(msg.to_vec()),
+                cqp,
+                &[WorkRequest {
+                    wr_id: i as u64,
+                    flags: WqeFlags::NONE,
+                    op: WrOp::Send {
+                        payload: Payload::Inline(msg),
                         imm: None,
                     },
-                    WqeFlags::NONE,
-                )],
+                }],
             )
             .unwrap();
-        let mut got = None;
-        while start.elapsed() < MISS_TIMEOUT {
+        let deadline = start + Duration::from_secs(30);
+        let answer = loop {
             polled.clear();
             client.poll_cq(ccq, 4, &mut polled).unwrap();
             if let Some(c) = polled.iter().find(|c| c.imm == Some(i as u32)) {
                 assert!(c.is_ok(), "response failed: {c:?}");
-                let mut v = vec![0u8; VALUE_LEN as usize];
+                let mut v = vec![0u8; c.byte_len as usize];
                 cbuf.read(0, &mut v);
-                got = Some(v);
-                break;
+                break (c.byte_len > 0).then_some(v);
             }
+            assert!(Instant::now() < deadline, "GET {i} got no answer");
             std::hint::spin_loop();
-        }
+        };
         let micros = start.elapsed().as_secs_f64() * 1e6;
         answers.push(Answer {
             key,
             bucket,
-            value: got,
+            value: answer,
             micros,
         });
     }
-    let mut by_opcode = Vec::new();
-    for q in [sqp.qpn, wqp.qpn] {
-        let c = server.counters(q).unwrap();
+    let mut by_opcode: Vec<(Opcode, u64)> = Vec::new();
+    for q in &installed.qps {
+        let c = server.counters(q.qpn).unwrap();
         for op in Opcode::ALL {
             let v = c.by_opcode(op);
             if v > 0 {
@@ -328,24 +200,9 @@ pub fn run(requests: &[(u32, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
         answers,
         ServerStats {
             by_opcode,
-            host_posts_after_setup: host_posts(&server) - posts_at_setup,
+            host_posts_after_setup: host_posts() - posts_at_setup,
         },
     )
-}
-
-fn wr(op: WrOp, flags: WqeFlags) -> WorkRequest {
-    WorkRequest {
-        wr_id: 0,
-        flags,
-        op,
-    }
-}
-
-/// The first 8 bytes of a control segment, as the CAS sees them.
-fn ctrl_image(idx: u16, opcode: Opcode, qpn: Qpn, ds: u8) -> [u8; 8] {
-    let i = idx.to_be_bytes();
-    let q = qpn.0.to_be_bytes();
-    [0, i[0], i[1], opcode as u8, q[1], q[2], q[3], ds]
 }
 
 #[allow(dead_code)]
@@ -358,9 +215,9 @@ fn main() {
                 requests = args
                     .next()
                     .and_then(|v| v.parse().ok())
-                    .filter(|&v| v > 0 && v <= 4096)
+                    .filter(|&v| v > 0 && v <= 1024)
                     .unwrap_or_else(|| {
-                        eprintln!("redn_demo: --requests takes a number in 1..=4096");
+                        eprintln!("redn_demo: --requests takes a number in 1..=1024");
                         std::process::exit(2)
                     })
             }
@@ -368,9 +225,9 @@ fn main() {
                 println!(
                     "redn_demo: RedN's hash GET (a CAS-built `if`) answered by a softnic.\n\n\
                      Usage: redn_demo [--requests N]\n\n\
-                     Every third request asks for a key its bucket does not hold: the CAS\n\
-                     leaves the response a NOP and nothing comes back ({} ms timeout).",
-                    MISS_TIMEOUT.as_millis()
+                     Installs the catalog's hash-get offload on a server softnic and sends N GETs\n\
+                     from a client softnic; every third asks for a key its bucket does not hold,\n\
+                     which the NIC answers with a zero-length \"not found\"."
                 );
                 return;
             }
@@ -380,7 +237,7 @@ fn main() {
             }
         }
     }
-    let reqs: Vec<(u32, u64)> = (0..requests as u64)
+    let reqs: Vec<(u64, u64)> = (0..requests as u64)
         .map(|i| {
             let b = (i * 5) % BUCKETS;
             let key = if i % 3 == 2 {
@@ -391,11 +248,25 @@ fn main() {
             (key, b)
         })
         .collect();
-    println!("RedN hash GET on the softnic: {requests} requests, client and server on two softnic instances");
-    println!("server chain per request: WAIT, SEND_EN, READ, CAS (the `if`), WAIT, SEND_EN, then the response WQE\n");
+    println!(
+        "RedN hash GET on the softnic: {requests} GETs from a client softnic to the catalog's \
+         hash-get offload on a server softnic\n"
+    );
+    let listing = program(1).listing();
+    println!("the server's worker chain for one GET (from `Program::listing`):");
+    let mut in_worker = false;
+    for line in listing.lines() {
+        if line.starts_with("queue ") || line.starts_with("response:") {
+            in_worker = line.starts_with("queue worker0");
+        }
+        if in_worker && !line.trim_start().starts_with("recv") {
+            println!("  {line}");
+        }
+    }
+    println!();
     let (answers, stats) = run(&reqs, Prefetch::Adversarial);
     println!(
-        "{:>3}  {:>8}  {:>6}  {:>9}  answer",
+        "{:>3}  {:>14}  {:>6}  {:>9}  answer",
         "#", "key", "bucket", "rtt (µs)"
     );
     let mut wrong = 0;
@@ -403,14 +274,14 @@ fn main() {
         let expected = (key_of_bucket(a.bucket) == a.key).then(|| value_of(a.key));
         let shown = match &a.value {
             Some(v) => format!("hit: {}", String::from_utf8_lossy(v).trim_end_matches('.')),
-            None => "miss: the CAS left the response a NOP".to_string(),
+            None => "not found (zero-length answer from the `else`)".to_string(),
         };
         let ok = a.value == expected;
         if !ok {
             wrong += 1;
         }
         println!(
-            "{i:>3}  {:#08x}  {:>6}  {:>9.1}  {shown}{}",
+            "{i:>3}  {:#014x}  {:>6}  {:>9.1}  {shown}{}",
             a.key,
             a.bucket,
             a.micros,
