@@ -183,6 +183,17 @@ pub fn run(requests: &[(u64, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
             micros,
         });
     }
+    // The client has every answer; wait until the server's client-facing queue has published
+    // them as consumed too, so its counters are complete (one BB per answer).
+    let client_queue = installed.qps[0].qpn;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.sq_consumed(client_queue).unwrap() < requests.len() as u64 {
+        assert!(
+            Instant::now() < deadline,
+            "the server never retired its answers"
+        );
+        std::thread::yield_now();
+    }
     let mut by_opcode: Vec<(Opcode, u64)> = Vec::new();
     for q in &installed.qps {
         let c = server.counters(q.qpn).unwrap();

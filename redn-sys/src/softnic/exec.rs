@@ -241,8 +241,9 @@ impl SqExec {
             }
         }
         if done > 0 {
-            self.qp.consumed.store(self.ci, Ordering::Release);
+            // Counters first: whoever sees a WQE consumed sees it counted.
             self.flush_counters();
+            self.qp.consumed.store(self.ci, Ordering::Release);
             return RunOutcome::Progress;
         }
         self.flush_counters();
