@@ -7,8 +7,8 @@ use redn_sys::softnic::Prefetch;
 use redn_sys::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
 use std::time::{Duration, Instant};
 
-/// The two rate measurements run one at a time, and wait for their completion without
-/// spinning: on a 2-core machine other tests' threads would otherwise take the CPU the
+/// The tests here run one at a time, and the rate measurements wait for their completion
+/// without spinning: on a 2-core machine other tests' threads would otherwise take the CPU the
 /// paced PU needs to wake on time, and the measured rate would drop for reasons that are
 /// not the limiter's.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -124,6 +124,7 @@ fn byte_rate_limit_holds_within_ten_percent() {
 
 #[test]
 fn clearing_the_limit_releases_a_throttled_queue() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let nic = nic(1, Prefetch::Depth(8));
     let pd = nic.alloc_pd().unwrap();
     let ep = endpoint(&nic, pd, |c| c.sq_bbs = 4096);
@@ -146,6 +147,7 @@ fn clearing_the_limit_releases_a_throttled_queue() {
 
 #[test]
 fn a_throttled_queue_does_not_hold_up_its_pu() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let nic = nic(1, Prefetch::Depth(8));
     let pd = nic.alloc_pd().unwrap();
     let slow = endpoint(&nic, pd, |c| c.sq_bbs = 4096);
