@@ -909,53 +909,13 @@ impl<'a> Checker<'a> {
                         compare,
                         swap,
                         result,
-                    } => {
-                        self.atomic_common(q, here, remote, result.as_ref(), &w.label);
-                        if let Addr::Wqe { label, byte } = remote {
-                            self.code_write(
-                                qn,
-                                Some(here),
-                                "raddr",
-                                remote,
-                                8,
-                                &PatchSource::Cas {
-                                    label: src(&w.label),
-                                },
-                            );
-                            if *byte == 0 {
-                                self.ctrl_operand_ok(qn, here, "swap", swap, label, "swap");
-                                self.ctrl_operand_ok(
-                                    qn, here, "compare", compare, label, "compare",
-                                );
-                            }
-                        }
-                    }
+                    } => self.cas(q, here, &w.label, remote, compare, swap, result.as_ref()),
                     Op::MaskedCas {
                         remote,
                         compare,
                         swap,
                         ..
-                    } => {
-                        self.atomic_common(q, here, remote, None, &w.label);
-                        if let Addr::Wqe { label, byte } = remote {
-                            self.code_write(
-                                qn,
-                                Some(here),
-                                "raddr",
-                                remote,
-                                8,
-                                &PatchSource::Cas {
-                                    label: src(&w.label),
-                                },
-                            );
-                            if *byte == 0 {
-                                self.ctrl_operand_ok(qn, here, "swap", swap, label, "swap");
-                                self.ctrl_operand_ok(
-                                    qn, here, "compare", compare, label, "compare",
-                                );
-                            }
-                        }
-                    }
+                    } => self.cas(q, here, &w.label, remote, compare, swap, None),
                     Op::Faa { remote, result, .. } => {
                         if let Addr::Wqe { .. } = remote {
                             self.find(Some(qn), Some(here), "raddr", Rule::ProtectedField, "FETCH_ADD aimed at a WQE (WQE fields are big-endian; use a counter and land its old value)".into());
@@ -992,6 +952,36 @@ impl<'a> Checker<'a> {
                     }
                     at += u64::from(s.len);
                 }
+            }
+        }
+    }
+
+    /// A CAS or masked CAS `label`: the atomic's own checks, and, aimed at a WQE, the
+    /// patch point it writes and (on a control word) that its operands are safe images.
+    #[allow(clippy::too_many_arguments)]
+    fn cas(
+        &mut self,
+        q: &redn_sys::program::Queue,
+        here: (u64, &str),
+        label: &str,
+        remote: &Addr,
+        compare: &Operand,
+        swap: &Operand,
+        result: Option<&Sge>,
+    ) {
+        self.atomic_common(q, here, remote, result, label);
+        if let Addr::Wqe {
+            label: target,
+            byte,
+        } = remote
+        {
+            let source = PatchSource::Cas {
+                label: label.to_string(),
+            };
+            self.code_write(&q.name, Some(here), "raddr", remote, 8, &source);
+            if *byte == 0 {
+                self.ctrl_operand_ok(&q.name, here, "swap", swap, target, "swap");
+                self.ctrl_operand_ok(&q.name, here, "compare", compare, target, "compare");
             }
         }
     }

@@ -5,23 +5,7 @@ mod common;
 use common::*;
 use redn_sys::nic::Nic;
 use redn_sys::softnic::Prefetch;
-use redn_sys::wqe::{WqeFlags, WrOp};
 use std::time::Duration;
-
-fn nops(n: usize) -> Vec<redn_sys::wqe::WorkRequest> {
-    (0..n)
-        .map(|i| {
-            let flags = if i + 1 == n { SIG } else { WqeFlags::NONE };
-            wr(
-                i as u64,
-                flags,
-                WrOp::Nop {
-                    raw_segments: vec![],
-                },
-            )
-        })
-        .collect()
-}
 
 /// CPU time (user + system) of this process, from /proc/self/stat, in clock ticks.
 fn cpu_ticks() -> u64 {

@@ -4,7 +4,7 @@ mod common;
 use common::*;
 use redn_sys::nic::{Nic, RateLimit};
 use redn_sys::softnic::Prefetch;
-use redn_sys::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
+use redn_sys::wqe::{Opcode, Payload, WqeFlags, WrOp};
 use std::time::{Duration, Instant};
 
 /// The tests here run one at a time, and the rate measurements wait for their completion
@@ -22,21 +22,6 @@ fn wait_one(nic: &dyn Nic, cq: redn_sys::Cqn) -> redn_sys::nic::Completion {
         std::thread::sleep(Duration::from_micros(200));
     }
     out.remove(0)
-}
-
-fn nops(n: usize) -> Vec<WorkRequest> {
-    (0..n)
-        .map(|i| {
-            let flags = if i + 1 == n { SIG } else { WqeFlags::NONE };
-            wr(
-                i as u64,
-                flags,
-                WrOp::Nop {
-                    raw_segments: vec![],
-                },
-            )
-        })
-        .collect()
 }
 
 #[test]

@@ -221,3 +221,19 @@ pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
         std::thread::yield_now();
     }
 }
+
+/// `n` NOPs, the last one signaled.
+pub fn nops(n: usize) -> Vec<WorkRequest> {
+    (0..n)
+        .map(|i| {
+            let flags = if i + 1 == n { SIG } else { WqeFlags::NONE };
+            wr(
+                i as u64,
+                flags,
+                WrOp::Nop {
+                    raw_segments: vec![],
+                },
+            )
+        })
+        .collect()
+}
