@@ -29,6 +29,7 @@
 
 use redn_sys::program::{
     Addr, Form, Iterations, Op, Operand, PatchSource, Program, QueueRole, RegionRole, Sge, Slots,
+    WqePos,
 };
 use redn_sys::wqe::{off, Opcode, SEG_SIZE};
 use redn_sys::Access;
@@ -268,29 +269,23 @@ fn allowed(opcode: u8) -> bool {
     ALLOWED_OPCODES.iter().any(|o| *o as u8 == opcode)
 }
 
-/// Where each WQE sits: label -> (queue index, BB index, queue name).
+/// Where each WQE sits, by label.
 struct Index<'p> {
     p: &'p Program,
-    at: HashMap<&'p str, (usize, u64)>,
+    at: HashMap<&'p str, WqePos>,
 }
 
 impl<'p> Index<'p> {
     fn new(p: &'p Program) -> Index<'p> {
-        let mut at = HashMap::new();
-        for (qi, q) in p.queues.iter().enumerate() {
-            let mut pos = 0;
-            for w in &q.wqes {
-                at.insert(w.label.as_str(), (qi, pos));
-                pos += w.op.bbs();
-            }
+        Index {
+            p,
+            at: p.wqe_positions(),
         }
-        Index { p, at }
     }
 
     fn wqe(&self, label: &str) -> Option<(usize, u64, &'p redn_sys::program::Wqe)> {
-        let &(qi, pos) = self.at.get(label)?;
-        let w = self.p.queues[qi].wqes.iter().find(|w| w.label == label)?;
-        Some((qi, pos, w))
+        let pos = *self.at.get(label)?;
+        Some((pos.queue, pos.bb, self.p.wqe_at(pos)?))
     }
 }
 

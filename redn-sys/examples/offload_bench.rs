@@ -1261,6 +1261,11 @@ fn native_if(count: u64) -> Duration {
             }
         }
     };
+    warm_then_time(count, run)
+}
+
+/// Run `run` on a quarter of `count` to warm up, then time it on `count`.
+fn warm_then_time(count: u64, run: impl Fn(u64)) -> Duration {
     run(count / 4);
     let t0 = Instant::now();
     run(count);
@@ -1280,10 +1285,7 @@ fn native_loop(count: u64) -> Duration {
             }
         }
     };
-    run(count / 4);
-    let t0 = Instant::now();
-    run(count);
-    t0.elapsed()
+    warm_then_time(count, run)
 }
 
 fn native_get_loop(count: u64) -> Duration {
@@ -1304,10 +1306,7 @@ fn native_get_loop(count: u64) -> Duration {
             black_box(native_get(&data, base, &dst, hkey(b), &[b]));
         }
     };
-    run(count / 4);
-    let t0 = Instant::now();
-    run(count);
-    t0.elapsed()
+    warm_then_time(count, run)
 }
 
 fn native_list_iter(count: u64) -> Duration {
@@ -1333,10 +1332,7 @@ fn native_list_iter(count: u64) -> Duration {
         }
         black_box(hits);
     };
-    run(count / 4);
-    let t0 = Instant::now();
-    run(count);
-    t0.elapsed()
+    warm_then_time(count, run)
 }
 
 fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), String> {

@@ -1,6 +1,6 @@
 //! Placing one client's instance of a program in its code region and resolving its symbols.
 
-use super::{Addr, Form, Op, Operand, Program, ProgramError, Sge, Slots, MAX_OPERAND};
+use super::{Addr, Form, Op, Operand, Program, ProgramError, Sge, Slots, WqePos, MAX_OPERAND};
 use crate::types::{Cqn, Lkey, Qpn, Rkey, VirtAddr};
 use crate::wqe::{
     self, encode_recv, encode_wqe, Payload, RemoteAddr, WorkRequest, WrOp, BB_SIZE, SEG_SIZE,
@@ -99,9 +99,8 @@ pub struct Resolver {
     pub regions: HashMap<String, Bound>,
     /// Each queue's QPN and CQN, in program order.
     pub queues: Vec<(Qpn, Cqn)>,
-    /// WQE label -> (queue, BB position, index in the queue), built once: resolving is
-    /// linear in the program's size, not quadratic.
-    positions: HashMap<String, (usize, u64, usize)>,
+    /// WQE label -> position, built once: resolving is linear in the program's size.
+    positions: HashMap<String, WqePos>,
 }
 
 impl Resolver {
@@ -113,14 +112,11 @@ impl Resolver {
         regions: HashMap<String, Bound>,
         queues: Vec<(Qpn, Cqn)>,
     ) -> Resolver {
-        let mut positions = HashMap::new();
-        for (qi, q) in program.queues.iter().enumerate() {
-            let mut at = 0;
-            for (wi, w) in q.wqes.iter().enumerate() {
-                positions.entry(w.label.clone()).or_insert((qi, at, wi));
-                at += w.op.bbs();
-            }
-        }
+        let positions = program
+            .wqe_positions()
+            .into_iter()
+            .map(|(label, pos)| (label.to_string(), pos))
+            .collect();
         Resolver {
             code,
             layout,
@@ -137,7 +133,7 @@ impl Resolver {
     ) -> Result<(usize, u64, &'p super::Wqe), ProgramError> {
         self.positions
             .get(label)
-            .and_then(|&(q, at, wi)| Some((q, at, p.queues.get(q)?.wqes.get(wi)?)))
+            .and_then(|&pos| Some((pos.queue, pos.bb, p.wqe_at(pos)?)))
             .ok_or_else(|| ProgramError::Unknown {
                 kind: "WQE label",
                 name: label.into(),

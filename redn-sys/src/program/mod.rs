@@ -30,6 +30,7 @@ pub use layout::{CodeLayout, Resolver};
 
 use crate::types::Access;
 use crate::wqe::{Opcode, WqeFlags};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 
 /// Errors of program construction and layout.
@@ -124,6 +125,17 @@ pub struct Wqe {
     pub flags: WqeFlags,
     /// Form it is posted in.
     pub form: Form,
+}
+
+/// Where a WQE sits in its program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WqePos {
+    /// Index of its queue.
+    pub queue: usize,
+    /// Its first basic block in the queue's ring.
+    pub bb: u64,
+    /// Its index among the queue's WQEs.
+    pub index: usize,
 }
 
 /// One receive template: its scatter list.
@@ -558,18 +570,25 @@ impl Program {
         self.queues.iter().enumerate().find(|(_, q)| q.name == name)
     }
 
-    /// Where WQE `label` sits: (queue index, BB index, the WQE).
-    pub fn find_wqe(&self, label: &str) -> Option<(usize, u64, &Wqe)> {
-        for (qi, q) in self.queues.iter().enumerate() {
-            let mut at = 0;
-            for w in &q.wqes {
-                if w.label == label {
-                    return Some((qi, at, w));
-                }
-                at += w.op.bbs();
+    /// Every WQE's position by label, in one pass over the program (for a label used twice,
+    /// the first one).
+    pub fn wqe_positions(&self) -> HashMap<&str, WqePos> {
+        let mut positions = HashMap::new();
+        for (queue, q) in self.queues.iter().enumerate() {
+            let mut bb = 0;
+            for (index, w) in q.wqes.iter().enumerate() {
+                positions
+                    .entry(w.label.as_str())
+                    .or_insert(WqePos { queue, bb, index });
+                bb += w.op.bbs();
             }
         }
-        None
+        positions
+    }
+
+    /// The WQE at `pos`.
+    pub fn wqe_at(&self, pos: WqePos) -> Option<&Wqe> {
+        self.queues.get(pos.queue)?.wqes.get(pos.index)
     }
 
     /// Total WQEs across queues.
