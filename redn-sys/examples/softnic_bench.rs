@@ -43,6 +43,8 @@ OPTIONS:
     --prefetch P        softnic WQE prefetch: at-execute | adversarial | depth:N | N
                         (default depth:8, the softnic default)
     --only SECTION      latency | throughput (default: both)
+    --ops LIST          throughput rows to run, comma-separated from nop, write, read,
+                        cas, faa, re-armed, post-send (default: all; for profiling one row)
     -h, --help          this text
 
 Section 1 (chain latency, paper Fig. 8): chains of N NOPs, N in 1..64, in three orders,
@@ -63,10 +65,13 @@ Section 1 (chain latency, paper Fig. 8): chains of N NOPs, N in 1..64, in three 
 
 Section 2 (throughput): batches of 1024 WQEs, last of each batch signaled, on a 4096-BB
   ring with at most 3 batches outstanding (16384 BBs / 15 when PUs + host exceed the cores
-  and the host sleeps between polls). The host re-arms pre-encoded WQEs (rewrites each ctrl
-  word's wqe_index), records the batch's wr_id and rings the doorbell; one extra row posts
-  through Nic::post_send instead (encoding included). Every completion is checked (status,
-  order, wr_id), then counters, QP state and memory contents.
+  and the host sleeps between polls). The ring is encoded once; per batch the host records
+  the batch's wr_id and rings the doorbell (the ring is recycled, as RedN's loops recycle
+  theirs: this measures the PU). Row \"re-armed\": the host also rewrites each WQE's ctrl
+  word (wqe_index) before ringing, so every ring line moves between the host's core and
+  the PU's; row \"post_send\": posts through Nic::post_send (encoding included).
+  Every completion is checked (status, order, wr_id), then counters, QP state and memory
+  contents.
   Native: the same operation by the CPU on the same buffers (64 B copy via
   SharedBuffer::read + write; atomic_update for CAS/FAA, old value stored like the NIC does).
 
@@ -83,6 +88,16 @@ const TP_RING_SHARED: u32 = 16384;
 const TP_BATCH: usize = 1024;
 const TP_REGION: usize = 4096;
 const DB_TARGET_NS: f64 = 50.0;
+/// Names of the throughput rows for `--ops`.
+const TP_OPS: [&str; 7] = [
+    "nop",
+    "write",
+    "read",
+    "cas",
+    "faa",
+    "re-armed",
+    "post-send",
+];
 const CX5_DB_NS: f64 = 540.0;
 const WRITE_TARGET_MWQES: f64 = 50.0;
 const WRITE_TARGET_SLOWDOWN: f64 = 5.0;
@@ -99,11 +114,14 @@ struct Opts {
     batches: usize,
     latency: bool,
     throughput: bool,
+    /// Throughput rows to run (`--ops`); the post_send row is `post-send`.
+    ops: Vec<String>,
 }
 
 fn parse_args() -> Opts {
     let (mut iters, mut reps, mut batches) = (None, None, None);
     let (mut latency, mut throughput) = (true, true);
+    let mut ops: Vec<String> = TP_OPS.iter().map(|s| s.to_string()).collect();
     let common = bench_common::parse_args("softnic_bench", HELP, |name, value| {
         match name {
             "--iters" => iters = Some(parse_num("--iters", value())?),
@@ -118,6 +136,19 @@ fn parse_args() -> Opts {
                     ))
                 }
             },
+            "--ops" => {
+                let v = value().ok_or("--ops needs a value")?;
+                ops = v
+                    .split(',')
+                    .map(|s| s.trim().to_ascii_lowercase())
+                    .collect();
+                if let Some(bad) = ops.iter().find(|o| !TP_OPS.contains(&o.as_str())) {
+                    return Err(format!(
+                        "--ops: '{bad}' is not one of {}",
+                        TP_OPS.join(", ")
+                    ));
+                }
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -129,6 +160,7 @@ fn parse_args() -> Opts {
         batches: batches.unwrap_or(if quick { 32 } else { 256 }),
         latency,
         throughput,
+        ops,
         common,
     }
 }
@@ -800,6 +832,17 @@ enum TOp {
 }
 
 impl TOp {
+    /// The name `--ops` knows it by.
+    fn key(self) -> &'static str {
+        match self {
+            TOp::Nop => "nop",
+            TOp::Write => "write",
+            TOp::Read => "read",
+            TOp::Cas => "cas",
+            TOp::Faa => "faa",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             TOp::Nop => "NOP",
@@ -831,7 +874,13 @@ impl TOp {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Post {
+enum Posting {
+    /// Pre-encoded ring that is never rewritten: the host only records the batch's wr_id
+    /// and rings the doorbell (the WQEs' wqe_index fields are right on the first lap only,
+    /// which the softnic, like a RedN-configured ConnectX, does not check). This is how
+    /// RedN's recycled loops run, and it measures the PU, not the host's writes into ring
+    /// lines the PU just read.
+    Recycled,
     /// Pre-encoded ring; the host rewrites each WQE's ctrl word (wqe_index) and rings.
     Rearm,
     /// `Nic::post_send` of 1024 work requests (encoding included).
@@ -902,7 +951,7 @@ struct TpQp {
     cq: Cqn,
     /// First 8 bytes (opmod, wqe_index, opcode, qpn, ds) of the pre-encoded WQEs.
     ctrl0: [u8; 8],
-    /// For `Post::PostSend`.
+    /// For `Posting::PostSend`.
     wrs: Vec<WorkRequest>,
     /// Source / remote / atomic target.
     src: Region,
@@ -924,7 +973,7 @@ impl TpQp {
         pd: Pdn,
         op: TOp,
         pu: usize,
-        post: Post,
+        post: Posting,
         ring: u32,
     ) -> Result<TpQp, String> {
         let cq = nic
@@ -948,7 +997,7 @@ impl TpQp {
         let mut ctrl0 = [0u8; 8];
         let mut wrs = Vec::new();
         match post {
-            Post::Rearm => {
+            Posting::Rearm | Posting::Recycled => {
                 for s in 0..u64::from(ring) {
                     let last = (s + 1) % TP_BATCH as u64 == 0;
                     let wr = tp_wr(op, s, &src.mr, &dst.mr, flags_if(last), 0);
@@ -966,7 +1015,7 @@ impl TpQp {
                     }
                 }
             }
-            Post::PostSend => {
+            Posting::PostSend => {
                 wrs = (0..TP_BATCH as u64)
                     .map(|s| {
                         tp_wr(
@@ -996,11 +1045,16 @@ impl TpQp {
         })
     }
 
-    fn post_batch(&mut self, nic: &SoftNic, post: Post) -> Result<(), String> {
+    fn post_batch(&mut self, nic: &SoftNic, post: Posting) -> Result<(), String> {
         let start = self.w.pi;
         let end = start + TP_BATCH as u64;
         match post {
-            Post::Rearm => {
+            Posting::Recycled => {
+                nic.note_posted(self.w.qpn, end - 1, end, self.posted)
+                    .ctx("note_posted")?;
+                nic.ring_doorbell(self.w.qpn, end).ctx("ring_doorbell")?;
+            }
+            Posting::Rearm => {
                 let mut word = self.ctrl0;
                 for idx in start..end {
                     word[1..3].copy_from_slice(&(idx as u16).to_be_bytes());
@@ -1010,7 +1064,7 @@ impl TpQp {
                     .ctx("note_posted")?;
                 nic.ring_doorbell(self.w.qpn, end).ctx("ring_doorbell")?;
             }
-            Post::PostSend => {
+            Posting::PostSend => {
                 self.wrs[TP_BATCH - 1].wr_id = self.posted;
                 let t0 = Instant::now();
                 loop {
@@ -1078,7 +1132,7 @@ fn run_stream(
     nic: &SoftNic,
     qps: &mut [TpQp],
     nb: u64,
-    post: Post,
+    post: Posting,
     mode: WaitMode,
 ) -> Result<(Duration, Vec<f64>), String> {
     let first = qps[0].posted;
@@ -1270,7 +1324,7 @@ fn tp_row(
     pd: Pdn,
     o: &Opts,
     op: TOp,
-    post: Post,
+    post: Posting,
     nqp: usize,
 ) -> Result<TpRow, String> {
     let (mode, ring) = wait_mode(o, nqp);
@@ -1321,8 +1375,9 @@ fn tp_row(
     };
     Ok(TpRow {
         label: match post {
-            Post::Rearm => op.name().to_string(),
-            Post::PostSend => format!("{} (post_send)", op.name()),
+            Posting::Recycled => op.name().to_string(),
+            Posting::Rearm => format!("{} (re-armed)", op.name()),
+            Posting::PostSend => format!("{} (post_send)", op.name()),
         },
         nqp,
         soft: median(&rates),
@@ -1369,14 +1424,21 @@ fn throughput_section(
     );
     println!("   completions (* = host sleeps, so p99 over reps instead, i.e. the slowest rep).");
     println!("   Native: one CPU thread per QP doing the same operation on the same buffers.");
-    let mut configs: Vec<(TOp, Post, usize)> = Vec::new();
-    for op in [TOp::Nop, TOp::Write, TOp::Read, TOp::Cas, TOp::Faa] {
-        configs.push((op, Post::Rearm, 1));
+    let wanted = |name: &str| o.ops.iter().any(|x| x == name);
+    let all = [TOp::Nop, TOp::Write, TOp::Read, TOp::Cas, TOp::Faa];
+    let mut configs: Vec<(TOp, Posting, usize)> = Vec::new();
+    for op in all.into_iter().filter(|op| wanted(op.key())) {
+        configs.push((op, Posting::Recycled, 1));
     }
-    configs.push((TOp::Write, Post::PostSend, 1));
+    if wanted("re-armed") {
+        configs.push((TOp::Write, Posting::Rearm, 1));
+    }
+    if wanted("post-send") {
+        configs.push((TOp::Write, Posting::PostSend, 1));
+    }
     if o.common.pus > 1 {
-        for op in [TOp::Nop, TOp::Write, TOp::Read, TOp::Cas, TOp::Faa] {
-            configs.push((op, Post::Rearm, o.common.pus));
+        for op in all.into_iter().filter(|op| wanted(op.key())) {
+            configs.push((op, Posting::Recycled, o.common.pus));
         }
     }
     println!();
@@ -1415,7 +1477,7 @@ fn throughput_section(
                     op.native_name()
                 );
                 let (soft, nat) = (r.soft, r.native);
-                if op == TOp::Write && post == Post::Rearm && nqp == 1 {
+                if op == TOp::Write && post == Posting::Recycled && nqp == 1 {
                     write1 = Some((soft, nat));
                 }
             }

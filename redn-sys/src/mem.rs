@@ -15,6 +15,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 const WORD: usize = 8;
+const WORDS_PER_LINE: usize = 8;
+
+/// One cache line of words: what heap buffers are allocated in, so they start on a line.
+#[repr(C, align(64))]
+struct Line([AtomicU64; WORDS_PER_LINE]);
 
 /// Who frees a buffer's memory.
 enum Backing {
@@ -57,11 +62,14 @@ impl fmt::Debug for SharedBuffer {
 }
 
 impl SharedBuffer {
-    /// A zeroed buffer of `len` bytes rounded up to whole words (at least one word).
+    /// A zeroed buffer of `len` bytes rounded up to whole words (at least one word), starting
+    /// on a cache line: a 64-byte WQE or payload then touches one line, not two.
     pub fn new(len: usize) -> Arc<SharedBuffer> {
         let n = len.div_ceil(WORD).max(1);
-        let words: Box<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
-        let raw = NonNull::from(Box::leak(words));
+        let lines: Box<[Line]> = (0..n.div_ceil(WORDS_PER_LINE))
+            .map(|_| Line(Default::default()))
+            .collect();
+        let raw = NonNull::from(Box::leak(lines));
         Arc::new(SharedBuffer {
             words: raw.cast(),
             len_words: n,
@@ -159,19 +167,17 @@ impl SharedBuffer {
         if dst_off % WORD == 0 && src_off % WORD == 0 {
             // Slicing checks both ranges (and panics outside them, like the asserts below).
             let n = len / WORD;
-            let mut d = &self.words()[dst_off / WORD..][..n];
-            let mut s = &src.words()[src_off / WORD..][..n];
-            // Eight words at a time: fixed-size chunks let the compiler unroll the copy.
-            while let (Some((dc, dr)), Some((sc, sr))) =
-                (d.split_first_chunk::<8>(), s.split_first_chunk::<8>())
-            {
-                for (d, s) in dc.iter().zip(sc) {
+            let d = &self.words()[dst_off / WORD..][..n];
+            let s = &src.words()[src_off / WORD..][..n];
+            // Fixed 64-byte chunks compile to straight loads and stores (a WRITE of one
+            // cache line is the common case); then the odd words.
+            let (mut dc, mut sc) = (d.chunks_exact(8), s.chunks_exact(8));
+            for (d8, s8) in (&mut dc).zip(&mut sc) {
+                for (d, s) in d8.iter().zip(s8).take(8) {
                     d.store(s.load(Ordering::Relaxed), Ordering::Relaxed);
                 }
-                d = dr;
-                s = sr;
             }
-            for (d, s) in d.iter().zip(s) {
+            for (d, s) in dc.remainder().iter().zip(sc.remainder()) {
                 d.store(s.load(Ordering::Relaxed), Ordering::Relaxed);
             }
             let tail = n * WORD;
@@ -246,7 +252,7 @@ impl SharedBuffer {
     }
 
     /// Copy a whole 64-byte basic block (8 aligned words) starting at `off` into `dst`.
-    #[inline]
+    #[inline(always)]
     pub fn read_block(&self, off: usize, dst: &mut [u8; 64]) {
         assert!(off % WORD == 0, "unaligned block");
         let words: &[AtomicU64; 8] = self.words()[off / WORD..][..8]
@@ -262,9 +268,12 @@ impl Drop for SharedBuffer {
     fn drop(&mut self) {
         match &mut self.backing {
             Backing::Heap => {
-                let slice = std::ptr::slice_from_raw_parts_mut(self.words.as_ptr(), self.len_words);
-                // SAFETY: `words`/`len_words` came from `Box::leak` of a boxed slice of exactly
-                // this length in `new`, and this is the only place it is turned back into a Box.
+                let lines = self.len_words.div_ceil(WORDS_PER_LINE);
+                let slice =
+                    std::ptr::slice_from_raw_parts_mut(self.words.as_ptr().cast::<Line>(), lines);
+                // SAFETY: `words` came from `Box::leak` of a boxed slice of exactly `lines`
+                // lines in `new` (which sized it from `len_words` the same way), and this is the
+                // only place it is turned back into a Box.
                 drop(unsafe { Box::from_raw(slice) });
             }
             Backing::Foreign(release) => {
@@ -555,7 +564,10 @@ impl KeyTable {
 #[derive(Debug, Default)]
 pub struct KeyCache {
     generation: u64,
-    entries: Vec<Arc<MemoryRegion>>,
+    /// The keys of `regions`, inline so a hit compares plain integers without following
+    /// pointers.
+    keys: [u32; KEY_CACHE_SIZE],
+    regions: Vec<Arc<MemoryRegion>>,
     next: usize,
 }
 
@@ -570,10 +582,10 @@ impl KeyCache {
     /// Resolve `key` through the cache.
     #[inline(always)]
     pub fn get(&mut self, table: &KeyTable, key: u32) -> Result<&MemoryRegion, AccessFault> {
-        let g = table.generation();
-        if g == self.generation {
-            if let Some(i) = self.entries.iter().position(|r| r.lkey.0 == key) {
-                return Ok(&self.entries[i]);
+        if table.generation() == self.generation {
+            let n = self.regions.len();
+            if let Some(i) = self.keys[..n].iter().position(|&k| k == key) {
+                return Ok(&self.regions[i]);
             }
         }
         self.miss(table, key)
@@ -584,23 +596,25 @@ impl KeyCache {
     fn miss(&mut self, table: &KeyTable, key: u32) -> Result<&MemoryRegion, AccessFault> {
         let g = table.generation();
         if g != self.generation {
-            self.entries.clear();
+            self.regions.clear();
             self.generation = g;
         }
-        if let Some(i) = self.entries.iter().position(|r| r.lkey.0 == key) {
-            return Ok(&self.entries[i]);
+        let n = self.regions.len();
+        if let Some(i) = self.keys[..n].iter().position(|&k| k == key) {
+            return Ok(&self.regions[i]);
         }
         let r = table.lookup(key)?;
-        let i = if self.entries.len() < KEY_CACHE_SIZE {
-            self.entries.push(r);
-            self.entries.len() - 1
+        let i = if n < KEY_CACHE_SIZE {
+            self.regions.push(r);
+            n
         } else {
             let i = self.next;
             self.next = (self.next + 1) % KEY_CACHE_SIZE;
-            self.entries[i] = r;
+            self.regions[i] = r;
             i
         };
-        Ok(&self.entries[i])
+        self.keys[i] = key;
+        Ok(&self.regions[i])
     }
 }
 

@@ -394,3 +394,86 @@ fn host_moving_a_queue_to_error_flushes_sends_and_receives() {
         Err(Syndrome::TransportRetryExceeded)
     );
 }
+
+/// A fault behind WQEs that ran on the executor's fast path (NOPs, one-segment WRITEs and
+/// READs posted with one doorbell): those keep their effects, counts and completions, the bad
+/// one fails with its own index and syndrome, and the rest is flushed.
+#[test]
+fn a_fault_behind_fast_path_wqes() {
+    for prefetch in [Prefetch::AtExecute, Prefetch::Depth(8), Prefetch::Adversarial] {
+        let nic = nic(1, prefetch);
+        let pd = nic.alloc_pd().unwrap();
+        let local = Guarded::new(&nic, pd, Access::ALL);
+        let remote = Guarded::new(&nic, pd, Access::ALL);
+        let ep = endpoint(&nic, pd, |_| {});
+        nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
+        local.buf.write(4096, &[7u8; 64]);
+        remote.buf.write(4096 + 1024, &[9u8; 64]);
+        let write = |id, flags, off: u64| {
+            wr(
+                id,
+                flags,
+                WrOp::Write {
+                    remote: remote.mr.remote(off),
+                    payload: sgl(local.mr.sge(0, 64)),
+                    imm: None,
+                },
+            )
+        };
+        let read = |id, flags| {
+            wr(
+                id,
+                flags,
+                WrOp::Read {
+                    remote: remote.mr.remote(1024),
+                    sgl: vec![local.mr.sge(512, 64)],
+                },
+            )
+        };
+        let nop = |id| {
+            wr(
+                id,
+                WqeFlags::NONE,
+                WrOp::Nop {
+                    raw_segments: Vec::new(),
+                },
+            )
+        };
+        let wrs = [
+            nop(1),
+            write(2, WqeFlags::NONE, 0),
+            read(3, WqeFlags::SIGNALED),
+            write(4, WqeFlags::SIGNALED, 64),
+            nop(5),
+            // One byte past the remote region's end.
+            write(6, WqeFlags::NONE, 4096 - 63),
+            write(7, WqeFlags::NONE, 128),
+        ];
+        nic.post_send(ep.qp.qpn, &wrs).unwrap();
+        let cqes = wait_cqes(&nic, ep.cq, 4);
+        let got: Vec<_> = cqes.iter().map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(
+            got,
+            [
+                (3, Ok(())),
+                (4, Ok(())),
+                (6, Err(Syndrome::RemoteAccess)),
+                (7, Err(Syndrome::WrFlush))
+            ],
+            "{prefetch:?}"
+        );
+        assert_eq!(cqes[0].byte_len, 64, "READ byte count");
+        assert_eq!(cqes[2].cqe.wqe_counter, 5, "the failed WQE's index");
+        let r = remote.region_bytes();
+        assert_eq!(&r[..128], &[7u8; 128][..], "the two WRITEs landed");
+        assert!(r[128..1024].iter().all(|&b| b == GUARD), "nothing else written");
+        assert_eq!(local.region_bytes()[512..576], [9u8; 64], "the READ landed");
+        assert!(local.guards_intact() && remote.guards_intact());
+        let c = nic.counters(ep.qp.qpn).unwrap();
+        assert_eq!(c.by_opcode(redn_sys::wqe::Opcode::Nop), 2);
+        assert_eq!(c.by_opcode(redn_sys::wqe::Opcode::RdmaWrite), 2);
+        assert_eq!(c.by_opcode(redn_sys::wqe::Opcode::RdmaRead), 1);
+        assert_eq!((c.bytes, c.errors), (192, 1));
+        assert_eq!(nic.qp_state(ep.qp.qpn).unwrap(), QpState::Error);
+    }
+}

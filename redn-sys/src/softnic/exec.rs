@@ -19,7 +19,7 @@ use crate::mem::KeyCache;
 use crate::nic::QpCounters;
 use crate::types::{Access, Cqn, Qpn, Rkey, VirtAddr};
 use crate::wqe::{
-    bbs_for_ds, off, Cqe, CqeOpcode, Opcode, RemoteAddr, Syndrome, BB_SIZE, INLINE_FLAG,
+    bbs_for_ds, off, Cqe, CqeOpcode, Opcode, RemoteAddr, Syndrome, BB_SIZE, INLINE_FLAG, MAX_DS,
     MAX_WQE_BYTES, SEG_SIZE,
 };
 use crate::QpState;
@@ -50,6 +50,10 @@ enum Step {
     /// Failed: error completion, QP to error.
     Fault(Syndrome, u64),
 }
+
+const OP_NOP: u8 = Opcode::Nop as u8;
+const OP_WRITE: u8 = Opcode::RdmaWrite as u8;
+const OP_READ: u8 = Opcode::RdmaRead as u8;
 
 #[inline]
 fn be32(b: &[u8], at: usize) -> u32 {
@@ -133,6 +137,8 @@ pub(crate) struct SqExec {
     delayed_at: u64,
     scratch: Vec<u8>,
     wqe: [u8; MAX_WQE_BYTES],
+    /// `SoftNicConfig::wqe_checks`, read once.
+    wqe_checks: bool,
 }
 
 impl SqExec {
@@ -140,6 +146,7 @@ impl SqExec {
         let entries = qp.sq.entries;
         let depth = nic.config.prefetch.depth(entries);
         let cap = (depth + crate::wqe::MAX_WQE_BBS as u64).next_power_of_two();
+        let wqe_checks = nic.config.wqe_checks;
         SqExec {
             snap: vec![[0u8; BB_SIZE]; cap as usize].into_boxed_slice(),
             depth,
@@ -160,6 +167,7 @@ impl SqExec {
             delayed_at: u64::MAX,
             scratch: Vec::new(),
             wqe: [0u8; MAX_WQE_BYTES],
+            wqe_checks,
         }
     }
 
@@ -177,7 +185,7 @@ impl SqExec {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn fetch(&mut self, index: u64) {
         let mask = self.snap.len() as u64 - 1;
         let off = self.qp.sq.entry_off(index);
@@ -216,11 +224,19 @@ impl SqExec {
         let mut limit = self.limit();
         let mut done = 0;
         let mut outcome = RunOutcome::Idle;
+        // A rate-limited queue takes the general path, which admits each WQE.
+        let fast = !self.limiter.is_active();
         while done < budget {
             if self.ci >= limit {
                 limit = self.limit();
                 if self.ci >= limit {
                     break;
+                }
+            }
+            if fast {
+                done += self.run_fast(limit, budget - done);
+                if done >= budget || self.ci >= limit {
+                    continue;
                 }
             }
             match self.step(limit) {
@@ -275,6 +291,142 @@ impl SqExec {
         self.batch_dirty = false;
     }
 
+    /// True if the control segment names this queue and this index (the check ConnectX makes
+    /// unless told otherwise; RedN's chains need it off, see `SoftNicConfig::wqe_checks`).
+    #[inline]
+    fn wqe_is_ours(&self, w: &[u8], ci: u64) -> bool {
+        be32(w, off::QPN) >> 8 == self.qp.qpn.0
+            && u16::from_be_bytes([w[off::WQE_INDEX], w[off::WQE_INDEX + 1]]) == ci as u16
+    }
+
+    /// The fast path: runs consecutive one-BB NOPs, and RDMA WRITEs and READs with one data
+    /// segment to an in-process peer, with the same fetch, checks, effects, counters and
+    /// completions as [`Self::step`]. It stops, leaving `ci` on it, at the first WQE that is
+    /// anything else or that a check refuses, so `step` runs (or faults) that one: every
+    /// error is reported by the general path. Returns how many WQEs ran.
+    ///
+    /// Why: this is most of what RedN chains and the host's data path execute, and the
+    /// general path's staging, dispatch and dynamic transport call cost more than the
+    /// operation itself (see docs/architecture.md, "Softnic fast path").
+    #[inline(never)]
+    fn run_fast(&mut self, limit: u64, budget: usize) -> usize {
+        let peer = self.peer.clone();
+        let direct = peer.as_deref().and_then(|p| p.in_process());
+        let mask = self.snap.len() as u64 - 1;
+        let pd = self.qp.pd;
+        let (mut ci, mut fetched) = (self.ci, self.fetched);
+        let mut done = 0;
+        // Counts kept in registers, moved into `batch` before a completion and at the end.
+        let (mut nops, mut writes, mut reads, mut bytes) = (0u64, 0u64, 0u64, 0u64);
+        while done < budget && ci < limit {
+            if fetched <= ci {
+                fetched = ci;
+                self.fetch(ci);
+                fetched += 1;
+            }
+            let slot = (ci & mask) as usize;
+            let ds = self.snap[slot][off::DS] & MAX_DS;
+            if usize::from(ds) * SEG_SIZE > BB_SIZE {
+                break;
+            }
+            // Prefetch exactly as `step` does: up to `depth` BBs past this one.
+            let ahead = (ci + 1 + self.depth).min(limit).min(ci + mask + 1);
+            while fetched < ahead {
+                self.fetch(fetched);
+                fetched += 1;
+            }
+            let w = &self.snap[slot];
+            if self.wqe_checks && !self.wqe_is_ours(w, ci) {
+                break;
+            }
+            let opcode = w[off::OPCODE];
+            let signaled = w[off::FM_CE_SE] & 0x0c == 0x08;
+            let (len, byte_cnt) = match opcode {
+                OP_NOP if ds >= 1 => {
+                    nops += 1;
+                    (0, 0)
+                }
+                OP_WRITE | OP_READ if ds == 3 => {
+                    let seg = 2 * SEG_SIZE;
+                    let len = be32(w, seg + off::SEG_BYTE_COUNT);
+                    let Some(peer) = direct else { break };
+                    if len & INLINE_FLAG != 0 || u64::from(len) > MAX_MESSAGE {
+                        break;
+                    }
+                    let len = u64::from(len);
+                    let lkey = be32(w, seg + off::SEG_LKEY);
+                    let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
+                    let remote = remote_of(w);
+                    if opcode == OP_WRITE {
+                        let Ok(src) = self
+                            .local_keys
+                            .get(&self.nic.keys, lkey)
+                            .and_then(|r| r.check(pd, addr, len, Access::NONE))
+                        else {
+                            break;
+                        };
+                        let Ok((_, dst)) = peer.remote_span(
+                            &mut self.remote_keys,
+                            remote,
+                            len,
+                            Access::REMOTE_WRITE,
+                        ) else {
+                            break;
+                        };
+                        dst.copy_from(&src);
+                        writes += 1;
+                        (len, 0)
+                    } else {
+                        let Ok(dst) = self
+                            .local_keys
+                            .get(&self.nic.keys, lkey)
+                            .and_then(|r| r.check(pd, addr, len, Access::LOCAL_WRITE))
+                        else {
+                            break;
+                        };
+                        let Ok((_, src)) = peer.remote_span(
+                            &mut self.remote_keys,
+                            remote,
+                            len,
+                            Access::REMOTE_READ,
+                        ) else {
+                            break;
+                        };
+                        dst.copy_from(&src);
+                        reads += 1;
+                        (len, len as u32)
+                    }
+                }
+                _ => break,
+            };
+            bytes += len;
+            if signaled {
+                self.add_fast_counts([nops, writes, reads], bytes);
+                (nops, writes, reads, bytes) = (0, 0, 0, 0);
+                self.complete(ci, opcode, byte_cnt);
+            }
+            ci += 1;
+            done += 1;
+        }
+        self.add_fast_counts([nops, writes, reads], bytes);
+        self.ci = ci;
+        self.fetched = fetched;
+        done
+    }
+
+    /// Move the fast path's counts into the batch.
+    #[inline]
+    fn add_fast_counts(&mut self, counts: [u64; 3], bytes: u64) {
+        for (op, n) in [OP_NOP, OP_WRITE, OP_READ].into_iter().zip(counts) {
+            if n != 0 {
+                self.batch.wqes[usize::from(op)] += n;
+                self.batch_ops |= 1 << op;
+                self.batch_dirty = true;
+            }
+        }
+        self.batch.bytes += bytes;
+    }
+
     /// Fetch (as far as allowed) and run the WQE at `ci`.
     #[inline]
     fn step(&mut self, limit: u64) -> Step {
@@ -311,12 +463,8 @@ impl SqExec {
         let Some(opcode) = Opcode::from_u8(opcode_byte) else {
             return Step::Fault(Syndrome::LocalQpOperation, bbs);
         };
-        if self.nic.config.wqe_checks {
-            let qpn = be32(w, off::QPN) >> 8;
-            let idx = u16::from_be_bytes([w[1], w[2]]);
-            if qpn != self.qp.qpn.0 || idx != ci as u16 {
-                return Step::Fault(Syndrome::LocalQpOperation, bbs);
-            }
+        if self.wqe_checks && !self.wqe_is_ours(w, ci) {
+            return Step::Fault(Syndrome::LocalQpOperation, bbs);
         }
         let need = match opcode {
             Opcode::Nop | Opcode::Send | Opcode::SendImm => 1,

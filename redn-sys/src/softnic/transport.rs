@@ -120,6 +120,10 @@ pub(crate) trait Transport: Send + Sync {
     fn send(&self, keys: &mut KeyCache, data: &[u8], imm: Option<u32>) -> Result<(), Nak>;
     fn read(&self, keys: &mut KeyCache, remote: RemoteAddr, out: &mut [u8]) -> Result<(), Nak>;
     fn atomic(&self, keys: &mut KeyCache, remote: RemoteAddr, op: AtomicOp) -> Result<u64, Nak>;
+    /// The in-process peer, for the executor's fast path to reach without a dynamic call.
+    fn in_process(&self) -> Option<&InProcess> {
+        None
+    }
 }
 
 /// A peer in the same process: the responder's QP and its NIC's key table.
@@ -142,7 +146,7 @@ impl InProcess {
     /// The live target and the checked window `remote`..+`len` for `need`: the responder's
     /// key, PD, bounds and rights check, in one place for every one-sided operation.
     #[inline(always)]
-    fn remote_span<'k>(
+    pub(crate) fn remote_span<'k>(
         &self,
         keys: &'k mut KeyCache,
         remote: RemoteAddr,
@@ -183,6 +187,10 @@ impl InProcess {
 }
 
 impl Transport for InProcess {
+    fn in_process(&self) -> Option<&InProcess> {
+        Some(self)
+    }
+
     #[inline]
     fn write(
         &self,
