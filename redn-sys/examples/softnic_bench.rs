@@ -43,6 +43,8 @@ OPTIONS:
     --prefetch P        softnic WQE prefetch: at-execute | adversarial | depth:N | N
                         (default depth:8, the softnic default)
     --only SECTION      latency | throughput (default: both)
+    --orders LIST       latency orders to run, comma-separated from wq, completion,
+                        doorbell (default: all)
     --ops LIST          throughput rows to run, comma-separated from nop, write, read,
                         cas, faa, re-armed, post-send (default: all; for profiling one row)
     -h, --help          this text
@@ -88,6 +90,8 @@ const TP_RING_SHARED: u32 = 16384;
 const TP_BATCH: usize = 1024;
 const TP_REGION: usize = 4096;
 const DB_TARGET_NS: f64 = 50.0;
+/// Names of the latency orders for `--orders`.
+const LAT_ORDERS: [&str; 3] = ["wq", "completion", "doorbell"];
 /// Names of the throughput rows for `--ops`.
 const TP_OPS: [&str; 7] = [
     "nop",
@@ -116,12 +120,15 @@ struct Opts {
     throughput: bool,
     /// Throughput rows to run (`--ops`); the post_send row is `post-send`.
     ops: Vec<String>,
+    /// Latency orders to run (`--orders`).
+    orders: Vec<String>,
 }
 
 fn parse_args() -> Opts {
     let (mut iters, mut reps, mut batches) = (None, None, None);
     let (mut latency, mut throughput) = (true, true);
     let mut ops: Vec<String> = TP_OPS.iter().map(|s| s.to_string()).collect();
+    let mut orders: Vec<String> = LAT_ORDERS.iter().map(|s| s.to_string()).collect();
     let common = bench_common::parse_args("softnic_bench", HELP, |name, value| {
         match name {
             "--iters" => iters = Some(parse_num("--iters", value())?),
@@ -136,19 +143,8 @@ fn parse_args() -> Opts {
                     ))
                 }
             },
-            "--ops" => {
-                let v = value().ok_or("--ops needs a value")?;
-                ops = v
-                    .split(',')
-                    .map(|s| s.trim().to_ascii_lowercase())
-                    .collect();
-                if let Some(bad) = ops.iter().find(|o| !TP_OPS.contains(&o.as_str())) {
-                    return Err(format!(
-                        "--ops: '{bad}' is not one of {}",
-                        TP_OPS.join(", ")
-                    ));
-                }
-            }
+            "--ops" => ops = parse_list("--ops", value(), &TP_OPS)?,
+            "--orders" => orders = parse_list("--orders", value(), &LAT_ORDERS)?,
             _ => return Ok(false),
         }
         Ok(true)
@@ -161,7 +157,24 @@ fn parse_args() -> Opts {
         latency,
         throughput,
         ops,
+        orders,
         common,
+    }
+}
+
+/// A comma-separated list of names from `known`.
+fn parse_list(name: &str, v: Option<String>, known: &[&str]) -> Result<Vec<String>, String> {
+    let v = v.ok_or_else(|| format!("{name} needs a value"))?;
+    let list: Vec<String> = v
+        .split(',')
+        .map(|s| s.trim().to_ascii_lowercase())
+        .collect();
+    match list.iter().find(|o| !known.contains(&o.as_str())) {
+        Some(bad) => Err(format!(
+            "{name}: '{bad}' is not one of {}",
+            known.join(", ")
+        )),
+        None => Ok(list),
     }
 }
 
@@ -656,6 +669,13 @@ fn latency_section(
             ),
         ));
     }
+
+    let key = |k: Chain| match k {
+        Chain::Wq => "wq",
+        Chain::Cq => "completion",
+        Chain::Db => "doorbell",
+    };
+    kinds.retain(|(k, ..)| o.orders.iter().any(|x| x == key(*k)));
 
     let native_samples = (o.iters / 10).clamp(30, 400);
     let mut slopes: Vec<Slope> = Vec::new();

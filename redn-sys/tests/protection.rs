@@ -400,7 +400,11 @@ fn host_moving_a_queue_to_error_flushes_sends_and_receives() {
 /// one fails with its own index and syndrome, and the rest is flushed.
 #[test]
 fn a_fault_behind_fast_path_wqes() {
-    for prefetch in [Prefetch::AtExecute, Prefetch::Depth(8), Prefetch::Adversarial] {
+    for prefetch in [
+        Prefetch::AtExecute,
+        Prefetch::Depth(8),
+        Prefetch::Adversarial,
+    ] {
         let nic = nic(1, prefetch);
         let pd = nic.alloc_pd().unwrap();
         let local = Guarded::new(&nic, pd, Access::ALL);
@@ -466,7 +470,10 @@ fn a_fault_behind_fast_path_wqes() {
         assert_eq!(cqes[2].cqe.wqe_counter, 5, "the failed WQE's index");
         let r = remote.region_bytes();
         assert_eq!(&r[..128], &[7u8; 128][..], "the two WRITEs landed");
-        assert!(r[128..1024].iter().all(|&b| b == GUARD), "nothing else written");
+        assert!(
+            r[128..1024].iter().all(|&b| b == GUARD),
+            "nothing else written"
+        );
         assert_eq!(local.region_bytes()[512..576], [9u8; 64], "the READ landed");
         assert!(local.guards_intact() && remote.guards_intact());
         let c = nic.counters(ep.qp.qpn).unwrap();

@@ -54,6 +54,9 @@ enum Step {
 const OP_NOP: u8 = Opcode::Nop as u8;
 const OP_WRITE: u8 = Opcode::RdmaWrite as u8;
 const OP_READ: u8 = Opcode::RdmaRead as u8;
+const OP_WAIT: u8 = Opcode::Wait as u8;
+const OP_SEND_EN: u8 = Opcode::SendEn as u8;
+const OP_RECV_EN: u8 = Opcode::RecvEn as u8;
 
 #[inline]
 fn be32(b: &[u8], at: usize) -> u32 {
@@ -234,7 +237,11 @@ impl SqExec {
                 }
             }
             if fast {
-                done += self.run_fast(limit, budget - done);
+                let (n, blocked) = self.run_fast(limit, budget - done);
+                done += n;
+                if blocked {
+                    break;
+                }
                 if done >= budget || self.ci >= limit {
                     continue;
                 }
@@ -299,23 +306,26 @@ impl SqExec {
             && u16::from_be_bytes([w[off::WQE_INDEX], w[off::WQE_INDEX + 1]]) == ci as u16
     }
 
-    /// The fast path: runs consecutive one-BB NOPs, and RDMA WRITEs and READs with one data
-    /// segment to an in-process peer, with the same fetch, checks, effects, counters and
-    /// completions as [`Self::step`]. It stops, leaving `ci` on it, at the first WQE that is
-    /// anything else or that a check refuses, so `step` runs (or faults) that one: every
-    /// error is reported by the general path. Returns how many WQEs ran.
+    /// The fast path: runs consecutive one-BB NOPs, WAITs, SEND_ENs, RECV_ENs, and RDMA
+    /// WRITEs and READs with one data segment to an in-process peer, with the same fetch,
+    /// checks, effects, counters and completions as [`Self::step`]. It stops, leaving `ci` on
+    /// it, at the first WQE that is anything else or that a check refuses, so `step` runs (or
+    /// faults) that one: every error is reported by the general path. Returns how many WQEs
+    /// ran, and true if it stopped at a WAIT whose count is not reached.
     ///
     /// Why: this is most of what RedN chains and the host's data path execute, and the
     /// general path's staging, dispatch and dynamic transport call cost more than the
     /// operation itself (see docs/architecture.md, "Softnic fast path").
     #[inline(never)]
-    fn run_fast(&mut self, limit: u64, budget: usize) -> usize {
-        let peer = self.peer.clone();
+    fn run_fast(&mut self, limit: u64, budget: usize) -> (usize, bool) {
+        // Moved out for the loop (no reference count traffic) and put back at the end.
+        let peer = self.peer.take();
         let direct = peer.as_deref().and_then(|p| p.in_process());
         let mask = self.snap.len() as u64 - 1;
         let pd = self.qp.pd;
         let (mut ci, mut fetched) = (self.ci, self.fetched);
         let mut done = 0;
+        let mut blocked = false;
         // Counts kept in registers, moved into `batch` before a completion and at the end.
         let (mut nops, mut writes, mut reads, mut bytes) = (0u64, 0u64, 0u64, 0u64);
         while done < budget && ci < limit {
@@ -397,6 +407,29 @@ impl SqExec {
                         (len, len as u32)
                     }
                 }
+                OP_WAIT | OP_SEND_EN | OP_RECV_EN if ds >= 2 => {
+                    let obj = be32(w, off::WAIT_OBJ);
+                    let pi = be32(w, off::WAIT_PI);
+                    if opcode == OP_WAIT {
+                        match self.wait(ci, Cqn(obj), pi) {
+                            Ok(true) => {}
+                            Ok(false) => {
+                                blocked = true;
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    } else {
+                        let target = Qpn(obj & crate::types::MAX_QPN);
+                        if self.enable(opcode == OP_SEND_EN, target, pi).is_err() {
+                            break;
+                        }
+                    }
+                    self.batch.wqes[usize::from(opcode)] += 1;
+                    self.batch_ops |= 1 << opcode;
+                    self.batch_dirty = true;
+                    (0, 0)
+                }
                 _ => break,
             };
             bytes += len;
@@ -411,7 +444,8 @@ impl SqExec {
         self.add_fast_counts([nops, writes, reads], bytes);
         self.ci = ci;
         self.fetched = fetched;
-        done
+        self.peer = peer;
+        (done, blocked)
     }
 
     /// Move the fast path's counts into the batch.
@@ -782,11 +816,17 @@ impl SqExec {
     fn op_wait(&mut self, ci: u64) -> Result<bool, Fail> {
         let cqn = Cqn(be32(&self.wqe, off::WAIT_OBJ));
         let pi = be32(&self.wqe, off::WAIT_PI);
+        self.wait(ci, cqn, pi)
+    }
+
+    /// WAIT(cqn, pi) at `ci`: true if the CQ has produced more than `pi` completions; if not,
+    /// registers this PU to be told of the next one and counts the stall (once per WQE).
+    #[inline]
+    fn wait(&mut self, ci: u64, cqn: Cqn, pi: u32) -> Result<bool, Fail> {
         let pu = self.qp.pu;
-        let nic = Arc::clone(&self.nic);
         let cq = self
             .objs
-            .cq(&nic, cqn)
+            .cq(&self.nic, cqn)
             .ok_or(Fail::Syndrome(Syndrome::LocalQpOperation))?;
         let passed = |produced: u64| (produced as u32).wrapping_sub(pi) as i32 > 0;
         if passed(cq.produced()) {
@@ -807,12 +847,18 @@ impl SqExec {
     fn op_enable(&mut self, opcode: Opcode) -> Result<u64, Fail> {
         let target = Qpn(be32(&self.wqe, off::WAIT_OBJ) & crate::types::MAX_QPN);
         let pi = be32(&self.wqe, off::WAIT_PI);
-        let nic = Arc::clone(&self.nic);
+        self.enable(opcode == Opcode::SendEn, target, pi)
+    }
+
+    /// SEND_EN (`send`) or RECV_EN: move the managed queue's enabled index to `pi` (it only
+    /// moves forward) and wake whoever runs it.
+    #[inline]
+    fn enable(&mut self, send: bool, target: Qpn, pi: u32) -> Result<u64, Fail> {
         let t = self
             .objs
-            .qp(&nic, target)
+            .qp(&self.nic, target)
             .ok_or(Fail::Syndrome(Syndrome::LocalQpOperation))?;
-        if opcode == Opcode::SendEn {
+        if send {
             if !t.managed_send {
                 return Err(Fail::Syndrome(Syndrome::LocalQpOperation));
             }
