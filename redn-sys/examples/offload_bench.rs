@@ -63,7 +63,7 @@ Setup: a server softnic (--pus PUs) runs the offloads; a client softnic (1 PU) h
   holds the hash table, the list and the values; the client has a 256 KiB region whose first
   64 KiB receive the responses. Installing (program::install) is never timed: bounded
   programs are installed with a few invocations and reinstalled when used up (the install
-  cost grows with the square of the program size; see the table at the end);
+  cost grows with the program size; see the table at the end);
   list-find-break serves one lookup per installation, so it gets one per lookup.
   Triggers are encoded into the client's send ring before the clock starts; the clock starts
   at the client's doorbell and stops when the host sees the last response's completion on
@@ -2359,8 +2359,7 @@ fn main() {
     }
     println!();
     println!("== Installation cost (never inside a timed region) ==");
-    println!("   program::install (layout, render, queues, ring writes); render looks labels up linearly,");
-    println!("   so the cost grows with the square of the program's WQE count.");
+    println!("   program::install (layout, render, queues, ring writes): grows with the program's WQE count.");
     println!(
         "   {:<18} {:>7} {:>9} {:>10}",
         "program", "WQEs", "installs", "mean ms"

@@ -1,14 +1,15 @@
 //! Processing units: worker threads that run queues. Each queue belongs to one PU, so a queue's
 //! WQEs run in order while queues on different PUs run in parallel.
 //!
-//! Wake-ups dominate latency (design §3), so an idle PU spins for a short while before it
+//! Wake-ups dominate latency (design §3), so an idle PU spins for a short while (busy only
+//! while the process's PUs leave a core free, yielding between polls otherwise) before it
 //! parks; anything that may unblock one of its queues (a doorbell, a SEND_EN, a completion a
 //! WAIT is counting, a receive a SEND was waiting for) bumps its event counter and unparks it.
 
 use super::exec::{RunOutcome, SqExec};
 use super::qp::QpShared;
 use super::Shared;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -17,8 +18,47 @@ use std::time::{Duration, Instant};
 const SPIN: Duration = Duration::from_micros(50);
 /// For how much of that it busy-spins before it starts yielding the CPU between polls
 /// (a yield costs ~1 µs on our VMs, so short gaps are better spun through; long ones are
-/// better yielded, because PUs, apps and pollers often outnumber cores).
+/// better yielded, because PUs, apps and pollers often outnumber cores). Only while the PU
+/// threads of the process leave a core for the application: otherwise a spinning PU holds
+/// the core that the thread with the work (a peer's PU, the host) is waiting for, and each
+/// hand-off costs the whole spin (measured: a one-bucket hash GET across two softnics on 2
+/// cores took 10-13 µs with the spin, 5-7 µs without).
 const BUSY: Duration = Duration::from_micros(5);
+
+/// PU threads running in this process, over all softnic instances.
+static LIVE_PUS: AtomicUsize = AtomicUsize::new(0);
+
+/// The cores this process may use (read once).
+fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// How long an idle PU busy-spins now: [`BUSY`] if the PUs and one application thread fit
+/// the cores, else not at all.
+fn busy_spin() -> Duration {
+    if LIVE_PUS.load(Ordering::Relaxed) < cores() {
+        BUSY
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// Counts a PU thread in [`LIVE_PUS`] for as long as it lives.
+struct LivePu;
+
+impl LivePu {
+    fn enter() -> LivePu {
+        LIVE_PUS.fetch_add(1, Ordering::Relaxed);
+        LivePu
+    }
+}
+
+impl Drop for LivePu {
+    fn drop(&mut self) {
+        LIVE_PUS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 thread_local! {
     /// The PU this thread is (set set, index), so a PU does not notify itself: it rescans
@@ -98,6 +138,7 @@ impl PuSet {
 /// Body of PU thread `index`. Holds only a weak reference to the NIC so that dropping the last
 /// handle shuts the PUs down.
 pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
+    let _live = LivePu::enter();
     let me = &pus.pus[index];
     let _ = me.thread.set(std::thread::current());
     CURRENT.with(|c| c.set((&*pus as *const PuSet as usize, index)));
@@ -143,7 +184,7 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
         }
         let since = *idle_since.get_or_insert(now);
         let idle = now.duration_since(since);
-        if idle < BUSY {
+        if idle < busy_spin() {
             std::hint::spin_loop();
             continue;
         }
