@@ -13,7 +13,7 @@
 use super::cq::CqShared;
 use super::qp::QpShared;
 use super::rate::Limiter;
-use super::transport::{AtomicOp, Nak, Transport};
+use super::transport::{AtomicOp, InProcess, Nak, Transport};
 use super::Shared;
 use crate::mem::KeyCache;
 use crate::nic::QpCounters;
@@ -142,6 +142,8 @@ pub(crate) struct SqExec {
     wqe: [u8; MAX_WQE_BYTES],
     /// `SoftNicConfig::wqe_checks`, read once.
     wqe_checks: bool,
+    /// `peer` when it is in this process, for the fast path to reach without a dynamic call.
+    direct: Option<Arc<InProcess>>,
 }
 
 impl SqExec {
@@ -171,6 +173,7 @@ impl SqExec {
             scratch: Vec::new(),
             wqe: [0u8; MAX_WQE_BYTES],
             wqe_checks,
+            direct: None,
         }
     }
 
@@ -218,6 +221,7 @@ impl SqExec {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
+            self.direct = self.peer.clone().and_then(|p| p.in_process_arc());
         }
         let g = self.qp.rate_generation.load(Ordering::Acquire);
         if g != self.rate_generation {
@@ -306,12 +310,13 @@ impl SqExec {
             && u16::from_be_bytes([w[off::WQE_INDEX], w[off::WQE_INDEX + 1]]) == ci as u16
     }
 
-    /// The fast path: runs consecutive one-BB NOPs, WAITs, SEND_ENs, RECV_ENs, and RDMA
-    /// WRITEs and READs with one data segment to an in-process peer, with the same fetch,
-    /// checks, effects, counters and completions as [`Self::step`]. It stops, leaving `ci` on
-    /// it, at the first WQE that is anything else or that a check refuses, so `step` runs (or
-    /// faults) that one: every error is reported by the general path. Returns how many WQEs
-    /// ran, and true if it stopped at a WAIT whose count is not reached.
+    /// The fast path: runs consecutive one-BB WQEs with the same fetch, prefetch, checks,
+    /// effects, counters and completions as [`Self::step`]. NOPs, WAITs, SEND_ENs, RECV_ENs,
+    /// and RDMA WRITEs and READs with one data segment to an in-process peer run inline; any
+    /// other one-BB WQE, and any of those that a check refuses, goes through
+    /// [`Self::execute`] (so every error is produced in one place). It stops at the first
+    /// multi-BB WQE, leaving it to `step`. Returns how many WQEs ran (or failed), and true if
+    /// the queue cannot go on now (a WAIT not reached, a receiver not ready, a fault).
     ///
     /// Why: this is most of what RedN chains and the host's data path execute, and the
     /// general path's staging, dispatch and dynamic transport call cost more than the
@@ -319,14 +324,14 @@ impl SqExec {
     #[inline(never)]
     fn run_fast(&mut self, limit: u64, budget: usize) -> (usize, bool) {
         // Moved out for the loop (no reference count traffic) and put back at the end.
-        let peer = self.peer.take();
-        let direct = peer.as_deref().and_then(|p| p.in_process());
+        let direct_peer = self.direct.take();
+        let direct = direct_peer.as_deref();
         let mask = self.snap.len() as u64 - 1;
         let pd = self.qp.pd;
         let (mut ci, mut fetched) = (self.ci, self.fetched);
         let mut done = 0;
-        let mut blocked = false;
-        // Counts kept in registers, moved into `batch` before a completion and at the end.
+        let mut stop = false;
+        // Counts kept in registers, moved into `batch` before anything that publishes it.
         let (mut nops, mut writes, mut reads, mut bytes) = (0u64, 0u64, 0u64, 0u64);
         while done < budget && ci < limit {
             if fetched <= ci {
@@ -346,97 +351,104 @@ impl SqExec {
                 fetched += 1;
             }
             let w = &self.snap[slot];
-            if self.wqe_checks && !self.wqe_is_ours(w, ci) {
-                break;
-            }
             let opcode = w[off::OPCODE];
             let signaled = w[off::FM_CE_SE] & 0x0c == 0x08;
-            let (len, byte_cnt) = match opcode {
+            let checked = !self.wqe_checks || self.wqe_is_ours(w, ci);
+            // Some((payload bytes, CQE byte count)) if it ran inline; None: `execute` runs it.
+            let inline: Option<(u64, u32)> = match opcode {
+                _ if !checked => None,
                 OP_NOP if ds >= 1 => {
                     nops += 1;
-                    (0, 0)
+                    Some((0, 0))
                 }
-                OP_WRITE | OP_READ if ds == 3 => {
+                OP_WRITE | OP_READ if ds == 3 => (|| {
                     let seg = 2 * SEG_SIZE;
                     let len = be32(w, seg + off::SEG_BYTE_COUNT);
-                    let Some(peer) = direct else { break };
+                    let peer = direct?;
                     if len & INLINE_FLAG != 0 || u64::from(len) > MAX_MESSAGE {
-                        break;
+                        return None;
                     }
                     let len = u64::from(len);
                     let lkey = be32(w, seg + off::SEG_LKEY);
                     let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
                     let remote = remote_of(w);
+                    let keys = &self.nic.keys;
                     if opcode == OP_WRITE {
-                        let Ok(src) = self
-                            .local_keys
-                            .get(&self.nic.keys, lkey)
-                            .and_then(|r| r.check(pd, addr, len, Access::NONE))
-                        else {
-                            break;
-                        };
-                        let Ok((_, dst)) = peer.remote_span(
-                            &mut self.remote_keys,
-                            remote,
-                            len,
-                            Access::REMOTE_WRITE,
-                        ) else {
-                            break;
-                        };
+                        let src = self.local_keys.get(keys, lkey).ok()?;
+                        let src = src.check(pd, addr, len, Access::NONE).ok()?;
+                        let (_, dst) = peer
+                            .remote_span(&mut self.remote_keys, remote, len, Access::REMOTE_WRITE)
+                            .ok()?;
                         dst.copy_from(&src);
                         writes += 1;
-                        (len, 0)
+                        Some((len, 0))
                     } else {
-                        let Ok(dst) = self
-                            .local_keys
-                            .get(&self.nic.keys, lkey)
-                            .and_then(|r| r.check(pd, addr, len, Access::LOCAL_WRITE))
-                        else {
-                            break;
-                        };
-                        let Ok((_, src)) = peer.remote_span(
-                            &mut self.remote_keys,
-                            remote,
-                            len,
-                            Access::REMOTE_READ,
-                        ) else {
-                            break;
-                        };
+                        let dst = self.local_keys.get(keys, lkey).ok()?;
+                        let dst = dst.check(pd, addr, len, Access::LOCAL_WRITE).ok()?;
+                        let (_, src) = peer
+                            .remote_span(&mut self.remote_keys, remote, len, Access::REMOTE_READ)
+                            .ok()?;
                         dst.copy_from(&src);
                         reads += 1;
-                        (len, len as u32)
+                        Some((len, len as u32))
                     }
-                }
+                })(),
                 OP_WAIT | OP_SEND_EN | OP_RECV_EN if ds >= 2 => {
                     let obj = be32(w, off::WAIT_OBJ);
                     let pi = be32(w, off::WAIT_PI);
-                    if opcode == OP_WAIT {
+                    let ran = if opcode == OP_WAIT {
                         match self.wait(ci, Cqn(obj), pi) {
-                            Ok(true) => {}
+                            Ok(true) => true,
                             Ok(false) => {
-                                blocked = true;
+                                stop = true;
                                 break;
                             }
-                            Err(_) => break,
+                            Err(_) => false,
                         }
                     } else {
                         let target = Qpn(obj & crate::types::MAX_QPN);
-                        if self.enable(opcode == OP_SEND_EN, target, pi).is_err() {
+                        self.enable(opcode == OP_SEND_EN, target, pi).is_ok()
+                    };
+                    ran.then(|| {
+                        self.batch.wqes[usize::from(opcode)] += 1;
+                        self.batch_ops |= 1 << opcode;
+                        self.batch_dirty = true;
+                        (0, 0)
+                    })
+                }
+                _ => None,
+            };
+            match inline {
+                Some((len, byte_cnt)) => {
+                    bytes += len;
+                    if signaled {
+                        self.add_fast_counts([nops, writes, reads], bytes);
+                        (nops, writes, reads, bytes) = (0, 0, 0, 0);
+                        self.complete(ci, opcode, byte_cnt);
+                    }
+                }
+                None => {
+                    // The general path's decoder, checks and operations, on this WQE.
+                    self.add_fast_counts([nops, writes, reads], bytes);
+                    (nops, writes, reads, bytes) = (0, 0, 0, 0);
+                    let w = self.snap[slot];
+                    self.wqe[..BB_SIZE].copy_from_slice(&w);
+                    match self.execute(ci, 1) {
+                        Step::Done(_) => {}
+                        Step::Blocked => {
+                            stop = true;
                             break;
                         }
+                        // Only a rate-limited queue is retried, and those do not come here.
+                        Step::Retry(_) => break,
+                        Step::Fault(syndrome, bbs) => {
+                            (self.ci, self.fetched) = (ci, fetched);
+                            self.direct = direct_peer;
+                            self.fault(syndrome, bbs);
+                            return (done + 1, true);
+                        }
                     }
-                    self.batch.wqes[usize::from(opcode)] += 1;
-                    self.batch_ops |= 1 << opcode;
-                    self.batch_dirty = true;
-                    (0, 0)
                 }
-                _ => break,
-            };
-            bytes += len;
-            if signaled {
-                self.add_fast_counts([nops, writes, reads], bytes);
-                (nops, writes, reads, bytes) = (0, 0, 0, 0);
-                self.complete(ci, opcode, byte_cnt);
             }
             ci += 1;
             done += 1;
@@ -444,8 +456,8 @@ impl SqExec {
         self.add_fast_counts([nops, writes, reads], bytes);
         self.ci = ci;
         self.fetched = fetched;
-        self.peer = peer;
-        (done, blocked)
+        self.direct = direct_peer;
+        (done, stop)
     }
 
     /// Move the fast path's counts into the batch.

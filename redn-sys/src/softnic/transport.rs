@@ -121,7 +121,7 @@ pub(crate) trait Transport: Send + Sync {
     fn read(&self, keys: &mut KeyCache, remote: RemoteAddr, out: &mut [u8]) -> Result<(), Nak>;
     fn atomic(&self, keys: &mut KeyCache, remote: RemoteAddr, op: AtomicOp) -> Result<u64, Nak>;
     /// The in-process peer, for the executor's fast path to reach without a dynamic call.
-    fn in_process(&self) -> Option<&InProcess> {
+    fn in_process_arc(self: Arc<Self>) -> Option<Arc<InProcess>> {
         None
     }
 }
@@ -187,7 +187,7 @@ impl InProcess {
 }
 
 impl Transport for InProcess {
-    fn in_process(&self) -> Option<&InProcess> {
+    fn in_process_arc(self: Arc<Self>) -> Option<Arc<InProcess>> {
         Some(self)
     }
 
