@@ -74,8 +74,9 @@ Section 2 (throughput): batches of 1024 WQEs, last of each batch signaled, on a 
   the PU's; row \"post_send\": posts through Nic::post_send (encoding included).
   Every completion is checked (status, order, wr_id), then counters, QP state and memory
   contents.
-  Native: the same operation by the CPU on the same buffers (64 B copy via
-  SharedBuffer::read + write; atomic_update for CAS/FAA, old value stored like the NIC does).
+  Native: the same operation by the CPU on the same buffers (64 B copy with
+  SharedBuffer::copy_from, word by word as the softnic copies; atomic_update for CAS/FAA,
+  old value stored like the NIC does).
 
 Slowdown columns are softnic time / native time (> 1 means the softnic is slower).
 ";
@@ -886,7 +887,7 @@ impl TOp {
     fn native_name(self) -> &'static str {
         match self {
             TOp::Nop => "64 B WQE load (read_block)",
-            TOp::Write | TOp::Read => "64 B copy (read + write)",
+            TOp::Write | TOp::Read => "64 B copy (copy_from)",
             TOp::Cas => "atomic_update CAS + store old",
             TOp::Faa => "atomic_update FAA + store old",
         }
@@ -1200,9 +1201,7 @@ fn native_worker(op: TOp, q: &TpQp, count: usize) -> (Instant, Instant, Vec<f64>
         }),
         TOp::Write | TOp::Read => native_chunks(count, |s| {
             let off = slot_data_off(s) as usize;
-            let mut t = [0u8; 64];
-            src.read(off, &mut t);
-            dst.write(off, black_box(&t));
+            dst.copy_from(off, src, black_box(off), 64);
         }),
         TOp::Cas => native_chunks(count, |s| {
             let off = slot_data_off(s) as usize;
@@ -1233,26 +1232,6 @@ fn native_run(op: TOp, qps: &[TpQp], count: usize) -> (f64, Vec<f64>) {
     let end = results.iter().map(|r| r.1).max().expect("threads");
     let iv = results.into_iter().flat_map(|r| r.2).collect();
     ((count * qps.len()) as f64 / (end - start).as_secs_f64(), iv)
-}
-
-/// Rate (copies/s) of a 64 B copy through `read_block` (8 whole words) + `write`: what the
-/// CPU achieves without `SharedBuffer::read`'s per-word variable-length copies.
-fn block_copy_rate(count: usize, reps: usize) -> f64 {
-    let (src, dst) = (SharedBuffer::new(TP_REGION), SharedBuffer::new(TP_REGION));
-    let mut rates = Vec::new();
-    for r in 0..=reps {
-        let t0 = Instant::now();
-        for s in 0..count as u64 {
-            let off = slot_data_off(black_box(s)) as usize;
-            let mut b = [0u8; 64];
-            src.read_block(off, &mut b);
-            dst.write(off, black_box(&b));
-        }
-        if r > 0 {
-            rates.push(count as f64 / t0.elapsed().as_secs_f64());
-        }
-    }
-    median(&rates)
 }
 
 struct TpRow {
@@ -1522,17 +1501,6 @@ fn throughput_section(
             "   target: 64 B WRITE within {WRITE_TARGET_SLOWDOWN:.0}× of the native 64 B copy: {:.1}×: {}",
             nat / soft,
             verdict(nat / soft <= WRITE_TARGET_SLOWDOWN)
-        );
-        let fast = block_copy_rate(o.batches.max(4) * TP_BATCH, o.reps);
-        println!(
-            "   context: SharedBuffer::read (used by the native copy above and by the softnic's \
-             WRITE/READ data path)"
-        );
-        println!(
-            "   is the slow half of that copy; a 64 B copy via read_block + write runs at {:.2} M/s \
-             ({:.1}× the softnic WRITE).",
-            fast / 1e6,
-            fast / soft
         );
     }
     Ok(())

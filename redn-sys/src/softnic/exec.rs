@@ -424,7 +424,7 @@ impl SqExec {
                     if signaled {
                         self.add_fast_counts([nops, writes, reads], bytes);
                         (nops, writes, reads, bytes) = (0, 0, 0, 0);
-                        self.complete(ci, opcode, byte_cnt);
+                        self.complete(ci, 1, opcode, byte_cnt);
                     }
                 }
                 None => {
@@ -569,7 +569,7 @@ impl SqExec {
                         o if o.is_atomic() => 8,
                         _ => 0,
                     };
-                    self.complete(ci, opcode_byte, byte_cnt);
+                    self.complete(ci, bbs, opcode_byte, byte_cnt);
                 }
                 Step::Done(bbs)
             }
@@ -582,22 +582,41 @@ impl SqExec {
         }
     }
 
-    fn complete(&mut self, ci: u64, opcode: u8, byte_cnt: u32) {
-        // Whoever sees the completion must see the WQE counted.
+    /// Completion for the WQE of `bbs` BBs at `ci`.
+    fn complete(&mut self, ci: u64, bbs: u64, opcode: u8, byte_cnt: u32) {
+        // Whoever sees the completion must see the WQE counted, and its ring space free (a
+        // host reuses the slots of completed WQEs at once).
         self.flush_counters();
+        self.retire(ci, ci + bbs, CqeOpcode::Req, opcode, byte_cnt, 0);
+    }
+
+    /// Publish that the ring is consumed up to `next` and push the send CQE of the WQE at
+    /// `ci`, in that order: a host that sees the completion may reuse the slots at once. The
+    /// wr_id is read first, before the host can overwrite it.
+    fn retire(
+        &self,
+        ci: u64,
+        next: u64,
+        opcode: CqeOpcode,
+        send_opcode: u8,
+        byte_cnt: u32,
+        syndrome: u8,
+    ) {
+        let wr_id = self.wr_id(ci);
+        self.qp.consumed.store(next, Ordering::Release);
         self.qp.send_cq.push(
             Cqe {
-                opcode: CqeOpcode::Req,
+                opcode,
                 qpn: self.qp.qpn,
-                send_opcode: opcode,
+                send_opcode,
                 wqe_counter: ci as u16,
                 byte_cnt,
                 imm: 0,
-                syndrome: 0,
+                syndrome,
                 vendor_syndrome: 0,
                 owner: false,
             },
-            self.wr_id(ci),
+            wr_id,
         );
     }
 
@@ -894,23 +913,17 @@ impl SqExec {
         let ci = self.ci;
         self.batch.errors += 1;
         self.batch_dirty = true;
-        self.qp.send_cq.push(
-            Cqe {
-                opcode: CqeOpcode::ReqErr,
-                qpn: self.qp.qpn,
-                send_opcode: self.wqe[off::OPCODE],
-                wqe_counter: ci as u16,
-                byte_cnt: 0,
-                imm: 0,
-                syndrome: syndrome as u8,
-                vendor_syndrome: 0,
-                owner: false,
-            },
-            self.wr_id(ci),
+        // Counters first: whoever sees the error completion or state sees the error counted.
+        self.flush_counters();
+        self.retire(
+            ci,
+            ci + bbs,
+            CqeOpcode::ReqErr,
+            self.wqe[off::OPCODE],
+            0,
+            syndrome as u8,
         );
         self.ci += bbs;
-        // Counters first: whoever sees the error state must also see the error counted.
-        self.flush_counters();
         self.qp.enter_error();
         self.flush();
     }
@@ -926,27 +939,18 @@ impl SqExec {
         while self.ci < end {
             let ci = self.ci;
             self.qp.sq.buffer.read(self.qp.sq.entry_off(ci), &mut ctrl);
-            self.qp.send_cq.push(
-                Cqe {
-                    opcode: CqeOpcode::ReqErr,
-                    qpn: self.qp.qpn,
-                    send_opcode: ctrl[off::OPCODE],
-                    wqe_counter: ci as u16,
-                    byte_cnt: 0,
-                    imm: 0,
-                    syndrome: Syndrome::WrFlush as u8,
-                    vendor_syndrome: 0,
-                    owner: false,
-                },
-                self.wr_id(ci),
-            );
             self.ci += bbs_for_ds(ctrl[off::DS]) as u64;
+            self.retire(
+                ci,
+                self.ci,
+                CqeOpcode::ReqErr,
+                ctrl[off::OPCODE],
+                0,
+                Syndrome::WrFlush as u8,
+            );
             any = true;
         }
         self.fetched = self.ci;
-        if any {
-            self.qp.consumed.store(self.ci, Ordering::Release);
-        }
         any
     }
 }
