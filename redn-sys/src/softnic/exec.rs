@@ -11,7 +11,7 @@
 //!   satisfied here (ConnectX needs it; programs must still set it, the verifier checks that).
 
 use super::cq::CqShared;
-use super::qp::QpShared;
+use super::qp::{QpShared, Ring};
 use super::rate::Limiter;
 use super::transport::{AtomicOp, InProcess, Nak, Transport};
 use super::Shared;
@@ -144,6 +144,8 @@ pub(crate) struct SqExec {
     wqe_checks: bool,
     /// `peer` when it is in this process, for the fast path to reach without a dynamic call.
     direct: Option<Arc<InProcess>>,
+    /// The send ring's geometry, copied out of `qp` so a fetch follows no pointers to find it.
+    ring: Ring,
 }
 
 impl SqExec {
@@ -152,6 +154,7 @@ impl SqExec {
         let depth = nic.config.prefetch.depth(entries);
         let cap = (depth + crate::wqe::MAX_WQE_BBS as u64).next_power_of_two();
         let wqe_checks = nic.config.wqe_checks;
+        let ring = qp.sq.clone();
         SqExec {
             snap: vec![[0u8; BB_SIZE]; cap as usize].into_boxed_slice(),
             depth,
@@ -174,6 +177,7 @@ impl SqExec {
             wqe: [0u8; MAX_WQE_BYTES],
             wqe_checks,
             direct: None,
+            ring,
         }
     }
 
@@ -194,9 +198,8 @@ impl SqExec {
     #[inline(always)]
     fn fetch(&mut self, index: u64) {
         let mask = self.snap.len() as u64 - 1;
-        let off = self.qp.sq.entry_off(index);
-        self.qp
-            .sq
+        let off = self.ring.entry_off(index);
+        self.ring
             .buffer
             .read_block(off, &mut self.snap[(index & mask) as usize]);
     }
@@ -373,21 +376,26 @@ impl SqExec {
                     let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
                     let remote = remote_of(w);
                     let keys = &self.nic.keys;
+                    let local = self.local_keys.get(keys, lkey).ok()?;
                     if opcode == OP_WRITE {
-                        let src = self.local_keys.get(keys, lkey).ok()?;
-                        let src = src.check(pd, addr, len, Access::NONE).ok()?;
-                        let (_, dst) = peer
-                            .remote_span(&mut self.remote_keys, remote, len, Access::REMOTE_WRITE)
-                            .ok()?;
+                        let src = local.window(pd, addr, len, Access::NONE)?;
+                        let dst = peer.remote_window(
+                            &mut self.remote_keys,
+                            remote,
+                            len,
+                            Access::REMOTE_WRITE,
+                        )?;
                         dst.copy_from(&src);
                         writes += 1;
                         Some((len, 0))
                     } else {
-                        let dst = self.local_keys.get(keys, lkey).ok()?;
-                        let dst = dst.check(pd, addr, len, Access::LOCAL_WRITE).ok()?;
-                        let (_, src) = peer
-                            .remote_span(&mut self.remote_keys, remote, len, Access::REMOTE_READ)
-                            .ok()?;
+                        let dst = local.window(pd, addr, len, Access::LOCAL_WRITE)?;
+                        let src = peer.remote_window(
+                            &mut self.remote_keys,
+                            remote,
+                            len,
+                            Access::REMOTE_READ,
+                        )?;
                         dst.copy_from(&src);
                         reads += 1;
                         Some((len, len as u32))

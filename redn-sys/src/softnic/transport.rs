@@ -161,6 +161,22 @@ impl InProcess {
         Ok((t, span))
     }
 
+    /// As [`Self::remote_span`], without saying why not: the executor's fast path leaves
+    /// refused requests to the general path, which reports them.
+    #[inline(always)]
+    pub(crate) fn remote_window<'k>(
+        &self,
+        keys: &'k mut KeyCache,
+        remote: RemoteAddr,
+        len: u64,
+        need: Access,
+    ) -> Option<Span<'k>> {
+        let t = self.live().ok()?;
+        keys.get(&self.keys, remote.rkey.0)
+            .ok()?
+            .window(t.pd, remote.addr, len, need)
+    }
+
     /// Place a WRITE's `len` bytes with `put`. WRITE_IMM consumes a receive first, so an RNR
     /// leaves memory untouched; its data goes to the RDMA address, so the receive needs no
     /// room for it.
