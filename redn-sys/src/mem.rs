@@ -668,14 +668,25 @@ mod tests {
 
     #[test]
     fn copy_between_buffers_at_any_alignment() {
-        let a = SharedBuffer::new(64);
-        let b = SharedBuffer::new(64);
-        let data: Vec<u8> = (1..=40).collect();
+        let a = SharedBuffer::new(192);
+        let b = SharedBuffer::new(192);
+        let data: Vec<u8> = (1..=192).map(|i| i as u8).collect();
         a.write(0, &data);
-        for (d, s, n) in [(0, 0, 40), (8, 0, 19), (3, 5, 30), (16, 1, 7)] {
-            b.write(0, &[0u8; 64]);
+        // Whole aligned lines (the one-line fast path, also at other offsets), whole words,
+        // and every kind of misalignment.
+        for (d, s, n) in [
+            (0, 0, 64),
+            (64, 128, 64),
+            (8, 16, 64),
+            (0, 0, 40),
+            (8, 0, 19),
+            (3, 5, 30),
+            (16, 1, 7),
+            (1, 0, 64),
+        ] {
+            b.write(0, &[0u8; 192]);
             b.copy_from(d, &a, s, n);
-            let mut out = vec![0u8; 64];
+            let mut out = vec![0u8; 192];
             b.read(0, &mut out);
             assert_eq!(&out[d..d + n], &data[s..s + n], "{d} {s} {n}");
             assert!(out[..d].iter().all(|&x| x == 0) && out[d + n..].iter().all(|&x| x == 0));
