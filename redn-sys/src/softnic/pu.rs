@@ -2,7 +2,7 @@
 //! WQEs run in order while queues on different PUs run in parallel.
 //!
 //! Wake-ups dominate latency (design §3), so an idle PU spins for a short while (busy only
-//! while the process's PUs leave a core free, yielding between polls otherwise) before it
+//! while the process's PUs fit its cores, yielding between polls otherwise) before it
 //! parks; anything that may unblock one of its queues (a doorbell, a SEND_EN, a completion a
 //! WAIT is counting, a receive a SEND was waiting for) bumps its event counter and unparks it.
 
@@ -18,11 +18,12 @@ use std::time::{Duration, Instant};
 const SPIN: Duration = Duration::from_micros(50);
 /// For how much of that it busy-spins before it starts yielding the CPU between polls
 /// (a yield costs ~1 µs on our VMs, so short gaps are better spun through; long ones are
-/// better yielded, because PUs, apps and pollers often outnumber cores). Only while the PU
-/// threads of the process leave a core for the application: otherwise a spinning PU holds
-/// the core that the thread with the work (a peer's PU, the host) is waiting for, and each
-/// hand-off costs the whole spin (measured: a one-bucket hash GET across two softnics on 2
-/// cores took 10-13 µs with the spin, 5-7 µs without).
+/// better yielded, because PUs, apps and pollers often outnumber cores). Only while every PU
+/// thread of the process can have a core: with more PUs than cores a spinning PU holds the
+/// core that the PU with the work is waiting for, and each hand-off costs the whole spin
+/// (measured on 2 cores: a one-bucket hash GET across two softnics, 3 PUs, took 10-13 µs
+/// with the spin and 7-8 µs without; a chain handing off between 2 PUs took 1-1.5 µs per
+/// step with the spin and 5 µs without, so PUs == cores keeps it).
 const BUSY: Duration = Duration::from_micros(5);
 
 /// PU threads running in this process, over all softnic instances.
@@ -34,10 +35,10 @@ fn cores() -> usize {
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// How long an idle PU busy-spins now: [`BUSY`] if the PUs and one application thread fit
-/// the cores, else not at all.
+/// How long an idle PU busy-spins now: [`BUSY`] if the process's PUs fit the cores, else
+/// not at all.
 fn busy_spin() -> Duration {
-    if LIVE_PUS.load(Ordering::Relaxed) < cores() {
+    if LIVE_PUS.load(Ordering::Relaxed) <= cores() {
         BUSY
     } else {
         Duration::ZERO
