@@ -51,6 +51,14 @@ enum Step {
     Fault(Syndrome, u64),
 }
 
+/// Snapshot ring slot `index` into its place in `snap` (a power-of-two ring of BBs).
+#[inline(always)]
+fn fetch_block(ring: &Ring, snap: &mut [[u8; BB_SIZE]], index: u64) {
+    let mask = snap.len() as u64 - 1;
+    ring.buffer
+        .read_block(ring.entry_off(index), &mut snap[(index & mask) as usize]);
+}
+
 const OP_NOP: u8 = Opcode::Nop as u8;
 const OP_WRITE: u8 = Opcode::RdmaWrite as u8;
 const OP_READ: u8 = Opcode::RdmaRead as u8;
@@ -197,11 +205,7 @@ impl SqExec {
 
     #[inline(always)]
     fn fetch(&mut self, index: u64) {
-        let mask = self.snap.len() as u64 - 1;
-        let off = self.ring.entry_off(index);
-        self.ring
-            .buffer
-            .read_block(off, &mut self.snap[(index & mask) as usize]);
+        fetch_block(&self.ring, &mut self.snap, index);
     }
 
     /// Run up to `budget` WQEs.
@@ -329,7 +333,9 @@ impl SqExec {
         // Moved out for the loop (no reference count traffic) and put back at the end.
         let direct_peer = self.direct.take();
         let direct = direct_peer.as_deref();
-        let mask = self.snap.len() as u64 - 1;
+        // The snapshots too: the loop then keeps their address in a register.
+        let mut snap = std::mem::take(&mut self.snap);
+        let mask = snap.len() as u64 - 1;
         let pd = self.qp.pd;
         let (mut ci, mut fetched) = (self.ci, self.fetched);
         let mut done = 0;
@@ -339,21 +345,21 @@ impl SqExec {
         while done < budget && ci < limit {
             if fetched <= ci {
                 fetched = ci;
-                self.fetch(ci);
+                fetch_block(&self.ring, &mut snap, ci);
                 fetched += 1;
             }
             let slot = (ci & mask) as usize;
-            let ds = self.snap[slot][off::DS] & MAX_DS;
+            let ds = snap[slot][off::DS] & MAX_DS;
             if usize::from(ds) * SEG_SIZE > BB_SIZE {
                 break;
             }
             // Prefetch exactly as `step` does: up to `depth` BBs past this one.
             let ahead = (ci + 1 + self.depth).min(limit).min(ci + mask + 1);
             while fetched < ahead {
-                self.fetch(fetched);
+                fetch_block(&self.ring, &mut snap, fetched);
                 fetched += 1;
             }
-            let w = &self.snap[slot];
+            let w = &snap[slot];
             let opcode = w[off::OPCODE];
             let signaled = w[off::FM_CE_SE] & 0x0c == 0x08;
             let checked = !self.wqe_checks || self.wqe_is_ours(w, ci);
@@ -439,7 +445,7 @@ impl SqExec {
                     // The general path's decoder, checks and operations, on this WQE.
                     self.add_fast_counts([nops, writes, reads], bytes);
                     (nops, writes, reads, bytes) = (0, 0, 0, 0);
-                    let w = self.snap[slot];
+                    let w = snap[slot];
                     self.wqe[..BB_SIZE].copy_from_slice(&w);
                     match self.execute(ci, 1) {
                         Step::Done(_) => {}
@@ -452,6 +458,7 @@ impl SqExec {
                         Step::Fault(syndrome, bbs) => {
                             (self.ci, self.fetched) = (ci, fetched);
                             self.direct = direct_peer;
+                            self.snap = snap;
                             self.fault(syndrome, bbs);
                             return (done + 1, true);
                         }
@@ -465,6 +472,7 @@ impl SqExec {
         self.ci = ci;
         self.fetched = fetched;
         self.direct = direct_peer;
+        self.snap = snap;
         (done, stop)
     }
 
