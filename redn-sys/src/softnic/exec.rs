@@ -88,6 +88,7 @@ struct ObjCache {
 }
 
 impl ObjCache {
+    #[inline(always)]
     fn sync(&mut self, nic: &Shared) {
         let g = nic.objects_generation();
         if g != self.generation {
@@ -97,6 +98,7 @@ impl ObjCache {
         }
     }
 
+    #[inline(always)]
     fn qp(&mut self, nic: &Shared, qpn: Qpn) -> Option<&Arc<QpShared>> {
         self.sync(nic);
         if let Some(i) = self.qps.iter().position(|q| q.qpn == qpn) {
@@ -110,6 +112,7 @@ impl ObjCache {
         self.qps.last()
     }
 
+    #[inline(always)]
     fn cq(&mut self, nic: &Shared, cqn: Cqn) -> Option<&Arc<CqShared>> {
         self.sync(nic);
         if let Some(i) = self.cqs.iter().position(|c| c.cqn == cqn) {
@@ -479,6 +482,9 @@ impl SqExec {
     /// Move the fast path's counts into the batch.
     #[inline]
     fn add_fast_counts(&mut self, counts: [u64; 3], bytes: u64) {
+        if counts == [0; 3] {
+            return;
+        }
         for (op, n) in [OP_NOP, OP_WRITE, OP_READ].into_iter().zip(counts) {
             if n != 0 {
                 self.batch.wqes[usize::from(op)] += n;
@@ -868,7 +874,7 @@ impl SqExec {
 
     /// WAIT(cqn, pi) at `ci`: true if the CQ has produced more than `pi` completions; if not,
     /// registers this PU to be told of the next one and counts the stall (once per WQE).
-    #[inline]
+    #[inline(always)]
     fn wait(&mut self, ci: u64, cqn: Cqn, pi: u32) -> Result<bool, Fail> {
         let pu = self.qp.pu;
         let cq = self
@@ -899,7 +905,7 @@ impl SqExec {
 
     /// SEND_EN (`send`) or RECV_EN: move the managed queue's enabled index to `pi` (it only
     /// moves forward) and wake whoever runs it.
-    #[inline]
+    #[inline(always)]
     fn enable(&mut self, send: bool, target: Qpn, pi: u32) -> Result<u64, Fail> {
         let t = self
             .objs
