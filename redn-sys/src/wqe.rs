@@ -1101,21 +1101,28 @@ impl Cqe {
     /// Encode into the 64-byte mlx5 layout (`struct mlx5_cqe64` / `struct mlx5_err_cqe`).
     pub fn encode(&self) -> [u8; CQE_SIZE] {
         let mut b = [0u8; CQE_SIZE];
+        self.encode_into(&mut b);
+        b
+    }
+
+    /// Encode into `b` in place (every byte is written: the fields, zeros elsewhere).
+    #[inline]
+    pub fn encode_into(&self, b: &mut [u8; CQE_SIZE]) {
+        *b = [0u8; CQE_SIZE];
         if self.opcode.is_error() {
             b[54] = self.vendor_syndrome;
             b[55] = self.syndrome;
         } else {
-            put32(&mut b, 36, self.imm);
-            put32(&mut b, 44, self.byte_cnt);
+            put32(b, 36, self.imm);
+            put32(b, 44, self.byte_cnt);
         }
         put32(
-            &mut b,
+            b,
             56,
             (u32::from(self.send_opcode) << 24) | (self.qpn.0 & MAX_QPN),
         );
-        put16(&mut b, 60, self.wqe_counter);
+        put16(b, 60, self.wqe_counter);
         b[63] = ((self.opcode as u8) << 4) | u8::from(self.owner);
-        b
     }
 
     /// Decode 64 bytes; `None` if the opcode nibble is unknown.

@@ -90,8 +90,10 @@ impl CqShared {
                 }
             }
             let slot = (r.produced & (self.depth - 1)) as usize;
-            cqe.owner = (r.produced / self.depth) & 1 == 1;
-            r.cqes[slot] = cqe.encode();
+            // The owner bit flips each pass over the ring (depth is a power of two, so this
+            // is bit log2(depth) of the count: no division on the hot path).
+            cqe.owner = r.produced & self.depth != 0;
+            cqe.encode_into(&mut r.cqes[slot]);
             r.wr_ids[slot] = wr_id;
             r.produced += 1;
             self.produced.0.store(total, Ordering::SeqCst);
