@@ -63,6 +63,10 @@ const OP_NOP: u8 = Opcode::Nop as u8;
 const OP_WRITE: u8 = Opcode::RdmaWrite as u8;
 const OP_READ: u8 = Opcode::RdmaRead as u8;
 const OP_WAIT: u8 = Opcode::Wait as u8;
+const OP_CAS: u8 = Opcode::AtomicCs as u8;
+const OP_FAA: u8 = Opcode::AtomicFa as u8;
+const OP_MASKED_CAS: u8 = Opcode::AtomicMaskedCs as u8;
+const OP_MASKED_FAA: u8 = Opcode::AtomicMaskedFa as u8;
 const OP_SEND_EN: u8 = Opcode::SendEn as u8;
 const OP_RECV_EN: u8 = Opcode::RecvEn as u8;
 
@@ -322,7 +326,8 @@ impl SqExec {
 
     /// The fast path: runs consecutive one-BB WQEs with the same fetch, prefetch, checks,
     /// effects, counters and completions as [`Self::step`]. NOPs, WAITs, SEND_ENs, RECV_ENs,
-    /// and RDMA WRITEs and READs with one data segment to an in-process peer run inline; any
+    /// and RDMA WRITEs and READs with one data segment and atomics to an in-process peer run
+    /// inline; any
     /// other one-BB WQE, and any of those that a check refuses, goes through
     /// [`Self::execute`] (so every error is produced in one place). It stops at the first
     /// multi-BB WQE, leaving it to `step`. Returns how many WQEs ran (or failed), and true if
@@ -410,6 +415,37 @@ impl SqExec {
                         Some((len, len as u32))
                     }
                 })(),
+                OP_CAS | OP_FAA | OP_MASKED_CAS | OP_MASKED_FAA
+                    if ds >= if opcode == OP_MASKED_CAS { 4 } else { 3 } =>
+                {
+                    (|| {
+                        let peer = direct?;
+                        let op = Opcode::from_u8(opcode)?;
+                        let (atomic, result_seg) = atomic_of(w, op);
+                        // The result's local window is checked before the remote atomic, as
+                        // the general path does, so a refusal leaves the target untouched.
+                        let result = if usize::from(ds) > result_seg {
+                            let seg = result_seg * SEG_SIZE;
+                            let lkey = be32(w, seg + off::SEG_LKEY);
+                            let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
+                            let region = self.local_keys.get(&self.nic.keys, lkey).ok()?;
+                            Some(region.window(pd, addr, 8, Access::LOCAL_WRITE)?)
+                        } else {
+                            None
+                        };
+                        let old = peer
+                            .atomic(&mut self.remote_keys, remote_of(w), atomic)
+                            .ok()?;
+                        if let Some(r) = result {
+                            // ConnectX returns the old value big-endian (ATOMIC_BE_REPLY).
+                            r.write(&old.to_be_bytes());
+                        }
+                        self.batch.wqes[usize::from(opcode)] += 1;
+                        self.batch_ops |= 1 << opcode;
+                        self.batch_dirty = true;
+                        Some((8, 8))
+                    })()
+                }
                 OP_WAIT | OP_SEND_EN | OP_RECV_EN if ds >= 2 => {
                     let obj = be32(w, off::WAIT_OBJ);
                     let pi = be32(w, off::WAIT_PI);
@@ -482,7 +518,7 @@ impl SqExec {
     /// Move the fast path's counts into the batch.
     #[inline]
     fn add_fast_counts(&mut self, counts: [u64; 3], bytes: u64) {
-        if counts == [0; 3] {
+        if counts == [0; 3] && bytes == 0 {
             return;
         }
         for (op, n) in [OP_NOP, OP_WRITE, OP_READ].into_iter().zip(counts) {
@@ -814,39 +850,8 @@ impl SqExec {
     }
 
     fn op_atomic(&mut self, opcode: Opcode, ds: usize) -> Result<u64, Fail> {
-        let w = &self.wqe;
-        let remote = remote_of(w);
-        let (op, result_seg) = match opcode {
-            Opcode::AtomicCs => (
-                AtomicOp::CompareSwap {
-                    swap: be64(w, off::SWAP_ADD),
-                    compare: be64(w, off::COMPARE),
-                },
-                3,
-            ),
-            Opcode::AtomicFa => (
-                AtomicOp::FetchAdd {
-                    add: be64(w, off::SWAP_ADD),
-                },
-                3,
-            ),
-            Opcode::AtomicMaskedCs => (
-                AtomicOp::MaskedCompareSwap {
-                    swap: be64(w, 32),
-                    compare: be64(w, 40),
-                    swap_mask: be64(w, 48),
-                    compare_mask: be64(w, 56),
-                },
-                4,
-            ),
-            _ => (
-                AtomicOp::MaskedFetchAdd {
-                    add: be64(w, 32),
-                    field_boundary: be64(w, 40),
-                },
-                3,
-            ),
-        };
+        let remote = remote_of(&self.wqe);
+        let (op, result_seg) = atomic_of(&self.wqe, opcode);
         let result = (ds > result_seg).then_some(result_seg * SEG_SIZE);
         if let Some(seg) = result {
             self.check_local_write(seg, 8)?;
@@ -998,6 +1003,43 @@ fn remote_of(w: &[u8]) -> RemoteAddr {
     RemoteAddr {
         addr: VirtAddr(be64(w, off::RADDR)),
         rkey: Rkey(be32(w, off::RKEY)),
+    }
+}
+
+/// The atomic a WQE asks for (operands big-endian at mlx5's offsets) and the data segment
+/// that receives the old value, if `ds` reaches it.
+#[inline]
+fn atomic_of(w: &[u8], opcode: Opcode) -> (AtomicOp, usize) {
+    match opcode {
+        Opcode::AtomicCs => (
+            AtomicOp::CompareSwap {
+                swap: be64(w, off::SWAP_ADD),
+                compare: be64(w, off::COMPARE),
+            },
+            3,
+        ),
+        Opcode::AtomicFa => (
+            AtomicOp::FetchAdd {
+                add: be64(w, off::SWAP_ADD),
+            },
+            3,
+        ),
+        Opcode::AtomicMaskedCs => (
+            AtomicOp::MaskedCompareSwap {
+                swap: be64(w, 32),
+                compare: be64(w, 40),
+                swap_mask: be64(w, 48),
+                compare_mask: be64(w, 56),
+            },
+            4,
+        ),
+        _ => (
+            AtomicOp::MaskedFetchAdd {
+                add: be64(w, 32),
+                field_boundary: be64(w, 40),
+            },
+            3,
+        ),
     }
 }
 
