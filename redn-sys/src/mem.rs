@@ -183,15 +183,7 @@ impl SharedBuffer {
             let n = len / WORD;
             let d = &self.words()[dst_off / WORD..][..n];
             let s = &src.words()[src_off / WORD..][..n];
-            // Fixed 64-byte chunks compile to straight loads and stores (a WRITE of one
-            // cache line is the common case); then the odd words.
-            let (mut dc, mut sc) = (d.chunks_exact(8), s.chunks_exact(8));
-            for (d8, s8) in (&mut dc).zip(&mut sc) {
-                for (d, s) in d8.iter().zip(s8).take(8) {
-                    d.store(s.load(Ordering::Relaxed), Ordering::Relaxed);
-                }
-            }
-            for (d, s) in dc.remainder().iter().zip(sc.remainder()) {
+            for (d, s) in d.iter().zip(s) {
                 d.store(s.load(Ordering::Relaxed), Ordering::Relaxed);
             }
             let tail = n * WORD;

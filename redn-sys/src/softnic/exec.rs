@@ -159,8 +159,6 @@ pub(crate) struct SqExec {
     wqe_checks: bool,
     /// `peer` when it is in this process, for the fast path to reach without a dynamic call.
     direct: Option<Arc<InProcess>>,
-    /// The send ring's geometry, copied out of `qp` so a fetch follows no pointers to find it.
-    ring: Ring,
 }
 
 impl SqExec {
@@ -169,7 +167,6 @@ impl SqExec {
         let depth = nic.config.prefetch.depth(entries);
         let cap = (depth + crate::wqe::MAX_WQE_BBS as u64).next_power_of_two();
         let wqe_checks = nic.config.wqe_checks;
-        let ring = qp.sq.clone();
         SqExec {
             snap: vec![[0u8; BB_SIZE]; cap as usize].into_boxed_slice(),
             depth,
@@ -192,7 +189,6 @@ impl SqExec {
             wqe: [0u8; MAX_WQE_BYTES],
             wqe_checks,
             direct: None,
-            ring,
         }
     }
 
@@ -212,7 +208,7 @@ impl SqExec {
 
     #[inline(always)]
     fn fetch(&mut self, index: u64) {
-        fetch_block(&self.ring, &mut self.snap, index);
+        fetch_block(&self.qp.sq, &mut self.snap, index);
     }
 
     /// Run up to `budget` WQEs.
@@ -353,7 +349,7 @@ impl SqExec {
         while done < budget && ci < limit {
             if fetched <= ci {
                 fetched = ci;
-                fetch_block(&self.ring, &mut snap, ci);
+                fetch_block(&self.qp.sq, &mut snap, ci);
                 fetched += 1;
             }
             let slot = (ci & mask) as usize;
@@ -364,7 +360,7 @@ impl SqExec {
             // Prefetch exactly as `step` does: up to `depth` BBs past this one.
             let ahead = (ci + 1 + self.depth).min(limit).min(ci + mask + 1);
             while fetched < ahead {
-                fetch_block(&self.ring, &mut snap, fetched);
+                fetch_block(&self.qp.sq, &mut snap, fetched);
                 fetched += 1;
             }
             let w = &snap[slot];
@@ -389,28 +385,22 @@ impl SqExec {
                     let lkey = be32(w, seg + off::SEG_LKEY);
                     let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
                     let remote = remote_of(w);
-                    let keys = &self.nic.keys;
-                    let local = self.local_keys.get(keys, lkey).ok()?;
-                    if opcode == OP_WRITE {
-                        let src = local.window(pd, addr, len, Access::NONE)?;
-                        let dst = peer.remote_window(
-                            &mut self.remote_keys,
-                            remote,
-                            len,
-                            Access::REMOTE_WRITE,
-                        )?;
-                        dst.copy_from(&src);
+                    let write = opcode == OP_WRITE;
+                    let (local_need, remote_need) = if write {
+                        (Access::NONE, Access::REMOTE_WRITE)
+                    } else {
+                        (Access::LOCAL_WRITE, Access::REMOTE_READ)
+                    };
+                    let local = self.local_keys.get(&self.nic.keys, lkey).ok()?;
+                    let local = local.window(pd, addr, len, local_need)?;
+                    let far =
+                        peer.remote_window(&mut self.remote_keys, remote, len, remote_need)?;
+                    if write {
+                        far.copy_from(&local);
                         writes += 1;
                         Some((len, 0))
                     } else {
-                        let dst = local.window(pd, addr, len, Access::LOCAL_WRITE)?;
-                        let src = peer.remote_window(
-                            &mut self.remote_keys,
-                            remote,
-                            len,
-                            Access::REMOTE_READ,
-                        )?;
-                        dst.copy_from(&src);
+                        local.copy_from(&far);
                         reads += 1;
                         Some((len, len as u32))
                     }
@@ -440,9 +430,7 @@ impl SqExec {
                             // ConnectX returns the old value big-endian (ATOMIC_BE_REPLY).
                             r.write(&old.to_be_bytes());
                         }
-                        self.batch.wqes[usize::from(opcode)] += 1;
-                        self.batch_ops |= 1 << opcode;
-                        self.batch_dirty = true;
+                        self.count_wqes(opcode, 1);
                         Some((8, 8))
                     })()
                 }
@@ -463,9 +451,7 @@ impl SqExec {
                         self.enable(opcode == OP_SEND_EN, target, pi).is_ok()
                     };
                     ran.then(|| {
-                        self.batch.wqes[usize::from(opcode)] += 1;
-                        self.batch_ops |= 1 << opcode;
-                        self.batch_dirty = true;
+                        self.count_wqes(opcode, 1);
                         (0, 0)
                     })
                 }
@@ -523,12 +509,19 @@ impl SqExec {
         }
         for (op, n) in [OP_NOP, OP_WRITE, OP_READ].into_iter().zip(counts) {
             if n != 0 {
-                self.batch.wqes[usize::from(op)] += n;
-                self.batch_ops |= 1 << op;
-                self.batch_dirty = true;
+                self.count_wqes(op, n);
             }
         }
         self.batch.bytes += bytes;
+    }
+
+    /// Count `n` WQEs of `opcode` in the batch.
+    #[inline(always)]
+    fn count_wqes(&mut self, opcode: u8, n: u64) {
+        let op = opcode & 31;
+        self.batch.wqes[usize::from(op)] += n;
+        self.batch_ops |= 1 << op;
+        self.batch_dirty = true;
     }
 
     /// Fetch (as far as allowed) and run the WQE at `ci`.
@@ -617,9 +610,7 @@ impl SqExec {
         };
         match result {
             Ok(bytes) => {
-                self.batch.wqes[opcode_byte as usize & 31] += 1;
-                self.batch_ops |= 1 << (opcode_byte & 31);
-                self.batch_dirty = true;
+                self.count_wqes(opcode_byte, 1);
                 self.batch.bytes += bytes;
                 if flags & 0x0c == 0x08 {
                     let byte_cnt = match opcode {

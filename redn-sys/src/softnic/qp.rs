@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// A ring in shared memory.
-#[derive(Clone)]
 pub(crate) struct Ring {
     pub(crate) buffer: Arc<SharedBuffer>,
     pub(crate) offset: usize,
