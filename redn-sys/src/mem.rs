@@ -118,7 +118,7 @@ impl SharedBuffer {
     }
 
     #[inline]
-    fn words(&self) -> &[AtomicU64] {
+    pub(crate) fn words(&self) -> &[AtomicU64] {
         // SAFETY: `words` is aligned and valid for `len_words` atomics for as long as the
         // buffer lives (the constructors' invariants); all access through the slice is atomic.
         unsafe { std::slice::from_raw_parts(self.words.as_ptr(), self.len_words) }

@@ -11,19 +11,18 @@
 //!   satisfied here (ConnectX needs it; programs must still set it, the verifier checks that).
 
 use super::cq::CqShared;
-use super::qp::{QpShared, Ring};
+use super::qp::{bump, QpShared, Ring};
 use super::rate::Limiter;
 use super::transport::{AtomicOp, InProcess, Nak, Transport};
 use super::Shared;
-use crate::mem::KeyCache;
-use crate::nic::QpCounters;
-use crate::types::{Access, Cqn, Qpn, Rkey, VirtAddr};
+use crate::mem::{KeyCache, SharedBuffer};
+use crate::types::{Access, Cqn, Pdn, Qpn, Rkey, VirtAddr};
 use crate::wqe::{
     bbs_for_ds, off, Cqe, CqeOpcode, Opcode, RemoteAddr, Syndrome, BB_SIZE, INLINE_FLAG, MAX_DS,
     MAX_WQE_BYTES, SEG_SIZE,
 };
 use crate::QpState;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -51,12 +50,99 @@ enum Step {
     Fault(Syndrome, u64),
 }
 
-/// Snapshot ring slot `index` into its place in `snap` (a power-of-two ring of BBs).
+/// Reads WQEs out of the send ring into prefetch snapshots: the ring's words, where its slot 0
+/// starts, the snapshots and how far fetching has got. Kept apart from the rest of
+/// [`Core`] so the fast path can hold it while it calls the executor's other methods.
+struct Fetcher {
+    ring: Arc<SharedBuffer>,
+    /// Word index of slot 0 in `ring`; a slot is one BB (8 words).
+    base: usize,
+    /// Ring entries - 1.
+    ring_mask: u64,
+    /// Snapshots, a power-of-two ring of BBs with room for `depth` plus the largest WQE.
+    snap: Box<[[u8; BB_SIZE]]>,
+    snap_mask: u64,
+    /// BBs below this have been fetched into `snap`.
+    fetched: u64,
+    /// How many BBs past the current WQE may be fetched early.
+    depth: u64,
+}
+
+impl Fetcher {
+    fn new(ring: &Ring, depth: u64) -> Fetcher {
+        // `SoftNic::alloc_ring` places send rings on a BB boundary inside their buffer, with
+        // one BB per slot; fetching relies on both.
+        debug_assert!(ring.stride == BB_SIZE && ring.offset % BB_SIZE == 0);
+        let cap = (depth + crate::wqe::MAX_WQE_BBS as u64).next_power_of_two();
+        Fetcher {
+            ring: Arc::clone(&ring.buffer),
+            base: ring.offset / 8,
+            ring_mask: ring.entries - 1,
+            snap: vec![[0u8; BB_SIZE]; cap as usize].into_boxed_slice(),
+            snap_mask: cap - 1,
+            fetched: 0,
+            depth,
+        }
+    }
+
+    #[inline(always)]
+    fn fetch(&mut self, index: u64) {
+        let (base, ring_mask, snap_mask) = (self.base, self.ring_mask, self.snap_mask);
+        fetch_into(
+            self.ring.words(),
+            base,
+            ring_mask,
+            &mut self.snap,
+            snap_mask,
+            index,
+        );
+    }
+
+    /// Fetch the BB at `ci` if it is not yet.
+    #[inline(always)]
+    fn fetch_current(&mut self, ci: u64) {
+        if self.fetched <= ci {
+            self.fetched = ci;
+            self.fetch(ci);
+            self.fetched = ci + 1;
+        }
+    }
+
+    /// Fetch through `end` and prefetch up to `depth` BBs past it, not past `limit`. The
+    /// snapshot ring has room for that: `depth` plus the largest WQE.
+    #[inline(always)]
+    fn fetch_ahead(&mut self, end: u64, limit: u64) {
+        let ahead = (end + self.depth).min(limit).max(end);
+        while self.fetched < ahead {
+            self.fetch(self.fetched);
+            self.fetched += 1;
+        }
+    }
+
+    #[inline(always)]
+    fn block(&self, index: u64) -> &[u8; BB_SIZE] {
+        &self.snap[(index & self.snap_mask) as usize]
+    }
+}
+
+/// Snapshot ring slot `index` (slot 0 at word `base` of `words`) into its place in `snap`: a
+/// shift and a mask to find it, eight atomic loads (the host and RDMA operations may write
+/// the ring meanwhile).
 #[inline(always)]
-fn fetch_block(ring: &Ring, snap: &mut [[u8; BB_SIZE]], index: u64) {
-    let mask = snap.len() as u64 - 1;
-    ring.buffer
-        .read_block(ring.entry_off(index), &mut snap[(index & mask) as usize]);
+fn fetch_into(
+    words: &[AtomicU64],
+    base: usize,
+    ring_mask: u64,
+    snap: &mut [[u8; BB_SIZE]],
+    snap_mask: u64,
+    index: u64,
+) {
+    let at = base + (index & ring_mask) as usize * 8;
+    let src = &words[at..at + 8];
+    let dst = &mut snap[(index & snap_mask) as usize];
+    for (d, w) in dst.chunks_exact_mut(8).zip(src) {
+        d.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+    }
 }
 
 const OP_NOP: u8 = Opcode::Nop as u8;
@@ -132,25 +218,41 @@ impl ObjCache {
 }
 
 pub(crate) struct SqExec {
+    core: Core,
+    fetcher: Fetcher,
+}
+
+impl SqExec {
+    pub(crate) fn new(qp: Arc<QpShared>, nic: Arc<Shared>) -> SqExec {
+        let depth = nic.config.prefetch.depth(qp.sq.entries);
+        SqExec {
+            fetcher: Fetcher::new(&qp.sq, depth),
+            core: Core::new(qp, nic),
+        }
+    }
+
+    pub(crate) fn is_destroyed(&self) -> bool {
+        self.core.qp.destroyed.load(Ordering::Acquire)
+    }
+
+    /// Run up to `budget` WQEs.
+    pub(crate) fn run(&mut self, budget: usize) -> RunOutcome {
+        self.core.run(&mut self.fetcher, budget)
+    }
+}
+
+/// Everything of the executor but the ring reader, so the two can be borrowed apart.
+struct Core {
     qp: Arc<QpShared>,
     nic: Arc<Shared>,
     /// Consumer index: first BB of the next WQE to run.
     ci: u64,
-    /// BBs below this have been fetched into `snap`.
-    fetched: u64,
-    snap: Box<[[u8; BB_SIZE]]>,
-    /// How many BBs past the current WQE may be fetched early.
-    depth: u64,
     local_keys: KeyCache,
     remote_keys: KeyCache,
     peer: Option<Arc<dyn Transport>>,
     objs: ObjCache,
     limiter: Limiter,
     rate_generation: u64,
-    batch: QpCounters,
-    /// Opcodes counted in `batch` (bit per opcode), and whether anything else was.
-    batch_ops: u32,
-    batch_dirty: bool,
     stalled_at: u64,
     delayed_at: u64,
     scratch: Vec<u8>,
@@ -161,28 +263,19 @@ pub(crate) struct SqExec {
     direct: Option<Arc<InProcess>>,
 }
 
-impl SqExec {
-    pub(crate) fn new(qp: Arc<QpShared>, nic: Arc<Shared>) -> SqExec {
-        let entries = qp.sq.entries;
-        let depth = nic.config.prefetch.depth(entries);
-        let cap = (depth + crate::wqe::MAX_WQE_BBS as u64).next_power_of_two();
+impl Core {
+    fn new(qp: Arc<QpShared>, nic: Arc<Shared>) -> Core {
         let wqe_checks = nic.config.wqe_checks;
-        SqExec {
-            snap: vec![[0u8; BB_SIZE]; cap as usize].into_boxed_slice(),
-            depth,
+        Core {
             qp,
             nic,
             ci: 0,
-            fetched: 0,
             local_keys: KeyCache::new(),
             remote_keys: KeyCache::new(),
             peer: None,
             objs: ObjCache::default(),
             limiter: Limiter::default(),
             rate_generation: 0,
-            batch: QpCounters::default(),
-            batch_ops: 0,
-            batch_dirty: false,
             stalled_at: u64::MAX,
             delayed_at: u64::MAX,
             scratch: Vec::new(),
@@ -190,10 +283,6 @@ impl SqExec {
             wqe_checks,
             direct: None,
         }
-    }
-
-    pub(crate) fn is_destroyed(&self) -> bool {
-        self.qp.destroyed.load(Ordering::Acquire)
     }
 
     /// The index fetching may not pass.
@@ -207,16 +296,11 @@ impl SqExec {
     }
 
     #[inline(always)]
-    fn fetch(&mut self, index: u64) {
-        fetch_block(&self.qp.sq, &mut self.snap, index);
-    }
-
-    /// Run up to `budget` WQEs.
-    pub(crate) fn run(&mut self, budget: usize) -> RunOutcome {
+    fn run(&mut self, f: &mut Fetcher, budget: usize) -> RunOutcome {
         match self.qp.state() {
             QpState::Init => return RunOutcome::Idle,
             QpState::Error => {
-                return if self.flush() {
+                return if self.flush(f) {
                     RunOutcome::Progress
                 } else {
                     RunOutcome::Idle
@@ -251,7 +335,7 @@ impl SqExec {
                 }
             }
             if fast {
-                let (n, blocked) = self.run_fast(limit, budget - done);
+                let (n, blocked) = self.run_fast(f, limit, budget - done);
                 done += n;
                 if blocked {
                     break;
@@ -260,7 +344,7 @@ impl SqExec {
                     continue;
                 }
             }
-            match self.step(limit) {
+            match self.step(f, limit) {
                 Step::Done(bbs) => {
                     self.ci += bbs;
                     done += 1;
@@ -271,45 +355,18 @@ impl SqExec {
                     break;
                 }
                 Step::Fault(syndrome, bbs) => {
-                    self.fault(syndrome, bbs);
+                    self.fault(f, syndrome, bbs);
                     done += 1;
                     break;
                 }
             }
         }
         if done > 0 {
-            // Counters first: whoever sees a WQE consumed sees it counted.
-            self.flush_counters();
+            // WQEs are counted as they run, so whoever sees one consumed sees it counted.
             self.qp.consumed.store(self.ci, Ordering::Release);
             return RunOutcome::Progress;
         }
-        self.flush_counters();
         outcome
-    }
-
-    /// Publish the batched counters.
-    #[inline]
-    fn flush_counters(&mut self) {
-        if !self.batch_dirty {
-            return;
-        }
-        self.qp.counters.add(&self.batch, self.batch_ops);
-        // Zero only what was used: clearing the whole 300-byte batch is a memset per burst.
-        let mut ops = self.batch_ops;
-        while ops != 0 {
-            self.batch.wqes[ops.trailing_zeros() as usize] = 0;
-            ops &= ops - 1;
-        }
-        let b = &mut self.batch;
-        (
-            b.bytes,
-            b.errors,
-            b.wait_stalls,
-            b.rate_limit_delays,
-            b.rnr_waits,
-        ) = (0, 0, 0, 0, 0);
-        self.batch_ops = 0;
-        self.batch_dirty = false;
     }
 
     /// True if the control segment names this queue and this index (the check ConnectX makes
@@ -323,8 +380,7 @@ impl SqExec {
     /// The fast path: runs consecutive one-BB WQEs with the same fetch, prefetch, checks,
     /// effects, counters and completions as [`Self::step`]. NOPs, WAITs, SEND_ENs, RECV_ENs,
     /// and RDMA WRITEs and READs with one data segment and atomics to an in-process peer run
-    /// inline; any
-    /// other one-BB WQE, and any of those that a check refuses, goes through
+    /// inline; any other one-BB WQE, and any of those that a check refuses, goes through
     /// [`Self::execute`] (so every error is produced in one place). It stops at the first
     /// multi-BB WQE, leaving it to `step`. Returns how many WQEs ran (or failed), and true if
     /// the queue cannot go on now (a WAIT not reached, a receiver not ready, a fault).
@@ -333,34 +389,38 @@ impl SqExec {
     /// general path's staging, dispatch and dynamic transport call cost more than the
     /// operation itself (see docs/architecture.md, "Softnic fast path").
     #[inline(never)]
-    fn run_fast(&mut self, limit: u64, budget: usize) -> (usize, bool) {
+    fn run_fast(&mut self, f: &mut Fetcher, limit: u64, budget: usize) -> (usize, bool) {
         // Moved out for the loop (no reference count traffic) and put back at the end.
         let direct_peer = self.direct.take();
         let direct = direct_peer.as_deref();
-        // The snapshots too: the loop then keeps their address in a register.
-        let mut snap = std::mem::take(&mut self.snap);
-        let mask = snap.len() as u64 - 1;
         let pd = self.qp.pd;
-        let (mut ci, mut fetched) = (self.ci, self.fetched);
-        let mut done = 0;
+        let start = self.ci;
+        let mut ci = start;
+        // Every WQE here is one BB, so the budget is a bound on the index.
+        let end = limit.min(start + budget as u64);
         let mut stop = false;
-        // Counts kept in registers, moved into `batch` before anything that publishes it.
+        let mut fault = None;
+        // The fetcher's state in locals, so the loop keeps it in registers; written back below.
+        let (base, ring_mask, snap_mask, depth) = (f.base, f.ring_mask, f.snap_mask, f.depth);
+        let words = f.ring.words();
+        let snap = &mut f.snap[..];
+        let mut fetched = f.fetched;
+        // Counts kept in registers, published before any completion and at the end.
         let (mut nops, mut writes, mut reads, mut bytes) = (0u64, 0u64, 0u64, 0u64);
-        while done < budget && ci < limit {
+        while ci < end {
             if fetched <= ci {
-                fetched = ci;
-                fetch_block(&self.qp.sq, &mut snap, ci);
-                fetched += 1;
+                fetch_into(words, base, ring_mask, snap, snap_mask, ci);
+                fetched = ci + 1;
             }
-            let slot = (ci & mask) as usize;
+            let slot = (ci & snap_mask) as usize;
             let ds = snap[slot][off::DS] & MAX_DS;
             if usize::from(ds) * SEG_SIZE > BB_SIZE {
                 break;
             }
             // Prefetch exactly as `step` does: up to `depth` BBs past this one.
-            let ahead = (ci + 1 + self.depth).min(limit).min(ci + mask + 1);
+            let ahead = (ci + 1 + depth).min(limit);
             while fetched < ahead {
-                fetch_block(&self.qp.sq, &mut snap, fetched);
+                fetch_into(words, base, ring_mask, snap, snap_mask, fetched);
                 fetched += 1;
             }
             let w = &snap[slot];
@@ -408,53 +468,16 @@ impl SqExec {
                 OP_CAS | OP_FAA | OP_MASKED_CAS | OP_MASKED_FAA
                     if ds >= if opcode == OP_MASKED_CAS { 4 } else { 3 } =>
                 {
-                    (|| {
-                        let peer = direct?;
-                        let op = Opcode::from_u8(opcode)?;
-                        let (atomic, result_seg) = atomic_of(w, op);
-                        // The result's local window is checked before the remote atomic, as
-                        // the general path does, so a refusal leaves the target untouched.
-                        let result = if usize::from(ds) > result_seg {
-                            let seg = result_seg * SEG_SIZE;
-                            let lkey = be32(w, seg + off::SEG_LKEY);
-                            let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
-                            let region = self.local_keys.get(&self.nic.keys, lkey).ok()?;
-                            Some(region.window(pd, addr, 8, Access::LOCAL_WRITE)?)
-                        } else {
-                            None
-                        };
-                        let old = peer
-                            .atomic(&mut self.remote_keys, remote_of(w), atomic)
-                            .ok()?;
-                        if let Some(r) = result {
-                            // ConnectX returns the old value big-endian (ATOMIC_BE_REPLY).
-                            r.write(&old.to_be_bytes());
-                        }
-                        self.count_wqes(opcode, 1);
-                        Some((8, 8))
-                    })()
+                    self.fast_atomic(direct, w, pd)
                 }
-                OP_WAIT | OP_SEND_EN | OP_RECV_EN if ds >= 2 => {
-                    let obj = be32(w, off::WAIT_OBJ);
-                    let pi = be32(w, off::WAIT_PI);
-                    let ran = if opcode == OP_WAIT {
-                        match self.wait(ci, Cqn(obj), pi) {
-                            Ok(true) => true,
-                            Ok(false) => {
-                                stop = true;
-                                break;
-                            }
-                            Err(_) => false,
-                        }
-                    } else {
-                        let target = Qpn(obj & crate::types::MAX_QPN);
-                        self.enable(opcode == OP_SEND_EN, target, pi).is_ok()
-                    };
-                    ran.then(|| {
-                        self.count_wqes(opcode, 1);
-                        (0, 0)
-                    })
-                }
+                OP_WAIT | OP_SEND_EN | OP_RECV_EN if ds >= 2 => match self.fast_control(w, ci) {
+                    Control::Ran => Some((0, 0)),
+                    Control::Refused => None,
+                    Control::Blocked => {
+                        stop = true;
+                        break;
+                    }
+                },
                 _ => None,
             };
             match inline {
@@ -470,8 +493,7 @@ impl SqExec {
                     // The general path's decoder, checks and operations, on this WQE.
                     self.add_fast_counts([nops, writes, reads], bytes);
                     (nops, writes, reads, bytes) = (0, 0, 0, 0);
-                    let w = snap[slot];
-                    self.wqe[..BB_SIZE].copy_from_slice(&w);
+                    self.wqe[..BB_SIZE].copy_from_slice(&snap[slot]);
                     match self.execute(ci, 1) {
                         Step::Done(_) => {}
                         Step::Blocked => {
@@ -481,73 +503,117 @@ impl SqExec {
                         // Only a rate-limited queue is retried, and those do not come here.
                         Step::Retry(_) => break,
                         Step::Fault(syndrome, bbs) => {
-                            (self.ci, self.fetched) = (ci, fetched);
-                            self.direct = direct_peer;
-                            self.snap = snap;
-                            self.fault(syndrome, bbs);
-                            return (done + 1, true);
+                            fault = Some((syndrome, bbs));
+                            break;
                         }
                     }
                 }
             }
             ci += 1;
-            done += 1;
         }
+        f.fetched = fetched;
         self.add_fast_counts([nops, writes, reads], bytes);
         self.ci = ci;
-        self.fetched = fetched;
         self.direct = direct_peer;
-        self.snap = snap;
+        let done = (ci - start) as usize;
+        if let Some((syndrome, bbs)) = fault {
+            self.fault(f, syndrome, bbs);
+            return (done + 1, true);
+        }
         (done, stop)
     }
 
-    /// Move the fast path's counts into the batch.
+    /// The fast path's one-BB atomic to an in-process peer, counted; None if `execute` must.
+    #[inline(never)]
+    fn fast_atomic(
+        &mut self,
+        peer: Option<&InProcess>,
+        w: &[u8; BB_SIZE],
+        pd: Pdn,
+    ) -> Option<(u64, u32)> {
+        let peer = peer?;
+        let opcode = w[off::OPCODE];
+        let ds = usize::from(w[off::DS] & MAX_DS);
+        let op = Opcode::from_u8(opcode)?;
+        let (atomic, result_seg) = atomic_of(w, op);
+        // The result's local window is checked before the remote atomic, as the general path
+        // does, so a refusal leaves the target untouched.
+        let result = if ds > result_seg {
+            let seg = result_seg * SEG_SIZE;
+            let lkey = be32(w, seg + off::SEG_LKEY);
+            let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
+            let region = self.local_keys.get(&self.nic.keys, lkey).ok()?;
+            Some(region.window(pd, addr, 8, Access::LOCAL_WRITE)?)
+        } else {
+            None
+        };
+        let old = peer
+            .atomic(&mut self.remote_keys, remote_of(w), atomic)
+            .ok()?;
+        if let Some(r) = result {
+            // ConnectX returns the old value big-endian (ATOMIC_BE_REPLY).
+            r.write(&old.to_be_bytes());
+        }
+        self.count_wqes(opcode, 1);
+        Some((8, 8))
+    }
+
+    /// The fast path's WAIT, SEND_EN or RECV_EN at `ci`, counted if it ran.
+    #[inline(always)]
+    fn fast_control(&mut self, w: &[u8; BB_SIZE], ci: u64) -> Control {
+        let opcode = w[off::OPCODE];
+        let obj = be32(w, off::WAIT_OBJ);
+        let pi = be32(w, off::WAIT_PI);
+        let ran = if opcode == OP_WAIT {
+            match self.wait(ci, Cqn(obj), pi) {
+                Ok(true) => true,
+                Ok(false) => return Control::Blocked,
+                Err(_) => false,
+            }
+        } else {
+            let target = Qpn(obj & crate::types::MAX_QPN);
+            self.enable(opcode == OP_SEND_EN, target, pi).is_ok()
+        };
+        if ran {
+            self.count_wqes(opcode, 1);
+            Control::Ran
+        } else {
+            Control::Refused
+        }
+    }
+
+    /// Publish the fast path's counts.
     #[inline]
     fn add_fast_counts(&mut self, counts: [u64; 3], bytes: u64) {
-        if counts == [0; 3] && bytes == 0 {
-            return;
-        }
         for (op, n) in [OP_NOP, OP_WRITE, OP_READ].into_iter().zip(counts) {
             if n != 0 {
                 self.count_wqes(op, n);
             }
         }
-        self.batch.bytes += bytes;
+        if bytes != 0 {
+            bump(&self.qp.counters.bytes, bytes);
+        }
     }
 
-    /// Count `n` WQEs of `opcode` in the batch.
+    /// Count `n` WQEs of `opcode`.
     #[inline(always)]
     fn count_wqes(&mut self, opcode: u8, n: u64) {
-        let op = opcode & 31;
-        self.batch.wqes[usize::from(op)] += n;
-        self.batch_ops |= 1 << op;
-        self.batch_dirty = true;
+        bump(&self.qp.counters.wqes[usize::from(opcode & 31)], n);
     }
 
     /// Fetch (as far as allowed) and run the WQE at `ci`.
     #[inline]
-    fn step(&mut self, limit: u64) -> Step {
+    fn step(&mut self, f: &mut Fetcher, limit: u64) -> Step {
         let ci = self.ci;
-        let mask = self.snap.len() as u64 - 1;
-        if self.fetched <= ci {
-            self.fetched = ci;
-            self.fetch(ci);
-            self.fetched = ci + 1;
-        }
-        let bbs = bbs_for_ds(self.snap[(ci & mask) as usize][off::DS]) as u64;
+        f.fetch_current(ci);
+        let bbs = bbs_for_ds(f.block(ci)[off::DS]) as u64;
         if ci + bbs > limit {
             return Step::Blocked;
         }
-        let ahead = (ci + bbs + self.depth).min(limit).min(ci + mask + 1);
-        while self.fetched < ahead.max(ci + bbs) {
-            let j = self.fetched;
-            self.fetch(j);
-            self.fetched = j + 1;
-        }
+        f.fetch_ahead(ci + bbs, limit);
         for i in 0..bbs {
-            let s = &self.snap[((ci + i) & mask) as usize];
             let at = i as usize * BB_SIZE;
-            self.wqe[at..at + BB_SIZE].copy_from_slice(s);
+            self.wqe[at..at + BB_SIZE].copy_from_slice(f.block(ci + i));
         }
         self.execute(ci, bbs)
     }
@@ -585,8 +651,7 @@ impl SqExec {
             if let Err(t) = self.limiter.admit(bytes) {
                 if self.delayed_at != ci {
                     self.delayed_at = ci;
-                    self.batch.rate_limit_delays += 1;
-                    self.batch_dirty = true;
+                    bump(&self.qp.counters.rate_limit_delays, 1);
                 }
                 return Step::Retry(t);
             }
@@ -611,7 +676,9 @@ impl SqExec {
         match result {
             Ok(bytes) => {
                 self.count_wqes(opcode_byte, 1);
-                self.batch.bytes += bytes;
+                if bytes != 0 {
+                    bump(&self.qp.counters.bytes, bytes);
+                }
                 if flags & 0x0c == 0x08 {
                     let byte_cnt = match opcode {
                         Opcode::RdmaRead => bytes as u32,
@@ -623,8 +690,7 @@ impl SqExec {
                 Step::Done(bbs)
             }
             Err(Fail::NotReady) => {
-                self.batch.rnr_waits += 1;
-                self.batch_dirty = true;
+                bump(&self.qp.counters.rnr_waits, 1);
                 Step::Blocked
             }
             Err(Fail::Syndrome(s)) => Step::Fault(s, bbs),
@@ -633,9 +699,8 @@ impl SqExec {
 
     /// Completion for the WQE of `bbs` BBs at `ci`.
     fn complete(&mut self, ci: u64, bbs: u64, opcode: u8, byte_cnt: u32) {
-        // Whoever sees the completion must see the WQE counted, and its ring space free (a
-        // host reuses the slots of completed WQEs at once).
-        self.flush_counters();
+        // WQEs are counted as they run, so whoever sees the completion sees the WQE counted;
+        // `retire` frees its ring space first (a host reuses completed WQEs' slots at once).
         self.retire(ci, ci + bbs, CqeOpcode::Req, opcode, byte_cnt, 0);
     }
 
@@ -887,8 +952,7 @@ impl SqExec {
         }
         if self.stalled_at != ci {
             self.stalled_at = ci;
-            self.batch.wait_stalls += 1;
-            self.batch_dirty = true;
+            bump(&self.qp.counters.wait_stalls, 1);
         }
         Ok(false)
     }
@@ -927,12 +991,10 @@ impl SqExec {
 
     /// The WQE at `ci` failed: error completion (always, signaled or not), QP to error, and
     /// flush everything behind it.
-    fn fault(&mut self, syndrome: Syndrome, bbs: u64) {
+    fn fault(&mut self, f: &mut Fetcher, syndrome: Syndrome, bbs: u64) {
         let ci = self.ci;
-        self.batch.errors += 1;
-        self.batch_dirty = true;
-        // Counters first: whoever sees the error completion or state sees the error counted.
-        self.flush_counters();
+        // Counted first: whoever sees the error completion or state sees the error counted.
+        bump(&self.qp.counters.errors, 1);
         self.retire(
             ci,
             ci + bbs,
@@ -943,11 +1005,11 @@ impl SqExec {
         );
         self.ci += bbs;
         self.qp.enter_error();
-        self.flush();
+        self.flush(f);
     }
 
     /// In the error state: complete every outstanding WQE with a flush error. True if any.
-    fn flush(&mut self) -> bool {
+    fn flush(&mut self, f: &mut Fetcher) -> bool {
         let end = self
             .limit()
             .max(self.qp.posted.load(Ordering::Acquire))
@@ -968,9 +1030,18 @@ impl SqExec {
             );
             any = true;
         }
-        self.fetched = self.ci;
+        f.fetched = self.ci;
         any
     }
+}
+
+/// What the fast path's WAIT / SEND_EN / RECV_EN did.
+enum Control {
+    Ran,
+    /// Not runnable now (a WAIT's count not reached).
+    Blocked,
+    /// A check refused it: `execute` runs it and reports the error.
+    Refused,
 }
 
 /// Why an operation did not complete.

@@ -30,8 +30,9 @@ impl Ring {
 }
 
 /// Counters kept as atomics so they can be read while the queue runs. The owning PU is the
-/// only writer of the first group and adds its batch at the end of each burst with plain
-/// loads and stores (no locked instructions on the hot path); responder-side events, counted
+/// only writer of the first group and counts as WQEs run with plain loads and stores (no
+/// locked instructions on the hot path; the fast path sums runs of NOPs, WRITEs and READs in
+/// registers and adds them before any completion); responder-side events, counted
 /// by whichever thread serves them, and host posts use read-modify-write.
 #[derive(Default)]
 pub(crate) struct SharedCounters {
@@ -48,8 +49,8 @@ pub(crate) struct SharedCounters {
 }
 
 /// Add `d` to a counter that only the calling thread writes.
-#[inline]
-fn bump(c: &AtomicU64, d: u64) {
+#[inline(always)]
+pub(crate) fn bump(c: &AtomicU64, d: u64) {
     c.store(c.load(Ordering::Relaxed) + d, Ordering::Relaxed);
 }
 
@@ -68,26 +69,6 @@ impl SharedCounters {
         c.recvs = self.recvs.load(Ordering::Relaxed);
         c.host_posts = self.host_posts.load(Ordering::Relaxed);
         c
-    }
-
-    /// Add a batch (owning PU only); `ops` has a bit set for each opcode slot in use.
-    pub(crate) fn add(&self, c: &QpCounters, mut ops: u32) {
-        while ops != 0 {
-            let i = ops.trailing_zeros() as usize;
-            bump(&self.wqes[i], c.wqes[i]);
-            ops &= ops - 1;
-        }
-        for (s, d) in [
-            (&self.bytes, c.bytes),
-            (&self.errors, c.errors),
-            (&self.wait_stalls, c.wait_stalls),
-            (&self.rate_limit_delays, c.rate_limit_delays),
-            (&self.rnr_waits, c.rnr_waits),
-        ] {
-            if d != 0 {
-                bump(s, d);
-            }
-        }
     }
 }
 
