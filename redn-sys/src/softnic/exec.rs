@@ -602,7 +602,8 @@ impl Core {
     }
 
     /// Fetch (as far as allowed) and run the WQE at `ci`.
-    #[inline]
+    // Out of line: inlined into `run` it costs every call the set-up of its copy loop.
+    #[inline(never)]
     fn step(&mut self, f: &mut Fetcher, limit: u64) -> Step {
         let ci = self.ci;
         f.fetch_current(ci);

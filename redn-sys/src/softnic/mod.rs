@@ -539,7 +539,7 @@ impl Nic for SoftNic {
         q.send_cq.users.fetch_sub(1, Ordering::AcqRel);
         q.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
         self.bump_objects();
-        q.pus.notify(q.pu);
+        q.pus.forget(q.pu);
         Ok(())
     }
 

@@ -74,7 +74,9 @@ pub(crate) struct PuNotify {
     sleeping: AtomicBool,
     thread: OnceLock<Thread>,
     incoming: Mutex<Vec<Arc<QpShared>>>,
-    has_incoming: AtomicBool,
+    /// A queue was handed over or destroyed: the PU updates its list (checked once per round
+    /// rather than every queue's `destroyed` flag).
+    changed: AtomicBool,
 }
 
 /// The PUs of one softnic, as seen by those who need to wake them.
@@ -92,7 +94,7 @@ impl PuSet {
                     sleeping: AtomicBool::new(false),
                     thread: OnceLock::new(),
                     incoming: Mutex::new(Vec::new()),
-                    has_incoming: AtomicBool::new(false),
+                    changed: AtomicBool::new(false),
                 })
                 .collect(),
             shutdown: AtomicBool::new(false),
@@ -131,8 +133,14 @@ impl PuSet {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(Arc::clone(&qp));
-        p.has_incoming.store(true, Ordering::SeqCst);
+        p.changed.store(true, Ordering::SeqCst);
         self.notify(qp.pu);
+    }
+
+    /// Tell PU `pu` that one of its queues was destroyed (after marking it so).
+    pub(crate) fn forget(&self, pu: usize) {
+        self.pus[pu].changed.store(true, Ordering::SeqCst);
+        self.notify(pu);
     }
 }
 
@@ -150,16 +158,15 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
         if pus.shutdown.load(Ordering::Acquire) {
             return;
         }
-        if me.has_incoming.load(Ordering::Relaxed) && me.has_incoming.swap(false, Ordering::SeqCst)
-        {
+        if me.changed.load(Ordering::Relaxed) && me.changed.swap(false, Ordering::SeqCst) {
             let Some(shared) = nic.upgrade() else { return };
             let new: Vec<_> =
                 std::mem::take(&mut *me.incoming.lock().unwrap_or_else(|e| e.into_inner()));
             for qp in new {
                 queues.push(SqExec::new(qp, Arc::clone(&shared)));
             }
+            queues.retain(|q| !q.is_destroyed());
         }
-        queues.retain(|q| !q.is_destroyed());
 
         let mut progress = false;
         let mut deadline: Option<Instant> = None;
