@@ -1,14 +1,12 @@
 //! Completion queues: a ring of mlx5 CQE64 entries plus the running count WAIT compares with.
 
 use super::pu::PuSet;
+use super::CacheLine;
 use crate::nic::Completion;
 use crate::types::Cqn;
 use crate::wqe::{Cqe, Syndrome, CQE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-
-#[repr(align(64))]
-struct Padded(AtomicU64);
 
 struct CqRing {
     cqes: Box<[[u8; CQE_SIZE]]>,
@@ -26,7 +24,7 @@ pub(crate) struct CqShared {
     ring: Mutex<CqRing>,
     /// Completions produced since creation: what WAIT counts. Written under `ring`'s lock;
     /// on its own cache line, since waiters on other threads read it constantly.
-    produced: Padded,
+    produced: CacheLine<AtomicU64>,
     overrun: AtomicBool,
     /// Bit i set: a queue on PU i has waited on this CQ, so PU i is told of new completions.
     waiters: AtomicU64,
@@ -48,7 +46,7 @@ impl CqShared {
                 produced: 0,
                 consumed: 0,
             }),
-            produced: Padded(AtomicU64::new(0)),
+            produced: CacheLine(AtomicU64::new(0)),
             overrun: AtomicBool::new(false),
             waiters: AtomicU64::new(0),
             pus,

@@ -91,6 +91,10 @@ impl Default for SoftNicConfig {
     }
 }
 
+/// A value alone on its cache line(s).
+#[repr(align(64))]
+pub(crate) struct CacheLine<T>(pub(crate) T);
+
 /// State shared by the softnic's handle, its PUs and its queues.
 pub(crate) struct Shared {
     pub(crate) config: SoftNicConfig,
@@ -98,7 +102,9 @@ pub(crate) struct Shared {
     pds: Mutex<HashSet<u32>>,
     cqs: RwLock<HashMap<u32, Arc<CqShared>>>,
     qps: RwLock<HashMap<u32, Arc<QpShared>>>,
-    objects_generation: AtomicU64,
+    /// On its own cache line: PUs read it for every WAIT and SEND_EN, while hosts polling a
+    /// CQ's count write the neighbouring lock words.
+    objects_generation: CacheLine<AtomicU64>,
     next_pdn: AtomicU32,
     next_qpn: AtomicU32,
     next_cqn: AtomicU32,
@@ -107,7 +113,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn objects_generation(&self) -> u64 {
-        self.objects_generation.load(Ordering::Acquire)
+        self.objects_generation.0.load(Ordering::Acquire)
     }
 
     pub(crate) fn qp(&self, qpn: Qpn) -> Result<Arc<QpShared>> {
@@ -189,7 +195,7 @@ impl SoftNic {
             pds: Mutex::new(HashSet::new()),
             cqs: RwLock::new(HashMap::new()),
             qps: RwLock::new(HashMap::new()),
-            objects_generation: AtomicU64::new(0),
+            objects_generation: CacheLine(AtomicU64::new(0)),
             next_pdn: AtomicU32::new(1),
             next_qpn: AtomicU32::new(0x100),
             next_cqn: AtomicU32::new(0x80),
@@ -325,6 +331,7 @@ impl SoftNic {
     fn bump_objects(&self) {
         self.shared
             .objects_generation
+            .0
             .fetch_add(1, Ordering::AcqRel);
     }
 }
