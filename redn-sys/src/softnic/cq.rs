@@ -57,15 +57,21 @@ impl CqShared {
     /// Completions produced so far.
     #[inline]
     pub(crate) fn produced(&self) -> u64 {
-        self.produced.0.load(Ordering::SeqCst)
+        self.produced.0.load(Ordering::Acquire)
     }
 
     /// Remember that a queue on `pu` waits for this CQ. The caller re-reads `produced()`
-    /// afterwards: together with `push`'s order (count, then waiters) no wake-up is lost.
+    /// afterwards. No wake-up is lost: a PU's bit is set once, under the ring's lock, and
+    /// then stays, so every push either ran its critical section before the bit was set (and
+    /// the caller's re-read, which follows the lock, sees its count) or after (and its
+    /// `wake`, which follows the lock, sees the bit). That is why `push` needs no
+    /// sequentially consistent store.
+    #[inline]
     pub(crate) fn add_waiter(&self, pu: usize) {
         let bit = 1u64 << pu;
         if self.waiters.load(Ordering::Relaxed) & bit == 0 {
-            self.waiters.fetch_or(bit, Ordering::SeqCst);
+            let _ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+            self.waiters.fetch_or(bit, Ordering::Relaxed);
         }
     }
 
@@ -81,7 +87,7 @@ impl CqShared {
                 } else {
                     // The entry is lost, as on hardware; the poller learns of it.
                     self.overrun.store(true, Ordering::Release);
-                    self.produced.0.store(total, Ordering::SeqCst);
+                    self.produced.0.store(total, Ordering::Release);
                     drop(r);
                     self.wake();
                     return;
@@ -94,13 +100,15 @@ impl CqShared {
             cqe.encode_into(&mut r.cqes[slot]);
             r.wr_ids[slot] = wr_id;
             r.produced += 1;
-            self.produced.0.store(total, Ordering::SeqCst);
+            self.produced.0.store(total, Ordering::Release);
         }
         self.wake();
     }
 
+    /// Tell the PUs waiting on this CQ. Called after the ring's lock is released: see
+    /// `add_waiter` for why a relaxed load sees every bit it must.
     fn wake(&self) {
-        let mut m = self.waiters.load(Ordering::SeqCst);
+        let mut m = self.waiters.load(Ordering::Relaxed);
         while m != 0 {
             let pu = m.trailing_zeros() as usize;
             self.pus.notify(pu);
