@@ -101,6 +101,76 @@ fn completion_order_wait_holds_a_queue_until_another_queue_completes() {
     assert_eq!(m.read(200, 5), b"data!");
 }
 
+/// A WAIT on another PU's CQ is released by every completion, whether the waiting PU is
+/// spinning, yielding or parked when it comes (a lost wake-up would leave the WAIT stalled
+/// and the test timed out). The producer's PU pushes the completions; the waiter registered
+/// on the CQ once, at its first stall.
+#[test]
+fn a_wait_on_another_pus_cq_is_woken_by_every_completion() {
+    let rounds: u64 = if cfg!(miri) { 6 } else { 200 };
+    let nic = nic(2, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    let producer = endpoint(&nic, pd, |c| c.pu = Some(0));
+    let waiter = endpoint(&nic, pd, |c| {
+        c.pu = Some(1);
+        c.sq_bbs = 1024;
+    });
+    for q in [producer.qp.qpn, waiter.qp.qpn] {
+        nic.connect(q, q).unwrap();
+    }
+    // The waiter's whole program up front: WAIT for the producer's k-th completion, then a
+    // signaled NOP, `rounds` times.
+    let program: Vec<WorkRequest> = (0..rounds)
+        .flat_map(|k| {
+            [
+                wr(
+                    0,
+                    WqeFlags::NONE,
+                    WrOp::Wait {
+                        cq: producer.cq,
+                        count: k as u32,
+                    },
+                ),
+                wr(
+                    k,
+                    SIG,
+                    WrOp::Nop {
+                        raw_segments: vec![],
+                    },
+                ),
+            ]
+        })
+        .collect();
+    nic.post_send(waiter.qp.qpn, &program).unwrap();
+    for k in 0..rounds {
+        // Every third round, give the waiter's PU time to stop spinning and park (it parks
+        // after 50 µs idle), so the completion must wake it.
+        if k % 3 == 2 {
+            std::thread::sleep(std::time::Duration::from_micros(300));
+        }
+        assert_eq!(
+            nic.counters(waiter.qp.qpn).unwrap().by_opcode(Opcode::Nop),
+            k,
+            "the waiter ran ahead of the producer"
+        );
+        nic.post_send(
+            producer.qp.qpn,
+            &[wr(
+                k,
+                SIG,
+                WrOp::Nop {
+                    raw_segments: vec![],
+                },
+            )],
+        )
+        .unwrap();
+        wait_cqes(&nic, producer.cq, 1);
+        let done = wait_cqes(&nic, waiter.cq, 1);
+        assert_eq!(done[0].wr_id, k, "round {k}");
+    }
+    assert!(nic.counters(waiter.qp.qpn).unwrap().wait_stalls >= rounds);
+}
+
 /// Two WQEs: the first patches the second's local address (bytes 40..48, its data segment)
 /// from `old` to `new`. Returns what the second one wrote.
 fn self_modifying_chain(mode: Prefetch, doorbell_ordered: bool) -> Vec<u8> {
