@@ -976,7 +976,10 @@ impl Core {
             if !t.managed_send {
                 return Err(Fail::Syndrome(Syndrome::LocalQpOperation));
             }
-            if QpShared::advance(&t.enabled, pi) {
+            // A queue on this PU needs no notice (the PU rescans after any progress), and
+            // knowing that here saves `notify` its thread-local lookup.
+            let here = t.pu == self.qp.pu && Arc::ptr_eq(&t.pus, &self.qp.pus);
+            if QpShared::advance(&t.enabled, pi) && !here {
                 t.pus.notify(t.pu);
             }
         } else {
