@@ -168,7 +168,13 @@ fn a_wait_on_another_pus_cq_is_woken_by_every_completion() {
         let done = wait_cqes(&nic, waiter.cq, 1);
         assert_eq!(done[0].wr_id, k, "round {k}");
     }
-    assert!(nic.counters(waiter.qp.qpn).unwrap().wait_stalls >= rounds);
+    // The WAITs of the rounds with a pause certainly stalled (others may find their
+    // completion already there).
+    let stalls = nic.counters(waiter.qp.qpn).unwrap().wait_stalls;
+    assert!(
+        stalls >= rounds / 3,
+        "{stalls} WAIT stalls in {rounds} rounds"
+    );
 }
 
 /// Two WQEs: the first patches the second's local address (bytes 40..48, its data segment)
