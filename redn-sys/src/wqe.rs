@@ -618,12 +618,14 @@ impl EncodedWqe {
     }
 }
 
-struct SegWriter {
-    buf: [u8; MAX_WQE_BYTES],
+/// Appends segments after the control segment. Every byte it covers is written, so the
+/// buffer's old contents do not matter.
+struct SegWriter<'a> {
+    buf: &'a mut [u8; MAX_WQE_BYTES],
     segs: usize,
 }
 
-impl SegWriter {
+impl SegWriter<'_> {
     fn push(&mut self, seg: &[u8; SEG_SIZE]) -> Result<(), WqeError> {
         if self.segs >= usize::from(MAX_DS) {
             return Err(WqeError::TooLarge(self.segs + 1));
@@ -647,8 +649,9 @@ impl SegWriter {
             return Err(WqeError::TooLarge(self.segs + total));
         }
         let at = self.segs * SEG_SIZE;
-        put32(&mut self.buf, at, data.len() as u32 | INLINE_FLAG);
+        put32(self.buf, at, data.len() as u32 | INLINE_FLAG);
         self.buf[at + 4..at + 4 + data.len()].copy_from_slice(data);
+        self.buf[at + 4 + data.len()..at + total * SEG_SIZE].fill(0);
         self.segs += total;
         Ok(())
     }
@@ -696,13 +699,24 @@ impl SegWriter {
 /// Encode `wr` as the WQE a ConnectX would fetch, for queue pair `qpn` at producer counter
 /// `wqe_index` (stored mod 2^16).
 pub fn encode_wqe(wr: &WorkRequest, qpn: Qpn, wqe_index: u16) -> Result<EncodedWqe, WqeError> {
+    let mut buf = [0u8; MAX_WQE_BYTES];
+    let ds = encode_wqe_into(wr, qpn, wqe_index, &mut buf)?;
+    Ok(EncodedWqe { buf, ds })
+}
+
+/// As [`encode_wqe`], into the start of `out`, whose old contents do not matter: every byte of
+/// the WQE's basic blocks (`bbs_for_ds` of the returned ds) is written. For posting many
+/// WQEs through one buffer without clearing 1 KiB for each.
+pub fn encode_wqe_into(
+    wr: &WorkRequest,
+    qpn: Qpn,
+    wqe_index: u16,
+    out: &mut [u8; MAX_WQE_BYTES],
+) -> Result<u8, WqeError> {
     if qpn.0 > MAX_QPN {
         return Err(WqeError::ObjectNumberTooWide(qpn.0));
     }
-    let mut w = SegWriter {
-        buf: [0u8; MAX_WQE_BYTES],
-        segs: 1,
-    };
+    let mut w = SegWriter { buf: out, segs: 1 };
     let mut imm = 0u32;
     let mut opmod = 0u8;
     match &wr.op {
@@ -787,7 +801,9 @@ pub fn encode_wqe(wr: &WorkRequest, qpn: Qpn, wqe_index: u16) -> Result<EncodedW
         imm,
     };
     w.buf[..SEG_SIZE].copy_from_slice(&ctrl.encode());
-    Ok(EncodedWqe { buf: w.buf, ds })
+    // Padding up to the basic block boundary.
+    w.buf[w.segs * SEG_SIZE..bbs_for_ds(ds) * BB_SIZE].fill(0);
+    Ok(ds)
 }
 
 /// A WQE read back from bytes.
@@ -1177,6 +1193,56 @@ mod tests {
             ]
         );
         assert_eq!(CtrlSeg::decode(&b), c);
+    }
+
+    /// `encode_wqe_into` writes every byte of the WQE's blocks, whatever the buffer held.
+    #[test]
+    fn encoding_into_a_dirty_buffer_gives_the_same_bytes() {
+        let remote = RemoteAddr {
+            addr: VirtAddr(0x1000),
+            rkey: Rkey(0x200),
+        };
+        let ops = [
+            WrOp::Nop {
+                raw_segments: vec![],
+            },
+            WrOp::Write {
+                remote,
+                payload: Payload::Inline(vec![7; 5]),
+                imm: Some(3),
+            },
+            WrOp::Write {
+                remote,
+                payload: Payload::Inline(vec![9; 44]),
+                imm: None,
+            },
+            WrOp::Read {
+                remote,
+                sgl: vec![sge(1, 3, 5), sge(2, 8, 5), sge(3, 8, 5)],
+            },
+            WrOp::FetchAdd {
+                remote,
+                add: 1,
+                result: Some(sge(8, 8, 5)),
+            },
+            WrOp::Wait {
+                cq: Cqn(4),
+                count: 9,
+            },
+        ];
+        let mut dirty = [0xa5u8; MAX_WQE_BYTES];
+        for op in ops {
+            let wr = WorkRequest {
+                wr_id: 0,
+                flags: WqeFlags::SIGNALED,
+                op,
+            };
+            let clean = encode_wqe(&wr, Qpn(7), 4).unwrap();
+            let ds = encode_wqe_into(&wr, Qpn(7), 4, &mut dirty).unwrap();
+            assert_eq!(ds, clean.ds());
+            assert_eq!(&dirty[..clean.bytes().len()], clean.bytes(), "{:?}", wr.op);
+            dirty.fill(0xa5);
+        }
     }
 
     #[test]

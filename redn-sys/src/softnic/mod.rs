@@ -26,7 +26,9 @@ use crate::nic::{
     RingPlacement,
 };
 use crate::types::{Access, Cqn, Lkey, Pdn, Qpn, MAX_QPN};
-use crate::wqe::{encode_recv, encode_wqe, Sge, WorkRequest, BB_SIZE, SEG_SIZE};
+use crate::wqe::{
+    bbs_for_ds, encode_recv, encode_wqe_into, Sge, WorkRequest, BB_SIZE, MAX_WQE_BYTES, SEG_SIZE,
+};
 use crate::{Error, QpState, Result};
 use cq::CqShared;
 use pu::PuSet;
@@ -555,13 +557,18 @@ impl Nic for SoftNic {
         let _guard = q.post.lock().unwrap_or_else(|e| e.into_inner());
         let mut pi = q.posted.load(Ordering::Acquire);
         let consumed = q.consumed.load(Ordering::Acquire);
-        // Encode everything first: a bad request posts nothing.
-        let mut encoded = Vec::with_capacity(wrs.len());
+        // Encode everything first: a bad request posts nothing. Only the encoded bytes are
+        // staged (64 per one-BB WQE, where an `EncodedWqe` holds the 1 KiB maximum), and each
+        // WQE's first slot is remembered for its wr_id.
+        let mut staged: Vec<u8> = Vec::with_capacity(wrs.len() * BB_SIZE);
+        let mut firsts: Vec<u64> = Vec::with_capacity(wrs.len());
+        let mut one = [0u8; MAX_WQE_BYTES];
         let mut at = pi;
         for wr in wrs {
-            let e = encode_wqe(wr, qp, at as u16)?;
-            at += e.bbs() as u64;
-            encoded.push(e);
+            let bbs = bbs_for_ds(encode_wqe_into(wr, qp, at as u16, &mut one)?);
+            firsts.push(at);
+            at += bbs as u64;
+            staged.extend_from_slice(&one[..bbs * BB_SIZE]);
         }
         if at - consumed > q.sq.entries {
             return Err(Error::QueueFull {
@@ -570,13 +577,15 @@ impl Nic for SoftNic {
                 capacity: q.sq.entries,
             });
         }
-        for (wr, e) in wrs.iter().zip(&encoded) {
-            for (i, bb) in e.bytes().chunks_exact(BB_SIZE).enumerate() {
-                q.sq.buffer.write(q.sq.entry_off(pi + i as u64), bb);
-            }
-            q.sq_wr_ids[(pi & (q.sq.entries - 1)) as usize].store(wr.wr_id, Ordering::Relaxed);
-            pi += e.bbs() as u64;
+        for (i, bb) in staged.chunks_exact(BB_SIZE).enumerate() {
+            let bb: &[u8; BB_SIZE] = bb.try_into().expect("chunks of one BB");
+            q.sq.buffer.write_block(q.sq.entry_off(pi + i as u64), bb);
         }
+        let slot_mask = q.sq.entries - 1;
+        for (wr, first) in wrs.iter().zip(firsts) {
+            q.sq_wr_ids[(first & slot_mask) as usize].store(wr.wr_id, Ordering::Relaxed);
+        }
+        pi = at;
         q.posted.store(pi, Ordering::Release);
         q.counters
             .host_posts
