@@ -4,7 +4,9 @@ use crate::mem::{MemoryRegion, SharedBuffer};
 use crate::types::{Access, Cqn, Lkey, Pdn, Qpn, VirtAddr};
 use crate::wqe::{Cqe, CqeOpcode, Opcode, Sge, Syndrome, WorkRequest};
 use crate::{QpState, Result};
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// How to create a completion queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,6 +24,70 @@ impl Default for CqConfig {
             depth: 256,
             ignore_overrun: false,
         }
+    }
+}
+
+/// A completion channel (`ibv_comp_channel`): a CQ armed with [`Nic::req_notify_cq`] puts one
+/// event here when its next completion arrives, so a thread can sleep until there is
+/// something to poll instead of spinning on the CQ (RedN's client and server threads block on
+/// one). Clones share the channel. One channel may serve many CQs.
+#[derive(Clone, Debug, Default)]
+pub struct CompChannel {
+    inner: Arc<ChannelInner>,
+}
+
+#[derive(Debug, Default)]
+struct ChannelInner {
+    events: Mutex<VecDeque<Cqn>>,
+    ready: Condvar,
+}
+
+impl CompChannel {
+    /// A channel with no events.
+    pub fn new() -> CompChannel {
+        CompChannel::default()
+    }
+
+    /// Wait up to `timeout` for an event and take it: the CQ that had a completion after it
+    /// was armed (`ibv_get_cq_event`). Events come in the order they happened, one per
+    /// arming. `None` if the time passed first.
+    pub fn get_event(&self, timeout: Duration) -> Option<Cqn> {
+        let deadline = Instant::now() + timeout;
+        let mut events = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(cq) = events.pop_front() {
+                return Some(cq);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            events = self
+                .inner
+                .ready
+                .wait_timeout(events, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Take an event if one is waiting, without blocking.
+    pub fn try_event(&self) -> Option<Cqn> {
+        self.inner
+            .events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front()
+    }
+
+    /// Report that armed CQ `cq` got a completion.
+    pub(crate) fn signal(&self, cq: Cqn) {
+        self.inner
+            .events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(cq);
+        self.inner.ready.notify_one();
     }
 }
 
@@ -268,6 +334,11 @@ pub trait Nic: Send + Sync {
     fn poll_cq(&self, cq: Cqn, max: usize, out: &mut Vec<Completion>) -> Result<usize>;
     /// Completions a CQ has produced since creation (what WAIT counts).
     fn cq_produced(&self, cq: Cqn) -> Result<u64>;
+    /// Arm a CQ (`ibv_req_notify_cq`): the first completion it gets after this call puts one
+    /// event on `channel`, then the CQ is disarmed. Completions already there do not count,
+    /// so the usual loop is: arm, poll (or read `cq_produced`) until there is nothing new,
+    /// wait for the event, repeat. Arming again before the event moves it to `channel`.
+    fn req_notify_cq(&self, cq: Cqn, channel: &CompChannel) -> Result<()>;
     /// A queue pair's state.
     fn qp_state(&self, qp: Qpn) -> Result<QpState>;
     /// Move a queue pair to the error state: nothing more runs, outstanding WQEs are flushed.

@@ -2,7 +2,7 @@
 
 use super::pu::PuSet;
 use super::CacheLine;
-use crate::nic::Completion;
+use crate::nic::{CompChannel, Completion};
 use crate::types::Cqn;
 use crate::wqe::{Cqe, Syndrome, CQE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,6 +14,8 @@ struct CqRing {
     /// Entries written into the ring (lost ones excluded).
     produced: u64,
     consumed: u64,
+    /// Armed by `req_notify`: the next push signals this channel and disarms.
+    notify: Option<CompChannel>,
 }
 
 /// One completion queue. Any processing unit (or a peer's) may produce into it; the host polls.
@@ -45,6 +47,7 @@ impl CqShared {
                 wr_ids: vec![0u64; depth as usize].into_boxed_slice(),
                 produced: 0,
                 consumed: 0,
+                notify: None,
             }),
             produced: CacheLine(AtomicU64::new(0)),
             overrun: AtomicBool::new(false),
@@ -75,10 +78,19 @@ impl CqShared {
         }
     }
 
+    /// Arm the CQ: its next completion signals `channel`. Under the ring's lock, as `push`
+    /// checks it, so a completion either comes after the arming (and signals) or before it
+    /// (and whoever armed sees it when they poll or read the count next).
+    pub(crate) fn req_notify(&self, channel: &CompChannel) {
+        self.ring.lock().unwrap_or_else(|e| e.into_inner()).notify = Some(channel.clone());
+    }
+
     /// Add a completion.
     pub(crate) fn push(&self, mut cqe: Cqe, wr_id: u64) {
+        let notify;
         {
             let mut r = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+            notify = r.notify.take();
             // Every completion counts for WAIT, whether or not the ring has room for it.
             let total = self.produced.0.load(Ordering::Relaxed) + 1;
             if r.produced - r.consumed == self.depth {
@@ -89,7 +101,7 @@ impl CqShared {
                     self.overrun.store(true, Ordering::Release);
                     self.produced.0.store(total, Ordering::Release);
                     drop(r);
-                    self.wake();
+                    self.wake(notify);
                     return;
                 }
             }
@@ -102,12 +114,16 @@ impl CqShared {
             r.produced += 1;
             self.produced.0.store(total, Ordering::Release);
         }
-        self.wake();
+        self.wake(notify);
     }
 
-    /// Tell the PUs waiting on this CQ. Called after the ring's lock is released: see
-    /// `add_waiter` for why a relaxed load sees every bit it must.
-    fn wake(&self) {
+    /// Tell the PUs waiting on this CQ, and the channel it was armed for, if any. Called
+    /// after the ring's lock is released: see `add_waiter` for why a relaxed load sees every
+    /// bit it must.
+    fn wake(&self, notify: Option<CompChannel>) {
+        if let Some(channel) = notify {
+            channel.signal(self.cqn);
+        }
         let mut m = self.waiters.load(Ordering::Relaxed);
         while m != 0 {
             let pu = m.trailing_zeros() as usize;

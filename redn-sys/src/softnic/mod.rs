@@ -22,8 +22,8 @@ pub use exec::MAX_MESSAGE;
 
 use crate::mem::{KeyTable, SharedBuffer};
 use crate::nic::{
-    Completion, CqConfig, MrInfo, Nic, QpConfig, QpCounters, QpInfo, RateLimit, RingInfo,
-    RingPlacement,
+    CompChannel, Completion, CqConfig, MrInfo, Nic, QpConfig, QpCounters, QpInfo, RateLimit,
+    RingInfo, RingPlacement,
 };
 use crate::types::{Access, Cqn, Lkey, Pdn, Qpn, MAX_QPN};
 use crate::wqe::{
@@ -667,6 +667,11 @@ impl Nic for SoftNic {
             .get(&cq.0)
             .map(|c| c.produced())
             .ok_or(Error::NoSuchCq(cq))
+    }
+
+    fn req_notify_cq(&self, cq: Cqn, channel: &CompChannel) -> Result<()> {
+        self.shared.cq(cq)?.req_notify(channel);
+        Ok(())
     }
 
     fn qp_state(&self, qp: Qpn) -> Result<QpState> {
