@@ -1987,8 +1987,8 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
             }
         }
         if failed[0].is_none() && failed[2].is_none() {
-            let sleeping = (failed[4].is_none() && failed[5].is_none())
-                .then(|| st[5].median / st[4].median);
+            let sleeping =
+                (failed[4].is_none() && failed[5].is_none()).then(|| st[5].median / st[4].median);
             ratios.push((
                 size,
                 st[2].median / single,
@@ -2145,29 +2145,30 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
                         };
                         let k = inst.served as u32;
                         let resp = if found && !with_break { 2 } else { 1 };
-                        let res = trigger(env, inst, &msg, resp, HostWait::Poll).and_then(|(t, cqes)| {
-                            let lens: Vec<u32> = match (found, with_break) {
-                                (true, false) => vec![LIST_VALUE as u32, 0],
-                                (true, true) => vec![LIST_VALUE as u32],
-                                (false, _) => vec![0],
-                            };
-                            check_responses(&cqes, k, &lens).map_err(|e| {
-                                format!("position {}: {e}{}", pos + 1, inst.diag(env))
-                            })?;
-                            if found && cqes[0].byte_len == 0 {
-                                return Err(format!(
-                                    "position {}: end marker before the value",
-                                    pos + 1
-                                ));
-                            }
-                            if found
-                                && s == skip
-                                && env.cbuf.read(0, LIST_VALUE) != lvalue(pos as u64)
-                            {
-                                return Err(format!("position {}: wrong value bytes", pos + 1));
-                            }
-                            Ok(t)
-                        });
+                        let res =
+                            trigger(env, inst, &msg, resp, HostWait::Poll).and_then(|(t, cqes)| {
+                                let lens: Vec<u32> = match (found, with_break) {
+                                    (true, false) => vec![LIST_VALUE as u32, 0],
+                                    (true, true) => vec![LIST_VALUE as u32],
+                                    (false, _) => vec![0],
+                                };
+                                check_responses(&cqes, k, &lens).map_err(|e| {
+                                    format!("position {}: {e}{}", pos + 1, inst.diag(env))
+                                })?;
+                                if found && cqes[0].byte_len == 0 {
+                                    return Err(format!(
+                                        "position {}: end marker before the value",
+                                        pos + 1
+                                    ));
+                                }
+                                if found
+                                    && s == skip
+                                    && env.cbuf.read(0, LIST_VALUE) != lvalue(pos as u64)
+                                {
+                                    return Err(format!("position {}: wrong value bytes", pos + 1));
+                                }
+                                Ok(t)
+                            });
                         if let Some(i) = fresh_inst {
                             remove(env, i)?;
                         }
