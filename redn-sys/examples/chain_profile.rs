@@ -1,0 +1,125 @@
+//! chain_profile: one long doorbell-ordered chain on one PU, for instruction counts.
+//!
+//! The softnic_bench latency table times short chains with a polling host; this runs a chain
+//! of N steps (a master SQ doing WAIT + SEND_EN for a managed SQ of signaled NOPs, the
+//! paper's doorbell order) while the host sleeps, so a profiler sees almost only the PU:
+//!
+//!     valgrind --tool=callgrind --separate-threads=yes \
+//!         target/release/examples/chain_profile 8000 2
+//!
+//! and the PU thread's total divided by N × rounds is the instruction cost of one step.
+
+#[allow(dead_code)]
+mod bench_common;
+use bench_common::{nop, Ctx, SqWriter};
+use redn_sys::nic::{CqConfig, Nic, QpConfig, QpInfo};
+use redn_sys::softnic::{SoftNic, SoftNicConfig};
+use redn_sys::wqe::{WorkRequest, WqeFlags, WrOp};
+use redn_sys::{Cqn, Pdn};
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "\
+chain_profile: one long doorbell-ordered NOP chain on one softnic PU (for profilers)
+
+USAGE:
+    cargo run --release -p redn-sys --example chain_profile -- [STEPS [ROUNDS]]
+
+    STEPS    chain length, 1..=8000 (default 4000)
+    ROUNDS   chains to run one after another (default 5)
+
+Prints ns per step for each round; under valgrind --tool=callgrind --separate-threads=yes,
+the PU thread's instruction total / (STEPS x ROUNDS) is the cost of one step.";
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("chain_profile: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn arg(args: &[String], i: usize, default: u64, max: u64, what: &str) -> Result<u64, String> {
+    match args.get(i) {
+        None => Ok(default),
+        Some(s) => match s.parse::<u64>() {
+            Ok(v) if (1..=max).contains(&v) => Ok(v),
+            _ => Err(format!("{what} must be a number in 1..={max}, not {s:?}\n\n{USAGE}")),
+        },
+    }
+}
+
+fn run() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{USAGE}");
+        return Ok(());
+    }
+    let steps = arg(&args, 0, 4000, 8000, "STEPS")?;
+    let rounds = arg(&args, 1, 5, 1000, "ROUNDS")?;
+    let nic = SoftNic::new(SoftNicConfig {
+        pus: 1,
+        ..Default::default()
+    })
+    .ctx("softnic")?;
+    let pd = nic.alloc_pd().ctx("alloc_pd")?;
+    let cq = || {
+        nic.create_cq(CqConfig {
+            depth: 4096,
+            ignore_overrun: true,
+        })
+        .ctx("create_cq")
+    };
+    let (cq_m, cq_q) = (cq()?, cq()?);
+    // Managed queue first: the PU runs its queues in creation order.
+    let qi = queue(&nic, pd, cq_q, true, 16384)?;
+    let mi = queue(&nic, pd, cq_m, false, 32768)?;
+    let (mut q, mut m) = (SqWriter::new(&qi, false), SqWriter::new(&mi, false));
+    for _ in 0..rounds {
+        let base = nic.cq_produced(cq_q).ctx("cq_produced")?;
+        let qb = q.pi;
+        for i in 0..steps {
+            q.push(&nic, &nop(WqeFlags::SIGNALED, i))?;
+        }
+        let enable = |k: u64| WorkRequest {
+            wr_id: 0,
+            flags: WqeFlags::NONE,
+            op: WrOp::SendEnable {
+                qp: qi.qpn,
+                pi: (qb + k) as u32,
+            },
+        };
+        m.push(&nic, &enable(1))?;
+        for k in 1..steps {
+            let wait = WorkRequest {
+                wr_id: 0,
+                flags: WqeFlags::NONE,
+                op: WrOp::Wait {
+                    cq: cq_q,
+                    count: (base + k - 1) as u32,
+                },
+            };
+            m.push(&nic, &wait)?;
+            m.push(&nic, &enable(k + 1))?;
+        }
+        let t0 = Instant::now();
+        m.ring(&nic)?;
+        while nic.cq_produced(cq_q).ctx("cq_produced")? < base + steps {
+            if t0.elapsed() > Duration::from_secs(60) {
+                return Err("the chain did not finish within 60 s".into());
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let ns = t0.elapsed().as_nanos() as f64 / steps as f64;
+        println!("{steps} steps: {ns:.1} ns/step (includes up to 200 µs of host sleep)");
+    }
+    Ok(())
+}
+
+fn queue(nic: &SoftNic, pd: Pdn, cq: Cqn, managed: bool, bbs: u32) -> Result<QpInfo, String> {
+    let mut c = QpConfig::new(pd, cq);
+    c.sq_bbs = bbs;
+    c.pu = Some(0);
+    c.managed_send = managed;
+    let info = nic.create_qp(c).ctx("create_qp")?;
+    nic.connect(info.qpn, info.qpn).ctx("connect")?;
+    Ok(info)
+}
