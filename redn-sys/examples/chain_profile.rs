@@ -42,7 +42,9 @@ fn arg(args: &[String], i: usize, default: u64, max: u64, what: &str) -> Result<
         None => Ok(default),
         Some(s) => match s.parse::<u64>() {
             Ok(v) if (1..=max).contains(&v) => Ok(v),
-            _ => Err(format!("{what} must be a number in 1..={max}, not {s:?}\n\n{USAGE}")),
+            _ => Err(format!(
+                "{what} must be a number in 1..={max}, not {s:?}\n\n{USAGE}"
+            )),
         },
     }
 }
