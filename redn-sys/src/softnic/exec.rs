@@ -66,6 +66,10 @@ struct Fetcher {
     fetched: u64,
     /// How many BBs past the current WQE may be fetched early.
     depth: u64,
+    /// The peer when it is in this process, for the fast path to reach without a dynamic
+    /// call. Kept here, beside the snapshots, so the fast path can hold it while it calls
+    /// the `Core`'s methods.
+    direct: Option<Arc<InProcess>>,
 }
 
 impl Fetcher {
@@ -82,6 +86,7 @@ impl Fetcher {
             snap_mask: cap - 1,
             fetched: 0,
             depth,
+            direct: None,
         }
     }
 
@@ -259,8 +264,6 @@ struct Core {
     wqe: [u8; MAX_WQE_BYTES],
     /// `SoftNicConfig::wqe_checks`, read once.
     wqe_checks: bool,
-    /// `peer` when it is in this process, for the fast path to reach without a dynamic call.
-    direct: Option<Arc<InProcess>>,
 }
 
 impl Core {
@@ -281,7 +284,6 @@ impl Core {
             scratch: Vec::new(),
             wqe: [0u8; MAX_WQE_BYTES],
             wqe_checks,
-            direct: None,
         }
     }
 
@@ -315,7 +317,7 @@ impl Core {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
-            self.direct = self.peer.clone().and_then(|p| p.in_process_arc());
+            f.direct = self.peer.clone().and_then(|p| p.in_process_arc());
         }
         let g = self.qp.rate_generation.load(Ordering::Acquire);
         if g != self.rate_generation {
@@ -392,9 +394,7 @@ impl Core {
     /// queues every WQE or two pays each time.
     #[inline(always)]
     fn run_fast(&mut self, f: &mut Fetcher, limit: u64, budget: usize) -> (usize, bool) {
-        // Moved out for the loop (no reference count traffic) and put back at the end.
-        let direct_peer = self.direct.take();
-        let direct = direct_peer.as_deref();
+        let direct = f.direct.as_deref();
         let pd = self.qp.pd;
         let start = self.ci;
         let mut ci = start;
@@ -542,7 +542,6 @@ impl Core {
         f.fetched = fetched;
         self.add_fast_counts([nops, writes, reads], bytes);
         self.ci = ci;
-        self.direct = direct_peer;
         let done = (ci - start) as usize;
         if let Some((syndrome, bbs)) = fault {
             self.fault(f, syndrome, bbs);
