@@ -395,7 +395,7 @@ impl Core {
     #[inline(always)]
     fn run_fast(&mut self, f: &mut Fetcher, limit: u64, budget: usize) -> (usize, bool) {
         let direct = f.direct.as_deref();
-        let pd = self.qp.pd;
+        let (pd, wqe_checks) = (self.qp.pd, self.wqe_checks);
         let start = self.ci;
         let mut ci = start;
         // Every WQE here is one BB, so the budget is a bound on the index.
@@ -428,7 +428,7 @@ impl Core {
             let w = &snap[slot];
             let opcode = w[off::OPCODE];
             let signaled = w[off::FM_CE_SE] & 0x0c == 0x08;
-            let checked = !self.wqe_checks || self.wqe_is_ours(w, ci);
+            let checked = !wqe_checks || self.wqe_is_ours(w, ci);
             // Some((payload bytes, CQE byte count)) if it ran inline; None: `execute` runs it.
             let inline: Option<(u64, u32)> = match opcode {
                 _ if !checked => None,
