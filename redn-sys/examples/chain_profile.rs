@@ -4,10 +4,13 @@
 //! of N steps (a master SQ doing WAIT + SEND_EN for a managed SQ of signaled NOPs, the
 //! paper's doorbell order) while the host sleeps, so a profiler sees almost only the PU:
 //!
-//!     valgrind --tool=callgrind --separate-threads=yes \
+//!     valgrind --tool=callgrind --collect-atstart=no \
+//!         --toggle-collect='redn_sys::softnic::exec::SqExec::run' \
 //!         target/release/examples/chain_profile 8000 2
 //!
-//! and the PU thread's total divided by N × rounds is the instruction cost of one step.
+//! and the total divided by N × rounds is the executor's instruction cost of one step
+//! (counting the whole PU thread instead adds the PU loop and its idle polling between
+//! rounds, which moves by a few percent with scheduling).
 
 #[allow(dead_code)]
 mod bench_common;
@@ -27,8 +30,9 @@ USAGE:
     STEPS    chain length, 1..=8000 (default 4000)
     ROUNDS   chains to run one after another (default 5)
 
-Prints ns per step for each round; under valgrind --tool=callgrind --separate-threads=yes,
-the PU thread's instruction total / (STEPS x ROUNDS) is the cost of one step.";
+Prints ns per step for each round. Under valgrind --tool=callgrind --collect-atstart=no
+--toggle-collect='redn_sys::softnic::exec::SqExec::run', the instruction total /
+(STEPS x ROUNDS) is the executor's cost of one step.";
 
 fn main() {
     if let Err(e) = run() {
