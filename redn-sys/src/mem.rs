@@ -618,6 +618,10 @@ impl KeyCache {
     #[inline(always)]
     pub fn get(&mut self, table: &KeyTable, key: u32) -> Result<&MemoryRegion, AccessFault> {
         if table.generation() == self.generation {
+            // Most queues name one or two keys: try the first entry before the scan.
+            if !self.regions.is_empty() && self.keys[0] == key {
+                return Ok(&self.regions[0]);
+            }
             let n = self.regions.len();
             if let Some(i) = self.keys[..n].iter().position(|&k| k == key) {
                 return Ok(&self.regions[i]);
