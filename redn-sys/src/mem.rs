@@ -429,8 +429,11 @@ impl MemoryRegion {
     /// The single place where PD, bounds and rights are decided (`check` explains a `None`).
     #[inline(always)]
     pub fn window(&self, pd: Pdn, addr: VirtAddr, len: u64, need: Access) -> Option<Span<'_>> {
+        // An address below the region wraps `rel` past any region length (a region's
+        // addresses are those of its memory, so `addr + len` never wraps), so one comparison
+        // covers both ends.
         let rel = addr.0.wrapping_sub(self.addr.0);
-        let inside = addr.0 >= self.addr.0 && rel <= self.len && len <= self.len - rel;
+        let inside = rel <= self.len && len <= self.len - rel;
         (pd == self.pd && inside && self.access.contains(need)).then(|| Span {
             buffer: &self.buffer,
             off: self.buffer_off + rel as usize,
