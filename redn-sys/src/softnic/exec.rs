@@ -174,13 +174,17 @@ fn be64(b: &[u8], at: usize) -> u64 {
 }
 
 /// Small caches of the queues and CQs that WAIT / SEND_EN / RECV_EN name, invalidated when
-/// the NIC's object generation moves.
+/// the NIC's object generation moves. Numbers are kept beside the objects so a hit compares
+/// plain integers without following pointers.
 #[derive(Default)]
 struct ObjCache {
     generation: u64,
-    qps: Vec<Arc<QpShared>>,
-    cqs: Vec<Arc<CqShared>>,
+    qps: Vec<(u32, Arc<QpShared>)>,
+    cqs: Vec<(u32, Arc<CqShared>)>,
 }
+
+/// Entries each of [`ObjCache`]'s lists keeps (programs name few queues and CQs).
+const OBJ_CACHE_SIZE: usize = 8;
 
 impl ObjCache {
     #[inline(always)]
@@ -196,30 +200,30 @@ impl ObjCache {
     #[inline(always)]
     fn qp(&mut self, nic: &Shared, qpn: Qpn) -> Option<&Arc<QpShared>> {
         self.sync(nic);
-        if let Some(i) = self.qps.iter().position(|q| q.qpn == qpn) {
-            return Some(&self.qps[i]);
+        match self.qps.iter().position(|(n, _)| *n == qpn.0) {
+            Some(i) => Some(&self.qps[i].1),
+            None => remember(&mut self.qps, qpn.0, nic.qp(qpn).ok()?),
         }
-        let q = nic.qp(qpn).ok()?;
-        if self.qps.len() >= 8 {
-            self.qps.remove(0);
-        }
-        self.qps.push(q);
-        self.qps.last()
     }
 
     #[inline(always)]
     fn cq(&mut self, nic: &Shared, cqn: Cqn) -> Option<&Arc<CqShared>> {
         self.sync(nic);
-        if let Some(i) = self.cqs.iter().position(|c| c.cqn == cqn) {
-            return Some(&self.cqs[i]);
+        match self.cqs.iter().position(|(n, _)| *n == cqn.0) {
+            Some(i) => Some(&self.cqs[i].1),
+            None => remember(&mut self.cqs, cqn.0, nic.cq(cqn).ok()?),
         }
-        let c = nic.cq(cqn).ok()?;
-        if self.cqs.len() >= 8 {
-            self.cqs.remove(0);
-        }
-        self.cqs.push(c);
-        self.cqs.last()
     }
+}
+
+/// Add an object to one of [`ObjCache`]'s lists, dropping the oldest when full.
+#[cold]
+fn remember<T>(list: &mut Vec<(u32, Arc<T>)>, n: u32, obj: Arc<T>) -> Option<&Arc<T>> {
+    if list.len() >= OBJ_CACHE_SIZE {
+        list.remove(0);
+    }
+    list.push((n, obj));
+    list.last().map(|(_, o)| o)
 }
 
 pub(crate) struct SqExec {
