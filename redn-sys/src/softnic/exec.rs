@@ -107,7 +107,6 @@ impl Fetcher {
     #[inline(always)]
     fn fetch_current(&mut self, ci: u64) {
         if self.fetched <= ci {
-            self.fetched = ci;
             self.fetch(ci);
             self.fetched = ci + 1;
         }
@@ -1010,11 +1009,8 @@ impl Core {
             if !t.managed_send {
                 return Err(Fail::Syndrome(Syndrome::LocalQpOperation));
             }
-            // A queue on this PU needs no notice (the PU rescans after any progress), and
-            // knowing that here saves `notify` its thread-local lookup.
-            let here = t.pu == self.qp.pu && Arc::ptr_eq(&t.pus, &self.qp.pus);
-            if QpShared::advance(&t.enabled, pi) && !here {
-                t.pus.notify(t.pu);
+            if QpShared::advance(&t.enabled, pi) {
+                t.pus.notify_from(t.pu, &self.qp.pus, self.qp.pu);
             }
         } else {
             if !t.managed_recv {

@@ -555,7 +555,7 @@ impl Nic for SoftNic {
     fn post_send(&self, qp: Qpn, wrs: &[WorkRequest]) -> Result<()> {
         let q = self.shared.qp(qp)?;
         let _guard = q.post.lock().unwrap_or_else(|e| e.into_inner());
-        let mut pi = q.posted.load(Ordering::Acquire);
+        let pi = q.posted.load(Ordering::Acquire);
         let consumed = q.consumed.load(Ordering::Acquire);
         // Encode everything first: a bad request posts nothing. Only the encoded bytes are
         // staged (64 per one-BB WQE, where an `EncodedWqe` holds the 1 KiB maximum), and each
@@ -585,13 +585,12 @@ impl Nic for SoftNic {
         for (wr, first) in wrs.iter().zip(firsts) {
             q.sq_wr_ids[(first & slot_mask) as usize].store(wr.wr_id, Ordering::Relaxed);
         }
-        pi = at;
-        q.posted.store(pi, Ordering::Release);
+        q.posted.store(at, Ordering::Release);
         q.counters
             .host_posts
             .fetch_add(wrs.len() as u64, Ordering::Relaxed);
         if !q.managed_send {
-            q.doorbell.fetch_max(pi, Ordering::AcqRel);
+            q.doorbell.fetch_max(at, Ordering::AcqRel);
         }
         q.pus.notify(q.pu);
         Ok(())

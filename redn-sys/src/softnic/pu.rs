@@ -111,6 +111,21 @@ impl PuSet {
         if CURRENT.with(|c| c.get()) == (self as *const PuSet as usize, pu) {
             return;
         }
+        self.notify_other(pu);
+    }
+
+    /// As [`Self::notify`], from PU `from` of `from_set`: a caller that knows which PU it
+    /// runs on skips the thread-local lookup (a call, on the executor's hot path).
+    #[inline(always)]
+    pub(crate) fn notify_from(&self, pu: usize, from_set: &PuSet, from: usize) {
+        if !(std::ptr::eq(self, from_set) && pu == from) {
+            self.notify_other(pu);
+        }
+    }
+
+    /// Tell PU `pu`, which is not the calling thread, that something changed.
+    #[inline]
+    fn notify_other(&self, pu: usize) {
         let p = &self.pus[pu];
         p.events.fetch_add(1, Ordering::SeqCst);
         if p.sleeping.load(Ordering::SeqCst) {

@@ -146,7 +146,7 @@ impl InProcess {
     /// The live target and the checked window `remote`..+`len` for `need`: the responder's
     /// key, PD, bounds and rights check, in one place for every one-sided operation.
     #[inline(always)]
-    pub(crate) fn remote_span<'k>(
+    fn remote_span<'k>(
         &self,
         keys: &'k mut KeyCache,
         remote: RemoteAddr,
