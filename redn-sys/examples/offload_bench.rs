@@ -237,10 +237,21 @@ fn wait_cq(nic: &SoftNic, cq: Cqn, target: u64, mode: WaitMode) -> Result<Instan
 }
 
 /// Wait until `cq` has produced `base + 1`, ..., `base + n` completions; when each was seen.
-fn wait_steps(nic: &SoftNic, cq: Cqn, base: u64, n: u64) -> Result<Vec<Instant>, String> {
+/// With a `channel`, sleep on it between looks (armed before each look, so a completion after
+/// the look signals) instead of busy-polling.
+fn wait_steps(
+    nic: &SoftNic,
+    cq: Cqn,
+    base: u64,
+    n: u64,
+    channel: Option<&CompChannel>,
+) -> Result<Vec<Instant>, String> {
     let mut seen = Vec::with_capacity(n as usize);
     let mut backoff = Backoff::new(64, Some(Instant::now()));
     loop {
+        if let Some(ch) = channel {
+            nic.req_notify_cq(cq, ch).ctx("req_notify_cq")?;
+        }
         let p = nic.cq_produced(cq).ctx("cq_produced")?;
         if p > base + seen.len() as u64 {
             let now = Instant::now();
@@ -248,12 +259,20 @@ fn wait_steps(nic: &SoftNic, cq: Cqn, base: u64, n: u64) -> Result<Vec<Instant>,
                 seen.push(now);
             }
             if seen.len() as u64 >= n {
+                if let Some(ch) = channel {
+                    // Leave no event behind for the next wait.
+                    while ch.try_event().is_some() {}
+                }
                 return Ok(seen);
             }
         }
-        backoff
-            .pause(WaitMode::Spin)
-            .map_err(|()| timed_out(cq, p, base + n))?;
+        let waited = match channel {
+            Some(ch) => ch.get_event(WAIT_TIMEOUT).is_some(),
+            None => backoff.pause(WaitMode::Spin).is_ok(),
+        };
+        if !waited {
+            return Err(timed_out(cq, p, base + n));
+        }
     }
 }
 
@@ -620,38 +639,14 @@ fn trigger(
     let t0 = Instant::now();
     inst.csq.ring(&env.client)?;
     let seen = match how {
-        HostWait::Poll => wait_steps(&env.client, env.ccq, base, responses),
-        HostWait::Channel => sleep_steps(env, base, responses),
+        HostWait::Poll => wait_steps(&env.client, env.ccq, base, responses, None),
+        HostWait::Channel => wait_steps(&env.client, env.ccq, base, responses, Some(&env.channel)),
     }
     .map_err(|e| format!("{e}{}", inst.diag(env)))?;
     inst.served += 1;
     let times = seen.iter().map(|t| ns(*t - t0)).collect();
     let cqes = take_cqes(&env.client, env.ccq, responses as usize)?;
     Ok((times, cqes))
-}
-
-/// As `wait_steps` on the client CQ, sleeping on the completion channel between looks: arm,
-/// look, and sleep only if nothing new came (a completion after the arming signals).
-fn sleep_steps(env: &Env, base: u64, n: u64) -> Result<Vec<Instant>, String> {
-    let mut seen = Vec::with_capacity(n as usize);
-    loop {
-        env.client
-            .req_notify_cq(env.ccq, &env.channel)
-            .ctx("req_notify_cq")?;
-        let p = env.client.cq_produced(env.ccq).ctx("cq_produced")?;
-        let now = Instant::now();
-        while (seen.len() as u64) < (p - base).min(n) {
-            seen.push(now);
-        }
-        if seen.len() as u64 >= n {
-            // Leave no event behind for the next trigger.
-            while env.channel.try_event().is_some() {}
-            return Ok(seen);
-        }
-        if env.channel.get_event(WAIT_TIMEOUT).is_none() {
-            return Err(timed_out(env.ccq, p, base + n));
-        }
-    }
 }
 
 /// Check responses: all successful, immediate `imm`, the byte lengths `lens` (any order).
