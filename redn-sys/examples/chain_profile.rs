@@ -14,10 +14,10 @@
 
 #[allow(dead_code)]
 mod bench_common;
-use bench_common::{nop, Ctx, SqWriter};
+use bench_common::{nop, push_doorbell_master, Ctx, SqWriter};
 use redn_sys::nic::{CqConfig, Nic, QpConfig, QpInfo};
 use redn_sys::softnic::{SoftNic, SoftNicConfig};
-use redn_sys::wqe::{WorkRequest, WqeFlags, WrOp};
+use redn_sys::wqe::WqeFlags;
 use redn_sys::{Cqn, Pdn};
 use std::time::{Duration, Instant};
 
@@ -85,27 +85,7 @@ fn run() -> Result<(), String> {
         for i in 0..steps {
             q.push(&nic, &nop(WqeFlags::SIGNALED, i))?;
         }
-        let enable = |k: u64| WorkRequest {
-            wr_id: 0,
-            flags: WqeFlags::NONE,
-            op: WrOp::SendEnable {
-                qp: qi.qpn,
-                pi: (qb + k) as u32,
-            },
-        };
-        m.push(&nic, &enable(1))?;
-        for k in 1..steps {
-            let wait = WorkRequest {
-                wr_id: 0,
-                flags: WqeFlags::NONE,
-                op: WrOp::Wait {
-                    cq: cq_q,
-                    count: (base + k - 1) as u32,
-                },
-            };
-            m.push(&nic, &wait)?;
-            m.push(&nic, &enable(k + 1))?;
-        }
+        push_doorbell_master(&nic, &mut m, qi.qpn, cq_q, qb, base, steps, 0)?;
         let t0 = Instant::now();
         m.ring(&nic)?;
         while nic.cq_produced(cq_q).ctx("cq_produced")? < base + steps {

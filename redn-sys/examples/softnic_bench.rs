@@ -13,8 +13,8 @@ mod bench_common;
 
 use bench_common::{
     flags_if, mean_ns_samples, median, nop, ns, on_threads, parse_num, print_anomalies, print_head,
-    stats, verdict, wait_produced, Backoff, CommonOpts, Ctx, SqWriter, Stats, WaitMode,
-    SPIN_BEFORE_YIELD, WAIT_TIMEOUT,
+    push_doorbell_master, stats, verdict, wait_produced, Backoff, CommonOpts, Ctx, SqWriter, Stats,
+    WaitMode, SPIN_BEFORE_YIELD, WAIT_TIMEOUT,
 };
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig, QpInfo};
@@ -481,29 +481,16 @@ fn run_chain(
             if detect == Detect::Flag {
                 pair.q.push(nic, &flag.write_wr())?;
             }
-            let en = |k: u64| WorkRequest {
-                wr_id: 0,
-                flags: WqeFlags::NONE,
-                op: WrOp::SendEnable {
-                    qp: pair.q.qpn,
-                    pi: (qb + k + if k == n as u64 { extra } else { 0 }) as u32,
-                },
-            };
-            let first = en(1);
-            pair.m.push(nic, &first)?;
-            for k in 1..n as u64 {
-                let w = WorkRequest {
-                    wr_id: 0,
-                    flags: WqeFlags::NONE,
-                    op: WrOp::Wait {
-                        cq: pair.cq_q,
-                        count: (base + k - 1) as u32,
-                    },
-                };
-                let e = en(k + 1);
-                pair.m.push(nic, &w)?;
-                pair.m.push(nic, &e)?;
-            }
+            push_doorbell_master(
+                nic,
+                &mut pair.m,
+                pair.q.qpn,
+                pair.cq_q,
+                qb,
+                base,
+                n as u64,
+                extra,
+            )?;
             (&pair.m, pair.cq_q, base + n as u64)
         }
     };

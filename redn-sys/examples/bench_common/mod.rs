@@ -433,6 +433,46 @@ impl SqWriter {
     }
 }
 
+/// The master queue's half of a doorbell-ordered chain of `n` steps (RedN §3.1): SEND_EN of
+/// the managed queue `q` up to its first WQE, then for each further step WAIT(`q_cq`, the
+/// previous WQE's completion) + SEND_EN of the next. `qb` is `q`'s producer index before the
+/// chain's WQEs and `base` the CQ's count then; the last SEND_EN enables `extra` more WQEs.
+// Not every example that includes this module builds chains (offload_bench does not).
+#[allow(dead_code, clippy::too_many_arguments)]
+pub fn push_doorbell_master(
+    nic: &SoftNic,
+    m: &mut SqWriter,
+    q: Qpn,
+    q_cq: Cqn,
+    qb: u64,
+    base: u64,
+    n: u64,
+    extra: u64,
+) -> Result<(), String> {
+    let enable = |k: u64| WorkRequest {
+        wr_id: 0,
+        flags: WqeFlags::NONE,
+        op: WrOp::SendEnable {
+            qp: q,
+            pi: (qb + k + if k == n { extra } else { 0 }) as u32,
+        },
+    };
+    m.push(nic, &enable(1))?;
+    for k in 1..n {
+        let wait = WorkRequest {
+            wr_id: 0,
+            flags: WqeFlags::NONE,
+            op: WrOp::Wait {
+                cq: q_cq,
+                count: (base + k - 1) as u32,
+            },
+        };
+        m.push(nic, &wait)?;
+        m.push(nic, &enable(k + 1))?;
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Native baselines
 
