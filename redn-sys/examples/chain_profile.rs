@@ -11,24 +11,31 @@
 //! and the total divided by N × rounds is the executor's instruction cost of one step
 //! (counting the whole PU thread instead adds the PU loop and its idle polling between
 //! rounds, which moves by a few percent with scheduling).
+//!
+//! With `--write`, the chain is N unsignaled 64-byte RDMA WRITEs in WQ order (the last one
+//! signaled) that the host writes into the ring again before each round, the same bytes but
+//! for the WQE index: the cost of one WRITE, first resolved and then re-run.
 
 #[allow(dead_code)]
 mod bench_common;
-use bench_common::{nop, push_doorbell_master, Ctx, SqWriter};
+use bench_common::{flags_if, nop, push_doorbell_master, Ctx, SqWriter};
+use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, Nic, QpConfig, QpInfo};
 use redn_sys::softnic::{SoftNic, SoftNicConfig};
-use redn_sys::wqe::WqeFlags;
-use redn_sys::{Cqn, Pdn};
+use redn_sys::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
+use redn_sys::{Access, Cqn, Pdn};
 use std::time::{Duration, Instant};
 
 const USAGE: &str = "\
 chain_profile: one long doorbell-ordered NOP chain on one softnic PU (for profilers)
 
 USAGE:
-    cargo run --release -p redn-sys --example chain_profile -- [STEPS [ROUNDS]]
+    cargo run --release -p redn-sys --example chain_profile -- [--write] [STEPS [ROUNDS]]
 
     STEPS    chain length, 1..=8000 (default 4000)
     ROUNDS   chains to run one after another (default 5)
+    --write  instead of the doorbell-ordered chain: STEPS 64 B RDMA WRITEs in WQ order, the
+             last one signaled, re-posted by the host (same bytes) before each round
 
 Prints ns per step for each round. Under valgrind --tool=callgrind --collect-atstart=no
 --toggle-collect='redn_sys::softnic::exec::SqExec::run', the instruction total /
@@ -59,6 +66,8 @@ fn run() -> Result<(), String> {
         println!("{USAGE}");
         return Ok(());
     }
+    let write = args.iter().any(|a| a == "--write");
+    let args: Vec<String> = args.into_iter().filter(|a| a != "--write").collect();
     let steps = arg(&args, 0, 4000, 8000, "STEPS")?;
     let rounds = arg(&args, 1, 5, 1000, "ROUNDS")?;
     let nic = SoftNic::new(SoftNicConfig {
@@ -74,6 +83,9 @@ fn run() -> Result<(), String> {
         })
         .ctx("create_cq")
     };
+    if write {
+        return writes(&nic, pd, cq()?, steps, rounds);
+    }
     let (cq_m, cq_q) = (cq()?, cq()?);
     // Managed queue first: the PU runs its queues in creation order.
     let qi = queue(&nic, pd, cq_q, true, 16384)?;
@@ -88,14 +100,70 @@ fn run() -> Result<(), String> {
         push_doorbell_master(&nic, &mut m, qi.qpn, cq_q, qb, base, steps, 0)?;
         let t0 = Instant::now();
         m.ring(&nic)?;
-        while nic.cq_produced(cq_q).ctx("cq_produced")? < base + steps {
-            if t0.elapsed() > Duration::from_secs(60) {
-                return Err("the chain did not finish within 60 s".into());
-            }
-            std::thread::sleep(Duration::from_micros(200));
+        report(&nic, cq_q, base + steps, t0, steps, "step")?;
+    }
+    Ok(())
+}
+
+/// Sleep until `cq` has produced `target` completions, then print the time per step.
+fn report(
+    nic: &SoftNic,
+    cq: Cqn,
+    target: u64,
+    t0: Instant,
+    steps: u64,
+    what: &str,
+) -> Result<(), String> {
+    while nic.cq_produced(cq).ctx("cq_produced")? < target {
+        if t0.elapsed() > Duration::from_secs(60) {
+            return Err("the chain did not finish within 60 s".into());
         }
-        let ns = t0.elapsed().as_nanos() as f64 / steps as f64;
-        println!("{steps} steps: {ns:.1} ns/step (includes up to 200 µs of host sleep)");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let ns = t0.elapsed().as_nanos() as f64 / steps as f64;
+    println!("{steps} {what}s: {ns:.1} ns/{what} (includes up to 200 µs of host sleep)");
+    Ok(())
+}
+
+/// The `--write` chain: `steps` 64 B WRITEs from one region to another, posted again (same
+/// bytes, new WQE indices) before each of `rounds` doorbells.
+fn writes(nic: &SoftNic, pd: Pdn, cq: Cqn, steps: u64, rounds: u64) -> Result<(), String> {
+    let len = steps as usize * 64;
+    let region = |fill: u8| {
+        let buf = SharedBuffer::new(len);
+        buf.write(0, &vec![fill; len]);
+        nic.reg_mr(pd, &buf, 0, len, Access::ALL)
+            .ctx("reg_mr")
+            .map(|mr| (buf, mr))
+    };
+    let ((_, src), (dst_buf, dst)) = (region(0x5a)?, region(0)?);
+    let info = queue(nic, pd, cq, false, steps.next_power_of_two() as u32)?;
+    let mut q = SqWriter::new(&info, false);
+    for _ in 0..rounds {
+        let base = nic.cq_produced(cq).ctx("cq_produced")?;
+        for i in 0..steps {
+            let off = i * 64;
+            q.push(
+                nic,
+                &WorkRequest {
+                    wr_id: i,
+                    flags: flags_if(i + 1 == steps),
+                    op: WrOp::Write {
+                        remote: dst.remote(off),
+                        payload: Payload::Sgl(vec![src.sge(off, 64)]),
+                        imm: None,
+                    },
+                },
+            )?;
+        }
+        let t0 = Instant::now();
+        q.ring(nic)?;
+        report(nic, cq, base + 1, t0, steps, "WRITE")?;
+    }
+    let mut got = vec![0u8; len];
+    dst_buf.read(0, &mut got);
+    if got.iter().any(|&b| b != 0x5a) {
+        return Err("the WRITEs did not copy the source region".into());
     }
     Ok(())
 }

@@ -178,6 +178,13 @@ impl SharedBuffer {
             }
             return;
         }
+        self.copy_any(dst_off, src, src_off, len);
+    }
+
+    /// [`SharedBuffer::copy_from`] for all but one aligned line; out of line, so the hot paths
+    /// that inline `copy_from` carry only the common case.
+    #[inline(never)]
+    fn copy_any(&self, dst_off: usize, src: &SharedBuffer, src_off: usize, len: usize) {
         if dst_off % WORD == 0 && src_off % WORD == 0 {
             // Slicing checks both ranges (and panics outside them, like the asserts below).
             let n = len / WORD;
@@ -599,7 +606,7 @@ impl KeyTable {
 
 /// A tiny per-queue cache of resolved keys, so the hot path does not take the table's lock.
 /// Entries are dropped when the table's generation moves (a region was deregistered).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct KeyCache {
     generation: u64,
     /// The keys of `regions`, inline so a hit compares plain integers without following
@@ -607,43 +614,88 @@ pub struct KeyCache {
     keys: [u32; KEY_CACHE_SIZE],
     regions: Vec<Arc<MemoryRegion>>,
     next: usize,
+    /// Changes whenever an entry stops meaning what it meant (the cache was cleared or an
+    /// entry replaced), so an entry's index can be remembered beside this number and trusted
+    /// while both the number and the table's generation are unchanged (see
+    /// [`KeyCache::region_at`]). Starts at 1: 0 is never current.
+    epoch: u64,
 }
 
 const KEY_CACHE_SIZE: usize = 8;
 
+impl Default for KeyCache {
+    fn default() -> KeyCache {
+        KeyCache::new()
+    }
+}
+
 impl KeyCache {
     /// An empty cache.
     pub fn new() -> KeyCache {
-        KeyCache::default()
+        KeyCache {
+            generation: 0,
+            keys: [0; KEY_CACHE_SIZE],
+            regions: Vec::new(),
+            next: 0,
+            epoch: 1,
+        }
     }
 
     /// Resolve `key` through the cache.
     #[inline(always)]
     pub fn get(&mut self, table: &KeyTable, key: u32) -> Result<&MemoryRegion, AccessFault> {
+        let i = self.find(table, key)?;
+        Ok(&self.regions[i])
+    }
+
+    /// Resolve `key` through the cache; the entry's index, for [`KeyCache::region_at`].
+    #[inline(always)]
+    pub fn find(&mut self, table: &KeyTable, key: u32) -> Result<usize, AccessFault> {
         if table.generation() == self.generation {
             // Most queues name one or two keys: try the first entry before the scan.
             if !self.regions.is_empty() && self.keys[0] == key {
-                return Ok(&self.regions[0]);
+                return Ok(0);
             }
             let n = self.regions.len();
             if let Some(i) = self.keys[..n].iter().position(|&k| k == key) {
-                return Ok(&self.regions[i]);
+                return Ok(i);
             }
         }
         self.miss(table, key)
     }
 
+    /// The number that entry indices handed out now are valid under: the cache's epoch while
+    /// the table has not dropped a region since the cache last looked, else 0 (never valid).
+    #[inline(always)]
+    pub fn current_epoch(&self, table: &KeyTable) -> u64 {
+        if table.generation() == self.generation {
+            self.epoch
+        } else {
+            0
+        }
+    }
+
+    /// The region at entry `i`, which [`KeyCache::find`] returned while
+    /// [`KeyCache::current_epoch`] was `epoch`, if that is still so: no region has been
+    /// deregistered and the entry was not replaced. The caller compares the epoch; this only
+    /// bounds-checks.
+    #[inline(always)]
+    pub fn region_at(&self, i: usize) -> Option<&MemoryRegion> {
+        self.regions.get(i).map(|r| &**r)
+    }
+
     #[cold]
     #[inline(never)]
-    fn miss(&mut self, table: &KeyTable, key: u32) -> Result<&MemoryRegion, AccessFault> {
+    fn miss(&mut self, table: &KeyTable, key: u32) -> Result<usize, AccessFault> {
         let g = table.generation();
         if g != self.generation {
             self.regions.clear();
             self.generation = g;
+            self.epoch += 1;
         }
         let n = self.regions.len();
         if let Some(i) = self.keys[..n].iter().position(|&k| k == key) {
-            return Ok(&self.regions[i]);
+            return Ok(i);
         }
         let r = table.lookup(key)?;
         let i = if n < KEY_CACHE_SIZE {
@@ -653,10 +705,11 @@ impl KeyCache {
             let i = self.next;
             self.next = (self.next + 1) % KEY_CACHE_SIZE;
             self.regions[i] = r;
+            self.epoch += 1;
             i
         };
         self.keys[i] = key;
-        Ok(&self.regions[i])
+        Ok(i)
     }
 }
 

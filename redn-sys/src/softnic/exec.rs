@@ -15,7 +15,7 @@ use super::qp::{bump, QpShared, Ring};
 use super::rate::Limiter;
 use super::transport::{AtomicOp, InProcess, Nak, Transport};
 use super::Shared;
-use crate::mem::{KeyCache, SharedBuffer};
+use crate::mem::{KeyCache, KeyTable, SharedBuffer, Span};
 use crate::types::{Access, Cqn, Pdn, Qpn, Rkey, VirtAddr};
 use crate::wqe::{
     bbs_for_ds, off, Cqe, CqeOpcode, Opcode, RemoteAddr, Syndrome, BB_SIZE, INLINE_FLAG, MAX_DS,
@@ -59,33 +59,100 @@ struct Fetcher {
     base: usize,
     /// Ring entries - 1.
     ring_mask: u64,
-    /// Snapshots, a power-of-two ring of BBs with room for `depth` plus the largest WQE.
-    snap: Box<[[u8; BB_SIZE]]>,
+    /// Snapshots by ring slot (slot modulo `snap.len()` for rings longer than
+    /// [`SNAPSHOT_SLOTS`]).
+    snap: Box<[Snapshot]>,
     snap_mask: u64,
     /// BBs below this have been fetched into `snap`.
     fetched: u64,
     /// How many BBs past the current WQE may be fetched early.
     depth: u64,
+    /// The bits of a BB's first word that decide what it does: all but the WQE index, unless
+    /// WQE checks are on. A fetch that finds only the index changed (a host re-posting the
+    /// same request) keeps the snapshot and what was resolved from it.
+    decisive0: u64,
     /// The peer when it is in this process, for the fast path to reach without a dynamic
     /// call. Kept here, beside the snapshots, so the fast path can hold it while it calls
     /// the `Core`'s methods.
     direct: Option<Arc<InProcess>>,
 }
 
+/// Most snapshots a queue keeps (128 bytes each): rings up to this many BBs have one per slot.
+/// At least the deepest prefetch plus the largest WQE, so BBs fetched and not yet run never
+/// share a snapshot.
+const SNAPSHOT_SLOTS: u64 = 16 << 10;
+const _: () =
+    assert!(SNAPSHOT_SLOTS >= super::Prefetch::MAX_DEPTH + crate::wqe::MAX_WQE_BBS as u64);
+
+/// One ring slot as the executor last fetched it: the BB's bytes, which are what runs however
+/// the ring changes after the fetch (the prefetch model), and, once the fast path has run them
+/// as a one-BB RDMA WRITE or READ, where its two windows turned out to be.
+///
+/// Why keep the latter: RedN's loops, recycled rings and hosts re-posting a request run the
+/// same bytes from the same slot again and again, and decoding them and checking keys, PD,
+/// bounds and rights is most of a WRITE's cost. A resolved move is kept only while the
+/// bytes stay the same (every fetch compares them with the ring; any difference but the WQE
+/// index drops it), neither key cache has dropped or replaced a region since (their epochs)
+/// and the target is live; a region's PD, bounds and rights cannot change while it stays
+/// registered, so the checks would decide exactly as they did.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Snapshot {
+    bytes: [u8; BB_SIZE],
+    /// The resolved move, valid while `resolved` and the epochs hold.
+    resolved: bool,
+    /// `HOT_NOP`, `HOT_WRITE` or `HOT_READ` once the fast path has run these bytes as an
+    /// unsignaled NOP, or as an unsignaled WRITE or READ it resolved, with WQE checks off:
+    /// then [`run_hot`] may run them again (a move only while its epochs hold).
+    hot: u8,
+    /// `KeyCache::current_epoch` of each side when resolved (never 0).
+    local_epoch: u64,
+    remote_epoch: u64,
+    /// Index of each side's region in its key cache.
+    local_region: u32,
+    remote_region: u32,
+    /// Byte offset of each window in its region's buffer.
+    local_off: usize,
+    remote_off: usize,
+    len: usize,
+}
+
+impl Snapshot {
+    const EMPTY: Snapshot = Snapshot {
+        bytes: [0; BB_SIZE],
+        resolved: false,
+        hot: HOT_NONE,
+        local_epoch: 0,
+        remote_epoch: 0,
+        local_region: 0,
+        remote_region: 0,
+        local_off: 0,
+        remote_off: 0,
+        len: 0,
+    };
+}
+
 impl Fetcher {
-    fn new(ring: &Ring, depth: u64) -> Fetcher {
+    fn new(ring: &Ring, depth: u64, wqe_checks: bool) -> Fetcher {
         // `SoftNic::alloc_ring` places send rings on a BB boundary inside their buffer, with
         // one BB per slot; fetching relies on both.
         debug_assert!(ring.stride == BB_SIZE && ring.offset % BB_SIZE == 0);
-        let cap = (depth + crate::wqe::MAX_WQE_BBS as u64).next_power_of_two();
+        let cap = ring.entries.min(SNAPSHOT_SLOTS);
+        let mut index = [0u8; 8];
+        index[off::WQE_INDEX..off::WQE_INDEX + 2].fill(0xff);
         Fetcher {
             ring: Arc::clone(&ring.buffer),
             base: ring.offset / 8,
             ring_mask: ring.entries - 1,
-            snap: vec![[0u8; BB_SIZE]; cap as usize].into_boxed_slice(),
+            snap: vec![Snapshot::EMPTY; cap as usize].into_boxed_slice(),
             snap_mask: cap - 1,
             fetched: 0,
             depth,
+            decisive0: if wqe_checks {
+                !0
+            } else {
+                !u64::from_ne_bytes(index)
+            },
             direct: None,
         }
     }
@@ -99,6 +166,7 @@ impl Fetcher {
             ring_mask,
             &mut self.snap,
             snap_mask,
+            self.decisive0,
             index,
         );
     }
@@ -112,11 +180,15 @@ impl Fetcher {
         }
     }
 
-    /// Fetch through `end` and prefetch up to `depth` BBs past it, not past `limit`. The
-    /// snapshot ring has room for that: `depth` plus the largest WQE.
+    /// Fetch through `end` and prefetch up to `depth` BBs past it, not past `limit` and not
+    /// so far that two BBs in flight share a snapshot (possible only with a prefetch as
+    /// deep as the ring).
     #[inline(always)]
-    fn fetch_ahead(&mut self, end: u64, limit: u64) {
-        let ahead = (end + self.depth).min(limit).max(end);
+    fn fetch_ahead(&mut self, ci: u64, end: u64, limit: u64) {
+        let ahead = (end + self.depth)
+            .min(limit)
+            .min(ci + self.snap_mask + 1)
+            .max(end);
         while self.fetched < ahead {
             self.fetch(self.fetched);
             self.fetched += 1;
@@ -125,28 +197,128 @@ impl Fetcher {
 
     #[inline(always)]
     fn block(&self, index: u64) -> &[u8; BB_SIZE] {
-        &self.snap[(index & self.snap_mask) as usize]
+        &self.snap[(index & self.snap_mask) as usize].bytes
     }
 }
 
 /// Snapshot ring slot `index` (slot 0 at word `base` of `words`) into its place in `snap`: a
 /// shift and a mask to find it, eight atomic loads (the host and RDMA operations may write
-/// the ring meanwhile).
+/// the ring meanwhile), compared with what the snapshot holds; stored, and what was
+/// resolved from the old bytes dropped, only if they differ in more than `decisive0` masks.
 #[inline(always)]
 fn fetch_into(
     words: &[AtomicU64],
     base: usize,
     ring_mask: u64,
-    snap: &mut [[u8; BB_SIZE]],
+    snap: &mut [Snapshot],
     snap_mask: u64,
+    decisive0: u64,
     index: u64,
 ) {
     let at = base + (index & ring_mask) as usize * 8;
-    let src = &words[at..at + 8];
+    let src: &[AtomicU64; 8] = words[at..at + 8].try_into().expect("eight words");
     let dst = &mut snap[(index & snap_mask) as usize];
-    for (d, w) in dst.chunks_exact_mut(8).zip(src) {
-        d.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+    // Word by word: load, compare with the old snapshot, store (the new bytes are kept even
+    // when only masked bits changed, so the snapshot is always what was fetched).
+    let mut diff = 0;
+    for (i, (d, w)) in dst.bytes.chunks_exact_mut(8).zip(src).enumerate() {
+        let d: &mut [u8; 8] = d.try_into().expect("eight bytes");
+        let now = w.load(Ordering::Relaxed);
+        let x = now ^ u64::from_ne_bytes(*d);
+        diff |= if i == 0 { x & decisive0 } else { x };
+        *d = now.to_ne_bytes();
     }
+    if diff != 0 {
+        dst.resolved = false;
+        dst.hot = HOT_NONE;
+    }
+}
+
+const HOT_NONE: u8 = 0;
+const HOT_NOP: u8 = 1;
+const HOT_WRITE: u8 = 2;
+const HOT_READ: u8 = 3;
+
+/// Run the hot BBs (see [`Snapshot::hot`]) from `ci` on, up to `end`: fetching and
+/// prefetching as the fast path does, and stopping at the first BB that is not hot or whose
+/// resolved windows no longer hold (a key cache moved on, the target went down). Returns the
+/// next index and the counts of NOPs, WRITEs, READs and payload bytes that ran.
+///
+/// Why a function of its own: this is the loop a recycled ring or a re-posted request spends
+/// its time in, and kept small, the compiler keeps its state in registers (inside the fast
+/// path's loop it spilled most of it; ~230 instructions a WRITE there, ~100 here).
+#[inline(never)]
+fn run_hot(
+    f: &mut Fetcher,
+    local: &KeyCache,
+    table: &KeyTable,
+    remote: &KeyCache,
+    mut ci: u64,
+    end: u64,
+    limit: u64,
+) -> (u64, [u64; 4]) {
+    let mut n = [0u64; 4];
+    let Some(peer) = f.direct.as_deref() else {
+        return (ci, n);
+    };
+    let (base, ring_mask, snap_mask, depth) = (f.base, f.ring_mask, f.snap_mask, f.depth);
+    let decisive0 = f.decisive0;
+    let words = f.ring.words();
+    let snap = &mut f.snap[..];
+    let mut fetched = f.fetched;
+    while ci < end {
+        if fetched <= ci {
+            fetch_into(words, base, ring_mask, snap, snap_mask, decisive0, ci);
+            fetched = ci + 1;
+        }
+        let slot = (ci & snap_mask) as usize;
+        let hot = snap[slot].hot;
+        if hot == HOT_NONE {
+            break;
+        }
+        let ahead = (ci + 1 + depth).min(limit).min(ci + snap_mask + 1);
+        while fetched < ahead {
+            fetch_into(words, base, ring_mask, snap, snap_mask, decisive0, fetched);
+            fetched += 1;
+        }
+        let e = &snap[slot];
+        if hot == HOT_NOP {
+            n[0] += 1;
+        } else {
+            if e.local_epoch != local.current_epoch(table)
+                || e.remote_epoch != peer.live_epoch(remote)
+            {
+                break;
+            }
+            let (Some(l), Some(r)) = (
+                local.region_at(e.local_region as usize),
+                remote.region_at(e.remote_region as usize),
+            ) else {
+                break;
+            };
+            let local = Span {
+                buffer: l.buffer(),
+                off: e.local_off,
+                len: e.len,
+            };
+            let far = Span {
+                buffer: r.buffer(),
+                off: e.remote_off,
+                len: e.len,
+            };
+            if hot == HOT_WRITE {
+                far.copy_from(&local);
+                n[1] += 1;
+            } else {
+                local.copy_from(&far);
+                n[2] += 1;
+            }
+            n[3] += e.len as u64;
+        }
+        ci += 1;
+    }
+    f.fetched = fetched;
+    (ci, n)
 }
 
 const OP_NOP: u8 = Opcode::Nop as u8;
@@ -234,7 +406,7 @@ impl SqExec {
     pub(crate) fn new(qp: Arc<QpShared>, nic: Arc<Shared>) -> SqExec {
         let depth = nic.config.prefetch.depth(qp.sq.entries);
         SqExec {
-            fetcher: Fetcher::new(&qp.sq, depth),
+            fetcher: Fetcher::new(&qp.sq, depth, nic.config.wqe_checks),
             core: Core::new(qp, nic),
         }
     }
@@ -400,7 +572,6 @@ impl Core {
     /// queues every WQE or two pays each time.
     #[inline(always)]
     fn run_fast(&mut self, f: &mut Fetcher, limit: u64, budget: usize) -> (usize, bool) {
-        let direct = f.direct.as_deref();
         let (pd, wqe_checks) = (self.qp.pd, self.wqe_checks);
         let start = self.ci;
         let mut ci = start;
@@ -410,28 +581,72 @@ impl Core {
         let mut fault = None;
         // The fetcher's state in locals, so the loop keeps it in registers; written back below.
         let (base, ring_mask, snap_mask, depth) = (f.base, f.ring_mask, f.snap_mask, f.depth);
-        let words = f.ring.words();
-        let snap = &mut f.snap[..];
+        let decisive0 = f.decisive0;
         let mut fetched = f.fetched;
         // Counts kept in registers, published before any completion and at the end.
         let (mut nops, mut writes, mut reads, mut bytes) = (0u64, 0u64, 0u64, 0u64);
         while ci < end {
             if fetched <= ci {
-                fetch_into(words, base, ring_mask, snap, snap_mask, ci);
+                fetch_into(
+                    f.ring.words(),
+                    base,
+                    ring_mask,
+                    &mut f.snap,
+                    snap_mask,
+                    decisive0,
+                    ci,
+                );
                 fetched = ci + 1;
             }
+            if f.snap[(ci & snap_mask) as usize].hot != HOT_NONE {
+                f.fetched = fetched;
+                let (next, n) = run_hot(
+                    f,
+                    &self.local_keys,
+                    &self.nic.keys,
+                    &self.remote_keys,
+                    ci,
+                    end,
+                    limit,
+                );
+                fetched = f.fetched;
+                ci = next;
+                nops += n[0];
+                writes += n[1];
+                reads += n[2];
+                bytes += n[3];
+                if ci >= end {
+                    break;
+                }
+                if fetched <= ci {
+                    fetch_into(
+                        f.ring.words(),
+                        base,
+                        ring_mask,
+                        &mut f.snap,
+                        snap_mask,
+                        decisive0,
+                        ci,
+                    );
+                    fetched = ci + 1;
+                }
+            }
+            let direct = f.direct.as_deref();
+            let words = f.ring.words();
+            let snap = &mut f.snap[..];
             let slot = (ci & snap_mask) as usize;
-            let ds = snap[slot][off::DS] & MAX_DS;
+            let ds = snap[slot].bytes[off::DS] & MAX_DS;
             if usize::from(ds) * SEG_SIZE > BB_SIZE {
                 break;
             }
-            // Prefetch exactly as `step` does: up to `depth` BBs past this one.
-            let ahead = (ci + 1 + depth).min(limit);
+            // Prefetch exactly as `Fetcher::fetch_ahead` does for `step`.
+            let ahead = (ci + 1 + depth).min(limit).min(ci + snap_mask + 1);
             while fetched < ahead {
-                fetch_into(words, base, ring_mask, snap, snap_mask, fetched);
+                fetch_into(words, base, ring_mask, snap, snap_mask, decisive0, fetched);
                 fetched += 1;
             }
-            let w = &snap[slot];
+            let e = &snap[slot];
+            let w = &e.bytes;
             let opcode = w[off::OPCODE];
             let signaled = w[off::FM_CE_SE] & 0x0c == 0x08;
             let checked = !wqe_checks || self.wqe_is_ours(w, ci);
@@ -441,18 +656,51 @@ impl Core {
                 OP_NOP if ds >= 1 => {
                     nops += 1;
                     if !signaled {
+                        if !wqe_checks {
+                            snap[slot].hot = HOT_NOP;
+                        }
                         ci += 1;
                         continue;
                     }
                     Some((0, 0))
                 }
                 OP_WRITE | OP_READ if ds == 3 => {
+                    let write = opcode == OP_WRITE;
                     let moved = 'rdma: {
-                        let seg = 2 * SEG_SIZE;
-                        let len = be32(w, seg + off::SEG_BYTE_COUNT);
                         let Some(peer) = direct else {
                             break 'rdma None;
                         };
+                        let keys = &self.nic.keys;
+                        if e.resolved
+                            && e.local_epoch == self.local_keys.current_epoch(keys)
+                            && e.remote_epoch == peer.live_epoch(&self.remote_keys)
+                        {
+                            if let (Some(l), Some(f)) = (
+                                self.local_keys.region_at(e.local_region as usize),
+                                self.remote_keys.region_at(e.remote_region as usize),
+                            ) {
+                                let local = Span {
+                                    buffer: l.buffer(),
+                                    off: e.local_off,
+                                    len: e.len,
+                                };
+                                let far = Span {
+                                    buffer: f.buffer(),
+                                    off: e.remote_off,
+                                    len: e.len,
+                                };
+                                if write {
+                                    far.copy_from(&local);
+                                    writes += 1;
+                                } else {
+                                    local.copy_from(&far);
+                                    reads += 1;
+                                }
+                                break 'rdma Some(e.len as u64);
+                            }
+                        }
+                        let seg = 2 * SEG_SIZE;
+                        let len = be32(w, seg + off::SEG_BYTE_COUNT);
                         if len & INLINE_FLAG != 0 || u64::from(len) > MAX_MESSAGE {
                             break 'rdma None;
                         }
@@ -460,19 +708,22 @@ impl Core {
                         let lkey = be32(w, seg + off::SEG_LKEY);
                         let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
                         let remote = remote_of(w);
-                        let write = opcode == OP_WRITE;
                         let (local_need, remote_need) = if write {
                             (Access::NONE, Access::REMOTE_WRITE)
                         } else {
                             (Access::LOCAL_WRITE, Access::REMOTE_READ)
                         };
-                        let Ok(local) = self.local_keys.get(&self.nic.keys, lkey) else {
+                        let Ok(local_region) = self.local_keys.find(keys, lkey) else {
                             break 'rdma None;
                         };
-                        let Some(local) = local.window(pd, addr, len, local_need) else {
+                        let Some(local) = self
+                            .local_keys
+                            .region_at(local_region)
+                            .and_then(|r| r.window(pd, addr, len, local_need))
+                        else {
                             break 'rdma None;
                         };
-                        let Some(far) =
+                        let Some((remote_region, far)) =
                             peer.remote_window(&mut self.remote_keys, remote, len, remote_need)
                         else {
                             break 'rdma None;
@@ -483,6 +734,28 @@ impl Core {
                         } else {
                             local.copy_from(&far);
                             reads += 1;
+                        }
+                        let (local_off, remote_off) = (local.off, far.off);
+                        let local_epoch = self.local_keys.current_epoch(keys);
+                        let remote_epoch = peer.live_epoch(&self.remote_keys);
+                        // Resolved under caches that were current: keep it for next time.
+                        if local_epoch != 0 && remote_epoch != 0 {
+                            snap[slot] = Snapshot {
+                                bytes: snap[slot].bytes,
+                                resolved: true,
+                                hot: match (signaled || wqe_checks, write) {
+                                    (true, _) => HOT_NONE,
+                                    (false, true) => HOT_WRITE,
+                                    (false, false) => HOT_READ,
+                                },
+                                local_epoch,
+                                remote_epoch,
+                                local_region: local_region as u32,
+                                remote_region: remote_region as u32,
+                                local_off,
+                                remote_off,
+                                len: len as usize,
+                            };
                         }
                         Some(len)
                     };
@@ -527,7 +800,7 @@ impl Core {
                     // The general path's decoder, checks and operations, on this WQE.
                     self.add_fast_counts([nops, writes, reads], bytes);
                     (nops, writes, reads, bytes) = (0, 0, 0, 0);
-                    self.wqe[..BB_SIZE].copy_from_slice(&snap[slot]);
+                    self.wqe[..BB_SIZE].copy_from_slice(&snap[slot].bytes);
                     match self.execute(ci, 1) {
                         Step::Done(_) => {}
                         Step::Blocked => {
@@ -644,7 +917,7 @@ impl Core {
         if ci + bbs > limit {
             return Step::Blocked;
         }
-        f.fetch_ahead(ci + bbs, limit);
+        f.fetch_ahead(ci, ci + bbs, limit);
         for i in 0..bbs {
             let at = i as usize * BB_SIZE;
             self.wqe[at..at + BB_SIZE].copy_from_slice(f.block(ci + i));

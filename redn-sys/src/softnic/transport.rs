@@ -164,6 +164,7 @@ impl InProcess {
     /// As [`Self::remote_span`], without saying why not: the executor's fast path leaves
     /// refused requests to the general path, which reports them. (Taking `remote_span(..).ok()`
     /// instead costs ~40 instructions a WRITE: the `Result` carries the NAK's fault details.)
+    /// Also returns the region's index in `keys`, for [`Self::live_epoch`].
     #[inline(always)]
     pub(crate) fn remote_window<'k>(
         &self,
@@ -171,11 +172,22 @@ impl InProcess {
         remote: RemoteAddr,
         len: u64,
         need: Access,
-    ) -> Option<Span<'k>> {
+    ) -> Option<(usize, Span<'k>)> {
         let t = self.live().ok()?;
-        keys.get(&self.keys, remote.rkey.0)
-            .ok()?
-            .window(t.pd, remote.addr, len, need)
+        let i = keys.find(&self.keys, remote.rkey.0).ok()?;
+        let span = keys.region_at(i)?.window(t.pd, remote.addr, len, need)?;
+        Some((i, span))
+    }
+
+    /// The epoch under which indices `remote_window` returned from `keys` are still good
+    /// ([`KeyCache::current_epoch`]), or 0 (never good) once the target is no longer live:
+    /// what a window resolved earlier needs re-checked before it is used again.
+    #[inline(always)]
+    pub(crate) fn live_epoch(&self, keys: &KeyCache) -> u64 {
+        match self.live() {
+            Ok(_) => keys.current_epoch(&self.keys),
+            Err(_) => 0,
+        }
     }
 
     /// Place a WRITE's `len` bytes with `put`. WRITE_IMM consumes a receive first, so an RNR
