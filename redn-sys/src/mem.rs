@@ -668,11 +668,18 @@ impl KeyCache {
     /// the table has not dropped a region since the cache last looked, else 0 (never valid).
     #[inline(always)]
     pub fn current_epoch(&self, table: &KeyTable) -> u64 {
-        if table.generation() == self.generation {
+        if self.is_current(table) {
             self.epoch
         } else {
             0
         }
+    }
+
+    /// True while the table has dropped no region since the cache last looked (the first
+    /// half of [`KeyCache::current_epoch`]'s test).
+    #[inline(always)]
+    pub fn is_current(&self, table: &KeyTable) -> bool {
+        table.generation() == self.generation
     }
 
     /// The region at entry `i`, which [`KeyCache::find`] returned while

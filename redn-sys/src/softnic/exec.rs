@@ -234,6 +234,51 @@ fn fetch_into(
     }
 }
 
+/// Prefetch slot `index` for [`run_hot`]: if its snapshot is hot and the ring still holds the
+/// same WQE, keep the snapshot as it is; otherwise fetch it as [`fetch_into`] does. The same
+/// WQE means the same bytes (but the index, as `decisive0` says) in the words its segments
+/// occupy: two for a NOP (its segments, if any, do nothing), six for a WRITE or READ (three
+/// segments); ConnectX reads a WQE's `ds` segments, nothing past them, so bytes past them
+/// cannot change what runs.
+#[inline(always)]
+fn prefetch_hot(
+    words: &[AtomicU64],
+    base: usize,
+    ring_mask: u64,
+    snap: &mut [Snapshot],
+    snap_mask: u64,
+    decisive0: u64,
+    index: u64,
+) {
+    let at = base + (index & ring_mask) as usize * 8;
+    let src: &[AtomicU64; 8] = words[at..at + 8].try_into().expect("eight words");
+    let dst = &snap[(index & snap_mask) as usize];
+    let same = match dst.hot {
+        HOT_NOP => same_words::<2>(src, &dst.bytes, decisive0),
+        HOT_WRITE | HOT_READ => same_words::<6>(src, &dst.bytes, decisive0),
+        _ => false,
+    };
+    if !same {
+        fetch_into(words, base, ring_mask, snap, snap_mask, decisive0, index);
+    }
+}
+
+/// True if the first `N` words of `ring` hold `bytes` (word 0 compared under `decisive0`).
+#[inline(always)]
+fn same_words<const N: usize>(
+    ring: &[AtomicU64; 8],
+    bytes: &[u8; BB_SIZE],
+    decisive0: u64,
+) -> bool {
+    let mut diff = 0;
+    for i in 0..N {
+        let old = u64::from_ne_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("eight bytes"));
+        let x = ring[i].load(Ordering::Relaxed) ^ old;
+        diff |= if i == 0 { x & decisive0 } else { x };
+    }
+    diff == 0
+}
+
 const HOT_NONE: u8 = 0;
 const HOT_NOP: u8 = 1;
 const HOT_WRITE: u8 = 2;
@@ -261,59 +306,60 @@ fn run_hot(
     let Some(peer) = f.direct.as_deref() else {
         return (ci, n);
     };
-    let (base, ring_mask, snap_mask, depth) = (f.base, f.ring_mask, f.snap_mask, f.depth);
-    let decisive0 = f.decisive0;
+    // What a resolved move's epochs must be now; each move re-checks that no region has been
+    // deregistered since and that the target is still live.
+    let (local_epoch, remote_epoch) = (local.current_epoch(table), peer.live_epoch(remote));
+    let (base, ring_mask, snap_mask, decisive0) = (f.base, f.ring_mask, f.snap_mask, f.decisive0);
+    // Fetched before a BB runs: up to `depth` past it, never so far that two BBs in flight
+    // share a snapshot (as `Fetcher::fetch_ahead`).
+    let reach = 1 + f.depth.min(snap_mask);
     let words = f.ring.words();
     let snap = &mut f.snap[..];
     let mut fetched = f.fetched;
     while ci < end {
-        if fetched <= ci {
-            fetch_into(words, base, ring_mask, snap, snap_mask, decisive0, ci);
-            fetched = ci + 1;
-        }
-        let slot = (ci & snap_mask) as usize;
-        let hot = snap[slot].hot;
-        if hot == HOT_NONE {
-            break;
-        }
-        let ahead = (ci + 1 + depth).min(limit).min(ci + snap_mask + 1);
-        while fetched < ahead {
-            fetch_into(words, base, ring_mask, snap, snap_mask, decisive0, fetched);
+        // `end` <= `limit`, so this fetches at least through `ci`.
+        let want = (ci + reach).min(limit);
+        while fetched < want {
+            prefetch_hot(words, base, ring_mask, snap, snap_mask, decisive0, fetched);
             fetched += 1;
         }
-        let e = &snap[slot];
-        if hot == HOT_NOP {
-            n[0] += 1;
-        } else {
-            if e.local_epoch != local.current_epoch(table)
-                || e.remote_epoch != peer.live_epoch(remote)
-            {
-                break;
+        let e = &snap[(ci & snap_mask) as usize];
+        match e.hot {
+            HOT_NOP => n[0] += 1,
+            HOT_WRITE | HOT_READ => {
+                if e.local_epoch != local_epoch
+                    || e.remote_epoch != remote_epoch
+                    || !local.is_current(table)
+                    || !peer.still_current(remote)
+                {
+                    break;
+                }
+                let (Some(l), Some(r)) = (
+                    local.region_at(e.local_region as usize),
+                    remote.region_at(e.remote_region as usize),
+                ) else {
+                    break;
+                };
+                let local = Span {
+                    buffer: l.buffer(),
+                    off: e.local_off,
+                    len: e.len,
+                };
+                let far = Span {
+                    buffer: r.buffer(),
+                    off: e.remote_off,
+                    len: e.len,
+                };
+                if e.hot == HOT_WRITE {
+                    far.copy_from(&local);
+                    n[1] += 1;
+                } else {
+                    local.copy_from(&far);
+                    n[2] += 1;
+                }
+                n[3] += e.len as u64;
             }
-            let (Some(l), Some(r)) = (
-                local.region_at(e.local_region as usize),
-                remote.region_at(e.remote_region as usize),
-            ) else {
-                break;
-            };
-            let local = Span {
-                buffer: l.buffer(),
-                off: e.local_off,
-                len: e.len,
-            };
-            let far = Span {
-                buffer: r.buffer(),
-                off: e.remote_off,
-                len: e.len,
-            };
-            if hot == HOT_WRITE {
-                far.copy_from(&local);
-                n[1] += 1;
-            } else {
-                local.copy_from(&far);
-                n[2] += 1;
-            }
-            n[3] += e.len as u64;
+            _ => break,
         }
         ci += 1;
     }

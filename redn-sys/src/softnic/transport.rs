@@ -179,6 +179,13 @@ impl InProcess {
         Some((i, span))
     }
 
+    /// True while the target is live and `keys` (this peer's key cache) current: what
+    /// [`Self::live_epoch`] tests, for a caller that already holds the epoch.
+    #[inline(always)]
+    pub(crate) fn still_current(&self, keys: &KeyCache) -> bool {
+        self.live().is_ok() && keys.is_current(&self.keys)
+    }
+
     /// The epoch under which indices `remote_window` returned from `keys` are still good
     /// ([`KeyCache::current_epoch`]), or 0 (never good) once the target is no longer live:
     /// what a window resolved earlier needs re-checked before it is used again.
