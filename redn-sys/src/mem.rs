@@ -165,20 +165,26 @@ impl SharedBuffer {
     #[inline(always)]
     pub fn copy_from(&self, dst_off: usize, src: &SharedBuffer, src_off: usize, len: usize) {
         if len == 64 && dst_off % WORD == 0 && src_off % WORD == 0 {
-            // One aligned cache line (a 64-byte WRITE or READ, the common case): eight loads
-            // and eight stores, no loop. Slicing checks both ranges.
-            let d: &[AtomicU64; 8] = self.words()[dst_off / WORD..][..8]
-                .try_into()
-                .expect("eight words");
-            let s: &[AtomicU64; 8] = src.words()[src_off / WORD..][..8]
-                .try_into()
-                .expect("eight words");
-            for (d, s) in d.iter().zip(s) {
-                d.store(s.load(Ordering::Relaxed), Ordering::Relaxed);
-            }
+            // One aligned cache line (a 64-byte WRITE or READ, the common case).
+            self.copy_line(dst_off / WORD, src, src_off / WORD);
             return;
         }
         self.copy_any(dst_off, src, src_off, len);
+    }
+
+    /// Copy the eight words at word `src_word` of `src` to word `dst_word`: eight loads and
+    /// eight stores, no loop. Slicing checks both ranges (panics outside them).
+    #[inline(always)]
+    pub(crate) fn copy_line(&self, dst_word: usize, src: &SharedBuffer, src_word: usize) {
+        let d: &[AtomicU64; 8] = self.words()[dst_word..][..8]
+            .try_into()
+            .expect("eight words");
+        let s: &[AtomicU64; 8] = src.words()[src_word..][..8]
+            .try_into()
+            .expect("eight words");
+        for (d, s) in d.iter().zip(s) {
+            d.store(s.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
     }
 
     /// [`SharedBuffer::copy_from`] for all but one aligned line; out of line, so the hot paths

@@ -115,6 +115,8 @@ struct Snapshot {
     local_off: usize,
     remote_off: usize,
     len: usize,
+    /// The move is one 8-byte-aligned 64-byte line on both sides (`SharedBuffer::copy_line`).
+    line: bool,
 }
 
 impl Snapshot {
@@ -129,6 +131,7 @@ impl Snapshot {
         local_off: 0,
         remote_off: 0,
         len: 0,
+        line: false,
     };
 }
 
@@ -310,16 +313,20 @@ fn run_hot(
     // deregistered since and that the target is still live.
     let (local_epoch, remote_epoch) = (local.current_epoch(table), peer.live_epoch(remote));
     let (base, ring_mask, snap_mask, decisive0) = (f.base, f.ring_mask, f.snap_mask, f.decisive0);
-    // Fetched before a BB runs: up to `depth` past it, never so far that two BBs in flight
-    // share a snapshot (as `Fetcher::fetch_ahead`).
+    // Fetched before a BB runs: through it and up to `depth` past it, not past `limit` and
+    // never so far that two BBs in flight share a snapshot (as `Fetcher::fetch_ahead`).
+    // Caught up here (`end` <= `limit`, so at least through `ci`); after that, each BB run
+    // lets one more in.
     let reach = 1 + f.depth.min(snap_mask);
     let words = f.ring.words();
     let snap = &mut f.snap[..];
     let mut fetched = f.fetched;
+    while fetched < (ci + reach).min(limit) {
+        prefetch_hot(words, base, ring_mask, snap, snap_mask, decisive0, fetched);
+        fetched += 1;
+    }
     while ci < end {
-        // `end` <= `limit`, so this fetches at least through `ci`.
-        let want = (ci + reach).min(limit);
-        while fetched < want {
+        if fetched < limit && fetched < ci + reach {
             prefetch_hot(words, base, ring_mask, snap, snap_mask, decisive0, fetched);
             fetched += 1;
         }
@@ -340,23 +347,33 @@ fn run_hot(
                 ) else {
                     break;
                 };
-                let local = Span {
-                    buffer: l.buffer(),
-                    off: e.local_off,
-                    len: e.len,
-                };
-                let far = Span {
-                    buffer: r.buffer(),
-                    off: e.remote_off,
-                    len: e.len,
-                };
-                if e.hot == HOT_WRITE {
-                    far.copy_from(&local);
-                    n[1] += 1;
+                let (l, r) = (l.buffer(), r.buffer());
+                let write = e.hot == HOT_WRITE;
+                if e.line {
+                    let (lw, rw) = (e.local_off / 8, e.remote_off / 8);
+                    if write {
+                        r.copy_line(rw, l, lw);
+                    } else {
+                        l.copy_line(lw, r, rw);
+                    }
                 } else {
-                    local.copy_from(&far);
-                    n[2] += 1;
+                    let local = Span {
+                        buffer: l,
+                        off: e.local_off,
+                        len: e.len,
+                    };
+                    let far = Span {
+                        buffer: r,
+                        off: e.remote_off,
+                        len: e.len,
+                    };
+                    if write {
+                        far.copy_from(&local);
+                    } else {
+                        local.copy_from(&far);
+                    }
                 }
+                n[if write { 1 } else { 2 }] += 1;
                 n[3] += e.len as u64;
             }
             _ => break,
@@ -801,6 +818,7 @@ impl Core {
                                 local_off,
                                 remote_off,
                                 len: len as usize,
+                                line: len == 64 && (local_off | remote_off) % 8 == 0,
                             };
                         }
                         Some(len)
