@@ -55,26 +55,37 @@ enum Step {
 /// [`Core`] so the fast path can hold it while it calls the executor's other methods.
 struct Fetcher {
     ring: Arc<SharedBuffer>,
-    /// Word index of slot 0 in `ring`; a slot is one BB (8 words).
-    base: usize,
-    /// Ring entries - 1.
-    ring_mask: u64,
     /// Snapshots by ring slot (slot modulo `snap.len()` for rings longer than
     /// [`SNAPSHOT_SLOTS`]).
     snap: Box<[Snapshot]>,
-    snap_mask: u64,
+    geo: Geometry,
     /// BBs below this have been fetched into `snap`.
     fetched: u64,
-    /// How many BBs past the current WQE may be fetched early.
-    depth: u64,
-    /// The bits of a BB's first word that decide what it does: all but the WQE index, unless
-    /// WQE checks are on. A fetch that finds only the index changed (a host re-posting the
-    /// same request) keeps the snapshot and what was resolved from it.
-    decisive0: u64,
     /// The peer when it is in this process, for the fast path to reach without a dynamic
     /// call. Kept here, beside the snapshots, so the fast path can hold it while it calls
     /// the `Core`'s methods.
     direct: Option<Arc<InProcess>>,
+}
+
+/// Where the ring's slots and their snapshots are, and how far to prefetch: fixed for the
+/// queue's life, copied into registers by the loops that fetch.
+#[derive(Clone, Copy)]
+struct Geometry {
+    /// Word index of slot 0 in the ring's buffer; a slot is one BB (8 words).
+    base: usize,
+    /// Ring entries - 1.
+    ring_mask: u64,
+    /// Snapshots - 1.
+    snap_mask: u64,
+    /// How many BBs past the current WQE may be fetched early.
+    depth: u64,
+    /// Fetched before a one-BB WQE runs: 1 + `depth`, but never so far that two BBs in flight
+    /// share a snapshot (possible only with a prefetch as deep as the ring).
+    reach: u64,
+    /// The bits of a BB's first word that decide what it does: all but the WQE index, unless
+    /// WQE checks are on. A fetch that finds only the index changed (a host re-posting the
+    /// same request) keeps what was derived from the snapshot.
+    decisive0: u64,
 }
 
 /// Most snapshots a queue keeps (128 bytes each): rings up to this many BBs have one per slot.
@@ -99,8 +110,9 @@ const _: () =
 #[repr(C, align(64))]
 struct Snapshot {
     bytes: [u8; BB_SIZE],
-    /// The resolved move, valid while `resolved` and the epochs hold.
-    resolved: bool,
+    /// Something was derived from `bytes` (a resolved move, or `hot`): a fetch must compare
+    /// before it overwrites them. The move's fields are valid while this and the epochs hold.
+    derived: bool,
     /// `HOT_NOP`, `HOT_WRITE` or `HOT_READ` once the fast path has run these bytes as an
     /// unsignaled NOP, or as an unsignaled WRITE or READ it resolved, with WQE checks off:
     /// then [`run_hot`] may run them again (a move only while its epochs hold).
@@ -122,7 +134,7 @@ struct Snapshot {
 impl Snapshot {
     const EMPTY: Snapshot = Snapshot {
         bytes: [0; BB_SIZE],
-        resolved: false,
+        derived: false,
         hot: HOT_NONE,
         local_epoch: 0,
         remote_epoch: 0,
@@ -145,33 +157,27 @@ impl Fetcher {
         index[off::WQE_INDEX..off::WQE_INDEX + 2].fill(0xff);
         Fetcher {
             ring: Arc::clone(&ring.buffer),
-            base: ring.offset / 8,
-            ring_mask: ring.entries - 1,
             snap: vec![Snapshot::EMPTY; cap as usize].into_boxed_slice(),
-            snap_mask: cap - 1,
-            fetched: 0,
-            depth,
-            decisive0: if wqe_checks {
-                !0
-            } else {
-                !u64::from_ne_bytes(index)
+            geo: Geometry {
+                base: ring.offset / 8,
+                ring_mask: ring.entries - 1,
+                snap_mask: cap - 1,
+                depth,
+                reach: 1 + depth.min(cap - 1),
+                decisive0: if wqe_checks {
+                    !0
+                } else {
+                    !u64::from_ne_bytes(index)
+                },
             },
+            fetched: 0,
             direct: None,
         }
     }
 
     #[inline(always)]
     fn fetch(&mut self, index: u64) {
-        let (base, ring_mask, snap_mask) = (self.base, self.ring_mask, self.snap_mask);
-        fetch_into(
-            self.ring.words(),
-            base,
-            ring_mask,
-            &mut self.snap,
-            snap_mask,
-            self.decisive0,
-            index,
-        );
+        fetch_into(self.ring.words(), self.geo, &mut self.snap, index);
     }
 
     /// Fetch the BB at `ci` if it is not yet.
@@ -188,9 +194,9 @@ impl Fetcher {
     /// deep as the ring).
     #[inline(always)]
     fn fetch_ahead(&mut self, ci: u64, end: u64, limit: u64) {
-        let ahead = (end + self.depth)
+        let ahead = (end + self.geo.depth)
             .min(limit)
-            .min(ci + self.snap_mask + 1)
+            .min(ci + self.geo.snap_mask + 1)
             .max(end);
         while self.fetched < ahead {
             self.fetch(self.fetched);
@@ -200,7 +206,7 @@ impl Fetcher {
 
     #[inline(always)]
     fn block(&self, index: u64) -> &[u8; BB_SIZE] {
-        &self.snap[(index & self.snap_mask) as usize].bytes
+        &self.snap[(index & self.geo.snap_mask) as usize].bytes
     }
 }
 
@@ -209,18 +215,17 @@ impl Fetcher {
 /// the ring meanwhile), compared with what the snapshot holds; stored, and what was
 /// resolved from the old bytes dropped, only if they differ in more than `decisive0` masks.
 #[inline(always)]
-fn fetch_into(
-    words: &[AtomicU64],
-    base: usize,
-    ring_mask: u64,
-    snap: &mut [Snapshot],
-    snap_mask: u64,
-    decisive0: u64,
-    index: u64,
-) {
-    let at = base + (index & ring_mask) as usize * 8;
+fn fetch_into(words: &[AtomicU64], geo: Geometry, snap: &mut [Snapshot], index: u64) {
+    let at = geo.base + (index & geo.ring_mask) as usize * 8;
     let src: &[AtomicU64; 8] = words[at..at + 8].try_into().expect("eight words");
-    let dst = &mut snap[(index & snap_mask) as usize];
+    let dst = &mut snap[(index & geo.snap_mask) as usize];
+    if !dst.derived {
+        // Nothing was derived from the old bytes: a plain copy.
+        for (d, w) in dst.bytes.chunks_exact_mut(8).zip(src) {
+            d.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+        }
+        return;
+    }
     // Word by word: load, compare with the old snapshot, store (the new bytes are kept even
     // when only masked bits changed, so the snapshot is always what was fetched).
     let mut diff = 0;
@@ -228,11 +233,11 @@ fn fetch_into(
         let d: &mut [u8; 8] = d.try_into().expect("eight bytes");
         let now = w.load(Ordering::Relaxed);
         let x = now ^ u64::from_ne_bytes(*d);
-        diff |= if i == 0 { x & decisive0 } else { x };
+        diff |= if i == 0 { x & geo.decisive0 } else { x };
         *d = now.to_ne_bytes();
     }
     if diff != 0 {
-        dst.resolved = false;
+        dst.derived = false;
         dst.hot = HOT_NONE;
     }
 }
@@ -244,25 +249,17 @@ fn fetch_into(
 /// segments); ConnectX reads a WQE's `ds` segments, nothing past them, so bytes past them
 /// cannot change what runs.
 #[inline(always)]
-fn prefetch_hot(
-    words: &[AtomicU64],
-    base: usize,
-    ring_mask: u64,
-    snap: &mut [Snapshot],
-    snap_mask: u64,
-    decisive0: u64,
-    index: u64,
-) {
-    let at = base + (index & ring_mask) as usize * 8;
+fn prefetch_hot(words: &[AtomicU64], geo: Geometry, snap: &mut [Snapshot], index: u64) {
+    let at = geo.base + (index & geo.ring_mask) as usize * 8;
     let src: &[AtomicU64; 8] = words[at..at + 8].try_into().expect("eight words");
-    let dst = &snap[(index & snap_mask) as usize];
+    let dst = &snap[(index & geo.snap_mask) as usize];
     let same = match dst.hot {
-        HOT_NOP => same_words::<2>(src, &dst.bytes, decisive0),
-        HOT_WRITE | HOT_READ => same_words::<6>(src, &dst.bytes, decisive0),
+        HOT_NOP => same_words::<2>(src, &dst.bytes, geo.decisive0),
+        HOT_WRITE | HOT_READ => same_words::<6>(src, &dst.bytes, geo.decisive0),
         _ => false,
     };
     if !same {
-        fetch_into(words, base, ring_mask, snap, snap_mask, decisive0, index);
+        fetch_into(words, geo, snap, index);
     }
 }
 
@@ -295,42 +292,39 @@ const HOT_READ: u8 = 3;
 /// Why a function of its own: this is the loop a recycled ring or a re-posted request spends
 /// its time in, and kept small, the compiler keeps its state in registers (inside the fast
 /// path's loop it spilled most of it; ~230 instructions a WRITE there, ~100 here).
+#[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn run_hot(
-    f: &mut Fetcher,
-    local: &KeyCache,
-    table: &KeyTable,
-    remote: &KeyCache,
+    words: &[AtomicU64],
+    geo: Geometry,
+    snap: &mut [Snapshot],
+    fetched: &mut u64,
+    peer: &InProcess,
+    keys: (&KeyCache, &KeyTable, &KeyCache),
     mut ci: u64,
     end: u64,
     limit: u64,
 ) -> (u64, [u64; 4]) {
+    let (local, table, remote) = keys;
     let mut n = [0u64; 4];
-    let Some(peer) = f.direct.as_deref() else {
-        return (ci, n);
-    };
     // What a resolved move's epochs must be now; each move re-checks that no region has been
     // deregistered since and that the target is still live.
     let (local_epoch, remote_epoch) = (local.current_epoch(table), peer.live_epoch(remote));
-    let (base, ring_mask, snap_mask, decisive0) = (f.base, f.ring_mask, f.snap_mask, f.decisive0);
-    // Fetched before a BB runs: through it and up to `depth` past it, not past `limit` and
-    // never so far that two BBs in flight share a snapshot (as `Fetcher::fetch_ahead`).
-    // Caught up here (`end` <= `limit`, so at least through `ci`); after that, each BB run
-    // lets one more in.
-    let reach = 1 + f.depth.min(snap_mask);
-    let words = f.ring.words();
-    let snap = &mut f.snap[..];
-    let mut fetched = f.fetched;
-    while fetched < (ci + reach).min(limit) {
-        prefetch_hot(words, base, ring_mask, snap, snap_mask, decisive0, fetched);
-        fetched += 1;
+    // Fetched before a BB runs: through it and up to `depth` past it, not past `limit` (as
+    // `Fetcher::fetch_ahead`). Caught up here (`end` <= `limit`, so at least through `ci`);
+    // after that, each BB run lets one more in.
+    let reach = geo.reach;
+    let mut at = *fetched;
+    while at < (ci + reach).min(limit) {
+        prefetch_hot(words, geo, snap, at);
+        at += 1;
     }
     while ci < end {
-        if fetched < limit && fetched < ci + reach {
-            prefetch_hot(words, base, ring_mask, snap, snap_mask, decisive0, fetched);
-            fetched += 1;
+        if at < limit && at < ci + reach {
+            prefetch_hot(words, geo, snap, at);
+            at += 1;
         }
-        let e = &snap[(ci & snap_mask) as usize];
+        let e = &snap[(ci & geo.snap_mask) as usize];
         match e.hot {
             HOT_NOP => n[0] += 1,
             HOT_WRITE | HOT_READ => {
@@ -380,7 +374,7 @@ fn run_hot(
         }
         ci += 1;
     }
-    f.fetched = fetched;
+    *fetched = at;
     (ci, n)
 }
 
@@ -643,69 +637,48 @@ impl Core {
         let mut stop = false;
         let mut fault = None;
         // The fetcher's state in locals, so the loop keeps it in registers; written back below.
-        let (base, ring_mask, snap_mask, depth) = (f.base, f.ring_mask, f.snap_mask, f.depth);
-        let decisive0 = f.decisive0;
+        let geo = f.geo;
+        // The fetcher's parts, borrowed apart, and its index in a local, so the loop keeps
+        // them in registers; the index is written back below.
+        let words = f.ring.words();
+        let snap = &mut f.snap[..];
+        let direct = f.direct.as_deref();
         let mut fetched = f.fetched;
         // Counts kept in registers, published before any completion and at the end.
         let (mut nops, mut writes, mut reads, mut bytes) = (0u64, 0u64, 0u64, 0u64);
+        // Set after a WQE that ran from a hot slot: the ones after it are likely hot too, and
+        // `run_hot`'s small loop runs them (it returns at once if they are not).
+        let mut hot_next = false;
         while ci < end {
+            if hot_next {
+                hot_next = false;
+                if let Some(peer) = direct {
+                    let keys = (&self.local_keys, &*self.nic.keys, &self.remote_keys);
+                    let (next, n) =
+                        run_hot(words, geo, snap, &mut fetched, peer, keys, ci, end, limit);
+                    ci = next;
+                    nops += n[0];
+                    writes += n[1];
+                    reads += n[2];
+                    bytes += n[3];
+                    if ci >= end {
+                        break;
+                    }
+                }
+            }
             if fetched <= ci {
-                fetch_into(
-                    f.ring.words(),
-                    base,
-                    ring_mask,
-                    &mut f.snap,
-                    snap_mask,
-                    decisive0,
-                    ci,
-                );
+                fetch_into(words, geo, snap, ci);
                 fetched = ci + 1;
             }
-            if f.snap[(ci & snap_mask) as usize].hot != HOT_NONE {
-                f.fetched = fetched;
-                let (next, n) = run_hot(
-                    f,
-                    &self.local_keys,
-                    &self.nic.keys,
-                    &self.remote_keys,
-                    ci,
-                    end,
-                    limit,
-                );
-                fetched = f.fetched;
-                ci = next;
-                nops += n[0];
-                writes += n[1];
-                reads += n[2];
-                bytes += n[3];
-                if ci >= end {
-                    break;
-                }
-                if fetched <= ci {
-                    fetch_into(
-                        f.ring.words(),
-                        base,
-                        ring_mask,
-                        &mut f.snap,
-                        snap_mask,
-                        decisive0,
-                        ci,
-                    );
-                    fetched = ci + 1;
-                }
-            }
-            let direct = f.direct.as_deref();
-            let words = f.ring.words();
-            let snap = &mut f.snap[..];
-            let slot = (ci & snap_mask) as usize;
+            let slot = (ci & geo.snap_mask) as usize;
             let ds = snap[slot].bytes[off::DS] & MAX_DS;
             if usize::from(ds) * SEG_SIZE > BB_SIZE {
                 break;
             }
             // Prefetch exactly as `Fetcher::fetch_ahead` does for `step`.
-            let ahead = (ci + 1 + depth).min(limit).min(ci + snap_mask + 1);
+            let ahead = (ci + geo.reach).min(limit);
             while fetched < ahead {
-                fetch_into(words, base, ring_mask, snap, snap_mask, decisive0, fetched);
+                fetch_into(words, geo, snap, fetched);
                 fetched += 1;
             }
             let e = &snap[slot];
@@ -719,8 +692,11 @@ impl Core {
                 OP_NOP if ds >= 1 => {
                     nops += 1;
                     if !signaled {
-                        if !wqe_checks {
+                        if e.hot != HOT_NONE {
+                            hot_next = true;
+                        } else if !wqe_checks {
                             snap[slot].hot = HOT_NOP;
+                            snap[slot].derived = true;
                         }
                         ci += 1;
                         continue;
@@ -729,105 +705,22 @@ impl Core {
                 }
                 OP_WRITE | OP_READ if ds == 3 => {
                     let write = opcode == OP_WRITE;
-                    let moved = 'rdma: {
-                        let Some(peer) = direct else {
-                            break 'rdma None;
-                        };
-                        let keys = &self.nic.keys;
-                        if e.resolved
-                            && e.local_epoch == self.local_keys.current_epoch(keys)
-                            && e.remote_epoch == peer.live_epoch(&self.remote_keys)
-                        {
-                            if let (Some(l), Some(f)) = (
-                                self.local_keys.region_at(e.local_region as usize),
-                                self.remote_keys.region_at(e.remote_region as usize),
-                            ) {
-                                let local = Span {
-                                    buffer: l.buffer(),
-                                    off: e.local_off,
-                                    len: e.len,
-                                };
-                                let far = Span {
-                                    buffer: f.buffer(),
-                                    off: e.remote_off,
-                                    len: e.len,
-                                };
-                                if write {
-                                    far.copy_from(&local);
-                                    writes += 1;
-                                } else {
-                                    local.copy_from(&far);
-                                    reads += 1;
-                                }
-                                break 'rdma Some(e.len as u64);
-                            }
-                        }
-                        let seg = 2 * SEG_SIZE;
-                        let len = be32(w, seg + off::SEG_BYTE_COUNT);
-                        if len & INLINE_FLAG != 0 || u64::from(len) > MAX_MESSAGE {
-                            break 'rdma None;
-                        }
-                        let len = u64::from(len);
-                        let lkey = be32(w, seg + off::SEG_LKEY);
-                        let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
-                        let remote = remote_of(w);
-                        let (local_need, remote_need) = if write {
-                            (Access::NONE, Access::REMOTE_WRITE)
-                        } else {
-                            (Access::LOCAL_WRITE, Access::REMOTE_READ)
-                        };
-                        let Ok(local_region) = self.local_keys.find(keys, lkey) else {
-                            break 'rdma None;
-                        };
-                        let Some(local) = self
-                            .local_keys
-                            .region_at(local_region)
-                            .and_then(|r| r.window(pd, addr, len, local_need))
-                        else {
-                            break 'rdma None;
-                        };
-                        let Some((remote_region, far)) =
-                            peer.remote_window(&mut self.remote_keys, remote, len, remote_need)
-                        else {
-                            break 'rdma None;
-                        };
-                        if write {
-                            far.copy_from(&local);
-                            writes += 1;
-                        } else {
-                            local.copy_from(&far);
-                            reads += 1;
-                        }
-                        let (local_off, remote_off) = (local.off, far.off);
-                        let local_epoch = self.local_keys.current_epoch(keys);
-                        let remote_epoch = peer.live_epoch(&self.remote_keys);
-                        // Resolved under caches that were current: keep it for next time.
-                        if local_epoch != 0 && remote_epoch != 0 {
-                            snap[slot] = Snapshot {
-                                bytes: snap[slot].bytes,
-                                resolved: true,
-                                hot: match (signaled || wqe_checks, write) {
-                                    (true, _) => HOT_NONE,
-                                    (false, true) => HOT_WRITE,
-                                    (false, false) => HOT_READ,
-                                },
-                                local_epoch,
-                                remote_epoch,
-                                local_region: local_region as u32,
-                                remote_region: remote_region as u32,
-                                local_off,
-                                remote_off,
-                                len: len as usize,
-                                line: len == 64 && (local_off | remote_off) % 8 == 0,
-                            };
-                        }
-                        Some(len)
+                    let was_hot = e.hot != HOT_NONE;
+                    let moved = match direct {
+                        Some(peer) => self.fast_move(peer, &mut snap[slot], write, signaled),
+                        None => None,
                     };
                     match moved {
                         Some(len) => {
+                            if write {
+                                writes += 1;
+                            } else {
+                                reads += 1;
+                            }
                             bytes += len;
                             // The common case goes straight on: nothing to complete.
                             if !signaled {
+                                hot_next = was_hot;
                                 ci += 1;
                                 continue;
                             }
@@ -891,6 +784,100 @@ impl Core {
             return (done + 1, true);
         }
         (done, stop)
+    }
+
+    /// The fast path's one-segment WRITE or READ to an in-process peer, from its snapshot
+    /// `e`: through what was resolved from these bytes if that still holds, else checked
+    /// and resolved (and kept in `e`, hot if unsignaled and WQE checks are off). Returns the
+    /// bytes moved, or None if `execute` must run it (it reports the refusal).
+    // Out of line: a hot slot's repeats run in `run_hot`, and kept out, this arm no longer
+    // weighs on the register allocation of the fast path's loop (control chains run there).
+    #[inline(never)]
+    fn fast_move(
+        &mut self,
+        peer: &InProcess,
+        e: &mut Snapshot,
+        write: bool,
+        signaled: bool,
+    ) -> Option<u64> {
+        let keys = &self.nic.keys;
+        if e.derived
+            && e.local_epoch == self.local_keys.current_epoch(keys)
+            && e.remote_epoch == peer.live_epoch(&self.remote_keys)
+        {
+            if let (Some(l), Some(f)) = (
+                self.local_keys.region_at(e.local_region as usize),
+                self.remote_keys.region_at(e.remote_region as usize),
+            ) {
+                let local = Span {
+                    buffer: l.buffer(),
+                    off: e.local_off,
+                    len: e.len,
+                };
+                let far = Span {
+                    buffer: f.buffer(),
+                    off: e.remote_off,
+                    len: e.len,
+                };
+                if write {
+                    far.copy_from(&local);
+                } else {
+                    local.copy_from(&far);
+                }
+                return Some(e.len as u64);
+            }
+        }
+        let w = &e.bytes;
+        let seg = 2 * SEG_SIZE;
+        let len = be32(w, seg + off::SEG_BYTE_COUNT);
+        if len & INLINE_FLAG != 0 || u64::from(len) > MAX_MESSAGE {
+            return None;
+        }
+        let len = u64::from(len);
+        let lkey = be32(w, seg + off::SEG_LKEY);
+        let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
+        let remote = remote_of(w);
+        let (local_need, remote_need) = if write {
+            (Access::NONE, Access::REMOTE_WRITE)
+        } else {
+            (Access::LOCAL_WRITE, Access::REMOTE_READ)
+        };
+        let local_region = self.local_keys.find(keys, lkey).ok()?;
+        let local = self
+            .local_keys
+            .region_at(local_region)?
+            .window(self.qp.pd, addr, len, local_need)?;
+        let (remote_region, far) =
+            peer.remote_window(&mut self.remote_keys, remote, len, remote_need)?;
+        if write {
+            far.copy_from(&local);
+        } else {
+            local.copy_from(&far);
+        }
+        let (local_off, remote_off) = (local.off, far.off);
+        let local_epoch = self.local_keys.current_epoch(keys);
+        let remote_epoch = peer.live_epoch(&self.remote_keys);
+        // Resolved under caches that were current: keep it for next time.
+        if local_epoch != 0 && remote_epoch != 0 {
+            *e = Snapshot {
+                bytes: e.bytes,
+                derived: true,
+                hot: match (signaled || self.wqe_checks, write) {
+                    (true, _) => HOT_NONE,
+                    (false, true) => HOT_WRITE,
+                    (false, false) => HOT_READ,
+                },
+                local_epoch,
+                remote_epoch,
+                local_region: local_region as u32,
+                remote_region: remote_region as u32,
+                local_off,
+                remote_off,
+                len: len as usize,
+                line: len == 64 && (local_off | remote_off) % 8 == 0,
+            };
+        }
+        Some(len)
     }
 
     /// The fast path's one-BB atomic to an in-process peer, counted; None if `execute` must.
