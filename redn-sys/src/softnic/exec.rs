@@ -637,7 +637,7 @@ impl Core {
         let mut stop = false;
         let mut fault = None;
         // The fetcher's state in locals, so the loop keeps it in registers; written back below.
-        let geo = f.geo;
+        let geo = &f.geo;
         // The fetcher's parts, borrowed apart, and its index in a local, so the loop keeps
         // them in registers; the index is written back below.
         let words = f.ring.words();
@@ -655,7 +655,7 @@ impl Core {
                 if let Some(peer) = direct {
                     let keys = (&self.local_keys, &*self.nic.keys, &self.remote_keys);
                     let (next, n) =
-                        run_hot(words, geo, snap, &mut fetched, peer, keys, ci, end, limit);
+                        run_hot(words, *geo, snap, &mut fetched, peer, keys, ci, end, limit);
                     ci = next;
                     nops += n[0];
                     writes += n[1];
@@ -667,7 +667,7 @@ impl Core {
                 }
             }
             if fetched <= ci {
-                fetch_into(words, geo, snap, ci);
+                fetch_into(words, *geo, snap, ci);
                 fetched = ci + 1;
             }
             let slot = (ci & geo.snap_mask) as usize;
@@ -678,7 +678,7 @@ impl Core {
             // Prefetch exactly as `Fetcher::fetch_ahead` does for `step`.
             let ahead = (ci + geo.reach).min(limit);
             while fetched < ahead {
-                fetch_into(words, geo, snap, fetched);
+                fetch_into(words, *geo, snap, fetched);
                 fetched += 1;
             }
             let e = &snap[slot];
