@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use redn_sys::nic::{Completion, Nic, RateLimit};
 use redn_sys::softnic::Prefetch;
-use redn_sys::wqe::{Opcode, Payload, RemoteAddr, WqeFlags, WrOp};
+use redn_sys::wqe::{Opcode, Payload, RemoteAddr, WqeFlags, WrOp, BB_SIZE, SEG_SIZE};
 use redn_sys::{Access, Cqn, Rkey, VirtAddr};
 
 const LEN: usize = 4096;
@@ -445,5 +445,91 @@ fn a_recycled_write_to_a_target_that_failed_lands_nowhere() {
                 "nothing landed in round 2"
             );
         }
+    }
+}
+
+/// A recycled ring that patches itself: WQE 0 rewrites the local address of WQE `near`
+/// (within the prefetch depth of it) and of WQE `far` (beyond it) to the source the host
+/// picked for this round. Returns, per round, the 8 bytes each of the two WRITEs copied.
+fn self_patching_rounds(limited: bool) -> Vec<(Vec<u8>, Vec<u8>)> {
+    const NEAR: u64 = 3;
+    const FAR: u64 = 12;
+    let nic = nic(1, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    let data = Region::new(&nic, pd, 4096, Access::ALL);
+    // Sources: "posted" at 0 (what the host writes into the WQEs), and one per round at 64+.
+    data.write(0, b"posted!!");
+    for r in 0..6u8 {
+        data.write(64 + 8 * usize::from(r), &[b'a' + r; 8]);
+    }
+    let ep = endpoint(&nic, pd, |c| c.sq_bbs = 16);
+    let ring = nic
+        .reg_mr(
+            pd,
+            &ep.qp.sq.buffer,
+            ep.qp.sq.offset,
+            16 * BB_SIZE,
+            Access::ALL,
+        )
+        .unwrap();
+    nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
+    if limited {
+        let limit = RateLimit {
+            wqes_per_sec: 1 << 40,
+            bytes_per_sec: 1 << 50,
+        };
+        nic.set_rate_limit(ep.qp.qpn, limit).unwrap();
+    }
+    let seg_addr = 2 * SEG_SIZE as u64 + 8; // a WRITE's data segment address
+    let mut wrs = Vec::new();
+    for i in 0..16u64 {
+        let op = match i {
+            // The patch source at 2048 holds this round's address twice.
+            0 => WrOp::Write {
+                remote: ring.remote(NEAR * BB_SIZE as u64 + seg_addr),
+                payload: Payload::Sgl(vec![data.mr.sge(2048, 8)]),
+                imm: None,
+            },
+            1 => WrOp::Write {
+                remote: ring.remote(FAR * BB_SIZE as u64 + seg_addr),
+                payload: Payload::Sgl(vec![data.mr.sge(2056, 8)]),
+                imm: None,
+            },
+            NEAR | FAR => WrOp::Write {
+                remote: data.mr.remote(1024 + 8 * i),
+                payload: Payload::Sgl(vec![data.mr.sge(0, 8)]),
+                imm: None,
+            },
+            _ => WrOp::Nop {
+                raw_segments: Vec::new(),
+            },
+        };
+        wrs.push(wr(i, if i == 15 { SIG } else { WqeFlags::NONE }, op));
+    }
+    let mut out = Vec::new();
+    for r in 0..6u64 {
+        let src = (data.mr.addr.0 + 64 + 8 * r).to_be_bytes();
+        data.write(2048, &src);
+        data.write(2056, &src);
+        nic.post_send(ep.qp.qpn, &wrs).unwrap();
+        let done = wait_cqes(&nic, ep.cq, 1);
+        assert!(done[0].is_ok(), "round {r}: {done:?}");
+        out.push((
+            data.read(1024 + 8 * NEAR as usize, 8),
+            data.read(1024 + 8 * FAR as usize, 8),
+        ));
+    }
+    out
+}
+
+#[test]
+fn a_recycled_ring_that_patches_itself_runs_stale_and_fresh_wqes_as_the_prefetch_decides() {
+    let fast = self_patching_rounds(false);
+    assert_eq!(fast, self_patching_rounds(true), "fast and general paths");
+    for (r, (near, far)) in fast.iter().enumerate() {
+        // The near WQE was fetched before the patch landed: it runs as posted, every round
+        // (also once its slot is hot). The far one was fetched after: this round's source.
+        assert_eq!(near, b"posted!!", "round {r}: near");
+        assert_eq!(far, &vec![b'a' + r as u8; 8], "round {r}: far");
     }
 }
