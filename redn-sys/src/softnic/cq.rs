@@ -86,7 +86,14 @@ impl CqShared {
     }
 
     /// Add a completion.
-    pub(crate) fn push(&self, mut cqe: Cqe, wr_id: u64) {
+    pub(crate) fn push(&self, cqe: Cqe, wr_id: u64) {
+        self.push_from(cqe, wr_id, None);
+    }
+
+    /// Add a completion from PU `from.1` of the set `from.0`, if the caller is a PU that
+    /// knows which it is: waking the PUs that wait on this CQ then skips the caller's own
+    /// without a thread-local lookup (`PuSet::notify_from`).
+    pub(crate) fn push_from(&self, mut cqe: Cqe, wr_id: u64, from: Option<(&PuSet, usize)>) {
         let notify;
         {
             let mut r = self.ring.lock().unwrap_or_else(|e| e.into_inner());
@@ -101,7 +108,7 @@ impl CqShared {
                     self.overrun.store(true, Ordering::Release);
                     self.produced.0.store(total, Ordering::Release);
                     drop(r);
-                    self.wake(notify);
+                    self.wake(notify, from);
                     return;
                 }
             }
@@ -114,20 +121,23 @@ impl CqShared {
             r.produced += 1;
             self.produced.0.store(total, Ordering::Release);
         }
-        self.wake(notify);
+        self.wake(notify, from);
     }
 
     /// Tell the PUs waiting on this CQ, and the channel it was armed for, if any. Called
     /// after the ring's lock is released: see `add_waiter` for why a relaxed load sees every
     /// bit it must.
-    fn wake(&self, notify: Option<CompChannel>) {
+    fn wake(&self, notify: Option<CompChannel>, from: Option<(&PuSet, usize)>) {
         if let Some(channel) = notify {
             channel.signal(self.cqn);
         }
         let mut m = self.waiters.load(Ordering::Relaxed);
         while m != 0 {
             let pu = m.trailing_zeros() as usize;
-            self.pus.notify(pu);
+            match from {
+                Some((set, me)) => self.pus.notify_from(pu, set, me),
+                None => self.pus.notify(pu),
+            }
             m &= m - 1;
         }
     }

@@ -218,7 +218,7 @@ impl Fetcher {
 fn fetch_into(words: &[AtomicU64], geo: Geometry, snap: &mut [Snapshot], index: u64) {
     let at = geo.base + (index & geo.ring_mask) as usize * 8;
     let src: &[AtomicU64; 8] = words[at..at + 8].try_into().expect("eight words");
-    let dst = &mut snap[(index & geo.snap_mask) as usize];
+    let dst = &mut snap[index as usize & (snap.len() - 1)];
     if !dst.derived {
         // Nothing was derived from the old bytes: a plain copy.
         for (d, w) in dst.bytes.chunks_exact_mut(8).zip(src) {
@@ -252,7 +252,7 @@ fn fetch_into(words: &[AtomicU64], geo: Geometry, snap: &mut [Snapshot], index: 
 fn prefetch_hot(words: &[AtomicU64], geo: Geometry, snap: &mut [Snapshot], index: u64) {
     let at = geo.base + (index & geo.ring_mask) as usize * 8;
     let src: &[AtomicU64; 8] = words[at..at + 8].try_into().expect("eight words");
-    let dst = &snap[(index & geo.snap_mask) as usize];
+    let dst = &snap[index as usize & (snap.len() - 1)];
     let same = match dst.hot {
         HOT_NOP => same_words::<2>(src, &dst.bytes, geo.decisive0),
         HOT_WRITE | HOT_READ => same_words::<6>(src, &dst.bytes, geo.decisive0),
@@ -324,7 +324,7 @@ fn run_hot(
             prefetch_hot(words, geo, snap, at);
             at += 1;
         }
-        let e = &snap[(ci & geo.snap_mask) as usize];
+        let e = &snap[ci as usize & (snap.len() - 1)];
         match e.hot {
             HOT_NOP => n[0] += 1,
             HOT_WRITE | HOT_READ => {
@@ -670,7 +670,7 @@ impl Core {
                 fetch_into(words, *geo, snap, ci);
                 fetched = ci + 1;
             }
-            let slot = (ci & geo.snap_mask) as usize;
+            let slot = ci as usize & (snap.len() - 1);
             let ds = snap[slot].bytes[off::DS] & MAX_DS;
             if usize::from(ds) * SEG_SIZE > BB_SIZE {
                 break;
@@ -1076,7 +1076,7 @@ impl Core {
     ) {
         let wr_id = self.wr_id(ci);
         self.qp.consumed.store(next, Ordering::Release);
-        self.qp.send_cq.push(
+        self.qp.send_cq.push_from(
             Cqe {
                 opcode,
                 qpn: self.qp.qpn,
@@ -1089,6 +1089,7 @@ impl Core {
                 owner: false,
             },
             wr_id,
+            Some((&self.qp.pus, self.qp.pu)),
         );
     }
 
