@@ -139,6 +139,16 @@ fn random_wr(rng: &mut Rng, i: u64, local: &Region, remote: &Region, cq: Cqn, fa
     }
 }
 
+/// A rate limit too high to ever hold anything back: a rate-limited queue always takes the
+/// general path, so this makes `qpn` run every WQE there.
+fn force_general_path(nic: &redn_sys::softnic::SoftNic, qpn: redn_sys::Qpn) {
+    let limit = RateLimit {
+        wqes_per_sec: 1 << 40,
+        bytes_per_sec: 1 << 50,
+    };
+    nic.set_rate_limit(qpn, limit).unwrap();
+}
+
 fn run(seed: u64, limited: bool) -> Outcome {
     let nic = nic(1, Prefetch::Depth(8));
     let pd = nic.alloc_pd().unwrap();
@@ -151,11 +161,7 @@ fn run(seed: u64, limited: bool) -> Outcome {
     let ep = endpoint(&nic, pd, |c| c.sq_bbs = 1024);
     nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
     if limited {
-        let limit = RateLimit {
-            wqes_per_sec: 1 << 40,
-            bytes_per_sec: 1 << 50,
-        };
-        nic.set_rate_limit(ep.qp.qpn, limit).unwrap();
+        force_general_path(&nic, ep.qp.qpn);
     }
     let mut rng = Rng(seed);
     // A third of the streams fault somewhere: the rest is flushed.
@@ -288,11 +294,7 @@ fn run_recycled(seed: u64, limited: bool) -> Rounds {
     let ep = endpoint(&nic, pd, |c| c.sq_bbs = RING as u32);
     nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
     if limited {
-        let limit = RateLimit {
-            wqes_per_sec: 1 << 40,
-            bytes_per_sec: 1 << 50,
-        };
-        nic.set_rate_limit(ep.qp.qpn, limit).unwrap();
+        force_general_path(&nic, ep.qp.qpn);
     }
     let mut rng = Rng(seed);
     let mut ops: Vec<WrOp> = (0..RING)
@@ -475,11 +477,7 @@ fn self_patching_rounds(limited: bool) -> Vec<(Vec<u8>, Vec<u8>)> {
         .unwrap();
     nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
     if limited {
-        let limit = RateLimit {
-            wqes_per_sec: 1 << 40,
-            bytes_per_sec: 1 << 50,
-        };
-        nic.set_rate_limit(ep.qp.qpn, limit).unwrap();
+        force_general_path(&nic, ep.qp.qpn);
     }
     let seg_addr = 2 * SEG_SIZE as u64 + 8; // a WRITE's data segment address
     let mut wrs = Vec::new();

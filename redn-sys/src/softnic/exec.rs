@@ -132,6 +132,49 @@ struct Snapshot {
 }
 
 impl Snapshot {
+    /// The buffers of the move resolved in this snapshot: its regions' entries in the two
+    /// key caches (there while the epochs the caller checked hold).
+    #[inline(always)]
+    fn move_buffers<'k>(
+        &self,
+        local: &'k KeyCache,
+        remote: &'k KeyCache,
+    ) -> Option<(&'k SharedBuffer, &'k SharedBuffer)> {
+        let l = local.region_at(self.local_region as usize)?;
+        let r = remote.region_at(self.remote_region as usize)?;
+        Some((l.buffer(), r.buffer()))
+    }
+
+    /// Run the move resolved in this snapshot between buffers `l` (local) and `r` (remote),
+    /// from [`Snapshot::move_buffers`]: as one line if it is one.
+    #[inline(always)]
+    fn replay_move(&self, l: &SharedBuffer, r: &SharedBuffer, write: bool) {
+        if self.line {
+            let (lw, rw) = (self.local_off / 8, self.remote_off / 8);
+            if write {
+                r.copy_line(rw, l, lw);
+            } else {
+                l.copy_line(lw, r, rw);
+            }
+        } else {
+            let local = Span {
+                buffer: l,
+                off: self.local_off,
+                len: self.len,
+            };
+            let far = Span {
+                buffer: r,
+                off: self.remote_off,
+                len: self.len,
+            };
+            if write {
+                far.copy_from(&local);
+            } else {
+                local.copy_from(&far);
+            }
+        }
+    }
+
     const EMPTY: Snapshot = Snapshot {
         bytes: [0; BB_SIZE],
         derived: false,
@@ -335,38 +378,11 @@ fn run_hot(
                 {
                     break;
                 }
-                let (Some(l), Some(r)) = (
-                    local.region_at(e.local_region as usize),
-                    remote.region_at(e.remote_region as usize),
-                ) else {
+                let Some((l, r)) = e.move_buffers(local, remote) else {
                     break;
                 };
-                let (l, r) = (l.buffer(), r.buffer());
                 let write = e.hot == HOT_WRITE;
-                if e.line {
-                    let (lw, rw) = (e.local_off / 8, e.remote_off / 8);
-                    if write {
-                        r.copy_line(rw, l, lw);
-                    } else {
-                        l.copy_line(lw, r, rw);
-                    }
-                } else {
-                    let local = Span {
-                        buffer: l,
-                        off: e.local_off,
-                        len: e.len,
-                    };
-                    let far = Span {
-                        buffer: r,
-                        off: e.remote_off,
-                        len: e.len,
-                    };
-                    if write {
-                        far.copy_from(&local);
-                    } else {
-                        local.copy_from(&far);
-                    }
-                }
+                e.replay_move(l, r, write);
                 n[if write { 1 } else { 2 }] += 1;
                 n[3] += e.len as u64;
             }
@@ -805,25 +821,8 @@ impl Core {
             && e.local_epoch == self.local_keys.current_epoch(keys)
             && e.remote_epoch == peer.live_epoch(&self.remote_keys)
         {
-            if let (Some(l), Some(f)) = (
-                self.local_keys.region_at(e.local_region as usize),
-                self.remote_keys.region_at(e.remote_region as usize),
-            ) {
-                let local = Span {
-                    buffer: l.buffer(),
-                    off: e.local_off,
-                    len: e.len,
-                };
-                let far = Span {
-                    buffer: f.buffer(),
-                    off: e.remote_off,
-                    len: e.len,
-                };
-                if write {
-                    far.copy_from(&local);
-                } else {
-                    local.copy_from(&far);
-                }
+            if let Some((l, r)) = e.move_buffers(&self.local_keys, &self.remote_keys) {
+                e.replay_move(l, r, write);
                 return Some(e.len as u64);
             }
         }
