@@ -30,12 +30,14 @@ const USAGE: &str = "\
 chain_profile: one long doorbell-ordered NOP chain on one softnic PU (for profilers)
 
 USAGE:
-    cargo run --release -p redn-sys --example chain_profile -- [--write] [STEPS [ROUNDS]]
+    cargo run --release -p redn-sys --example chain_profile -- [--write] [--parked N] [STEPS [ROUNDS]]
 
     STEPS    chain length, 1..=8000 (default 4000)
     ROUNDS   chains to run one after another (default 5)
     --write  instead of the doorbell-ordered chain: STEPS 64 B RDMA WRITEs in WQ order, the
              last one signaled, re-posted by the host (same bytes) before each round
+    --parked N  also give the PU N queues (0..=1000) that sit on a WAIT that never
+             completes, as a manager's idle clients do: the PU visits them every round
 
 Prints ns per step for each round. Under valgrind --tool=callgrind --collect-atstart=no
 --toggle-collect='redn_sys::softnic::exec::SqExec::run', the instruction total /
@@ -67,7 +69,15 @@ fn run() -> Result<(), String> {
         return Ok(());
     }
     let write = args.iter().any(|a| a == "--write");
-    let args: Vec<String> = args.into_iter().filter(|a| a != "--write").collect();
+    let mut args: Vec<String> = args.into_iter().filter(|a| a != "--write").collect();
+    let parked = match args.iter().position(|a| a == "--parked") {
+        None => 0,
+        Some(i) => {
+            let n = arg(&args, i + 1, 0, 1000, "--parked N")?;
+            args.drain(i..i + 2);
+            n
+        }
+    };
     let steps = arg(&args, 0, 4000, 8000, "STEPS")?;
     let rounds = arg(&args, 1, 5, 1000, "ROUNDS")?;
     let nic = SoftNic::new(SoftNicConfig {
@@ -83,6 +93,22 @@ fn run() -> Result<(), String> {
         })
         .ctx("create_cq")
     };
+    // Queues parked on a WAIT for a completion that never comes (their CQ has none).
+    let never = cq()?;
+    for _ in 0..parked {
+        let info = queue(&nic, pd, never, false, 64)?;
+        let wait = WorkRequest {
+            wr_id: 0,
+            flags: WqeFlags::NONE,
+            op: WrOp::Wait {
+                cq: never,
+                count: 0,
+            },
+        };
+        let mut w = SqWriter::new(&info, false);
+        w.push(&nic, &wait)?;
+        w.ring(&nic)?;
+    }
     if write {
         return writes(&nic, pd, cq()?, steps, rounds);
     }

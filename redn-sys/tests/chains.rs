@@ -439,3 +439,81 @@ fn multi_block_wqes_wrap_around_the_ring_end() {
         }
     }
 }
+
+/// A queue found blocked on a WAIT more than once parks on it: later visits only check the
+/// CQ's count. It must still resume when the count is reached, flush when the host moves it
+/// to error, and fault when the CQ it waits on is destroyed (as an unparked queue would).
+#[test]
+fn a_queue_parked_on_a_wait_resumes_flushes_and_faults() {
+    let nic = nic(1, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    for case in ["resume", "error", "destroyed CQ"] {
+        let producer = endpoint(&nic, pd, |_| {});
+        nic.connect(producer.qp.qpn, producer.qp.qpn).unwrap();
+        let lonely = nic.create_cq(CqConfig::default()).unwrap();
+        let waited = if case == "destroyed CQ" {
+            lonely
+        } else {
+            producer.cq
+        };
+        let waiter = endpoint(&nic, pd, |_| {});
+        nic.connect(waiter.qp.qpn, waiter.qp.qpn).unwrap();
+        let nop = WrOp::Nop {
+            raw_segments: vec![],
+        };
+        nic.post_send(
+            waiter.qp.qpn,
+            &[
+                wr(
+                    6,
+                    WqeFlags::NONE,
+                    WrOp::Wait {
+                        cq: waited,
+                        count: 0,
+                    },
+                ),
+                wr(7, SIG, nop.clone()),
+            ],
+        )
+        .unwrap();
+        wait_until("the WAIT stalls", || {
+            nic.counters(waiter.qp.qpn).unwrap().wait_stalls == 1
+        });
+        // Make sure the PU visits the queue again, blocked: that parks it. (A doorbell at the
+        // same index changes nothing but wakes the PU.)
+        for _ in 0..3 {
+            nic.ring_doorbell(waiter.qp.qpn, 2).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        expect_no_cqe(&nic, waiter.cq, 1);
+        match case {
+            "resume" => {
+                nic.post_send(producer.qp.qpn, &[wr(1, SIG, nop.clone())])
+                    .unwrap();
+                let done = wait_cqes(&nic, waiter.cq, 1);
+                assert!(done[0].is_ok() && done[0].wr_id == 7, "{case}: {done:?}");
+            }
+            "error" => {
+                nic.set_qp_error(waiter.qp.qpn).unwrap();
+                let done = wait_cqes(&nic, waiter.cq, 2);
+                assert!(done.iter().all(|c| !c.is_ok()), "{case}: {done:?}");
+                assert_eq!(
+                    done.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+                    vec![6, 7],
+                    "{case}"
+                );
+            }
+            _ => {
+                nic.destroy_cq(lonely).unwrap();
+                let done = wait_cqes(&nic, waiter.cq, 2);
+                assert_eq!(done[0].wr_id, 6, "{case}: {done:?}");
+                assert!(!done[0].is_ok(), "{case}: the WAIT fails: {done:?}");
+            }
+        }
+        assert_eq!(
+            nic.counters(waiter.qp.qpn).unwrap().wait_stalls,
+            1,
+            "{case}: one stall however often the queue was visited"
+        );
+    }
+}

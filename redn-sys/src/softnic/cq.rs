@@ -124,6 +124,11 @@ impl CqShared {
         self.wake(notify, from);
     }
 
+    /// Tell the PUs waiting on this CQ to look again (it was destroyed).
+    pub(crate) fn wake_waiters(&self) {
+        self.wake(None, None);
+    }
+
     /// Tell the PUs waiting on this CQ, and the channel it was armed for, if any. Called
     /// after the ring's lock is released: see `add_waiter` for why a relaxed load sees every
     /// bit it must.

@@ -467,6 +467,9 @@ impl Nic for SoftNic {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&cq.0);
         self.bump_objects();
+        // A queue blocked on a WAIT for this CQ must look again: its WAIT now names no CQ and
+        // fails, rather than sleeping until something else wakes its PU.
+        c.wake_waiters();
         Ok(())
     }
 
