@@ -30,7 +30,8 @@ const USAGE: &str = "\
 chain_profile: one long doorbell-ordered NOP chain on one softnic PU (for profilers)
 
 USAGE:
-    cargo run --release -p redn-sys --example chain_profile -- [--write] [--parked N] [STEPS [ROUNDS]]
+    cargo run --release -p redn-sys --example chain_profile -- [--write] [--parked N] [--idle N]
+        [STEPS [ROUNDS]]
 
     STEPS    chain length, 1..=8000 (default 4000)
     ROUNDS   chains to run one after another (default 5)
@@ -38,6 +39,7 @@ USAGE:
              last one signaled, re-posted by the host (same bytes) before each round
     --parked N  also give the PU N queues (0..=1000) that sit on a WAIT that never
              completes, as a manager's idle clients do: the PU visits them every round
+    --idle N also give the PU N queues (0..=1000) with nothing posted
 
 Prints ns per step for each round. Under valgrind --tool=callgrind --collect-atstart=no
 --toggle-collect='redn_sys::softnic::exec::SqExec::run', the instruction total /
@@ -70,14 +72,18 @@ fn run() -> Result<(), String> {
     }
     let write = args.iter().any(|a| a == "--write");
     let mut args: Vec<String> = args.into_iter().filter(|a| a != "--write").collect();
-    let parked = match args.iter().position(|a| a == "--parked") {
-        None => 0,
-        Some(i) => {
-            let n = arg(&args, i + 1, 0, 1000, "--parked N")?;
-            args.drain(i..i + 2);
-            n
+    let mut count_of = |flag: &str| -> Result<u64, String> {
+        match args.iter().position(|a| a == flag) {
+            None => Ok(0),
+            Some(i) => {
+                let n = arg(&args, i + 1, 0, 1000, &format!("{flag} N"))?;
+                args.drain(i..i + 2);
+                Ok(n)
+            }
         }
     };
+    let parked = count_of("--parked")?;
+    let idle = count_of("--idle")?;
     let steps = arg(&args, 0, 4000, 8000, "STEPS")?;
     let rounds = arg(&args, 1, 5, 1000, "ROUNDS")?;
     let nic = SoftNic::new(SoftNicConfig {
@@ -108,6 +114,9 @@ fn run() -> Result<(), String> {
         let mut w = SqWriter::new(&info, false);
         w.push(&nic, &wait)?;
         w.ring(&nic)?;
+    }
+    for _ in 0..idle {
+        queue(&nic, pd, never, false, 64)?;
     }
     if write {
         return writes(&nic, pd, cq()?, steps, rounds);
