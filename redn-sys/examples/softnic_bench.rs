@@ -42,7 +42,7 @@ OPTIONS:
                         (default 256, quick 32)
     --prefetch P        softnic WQE prefetch: at-execute | adversarial | depth:N | N
                         (default depth:8, the softnic default)
-    --only SECTION      latency | throughput (default: both)
+    --only SECTION      latency | throughput | visits (default: all three)
     --orders LIST       latency orders to run, comma-separated from wq, completion,
                         doorbell (default: all)
     --ops LIST          throughput rows to run, comma-separated from nop, write, read,
@@ -77,6 +77,13 @@ Section 2 (throughput): batches of 1024 WQEs, last of each batch signaled, on a 
   Native: the same operation by the CPU on the same buffers (64 B copy with
   SharedBuffer::copy_from, word by word as the softnic copies; atomic_update for CAS/FAA,
   old value stored like the NIC does).
+
+Section 3 (visits): what queues without work cost the PU that owns them (a manager's idle
+  clients). The doorbell chain of (c), 64 steps, flag detection, alone on PU 0 and beside K
+  queues on the same PU that have nothing posted (idle) or sit on a WAIT that never
+  completes (parked); every PU round visits each of them. Reported: median ns per chain
+  step, and per visit = (step beside K - step alone) / K (a doorbell step is one PU round).
+  Native: one atomic load and compare per queue (a minimal scan's cost).
 
 Slowdown columns are softnic time / native time (> 1 means the softnic is slower).
 ";
@@ -119,6 +126,7 @@ struct Opts {
     batches: usize,
     latency: bool,
     throughput: bool,
+    visits: bool,
     /// Throughput rows to run (`--ops`); the post_send row is `post-send`.
     ops: Vec<String>,
     /// Latency orders to run (`--orders`).
@@ -127,7 +135,7 @@ struct Opts {
 
 fn parse_args() -> Opts {
     let (mut iters, mut reps, mut batches) = (None, None, None);
-    let (mut latency, mut throughput) = (true, true);
+    let (mut latency, mut throughput, mut visits) = (true, true, true);
     let mut ops: Vec<String> = TP_OPS.iter().map(|s| s.to_string()).collect();
     let mut orders: Vec<String> = LAT_ORDERS.iter().map(|s| s.to_string()).collect();
     let common = bench_common::parse_args("softnic_bench", HELP, |name, value| {
@@ -136,11 +144,12 @@ fn parse_args() -> Opts {
             "--reps" => reps = Some(parse_num("--reps", value())?),
             "--batches" => batches = Some(parse_num("--batches", value())?),
             "--only" => match value().as_deref() {
-                Some("latency") => (latency, throughput) = (true, false),
-                Some("throughput") => (latency, throughput) = (false, true),
+                Some("latency") => (latency, throughput, visits) = (true, false, false),
+                Some("throughput") => (latency, throughput, visits) = (false, true, false),
+                Some("visits") => (latency, throughput, visits) = (false, false, true),
                 other => {
                     return Err(format!(
-                        "--only: expected latency or throughput, got {other:?}"
+                        "--only: expected latency, throughput or visits, got {other:?}"
                     ))
                 }
             },
@@ -157,6 +166,7 @@ fn parse_args() -> Opts {
         batches: batches.unwrap_or(if quick { 32 } else { 256 }),
         latency,
         throughput,
+        visits,
         ops,
         orders,
         common,
@@ -1513,6 +1523,164 @@ fn throughput_section(
 
 // ---------------------------------------------------------------------------------------------
 
+// ---------------------------------------------------------------------------------------------
+// Section 3: queues without work
+
+/// Steps of the chain that section 3 times.
+const VISIT_STEPS: usize = 64;
+
+/// Queues beside the chain in section 3.
+const VISIT_COUNTS: [usize; 3] = [0, 16, 64];
+
+/// `k` queues on PU 0 that are idle (nothing posted) or parked (on a WAIT for a CQ that
+/// nothing completes into), with that CQ.
+fn quiet_queues(nic: &SoftNic, pd: Pdn, k: usize, parked: bool) -> Result<(Vec<Qpn>, Cqn), String> {
+    let never = counting_cq(nic)?;
+    let mut qps = Vec::with_capacity(k);
+    for _ in 0..k {
+        let info = loopback_qp(nic, pd, never, 0, 64, false)?;
+        if parked {
+            let mut w = SqWriter::new(&info, false);
+            let wait = WorkRequest {
+                wr_id: 0,
+                flags: WqeFlags::NONE,
+                op: WrOp::Wait {
+                    cq: never,
+                    count: 0,
+                },
+            };
+            w.push(nic, &wait)?;
+            w.ring(nic)?;
+        }
+        qps.push(info.qpn);
+    }
+    Ok((qps, never))
+}
+
+/// Median ns per step of the doorbell chain beside `k` quiet queues on its PU.
+fn chain_beside(
+    nic: &SoftNic,
+    pd: Pdn,
+    o: &Opts,
+    k: usize,
+    parked: bool,
+    flag: &mut Flag,
+) -> Result<f64, String> {
+    let (quiet, never) = quiet_queues(nic, pd, k, parked)?;
+    // Created after the quiet queues: the PU visits them first in each round.
+    let mut lq = LatQueues::new(nic, pd, Chain::Db, 0, 0)?;
+    let samples = (o.iters / 10).max(50);
+    let mut v = Vec::with_capacity(samples);
+    let mut result = Ok(());
+    for i in 0..samples + samples / 5 {
+        match run_chain(nic, &mut lq, Chain::Db, VISIT_STEPS, Detect::Flag, flag) {
+            Ok(d) if i >= samples / 5 => v.push(ns(d) / VISIT_STEPS as f64),
+            Ok(_) => {}
+            Err(e) => {
+                result = Err(format!("{e}{}", diag(nic, &lq.qpns(), &lq.cqns())));
+                break;
+            }
+        }
+    }
+    let stalled: u64 = quiet
+        .iter()
+        .map(|&q| nic.counters(q).map(|c| c.wait_stalls).unwrap_or(0))
+        .sum();
+    lq.destroy(nic);
+    for q in &quiet {
+        let _ = nic.destroy_qp(*q);
+    }
+    let _ = nic.destroy_cq(never);
+    result?;
+    if parked && stalled != k as u64 {
+        return Err(format!(
+            "{stalled} of {k} parked queues stalled on their WAIT"
+        ));
+    }
+    Ok(median(&v))
+}
+
+/// Native baseline: what checking `k` queues costs at least, one atomic load and compare
+/// each (ns per queue).
+fn native_scan_ns(k: usize) -> f64 {
+    let words: Vec<std::sync::atomic::AtomicU64> = (0..k)
+        .map(|i| std::sync::atomic::AtomicU64::new(i as u64))
+        .collect();
+    let rounds: u64 = 20_000;
+    let t0 = Instant::now();
+    let mut busy = 0u64;
+    for r in 0..rounds {
+        for w in &words {
+            busy += u64::from(w.load(std::sync::atomic::Ordering::Acquire) > black_box(r));
+        }
+    }
+    black_box(busy);
+    ns(t0.elapsed()) / (rounds * k.max(1) as u64) as f64
+}
+
+fn visits_section(
+    nic: &SoftNic,
+    pd: Pdn,
+    o: &Opts,
+    anomalies: &mut Vec<String>,
+) -> Result<(), String> {
+    println!();
+    println!("== 3. Queues without work on the chain's PU (a manager's idle clients) ==");
+    println!(
+        "   doorbell chain of {VISIT_STEPS} steps (flag) on PU 0 beside K idle (nothing posted) or \
+         parked"
+    );
+    println!("   (WAIT that never completes) queues on the same PU; per visit = (step beside K -");
+    println!("   step alone) / K. Native: one atomic load + compare per queue.");
+    let fbuf = SharedBuffer::new(64);
+    let fmr = nic.reg_mr(pd, &fbuf, 0, 64, Access::ALL).ctx("reg_mr")?;
+    let mut flag = Flag {
+        buf: fbuf,
+        mr: fmr,
+        seq: 0,
+    };
+    println!(
+        "   {:>4} {:>13} {:>11} {:>15} {:>11} {:>14}",
+        "K", "idle ns/step", "per visit", "parked ns/step", "per visit", "native/queue"
+    );
+    let mut alone = (0.0, 0.0);
+    let result = (|| {
+        for k in VISIT_COUNTS {
+            let idle = chain_beside(nic, pd, o, k, false, &mut flag)?;
+            let parked = chain_beside(nic, pd, o, k, true, &mut flag)?;
+            if k == 0 {
+                alone = (idle, parked);
+            }
+            let per = |with: f64, base: f64| {
+                if k == 0 {
+                    "-".to_string()
+                } else {
+                    fmt_ns((with - base) / k as f64)
+                }
+            };
+            println!(
+                "   {:>4} {:>13} {:>11} {:>15} {:>11} {:>14}",
+                k,
+                fmt_ns(idle),
+                per(idle, alone.0),
+                fmt_ns(parked),
+                per(parked, alone.1),
+                if k == 0 {
+                    "-".to_string()
+                } else {
+                    fmt_ns(native_scan_ns(k))
+                }
+            );
+        }
+        Ok::<_, String>(())
+    })();
+    let _ = nic.dereg_mr(flag.mr.lkey);
+    if let Err(e) = &result {
+        anomalies.push(format!("visits: {e}"));
+    }
+    result
+}
+
 fn main() {
     let o = parse_args();
     let started = Instant::now();
@@ -1553,6 +1721,11 @@ fn main() {
     if o.throughput {
         if let Err(e) = throughput_section(&nic, pd, &o, &mut anomalies) {
             println!("   throughput section aborted: {e}");
+        }
+    }
+    if o.visits {
+        if let Err(e) = visits_section(&nic, pd, &o, &mut anomalies) {
+            println!("   visits section aborted: {e}");
         }
     }
     println!();
