@@ -18,7 +18,7 @@
 
 #[allow(dead_code)]
 mod bench_common;
-use bench_common::{flags_if, nop, push_doorbell_master, Ctx, SqWriter};
+use bench_common::{flags_if, nop, post_endless_wait, push_doorbell_master, Ctx, SqWriter};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, Nic, QpConfig, QpInfo};
 use redn_sys::softnic::{SoftNic, SoftNicConfig};
@@ -103,17 +103,7 @@ fn run() -> Result<(), String> {
     let never = cq()?;
     for _ in 0..parked {
         let info = queue(&nic, pd, never, false, 64)?;
-        let wait = WorkRequest {
-            wr_id: 0,
-            flags: WqeFlags::NONE,
-            op: WrOp::Wait {
-                cq: never,
-                count: 0,
-            },
-        };
-        let mut w = SqWriter::new(&info, false);
-        w.push(&nic, &wait)?;
-        w.ring(&nic)?;
+        post_endless_wait(&nic, &info, never)?;
     }
     for _ in 0..idle {
         queue(&nic, pd, never, false, 64)?;

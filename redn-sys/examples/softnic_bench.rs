@@ -12,9 +12,9 @@
 mod bench_common;
 
 use bench_common::{
-    flags_if, mean_ns_samples, median, nop, ns, on_threads, parse_num, print_anomalies, print_head,
-    push_doorbell_master, stats, verdict, wait_produced, Backoff, CommonOpts, Ctx, SqWriter, Stats,
-    WaitMode, SPIN_BEFORE_YIELD, WAIT_TIMEOUT,
+    flags_if, mean_ns_samples, median, nop, ns, on_threads, parse_num, post_endless_wait,
+    print_anomalies, print_head, push_doorbell_master, stats, verdict, wait_produced, Backoff,
+    CommonOpts, Ctx, SqWriter, Stats, WaitMode, SPIN_BEFORE_YIELD, WAIT_TIMEOUT,
 };
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig, QpInfo};
@@ -1540,17 +1540,7 @@ fn quiet_queues(nic: &SoftNic, pd: Pdn, k: usize, parked: bool) -> Result<(Vec<Q
     for _ in 0..k {
         let info = loopback_qp(nic, pd, never, 0, 64, false)?;
         if parked {
-            let mut w = SqWriter::new(&info, false);
-            let wait = WorkRequest {
-                wr_id: 0,
-                flags: WqeFlags::NONE,
-                op: WrOp::Wait {
-                    cq: never,
-                    count: 0,
-                },
-            };
-            w.push(nic, &wait)?;
-            w.ring(nic)?;
+            post_endless_wait(nic, &info, never)?;
         }
         qps.push(info.qpn);
     }

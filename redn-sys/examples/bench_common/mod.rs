@@ -433,6 +433,21 @@ impl SqWriter {
     }
 }
 
+/// Post a WAIT for `cq`'s first completion on the queue `info` and ring its doorbell: with a CQ
+/// that nothing completes into, the queue sits on it for good (a manager's idle client).
+// Not every example that includes this module uses it.
+#[allow(dead_code)]
+pub fn post_endless_wait(nic: &SoftNic, info: &QpInfo, cq: Cqn) -> Result<(), String> {
+    let mut w = SqWriter::new(info, false);
+    let wait = WorkRequest {
+        wr_id: 0,
+        flags: WqeFlags::NONE,
+        op: WrOp::Wait { cq, count: 0 },
+    };
+    w.push(nic, &wait)?;
+    w.ring(nic)
+}
+
 /// The master queue's half of a doorbell-ordered chain of `n` steps (RedN §3.1): SEND_EN of
 /// the managed queue `q` up to its first WQE, then for each further step WAIT(`q_cq`, the
 /// previous WQE's completion) + SEND_EN of the next. `qb` is `q`'s producer index before the
