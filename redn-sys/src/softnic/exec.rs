@@ -102,8 +102,9 @@ const _: () =
 /// Why keep the latter: RedN's loops, recycled rings and hosts re-posting a request run the
 /// same bytes from the same slot again and again, and decoding them and checking keys, PD,
 /// bounds and rights is most of a WRITE's cost. A resolved move is kept only while the
-/// bytes stay the same (every fetch compares them with the ring; any difference but the WQE
-/// index drops it), neither key cache has dropped or replaced a region since (their epochs)
+/// bytes stay the same (a fetch into a snapshot something was derived from compares; any
+/// difference but the WQE index drops it), neither key cache has dropped or replaced a
+/// region since (their epochs)
 /// and the target is live; a region's PD, bounds and rights cannot change while it stays
 /// registered, so the checks would decide exactly as they did.
 #[derive(Clone, Copy)]
@@ -253,10 +254,11 @@ impl Fetcher {
     }
 }
 
-/// Snapshot ring slot `index` (slot 0 at word `base` of `words`) into its place in `snap`: a
-/// shift and a mask to find it, eight atomic loads (the host and RDMA operations may write
-/// the ring meanwhile), compared with what the snapshot holds; stored, and what was
-/// resolved from the old bytes dropped, only if they differ in more than `decisive0` masks.
+/// Snapshot ring slot `index` (slot 0 at word `geo.base` of `words`) into its place in
+/// `snap`: a shift and a mask to find it, eight atomic loads (the host and RDMA operations may
+/// write the ring meanwhile), eight stores. If something was derived from the old snapshot,
+/// each word is also compared with it, and what was derived is dropped if they differ in
+/// more than `decisive0` masks.
 #[inline(always)]
 fn fetch_into(words: &[AtomicU64], geo: Geometry, snap: &mut [Snapshot], index: u64) {
     let at = geo.base + (index & geo.ring_mask) as usize * 8;
@@ -333,8 +335,9 @@ const HOT_READ: u8 = 3;
 /// next index and the counts of NOPs, WRITEs, READs and payload bytes that ran.
 ///
 /// Why a function of its own: this is the loop a recycled ring or a re-posted request spends
-/// its time in, and kept small, the compiler keeps its state in registers (inside the fast
-/// path's loop it spilled most of it; ~230 instructions a WRITE there, ~100 here).
+/// its time in, and kept small, the compiler keeps most of its state in registers (inside the
+/// fast path's loop it spilled most of it: ~230 instructions a resolved WRITE there, ~150
+/// here).
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn run_hot(
