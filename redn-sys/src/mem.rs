@@ -623,7 +623,8 @@ pub struct KeyCache {
     /// Changes whenever an entry stops meaning what it meant (the cache was cleared or an
     /// entry replaced), so an entry's index can be remembered beside this number and trusted
     /// while both the number and the table's generation are unchanged (see
-    /// [`KeyCache::region_at`]). Starts at 1: 0 is never current.
+    /// [`KeyCache::region_at`]). Starts at 1 and only grows: neither 0 (what a remembered
+    /// epoch is before anything was resolved) nor [`KeyCache::STALE`] is ever current.
     epoch: u64,
 }
 
@@ -636,6 +637,11 @@ impl Default for KeyCache {
 }
 
 impl KeyCache {
+    /// What [`KeyCache::current_epoch`] returns while the cache is behind its table: never an
+    /// epoch, so nothing remembered under one matches it (and nothing should be remembered
+    /// under it).
+    pub const STALE: u64 = u64::MAX;
+
     /// An empty cache.
     pub fn new() -> KeyCache {
         KeyCache {
@@ -671,13 +677,14 @@ impl KeyCache {
     }
 
     /// The number that entry indices handed out now are valid under: the cache's epoch while
-    /// the table has not dropped a region since the cache last looked, else 0 (never valid).
+    /// the table has not dropped a region since the cache last looked, else
+    /// [`KeyCache::STALE`] (which no epoch worth remembering equals).
     #[inline(always)]
     pub fn current_epoch(&self, table: &KeyTable) -> u64 {
         if self.is_current(table) {
             self.epoch
         } else {
-            0
+            Self::STALE
         }
     }
 

@@ -118,7 +118,8 @@ struct Snapshot {
     /// unsignaled NOP, or as an unsignaled WRITE or READ it resolved, with WQE checks off:
     /// then [`run_hot`] may run them again (a move only while its epochs hold).
     hot: u8,
-    /// `KeyCache::current_epoch` of each side when resolved (never 0).
+    /// `KeyCache::current_epoch` of each side when resolved (0 if nothing was: a NOP, or
+    /// never; never `KeyCache::STALE`).
     local_epoch: u64,
     remote_epoch: u64,
     /// Index of each side's region in its key cache.
@@ -738,7 +739,6 @@ impl Core {
         let end = limit.min(start + budget as u64);
         let mut stop = false;
         let mut fault = None;
-        // The fetcher's state in locals, so the loop keeps it in registers; written back below.
         let geo = &f.geo;
         // The fetcher's parts, borrowed apart, and its index in a local, so the loop keeps
         // them in registers; the index is written back below.
@@ -943,7 +943,7 @@ impl Core {
         let local_epoch = self.local_keys.current_epoch(keys);
         let remote_epoch = peer.live_epoch(&self.remote_keys);
         // Resolved under caches that were current: keep it for next time.
-        if local_epoch != 0 && remote_epoch != 0 {
+        if local_epoch != KeyCache::STALE && remote_epoch != KeyCache::STALE {
             *e = Snapshot {
                 bytes: e.bytes,
                 derived: true,

@@ -187,13 +187,13 @@ impl InProcess {
     }
 
     /// The epoch under which indices `remote_window` returned from `keys` are still good
-    /// ([`KeyCache::current_epoch`]), or 0 (never good) once the target is no longer live:
-    /// what a window resolved earlier needs re-checked before it is used again.
+    /// ([`KeyCache::current_epoch`]), or [`KeyCache::STALE`] once the target is no longer
+    /// live: what a window resolved earlier needs re-checked before it is used again.
     #[inline(always)]
     pub(crate) fn live_epoch(&self, keys: &KeyCache) -> u64 {
         match self.live() {
             Ok(_) => keys.current_epoch(&self.keys),
-            Err(_) => 0,
+            Err(_) => KeyCache::STALE,
         }
     }
 
