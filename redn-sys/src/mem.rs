@@ -856,6 +856,42 @@ mod tests {
     }
 
     #[test]
+    fn key_cache_epochs_move_when_an_entry_stops_meaning_what_it_meant() {
+        let t = KeyTable::new();
+        let buf = SharedBuffer::new(4096);
+        let keys: Vec<u32> = (0..KEY_CACHE_SIZE + 1)
+            .map(|i| {
+                t.register(Pdn(1), &buf, i * 64, 64, Access::ALL)
+                    .unwrap()
+                    .lkey
+                    .0
+            })
+            .collect();
+        let mut cache = KeyCache::new();
+        let e0 = cache.current_epoch(&t);
+        assert!(e0 != 0 && e0 != KeyCache::STALE);
+        // Filling free entries changes no entry's meaning.
+        let first = cache.find(&t, keys[0]).unwrap();
+        for &k in &keys[1..KEY_CACHE_SIZE] {
+            cache.find(&t, k).unwrap();
+        }
+        assert_eq!(cache.current_epoch(&t), e0);
+        assert_eq!(cache.region_at(first).unwrap().lkey.0, keys[0]);
+        // A full cache replaces an entry: the epoch moves.
+        cache.find(&t, keys[KEY_CACHE_SIZE]).unwrap();
+        let e1 = cache.current_epoch(&t);
+        assert!(e1 != e0 && e1 != KeyCache::STALE);
+        // A deregistration anywhere makes the cache stale until it looks again, then the
+        // epoch has moved.
+        t.deregister(Lkey(keys[1])).unwrap();
+        assert_eq!(cache.current_epoch(&t), KeyCache::STALE);
+        assert!(!cache.is_current(&t));
+        cache.find(&t, keys[2]).unwrap();
+        let e2 = cache.current_epoch(&t);
+        assert!(e2 != e1 && e2 != KeyCache::STALE);
+    }
+
+    #[test]
     fn stale_keys_do_not_resolve_to_new_regions() {
         let t = KeyTable::new();
         let buf = SharedBuffer::new(64);
