@@ -532,3 +532,43 @@ fn a_recycled_ring_that_patches_itself_runs_stale_and_fresh_wqes_as_the_prefetch
         assert_eq!(far, &vec![b'a' + r as u8; 8], "round {r}: far");
     }
 }
+
+/// A ring longer than the executor keeps snapshots for (16 Ki BBs): slots 16 Ki apart share
+/// one, so every fetch there finds another WQE's bytes and what was resolved from them. Each
+/// WRITE must still run as posted, round after round.
+#[test]
+#[cfg_attr(miri, ignore = "a 32 Ki-BB ring is too slow under Miri")]
+fn a_ring_longer_than_the_snapshots_runs_every_wqe_as_posted() {
+    const BBS: usize = 32 << 10;
+    let nic = nic(1, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    let src = Region::new(&nic, pd, 4096, Access::ALL);
+    let dst = Region::new(&nic, pd, BBS * 8, Access::ALL);
+    let ep = endpoint(&nic, pd, |c| c.sq_bbs = BBS as u32);
+    nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
+    let wrs: Vec<_> = (0..BBS as u64)
+        .map(|i| {
+            let op = WrOp::Write {
+                remote: dst.mr.remote(i * 8),
+                payload: Payload::Sgl(vec![src.mr.sge(i * 8 % 4096, 8)]),
+                imm: None,
+            };
+            let last = i + 1 == BBS as u64;
+            wr(i, if last { SIG } else { WqeFlags::NONE }, op)
+        })
+        .collect();
+    for round in 0..3u8 {
+        let fill: Vec<u8> = (0..4096)
+            .map(|i| (i as u8).wrapping_mul(7) ^ round)
+            .collect();
+        src.write(0, &fill);
+        nic.post_send(ep.qp.qpn, &wrs).unwrap();
+        let done = wait_cqes(&nic, ep.cq, 1);
+        assert!(done[0].is_ok(), "round {round}: {done:?}");
+        let got = dst.read(0, BBS * 8);
+        for i in 0..BBS {
+            let want = &fill[i * 8 % 4096..][..8];
+            assert_eq!(&got[i * 8..][..8], want, "round {round}: WRITE {i}");
+        }
+    }
+}
