@@ -517,3 +517,58 @@ fn a_queue_parked_on_a_wait_resumes_flushes_and_faults() {
         );
     }
 }
+
+/// In doorbell order on one PU, a SEND_EN hands the PU over to the queue it enables at once,
+/// so the master's next WAIT finds that queue's completion already there: a 100-step chain
+/// runs with no WAIT stall (without the hand-over every step's WAIT blocks once).
+#[test]
+fn a_doorbell_chain_on_one_pu_hands_over_at_each_enable() {
+    const STEPS: u32 = 100;
+    let nic = nic(1, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    let q = endpoint(&nic, pd, |c| {
+        c.managed_send = true;
+        c.sq_bbs = 256;
+    });
+    nic.connect(q.qp.qpn, q.qp.qpn).unwrap();
+    let m = endpoint(&nic, pd, |c| c.sq_bbs = 256);
+    nic.connect(m.qp.qpn, m.qp.qpn).unwrap();
+    let nop = WrOp::Nop {
+        raw_segments: vec![],
+    };
+    let nops: Vec<_> = (0..STEPS)
+        .map(|i| wr(u64::from(i), SIG, nop.clone()))
+        .collect();
+    nic.post_send(q.qp.qpn, &nops).unwrap();
+    let mut master = Vec::new();
+    for k in 0..STEPS {
+        if k > 0 {
+            // NOP k-1 completed (its CQ has counted k completions).
+            master.push(wr(
+                0,
+                WqeFlags::NONE,
+                WrOp::Wait {
+                    cq: q.cq,
+                    count: k - 1,
+                },
+            ));
+        }
+        master.push(wr(
+            0,
+            WqeFlags::NONE,
+            WrOp::SendEnable {
+                qp: q.qp.qpn,
+                pi: k + 1,
+            },
+        ));
+    }
+    nic.post_send(m.qp.qpn, &master).unwrap();
+    let done = wait_cqes(&nic, q.cq, STEPS as usize);
+    assert!(done.iter().all(|c| c.is_ok()));
+    assert_eq!(
+        done.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+        (0..u64::from(STEPS)).collect::<Vec<_>>()
+    );
+    let stalls = nic.counters(m.qp.qpn).unwrap().wait_stalls;
+    assert_eq!(stalls, 0, "the master's WAITs stalled {stalls} times");
+}

@@ -533,16 +533,55 @@ impl SqExec {
     /// Run up to `budget` WQEs. Kept a function of its own (a call per queue per PU round)
     /// so that profilers can count inside it: `callgrind --toggle-collect` on this name is how
     /// the per-WQE instruction counts in docs and notes are taken.
+    ///
+    /// `siblings` are the PU's other queues (this one taken out): a SEND_EN that enables one
+    /// of them runs it at once (see [`Siblings`]).
     #[inline(never)]
-    pub(crate) fn run(&mut self, budget: usize) -> RunOutcome {
+    pub(crate) fn run(&mut self, budget: usize, siblings: Option<&mut Siblings>) -> RunOutcome {
         // A queue that had nothing to do last time is checked cheaply first (most of a
         // manager's queues, most of the time); a busy one goes straight on.
         if self.quiet && self.core.nothing_to_do() {
             return RunOutcome::Idle;
         }
-        let outcome = self.core.run(&mut self.fetcher, budget);
+        let outcome = self.core.run(&mut self.fetcher, budget, siblings);
         self.quiet = matches!(outcome, RunOutcome::Idle);
         outcome
+    }
+
+    pub(crate) fn qpn(&self) -> Qpn {
+        self.core.qp.qpn
+    }
+}
+
+/// WQEs a queue runs when a SEND_EN on its PU hands it over (see [`Siblings`]).
+const HANDOFF_BUDGET: usize = 64;
+
+/// The other queues of the PU that is running one: when that queue's SEND_EN enables one of
+/// them, the executor runs it right away, before its own next WQE, instead of leaving it to
+/// the PU's next round. Why: in a doorbell-ordered chain the enabling queue's next WQE is a
+/// WAIT for the enabled one's completion, so otherwise every step blocks, returns to the PU
+/// loop and comes back (two queue visits and a blocked WAIT a step). The enabled queue would
+/// run next on this PU anyway; this is the interleaving a NIC that switches at once gives.
+/// One level only: a queue run this way does not hand over in turn.
+pub(crate) struct Siblings<'a> {
+    pub(crate) queues: &'a mut [Option<Box<SqExec>>],
+}
+
+impl Siblings<'_> {
+    /// Run queue `qpn` if it is one of these (found at `hint` first, the index it was at
+    /// last time); returns where it was.
+    fn run_handoff(&mut self, qpn: Qpn, hint: usize) -> Option<usize> {
+        let at = match self.queues.get(hint) {
+            Some(Some(q)) if q.qpn() == qpn => hint,
+            _ => self
+                .queues
+                .iter()
+                .position(|q| q.as_ref().is_some_and(|q| q.qpn() == qpn))?,
+        };
+        if let Some(q) = self.queues[at].as_mut() {
+            q.run(HANDOFF_BUDGET, None);
+        }
+        Some(at)
     }
 }
 
@@ -564,6 +603,10 @@ struct Core {
     /// at once (`nothing_to_do`). Why: a PU visits every queue it owns each round, and a
     /// manager's idle clients sit on WAITs.
     parked: Option<Parked>,
+    /// A queue on this PU that the last SEND_EN enabled (taken by the fast path, which hands
+    /// over to it), and where it was among the PU's queues last time.
+    enabled_here: Option<Qpn>,
+    handoff_hint: usize,
     delayed_at: u64,
     scratch: Vec<u8>,
     wqe: [u8; MAX_WQE_BYTES],
@@ -586,6 +629,8 @@ impl Core {
             rate_generation: 0,
             stalled_at: u64::MAX,
             parked: None,
+            enabled_here: None,
+            handoff_hint: 0,
             delayed_at: u64::MAX,
             scratch: Vec::new(),
             wqe: [0u8; MAX_WQE_BYTES],
@@ -636,7 +681,12 @@ impl Core {
     /// nothing to do then pays none of its set-up (~20 instructions an idle queue, ~45 a
     /// parked one, against ~60 and ~210 inline; a busy queue pays ~12 for the call).
     #[inline(never)]
-    fn run(&mut self, f: &mut Fetcher, budget: usize) -> RunOutcome {
+    fn run(
+        &mut self,
+        f: &mut Fetcher,
+        budget: usize,
+        mut siblings: Option<&mut Siblings>,
+    ) -> RunOutcome {
         match self.qp.state() {
             QpState::Init => return RunOutcome::Idle,
             QpState::Error => {
@@ -675,7 +725,7 @@ impl Core {
                 }
             }
             if fast {
-                let (n, blocked) = self.run_fast(f, limit, budget - done);
+                let (n, blocked) = self.run_fast(f, limit, budget - done, siblings.as_deref_mut());
                 done += n;
                 if blocked {
                     break;
@@ -731,7 +781,13 @@ impl Core {
     /// one stack frame for both saves ~60 instructions a call, which a chain that switches
     /// queues every WQE or two pays each time.
     #[inline(always)]
-    fn run_fast(&mut self, f: &mut Fetcher, limit: u64, budget: usize) -> (usize, bool) {
+    fn run_fast(
+        &mut self,
+        f: &mut Fetcher,
+        limit: u64,
+        budget: usize,
+        mut siblings: Option<&mut Siblings>,
+    ) -> (usize, bool) {
         let (pd, wqe_checks) = (self.qp.pd, self.wqe_checks);
         let start = self.ci;
         let mut ci = start;
@@ -876,6 +932,13 @@ impl Core {
                 }
             }
             ci += 1;
+            if let Some(qpn) = self.enabled_here.take() {
+                if let Some(s) = siblings.as_deref_mut() {
+                    if let Some(at) = s.run_handoff(qpn, self.handoff_hint) {
+                        self.handoff_hint = at;
+                    }
+                }
+            }
         }
         f.fetched = fetched;
         self.add_fast_counts([nops, writes, reads], bytes);
@@ -1412,7 +1475,10 @@ impl Core {
     fn op_enable(&mut self, opcode: Opcode) -> Result<u64, Fail> {
         let target = Qpn(be32(&self.wqe, off::WAIT_OBJ) & crate::types::MAX_QPN);
         let pi = be32(&self.wqe, off::WAIT_PI);
-        self.enable(opcode == Opcode::SendEn, target, pi)
+        let r = self.enable(opcode == Opcode::SendEn, target, pi);
+        // The general path does not hand over: the queue runs in the PU's next round.
+        self.enabled_here = None;
+        r
     }
 
     /// SEND_EN (`send`) or RECV_EN: move the managed queue's enabled index to `pi` (it only
@@ -1428,7 +1494,12 @@ impl Core {
                 return Err(Fail::Syndrome(Syndrome::LocalQpOperation));
             }
             if QpShared::advance(&t.enabled, pi) {
-                t.pus.notify_from(t.pu, &self.qp.pus, self.qp.pu);
+                if t.pu == self.qp.pu && Arc::ptr_eq(&t.pus, &self.qp.pus) {
+                    // This PU: no notice needed, and the fast path may hand over to it.
+                    self.enabled_here = Some(t.qpn);
+                } else {
+                    t.pus.notify_from(t.pu, &self.qp.pus, self.qp.pu);
+                }
             }
         } else {
             if !t.managed_recv {

@@ -6,7 +6,7 @@
 //! parks; anything that may unblock one of its queues (a doorbell, a SEND_EN, a completion a
 //! WAIT is counting, a receive a SEND was waiting for) bumps its event counter and unparks it.
 
-use super::exec::{RunOutcome, SqExec};
+use super::exec::{RunOutcome, Siblings, SqExec};
 use super::qp::QpShared;
 use super::Shared;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -166,7 +166,9 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
     let me = &pus.pus[index];
     let _ = me.thread.set(std::thread::current());
     CURRENT.with(|c| c.set((&*pus as *const PuSet as usize, index)));
-    let mut queues: Vec<SqExec> = Vec::new();
+    // Boxed and taken out while they run, so a running queue can hand over to the others
+    // (`Siblings`).
+    let mut queues: Vec<Option<Box<SqExec>>> = Vec::new();
     let mut idle_since: Option<Instant> = None;
     loop {
         let seen = me.events.load(Ordering::SeqCst);
@@ -178,15 +180,25 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
             let new: Vec<_> =
                 std::mem::take(&mut *me.incoming.lock().unwrap_or_else(|e| e.into_inner()));
             for qp in new {
-                queues.push(SqExec::new(qp, Arc::clone(&shared)));
+                queues.push(Some(Box::new(SqExec::new(qp, Arc::clone(&shared)))));
             }
-            queues.retain(|q| !q.is_destroyed());
+            queues.retain(|q| q.as_ref().is_some_and(|q| !q.is_destroyed()));
         }
 
         let mut progress = false;
         let mut deadline: Option<Instant> = None;
-        for q in queues.iter_mut() {
-            match q.run(BURST) {
+        for i in 0..queues.len() {
+            let Some(mut q) = queues[i].take() else {
+                continue;
+            };
+            let outcome = q.run(
+                BURST,
+                Some(&mut Siblings {
+                    queues: &mut queues,
+                }),
+            );
+            queues[i] = Some(q);
+            match outcome {
                 RunOutcome::Progress => progress = true,
                 RunOutcome::Idle => {}
                 RunOutcome::RetryAt(t) => deadline = Some(deadline.map_or(t, |d| d.min(t))),
