@@ -79,11 +79,11 @@ Section 2 (throughput): batches of 1024 WQEs, last of each batch signaled, on a 
   old value stored like the NIC does).
 
 Section 3 (visits): what queues without work cost the PU that owns them (a manager's idle
-  clients). The doorbell chain of (c), 64 steps, flag detection, alone on PU 0 and beside K
-  queues on the same PU that have nothing posted (idle) or sit on a WAIT that never
-  completes (parked); every PU round visits each of them. Reported: median ns per chain
-  step, and per visit = (step beside K - step alone) / K (a doorbell step is one PU round).
-  Native: one atomic load and compare per queue (a minimal scan's cost).
+  clients). 16384 NOPs in WQ order on PU 0 (ring written once, doorbell advanced a ring
+  per sample), which runs 256 of them a visit and then visits every other queue: alone and
+  beside K queues on the same PU that have nothing posted (idle) or sit on a WAIT that
+  never completes (parked). Reported: median ns per PU round, and per visit = (round beside
+  K - round alone) / K. Native: one atomic load and compare per queue (a minimal scan).
 
 Slowdown columns are softnic time / native time (> 1 means the softnic is slower).
 ";
@@ -1526,68 +1526,56 @@ fn throughput_section(
 // ---------------------------------------------------------------------------------------------
 // Section 3: queues without work
 
-/// Steps of the chain that section 3 times.
-const VISIT_STEPS: usize = 64;
+/// NOPs of the WQ-order run that section 3 times: the PU runs 256 of them a visit (its
+/// burst), then visits every other queue, so 64 rounds.
+const VISIT_NOPS: u64 = 16 << 10;
+const VISIT_ROUNDS: u64 = VISIT_NOPS / 256;
 
-/// Queues beside the chain in section 3.
+/// Queues beside the run in section 3.
 const VISIT_COUNTS: [usize; 3] = [0, 16, 64];
 
-/// `k` queues on PU 0 that are idle (nothing posted) or parked (on a WAIT for a CQ that
-/// nothing completes into), with that CQ.
-fn quiet_queues(nic: &SoftNic, pd: Pdn, k: usize, parked: bool) -> Result<(Vec<Qpn>, Cqn), String> {
-    let never = counting_cq(nic)?;
-    let mut qps = Vec::with_capacity(k);
-    for _ in 0..k {
-        let info = loopback_qp(nic, pd, never, 0, 64, false)?;
-        if parked {
-            post_endless_wait(nic, &info, never)?;
-        }
-        qps.push(info.qpn);
-    }
-    Ok((qps, never))
+/// Quiet queues on PU 0: idle (nothing posted) or parked (on a WAIT for `never`, a CQ that
+/// nothing completes into: the queues complete into `cq`, which takes the flush completions
+/// of those destroyed on the way).
+struct Quiet {
+    cq: Cqn,
+    never: Cqn,
+    idle: Vec<Qpn>,
+    parked: Vec<Qpn>,
 }
 
-/// Median ns per step of the doorbell chain beside `k` quiet queues on its PU.
-fn chain_beside(
-    nic: &SoftNic,
-    pd: Pdn,
-    o: &Opts,
-    k: usize,
-    parked: bool,
-    flag: &mut Flag,
-) -> Result<f64, String> {
-    let (quiet, never) = quiet_queues(nic, pd, k, parked)?;
-    // Created after the quiet queues: the PU visits them first in each round.
-    let mut lq = LatQueues::new(nic, pd, Chain::Db, 0, 0)?;
-    let samples = (o.iters / 10).max(50);
-    let mut v = Vec::with_capacity(samples);
-    let mut result = Ok(());
-    for i in 0..samples + samples / 5 {
-        match run_chain(nic, &mut lq, Chain::Db, VISIT_STEPS, Detect::Flag, flag) {
-            Ok(d) if i >= samples / 5 => v.push(ns(d) / VISIT_STEPS as f64),
-            Ok(_) => {}
-            Err(e) => {
-                result = Err(format!("{e}{}", diag(nic, &lq.qpns(), &lq.cqns())));
-                break;
+impl Quiet {
+    /// Make it `idle` idle and `parked` parked queues (creating or destroying the difference).
+    fn resize(&mut self, nic: &SoftNic, pd: Pdn, idle: usize, parked: usize) -> Result<(), String> {
+        for (list, want, park) in [
+            (&mut self.idle, idle, false),
+            (&mut self.parked, parked, true),
+        ] {
+            while list.len() > want {
+                let q = list.pop().expect("not empty");
+                nic.destroy_qp(q).ctx("destroy_qp")?;
+            }
+            while list.len() < want {
+                let info = loopback_qp(nic, pd, self.cq, 0, 64, false)?;
+                if park {
+                    post_endless_wait(nic, &info, self.never)?;
+                }
+                list.push(info.qpn);
             }
         }
+        Ok(())
     }
-    let stalled: u64 = quiet
-        .iter()
-        .map(|&q| nic.counters(q).map(|c| c.wait_stalls).unwrap_or(0))
-        .sum();
-    lq.destroy(nic);
-    for q in &quiet {
-        let _ = nic.destroy_qp(*q);
-    }
-    let _ = nic.destroy_cq(never);
-    result?;
-    if parked && stalled != k as u64 {
-        return Err(format!(
-            "{stalled} of {k} parked queues stalled on their WAIT"
-        ));
-    }
-    Ok(median(&v))
+}
+
+/// One sample: ns per PU round of a WQ-order run of `VISIT_NOPS` NOPs, the `i`th on this
+/// queue (its ring was written once; each sample advances the doorbell by a whole ring).
+fn nops_round_ns(nic: &SoftNic, qpn: Qpn, cq: Cqn, i: u64) -> Result<f64, String> {
+    let end = VISIT_NOPS * (i + 1);
+    nic.note_posted(qpn, end - 1, end, i).ctx("note_posted")?;
+    let t0 = Instant::now();
+    nic.ring_doorbell(qpn, end).ctx("ring_doorbell")?;
+    wait_cq(nic, cq, i + 1, WaitMode::Spin)?;
+    Ok(ns(t0.elapsed()) / VISIT_ROUNDS as f64)
 }
 
 /// Native baseline: what checking `k` queues costs at least, one atomic load and compare
@@ -1615,60 +1603,105 @@ fn visits_section(
     anomalies: &mut Vec<String>,
 ) -> Result<(), String> {
     println!();
-    println!("== 3. Queues without work on the chain's PU (a manager's idle clients) ==");
+    println!("== 3. Queues without work on a busy PU (a manager's idle clients) ==");
     println!(
-        "   doorbell chain of {VISIT_STEPS} steps (flag) on PU 0 beside K idle (nothing posted) or \
-         parked"
+        "   {VISIT_NOPS} NOPs in WQ order on PU 0, which runs 256 a visit and then visits every \
+         other"
     );
-    println!("   (WAIT that never completes) queues on the same PU; per visit = (step beside K -");
-    println!("   step alone) / K. Native: one atomic load + compare per queue.");
-    let fbuf = SharedBuffer::new(64);
-    let fmr = nic.reg_mr(pd, &fbuf, 0, 64, Access::ALL).ctx("reg_mr")?;
-    let mut flag = Flag {
-        buf: fbuf,
-        mr: fmr,
-        seq: 0,
+    println!(
+        "   queue ({VISIT_ROUNDS} rounds), alone and beside K idle (nothing posted) or parked"
+    );
+    println!(
+        "   (WAIT that never completes) queues; the setups take turns, a few samples each, so"
+    );
+    println!(
+        "   every one sees the machine's phases alike. ns per round (median), and per visit ="
+    );
+    println!("   (round beside K - round alone) / K. Native: one atomic load + compare per queue.");
+    let mut quiet = Quiet {
+        cq: counting_cq(nic)?,
+        never: counting_cq(nic)?,
+        idle: Vec::new(),
+        parked: Vec::new(),
     };
-    println!(
-        "   {:>4} {:>13} {:>11} {:>15} {:>11} {:>14}",
-        "K", "idle ns/step", "per visit", "parked ns/step", "per visit", "native/queue"
-    );
-    let mut alone = (0.0, 0.0);
+    let cq = counting_cq(nic)?;
+    let info = loopback_qp(nic, pd, cq, 0, VISIT_NOPS as u32, false)?;
+    let mut w = SqWriter::new(&info, false);
+    // (idle, parked) queues beside the run, in the order the setups take turns.
+    let setups: Vec<(usize, usize)> = std::iter::once((0, 0))
+        .chain(VISIT_COUNTS.iter().skip(1).flat_map(|&k| [(k, 0), (0, k)]))
+        .collect();
+    let reps = (o.iters / 250).max(4);
+    let per_turn = 5;
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
     let result = (|| {
-        for k in VISIT_COUNTS {
-            let idle = chain_beside(nic, pd, o, k, false, &mut flag)?;
-            let parked = chain_beside(nic, pd, o, k, true, &mut flag)?;
-            if k == 0 {
-                alone = (idle, parked);
+        for i in 0..VISIT_NOPS {
+            w.push(nic, &nop(flags_if(i + 1 == VISIT_NOPS), i))?;
+        }
+        let mut n = 0;
+        for rep in 0..reps + 1 {
+            for (j, &(idle, parked)) in setups.iter().enumerate() {
+                quiet.resize(nic, pd, idle, parked)?;
+                for t in 0..per_turn + 1 {
+                    let v = nops_round_ns(nic, info.qpn, cq, n)?;
+                    n += 1;
+                    // The first repetition and each turn's first sample warm up.
+                    if rep > 0 && t > 0 {
+                        samples[j].push(v);
+                    }
+                }
             }
-            let per = |with: f64, base: f64| {
-                if k == 0 {
-                    "-".to_string()
-                } else {
-                    fmt_ns((with - base) / k as f64)
-                }
-            };
-            println!(
-                "   {:>4} {:>13} {:>11} {:>15} {:>11} {:>14}",
-                k,
-                fmt_ns(idle),
-                per(idle, alone.0),
-                fmt_ns(parked),
-                per(parked, alone.1),
-                if k == 0 {
-                    "-".to_string()
-                } else {
-                    fmt_ns(native_scan_ns(k))
-                }
-            );
+        }
+        let stalled: u64 = quiet
+            .parked
+            .iter()
+            .map(|&q| nic.counters(q).map(|c| c.wait_stalls).unwrap_or(0))
+            .sum();
+        if stalled != quiet.parked.len() as u64 {
+            return Err(format!(
+                "{stalled} of {} parked queues stalled on their WAIT{}",
+                quiet.parked.len(),
+                diag(nic, &quiet.parked[..2], &[quiet.never])
+            ));
         }
         Ok::<_, String>(())
     })();
-    let _ = nic.dereg_mr(flag.mr.lkey);
-    if let Err(e) = &result {
+    let _ = quiet.resize(nic, pd, 0, 0);
+    let _ = nic.destroy_qp(info.qpn);
+    let _ = nic.destroy_cq(cq);
+    let _ = nic.destroy_cq(quiet.never);
+    let _ = nic.destroy_cq(quiet.cq);
+    if let Err(e) = result {
         anomalies.push(format!("visits: {e}"));
+        return Err(e);
     }
-    result
+    let med: Vec<f64> = samples.iter().map(|v| median(v)).collect();
+    println!(
+        "   {:>4} {:>14} {:>11} {:>16} {:>11} {:>14}",
+        "K", "idle ns/round", "per visit", "parked ns/round", "per visit", "native/queue"
+    );
+    println!(
+        "   {:>4} {:>14} {:>11} {:>16} {:>11} {:>14}",
+        0,
+        fmt_ns(med[0]),
+        "-",
+        fmt_ns(med[0]),
+        "-",
+        "-"
+    );
+    for (i, &k) in VISIT_COUNTS.iter().skip(1).enumerate() {
+        let (idle, parked) = (med[1 + 2 * i], med[2 + 2 * i]);
+        println!(
+            "   {:>4} {:>14} {:>11} {:>16} {:>11} {:>14}",
+            k,
+            fmt_ns(idle),
+            fmt_ns((idle - med[0]) / k as f64),
+            fmt_ns(parked),
+            fmt_ns((parked - med[0]) / k as f64),
+            fmt_ns(native_scan_ns(k))
+        );
+    }
+    Ok(())
 }
 
 fn main() {
