@@ -556,13 +556,15 @@ impl SqExec {
 /// WQEs a queue runs when a SEND_EN on its PU hands it over (see [`Siblings`]).
 const HANDOFF_BUDGET: usize = 64;
 
-/// The other queues of the PU that is running one: when that queue's SEND_EN enables one of
-/// them, the executor runs it right away, before its own next WQE, instead of leaving it to
-/// the PU's next round. Why: in a doorbell-ordered chain the enabling queue's next WQE is a
-/// WAIT for the enabled one's completion, so otherwise every step blocks, returns to the PU
-/// loop and comes back (two queue visits and a blocked WAIT a step). The enabled queue would
-/// run next on this PU anyway; this is the interleaving a NIC that switches at once gives.
-/// One level only: a queue run this way does not hand over in turn.
+/// The other queues of the PU that is running one: when that queue has enabled one of them
+/// (SEND_EN) and comes to a WAIT on the enabled queue's send CQ that would block, the
+/// executor runs the enabled queue right away instead of leaving it to the PU's next round.
+/// Why: in a doorbell-ordered chain that WAIT is the next WQE after every SEND_EN, so
+/// otherwise every step blocks, returns to the PU loop and comes back (two queue visits and
+/// a blocked WAIT a step). The enabled queue would run next on this PU anyway; this is the
+/// interleaving a NIC that switches at once gives. Only before such a WAIT, so a queue that
+/// enables another many times between other WQEs (RedN's `if`) still lets it run its batch
+/// in one visit; and one level only: a queue run this way does not hand over in turn.
 pub(crate) struct Siblings<'a> {
     pub(crate) queues: &'a mut [Option<Box<SqExec>>],
 }
@@ -603,9 +605,10 @@ struct Core {
     /// at once (`nothing_to_do`). Why: a PU visits every queue it owns each round, and a
     /// manager's idle clients sit on WAITs.
     parked: Option<Parked>,
-    /// A queue on this PU that the last SEND_EN enabled (taken by the fast path, which hands
-    /// over to it), and where it was among the PU's queues last time.
-    enabled_here: Option<Qpn>,
+    /// A queue on this PU that the last SEND_EN enabled, with its send CQ (taken by the fast
+    /// path, which hands over to it before a WAIT on that CQ), and where it was among the
+    /// PU's queues last time.
+    enabled_here: Option<(Qpn, Cqn)>,
     handoff_hint: usize,
     delayed_at: u64,
     scratch: Vec<u8>,
@@ -892,14 +895,25 @@ impl Core {
                 {
                     self.fast_atomic(direct, w, pd)
                 }
-                OP_WAIT | OP_SEND_EN | OP_RECV_EN if ds >= 2 => match self.fast_control(w, ci) {
-                    Control::Ran => Some((0, 0)),
-                    Control::Refused => None,
-                    Control::Blocked => {
-                        stop = true;
-                        break;
+                OP_WAIT | OP_SEND_EN | OP_RECV_EN if ds >= 2 => {
+                    if opcode == OP_WAIT
+                        && self
+                            .enabled_here
+                            .is_some_and(|(_, cq)| cq.0 == be32(w, off::WAIT_OBJ))
+                    {
+                        if let Some(s) = siblings.as_deref_mut() {
+                            self.hand_over_before_wait(s, w);
+                        }
                     }
-                },
+                    match self.fast_control(w, ci) {
+                        Control::Ran => Some((0, 0)),
+                        Control::Refused => None,
+                        Control::Blocked => {
+                            stop = true;
+                            break;
+                        }
+                    }
+                }
                 _ => None,
             };
             match inline {
@@ -932,14 +946,9 @@ impl Core {
                 }
             }
             ci += 1;
-            if let Some(qpn) = self.enabled_here.take() {
-                if let Some(s) = siblings.as_deref_mut() {
-                    if let Some(at) = s.run_handoff(qpn, self.handoff_hint) {
-                        self.handoff_hint = at;
-                    }
-                }
-            }
         }
+        // A queue enabled and not handed over runs in the PU's round, as any other.
+        self.enabled_here = None;
         f.fetched = fetched;
         self.add_fast_counts([nops, writes, reads], bytes);
         self.ci = ci;
@@ -1026,6 +1035,28 @@ impl Core {
             };
         }
         Some(len)
+    }
+
+    /// Before the WAIT `w` on the send CQ of a queue this one enabled on its PU
+    /// (`enabled_here`): if the CQ is short of the WAIT's count, run that queue now (see
+    /// [`Siblings`]), as a doorbell-ordered chain needs. A WAIT on another CQ, or one that
+    /// would pass, hands nothing over, so a queue that enables another many times between
+    /// such WAITs (RedN's `if`) leaves it to run its whole batch in the PU's round.
+    #[inline(never)]
+    fn hand_over_before_wait(&mut self, siblings: &mut Siblings, w: &[u8; BB_SIZE]) {
+        let cqn = Cqn(be32(w, off::WAIT_OBJ));
+        let count = be32(w, off::WAIT_PI);
+        let short = match self.objs.cq(&self.nic, cqn) {
+            Some((_, cq)) => !wait_passed(cq.produced(), count),
+            None => false,
+        };
+        if short {
+            if let Some((qpn, _)) = self.enabled_here.take() {
+                if let Some(at) = siblings.run_handoff(qpn, self.handoff_hint) {
+                    self.handoff_hint = at;
+                }
+            }
+        }
     }
 
     /// The fast path's one-BB atomic to an in-process peer, counted; None if `execute` must.
@@ -1496,7 +1527,7 @@ impl Core {
             if QpShared::advance(&t.enabled, pi) {
                 if t.pu == self.qp.pu && Arc::ptr_eq(&t.pus, &self.qp.pus) {
                     // This PU: no notice needed, and the fast path may hand over to it.
-                    self.enabled_here = Some(t.qpn);
+                    self.enabled_here = Some((t.qpn, t.send_cq.cqn));
                 } else {
                     t.pus.notify_from(t.pu, &self.qp.pus, self.qp.pu);
                 }
