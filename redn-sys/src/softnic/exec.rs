@@ -557,8 +557,8 @@ impl SqExec {
 const HANDOFF_BUDGET: usize = 64;
 
 /// The other queues of the PU that is running one: when that queue has enabled one of them
-/// (SEND_EN) and comes to a WAIT on the enabled queue's send CQ that would block, the
-/// executor runs the enabled queue right away instead of leaving it to the PU's next round.
+/// (SEND_EN) and comes to a WAIT on the enabled queue's send CQ, the executor runs the
+/// enabled queue right away instead of leaving it to the PU's next round.
 /// Why: in a doorbell-ordered chain that WAIT is the next WQE after every SEND_EN, so
 /// otherwise every step blocks, returns to the PU loop and comes back (two queue visits and
 /// a blocked WAIT a step). The enabled queue would run next on this PU anyway; this is the
@@ -902,7 +902,7 @@ impl Core {
                             .is_some_and(|(_, cq)| cq.0 == be32(w, off::WAIT_OBJ))
                     {
                         if let Some(s) = siblings.as_deref_mut() {
-                            self.hand_over_before_wait(s, w);
+                            self.hand_over_before_wait(s);
                         }
                     }
                     match self.fast_control(w, ci) {
@@ -1037,24 +1037,17 @@ impl Core {
         Some(len)
     }
 
-    /// Before the WAIT `w` on the send CQ of a queue this one enabled on its PU
-    /// (`enabled_here`): if the CQ is short of the WAIT's count, run that queue now (see
-    /// [`Siblings`]), as a doorbell-ordered chain needs. A WAIT on another CQ, or one that
-    /// would pass, hands nothing over, so a queue that enables another many times between
-    /// such WAITs (RedN's `if`) leaves it to run its whole batch in the PU's round.
+    /// Before a WAIT on the send CQ of a queue this one enabled on its PU (`enabled_here`):
+    /// run that queue now (see [`Siblings`]), as a doorbell-ordered chain needs (the WAIT
+    /// waits for it). A WAIT on another CQ hands nothing over, so a queue that enables
+    /// another many times between such WAITs (RedN's `if`) leaves it to run its whole batch
+    /// in the PU's round. (Whether the WAIT would pass without it is not asked: the queue was
+    /// just enabled, so it has work, and would run in this round anyway.)
     #[inline(never)]
-    fn hand_over_before_wait(&mut self, siblings: &mut Siblings, w: &[u8; BB_SIZE]) {
-        let cqn = Cqn(be32(w, off::WAIT_OBJ));
-        let count = be32(w, off::WAIT_PI);
-        let short = match self.objs.cq(&self.nic, cqn) {
-            Some((_, cq)) => !wait_passed(cq.produced(), count),
-            None => false,
-        };
-        if short {
-            if let Some((qpn, _)) = self.enabled_here.take() {
-                if let Some(at) = siblings.run_handoff(qpn, self.handoff_hint) {
-                    self.handoff_hint = at;
-                }
+    fn hand_over_before_wait(&mut self, siblings: &mut Siblings) {
+        if let Some((qpn, _)) = self.enabled_here.take() {
+            if let Some(at) = siblings.run_handoff(qpn, self.handoff_hint) {
+                self.handoff_hint = at;
             }
         }
     }
