@@ -75,8 +75,6 @@ struct Geometry {
     base: usize,
     /// Ring entries - 1.
     ring_mask: u64,
-    /// Snapshots - 1.
-    snap_mask: u64,
     /// How many BBs past the current WQE may be fetched early.
     depth: u64,
     /// Fetched before a one-BB WQE runs: 1 + `depth`, but never so far that two BBs in flight
@@ -86,6 +84,15 @@ struct Geometry {
     /// WQE checks are on. A fetch that finds only the index changed (a host re-posting the
     /// same request) keeps what was derived from the snapshot.
     decisive0: u64,
+}
+
+impl Geometry {
+    /// Ring slot `index` (absolute) in `words`, the ring buffer's words: a shift and a mask.
+    #[inline(always)]
+    fn slot<'w>(&self, words: &'w [AtomicU64], index: u64) -> &'w [AtomicU64; 8] {
+        let at = self.base + (index & self.ring_mask) as usize * 8;
+        words[at..at + 8].try_into().expect("eight words")
+    }
 }
 
 /// Most snapshots a queue keeps (128 bytes each): rings up to this many BBs have one per slot.
@@ -104,9 +111,8 @@ const _: () =
 /// bounds and rights is most of a WRITE's cost. A resolved move is kept only while the
 /// bytes stay the same (a fetch into a snapshot something was derived from compares; any
 /// difference but the WQE index drops it), neither key cache has dropped or replaced a
-/// region since (their epochs)
-/// and the target is live; a region's PD, bounds and rights cannot change while it stays
-/// registered, so the checks would decide exactly as they did.
+/// region since (their epochs) and the target is live; a region's PD, bounds and rights
+/// cannot change while it stays registered, so the checks would decide exactly as they did.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Snapshot {
@@ -206,7 +212,6 @@ impl Fetcher {
             geo: Geometry {
                 base: ring.offset / 8,
                 ring_mask: ring.entries - 1,
-                snap_mask: cap - 1,
                 depth,
                 reach: 1 + depth.min(cap - 1),
                 decisive0: if wqe_checks {
@@ -241,7 +246,7 @@ impl Fetcher {
     fn fetch_ahead(&mut self, ci: u64, end: u64, limit: u64) {
         let ahead = (end + self.geo.depth)
             .min(limit)
-            .min(ci + self.geo.snap_mask + 1)
+            .min(ci + self.snap.len() as u64)
             .max(end);
         while self.fetched < ahead {
             self.fetch(self.fetched);
@@ -251,19 +256,17 @@ impl Fetcher {
 
     #[inline(always)]
     fn block(&self, index: u64) -> &[u8; BB_SIZE] {
-        &self.snap[(index & self.geo.snap_mask) as usize].bytes
+        &self.snap[index as usize & (self.snap.len() - 1)].bytes
     }
 }
 
-/// Snapshot ring slot `index` (slot 0 at word `geo.base` of `words`) into its place in
-/// `snap`: a shift and a mask to find it, eight atomic loads (the host and RDMA operations may
-/// write the ring meanwhile), eight stores. If something was derived from the old snapshot,
+/// Snapshot ring slot `index` into its place in `snap`: eight atomic loads (the host and RDMA
+/// operations may write the ring meanwhile), eight stores. If something was derived from the old snapshot,
 /// each word is also compared with it, and what was derived is dropped if they differ in
 /// more than `decisive0` masks.
 #[inline(always)]
 fn fetch_into(words: &[AtomicU64], geo: Geometry, snap: &mut [Snapshot], index: u64) {
-    let at = geo.base + (index & geo.ring_mask) as usize * 8;
-    let src: &[AtomicU64; 8] = words[at..at + 8].try_into().expect("eight words");
+    let src = geo.slot(words, index);
     let dst = &mut snap[index as usize & (snap.len() - 1)];
     if !dst.derived {
         // Nothing was derived from the old bytes: a plain copy.
@@ -296,8 +299,7 @@ fn fetch_into(words: &[AtomicU64], geo: Geometry, snap: &mut [Snapshot], index: 
 /// cannot change what runs.
 #[inline(always)]
 fn prefetch_hot(words: &[AtomicU64], geo: Geometry, snap: &mut [Snapshot], index: u64) {
-    let at = geo.base + (index & geo.ring_mask) as usize * 8;
-    let src: &[AtomicU64; 8] = words[at..at + 8].try_into().expect("eight words");
+    let src = geo.slot(words, index);
     let dst = &snap[index as usize & (snap.len() - 1)];
     let same = match dst.hot {
         HOT_NOP => same_words::<2>(src, &dst.bytes, geo.decisive0),
@@ -534,8 +536,8 @@ impl SqExec {
     /// so that profilers can count inside it: `callgrind --toggle-collect` on this name is how
     /// the per-WQE instruction counts in docs and notes are taken.
     ///
-    /// `siblings` are the PU's other queues (this one taken out): a SEND_EN that enables one
-    /// of them runs it at once (see [`Siblings`]).
+    /// `siblings` are the PU's other queues (this one taken out), which a doorbell-ordered
+    /// chain hands over to (see [`Siblings`]).
     #[inline(never)]
     pub(crate) fn run(&mut self, budget: usize, siblings: Option<&mut Siblings>) -> RunOutcome {
         // A queue that had nothing to do last time is checked cheaply first (most of a
@@ -553,7 +555,7 @@ impl SqExec {
     }
 }
 
-/// WQEs a queue runs when a SEND_EN on its PU hands it over (see [`Siblings`]).
+/// WQEs a queue runs when another on its PU hands over to it (see [`Siblings`]).
 const HANDOFF_BUDGET: usize = 64;
 
 /// The other queues of the PU that is running one: when that queue has enabled one of them
@@ -605,10 +607,10 @@ struct Core {
     /// at once (`nothing_to_do`). Why: a PU visits every queue it owns each round, and a
     /// manager's idle clients sit on WAITs.
     parked: Option<Parked>,
-    /// A queue on this PU that the last SEND_EN enabled, with its send CQ (taken by the fast
-    /// path, which hands over to it before a WAIT on that CQ), and where it was among the
-    /// PU's queues last time.
+    /// A queue on this PU that the last SEND_EN enabled, with its send CQ: the fast path
+    /// hands over to it before a WAIT on that CQ (see [`Siblings`]).
     enabled_here: Option<(Qpn, Cqn)>,
+    /// Where the last queue handed over to was among the PU's queues (searched there first).
     handoff_hint: usize,
     delayed_at: u64,
     scratch: Vec<u8>,
