@@ -38,7 +38,9 @@ USAGE:
     --write  instead of the doorbell-ordered chain: STEPS 64 B RDMA WRITEs in WQ order, the
              last one signaled, re-posted by the host (same bytes) before each round
     --parked N  also give the PU N queues (0..=1000) that sit on a WAIT that never
-             completes, as a manager's idle clients do: the PU visits them every round
+             completes, as a manager's idle clients do: the PU visits them once a round
+             (a handed-over doorbell chain takes a round per 128 steps; softnic_bench
+             --only visits measures visits on a busy PU)
     --idle N also give the PU N queues (0..=1000) with nothing posted
 
 Prints ns per step for each round. Under valgrind --tool=callgrind --collect-atstart=no
