@@ -1,12 +1,13 @@
 //! Completion queues: a ring of mlx5 CQE64 entries plus the running count WAIT compares with.
 
 use super::pu::PuSet;
+use super::spin::SpinLock;
 use super::CacheLine;
 use crate::nic::{CompChannel, Completion};
 use crate::types::Cqn;
 use crate::wqe::{Cqe, Syndrome, CQE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 struct CqRing {
     cqes: Box<[[u8; CQE_SIZE]]>,
@@ -23,7 +24,8 @@ pub(crate) struct CqShared {
     pub(crate) cqn: Cqn,
     depth: u64,
     ignore_overrun: bool,
-    ring: Mutex<CqRing>,
+    /// Taken for a few instructions per push or poll (see `spin`).
+    ring: SpinLock<CqRing>,
     /// Completions produced since creation: what WAIT counts. Written under `ring`'s lock;
     /// on its own cache line, since waiters on other threads read it constantly.
     produced: CacheLine<AtomicU64>,
@@ -42,7 +44,7 @@ impl CqShared {
             cqn,
             depth,
             ignore_overrun,
-            ring: Mutex::new(CqRing {
+            ring: SpinLock::new(CqRing {
                 cqes: vec![[0u8; CQE_SIZE]; depth as usize].into_boxed_slice(),
                 wr_ids: vec![0u64; depth as usize].into_boxed_slice(),
                 produced: 0,
@@ -73,7 +75,7 @@ impl CqShared {
     pub(crate) fn add_waiter(&self, pu: usize) {
         let bit = 1u64 << pu;
         if self.waiters.load(Ordering::Relaxed) & bit == 0 {
-            let _ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+            let _ring = self.ring.lock();
             self.waiters.fetch_or(bit, Ordering::Relaxed);
         }
     }
@@ -82,7 +84,9 @@ impl CqShared {
     /// checks it, so a completion either comes after the arming (and signals) or before it
     /// (and whoever armed sees it when they poll or read the count next).
     pub(crate) fn req_notify(&self, channel: &CompChannel) {
-        self.ring.lock().unwrap_or_else(|e| e.into_inner()).notify = Some(channel.clone());
+        let old = self.ring.lock().notify.replace(channel.clone());
+        // Dropped after the lock (it may be the last reference).
+        drop(old);
     }
 
     /// Add a completion.
@@ -94,34 +98,33 @@ impl CqShared {
     /// knows which it is: waking the PUs that wait on this CQ then skips the caller's own
     /// without a thread-local lookup (`PuSet::notify_from`).
     pub(crate) fn push_from(&self, mut cqe: Cqe, wr_id: u64, from: Option<(&PuSet, usize)>) {
-        let notify;
-        {
-            let mut r = self.ring.lock().unwrap_or_else(|e| e.into_inner());
-            notify = r.notify.take();
-            // Every completion counts for WAIT, whether or not the ring has room for it.
-            let total = self.produced.0.load(Ordering::Relaxed) + 1;
-            if r.produced - r.consumed == self.depth {
-                if self.ignore_overrun {
+        let notify = {
+            let mut r = self.ring.lock();
+            if r.produced - r.consumed == self.depth && !self.ignore_overrun {
+                // The entry is lost, as on hardware; the poller learns of it.
+                self.overrun.store(true, Ordering::Release);
+            } else {
+                if r.produced - r.consumed == self.depth {
+                    // Only waited on: the oldest entry gives way.
                     r.consumed += 1;
-                } else {
-                    // The entry is lost, as on hardware; the poller learns of it.
-                    self.overrun.store(true, Ordering::Release);
-                    self.produced.0.store(total, Ordering::Release);
-                    drop(r);
-                    self.wake(notify, from);
-                    return;
                 }
+                let slot = (r.produced & (self.depth - 1)) as usize;
+                // The owner bit flips each pass over the ring (depth is a power of two, so
+                // this is bit log2(depth) of the count: no division on the hot path).
+                cqe.owner = r.produced & self.depth != 0;
+                cqe.encode_into(&mut r.cqes[slot]);
+                r.wr_ids[slot] = wr_id;
+                r.produced += 1;
             }
-            let slot = (r.produced & (self.depth - 1)) as usize;
-            // The owner bit flips each pass over the ring (depth is a power of two, so this
-            // is bit log2(depth) of the count: no division on the hot path).
-            cqe.owner = r.produced & self.depth != 0;
-            cqe.encode_into(&mut r.cqes[slot]);
-            r.wr_ids[slot] = wr_id;
-            r.produced += 1;
+            // Every completion counts for WAIT, whether or not the ring had room for it.
+            let total = self.produced.0.load(Ordering::Relaxed) + 1;
             self.produced.0.store(total, Ordering::Release);
+            r.notify.take()
+        };
+        // Most pushes wake nobody: the call is only made when someone waits.
+        if notify.is_some() || self.waiters.load(Ordering::Relaxed) != 0 {
+            self.wake(notify, from);
         }
-        self.wake(notify, from);
     }
 
     /// Tell the PUs waiting on this CQ to look again (it was destroyed).
@@ -132,6 +135,7 @@ impl CqShared {
     /// Tell the PUs waiting on this CQ, and the channel it was armed for, if any. Called
     /// after the ring's lock is released: see `add_waiter` for why a relaxed load sees every
     /// bit it must.
+    #[inline(never)]
     fn wake(&self, notify: Option<CompChannel>, from: Option<(&PuSet, usize)>) {
         if let Some(channel) = notify {
             channel.signal(self.cqn);
@@ -152,7 +156,9 @@ impl CqShared {
         if self.overrun.swap(false, Ordering::AcqRel) {
             return Err(());
         }
-        let mut r = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        // Room first, so the loop below never allocates while it holds the lock.
+        out.reserve(max.min(self.depth as usize));
+        let mut r = self.ring.lock();
         let mut n = 0;
         while n < max && r.consumed < r.produced {
             let slot = (r.consumed & (self.depth - 1)) as usize;

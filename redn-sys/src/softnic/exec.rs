@@ -685,6 +685,11 @@ impl Core {
     /// Run up to `budget` WQEs. Out of line: a quiet queue's visit (`SqExec::run`) that finds
     /// nothing to do then pays none of its set-up (~20 instructions an idle queue, ~45 a
     /// parked one, against ~60 and ~210 inline; a busy queue pays ~12 for the call).
+    ///
+    /// The common visit is one pass of the fast path; whatever it leaves (a multi-BB WQE, a
+    /// rate-limited queue) goes on in [`Self::run_general`]. Why apart: a doorbell-ordered
+    /// chain's queue is visited once per WQE it runs, so this function's set-up and tear-down
+    /// are paid per WQE; kept to the one pass, they are ~30 instructions shorter.
     #[inline(never)]
     fn run(
         &mut self,
@@ -703,7 +708,27 @@ impl Core {
             }
             QpState::ReadyToSend => {}
         }
-        let mut limit = self.limit();
+        let limit = self.limit();
+        if self.ci >= limit {
+            return RunOutcome::Idle;
+        }
+        self.refresh(f);
+        // A rate-limited queue takes the general path, which admits each WQE.
+        if self.limiter.is_active() {
+            return self.run_general(f, budget, 0, siblings);
+        }
+        let (done, blocked) = self.run_fast(f, limit, budget, siblings.as_deref_mut());
+        if !blocked && done < budget && self.ci < limit {
+            // Stopped at a WQE of more than one BB.
+            return self.run_general(f, budget, done, siblings);
+        }
+        self.ran(done, RunOutcome::Idle)
+    }
+
+    /// Pick up what changed since the last visit: the peer (connected after the queue was
+    /// created) and the rate limit.
+    #[inline(always)]
+    fn refresh(&mut self, f: &mut Fetcher) {
         if self.peer.is_none() {
             self.peer = self
                 .qp
@@ -718,25 +743,38 @@ impl Core {
             self.rate_generation = g;
             self.limiter = Limiter::new(*self.qp.rate.lock().unwrap_or_else(|e| e.into_inner()));
         }
-        let mut done = 0;
+    }
+
+    /// The end of a visit that ran `done` WQEs (`outcome` if none).
+    #[inline(always)]
+    fn ran(&mut self, done: usize, outcome: RunOutcome) -> RunOutcome {
+        if done > 0 {
+            // WQEs are counted as they run, so whoever sees one consumed sees it counted.
+            self.qp.consumed.store(self.ci, Ordering::Release);
+            return RunOutcome::Progress;
+        }
+        outcome
+    }
+
+    /// The rest of a visit that has run `done` WQEs: WQE by WQE through [`Self::step`] (multi-BB
+    /// WQEs, and every WQE of a rate-limited queue, which `step` admits one by one), and
+    /// through the fast path again between them.
+    #[inline(never)]
+    fn run_general(
+        &mut self,
+        f: &mut Fetcher,
+        budget: usize,
+        mut done: usize,
+        mut siblings: Option<&mut Siblings>,
+    ) -> RunOutcome {
+        let mut limit = self.limit();
         let mut outcome = RunOutcome::Idle;
-        // A rate-limited queue takes the general path, which admits each WQE.
         let fast = !self.limiter.is_active();
         while done < budget {
             if self.ci >= limit {
                 limit = self.limit();
                 if self.ci >= limit {
                     break;
-                }
-            }
-            if fast {
-                let (n, blocked) = self.run_fast(f, limit, budget - done, siblings.as_deref_mut());
-                done += n;
-                if blocked {
-                    break;
-                }
-                if done >= budget || self.ci >= limit {
-                    continue;
                 }
             }
             match self.step(f, limit) {
@@ -755,13 +793,15 @@ impl Core {
                     break;
                 }
             }
+            if fast && done < budget && self.ci < limit {
+                let (n, blocked) = self.run_fast(f, limit, budget - done, siblings.as_deref_mut());
+                done += n;
+                if blocked {
+                    break;
+                }
+            }
         }
-        if done > 0 {
-            // WQEs are counted as they run, so whoever sees one consumed sees it counted.
-            self.qp.consumed.store(self.ci, Ordering::Release);
-            return RunOutcome::Progress;
-        }
-        outcome
+        self.ran(done, outcome)
     }
 
     /// True if the control segment names this queue and this index (the check ConnectX makes
@@ -807,8 +847,6 @@ impl Core {
         let snap = &mut f.snap[..];
         let direct = f.direct.as_deref();
         let mut fetched = f.fetched;
-        // Counts kept in registers, published before any completion and at the end.
-        let (mut nops, mut writes, mut reads, mut bytes) = (0u64, 0u64, 0u64, 0u64);
         // Set after a WQE that ran from a hot slot: the ones after it are likely hot too, and
         // `run_hot`'s small loop runs them (it returns at once if they are not).
         let mut hot_next = false;
@@ -820,10 +858,7 @@ impl Core {
                     let (next, n) =
                         run_hot(words, *geo, snap, &mut fetched, peer, keys, ci, end, limit);
                     ci = next;
-                    nops += n[0];
-                    writes += n[1];
-                    reads += n[2];
-                    bytes += n[3];
+                    self.add_fast_counts(n);
                     if ci >= end {
                         break;
                     }
@@ -848,14 +883,16 @@ impl Core {
             let w = &e.bytes;
             let opcode = w[off::OPCODE];
             let signaled = w[off::FM_CE_SE] & 0x0c == 0x08;
-            let checked = !wqe_checks || self.wqe_is_ours(w, ci);
-            // Some((payload bytes, CQE byte count)) if it ran inline; None: `execute` runs it.
-            let inline: Option<(u64, u32)> = match opcode {
-                _ if !checked => None,
-                OP_NOP if ds >= 1 => {
-                    nops += 1;
-                    if !signaled {
-                        if e.hot != HOT_NONE {
+            // Each arm that runs its WQE counts it, completes it if signaled and goes on to
+            // the next; a WQE that falls out of the match (a check refused it, or the fast
+            // path does not run it) goes to `execute`, which reports any error.
+            if !wqe_checks || self.wqe_is_ours(w, ci) {
+                match opcode {
+                    OP_NOP if ds >= 1 => {
+                        self.count_wqes(OP_NOP, 1);
+                        if signaled {
+                            self.complete(ci, 1, opcode, 0);
+                        } else if e.hot != HOT_NONE {
                             hot_next = true;
                         } else if !wqe_checks {
                             snap[slot].hot = HOT_NOP;
@@ -864,87 +901,76 @@ impl Core {
                         ci += 1;
                         continue;
                     }
-                    Some((0, 0))
-                }
-                OP_WRITE | OP_READ if ds == 3 => {
-                    let write = opcode == OP_WRITE;
-                    let was_hot = e.hot != HOT_NONE;
-                    let moved = match direct {
-                        Some(peer) => self.fast_move(peer, &mut snap[slot], write, signaled),
-                        None => None,
-                    };
-                    match moved {
-                        Some(len) => {
-                            if write {
-                                writes += 1;
-                            } else {
-                                reads += 1;
-                            }
-                            bytes += len;
-                            // The common case goes straight on: nothing to complete.
-                            if !signaled {
-                                hot_next = was_hot;
+                    OP_WRITE | OP_READ if ds == 3 => {
+                        let write = opcode == OP_WRITE;
+                        let was_hot = e.hot != HOT_NONE;
+                        if let Some(peer) = direct {
+                            if let Some(len) =
+                                self.fast_move(peer, &mut snap[slot], write, signaled)
+                            {
+                                if signaled {
+                                    let byte_cnt = if write { 0 } else { len as u32 };
+                                    self.complete(ci, 1, opcode, byte_cnt);
+                                } else {
+                                    hot_next = was_hot;
+                                }
                                 ci += 1;
                                 continue;
                             }
-                            Some((0, if opcode == OP_READ { len as u32 } else { 0 }))
                         }
-                        None => None,
                     }
-                }
-                OP_CAS | OP_FAA | OP_MASKED_CAS | OP_MASKED_FAA
-                    if ds >= if opcode == OP_MASKED_CAS { 4 } else { 3 } =>
-                {
-                    self.fast_atomic(direct, w, pd)
-                }
-                OP_WAIT | OP_SEND_EN | OP_RECV_EN if ds >= 2 => {
-                    if opcode == OP_WAIT
-                        && self
-                            .enabled_here
-                            .is_some_and(|(_, cq)| cq.0 == be32(w, off::WAIT_OBJ))
+                    // The guard runs the atomic: a refused one falls through to `execute`.
+                    OP_CAS | OP_FAA | OP_MASKED_CAS | OP_MASKED_FAA
+                        if ds >= if opcode == OP_MASKED_CAS { 4 } else { 3 }
+                            && self.fast_atomic(direct, w, pd).is_some() =>
                     {
-                        if let Some(s) = siblings.as_deref_mut() {
-                            self.hand_over_before_wait(s);
+                        if signaled {
+                            self.complete(ci, 1, opcode, 8);
+                        }
+                        ci += 1;
+                        continue;
+                    }
+                    OP_WAIT | OP_SEND_EN | OP_RECV_EN if ds >= 2 => {
+                        if opcode == OP_WAIT
+                            && self
+                                .enabled_here
+                                .is_some_and(|(_, cq)| cq.0 == be32(w, off::WAIT_OBJ))
+                        {
+                            if let Some(s) = siblings.as_deref_mut() {
+                                self.hand_over_before_wait(s);
+                            }
+                        }
+                        match self.fast_control(w, ci) {
+                            Control::Ran => {
+                                if signaled {
+                                    self.complete(ci, 1, opcode, 0);
+                                }
+                                ci += 1;
+                                continue;
+                            }
+                            Control::Refused => {}
+                            Control::Blocked => {
+                                stop = true;
+                                break;
+                            }
                         }
                     }
-                    match self.fast_control(w, ci) {
-                        Control::Ran => Some((0, 0)),
-                        Control::Refused => None,
-                        Control::Blocked => {
-                            stop = true;
-                            break;
-                        }
-                    }
+                    _ => {}
                 }
-                _ => None,
-            };
-            match inline {
-                Some((len, byte_cnt)) => {
-                    bytes += len;
-                    if signaled {
-                        self.add_fast_counts([nops, writes, reads], bytes);
-                        (nops, writes, reads, bytes) = (0, 0, 0, 0);
-                        self.complete(ci, 1, opcode, byte_cnt);
-                    }
+            }
+            // The general path's decoder, checks and operations, on this WQE.
+            self.wqe[..BB_SIZE].copy_from_slice(&snap[slot].bytes);
+            match self.execute(ci, 1) {
+                Step::Done(_) => {}
+                Step::Blocked => {
+                    stop = true;
+                    break;
                 }
-                None => {
-                    // The general path's decoder, checks and operations, on this WQE.
-                    self.add_fast_counts([nops, writes, reads], bytes);
-                    (nops, writes, reads, bytes) = (0, 0, 0, 0);
-                    self.wqe[..BB_SIZE].copy_from_slice(&snap[slot].bytes);
-                    match self.execute(ci, 1) {
-                        Step::Done(_) => {}
-                        Step::Blocked => {
-                            stop = true;
-                            break;
-                        }
-                        // Only a rate-limited queue is retried, and those do not come here.
-                        Step::Retry(_) => break,
-                        Step::Fault(syndrome, bbs) => {
-                            fault = Some((syndrome, bbs));
-                            break;
-                        }
-                    }
+                // Only a rate-limited queue is retried, and those do not come here.
+                Step::Retry(_) => break,
+                Step::Fault(syndrome, bbs) => {
+                    fault = Some((syndrome, bbs));
+                    break;
                 }
             }
             ci += 1;
@@ -952,7 +978,6 @@ impl Core {
         // A queue enabled and not handed over runs in the PU's round, as any other.
         self.enabled_here = None;
         f.fetched = fetched;
-        self.add_fast_counts([nops, writes, reads], bytes);
         self.ci = ci;
         let done = (ci - start) as usize;
         if let Some((syndrome, bbs)) = fault {
@@ -983,6 +1008,7 @@ impl Core {
         {
             if let Some((l, r)) = e.move_buffers(&self.local_keys, &self.remote_keys) {
                 e.replay_move(l, r, write);
+                self.count_move(write, e.len as u64);
                 return Some(e.len as u64);
             }
         }
@@ -1036,6 +1062,7 @@ impl Core {
                 line: len == 64 && (local_off | remote_off) % 8 == 0,
             };
         }
+        self.count_move(write, len);
         Some(len)
     }
 
@@ -1056,12 +1083,7 @@ impl Core {
 
     /// The fast path's one-BB atomic to an in-process peer, counted; None if `execute` must.
     #[inline(never)]
-    fn fast_atomic(
-        &mut self,
-        peer: Option<&InProcess>,
-        w: &[u8; BB_SIZE],
-        pd: Pdn,
-    ) -> Option<(u64, u32)> {
+    fn fast_atomic(&mut self, peer: Option<&InProcess>, w: &[u8; BB_SIZE], pd: Pdn) -> Option<()> {
         let peer = peer?;
         let opcode = w[off::OPCODE];
         let ds = usize::from(w[off::DS] & MAX_DS);
@@ -1086,7 +1108,8 @@ impl Core {
             r.write(&old.to_be_bytes());
         }
         self.count_wqes(opcode, 1);
-        Some((8, 8))
+        bump(&self.qp.counters.bytes, 8);
+        Some(())
     }
 
     /// The fast path's WAIT, SEND_EN or RECV_EN at `ci`, counted if it ran.
@@ -1113,17 +1136,24 @@ impl Core {
         }
     }
 
-    /// Publish the fast path's counts.
+    /// Count what `run_hot` ran: NOPs, WRITEs, READs and payload bytes.
     #[inline]
-    fn add_fast_counts(&mut self, counts: [u64; 3], bytes: u64) {
-        for (op, n) in [OP_NOP, OP_WRITE, OP_READ].into_iter().zip(counts) {
+    fn add_fast_counts(&mut self, n: [u64; 4]) {
+        for (op, n) in [OP_NOP, OP_WRITE, OP_READ].into_iter().zip(n) {
             if n != 0 {
                 self.count_wqes(op, n);
             }
         }
-        if bytes != 0 {
-            bump(&self.qp.counters.bytes, bytes);
+        if n[3] != 0 {
+            bump(&self.qp.counters.bytes, n[3]);
         }
+    }
+
+    /// Count a WRITE (`write`) or READ of `len` bytes.
+    #[inline(always)]
+    fn count_move(&mut self, write: bool, len: u64) {
+        self.count_wqes(if write { OP_WRITE } else { OP_READ }, 1);
+        bump(&self.qp.counters.bytes, len);
     }
 
     /// Count `n` WQEs of `opcode`.

@@ -16,6 +16,7 @@ mod exec;
 mod pu;
 mod qp;
 mod rate;
+mod spin;
 mod transport;
 
 pub use exec::MAX_MESSAGE;
