@@ -16,7 +16,7 @@ use super::rate::Limiter;
 use super::transport::{AtomicOp, InProcess, Nak, Transport};
 use super::Shared;
 use crate::mem::{KeyCache, KeyTable, SharedBuffer, Span};
-use crate::types::{Access, Cqn, Pdn, Qpn, Rkey, VirtAddr};
+use crate::types::{Access, Cqn, Qpn, Rkey, VirtAddr};
 use crate::wqe::{
     bbs_for_ds, off, Cqe, CqeOpcode, Opcode, RemoteAddr, Syndrome, BB_SIZE, INLINE_FLAG, MAX_DS,
     MAX_WQE_BYTES, SEG_SIZE,
@@ -73,8 +73,10 @@ struct Fetcher {
 struct Geometry {
     /// Word index of slot 0 in the ring's buffer; a slot is one BB (8 words).
     base: usize,
-    /// Ring entries - 1.
-    ring_mask: u64,
+    /// Words the ring occupies (8 per entry).
+    ring_words: usize,
+    /// Ring entries - 1 (entries are at most `SoftNic::MAX_SQ_BBS`, so this fits 32 bits).
+    ring_mask: u32,
     /// How many BBs past the current WQE may be fetched early.
     depth: u64,
     /// Fetched before a one-BB WQE runs: 1 + `depth`, but never so far that two BBs in flight
@@ -87,11 +89,19 @@ struct Geometry {
 }
 
 impl Geometry {
-    /// Ring slot `index` (absolute) in `words`, the ring buffer's words: a shift and a mask.
+    /// The ring's own words in `words`, its buffer's (sliced once per run, so that finding a
+    /// slot in it is a mask, a shift and one bound check).
     #[inline(always)]
-    fn slot<'w>(&self, words: &'w [AtomicU64], index: u64) -> &'w [AtomicU64; 8] {
-        let at = self.base + (index & self.ring_mask) as usize * 8;
-        words[at..at + 8].try_into().expect("eight words")
+    fn ring<'w>(&self, words: &'w [AtomicU64]) -> &'w [AtomicU64] {
+        &words[self.base..self.base + self.ring_words]
+    }
+
+    /// Ring slot `index` (absolute) in `ring`, from [`Geometry::ring`].
+    #[inline(always)]
+    fn slot<'w>(&self, ring: &'w [AtomicU64], index: u64) -> &'w [AtomicU64; 8] {
+        // Masked in 32 bits: the offset cannot overflow, so only the end is checked.
+        let at = (index as u32 & self.ring_mask) as usize * 8;
+        ring[at..at + 8].try_into().expect("eight words")
     }
 }
 
@@ -211,7 +221,8 @@ impl Fetcher {
             snap: vec![Snapshot::EMPTY; cap as usize].into_boxed_slice(),
             geo: Geometry {
                 base: ring.offset / 8,
-                ring_mask: ring.entries - 1,
+                ring_words: ring.entries as usize * 8,
+                ring_mask: u32::try_from(ring.entries - 1).expect("ring entries fit 32 bits"),
                 depth,
                 reach: 1 + depth.min(cap - 1),
                 decisive0: if wqe_checks {
@@ -227,7 +238,7 @@ impl Fetcher {
 
     #[inline(always)]
     fn fetch(&mut self, index: u64) {
-        fetch_into(self.ring.words(), self.geo, &mut self.snap, index);
+        fetch_into(self.geo.ring(self.ring.words()), self.geo, &mut self.snap, index);
     }
 
     /// Fetch the BB at `ci` if it is not yet.
@@ -260,13 +271,13 @@ impl Fetcher {
     }
 }
 
-/// Snapshot ring slot `index` into its place in `snap`: eight atomic loads (the host and RDMA
-/// operations may write the ring meanwhile), eight stores. If something was derived from the old snapshot,
-/// each word is also compared with it, and what was derived is dropped if they differ in
-/// more than `decisive0` masks.
+/// Snapshot slot `index` of `ring` (the ring's words, [`Geometry::ring`]) into its place in
+/// `snap`: eight atomic loads (the host and RDMA operations may write the ring meanwhile),
+/// eight stores. If something was derived from the old snapshot, each word is also compared
+/// with it, and what was derived is dropped if they differ in more than `decisive0` masks.
 #[inline(always)]
-fn fetch_into(words: &[AtomicU64], geo: Geometry, snap: &mut [Snapshot], index: u64) {
-    let src = geo.slot(words, index);
+fn fetch_into(ring: &[AtomicU64], geo: Geometry, snap: &mut [Snapshot], index: u64) {
+    let src = geo.slot(ring, index);
     let dst = &mut snap[index as usize & (snap.len() - 1)];
     if !dst.derived {
         // Nothing was derived from the old bytes: a plain copy.
@@ -298,8 +309,8 @@ fn fetch_into(words: &[AtomicU64], geo: Geometry, snap: &mut [Snapshot], index: 
 /// segments); ConnectX reads a WQE's `ds` segments, nothing past them, so bytes past them
 /// cannot change what runs.
 #[inline(always)]
-fn prefetch_hot(words: &[AtomicU64], geo: Geometry, snap: &mut [Snapshot], index: u64) {
-    let src = geo.slot(words, index);
+fn prefetch_hot(ring: &[AtomicU64], geo: Geometry, snap: &mut [Snapshot], index: u64) {
+    let src = geo.slot(ring, index);
     let dst = &snap[index as usize & (snap.len() - 1)];
     let same = match dst.hot {
         HOT_NOP => same_words::<2>(src, &dst.bytes, geo.decisive0),
@@ -307,7 +318,7 @@ fn prefetch_hot(words: &[AtomicU64], geo: Geometry, snap: &mut [Snapshot], index
         _ => false,
     };
     if !same {
-        fetch_into(words, geo, snap, index);
+        fetch_into(ring, geo, snap, index);
     }
 }
 
@@ -573,8 +584,9 @@ pub(crate) struct Siblings<'a> {
 
 impl Siblings<'_> {
     /// Run queue `qpn` if it is one of these (found at `hint` first, the index it was at
-    /// last time); returns where it was.
-    fn run_handoff(&mut self, qpn: Qpn, hint: usize) -> Option<usize> {
+    /// last time); returns where it was, and its send CQ's completion count if that CQ is
+    /// `cqn` (what a WAIT on it compares: see [`Core::hand_over_before_wait`]).
+    fn run_handoff(&mut self, qpn: Qpn, cqn: Cqn, hint: usize) -> Option<(usize, Option<u64>)> {
         let at = match self.queues.get(hint) {
             Some(Some(q)) if q.qpn() == qpn => hint,
             _ => self
@@ -583,9 +595,14 @@ impl Siblings<'_> {
                 .position(|q| q.as_ref().is_some_and(|q| q.qpn() == qpn))?,
         };
         if let Some(q) = self.queues[at].as_mut() {
-            q.run(HANDOFF_BUDGET, None);
+            // Straight into the executor: the queue was just enabled, so the quiet check of
+            // `SqExec::run` would only find that it has work.
+            let outcome = q.core.run(&mut q.fetcher, HANDOFF_BUDGET, None);
+            q.quiet = matches!(outcome, RunOutcome::Idle);
+            let cq = &q.core.qp.send_cq;
+            return Some((at, (cq.cqn == cqn).then(|| cq.produced())));
         }
-        Some(at)
+        Some((at, None))
     }
 }
 
@@ -833,7 +850,7 @@ impl Core {
         budget: usize,
         mut siblings: Option<&mut Siblings>,
     ) -> (usize, bool) {
-        let (pd, wqe_checks) = (self.qp.pd, self.wqe_checks);
+        let wqe_checks = self.wqe_checks;
         let start = self.ci;
         let mut ci = start;
         // Every WQE here is one BB, so the budget is a bound on the index.
@@ -843,7 +860,7 @@ impl Core {
         let geo = &f.geo;
         // The fetcher's parts, borrowed apart, and its index in a local, so the loop keeps
         // them in registers; the index is written back below.
-        let words = f.ring.words();
+        let words = f.geo.ring(f.ring.words());
         let snap = &mut f.snap[..];
         let direct = f.direct.as_deref();
         let mut fetched = f.fetched;
@@ -922,7 +939,7 @@ impl Core {
                     // The guard runs the atomic: a refused one falls through to `execute`.
                     OP_CAS | OP_FAA | OP_MASKED_CAS | OP_MASKED_FAA
                         if ds >= if opcode == OP_MASKED_CAS { 4 } else { 3 }
-                            && self.fast_atomic(direct, w, pd).is_some() =>
+                            && self.fast_atomic(direct, w).is_some() =>
                     {
                         if signaled {
                             self.complete(ci, 1, opcode, 8);
@@ -936,8 +953,19 @@ impl Core {
                                 .enabled_here
                                 .is_some_and(|(_, cq)| cq.0 == be32(w, off::WAIT_OBJ))
                         {
-                            if let Some(s) = siblings.as_deref_mut() {
-                                self.hand_over_before_wait(s);
+                            let produced = match siblings.as_deref_mut() {
+                                Some(s) => self.hand_over_before_wait(s),
+                                None => None,
+                            };
+                            // The common case: the queue just run completed what the WAIT
+                            // waits for. (Otherwise the WAIT runs as any other, below.)
+                            if produced.is_some_and(|p| wait_passed(p, be32(w, off::WAIT_PI))) {
+                                self.count_wqes(OP_WAIT, 1);
+                                if signaled {
+                                    self.complete(ci, 1, opcode, 0);
+                                }
+                                ci += 1;
+                                continue;
                             }
                         }
                         match self.fast_control(w, ci) {
@@ -1072,18 +1100,21 @@ impl Core {
     /// another many times between such WAITs (RedN's `if`) leaves it to run its whole batch
     /// in the PU's round. (Whether the WAIT would pass without it is not asked: the queue was
     /// just enabled, so it has work, and would run in this round anyway.)
+    ///
+    /// Returns that CQ's completion count after the run, read through the queue that was
+    /// run: the WAIT can compare it without looking its CQ up (the queue holds its send CQ,
+    /// which cannot be destroyed while the queue exists).
     #[inline(never)]
-    fn hand_over_before_wait(&mut self, siblings: &mut Siblings) {
-        if let Some((qpn, _)) = self.enabled_here.take() {
-            if let Some(at) = siblings.run_handoff(qpn, self.handoff_hint) {
-                self.handoff_hint = at;
-            }
-        }
+    fn hand_over_before_wait(&mut self, siblings: &mut Siblings) -> Option<u64> {
+        let (qpn, cqn) = self.enabled_here.take()?;
+        let (at, produced) = siblings.run_handoff(qpn, cqn, self.handoff_hint)?;
+        self.handoff_hint = at;
+        produced
     }
 
     /// The fast path's one-BB atomic to an in-process peer, counted; None if `execute` must.
     #[inline(never)]
-    fn fast_atomic(&mut self, peer: Option<&InProcess>, w: &[u8; BB_SIZE], pd: Pdn) -> Option<()> {
+    fn fast_atomic(&mut self, peer: Option<&InProcess>, w: &[u8; BB_SIZE]) -> Option<()> {
         let peer = peer?;
         let opcode = w[off::OPCODE];
         let ds = usize::from(w[off::DS] & MAX_DS);
@@ -1096,7 +1127,7 @@ impl Core {
             let lkey = be32(w, seg + off::SEG_LKEY);
             let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
             let region = self.local_keys.get(&self.nic.keys, lkey).ok()?;
-            Some(region.window(pd, addr, 8, Access::LOCAL_WRITE)?)
+            Some(region.window(self.qp.pd, addr, 8, Access::LOCAL_WRITE)?)
         } else {
             None
         };
@@ -1260,6 +1291,8 @@ impl Core {
     }
 
     /// Completion for the WQE of `bbs` BBs at `ci`.
+    // Out of line: the fast path completes in four places, and one call keeps its loop small.
+    #[inline(never)]
     fn complete(&mut self, ci: u64, bbs: u64, opcode: u8, byte_cnt: u32) {
         // WQEs are counted as they run, so whoever sees the completion sees the WQE counted;
         // `retire` frees its ring space first (a host reuses completed WQEs' slots at once).
