@@ -572,3 +572,48 @@ fn a_doorbell_chain_on_one_pu_hands_over_at_each_enable() {
     let stalls = nic.counters(m.qp.qpn).unwrap().wait_stalls;
     assert_eq!(stalls, 0, "the master's WAITs stalled {stalls} times");
 }
+
+/// A WAIT right after a hand-over compares the count the handed-over queue left behind, and
+/// passes only if that count is reached: here the enabled queue runs an unsignaled NOP, so
+/// the master's WAIT for its first completion blocks (one stall, nothing after it runs) until
+/// a third queue enables the signaled NOP behind it.
+#[test]
+fn a_wait_after_a_hand_over_blocks_until_its_count_is_reached() {
+    let nic = nic(1, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    let q = endpoint(&nic, pd, |c| c.managed_send = true);
+    nic.connect(q.qp.qpn, q.qp.qpn).unwrap();
+    let m = endpoint(&nic, pd, |_| {});
+    nic.connect(m.qp.qpn, m.qp.qpn).unwrap();
+    let x = endpoint(&nic, pd, |_| {});
+    nic.connect(x.qp.qpn, x.qp.qpn).unwrap();
+    let nop = || WrOp::Nop {
+        raw_segments: vec![],
+    };
+    nic.post_send(q.qp.qpn, &[wr(0, WqeFlags::NONE, nop()), wr(1, SIG, nop())])
+        .unwrap();
+    let enable = |pi| wr(0, WqeFlags::NONE, WrOp::SendEnable { qp: q.qp.qpn, pi });
+    nic.post_send(
+        m.qp.qpn,
+        &[
+            enable(1),
+            // Needs one completion on q's CQ; the hand-over before it runs the unsignaled NOP.
+            wr(0, WqeFlags::NONE, WrOp::Wait { cq: q.cq, count: 0 }),
+            wr(7, SIG, nop()),
+        ],
+    )
+    .unwrap();
+    wait_until("the master stalls on its WAIT", || {
+        nic.counters(m.qp.qpn).unwrap().wait_stalls == 1
+    });
+    expect_no_cqe(&nic, m.cq, 20);
+    assert_eq!(
+        nic.counters(q.qp.qpn).unwrap().wqes[Opcode::Nop as usize],
+        1
+    );
+    nic.post_send(x.qp.qpn, &[enable(2)]).unwrap();
+    let done = wait_cqes(&nic, m.cq, 1);
+    assert_eq!((done[0].wr_id, done[0].status), (7, Ok(())));
+    assert_eq!(wait_cqes(&nic, q.cq, 1)[0].wr_id, 1);
+    assert_eq!(nic.counters(m.qp.qpn).unwrap().wait_stalls, 1);
+}

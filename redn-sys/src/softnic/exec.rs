@@ -238,7 +238,12 @@ impl Fetcher {
 
     #[inline(always)]
     fn fetch(&mut self, index: u64) {
-        fetch_into(self.geo.ring(self.ring.words()), self.geo, &mut self.snap, index);
+        fetch_into(
+            self.geo.ring(self.ring.words()),
+            self.geo,
+            &mut self.snap,
+            index,
+        );
     }
 
     /// Fetch the BB at `ci` if it is not yet.
@@ -556,7 +561,7 @@ impl SqExec {
         if self.quiet && self.core.nothing_to_do() {
             return RunOutcome::Idle;
         }
-        let outcome = self.core.run(&mut self.fetcher, budget, siblings);
+        let outcome = self.core.run::<false>(&mut self.fetcher, budget, siblings);
         self.quiet = matches!(outcome, RunOutcome::Idle);
         outcome
     }
@@ -597,7 +602,7 @@ impl Siblings<'_> {
         if let Some(q) = self.queues[at].as_mut() {
             // Straight into the executor: the queue was just enabled, so the quiet check of
             // `SqExec::run` would only find that it has work.
-            let outcome = q.core.run(&mut q.fetcher, HANDOFF_BUDGET, None);
+            let outcome = q.core.run::<true>(&mut q.fetcher, HANDOFF_BUDGET, None);
             q.quiet = matches!(outcome, RunOutcome::Idle);
             let cq = &q.core.qp.send_cq;
             return Some((at, (cq.cqn == cqn).then(|| cq.produced())));
@@ -707,8 +712,15 @@ impl Core {
     /// rate-limited queue) goes on in [`Self::run_general`]. Why apart: a doorbell-ordered
     /// chain's queue is visited once per WQE it runs, so this function's set-up and tear-down
     /// are paid per WQE; kept to the one pass, they are ~30 instructions shorter.
+    ///
+    /// `LEAN` is the visit of a queue handed over to (see [`Siblings`]): its fast path has no
+    /// hot loop (`run_hot`) and hands over to no one in turn. Why a variant: such a visit
+    /// typically runs the one WQE a SEND_EN just enabled, so its cost is mostly the set-up of
+    /// the fast path's loop, which is ~15 instructions smaller without those two parts (a
+    /// doorbell-ordered chain pays it every step). Hot slots are still marked, for the
+    /// queue's ordinary visits.
     #[inline(never)]
-    fn run(
+    fn run<const LEAN: bool>(
         &mut self,
         f: &mut Fetcher,
         budget: usize,
@@ -734,7 +746,7 @@ impl Core {
         if self.limiter.is_active() {
             return self.run_general(f, budget, 0, siblings);
         }
-        let (done, blocked) = self.run_fast(f, limit, budget, siblings.as_deref_mut());
+        let (done, blocked) = self.run_fast::<LEAN>(f, limit, budget, siblings.as_deref_mut());
         if !blocked && done < budget && self.ci < limit {
             // Stopped at a WQE of more than one BB.
             return self.run_general(f, budget, done, siblings);
@@ -811,7 +823,8 @@ impl Core {
                 }
             }
             if fast && done < budget && self.ci < limit {
-                let (n, blocked) = self.run_fast(f, limit, budget - done, siblings.as_deref_mut());
+                let (n, blocked) =
+                    self.run_fast::<false>(f, limit, budget - done, siblings.as_deref_mut());
                 done += n;
                 if blocked {
                     break;
@@ -842,8 +855,10 @@ impl Core {
     /// operation itself (see docs/architecture.md, "Softnic fast path"). Inlined into `run`:
     /// one stack frame for both saves ~60 instructions a call, which a chain that switches
     /// queues every WQE or two pays each time.
+    ///
+    /// `LEAN`: see [`Self::run`].
     #[inline(always)]
-    fn run_fast(
+    fn run_fast<const LEAN: bool>(
         &mut self,
         f: &mut Fetcher,
         limit: u64,
@@ -868,7 +883,7 @@ impl Core {
         // `run_hot`'s small loop runs them (it returns at once if they are not).
         let mut hot_next = false;
         while ci < end {
-            if hot_next {
+            if !LEAN && hot_next {
                 hot_next = false;
                 if let Some(peer) = direct {
                     let keys = (&self.local_keys, &*self.nic.keys, &self.remote_keys);
@@ -954,8 +969,8 @@ impl Core {
                                 .is_some_and(|(_, cq)| cq.0 == be32(w, off::WAIT_OBJ))
                         {
                             let produced = match siblings.as_deref_mut() {
-                                Some(s) => self.hand_over_before_wait(s),
-                                None => None,
+                                Some(s) if !LEAN => self.hand_over_before_wait(s),
+                                _ => None,
                             };
                             // The common case: the queue just run completed what the WAIT
                             // waits for. (Otherwise the WAIT runs as any other, below.)
