@@ -97,6 +97,9 @@ impl CqShared {
     /// Add a completion from PU `from.1` of the set `from.0`, if the caller is a PU that
     /// knows which it is: waking the PUs that wait on this CQ then skips the caller's own
     /// without a thread-local lookup (`PuSet::notify_from`).
+    // Inlined: the executor's completion path builds `cqe` from a few registers, and inline
+    // it encodes them straight into the ring instead of through a struct in memory.
+    #[inline(always)]
     pub(crate) fn push_from(&self, mut cqe: Cqe, wr_id: u64, from: Option<(&PuSet, usize)>) {
         let notify = {
             let mut r = self.ring.lock();

@@ -1317,6 +1317,7 @@ impl Core {
     /// Publish that the ring is consumed up to `next` and push the send CQE of the WQE at
     /// `ci`, in that order: a host that sees the completion may reuse the slots at once. The
     /// wr_id is read first, before the host can overwrite it.
+    #[inline(always)]
     fn retire(
         &self,
         ci: u64,
