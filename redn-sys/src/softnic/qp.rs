@@ -223,7 +223,15 @@ impl QpShared {
         if delta <= 0 {
             return false;
         }
-        index.fetch_max(cur + delta as u64, Ordering::AcqRel);
+        let target = cur + delta as u64;
+        // One exchange nearly always does it (a queue is seldom enabled from two PUs at the
+        // same moment); if another enable moved the index meanwhile, the larger one stays.
+        if let Err(now) = index.compare_exchange(cur, target, Ordering::AcqRel, Ordering::Acquire)
+        {
+            if now < target {
+                index.fetch_max(target, Ordering::AcqRel);
+            }
+        }
         true
     }
 
