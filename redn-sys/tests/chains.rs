@@ -617,3 +617,73 @@ fn a_wait_after_a_hand_over_blocks_until_its_count_is_reached() {
     assert_eq!(wait_cqes(&nic, q.cq, 1)[0].wr_id, 1);
     assert_eq!(nic.counters(m.qp.qpn).unwrap().wait_stalls, 1);
 }
+
+/// A doorbell chain whose enabled queue holds WRITEs and fetch-adds (not only the NOPs and
+/// control WQEs of the hand-over's lean pass): each step's hand-over still runs them at once
+/// (no WAIT stall), with the same effects and completions as anywhere else.
+#[test]
+fn a_handed_over_queue_runs_moves_and_atomics_at_once() {
+    const STEPS: u32 = 40;
+    let nic = nic(1, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    let q = endpoint(&nic, pd, |c| {
+        c.managed_send = true;
+        c.sq_bbs = 128;
+    });
+    nic.connect(q.qp.qpn, q.qp.qpn).unwrap();
+    let m = endpoint(&nic, pd, |c| c.sq_bbs = 128);
+    nic.connect(m.qp.qpn, m.qp.qpn).unwrap();
+    let src = Region::new(&nic, pd, 64 * STEPS as usize, ALL);
+    let dst = Region::new(&nic, pd, 64 * STEPS as usize + 8, ALL);
+    for i in 0..STEPS as usize {
+        src.write(64 * i, &[i as u8 + 1; 64]);
+    }
+    let sum_at = 64 * STEPS as usize;
+    let ops: Vec<_> = (0..STEPS as usize)
+        .map(|i| {
+            let op = if i % 2 == 0 {
+                write(src.mr.sge(64 * i as u64, 64), dst.mr.remote(64 * i as u64))
+            } else {
+                WrOp::FetchAdd {
+                    remote: dst.mr.remote(sum_at as u64),
+                    add: i as u64,
+                    result: None,
+                }
+            };
+            wr(i as u64, SIG, op)
+        })
+        .collect();
+    nic.post_send(q.qp.qpn, &ops).unwrap();
+    let mut master = Vec::new();
+    for k in 0..STEPS {
+        if k > 0 {
+            let wait = WrOp::Wait {
+                cq: q.cq,
+                count: k - 1,
+            };
+            master.push(wr(0, WqeFlags::NONE, wait));
+        }
+        let enable = WrOp::SendEnable {
+            qp: q.qp.qpn,
+            pi: k + 1,
+        };
+        master.push(wr(0, WqeFlags::NONE, enable));
+    }
+    nic.post_send(m.qp.qpn, &master).unwrap();
+    let done = wait_cqes(&nic, q.cq, STEPS as usize);
+    assert!(done.iter().all(|c| c.is_ok()), "{done:?}");
+    assert_eq!(
+        done.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+        (0..u64::from(STEPS)).collect::<Vec<_>>()
+    );
+    for i in (0..STEPS as usize).step_by(2) {
+        assert_eq!(dst.read(64 * i, 64), vec![i as u8 + 1; 64], "WRITE {i}");
+    }
+    let sum: u64 = (1..STEPS as u64).step_by(2).sum();
+    assert_eq!(dst.read(sum_at, 8), sum.to_le_bytes());
+    let c = nic.counters(q.qp.qpn).unwrap();
+    assert_eq!(c.by_opcode(Opcode::RdmaWrite), u64::from(STEPS / 2));
+    assert_eq!(c.by_opcode(Opcode::AtomicFa), u64::from(STEPS / 2));
+    let stalls = nic.counters(m.qp.qpn).unwrap().wait_stalls;
+    assert_eq!(stalls, 0, "the master's WAITs stalled {stalls} times");
+}

@@ -713,12 +713,14 @@ impl Core {
     /// chain's queue is visited once per WQE it runs, so this function's set-up and tear-down
     /// are paid per WQE; kept to the one pass, they are ~30 instructions shorter.
     ///
-    /// `LEAN` is the visit of a queue handed over to (see [`Siblings`]): its fast path has no
-    /// hot loop (`run_hot`) and hands over to no one in turn. Why a variant: such a visit
-    /// typically runs the one WQE a SEND_EN just enabled, so its cost is mostly the set-up of
-    /// the fast path's loop, which is ~15 instructions smaller without those two parts (a
-    /// doorbell-ordered chain pays it every step). Hot slots are still marked, for the
-    /// queue's ordinary visits.
+    /// `LEAN` is the visit of a queue handed over to (see [`Siblings`]): a pass of the fast
+    /// path that runs only the WQEs chains step through, NOPs, WAITs, SEND_ENs and RECV_ENs,
+    /// with no hot loop (`run_hot`) and no hand-over of its own; at any other WQE the
+    /// ordinary visit (`run::<false>`, without siblings) takes over. Why a variant: such a
+    /// visit typically runs the one WQE a SEND_EN just enabled, so its cost is mostly the
+    /// set-up of the fast path's loop, which without the moves, atomics, general path and
+    /// hot loop is ~35 instructions smaller (a doorbell-ordered chain pays it every step).
+    /// Hot slots are still marked, for the queue's ordinary visits.
     #[inline(never)]
     fn run<const LEAN: bool>(
         &mut self,
@@ -748,6 +750,11 @@ impl Core {
         }
         let (done, blocked) = self.run_fast::<LEAN>(f, limit, budget, siblings.as_deref_mut());
         if !blocked && done < budget && self.ci < limit {
+            if LEAN {
+                // Stopped at a WQE the lean pass does not run: the ordinary visit goes on.
+                let rest = self.run::<false>(f, budget - done, None);
+                return self.ran(done, rest);
+            }
             // Stopped at a WQE of more than one BB.
             return self.run_general(f, budget, done, siblings);
         }
@@ -933,7 +940,7 @@ impl Core {
                         ci += 1;
                         continue;
                     }
-                    OP_WRITE | OP_READ if ds == 3 => {
+                    OP_WRITE | OP_READ if !LEAN && ds == 3 => {
                         let write = opcode == OP_WRITE;
                         let was_hot = e.hot != HOT_NONE;
                         if let Some(peer) = direct {
@@ -953,7 +960,8 @@ impl Core {
                     }
                     // The guard runs the atomic: a refused one falls through to `execute`.
                     OP_CAS | OP_FAA | OP_MASKED_CAS | OP_MASKED_FAA
-                        if ds >= if opcode == OP_MASKED_CAS { 4 } else { 3 }
+                        if !LEAN
+                            && ds >= if opcode == OP_MASKED_CAS { 4 } else { 3 }
                             && self.fast_atomic(direct, w).is_some() =>
                     {
                         if signaled {
@@ -1000,6 +1008,10 @@ impl Core {
                     }
                     _ => {}
                 }
+            }
+            if LEAN {
+                // Left to the queue's ordinary fast path (see `run`).
+                break;
             }
             // The general path's decoder, checks and operations, on this WQE.
             self.wqe[..BB_SIZE].copy_from_slice(&snap[slot].bytes);

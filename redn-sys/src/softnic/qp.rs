@@ -226,8 +226,7 @@ impl QpShared {
         let target = cur + delta as u64;
         // One exchange nearly always does it (a queue is seldom enabled from two PUs at the
         // same moment); if another enable moved the index meanwhile, the larger one stays.
-        if let Err(now) = index.compare_exchange(cur, target, Ordering::AcqRel, Ordering::Acquire)
-        {
+        if let Err(now) = index.compare_exchange(cur, target, Ordering::AcqRel, Ordering::Acquire) {
             if now < target {
                 index.fetch_max(target, Ordering::AcqRel);
             }
