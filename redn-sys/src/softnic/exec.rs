@@ -561,7 +561,7 @@ impl SqExec {
         if self.quiet && self.core.nothing_to_do() {
             return RunOutcome::Idle;
         }
-        let outcome = self.core.run::<false>(&mut self.fetcher, budget, siblings);
+        let outcome = self.core.run(&mut self.fetcher, budget, siblings);
         self.quiet = matches!(outcome, RunOutcome::Idle);
         outcome
     }
@@ -602,7 +602,7 @@ impl Siblings<'_> {
         if let Some(q) = self.queues[at].as_mut() {
             // Straight into the executor: the queue was just enabled, so the quiet check of
             // `SqExec::run` would only find that it has work.
-            let outcome = q.core.run::<true>(&mut q.fetcher, HANDOFF_BUDGET, None);
+            let outcome = q.core.visit::<true>(&mut q.fetcher, HANDOFF_BUDGET, None);
             q.quiet = matches!(outcome, RunOutcome::Idle);
             let cq = &q.core.qp.send_cq;
             return Some((at, (cq.cqn == cqn).then(|| cq.produced())));
@@ -712,17 +712,28 @@ impl Core {
     /// rate-limited queue) goes on in [`Self::run_general`]. Why apart: a doorbell-ordered
     /// chain's queue is visited once per WQE it runs, so this function's set-up and tear-down
     /// are paid per WQE; kept to the one pass, they are ~30 instructions shorter.
-    ///
-    /// `LEAN` is the visit of a queue handed over to (see [`Siblings`]): a pass of the fast
-    /// path that runs only the WQEs chains step through, NOPs, WAITs, SEND_ENs and RECV_ENs,
-    /// with no hot loop (`run_hot`) and no hand-over of its own; at any other WQE the
-    /// ordinary visit (`run::<false>`, without siblings) takes over. Why a variant: such a
-    /// visit typically runs the one WQE a SEND_EN just enabled, so its cost is mostly the
-    /// set-up of the fast path's loop, which without the moves, atomics, general path and
-    /// hot loop is ~35 instructions smaller (a doorbell-ordered chain pays it every step).
-    /// Hot slots are still marked, for the queue's ordinary visits.
     #[inline(never)]
-    fn run<const LEAN: bool>(
+    fn run(
+        &mut self,
+        f: &mut Fetcher,
+        budget: usize,
+        siblings: Option<&mut Siblings>,
+    ) -> RunOutcome {
+        self.visit::<false>(f, budget, siblings)
+    }
+
+    /// The body of [`Self::run`], and with `LEAN` the visit of a queue handed over to (see
+    /// [`Siblings`]): a pass of the fast path that runs only the WQEs chains step through,
+    /// NOPs, WAITs, SEND_ENs and RECV_ENs, with no hot loop (`run_hot`) and no hand-over of
+    /// its own; at any other WQE the ordinary visit (`run`, without siblings) takes over.
+    /// Why a variant: such a visit typically runs the one WQE a SEND_EN just enabled, so its
+    /// cost is mostly the set-up of the fast path's loop, which without the moves, atomics,
+    /// general path and hot loop is ~35 instructions smaller; and inlined into the hand-over
+    /// (`hand_over_before_wait`), one function frame serves both (~10 fewer). A
+    /// doorbell-ordered chain pays this every step. Hot slots are still marked, for the
+    /// queue's ordinary visits.
+    #[inline(always)]
+    fn visit<const LEAN: bool>(
         &mut self,
         f: &mut Fetcher,
         budget: usize,
@@ -752,7 +763,7 @@ impl Core {
         if !blocked && done < budget && self.ci < limit {
             if LEAN {
                 // Stopped at a WQE the lean pass does not run: the ordinary visit goes on.
-                let rest = self.run::<false>(f, budget - done, None);
+                let rest = self.run(f, budget - done, None);
                 return self.ran(done, rest);
             }
             // Stopped at a WQE of more than one BB.
