@@ -870,11 +870,11 @@ impl Core {
     ///
     /// Why: this is most of what RedN chains and the host's data path execute, and the
     /// general path's staging, dispatch and dynamic transport call cost more than the
-    /// operation itself (see docs/architecture.md, "Softnic fast path"). Inlined into `run`:
+    /// operation itself (see docs/architecture.md, "Softnic fast path"). Inlined into `visit`:
     /// one stack frame for both saves ~60 instructions a call, which a chain that switches
     /// queues every WQE or two pays each time.
     ///
-    /// `LEAN`: see [`Self::run`].
+    /// `LEAN`: see [`Self::visit`].
     #[inline(always)]
     fn run_fast<const LEAN: bool>(
         &mut self,
@@ -1021,7 +1021,7 @@ impl Core {
                 }
             }
             if LEAN {
-                // Left to the queue's ordinary fast path (see `run`).
+                // Left to the queue's ordinary visit (see `visit`).
                 break;
             }
             // The general path's decoder, checks and operations, on this WQE.
