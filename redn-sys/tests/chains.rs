@@ -620,11 +620,18 @@ fn a_wait_after_a_hand_over_blocks_until_its_count_is_reached() {
 
 /// A doorbell chain whose enabled queue holds WRITEs and fetch-adds (not only the NOPs and
 /// control WQEs of the hand-over's lean pass): each step's hand-over still runs them at once
-/// (no WAIT stall), with the same effects and completions as anywhere else.
+/// (no WAIT stall), with the same effects and completions as anywhere else, in every prefetch
+/// mode.
 #[test]
 fn a_handed_over_queue_runs_moves_and_atomics_at_once() {
+    for mode in MODES {
+        handed_over_moves_and_atomics(mode);
+    }
+}
+
+fn handed_over_moves_and_atomics(mode: Prefetch) {
     const STEPS: u32 = 40;
-    let nic = nic(1, Prefetch::Depth(8));
+    let nic = nic(1, mode);
     let pd = nic.alloc_pd().unwrap();
     let q = endpoint(&nic, pd, |c| {
         c.managed_send = true;
@@ -671,13 +678,17 @@ fn a_handed_over_queue_runs_moves_and_atomics_at_once() {
     }
     nic.post_send(m.qp.qpn, &master).unwrap();
     let done = wait_cqes(&nic, q.cq, STEPS as usize);
-    assert!(done.iter().all(|c| c.is_ok()), "{done:?}");
+    assert!(done.iter().all(|c| c.is_ok()), "{mode:?}: {done:?}");
     assert_eq!(
         done.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
         (0..u64::from(STEPS)).collect::<Vec<_>>()
     );
     for i in (0..STEPS as usize).step_by(2) {
-        assert_eq!(dst.read(64 * i, 64), vec![i as u8 + 1; 64], "WRITE {i}");
+        assert_eq!(
+            dst.read(64 * i, 64),
+            vec![i as u8 + 1; 64],
+            "{mode:?}: WRITE {i}"
+        );
     }
     let sum: u64 = (1..STEPS as u64).step_by(2).sum();
     assert_eq!(dst.read(sum_at, 8), sum.to_le_bytes());
@@ -685,5 +696,8 @@ fn a_handed_over_queue_runs_moves_and_atomics_at_once() {
     assert_eq!(c.by_opcode(Opcode::RdmaWrite), u64::from(STEPS / 2));
     assert_eq!(c.by_opcode(Opcode::AtomicFa), u64::from(STEPS / 2));
     let stalls = nic.counters(m.qp.qpn).unwrap().wait_stalls;
-    assert_eq!(stalls, 0, "the master's WAITs stalled {stalls} times");
+    assert_eq!(
+        stalls, 0,
+        "{mode:?}: the master's WAITs stalled {stalls} times"
+    );
 }
