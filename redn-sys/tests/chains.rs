@@ -518,6 +518,40 @@ fn a_queue_parked_on_a_wait_resumes_flushes_and_faults() {
     }
 }
 
+/// A managed queue `q` and a master queue `m` of `sq_bbs` BBs each, each connected to itself.
+fn doorbell_pair(nic: &SoftNic, pd: redn_sys::Pdn, sq_bbs: u32) -> (Endpoint, Endpoint) {
+    let q = endpoint(nic, pd, |c| {
+        c.managed_send = true;
+        c.sq_bbs = sq_bbs;
+    });
+    nic.connect(q.qp.qpn, q.qp.qpn).unwrap();
+    let m = endpoint(nic, pd, |c| c.sq_bbs = sq_bbs);
+    nic.connect(m.qp.qpn, m.qp.qpn).unwrap();
+    (q, m)
+}
+
+/// The master's side of a doorbell-ordered chain of `steps` WQEs on `q`: SEND_EN(q, 1), then
+/// for each further step a WAIT for the previous WQE's completion (q's CQ has counted k) and
+/// SEND_EN(q, k + 1).
+fn doorbell_master(q: &Endpoint, steps: u32) -> Vec<WorkRequest> {
+    let mut master = Vec::new();
+    for k in 0..steps {
+        if k > 0 {
+            let wait = WrOp::Wait {
+                cq: q.cq,
+                count: k - 1,
+            };
+            master.push(wr(0, WqeFlags::NONE, wait));
+        }
+        let enable = WrOp::SendEnable {
+            qp: q.qp.qpn,
+            pi: k + 1,
+        };
+        master.push(wr(0, WqeFlags::NONE, enable));
+    }
+    master
+}
+
 /// In doorbell order on one PU, a SEND_EN hands the PU over to the queue it enables at once,
 /// so the master's next WAIT finds that queue's completion already there: a 100-step chain
 /// runs with no WAIT stall (without the hand-over every step's WAIT blocks once).
@@ -526,13 +560,7 @@ fn a_doorbell_chain_on_one_pu_hands_over_at_each_enable() {
     const STEPS: u32 = 100;
     let nic = nic(1, Prefetch::Depth(8));
     let pd = nic.alloc_pd().unwrap();
-    let q = endpoint(&nic, pd, |c| {
-        c.managed_send = true;
-        c.sq_bbs = 256;
-    });
-    nic.connect(q.qp.qpn, q.qp.qpn).unwrap();
-    let m = endpoint(&nic, pd, |c| c.sq_bbs = 256);
-    nic.connect(m.qp.qpn, m.qp.qpn).unwrap();
+    let (q, m) = doorbell_pair(&nic, pd, 256);
     let nop = WrOp::Nop {
         raw_segments: vec![],
     };
@@ -540,29 +568,8 @@ fn a_doorbell_chain_on_one_pu_hands_over_at_each_enable() {
         .map(|i| wr(u64::from(i), SIG, nop.clone()))
         .collect();
     nic.post_send(q.qp.qpn, &nops).unwrap();
-    let mut master = Vec::new();
-    for k in 0..STEPS {
-        if k > 0 {
-            // NOP k-1 completed (its CQ has counted k completions).
-            master.push(wr(
-                0,
-                WqeFlags::NONE,
-                WrOp::Wait {
-                    cq: q.cq,
-                    count: k - 1,
-                },
-            ));
-        }
-        master.push(wr(
-            0,
-            WqeFlags::NONE,
-            WrOp::SendEnable {
-                qp: q.qp.qpn,
-                pi: k + 1,
-            },
-        ));
-    }
-    nic.post_send(m.qp.qpn, &master).unwrap();
+    nic.post_send(m.qp.qpn, &doorbell_master(&q, STEPS))
+        .unwrap();
     let done = wait_cqes(&nic, q.cq, STEPS as usize);
     assert!(done.iter().all(|c| c.is_ok()));
     assert_eq!(
@@ -634,13 +641,7 @@ fn handed_over_moves_and_atomics(mode: Prefetch) {
     let steps: u32 = if cfg!(miri) { 10 } else { 40 };
     let nic = nic(1, mode);
     let pd = nic.alloc_pd().unwrap();
-    let q = endpoint(&nic, pd, |c| {
-        c.managed_send = true;
-        c.sq_bbs = 128;
-    });
-    nic.connect(q.qp.qpn, q.qp.qpn).unwrap();
-    let m = endpoint(&nic, pd, |c| c.sq_bbs = 128);
-    nic.connect(m.qp.qpn, m.qp.qpn).unwrap();
+    let (q, m) = doorbell_pair(&nic, pd, 128);
     let src = Region::new(&nic, pd, 64 * steps as usize, ALL);
     let dst = Region::new(&nic, pd, 64 * steps as usize + 8, ALL);
     for i in 0..steps as usize {
@@ -662,22 +663,8 @@ fn handed_over_moves_and_atomics(mode: Prefetch) {
         })
         .collect();
     nic.post_send(q.qp.qpn, &ops).unwrap();
-    let mut master = Vec::new();
-    for k in 0..steps {
-        if k > 0 {
-            let wait = WrOp::Wait {
-                cq: q.cq,
-                count: k - 1,
-            };
-            master.push(wr(0, WqeFlags::NONE, wait));
-        }
-        let enable = WrOp::SendEnable {
-            qp: q.qp.qpn,
-            pi: k + 1,
-        };
-        master.push(wr(0, WqeFlags::NONE, enable));
-    }
-    nic.post_send(m.qp.qpn, &master).unwrap();
+    nic.post_send(m.qp.qpn, &doorbell_master(&q, steps))
+        .unwrap();
     let done = wait_cqes(&nic, q.cq, steps as usize);
     assert!(done.iter().all(|c| c.is_ok()), "{mode:?}: {done:?}");
     assert_eq!(

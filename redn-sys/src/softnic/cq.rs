@@ -103,11 +103,12 @@ impl CqShared {
     pub(crate) fn push_from(&self, mut cqe: Cqe, wr_id: u64, from: Option<(&PuSet, usize)>) {
         let notify = {
             let mut r = self.ring.lock();
-            if r.produced - r.consumed == self.depth && !self.ignore_overrun {
+            let full = r.produced - r.consumed == self.depth;
+            if full && !self.ignore_overrun {
                 // The entry is lost, as on hardware; the poller learns of it.
                 self.overrun.store(true, Ordering::Release);
             } else {
-                if r.produced - r.consumed == self.depth {
+                if full {
                     // Only waited on: the oldest entry gives way.
                     r.consumed += 1;
                 }

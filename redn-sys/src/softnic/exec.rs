@@ -488,24 +488,15 @@ impl ObjCache {
     #[inline(always)]
     fn qp(&mut self, nic: &Shared, qpn: Qpn) -> Option<&Arc<QpShared>> {
         self.sync(nic);
-        match self.qps.iter().position(|(n, _)| *n == qpn.0) {
-            Some(i) => Some(&self.qps[i].1),
-            None => remember(&mut self.qps, qpn.0, nic.qp(qpn).ok()?),
-        }
+        let (_, qp) = find_or_remember(&mut self.qps, qpn.0, || nic.qp(qpn).ok())?;
+        Some(qp)
     }
 
     /// The CQ numbered `cqn`, and its index in the cache (see [`ObjCache::cq_at`]).
     #[inline(always)]
     fn cq(&mut self, nic: &Shared, cqn: Cqn) -> Option<(usize, &Arc<CqShared>)> {
         self.sync(nic);
-        match self.cqs.iter().position(|(n, _)| *n == cqn.0) {
-            Some(i) => Some((i, &self.cqs[i].1)),
-            None => {
-                remember(&mut self.cqs, cqn.0, nic.cq(cqn).ok()?);
-                let i = self.cqs.len() - 1;
-                Some((i, &self.cqs[i].1))
-            }
-        }
+        find_or_remember(&mut self.cqs, cqn.0, || nic.cq(cqn).ok())
     }
 
     /// The CQ at index `i` if it is still `cqn` and no object has been destroyed since the
@@ -522,14 +513,29 @@ impl ObjCache {
     }
 }
 
-/// Add an object to one of [`ObjCache`]'s lists, dropping the oldest when full.
+/// Object `n` in one of [`ObjCache`]'s lists and its index there; on a miss, `load` it and
+/// add it (None if there is no such object).
+#[inline(always)]
+fn find_or_remember<T>(
+    list: &mut Vec<(u32, Arc<T>)>,
+    n: u32,
+    load: impl FnOnce() -> Option<Arc<T>>,
+) -> Option<(usize, &Arc<T>)> {
+    let i = match list.iter().position(|(m, _)| *m == n) {
+        Some(i) => i,
+        None => remember(list, n, load()?),
+    };
+    Some((i, &list[i].1))
+}
+
+/// Add an object to one of [`ObjCache`]'s lists, dropping the oldest when full; its index.
 #[cold]
-fn remember<T>(list: &mut Vec<(u32, Arc<T>)>, n: u32, obj: Arc<T>) -> Option<&Arc<T>> {
+fn remember<T>(list: &mut Vec<(u32, Arc<T>)>, n: u32, obj: Arc<T>) -> usize {
     if list.len() >= OBJ_CACHE_SIZE {
         list.remove(0);
     }
     list.push((n, obj));
-    list.last().map(|(_, o)| o)
+    list.len() - 1
 }
 
 pub(crate) struct SqExec {
@@ -571,6 +577,16 @@ impl SqExec {
         outcome
     }
 
+    /// Run up to `budget` WQEs of a queue another on its PU hands over to (see
+    /// [`Siblings`]): straight into the executor's lean visit, without the quiet check (the
+    /// queue was just enabled, so that would only find that it has work).
+    #[inline(always)]
+    fn run_handed_over(&mut self, budget: usize) -> RunOutcome {
+        let outcome = self.core.visit::<true>(&mut self.fetcher, budget, None);
+        self.quiet = matches!(outcome, RunOutcome::Idle);
+        outcome
+    }
+
     pub(crate) fn qpn(&self) -> Qpn {
         self.core.qp.qpn
     }
@@ -605,10 +621,7 @@ impl Siblings<'_> {
                 .position(|q| q.as_ref().is_some_and(|q| q.qpn() == qpn))?,
         };
         if let Some(q) = self.queues[at].as_mut() {
-            // Straight into the executor: the queue was just enabled, so the quiet check of
-            // `SqExec::run` would only find that it has work.
-            let outcome = q.core.visit::<true>(&mut q.fetcher, HANDOFF_BUDGET, None);
-            q.quiet = matches!(outcome, RunOutcome::Idle);
+            q.run_handed_over(HANDOFF_BUDGET);
             let cq = &q.core.qp.send_cq;
             return Some((at, (cq.cqn == cqn).then(|| cq.produced())));
         }
@@ -989,27 +1002,27 @@ impl Core {
                         continue;
                     }
                     OP_WAIT | OP_SEND_EN | OP_RECV_EN if ds >= 2 => {
+                        let mut handed_over = None;
                         if opcode == OP_WAIT
                             && self
                                 .enabled_here
                                 .is_some_and(|(_, cq)| cq.0 == be32(w, off::WAIT_OBJ))
                         {
-                            let produced = match siblings.as_deref_mut() {
-                                Some(s) if !LEAN => self.hand_over_before_wait(s),
-                                _ => None,
-                            };
-                            // The common case: the queue just run completed what the WAIT
-                            // waits for. (Otherwise the WAIT runs as any other, below.)
-                            if produced.is_some_and(|p| wait_passed(p, be32(w, off::WAIT_PI))) {
-                                self.count_wqes(OP_WAIT, 1);
-                                if signaled {
-                                    self.complete(ci, 1, opcode, 0);
-                                }
-                                ci += 1;
-                                continue;
+                            if let Some(s) = siblings.as_deref_mut().filter(|_| !LEAN) {
+                                handed_over = self.hand_over_before_wait(s);
                             }
                         }
-                        match self.fast_control(w, ci) {
+                        // The common case after a hand-over: the queue just run completed
+                        // what the WAIT waits for, and the WAIT passes without its CQ being
+                        // looked up. Otherwise it runs as any other.
+                        let control = match handed_over {
+                            Some(p) if wait_passed(p, be32(w, off::WAIT_PI)) => {
+                                self.count_wqes(OP_WAIT, 1);
+                                Control::Ran
+                            }
+                            _ => self.fast_control(w, ci),
+                        };
+                        match control {
                             Control::Ran => {
                                 if signaled {
                                     self.complete(ci, 1, opcode, 0);
