@@ -63,10 +63,16 @@ pub fn endpoint(nic: &SoftNic, pd: Pdn, cfg: impl FnOnce(&mut QpConfig)) -> Endp
     Endpoint { pd, cq, qp }
 }
 
-/// Poll `cq` until `n` completions arrived or 5 s passed.
+/// How long a wait for something that should happen may take before the test fails as hung:
+/// seconds natively, minutes under Miri (which runs a WQE in milliseconds).
+pub fn patience(secs: u64) -> Duration {
+    Duration::from_secs(if cfg!(miri) { secs * 30 } else { secs })
+}
+
+/// Poll `cq` until `n` completions arrived or 5 s passed (see [`patience`]).
 pub fn wait_cqes(nic: &dyn Nic, cq: Cqn, n: usize) -> Vec<Completion> {
     let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + patience(5);
     while out.len() < n {
         nic.poll_cq(cq, n - out.len(), &mut out).unwrap();
         if Instant::now() > deadline {
@@ -215,7 +221,7 @@ impl Rig {
 
 /// Wait (10 s at most) until `cond` holds; for states a PU reaches in its own time.
 pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + patience(10);
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
         std::thread::yield_now();
