@@ -345,7 +345,9 @@ pub trait Nic: Send + Sync {
     fn set_qp_error(&self, qp: Qpn) -> Result<()>;
     /// Set or clear a queue pair's rate limit.
     fn set_rate_limit(&self, qp: Qpn, limit: RateLimit) -> Result<()>;
-    /// Read a queue pair's counters.
+    /// Read a queue pair's counters. While the queue runs they include every WQE run (and
+    /// every error) whose consumption (`sq_consumed`) or completion (`poll_cq`,
+    /// `cq_produced`) the caller has already seen, and may lag behind what ran after that.
     fn counters(&self, qp: Qpn) -> Result<QpCounters>;
     /// Send queue: WQEs consumed so far (producer-index units).
     fn sq_consumed(&self, qp: Qpn) -> Result<u64>;
