@@ -290,6 +290,10 @@ pub enum WqeError {
     /// Inline data mixed with data segments.
     #[error("inline segment followed by more segments")]
     InlineNotLast,
+    /// A scatter/gather entry longer than a data segment can say: bit 31 of its byte count
+    /// marks inline data.
+    #[error("scatter/gather entry of {0} bytes: a data segment holds at most 2^31 - 1")]
+    SgeTooLong(u32),
 }
 
 fn be16(b: &[u8], at: usize) -> u16 {
@@ -638,6 +642,10 @@ impl SegWriter<'_> {
 
     fn push_sgl(&mut self, sgl: &[Sge]) -> Result<(), WqeError> {
         for sge in sgl.iter().filter(|s| s.len != 0) {
+            if sge.len & INLINE_FLAG != 0 {
+                // It would read back as an inline header.
+                return Err(WqeError::SgeTooLong(sge.len));
+            }
             self.push(&sge.encode())?;
         }
         Ok(())
@@ -854,8 +862,14 @@ fn decode_raddr(b: &[u8]) -> RemoteAddr {
     }
 }
 
+/// An atomic's result segment, if it has one. It always receives the 8-byte old value,
+/// whatever its byte count says (the executor writes 8, the encoder writes 8), so it decodes
+/// as 8 bytes: what runs, and what encodes back to the same WQE.
 fn decode_result(b: &[u8], seg: usize, ds: usize) -> Option<Sge> {
-    (seg < ds).then(|| Sge::decode(&b[seg * SEG_SIZE..]))
+    (seg < ds).then(|| Sge {
+        len: 8,
+        ..Sge::decode(&b[seg * SEG_SIZE..])
+    })
 }
 
 /// Decode a WQE from `b`, which must hold at least `ds` segments.
@@ -1279,6 +1293,53 @@ mod tests {
         };
         let e = encode_wqe(&wr, Qpn(1), 0).unwrap();
         assert_eq!(e.ds(), 2);
+    }
+
+    /// A data segment's byte count has 31 bits (bit 31 marks inline data), so a longer
+    /// scatter/gather entry is refused rather than encoded as something else.
+    #[test]
+    fn a_scatter_gather_entry_of_2_gib_or_more_is_refused() {
+        let write = |len| WorkRequest {
+            wr_id: 0,
+            flags: WqeFlags::NONE,
+            op: WrOp::Write {
+                remote: RemoteAddr {
+                    addr: VirtAddr(0),
+                    rkey: Rkey(1),
+                },
+                payload: Payload::Sgl(vec![sge(0, 8, 2), sge(0, len, 2)]),
+                imm: None,
+            },
+        };
+        assert!(encode_wqe(&write(INLINE_FLAG - 1), Qpn(1), 0).is_ok());
+        assert_eq!(
+            encode_wqe(&write(INLINE_FLAG), Qpn(1), 0).err(),
+            Some(WqeError::SgeTooLong(INLINE_FLAG))
+        );
+    }
+
+    /// An atomic's result segment moves 8 bytes whatever its byte count says (the executor
+    /// writes 8): a ring patched to another count still decodes, and re-encodes, as 8.
+    #[test]
+    fn an_atomic_result_decodes_as_eight_bytes_whatever_its_count() {
+        let wr = WorkRequest {
+            wr_id: 0,
+            flags: WqeFlags::SIGNALED,
+            op: WrOp::FetchAdd {
+                remote: RemoteAddr {
+                    addr: VirtAddr(64),
+                    rkey: Rkey(7),
+                },
+                add: 1,
+                result: Some(sge(0x10, 8, 3)),
+            },
+        };
+        let mut b = encode_wqe(&wr, Qpn(1), 0).unwrap().bytes().to_vec();
+        for count in [0u32, 3, 4096] {
+            b[3 * SEG_SIZE..3 * SEG_SIZE + 4].copy_from_slice(&count.to_be_bytes());
+            let d = decode_wqe(&b).unwrap();
+            assert_eq!(d.op, wr.op, "byte count {count}");
+        }
     }
 
     #[test]
