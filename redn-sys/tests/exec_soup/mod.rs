@@ -1,0 +1,238 @@
+//! The softnic's executor on arbitrary WQE bytes, for the `softnic_exec` fuzz target and the
+//! `random_wqes` test: never a panic; once the run has come to rest (all consumed,
+//! the queue in error, blocked on a WAIT or a missing receive) or run 100 ms (a chain that
+//! loops), putting the queue in the error state ends it, every WQE consumed; and no byte that
+//! no region grants a write to changes.
+//!
+//! Each input is up to 16 BBs that go into a loopback queue's send ring as they are. So that
+//! mutations reach past the key and bound checks, the last byte of each BB picks fields to
+//! point at real objects: the remote key and address (at RADDR/RKEY), the local key and
+//! address of the data segment after them, the CQ or queue a WAIT / SEND_EN / RECV_EN names.
+//! Keys and addresses picked this way still land up to 64 bytes outside their regions.
+//!
+//! Memory: one buffer holding a guard, region `rw` (every right), region `ro` (remote read
+//! only) and another guard; the send ring itself is registered too (every right), so WQEs
+//! can rewrite WQEs. Nothing but `rw` and the ring may change.
+use redn_sys::mem::SharedBuffer;
+use redn_sys::nic::{CqConfig, MrInfo, Nic, QpConfig};
+use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
+use redn_sys::wqe::{off, BB_SIZE};
+use redn_sys::{Access, Cqn, Pdn, QpState, Qpn};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+const GUARD: usize = 4096;
+const RW_LEN: usize = 4096;
+const RO_LEN: usize = 2048;
+const BUF_LEN: usize = GUARD + RW_LEN + RO_LEN + GUARD;
+const RING_BBS: u32 = 16;
+/// A run that has made no progress for this long is at rest (blocked).
+const QUIET: Duration = Duration::from_millis(2);
+/// A run still moving after this long is a loop (a chain that re-arms itself): stopped.
+const LONGEST: Duration = Duration::from_millis(100);
+
+struct Rig {
+    nic: SoftNic,
+    pd: Pdn,
+    buf: Arc<SharedBuffer>,
+    rw: MrInfo,
+    ro: MrInfo,
+    /// Held by each run: they share the buffer (a test binary runs tests in parallel).
+    one_at_a_time: Mutex<()>,
+}
+
+fn rig() -> &'static Rig {
+    static RIG: OnceLock<Rig> = OnceLock::new();
+    RIG.get_or_init(|| {
+        let nic = SoftNic::new(SoftNicConfig {
+            pus: 2,
+            prefetch: Prefetch::Depth(4),
+            ..Default::default()
+        })
+        .expect("softnic");
+        let pd = nic.alloc_pd().expect("pd");
+        let buf = SharedBuffer::new(BUF_LEN);
+        let rw = nic
+            .reg_mr(pd, &buf, GUARD, RW_LEN, Access::ALL)
+            .expect("rw");
+        let ro = nic
+            .reg_mr(pd, &buf, GUARD + RW_LEN, RO_LEN, Access::REMOTE_READ)
+            .expect("ro");
+        Rig {
+            nic,
+            pd,
+            buf,
+            rw,
+            ro,
+            one_at_a_time: Mutex::new(()),
+        }
+    })
+}
+
+/// The byte at `i` of the buffer before every run.
+fn pattern(i: usize) -> u8 {
+    (i as u8).wrapping_mul(7) ^ 0x5a
+}
+
+/// One of `regions`, by `sel`, and an address from `raw` within 64 bytes of it.
+fn pick(regions: &[&MrInfo], sel: u8, raw: u64) -> (u32, u64) {
+    let r = regions[usize::from(sel) % regions.len()];
+    let span = r.len + 128;
+    let addr = (r.addr.0 + raw % span).wrapping_sub(64);
+    (r.lkey.0, addr)
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+fn be64(b: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// Point the fields that the BB's last byte selects at real objects (see the module docs).
+fn aim(bb: &mut [u8], regions: &[&MrInfo], cqs: &[Cqn], qps: &[Qpn]) {
+    let sel = bb[BB_SIZE - 1];
+    if sel & 1 != 0 {
+        let (key, addr) = pick(regions, bb[off::RKEY], be64(bb, off::RADDR));
+        bb[off::RADDR..off::RADDR + 8].copy_from_slice(&addr.to_be_bytes());
+        bb[off::RKEY..off::RKEY + 4].copy_from_slice(&key.to_be_bytes());
+    }
+    if sel & 2 != 0 {
+        // The data segment after a control and a remote-address segment (WRITE, READ); an
+        // atomic's comes one segment later, which bit 3 picks instead.
+        let seg = if sel & 8 != 0 { 48 } else { 32 };
+        let (key, addr) = pick(
+            regions,
+            bb[seg + off::SEG_LKEY],
+            be64(bb, seg + off::SEG_ADDR),
+        );
+        let len = be32(bb, seg) & 0x1ff; // at most 511 bytes, never inline
+        bb[seg..seg + 4].copy_from_slice(&len.to_be_bytes());
+        bb[seg + off::SEG_LKEY..seg + off::SEG_LKEY + 4].copy_from_slice(&key.to_be_bytes());
+        bb[seg + off::SEG_ADDR..seg + 16].copy_from_slice(&addr.to_be_bytes());
+    }
+    if sel & 4 != 0 {
+        let raw = be32(bb, off::WAIT_OBJ);
+        let obj = if sel & 16 != 0 {
+            cqs[raw as usize % cqs.len()].0
+        } else {
+            qps[raw as usize % qps.len()].0
+        };
+        bb[off::WAIT_OBJ..off::WAIT_OBJ + 4].copy_from_slice(&obj.to_be_bytes());
+        // Small counts, so WAITs can pass and enables stay near the posted WQEs.
+        let pi = be32(bb, off::WAIT_PI) % 24;
+        bb[off::WAIT_PI..off::WAIT_PI + 4].copy_from_slice(&pi.to_be_bytes());
+    }
+}
+
+/// Run `data` (up to 16 BBs) on the shared softnic and check what the module docs say;
+/// panics if something does not hold.
+pub fn run(data: &[u8]) {
+    let bbs: Vec<[u8; BB_SIZE]> = data
+        .chunks_exact(BB_SIZE)
+        .take(RING_BBS as usize)
+        .map(|c| c.try_into().unwrap())
+        .collect();
+    if bbs.is_empty() {
+        return;
+    }
+    let r = rig();
+    let _alone = r.one_at_a_time.lock().unwrap_or_else(|e| e.into_inner());
+    let nic = &r.nic;
+    let initial: Vec<u8> = (0..BUF_LEN).map(pattern).collect();
+    r.buf.write(0, &initial);
+
+    let cq = nic
+        .create_cq(CqConfig {
+            depth: 64,
+            ignore_overrun: true,
+        })
+        .expect("cq");
+    let other_cq = nic.create_cq(CqConfig::default()).expect("cq");
+    let mut c = QpConfig::new(r.pd, cq);
+    c.sq_bbs = RING_BBS;
+    c.pu = Some(usize::from(data[0] & 1));
+    let qp = nic.create_qp(c).expect("qp");
+    // A managed queue on the other PU, for SEND_EN / WAIT to reach.
+    let mut c = QpConfig::new(r.pd, other_cq);
+    c.sq_bbs = 4;
+    c.managed_send = true;
+    c.pu = Some(usize::from(!data[0] & 1));
+    let managed = nic.create_qp(c).expect("qp");
+    for q in [qp.qpn, managed.qpn] {
+        nic.connect(q, q).expect("connect");
+    }
+    let ring = nic
+        .reg_mr(
+            r.pd,
+            &qp.sq.buffer,
+            qp.sq.offset,
+            RING_BBS as usize * BB_SIZE,
+            Access::ALL,
+        )
+        .expect("ring mr");
+
+    let regions = [&r.rw, &r.ro, &ring];
+    let n = bbs.len() as u64;
+    for (i, bb) in bbs.iter().enumerate() {
+        let mut bb = *bb;
+        aim(&mut bb, &regions, &[cq, other_cq], &[qp.qpn, managed.qpn]);
+        qp.sq.buffer.write(qp.sq.offset + i * BB_SIZE, &bb);
+        nic.note_posted(qp.qpn, i as u64, i as u64 + 1, i as u64)
+            .expect("note_posted");
+    }
+    nic.ring_doorbell(qp.qpn, n).expect("doorbell");
+
+    // Until it comes to rest, or is stopped.
+    let start = Instant::now();
+    let mut last = (u64::MAX, u64::MAX);
+    let mut since = Instant::now();
+    loop {
+        let now = (
+            nic.sq_consumed(qp.qpn).expect("consumed"),
+            nic.counters(qp.qpn)
+                .expect("counters")
+                .wqes
+                .iter()
+                .sum::<u64>(),
+        );
+        if nic.qp_state(qp.qpn).expect("state") == QpState::Error || now.0 >= n {
+            break;
+        }
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if since.elapsed() > QUIET || start.elapsed() > LONGEST {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    for q in [qp.qpn, managed.qpn] {
+        nic.set_qp_error(q).expect("set_qp_error");
+    }
+    // The PUs flush what is left; destroying waits for nothing, so wait for the flush.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while nic.sq_consumed(qp.qpn).expect("consumed") < n {
+        assert!(Instant::now() < deadline, "the flush never finished");
+        std::thread::yield_now();
+    }
+    nic.dereg_mr(ring.lkey).expect("dereg ring");
+    for q in [qp.qpn, managed.qpn] {
+        nic.destroy_qp(q).expect("destroy_qp");
+    }
+    for c in [cq, other_cq] {
+        nic.destroy_cq(c).expect("destroy_cq");
+    }
+
+    // Only `rw` may have changed.
+    let mut now = vec![0u8; BUF_LEN];
+    r.buf.read(0, &mut now);
+    let writable = GUARD..GUARD + RW_LEN;
+    for (i, (a, b)) in initial.iter().zip(&now).enumerate() {
+        assert!(
+            a == b || writable.contains(&i),
+            "byte {i} outside the writable region changed: {a:#x} -> {b:#x}"
+        );
+    }
+}
