@@ -1,8 +1,10 @@
 //! The softnic's executor on arbitrary WQE bytes, for the `softnic_exec` fuzz target and the
 //! `random_wqes` test: never a panic; once the run has come to rest (all consumed,
 //! the queue in error, blocked on a WAIT or a missing receive) or run 100 ms (a chain that
-//! loops), putting the queue in the error state ends it, every WQE consumed; and no byte that
-//! no region grants a write to changes.
+//! loops), putting the queue in the error state ends it, every WQE consumed; its completions
+//! come in ring order, successes then at most one fault then flushes, and a queue that went
+//! to the error state by itself has its fault's completion; and no byte that no region grants
+//! a write to changes.
 //!
 //! Each input is up to 16 BBs that go into a loopback queue's send ring as they are. So that
 //! mutations reach past the key and bound checks, the last byte of each BB picks fields to
@@ -16,7 +18,7 @@
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, MrInfo, Nic, QpConfig};
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
-use redn_sys::wqe::{off, BB_SIZE};
+use redn_sys::wqe::{off, CqeOpcode, Syndrome, BB_SIZE};
 use redn_sys::{Access, Cqn, Pdn, QpState, Qpn};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -185,6 +187,7 @@ pub fn run(data: &[u8]) {
     nic.ring_doorbell(qp.qpn, n).expect("doorbell");
 
     // Until it comes to rest, or is stopped.
+    let mut faulted = false;
     let start = Instant::now();
     let mut last = (u64::MAX, u64::MAX);
     let mut since = Instant::now();
@@ -197,7 +200,11 @@ pub fn run(data: &[u8]) {
                 .iter()
                 .sum::<u64>(),
         );
-        if nic.qp_state(qp.qpn).expect("state") == QpState::Error || now.0 >= n {
+        if nic.qp_state(qp.qpn).expect("state") == QpState::Error {
+            faulted = true;
+            break;
+        }
+        if now.0 >= n {
             break;
         }
         if now != last {
@@ -217,6 +224,7 @@ pub fn run(data: &[u8]) {
         assert!(Instant::now() < deadline, "the flush never finished");
         std::thread::yield_now();
     }
+    check_completions(nic, cq, qp.qpn, faulted);
     nic.dereg_mr(ring.lkey).expect("dereg ring");
     for q in [qp.qpn, managed.qpn] {
         nic.destroy_qp(q).expect("destroy_qp");
@@ -235,4 +243,38 @@ pub fn run(data: &[u8]) {
             "byte {i} outside the writable region changed: {a:#x} -> {b:#x}"
         );
     }
+}
+
+/// The queue's send completions: in ring order, each with the wr_id posted at its index;
+/// successes, then at most one error that is not a flush, then only flushes; and if the queue
+/// went to the error state by itself (`faulted`), that error is there.
+fn check_completions(nic: &SoftNic, cq: Cqn, qpn: Qpn, faulted: bool) {
+    let mut got = Vec::new();
+    while nic.poll_cq(cq, 64, &mut got).expect("poll_cq") > 0 {}
+    let sent: Vec<_> = got
+        .iter()
+        .filter(|c| c.qpn == qpn && matches!(c.opcode, CqeOpcode::Req | CqeOpcode::ReqErr))
+        .collect();
+    let mut last = None;
+    let mut error_seen = false;
+    let mut fault_seen = false;
+    for c in &sent {
+        let index = c.cqe.wqe_counter;
+        assert!(last < Some(index), "completion out of order: {sent:?}");
+        last = Some(index);
+        assert_eq!(c.wr_id, u64::from(index), "{c:?}");
+        match c.status {
+            Ok(()) => assert!(!error_seen, "a success after an error: {sent:?}"),
+            Err(Syndrome::WrFlush) => error_seen = true,
+            Err(_) => {
+                assert!(!error_seen, "an error after an error: {sent:?}");
+                error_seen = true;
+                fault_seen = true;
+            }
+        }
+    }
+    assert!(
+        !faulted || fault_seen,
+        "the queue went to the error state with no error completion: {sent:?}"
+    );
 }
