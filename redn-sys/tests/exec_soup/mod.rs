@@ -28,10 +28,14 @@ const RW_LEN: usize = 4096;
 const RO_LEN: usize = 2048;
 const BUF_LEN: usize = GUARD + RW_LEN + RO_LEN + GUARD;
 const RING_BBS: u32 = 16;
+/// Times below are this many times longer under Miri, which runs a WQE in milliseconds.
+const SLOWDOWN: u32 = if cfg!(miri) { 50 } else { 1 };
 /// A run that has made no progress for this long is at rest (blocked).
-const QUIET: Duration = Duration::from_millis(2);
+const QUIET: Duration = Duration::from_millis(2 * SLOWDOWN as u64);
 /// A run still moving after this long is a loop (a chain that re-arms itself): stopped.
-const LONGEST: Duration = Duration::from_millis(100);
+const LONGEST: Duration = Duration::from_millis(100 * SLOWDOWN as u64);
+/// A flush not done after this long is a hang.
+const FLUSH: Duration = Duration::from_secs(5 * SLOWDOWN as u64);
 
 struct Rig {
     nic: SoftNic,
@@ -219,7 +223,7 @@ pub fn run(data: &[u8]) {
         nic.set_qp_error(q).expect("set_qp_error");
     }
     // The PUs flush what is left; destroying waits for nothing, so wait for the flush.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + FLUSH;
     while nic.sq_consumed(qp.qpn).expect("consumed") < n {
         assert!(Instant::now() < deadline, "the flush never finished");
         std::thread::yield_now();
