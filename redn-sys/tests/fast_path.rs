@@ -16,21 +16,6 @@ const LEN: usize = 4096;
 const WRS: usize = if cfg!(miri) { 8 } else { 160 };
 const SIG: WqeFlags = WqeFlags::SIGNALED;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// Everything a run leaves behind.
 #[derive(Debug, PartialEq)]
 struct Outcome {

@@ -2,7 +2,10 @@
 //! harness (`exec_soup`: no panic, the error state ends every run, no byte outside the
 //! writable region changes) on the fuzz seeds and on a few hundred seeded random programs.
 
+mod common;
 mod exec_soup;
+
+use common::Rng;
 
 use redn_sys::wqe::{off, Opcode};
 
@@ -72,18 +75,6 @@ fn random_bb(rng: &mut Rng) -> [u8; 64] {
         rng.next() as u8
     };
     bb
-}
-
-/// xorshift64*: a fixed sequence, so a failing case replays.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
 }
 
 #[test]

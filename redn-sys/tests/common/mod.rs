@@ -243,3 +243,20 @@ pub fn nops(n: usize) -> Vec<WorkRequest> {
         })
         .collect()
 }
+
+/// xorshift64*: a fixed sequence from a seed, so a failing random case replays.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform enough below `n` for tests.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
