@@ -620,12 +620,10 @@ impl Siblings<'_> {
                 .iter()
                 .position(|q| q.as_ref().is_some_and(|q| q.qpn() == qpn))?,
         };
-        if let Some(q) = self.queues[at].as_mut() {
-            q.run_handed_over(HANDOFF_BUDGET);
-            let cq = &q.core.qp.send_cq;
-            return Some((at, (cq.cqn == cqn).then(|| cq.produced())));
-        }
-        Some((at, None))
+        let q = self.queues[at].as_mut()?;
+        q.run_handed_over(HANDOFF_BUDGET);
+        let cq = &q.core.qp.send_cq;
+        Some((at, (cq.cqn == cqn).then(|| cq.produced())))
     }
 }
 

@@ -28,6 +28,8 @@ const RW_LEN: usize = 4096;
 const RO_LEN: usize = 2048;
 const BUF_LEN: usize = GUARD + RW_LEN + RO_LEN + GUARD;
 const RING_BBS: u32 = 16;
+/// The byte of each input BB that picks which of its fields `aim` points at real objects.
+pub const SELECTOR: usize = BB_SIZE - 1;
 /// Times below are this many times longer under Miri, which runs a WQE in milliseconds.
 const SLOWDOWN: u32 = if cfg!(miri) { 50 } else { 1 };
 /// A run that has made no progress for this long is at rest (blocked).
@@ -43,6 +45,8 @@ struct Rig {
     buf: Arc<SharedBuffer>,
     rw: MrInfo,
     ro: MrInfo,
+    /// The buffer's bytes before every run (`pattern`).
+    initial: Vec<u8>,
     /// Held by each run: they share the buffer (a test binary runs tests in parallel).
     one_at_a_time: Mutex<()>,
 }
@@ -70,6 +74,7 @@ fn rig() -> &'static Rig {
             buf,
             rw,
             ro,
+            initial: (0..BUF_LEN).map(pattern).collect(),
             one_at_a_time: Mutex::new(()),
         }
     })
@@ -96,13 +101,21 @@ fn be64(b: &[u8], at: usize) -> u64 {
     u64::from_be_bytes(b[at..at + 8].try_into().unwrap())
 }
 
+fn put32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_be_bytes());
+}
+
+fn put64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_be_bytes());
+}
+
 /// Point the fields that the BB's last byte selects at real objects (see the module docs).
 fn aim(bb: &mut [u8], regions: &[&MrInfo], cqs: &[Cqn], qps: &[Qpn]) {
-    let sel = bb[BB_SIZE - 1];
+    let sel = bb[SELECTOR];
     if sel & 1 != 0 {
         let (key, addr) = pick(regions, bb[off::RKEY], be64(bb, off::RADDR));
-        bb[off::RADDR..off::RADDR + 8].copy_from_slice(&addr.to_be_bytes());
-        bb[off::RKEY..off::RKEY + 4].copy_from_slice(&key.to_be_bytes());
+        put64(bb, off::RADDR, addr);
+        put32(bb, off::RKEY, key);
     }
     if sel & 2 != 0 {
         // The data segment after a control and a remote-address segment (WRITE, READ); an
@@ -114,9 +127,9 @@ fn aim(bb: &mut [u8], regions: &[&MrInfo], cqs: &[Cqn], qps: &[Qpn]) {
             be64(bb, seg + off::SEG_ADDR),
         );
         let len = be32(bb, seg) & 0x1ff; // at most 511 bytes, never inline
-        bb[seg..seg + 4].copy_from_slice(&len.to_be_bytes());
-        bb[seg + off::SEG_LKEY..seg + off::SEG_LKEY + 4].copy_from_slice(&key.to_be_bytes());
-        bb[seg + off::SEG_ADDR..seg + 16].copy_from_slice(&addr.to_be_bytes());
+        put32(bb, seg + off::SEG_BYTE_COUNT, len);
+        put32(bb, seg + off::SEG_LKEY, key);
+        put64(bb, seg + off::SEG_ADDR, addr);
     }
     if sel & 4 != 0 {
         let raw = be32(bb, off::WAIT_OBJ);
@@ -125,29 +138,24 @@ fn aim(bb: &mut [u8], regions: &[&MrInfo], cqs: &[Cqn], qps: &[Qpn]) {
         } else {
             qps[raw as usize % qps.len()].0
         };
-        bb[off::WAIT_OBJ..off::WAIT_OBJ + 4].copy_from_slice(&obj.to_be_bytes());
+        put32(bb, off::WAIT_OBJ, obj);
         // Small counts, so WAITs can pass and enables stay near the posted WQEs.
         let pi = be32(bb, off::WAIT_PI) % 24;
-        bb[off::WAIT_PI..off::WAIT_PI + 4].copy_from_slice(&pi.to_be_bytes());
+        put32(bb, off::WAIT_PI, pi);
     }
 }
 
 /// Run `data` (up to 16 BBs) on the shared softnic and check what the module docs say;
 /// panics if something does not hold.
 pub fn run(data: &[u8]) {
-    let bbs: Vec<[u8; BB_SIZE]> = data
-        .chunks_exact(BB_SIZE)
-        .take(RING_BBS as usize)
-        .map(|c| c.try_into().unwrap())
-        .collect();
-    if bbs.is_empty() {
+    let bbs = (data.len() / BB_SIZE).min(RING_BBS as usize);
+    if bbs == 0 {
         return;
     }
     let r = rig();
     let _alone = r.one_at_a_time.lock().unwrap_or_else(|e| e.into_inner());
     let nic = &r.nic;
-    let initial: Vec<u8> = (0..BUF_LEN).map(pattern).collect();
-    r.buf.write(0, &initial);
+    r.buf.write(0, &r.initial);
 
     let cq = nic
         .create_cq(CqConfig {
@@ -180,9 +188,9 @@ pub fn run(data: &[u8]) {
         .expect("ring mr");
 
     let regions = [&r.rw, &r.ro, &ring];
-    let n = bbs.len() as u64;
-    for (i, bb) in bbs.iter().enumerate() {
-        let mut bb = *bb;
+    let n = bbs as u64;
+    for (i, bb) in data.chunks_exact(BB_SIZE).take(bbs).enumerate() {
+        let mut bb: [u8; BB_SIZE] = bb.try_into().unwrap();
         aim(&mut bb, &regions, &[cq, other_cq], &[qp.qpn, managed.qpn]);
         qp.sq.buffer.write(qp.sq.offset + i * BB_SIZE, &bb);
         nic.note_posted(qp.qpn, i as u64, i as u64 + 1, i as u64)
@@ -241,7 +249,7 @@ pub fn run(data: &[u8]) {
     let mut now = vec![0u8; BUF_LEN];
     r.buf.read(0, &mut now);
     let writable = GUARD..GUARD + RW_LEN;
-    for (i, (a, b)) in initial.iter().zip(&now).enumerate() {
+    for (i, (a, b)) in r.initial.iter().zip(&now).enumerate() {
         assert!(
             a == b || writable.contains(&i),
             "byte {i} outside the writable region changed: {a:#x} -> {b:#x}"
