@@ -307,6 +307,35 @@ fn fetch_into(ring: &[AtomicU64], geo: Geometry, snap: &mut [Snapshot], index: u
     }
 }
 
+/// The fast path's fetch of the WQE at `ci`: the BB there if it is not fetched yet, then
+/// prefetched up to `geo.reach` past it but not past `limit`, exactly as
+/// `Fetcher::fetch_ahead` does for `step`. Returns the BB's snapshot slot, or None if the
+/// WQE there takes more than one BB (left to `step`, having fetched only its first BB).
+#[inline(always)]
+fn fetch_one_bb(
+    words: &[AtomicU64],
+    geo: &Geometry,
+    snap: &mut [Snapshot],
+    fetched: &mut u64,
+    ci: u64,
+    limit: u64,
+) -> Option<usize> {
+    if *fetched <= ci {
+        fetch_into(words, *geo, snap, ci);
+        *fetched = ci + 1;
+    }
+    let slot = ci as usize & (snap.len() - 1);
+    if usize::from(snap[slot].bytes[off::DS] & MAX_DS) * SEG_SIZE > BB_SIZE {
+        return None;
+    }
+    let ahead = (ci + geo.reach).min(limit);
+    while *fetched < ahead {
+        fetch_into(words, *geo, snap, *fetched);
+        *fetched += 1;
+    }
+    Some(slot)
+}
+
 /// Prefetch slot `index` for [`run_hot`]: if its snapshot is hot and the ring still holds the
 /// same WQE, keep the snapshot as it is; otherwise fetch it as [`fetch_into`] does. The same
 /// WQE means the same bytes (but the index, as `decisive0` says) in the words its segments
@@ -587,6 +616,71 @@ impl SqExec {
         outcome
     }
 
+    /// Run what a queue on this PU was just enabled for, in a doorbell-ordered chain's step
+    /// (see [`Core::run_doorbell_steps`]): its one-BB NOPs here, in a loop that does only
+    /// that, and whatever else through the handed-over visit. Why: such a step runs one
+    /// WQE of this queue, and the handed-over visit's set-up (checks, the fast path's loop
+    /// state, its tear-down) was most of a step's cost. The NOPs run as the fast path runs
+    /// them: fetched and prefetched alike, counted, completed if signaled, marked hot if not.
+    #[inline(always)]
+    fn run_enabled(&mut self) {
+        let c = &mut self.core;
+        if c.wqe_checks
+            || c.limiter.is_active()
+            || c.qp.state() != QpState::ReadyToSend
+            || c.qp.rate_generation.load(Ordering::Acquire) != c.rate_generation
+        {
+            // Checks, a rate, an error to flush or a rate to pick up: the full visit.
+            self.run_handed_over(HANDOFF_BUDGET);
+            return;
+        }
+        let limit = c.limit();
+        let start = c.ci;
+        let end = limit.min(start + HANDOFF_BUDGET as u64);
+        let Fetcher {
+            ring,
+            snap,
+            geo,
+            fetched,
+            ..
+        } = &mut self.fetcher;
+        let words = geo.ring(ring.words());
+        let mut ci = start;
+        while ci < end {
+            let Some(slot) = fetch_one_bb(words, geo, snap, fetched, ci, limit) else {
+                break;
+            };
+            let e = &mut snap[slot];
+            if e.bytes[off::OPCODE] != OP_NOP || e.bytes[off::DS] & MAX_DS == 0 {
+                break;
+            }
+            c.count_wqes(OP_NOP, 1);
+            if e.bytes[off::FM_CE_SE] & 0x0c == 0x08 {
+                c.complete(ci, 1, OP_NOP, 0);
+            } else if e.hot == HOT_NONE {
+                e.hot = HOT_NOP;
+                e.derived = true;
+            }
+            ci += 1;
+            c.ci = ci;
+        }
+        let done = (ci - start) as usize;
+        if done > 0 {
+            // As `Core::ran`: whoever sees a WQE consumed sees it counted.
+            c.qp.consumed.store(ci, Ordering::Release);
+            self.quiet = false;
+        }
+        if ci < end {
+            // Stopped at a WQE this loop does not run: the handed-over visit goes on.
+            self.run_handed_over(HANDOFF_BUDGET - done);
+            if done > 0 {
+                self.quiet = false;
+            }
+        } else if done == 0 {
+            self.quiet = true;
+        }
+    }
+
     pub(crate) fn qpn(&self) -> Qpn {
         self.core.qp.qpn
     }
@@ -609,21 +703,16 @@ pub(crate) struct Siblings<'a> {
 }
 
 impl Siblings<'_> {
-    /// Run queue `qpn` if it is one of these (found at `hint` first, the index it was at
-    /// last time); returns where it was, and its send CQ's completion count if that CQ is
-    /// `cqn` (what a WAIT on it compares: see [`Core::hand_over_before_wait`]).
-    fn run_handoff(&mut self, qpn: Qpn, cqn: Cqn, hint: usize) -> Option<(usize, Option<u64>)> {
-        let at = match self.queues.get(hint) {
-            Some(Some(q)) if q.qpn() == qpn => hint,
+    /// Where queue `qpn` is among these (looked for at `hint` first, where it was last time).
+    #[inline(always)]
+    fn find(&self, qpn: Qpn, hint: usize) -> Option<usize> {
+        match self.queues.get(hint) {
+            Some(Some(q)) if q.qpn() == qpn => Some(hint),
             _ => self
                 .queues
                 .iter()
-                .position(|q| q.as_ref().is_some_and(|q| q.qpn() == qpn))?,
-        };
-        let q = self.queues[at].as_mut()?;
-        q.run_handed_over(HANDOFF_BUDGET);
-        let cq = &q.core.qp.send_cq;
-        Some((at, (cq.cqn == cqn).then(|| cq.produced())))
+                .position(|q| q.as_ref().is_some_and(|q| q.qpn() == qpn)),
+        }
     }
 }
 
@@ -932,22 +1021,11 @@ impl Core {
                     }
                 }
             }
-            if fetched <= ci {
-                fetch_into(words, *geo, snap, ci);
-                fetched = ci + 1;
-            }
-            let slot = ci as usize & (snap.len() - 1);
-            let ds = snap[slot].bytes[off::DS] & MAX_DS;
-            if usize::from(ds) * SEG_SIZE > BB_SIZE {
+            let Some(slot) = fetch_one_bb(words, geo, snap, &mut fetched, ci, limit) else {
                 break;
-            }
-            // Prefetch exactly as `Fetcher::fetch_ahead` does for `step`.
-            let ahead = (ci + geo.reach).min(limit);
-            while fetched < ahead {
-                fetch_into(words, *geo, snap, fetched);
-                fetched += 1;
-            }
+            };
             let e = &snap[slot];
+            let ds = e.bytes[off::DS] & MAX_DS;
             let w = &e.bytes;
             let opcode = w[off::OPCODE];
             let signaled = w[off::FM_CE_SE] & 0x0c == 0x08;
@@ -1000,27 +1078,30 @@ impl Core {
                         continue;
                     }
                     OP_WAIT | OP_SEND_EN | OP_RECV_EN if ds >= 2 => {
-                        let mut handed_over = None;
-                        if opcode == OP_WAIT
+                        if !LEAN
+                            && opcode == OP_WAIT
                             && self
                                 .enabled_here
                                 .is_some_and(|(_, cq)| cq.0 == be32(w, off::WAIT_OBJ))
                         {
-                            if let Some(s) = siblings.as_deref_mut().filter(|_| !LEAN) {
-                                handed_over = self.hand_over_before_wait(s);
+                            if let Some(s) = siblings.as_deref_mut() {
+                                if let Some(next) = self.run_doorbell_steps(
+                                    s,
+                                    words,
+                                    geo,
+                                    snap,
+                                    &mut fetched,
+                                    ci,
+                                    end,
+                                    limit,
+                                ) {
+                                    ci = next;
+                                    continue;
+                                }
                             }
                         }
-                        // The common case after a hand-over: the queue just run completed
-                        // what the WAIT waits for, and the WAIT passes without its CQ being
-                        // looked up. Otherwise it runs as any other.
-                        let control = match handed_over {
-                            Some(p) if wait_passed(p, be32(w, off::WAIT_PI)) => {
-                                self.count_wqes(OP_WAIT, 1);
-                                Control::Ran
-                            }
-                            _ => self.fast_control(w, ci),
-                        };
-                        match control {
+                        // Not handed over, or the WAIT still does not pass: as any other.
+                        match self.fast_control(&snap[slot].bytes, ci) {
                             Control::Ran => {
                                 if signaled {
                                     self.complete(ci, 1, opcode, 0);
@@ -1150,22 +1231,110 @@ impl Core {
         Some(len)
     }
 
-    /// Before a WAIT on the send CQ of a queue this one enabled on its PU (`enabled_here`):
-    /// run that queue now (see [`Siblings`]), as a doorbell-ordered chain needs (the WAIT
-    /// waits for it). A WAIT on another CQ hands nothing over, so a queue that enables
-    /// another many times between such WAITs (RedN's `if`) leaves it to run its whole batch
-    /// in the PU's round. (Whether the WAIT would pass without it is not asked: the queue was
-    /// just enabled, so it has work, and would run in this round anyway.)
+    /// A doorbell-ordered chain's steps, from the WAIT at `ci` (fetched, one BB) on the send
+    /// CQ of a queue on this PU that the last SEND_EN enabled (`enabled_here`): run that
+    /// queue (see [`Siblings`]), and if the WAIT then passes, go on while this queue's next
+    /// WQEs are a SEND_EN of that same queue and another WAIT on its CQ, as RedN's
+    /// doorbell order repeats them. Returns the index of the first WQE it did not run, or
+    /// None if the WAIT at `ci` still does not pass (the fast path then runs it as any other
+    /// WAIT, which blocks).
     ///
-    /// Returns that CQ's completion count after the run, read through the queue that was
-    /// run: the WAIT can compare it without looking its CQ up (the queue holds its send CQ,
-    /// which cannot be destroyed while the queue exists).
+    /// Why a loop of its own: each step here is three WQEs on two queues; run one WQE at a
+    /// time by the fast path, with a visit of the enabled queue between, the loop and visit
+    /// set-up cost more than the WQEs (~560 instructions a step). Here the two queues'
+    /// state is found once, and each step is the fetches, the checks, the counts and the
+    /// completion. It runs the WQEs as the fast path would, in the same order, with the same
+    /// fetches and prefetches; anything else (another opcode or queue, WQE checks refusing,
+    /// the budget spent, the queue destroyed) ends it, and the fast path takes that WQE.
+    #[allow(clippy::too_many_arguments)]
     #[inline(never)]
-    fn hand_over_before_wait(&mut self, siblings: &mut Siblings) -> Option<u64> {
+    fn run_doorbell_steps(
+        &mut self,
+        siblings: &mut Siblings,
+        words: &[AtomicU64],
+        geo: &Geometry,
+        snap: &mut [Snapshot],
+        fetched: &mut u64,
+        mut ci: u64,
+        end: u64,
+        limit: u64,
+    ) -> Option<u64> {
         let (qpn, cqn) = self.enabled_here.take()?;
-        let (at, produced) = siblings.run_handoff(qpn, cqn, self.handoff_hint)?;
+        let at = siblings.find(qpn, self.handoff_hint)?;
         self.handoff_hint = at;
-        produced
+        let q = siblings.queues[at].as_deref_mut()?;
+        let start = ci;
+        let mut slot = ci as usize & (snap.len() - 1);
+        loop {
+            // The WAIT at `ci`: run what it waits for, then compare (the queue holds its send
+            // CQ, which cannot be destroyed while the queue exists).
+            q.run_enabled();
+            let w = &snap[slot].bytes;
+            if !wait_passed(q.core.qp.send_cq.produced(), be32(w, off::WAIT_PI)) {
+                break;
+            }
+            self.count_wqes(OP_WAIT, 1);
+            if w[off::FM_CE_SE] & 0x0c == 0x08 {
+                self.complete(ci, 1, OP_WAIT, 0);
+            }
+            ci += 1;
+            // A SEND_EN of the same queue? (Destroyed, it is the fast path's to refuse.)
+            let Some(at) = self.next_control(words, geo, snap, fetched, ci, end, limit) else {
+                break;
+            };
+            slot = at;
+            let w = &snap[slot].bytes;
+            if w[off::OPCODE] != OP_SEND_EN
+                || be32(w, off::WAIT_OBJ) & crate::types::MAX_QPN != qpn.0
+                || q.is_destroyed()
+            {
+                break;
+            }
+            let advanced = QpShared::advance(&q.core.qp.enabled, be32(w, off::WAIT_PI));
+            self.count_wqes(OP_SEND_EN, 1);
+            if w[off::FM_CE_SE] & 0x0c == 0x08 {
+                self.complete(ci, 1, OP_SEND_EN, 0);
+            }
+            ci += 1;
+            if !advanced {
+                break;
+            }
+            self.enabled_here = Some((qpn, cqn));
+            // And a WAIT on its CQ?
+            let Some(at) = self.next_control(words, geo, snap, fetched, ci, end, limit) else {
+                break;
+            };
+            slot = at;
+            let w = &snap[slot].bytes;
+            if w[off::OPCODE] != OP_WAIT || be32(w, off::WAIT_OBJ) != cqn.0 {
+                break;
+            }
+            self.enabled_here = None;
+        }
+        (ci > start).then_some(ci)
+    }
+
+    /// For [`Self::run_doorbell_steps`]: fetch the WQE at `ci` as the fast path does, and
+    /// return its snapshot slot if it is one BB with the two segments of a WAIT or an
+    /// enable, and passes the WQE checks if they are on; None if not, or at `end`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn next_control(
+        &self,
+        words: &[AtomicU64],
+        geo: &Geometry,
+        snap: &mut [Snapshot],
+        fetched: &mut u64,
+        ci: u64,
+        end: u64,
+        limit: u64,
+    ) -> Option<usize> {
+        if ci >= end {
+            return None;
+        }
+        let slot = fetch_one_bb(words, geo, snap, fetched, ci, limit)?;
+        let w = &snap[slot].bytes;
+        (w[off::DS] & MAX_DS >= 2 && (!self.wqe_checks || self.wqe_is_ours(w, ci))).then_some(slot)
     }
 
     /// The fast path's one-BB atomic to an in-process peer, counted; None if `execute` must.
