@@ -656,7 +656,8 @@ impl SqExec {
             }
             c.count_wqes(OP_NOP, 1);
             if e.bytes[off::FM_CE_SE] & 0x0c == 0x08 {
-                c.complete(ci, 1, OP_NOP, 0);
+                // Inline (not `complete`): this is the one completion of a doorbell step.
+                c.retire(ci, ci + 1, CqeOpcode::Req, OP_NOP, 0, 0);
             } else if e.hot == HOT_NONE {
                 e.hot = HOT_NOP;
                 e.derived = true;
@@ -774,7 +775,7 @@ impl Core {
     #[inline]
     fn limit(&self) -> u64 {
         if self.qp.managed_send {
-            self.qp.enabled.load(Ordering::Acquire)
+            self.qp.enabled.get()
         } else {
             self.qp.doorbell.load(Ordering::Acquire)
         }
@@ -1290,7 +1291,8 @@ impl Core {
             {
                 break;
             }
-            let advanced = QpShared::advance(&q.core.qp.enabled, be32(w, off::WAIT_PI));
+            // On this PU (a sibling): its own index, no locked exchange.
+            let advanced = q.core.qp.enabled.advance(be32(w, off::WAIT_PI), true);
             self.count_wqes(OP_SEND_EN, 1);
             if w[off::FM_CE_SE] & 0x0c == 0x08 {
                 self.complete(ci, 1, OP_SEND_EN, 0);
@@ -1808,8 +1810,9 @@ impl Core {
             if !t.managed_send {
                 return Err(Fail::Syndrome(Syndrome::LocalQpOperation));
             }
-            if QpShared::advance(&t.enabled, pi) {
-                if t.pu == self.qp.pu && Arc::ptr_eq(&t.pus, &self.qp.pus) {
+            let here = t.pu == self.qp.pu && Arc::ptr_eq(&t.pus, &self.qp.pus);
+            if t.enabled.advance(pi, here) {
+                if here {
                     // This PU: no notice needed, and the fast path may hand over to it.
                     self.enabled_here = Some((t.qpn, t.send_cq.cqn));
                 } else {
