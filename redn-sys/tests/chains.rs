@@ -700,3 +700,77 @@ fn handed_over_moves_and_atomics(mode: Prefetch) {
         "{mode:?}: the master's WAITs stalled {stalls} times"
     );
 }
+
+/// A doorbell chain that leaves the pattern its steps repeat (WAIT, SEND_EN of the same
+/// queue, WAIT on its CQ) at every turn: signaled WAITs and SEND_ENs, two SEND_ENs in a
+/// row, a SEND_EN that does not move the index, a NOP of the master's between steps, and an
+/// enabled queue of signaled and unsignaled NOPs and a WRITE. Every WQE runs once, in order,
+/// with its completion, counts and effect, the WAITs never stall, in every prefetch mode.
+#[test]
+fn a_doorbell_chain_that_breaks_its_pattern_runs_every_wqe_in_order() {
+    for mode in MODES {
+        let nic = nic(1, mode);
+        let pd = nic.alloc_pd().unwrap();
+        let (q, m) = doorbell_pair(&nic, pd, 64);
+        let src = Region::new(&nic, pd, 64, ALL);
+        let dst = Region::new(&nic, pd, 64, ALL);
+        src.write(0, &[0x5a; 64]);
+        let nop = || WrOp::Nop {
+            raw_segments: vec![],
+        };
+        let none = WqeFlags::NONE;
+        nic.post_send(
+            q.qp.qpn,
+            &[
+                wr(0, SIG, nop()),
+                wr(1, none, nop()),
+                wr(2, SIG, write(src.mr.sge(0, 64), dst.mr.remote(0))),
+                wr(3, SIG, nop()),
+            ],
+        )
+        .unwrap();
+        let enable = |id, flags, pi| wr(id, flags, WrOp::SendEnable { qp: q.qp.qpn, pi });
+        let wait = |id, flags, count| wr(id, flags, WrOp::Wait { cq: q.cq, count });
+        nic.post_send(
+            m.qp.qpn,
+            &[
+                enable(0, none, 1),
+                wait(10, SIG, 0),
+                enable(11, SIG, 2),
+                // Another SEND_EN where the steps expect a WAIT.
+                enable(0, none, 3),
+                // Its hand-over runs the unsignaled NOP and the WRITE.
+                wait(0, none, 1),
+                wr(12, SIG, nop()),
+                // Does not move the index (it is at 3 already).
+                enable(0, none, 3),
+                enable(0, none, 4),
+                wait(0, none, 2),
+                wr(13, SIG, nop()),
+            ],
+        )
+        .unwrap();
+        let ids = |cqes: Vec<redn_sys::nic::Completion>| {
+            assert!(cqes.iter().all(|c| c.is_ok()), "{mode:?}: {cqes:?}");
+            cqes.iter().map(|c| c.wr_id).collect::<Vec<_>>()
+        };
+        assert_eq!(ids(wait_cqes(&nic, m.cq, 4)), [10, 11, 12, 13], "{mode:?}");
+        assert_eq!(ids(wait_cqes(&nic, q.cq, 3)), [0, 2, 3], "{mode:?}");
+        assert_eq!(dst.read(0, 64), vec![0x5a; 64], "{mode:?}");
+        let (mc, qc) = (
+            nic.counters(m.qp.qpn).unwrap(),
+            nic.counters(q.qp.qpn).unwrap(),
+        );
+        assert_eq!(
+            [Opcode::Wait, Opcode::SendEn, Opcode::Nop].map(|o| mc.by_opcode(o)),
+            [3, 5, 2],
+            "{mode:?}: the master's WQEs"
+        );
+        assert_eq!(
+            [Opcode::Nop, Opcode::RdmaWrite].map(|o| qc.by_opcode(o)),
+            [3, 1],
+            "{mode:?}: the enabled queue's WQEs"
+        );
+        assert_eq!(mc.wait_stalls, 0, "{mode:?}: a WAIT stalled");
+    }
+}

@@ -686,8 +686,8 @@ impl SqExec {
                 e.derived = true;
             }
             ci += 1;
-            c.ci = ci;
         }
+        c.ci = ci;
         let done = (ci - start) as usize;
         if done > 0 {
             // As `Core::ran`: whoever sees a WQE consumed sees it counted.
