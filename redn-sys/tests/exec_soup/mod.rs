@@ -9,7 +9,9 @@
 //! Each input is up to 16 BBs that go into a loopback queue's send ring as they are. So that
 //! mutations reach past the key and bound checks, the last byte of each BB picks fields to
 //! point at real objects: the remote key and address (at RADDR/RKEY), the local key and
-//! address of the data segment after them, the CQ or queue a WAIT / SEND_EN / RECV_EN names.
+//! address of the data segment after them, the CQ or queue a WAIT / SEND_EN / RECV_EN names
+//! (the queue itself, or a managed queue of four signaled NOPs, on the other PU or, by bit 1
+//! of the first byte, on the same one, where SEND_EN and WAIT take the doorbell-step loop).
 //! Keys and addresses picked this way still land up to 64 bytes outside their regions.
 //!
 //! Memory: one buffer holding a guard, region `rw` (every right), region `ro` (remote read
@@ -18,7 +20,7 @@
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, MrInfo, Nic, QpConfig};
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
-use redn_sys::wqe::{off, CqeOpcode, Syndrome, BB_SIZE};
+use redn_sys::wqe::{off, CqeOpcode, Syndrome, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::{Access, Cqn, Pdn, QpState, Qpn};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -168,15 +170,27 @@ pub fn run(data: &[u8]) {
     c.sq_bbs = RING_BBS;
     c.pu = Some(usize::from(data[0] & 1));
     let qp = nic.create_qp(c).expect("qp");
-    // A managed queue on the other PU, for SEND_EN / WAIT to reach.
+    // A managed queue for SEND_EN / WAIT to reach, holding signaled NOPs: on the other PU,
+    // or (bit 1 of the first byte) on the same one, where a SEND_EN and a WAIT on its CQ
+    // hand over to it (the executor's doorbell-step loop).
     let mut c = QpConfig::new(r.pd, other_cq);
     c.sq_bbs = 4;
     c.managed_send = true;
-    c.pu = Some(usize::from(!data[0] & 1));
+    let same_pu = data[0] & 2 != 0;
+    c.pu = Some(usize::from((data[0] & 1 != 0) == same_pu));
     let managed = nic.create_qp(c).expect("qp");
     for q in [qp.qpn, managed.qpn] {
         nic.connect(q, q).expect("connect");
     }
+    let nop = WorkRequest {
+        wr_id: 0,
+        flags: WqeFlags::SIGNALED,
+        op: WrOp::Nop {
+            raw_segments: vec![],
+        },
+    };
+    nic.post_send(managed.qpn, &vec![nop; 4])
+        .expect("post managed NOPs");
     let ring = nic
         .reg_mr(
             r.pd,
