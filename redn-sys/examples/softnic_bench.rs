@@ -833,6 +833,14 @@ fn latency_section(
         );
     }
 
+    if slopes.iter().any(|sl| sl.target) {
+        println!(
+            "   (CQ detection costs the PU too: the host polls the CQ count that every step's \
+             completion bumps, so each step moves\n    that cache line to the host's core and \
+             back, and the PU waits for it; flag detection keeps the host off the PU's lines.)"
+        );
+    }
+
     let _ = nic.dereg_mr(flag.mr.lkey);
     Ok(())
 }
