@@ -358,6 +358,48 @@ fn fetch_one_bb(
     Some(slot)
 }
 
+/// [`SqExec::run_enabled`]'s fetch of the WQE at `ci` when it is fetched right before it
+/// runs with nothing to prefetch behind it (a doorbell step's) and is a signaled one-BB NOP:
+/// only its first 16 bytes, into the snapshot; true if so. ConnectX reads a
+/// WQE's `ds` segments, and a NOP's past the control segment do nothing; the snapshot's
+/// other bytes are never read for a WQE that has run (nothing is derived from them: a
+/// snapshot something was derived from is not fetched this way). False for anything else,
+/// which `fetch_one_bb` then fetches whole, reading the ring again: what runs is what that
+/// fetch finds. Why: a doorbell step's enabled queue runs one such NOP, and copying 16
+/// bytes of it instead of 64 took ~10% off a step (`softnic_bench`, interleaved runs).
+#[inline(always)]
+fn fetch_signaled_nop(
+    words: &[AtomicU64],
+    geo: &Geometry,
+    snap: &mut [Snapshot],
+    fetched: &mut u64,
+    ci: u64,
+    limit: u64,
+) -> bool {
+    let slot = ci as usize & (snap.len() - 1);
+    if *fetched > ci || (ci + geo.reach).min(limit) > ci + 1 || snap[slot].derived {
+        return false;
+    }
+    let src = geo.slot(words, ci);
+    let head = [
+        src[0].load(Ordering::Relaxed),
+        src[1].load(Ordering::Relaxed),
+    ];
+    let b = [head[0].to_ne_bytes(), head[1].to_ne_bytes()];
+    let ds = b[0][off::DS] & MAX_DS;
+    if b[0][off::OPCODE] != OP_NOP
+        || !(1..=(BB_SIZE / SEG_SIZE) as u8).contains(&ds)
+        || b[1][off::FM_CE_SE - 8] & 0x0c != 0x08
+    {
+        return false;
+    }
+    let e = &mut snap[slot];
+    e.bytes[..8].copy_from_slice(&b[0]);
+    e.bytes[8..16].copy_from_slice(&b[1]);
+    *fetched = ci + 1;
+    true
+}
+
 /// Prefetch slot `index` for [`run_hot`]: if its snapshot is hot and the ring still holds the
 /// same WQE, keep the snapshot as it is; otherwise fetch it as [`fetch_into`] does. The same
 /// WQE means the same bytes (but the index, as `decisive0` says) in the words its segments
@@ -670,6 +712,12 @@ impl SqExec {
         warm(geo.slot(words, start + WARM_ENABLED));
         let mut ci = start;
         while ci < end {
+            if fetch_signaled_nop(words, geo, snap, fetched, ci, limit) {
+                c.count_wqes(OP_NOP, 1);
+                c.retire(ci, ci + 1, CqeOpcode::Req, OP_NOP, 0, 0);
+                ci += 1;
+                continue;
+            }
             let Some(slot) = fetch_one_bb(words, geo, snap, fetched, ci, limit) else {
                 break;
             };
