@@ -907,10 +907,9 @@ impl Core {
     /// its own; at any other WQE the ordinary visit (`run`, without siblings) takes over.
     /// Why a variant: such a visit typically runs the one WQE a SEND_EN just enabled, so its
     /// cost is mostly the set-up of the fast path's loop, which without the moves, atomics,
-    /// general path and hot loop is ~35 instructions smaller; and inlined into the hand-over
-    /// (`hand_over_before_wait`), one function frame serves both (~10 fewer). A
-    /// doorbell-ordered chain pays this every step. Hot slots are still marked, for the
-    /// queue's ordinary visits.
+    /// general path and hot loop is ~35 instructions smaller. A doorbell step's NOPs do not
+    /// come here (`SqExec::run_enabled` runs them); what else a handed-over queue holds does.
+    /// Hot slots are still marked, for the queue's ordinary visits.
     #[inline(always)]
     fn visit<const LEAN: bool>(
         &mut self,
