@@ -381,21 +381,17 @@ fn fetch_signaled_nop(
         return false;
     }
     let src = geo.slot(words, ci);
-    let head = [
-        src[0].load(Ordering::Relaxed),
-        src[1].load(Ordering::Relaxed),
-    ];
-    let b = [head[0].to_ne_bytes(), head[1].to_ne_bytes()];
-    let ds = b[0][off::DS] & MAX_DS;
-    if b[0][off::OPCODE] != OP_NOP
+    let mut head = [0u8; SEG_SIZE];
+    head[..8].copy_from_slice(&src[0].load(Ordering::Relaxed).to_ne_bytes());
+    head[8..].copy_from_slice(&src[1].load(Ordering::Relaxed).to_ne_bytes());
+    let ds = head[off::DS] & MAX_DS;
+    if head[off::OPCODE] != OP_NOP
         || !(1..=(BB_SIZE / SEG_SIZE) as u8).contains(&ds)
-        || b[1][off::FM_CE_SE - 8] & 0x0c != 0x08
+        || !signaled(&head)
     {
         return false;
     }
-    let e = &mut snap[slot];
-    e.bytes[..8].copy_from_slice(&b[0]);
-    e.bytes[8..16].copy_from_slice(&b[1]);
+    snap[slot].bytes[..SEG_SIZE].copy_from_slice(&head);
     *fetched = ci + 1;
     true
 }
@@ -522,6 +518,13 @@ struct Parked {
     cq_index: usize,
     cqn: Cqn,
     count: u32,
+}
+
+/// True if the control segment's completion-mode bits (byte `FM_CE_SE` of `w`) ask for a
+/// completion (CE = 2: always).
+#[inline(always)]
+fn signaled(w: &[u8]) -> bool {
+    w[off::FM_CE_SE] & 0x0c == 0x08
 }
 
 /// True once a CQ that has produced `produced` completions satisfies a WAIT for `count`
@@ -726,7 +729,7 @@ impl SqExec {
                 break;
             }
             c.count_wqes(OP_NOP, 1);
-            if e.bytes[off::FM_CE_SE] & 0x0c == 0x08 {
+            if signaled(&e.bytes) {
                 // Inline (not `complete`): this is the one completion of a doorbell step.
                 c.retire(ci, ci + 1, CqeOpcode::Req, OP_NOP, 0, 0);
             } else if e.hot == HOT_NONE {
@@ -1099,7 +1102,7 @@ impl Core {
             let ds = e.bytes[off::DS] & MAX_DS;
             let w = &e.bytes;
             let opcode = w[off::OPCODE];
-            let signaled = w[off::FM_CE_SE] & 0x0c == 0x08;
+            let signaled = signaled(w);
             // Each arm that runs its WQE counts it, completes it if signaled and goes on to
             // the next; a WQE that falls out of the match (a check refused it, or the fast
             // path does not run it) goes to `execute`, which reports any error.
@@ -1346,7 +1349,7 @@ impl Core {
                 break;
             }
             self.count_wqes(OP_WAIT, 1);
-            if w[off::FM_CE_SE] & 0x0c == 0x08 {
+            if signaled(w) {
                 self.complete(ci, 1, OP_WAIT, 0);
             }
             ci += 1;
@@ -1365,7 +1368,7 @@ impl Core {
             // On this PU (a sibling): its own index, no locked exchange.
             let advanced = q.core.qp.enabled.advance(be32(w, off::WAIT_PI), true);
             self.count_wqes(OP_SEND_EN, 1);
-            if w[off::FM_CE_SE] & 0x0c == 0x08 {
+            if signaled(w) {
                 self.complete(ci, 1, OP_SEND_EN, 0);
             }
             ci += 1;

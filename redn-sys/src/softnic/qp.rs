@@ -110,14 +110,21 @@ impl EnabledIndex {
             let own = self.own.load(Ordering::Acquire);
             return QpShared::advance_from(&self.shared, own, pi);
         }
-        let cur = self.get();
-        let delta = pi.wrapping_sub(cur as u32) as i32;
-        if delta <= 0 {
+        let Some(target) = forward(self.get(), pi) else {
             return false;
-        }
-        self.own.store(cur + delta as u64, Ordering::Release);
+        };
+        self.own.store(target, Ordering::Release);
         true
     }
+}
+
+/// Where a 64-bit index at `cur` moves for the 32-bit absolute `pi`, which names a point up
+/// to 2^31 - 1 ahead of it; None if `pi` is not ahead (indices on the wire are 32 bits and
+/// wrap; ours are 64 bits and never do).
+#[inline(always)]
+fn forward(cur: u64, pi: u32) -> Option<u64> {
+    let delta = pi.wrapping_sub(cur as u32) as i32;
+    (delta > 0).then(|| cur + delta as u64)
 }
 
 pub(crate) struct QpShared {
@@ -263,11 +270,9 @@ impl QpShared {
     /// send queue's enabled index): `pi` is read relative to the larger.
     fn advance_from(index: &AtomicU64, floor: u64, pi: u32) -> bool {
         let cur = index.load(Ordering::Acquire).max(floor);
-        let delta = pi.wrapping_sub(cur as u32) as i32;
-        if delta <= 0 {
+        let Some(target) = forward(cur, pi) else {
             return false;
-        }
-        let target = cur + delta as u64;
+        };
         // One exchange nearly always does it (a queue is seldom enabled from two PUs at the
         // same moment); if another enable moved the index meanwhile, the larger one stays.
         if let Err(now) = index.compare_exchange(cur, target, Ordering::AcqRel, Ordering::Acquire) {
