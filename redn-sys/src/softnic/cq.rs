@@ -5,31 +5,80 @@ use super::spin::SpinLock;
 use super::CacheLine;
 use crate::nic::{CompChannel, Completion};
 use crate::types::Cqn;
-use crate::wqe::{Cqe, Syndrome, CQE_SIZE};
+use crate::wqe::{Cqe, CqeOpcode, Syndrome, CQE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-struct CqRing {
-    cqes: Box<[[u8; CQE_SIZE]]>,
-    wr_ids: Box<[u64]>,
+/// What a CQ's producer lock guards.
+struct Producer {
     /// Entries written into the ring (lost ones excluded).
     produced: u64,
-    consumed: u64,
+    /// The consumer index as last read (`CqShared::consumed`): the ring has room while
+    /// `produced` is less than a ring ahead of it, and only then is it read again.
+    consumed_seen: u64,
     /// Armed by `req_notify`: the next push signals this channel and disarms.
     notify: Option<CompChannel>,
 }
 
-/// One completion queue. Any processing unit (or a peer's) may produce into it; the host polls.
+/// One CQE64 in the ring, as eight words: the producer writes the word that holds the
+/// owner bit last (release), so a poller that sees an entry valid for its index (owner bit
+/// and opcode, [`entry_valid`]) sees all of it. One line each, so the ring is no bigger
+/// than its CQEs (the wr_ids live beside it, as verbs keeps them).
+#[repr(C, align(64))]
+struct CqeSlot {
+    words: [AtomicU64; CQE_SIZE / 8],
+}
+
+/// The byte of a CQE64 that holds the opcode (high nibble) and the owner bit (bit 0), and
+/// the word it is in.
+const OP_OWN: usize = CQE_SIZE - 1;
+const OP_OWN_WORD: usize = OP_OWN / 8;
+
+/// A slot nobody has written: an invalid opcode (mlx5's 0xf), and an owner bit that is not
+/// the first pass's.
+const OP_OWN_EMPTY: u8 = 0xf1;
+
+/// True if `op_own` (byte [`OP_OWN`] of a slot) holds the entry of the pass over a ring of
+/// `depth` entries that index `at` belongs to: its owner bit is that pass's (it flips each
+/// pass, as mlx5's does) and its opcode is a valid one.
+#[inline(always)]
+fn entry_valid(op_own: u8, at: u64, depth: u64) -> bool {
+    (op_own & 1 == 1) == (at & depth != 0) && CqeOpcode::from_nibble(op_own >> 4).is_some()
+}
+
+/// One completion queue. Any processing unit (or a peer's) may produce into it; hosts poll.
+///
+/// Producers and pollers share no lock and no written line but the entries themselves:
+/// producers push under `producer`, pollers take entries under `consumer` and publish how
+/// far they got in `consumed`, which producers read only when the ring looks full. Why: a
+/// verbs host polls each completion as it comes, and with one lock for both, every poll
+/// took the lock's line (and the consumer index's) from the PU, whose next push then
+/// waited for it: a doorbell-ordered chain polled that way took 200+ ns a step instead
+/// of ~60 (`softnic_bench`, poll detection).
 pub(crate) struct CqShared {
     pub(crate) cqn: Cqn,
     depth: u64,
     ignore_overrun: bool,
-    /// Taken for a few instructions per push or poll (see `spin`).
-    ring: SpinLock<CqRing>,
-    /// Completions produced since creation: what WAIT counts. Written under `ring`'s lock;
-    /// on its own cache line, since waiters on other threads read it constantly.
+    /// Taken for a few instructions per push (see `spin`).
+    producer: SpinLock<Producer>,
+    /// Serializes pollers (several host threads may poll one CQ).
+    consumer: SpinLock<()>,
+    /// The entries, written under `producer`.
+    cqes: Box<[CqeSlot]>,
+    /// The wr_id of each entry (an mlx5 CQE has none: verbs keeps them beside the ring).
+    /// Written before the entry's owner byte, read after it.
+    wr_ids: Box<[AtomicU64]>,
+    /// Entries taken by pollers (written under `consumer`).
+    consumed: CacheLine<AtomicU64>,
+    /// Completions produced since creation: what WAIT counts. Written under `producer`; on
+    /// its own cache line, since waiters on other threads read it constantly. Every
+    /// completion writes it, so a host that spins on it takes the line from the producing
+    /// PU each time: hosts poll the entries instead.
     produced: CacheLine<AtomicU64>,
     overrun: AtomicBool,
+    /// Set by a producer that overwrote an entry no poller had taken (only an
+    /// only-waited-on CQ does): the next poll skips to what is left. Written only then.
+    lapped: CacheLine<AtomicBool>,
     /// Bit i set: a queue on PU i has waited on this CQ, so PU i is told of new completions.
     waiters: AtomicU64,
     pus: Arc<PuSet>,
@@ -44,15 +93,28 @@ impl CqShared {
             cqn,
             depth,
             ignore_overrun,
-            ring: SpinLock::new(CqRing {
-                cqes: vec![[0u8; CQE_SIZE]; depth as usize].into_boxed_slice(),
-                wr_ids: vec![0u64; depth as usize].into_boxed_slice(),
+            producer: SpinLock::new(Producer {
                 produced: 0,
-                consumed: 0,
+                consumed_seen: 0,
                 notify: None,
             }),
+            consumer: SpinLock::new(()),
+            cqes: (0..depth)
+                .map(|_| CqeSlot {
+                    words: std::array::from_fn(|i| {
+                        let mut w = [0u8; 8];
+                        if i == OP_OWN_WORD {
+                            w[OP_OWN % 8] = OP_OWN_EMPTY;
+                        }
+                        AtomicU64::new(u64::from_ne_bytes(w))
+                    }),
+                })
+                .collect(),
+            wr_ids: (0..depth).map(|_| AtomicU64::new(0)).collect(),
+            consumed: CacheLine(AtomicU64::new(0)),
             produced: CacheLine(AtomicU64::new(0)),
             overrun: AtomicBool::new(false),
+            lapped: CacheLine(AtomicBool::new(false)),
             waiters: AtomicU64::new(0),
             pus,
             users: AtomicU64::new(0),
@@ -66,7 +128,7 @@ impl CqShared {
     }
 
     /// Remember that a queue on `pu` waits for this CQ. The caller re-reads `produced()`
-    /// afterwards. No wake-up is lost: a PU's bit is set once, under the ring's lock, and
+    /// afterwards. No wake-up is lost: a PU's bit is set once, under the producer lock, and
     /// then stays, so every push either ran its critical section before the bit was set (and
     /// the caller's re-read, which follows the lock, sees its count) or after (and its
     /// `wake`, which follows the lock, sees the bit). That is why `push` needs no
@@ -75,16 +137,16 @@ impl CqShared {
     pub(crate) fn add_waiter(&self, pu: usize) {
         let bit = 1u64 << pu;
         if self.waiters.load(Ordering::Relaxed) & bit == 0 {
-            let _ring = self.ring.lock();
+            let _producer = self.producer.lock();
             self.waiters.fetch_or(bit, Ordering::Relaxed);
         }
     }
 
-    /// Arm the CQ: its next completion signals `channel`. Under the ring's lock, as `push`
+    /// Arm the CQ: its next completion signals `channel`. Under the producer lock, as `push`
     /// checks it, so a completion either comes after the arming (and signals) or before it
     /// (and whoever armed sees it when they poll or read the count next).
     pub(crate) fn req_notify(&self, channel: &CompChannel) {
-        let old = self.ring.lock().notify.replace(channel.clone());
+        let old = self.producer.lock().notify.replace(channel.clone());
         // Dropped after the lock (it may be the last reference).
         drop(old);
     }
@@ -102,28 +164,45 @@ impl CqShared {
     #[inline(always)]
     pub(crate) fn push_from(&self, mut cqe: Cqe, wr_id: u64, from: Option<(&PuSet, usize)>) {
         let notify = {
-            let mut r = self.ring.lock();
-            let full = r.produced - r.consumed == self.depth;
+            let mut p = self.producer.lock();
+            let mut full = p.produced - p.consumed_seen >= self.depth;
+            if full {
+                // Pairs with the poller's release: its reads of the entries it took come
+                // before this push overwrites them.
+                p.consumed_seen = self.consumed.0.load(Ordering::Acquire);
+                full = p.produced - p.consumed_seen >= self.depth;
+            }
+            // Every completion counts for WAIT, whether or not the ring had room for it;
+            // counted before its entry is published, so a poller that sees the entry sees
+            // the count include it.
+            let total = self.produced.0.load(Ordering::Relaxed) + 1;
+            self.produced.0.store(total, Ordering::Release);
             if full && !self.ignore_overrun {
                 // The entry is lost, as on hardware; the poller learns of it.
                 self.overrun.store(true, Ordering::Release);
             } else {
-                if full {
-                    // Only waited on: the oldest entry gives way.
-                    r.consumed += 1;
+                if full && !self.lapped.0.load(Ordering::Relaxed) {
+                    // Only waited on: the oldest entry gives way, and the poller is told.
+                    self.lapped.0.store(true, Ordering::Relaxed);
                 }
-                let slot = (r.produced & (self.depth - 1)) as usize;
+                let at = (p.produced & (self.depth - 1)) as usize;
                 // The owner bit flips each pass over the ring (depth is a power of two, so
                 // this is bit log2(depth) of the count: no division on the hot path).
-                cqe.owner = r.produced & self.depth != 0;
-                cqe.encode_into(&mut r.cqes[slot]);
-                r.wr_ids[slot] = wr_id;
-                r.produced += 1;
+                cqe.owner = p.produced & self.depth != 0;
+                let mut b = [0u8; CQE_SIZE];
+                cqe.encode_into(&mut b);
+                self.wr_ids[at].store(wr_id, Ordering::Relaxed);
+                let slot = &self.cqes[at];
+                for (i, (w, v)) in slot.words.iter().zip(b.chunks_exact(8)).enumerate() {
+                    if i != OP_OWN_WORD {
+                        w.store(word(v), Ordering::Relaxed);
+                    }
+                }
+                // Last, so a poller that sees it valid sees the rest (see `poll`).
+                slot.words[OP_OWN_WORD].store(word(&b[OP_OWN_WORD * 8..]), Ordering::Release);
+                p.produced += 1;
             }
-            // Every completion counts for WAIT, whether or not the ring had room for it.
-            let total = self.produced.0.load(Ordering::Relaxed) + 1;
-            self.produced.0.store(total, Ordering::Release);
-            r.notify.take()
+            p.notify.take()
         };
         // Most pushes wake nobody: the call is only made when someone waits.
         if notify.is_some() || self.waiters.load(Ordering::Relaxed) != 0 {
@@ -137,8 +216,8 @@ impl CqShared {
     }
 
     /// Tell the PUs waiting on this CQ, and the channel it was armed for, if any. Called
-    /// after the ring's lock is released: see `add_waiter` for why a relaxed load sees every
-    /// bit it must.
+    /// after the producer lock is released: see `add_waiter` for why a relaxed load sees
+    /// every bit it must.
     #[inline(never)]
     fn wake(&self, notify: Option<CompChannel>, from: Option<(&PuSet, usize)>) {
         if let Some(channel) = notify {
@@ -156,24 +235,72 @@ impl CqShared {
     }
 
     /// Take up to `max` completions. `Err` once if completions were lost to overrun.
+    ///
+    /// A poll that finds nothing takes no lock and writes nothing: it reads the consumer
+    /// index and the next entry's owner byte, as a verbs consumer reads the next CQE.
     pub(crate) fn poll(&self, max: usize, out: &mut Vec<Completion>) -> Result<usize, ()> {
-        if self.overrun.swap(false, Ordering::AcqRel) {
+        if self.overrun.load(Ordering::Relaxed) && self.overrun.swap(false, Ordering::AcqRel) {
             return Err(());
+        }
+        if max == 0
+            || !(self.lapped.0.load(Ordering::Relaxed)
+                || self.holds(self.consumed.0.load(Ordering::Relaxed)))
+        {
+            return Ok(0);
         }
         // Room first, so the loop below never allocates while it holds the lock.
         out.reserve(max.min(self.depth as usize));
-        let mut r = self.ring.lock();
+        let _consumer = self.consumer.lock();
+        let mut c = self.consumed.0.load(Ordering::Relaxed);
+        // Only an only-waited-on CQ overwrites entries nobody took; this poller then takes
+        // what is left, the last ring's worth (such a CQ writes an entry for every
+        // completion, so its count is its producer index).
+        let resync = |c: u64| c.max(self.produced().saturating_sub(self.depth));
+        if self.lapped.0.swap(false, Ordering::Relaxed) {
+            c = resync(c);
+        }
         let mut n = 0;
-        while n < max && r.consumed < r.produced {
-            let slot = (r.consumed & (self.depth - 1)) as usize;
-            if let Some(cqe) = Cqe::decode(&r.cqes[slot]) {
-                out.push(completion_of(cqe, r.wr_ids[slot]));
+        while n < max && self.holds(c) {
+            let at = (c & (self.depth - 1)) as usize;
+            let slot = &self.cqes[at].words;
+            let mut b = [0u8; CQE_SIZE];
+            for (d, w) in b.chunks_exact_mut(8).zip(slot) {
+                d.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+            }
+            let wr_id = self.wr_ids[at].load(Ordering::Relaxed);
+            if self.ignore_overrun && !self.holds(c) {
+                // Overwritten while it was read: start again from what is left.
+                c = resync(c);
+                continue;
+            }
+            if let Some(cqe) = Cqe::decode(&b) {
+                out.push(completion_of(cqe, wr_id));
                 n += 1;
             }
-            r.consumed += 1;
+            c += 1;
         }
+        // Release: a producer that reads this index (acquire) reuses the entries after the
+        // reads above.
+        self.consumed.0.store(c, Ordering::Release);
         Ok(n)
     }
+
+    /// True if the entry at index `at` has been written (its owner byte, read with acquire:
+    /// the producer stores it last).
+    #[inline]
+    fn holds(&self, at: u64) -> bool {
+        let w = self.cqes[(at & (self.depth - 1)) as usize].words[OP_OWN_WORD]
+            .load(Ordering::Acquire);
+        entry_valid(w.to_ne_bytes()[OP_OWN % 8], at, self.depth)
+    }
+}
+
+/// Eight bytes of an encoded CQE as the word they make in memory.
+#[inline(always)]
+fn word(b: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[..8]);
+    u64::from_ne_bytes(w)
 }
 
 fn completion_of(cqe: Cqe, wr_id: u64) -> Completion {
@@ -191,5 +318,129 @@ fn completion_of(cqe: Cqe, wr_id: u64) -> Completion {
         byte_len: cqe.byte_cnt,
         imm: matches!(cqe.opcode, RespWriteImm | RespSendImm).then_some(cqe.imm),
         cqe,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CqShared, PuSet};
+    use crate::types::{Cqn, Qpn};
+    use crate::wqe::{Cqe, CqeOpcode};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    fn cq(depth: u32, ignore_overrun: bool) -> CqShared {
+        CqShared::new(Cqn(1), depth, ignore_overrun, Arc::new(PuSet::new(1)))
+    }
+
+    fn push(cq: &CqShared, i: u64) {
+        let cqe = Cqe {
+            opcode: CqeOpcode::Req,
+            qpn: Qpn(7),
+            send_opcode: 0,
+            wqe_counter: i as u16,
+            byte_cnt: i as u32,
+            imm: 0,
+            syndrome: 0,
+            vendor_syndrome: 0,
+            owner: false,
+        };
+        cq.push(cqe, i);
+    }
+
+    fn poll(cq: &CqShared, max: usize) -> Result<Vec<u64>, ()> {
+        let mut out = Vec::new();
+        cq.poll(max, &mut out)?;
+        for c in &out {
+            // Each entry read back whole: its fields belong to the same completion.
+            assert_eq!(u64::from(c.cqe.wqe_counter), c.wr_id & 0xffff);
+            assert_eq!(u64::from(c.byte_len), c.wr_id);
+        }
+        Ok(out.iter().map(|c| c.wr_id).collect())
+    }
+
+    /// Entries come back in order over several passes of a small ring (the owner bit flips
+    /// each pass), and a poll of an empty ring, new or drained, finds nothing.
+    #[test]
+    fn polls_in_order_across_passes() {
+        let q = cq(4, false);
+        assert_eq!(poll(&q, 8), Ok(vec![]));
+        let mut next = 0;
+        for round in 0..5u64 {
+            for _ in 0..=round % 4 {
+                push(&q, next);
+                next += 1;
+            }
+            let want: Vec<u64> = (next - 1 - round % 4..next).collect();
+            // Taken in two polls when there are several: the second goes on where the first
+            // stopped.
+            let mut got = poll(&q, 1).expect("no overrun");
+            got.extend(poll(&q, 8).expect("no overrun"));
+            assert_eq!(got, want, "round {round}");
+            assert_eq!(poll(&q, 8), Ok(vec![]));
+        }
+        assert_eq!(q.produced(), next);
+    }
+
+    /// A ring that fills loses what does not fit, says so once, and keeps what it had.
+    #[test]
+    fn overrun_is_reported_once_and_keeps_the_entries() {
+        let q = cq(4, false);
+        for i in 0..6 {
+            push(&q, i);
+        }
+        assert_eq!(q.produced(), 6, "every completion counts for WAIT");
+        assert_eq!(poll(&q, 8), Err(()));
+        assert_eq!(poll(&q, 8), Ok(vec![0, 1, 2, 3]));
+        push(&q, 6);
+        assert_eq!(poll(&q, 8), Ok(vec![6]));
+    }
+
+    /// A CQ that is only waited on overwrites its oldest entries; a poll then takes the
+    /// last ring's worth, in order.
+    #[test]
+    fn an_overwritten_ring_is_polled_from_what_is_left() {
+        let q = cq(4, true);
+        for i in 0..11 {
+            push(&q, i);
+        }
+        assert_eq!(poll(&q, 16), Ok(vec![7, 8, 9, 10]));
+        assert_eq!(poll(&q, 16), Ok(vec![]));
+        push(&q, 11);
+        assert_eq!(poll(&q, 16), Ok(vec![11]));
+    }
+
+    /// A producer and a poller on two threads, the producer never more than a ring ahead:
+    /// every entry arrives once, whole and in order, across many passes.
+    #[test]
+    fn a_concurrent_poller_sees_every_entry_in_order() {
+        let n: u64 = if cfg!(miri) { 300 } else { 200_000 };
+        let q = Arc::new(cq(16, false));
+        let taken = Arc::new(AtomicU64::new(0));
+        let producer = {
+            let (q, taken) = (Arc::clone(&q), Arc::clone(&taken));
+            std::thread::spawn(move || {
+                for i in 0..n {
+                    while i - taken.load(Ordering::Acquire) >= 16 {
+                        std::thread::yield_now();
+                    }
+                    push(&q, i);
+                }
+            })
+        };
+        let mut next = 0;
+        while next < n {
+            let got = poll(&q, 5).expect("never more than a ring ahead");
+            for id in got {
+                assert_eq!(id, next);
+                next += 1;
+            }
+            taken.store(next, Ordering::Release);
+            if next < n {
+                std::thread::yield_now();
+            }
+        }
+        producer.join().expect("producer");
+        assert_eq!(q.produced(), n);
     }
 }
