@@ -569,14 +569,23 @@ fn poll_chain(nic: &SoftNic, cq: Cqn, target: u64, last_wr_id: u64) -> Result<()
             return Err(format!("error completion polled: {c:?}"));
         }
         if out.last().is_some_and(|c| c.wr_id == last_wr_id) {
-            // The chain's completions come in order, so this is its last; the count must say so.
-            let p = nic.cq_produced(cq).ctx("cq_produced")?;
-            if p != target {
-                return Err(format!(
-                    "last completion polled with CQ {cq} at {p} completions, expected {target}"
-                ));
+            // The chain's completions come in order, so this is its last. The count is
+            // published right after the entry: it must reach the chain's end, and no more.
+            let mut backoff = Backoff::new(128, None);
+            loop {
+                let p = nic.cq_produced(cq).ctx("cq_produced")?;
+                if p > target {
+                    return Err(format!(
+                        "CQ {cq} counts {p} completions after the chain's last, expected {target}"
+                    ));
+                }
+                if p == target {
+                    return Ok(());
+                }
+                backoff.pause(WaitMode::Spin).map_err(|()| {
+                    format!("CQ {cq} counts {p} after its last entry was polled, not {target}")
+                })?;
             }
-            return Ok(());
         }
     }
 }

@@ -179,11 +179,6 @@ impl CqShared {
                 p.consumed_seen = self.consumed.0.load(Ordering::Acquire);
                 full = p.produced - p.consumed_seen >= self.depth;
             }
-            // Every completion counts for WAIT, whether or not the ring had room for it;
-            // counted before its entry is published, so a poller that sees the entry sees
-            // the count include it.
-            let total = self.produced.0.load(Ordering::Relaxed) + 1;
-            self.produced.0.store(total, Ordering::Release);
             if full && !self.ignore_overrun {
                 // The entry is lost, as on hardware; the poller learns of it.
                 self.overrun.store(true, Ordering::Release);
@@ -210,6 +205,12 @@ impl CqShared {
                 slot.words[OP_OWN_WORD].store(word(&b[OP_OWN_WORD * 8..]), Ordering::Release);
                 p.produced += 1;
             }
+            // Every completion counts for WAIT, whether or not the ring had room for it.
+            // Counted after its entry (or the overrun) is published, so whoever sees the
+            // count can poll what it counts; a poller that takes the entry may see the
+            // count reach it a moment later.
+            let total = self.produced.0.load(Ordering::Relaxed) + 1;
+            self.produced.0.store(total, Ordering::Release);
             p.notify.take()
         };
         // Most pushes wake nobody: the call is only made when someone waits.
@@ -422,7 +423,8 @@ mod tests {
     }
 
     /// A producer and a poller on two threads, the producer never more than a ring ahead:
-    /// every entry arrives once, whole and in order, across many passes.
+    /// every entry arrives once, whole and in order, across many passes, and whatever the
+    /// count says was produced can be polled at once.
     #[test]
     fn a_concurrent_poller_sees_every_entry_in_order() {
         let n: u64 = if cfg!(miri) { 300 } else { 200_000 };
@@ -441,7 +443,13 @@ mod tests {
         };
         let mut next = 0;
         while next < n {
-            let got = poll(&q, 5).expect("never more than a ring ahead");
+            let counted = q.produced();
+            let got = poll(&q, 16).expect("never more than a ring ahead");
+            assert!(
+                next + got.len() as u64 >= counted,
+                "the count said {counted}, but only {} were there to poll",
+                next + got.len() as u64
+            );
             for id in got {
                 assert_eq!(id, next);
                 next += 1;
