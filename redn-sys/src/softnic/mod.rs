@@ -655,20 +655,14 @@ impl Nic for SoftNic {
     }
 
     fn poll_cq(&self, cq: Cqn, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
-        // Hosts spin on this: no Arc clone, so a poll that finds nothing writes none of the
-        // CQ's cache lines (the reference count shares one with its lock).
         self.shared
-            .cqs
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&cq.0)
-            .ok_or(Error::NoSuchCq(cq))?
+            .cq(cq)?
             .poll(max, out)
             .map_err(|()| Error::CqOverrun(cq))
     }
 
     fn cq_produced(&self, cq: Cqn) -> Result<u64> {
-        // No Arc clone, as in `poll_cq`.
+        // Hosts spin on this: no Arc clone, so the poller does not write the CQ's cache lines.
         self.shared
             .cqs
             .read()
