@@ -942,10 +942,10 @@ fn latency_section(
 
     if slopes.iter().any(|sl| sl.target) {
         println!(
-            "   (count detection costs the PU too: the host spins on the CQ count that every \
-             step's completion bumps, so each step\n    moves that cache line to the host's core \
-             and back, and the PU waits for it. A poll reads only the next CQE, as a verbs\n    \
-             host does, and flag detection keeps the host off the PU's lines.)"
+            "   (poll and count detection cost the PU too: the host reads lines every step's \
+             completion writes (the CQ's lock and\n    entries, or its count), so they move to \
+             the host's core and back while the chain runs; flag detection keeps the host\n    \
+             off the PU's lines.)"
         );
     }
 
