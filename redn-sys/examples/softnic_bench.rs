@@ -943,9 +943,9 @@ fn latency_section(
     if slopes.iter().any(|sl| sl.target) {
         println!(
             "   (poll and count detection cost the PU too: the host reads lines every step's \
-             completion writes (the CQ's lock and\n    entries, or its count), so they move to \
-             the host's core and back while the chain runs; flag detection keeps the host\n    \
-             off the PU's lines.)"
+             completion writes (each CQ entry, or the\n    count), so they move to the host's \
+             core and back while the chain runs; flag detection keeps the host off the\n    \
+             PU's lines.)"
         );
     }
 

@@ -330,11 +330,13 @@ pub trait Nic: Send + Sync {
     fn note_posted(&self, qp: Qpn, pi: u64, end: u64, wr_id: u64) -> Result<()>;
     /// Tell the NIC that the receive ring holds `n` receives written straight into it.
     fn note_recvs_posted(&self, qp: Qpn, n: u64) -> Result<()>;
-    /// Take up to `max` completions off a CQ: how a host waits for completions, as with
-    /// `ibv_poll_cq`.
+    /// Take up to `max` completions off a CQ. This is how a host waits for completions: a
+    /// poll that finds none reads the next entry only, as a verbs consumer reads the next
+    /// CQE, and disturbs the NIC writing them no more than that.
     fn poll_cq(&self, cq: Cqn, max: usize, out: &mut Vec<Completion>) -> Result<usize>;
-    /// Completions a CQ has produced since creation (what WAIT counts): the NIC's own count,
-    /// which no verbs host can read on a ConnectX, exposed for tests, tools and WAIT targets.
+    /// Completions a CQ has produced since creation (what WAIT counts). The NIC's own
+    /// count, exposed for tests, tools and WAIT targets; every completion writes it, so a
+    /// host that spins on it slows the queues producing into the CQ (poll instead).
     fn cq_produced(&self, cq: Cqn) -> Result<u64>;
     /// Arm a CQ (`ibv_req_notify_cq`): the first completion it gets after this call puts one
     /// event on `channel`, then the CQ is disarmed. Completions already there do not count,

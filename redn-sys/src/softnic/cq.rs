@@ -5,31 +5,88 @@ use super::spin::SpinLock;
 use super::CacheLine;
 use crate::nic::{CompChannel, Completion};
 use crate::types::Cqn;
-use crate::wqe::{Cqe, Syndrome, CQE_SIZE};
+use crate::wqe::{Cqe, CqeOpcode, Syndrome, CQE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-struct CqRing {
-    cqes: Box<[[u8; CQE_SIZE]]>,
-    wr_ids: Box<[u64]>,
+/// What a CQ's producer lock guards.
+struct Producer {
     /// Entries written into the ring (lost ones excluded).
     produced: u64,
-    consumed: u64,
+    /// The consumer index as last read (`CqShared::consumed`): the ring has room while
+    /// `produced` is less than a ring ahead of it, and only then is it read again.
+    consumed_seen: u64,
     /// Armed by `req_notify`: the next push signals this channel and disarms.
     notify: Option<CompChannel>,
 }
 
-/// One completion queue. Any processing unit (or a peer's) may produce into it; the host polls.
+/// One CQE64 in the ring, as eight words: the producer writes the word that holds the
+/// owner bit last (release), so a poller that sees an entry valid for its index (owner bit
+/// and opcode, [`entry_valid`]) sees all of it. One line each. The entry's wr_id is kept in
+/// its first eight bytes ([`WR_ID_WORD`]), reserved in a requester CQE64 (mlx5 puts
+/// inline-scattered data there only with scatter-to-CQE, which the softnic does not do)
+/// and not read by `Cqe::decode`: a poller then reads one line an entry, where an array
+/// of wr_ids beside the ring put eight entries' on one line that the producer went on
+/// writing after the poller had read it.
+#[repr(C, align(64))]
+struct CqeSlot {
+    words: [AtomicU64; CQE_SIZE / 8],
+}
+
+/// The byte of a CQE64 that holds the opcode (high nibble) and the owner bit (bit 0), and
+/// the word it is in.
+const OP_OWN: usize = CQE_SIZE - 1;
+const OP_OWN_WORD: usize = OP_OWN / 8;
+/// The word of a slot that holds its wr_id (see [`CqeSlot`]).
+const WR_ID_WORD: usize = 0;
+
+/// A slot nobody has written: an invalid opcode (mlx5's 0xf), and an owner bit that is not
+/// the first pass's.
+const OP_OWN_EMPTY: u8 = 0xf1;
+
+/// True if `op_own` (byte [`OP_OWN`] of a slot) holds the entry of the pass over a ring of
+/// `depth` entries that index `at` belongs to: its owner bit is that pass's (it flips each
+/// pass, as mlx5's does) and its opcode is a valid one.
+#[inline(always)]
+fn entry_valid(op_own: u8, at: u64, depth: u64) -> bool {
+    (op_own & 1 == 1) == (at & depth != 0) && CqeOpcode::from_nibble(op_own >> 4).is_some()
+}
+
+/// One completion queue. Any processing unit (or a peer's) may produce into it; hosts poll.
+///
+/// Producers and pollers share no lock and no written line but the entries themselves:
+/// producers push under `producer`, pollers take entries under `consumer` and publish how
+/// far they got in `consumed`, which producers read only when the ring looks full. Why: a
+/// verbs host polls each completion as it comes, and with one lock for both, every poll
+/// took the lock's line (and the consumer index's) from the PU, whose next push then
+/// waited for it: a doorbell-ordered chain polled that way took 200+ ns a step instead
+/// of ~60 (`softnic_bench`, poll detection).
 pub(crate) struct CqShared {
     pub(crate) cqn: Cqn,
     depth: u64,
     ignore_overrun: bool,
-    /// Taken for a few instructions per push or poll (see `spin`).
-    ring: SpinLock<CqRing>,
-    /// Completions produced since creation: what WAIT counts. Written under `ring`'s lock;
-    /// on its own cache line, since waiters on other threads read it constantly.
+    /// Taken for a few instructions per push (see `spin`). On a line of its own, as is
+    /// each of the pollers' lock, `consumed`, `produced` and `lapped`: what a poll reads or
+    /// writes shares no line with what a push writes, but the entries. (With the two locks
+    /// on one line, each poll took the PU's line away, and a doorbell-ordered chain polled
+    /// by its host took 140-680 ns a step instead of 60-80, `softnic_bench --detect poll`.)
+    producer: CacheLine<SpinLock<Producer>>,
+    /// Serializes pollers (several host threads may poll one CQ); on a line of its own, as
+    /// the pollers' lock should not share one with anything a producer writes.
+    consumer: CacheLine<SpinLock<()>>,
+    /// The entries, written under the producer lock.
+    cqes: Box<[CqeSlot]>,
+    /// Entries taken by pollers (written under `consumer`).
+    consumed: CacheLine<AtomicU64>,
+    /// Completions produced since creation: what WAIT counts. Written under `producer`; on
+    /// its own cache line, since waiters on other threads read it constantly. Every
+    /// completion writes it, so a host that spins on it takes the line from the producing
+    /// PU each time: hosts poll the entries instead.
     produced: CacheLine<AtomicU64>,
     overrun: AtomicBool,
+    /// Set by a producer that overwrote an entry no poller had taken (only an
+    /// only-waited-on CQ does): the next poll skips to what is left. Written only then.
+    lapped: CacheLine<AtomicBool>,
     /// Bit i set: a queue on PU i has waited on this CQ, so PU i is told of new completions.
     waiters: AtomicU64,
     pus: Arc<PuSet>,
@@ -44,15 +101,27 @@ impl CqShared {
             cqn,
             depth,
             ignore_overrun,
-            ring: SpinLock::new(CqRing {
-                cqes: vec![[0u8; CQE_SIZE]; depth as usize].into_boxed_slice(),
-                wr_ids: vec![0u64; depth as usize].into_boxed_slice(),
+            producer: CacheLine(SpinLock::new(Producer {
                 produced: 0,
-                consumed: 0,
+                consumed_seen: 0,
                 notify: None,
-            }),
+            })),
+            consumer: CacheLine(SpinLock::new(())),
+            cqes: (0..depth)
+                .map(|_| CqeSlot {
+                    words: std::array::from_fn(|i| {
+                        let mut w = [0u8; 8];
+                        if i == OP_OWN_WORD {
+                            w[OP_OWN % 8] = OP_OWN_EMPTY;
+                        }
+                        AtomicU64::new(u64::from_ne_bytes(w))
+                    }),
+                })
+                .collect(),
+            consumed: CacheLine(AtomicU64::new(0)),
             produced: CacheLine(AtomicU64::new(0)),
             overrun: AtomicBool::new(false),
+            lapped: CacheLine(AtomicBool::new(false)),
             waiters: AtomicU64::new(0),
             pus,
             users: AtomicU64::new(0),
@@ -66,7 +135,7 @@ impl CqShared {
     }
 
     /// Remember that a queue on `pu` waits for this CQ. The caller re-reads `produced()`
-    /// afterwards. No wake-up is lost: a PU's bit is set once, under the ring's lock, and
+    /// afterwards. No wake-up is lost: a PU's bit is set once, under the producer lock, and
     /// then stays, so every push either ran its critical section before the bit was set (and
     /// the caller's re-read, which follows the lock, sees its count) or after (and its
     /// `wake`, which follows the lock, sees the bit). That is why `push` needs no
@@ -75,16 +144,16 @@ impl CqShared {
     pub(crate) fn add_waiter(&self, pu: usize) {
         let bit = 1u64 << pu;
         if self.waiters.load(Ordering::Relaxed) & bit == 0 {
-            let _ring = self.ring.lock();
+            let _producer = self.producer.0.lock();
             self.waiters.fetch_or(bit, Ordering::Relaxed);
         }
     }
 
-    /// Arm the CQ: its next completion signals `channel`. Under the ring's lock, as `push`
+    /// Arm the CQ: its next completion signals `channel`. Under the producer lock, as `push`
     /// checks it, so a completion either comes after the arming (and signals) or before it
     /// (and whoever armed sees it when they poll or read the count next).
     pub(crate) fn req_notify(&self, channel: &CompChannel) {
-        let old = self.ring.lock().notify.replace(channel.clone());
+        let old = self.producer.0.lock().notify.replace(channel.clone());
         // Dropped after the lock (it may be the last reference).
         drop(old);
     }
@@ -102,28 +171,47 @@ impl CqShared {
     #[inline(always)]
     pub(crate) fn push_from(&self, mut cqe: Cqe, wr_id: u64, from: Option<(&PuSet, usize)>) {
         let notify = {
-            let mut r = self.ring.lock();
-            let full = r.produced - r.consumed == self.depth;
+            let mut p = self.producer.0.lock();
+            let mut full = p.produced - p.consumed_seen >= self.depth;
+            if full {
+                // Pairs with the poller's release: its reads of the entries it took come
+                // before this push overwrites them.
+                p.consumed_seen = self.consumed.0.load(Ordering::Acquire);
+                full = p.produced - p.consumed_seen >= self.depth;
+            }
             if full && !self.ignore_overrun {
                 // The entry is lost, as on hardware; the poller learns of it.
                 self.overrun.store(true, Ordering::Release);
             } else {
-                if full {
-                    // Only waited on: the oldest entry gives way.
-                    r.consumed += 1;
+                if full && !self.lapped.0.load(Ordering::Relaxed) {
+                    // Only waited on: the oldest entry gives way, and the poller is told.
+                    self.lapped.0.store(true, Ordering::Relaxed);
                 }
-                let slot = (r.produced & (self.depth - 1)) as usize;
+                let at = (p.produced & (self.depth - 1)) as usize;
                 // The owner bit flips each pass over the ring (depth is a power of two, so
                 // this is bit log2(depth) of the count: no division on the hot path).
-                cqe.owner = r.produced & self.depth != 0;
-                cqe.encode_into(&mut r.cqes[slot]);
-                r.wr_ids[slot] = wr_id;
-                r.produced += 1;
+                cqe.owner = p.produced & self.depth != 0;
+                let mut b = [0u8; CQE_SIZE];
+                cqe.encode_into(&mut b);
+                let slot = &self.cqes[at];
+                for (i, (w, v)) in slot.words.iter().zip(b.chunks_exact(8)).enumerate() {
+                    if i == WR_ID_WORD {
+                        w.store(wr_id, Ordering::Relaxed);
+                    } else if i != OP_OWN_WORD {
+                        w.store(word(v), Ordering::Relaxed);
+                    }
+                }
+                // Last, so a poller that sees it valid sees the rest (see `poll`).
+                slot.words[OP_OWN_WORD].store(word(&b[OP_OWN_WORD * 8..]), Ordering::Release);
+                p.produced += 1;
             }
             // Every completion counts for WAIT, whether or not the ring had room for it.
+            // Counted after its entry (or the overrun) is published, so whoever sees the
+            // count can poll what it counts; a poller that takes the entry may see the
+            // count reach it a moment later.
             let total = self.produced.0.load(Ordering::Relaxed) + 1;
             self.produced.0.store(total, Ordering::Release);
-            r.notify.take()
+            p.notify.take()
         };
         // Most pushes wake nobody: the call is only made when someone waits.
         if notify.is_some() || self.waiters.load(Ordering::Relaxed) != 0 {
@@ -137,8 +225,8 @@ impl CqShared {
     }
 
     /// Tell the PUs waiting on this CQ, and the channel it was armed for, if any. Called
-    /// after the ring's lock is released: see `add_waiter` for why a relaxed load sees every
-    /// bit it must.
+    /// after the producer lock is released: see `add_waiter` for why a relaxed load sees
+    /// every bit it must.
     #[inline(never)]
     fn wake(&self, notify: Option<CompChannel>, from: Option<(&PuSet, usize)>) {
         if let Some(channel) = notify {
@@ -156,24 +244,75 @@ impl CqShared {
     }
 
     /// Take up to `max` completions. `Err` once if completions were lost to overrun.
+    ///
+    /// A poll that finds nothing takes no lock and writes nothing: it reads the consumer
+    /// index and the next entry's owner byte, as a verbs consumer reads the next CQE.
     pub(crate) fn poll(&self, max: usize, out: &mut Vec<Completion>) -> Result<usize, ()> {
-        if self.overrun.swap(false, Ordering::AcqRel) {
+        if self.overrun.load(Ordering::Relaxed) && self.overrun.swap(false, Ordering::AcqRel) {
             return Err(());
+        }
+        if max == 0
+            || !(self.lapped.0.load(Ordering::Relaxed)
+                || self.holds(self.consumed.0.load(Ordering::Relaxed)))
+        {
+            return Ok(0);
         }
         // Room first, so the loop below never allocates while it holds the lock.
         out.reserve(max.min(self.depth as usize));
-        let mut r = self.ring.lock();
+        let _consumer = self.consumer.0.lock();
+        let mut c = self.consumed.0.load(Ordering::Relaxed);
+        // Only an only-waited-on CQ overwrites entries nobody took; this poller then takes
+        // what is left, the last ring's worth (such a CQ writes an entry for every
+        // completion, so its count is its producer index).
+        let resync = |c: u64| c.max(self.produced().saturating_sub(self.depth));
+        if self.lapped.0.swap(false, Ordering::Relaxed) {
+            c = resync(c);
+        }
         let mut n = 0;
-        while n < max && r.consumed < r.produced {
-            let slot = (r.consumed & (self.depth - 1)) as usize;
-            if let Some(cqe) = Cqe::decode(&r.cqes[slot]) {
-                out.push(completion_of(cqe, r.wr_ids[slot]));
+        while n < max && self.holds(c) {
+            let at = (c & (self.depth - 1)) as usize;
+            let slot = &self.cqes[at].words;
+            let mut b = [0u8; CQE_SIZE];
+            for (d, w) in b.chunks_exact_mut(8).zip(slot) {
+                d.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+            }
+            let wr_id = word(&b[WR_ID_WORD * 8..]);
+            if self.ignore_overrun && !self.holds(c) {
+                // Overwritten while it was read (a pass later; a poller stalled for two
+                // passes of an only-waited-on CQ may take a later entry for this one, as
+                // polling such a CQ on hardware is undefined): start again from what is
+                // left.
+                c = resync(c);
+                continue;
+            }
+            if let Some(cqe) = Cqe::decode(&b) {
+                out.push(completion_of(cqe, wr_id));
                 n += 1;
             }
-            r.consumed += 1;
+            c += 1;
         }
+        // Release: a producer that reads this index (acquire) reuses the entries after the
+        // reads above.
+        self.consumed.0.store(c, Ordering::Release);
         Ok(n)
     }
+
+    /// True if the entry at index `at` has been written (its owner byte, read with acquire:
+    /// the producer stores it last).
+    #[inline]
+    fn holds(&self, at: u64) -> bool {
+        let w = self.cqes[(at & (self.depth - 1)) as usize].words[OP_OWN_WORD]
+            .load(Ordering::Acquire);
+        entry_valid(w.to_ne_bytes()[OP_OWN % 8], at, self.depth)
+    }
+}
+
+/// Eight bytes of an encoded CQE as the word they make in memory.
+#[inline(always)]
+fn word(b: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[..8]);
+    u64::from_ne_bytes(w)
 }
 
 fn completion_of(cqe: Cqe, wr_id: u64) -> Completion {
