@@ -476,10 +476,11 @@ fn run_chain(
     if detect == Detect::Poll {
         // Take what earlier chains left (count- and flag-detected ones are not polled), so
         // that the polls timed below see this chain's completions only.
-        let cq = lq.cqns()[lq.cqns().len() - 1];
-        let mut out = Vec::new();
-        while nic.poll_cq(cq, 256, &mut out).ctx("poll_cq")? > 0 {
-            out.clear();
+        if let Some(&cq) = lq.cqns().last() {
+            let mut out = Vec::new();
+            while nic.poll_cq(cq, 256, &mut out).ctx("poll_cq")? > 0 {
+                out.clear();
+            }
         }
     }
     let (db, cq, target): (&SqWriter, Cqn, u64) = match lq {
@@ -571,21 +572,14 @@ fn poll_chain(nic: &SoftNic, cq: Cqn, target: u64, last_wr_id: u64) -> Result<()
         if out.last().is_some_and(|c| c.wr_id == last_wr_id) {
             // The chain's completions come in order, so this is its last. The count is
             // published right after the entry: it must reach the chain's end, and no more.
-            let mut backoff = Backoff::new(128, None);
-            loop {
-                let p = nic.cq_produced(cq).ctx("cq_produced")?;
-                if p > target {
-                    return Err(format!(
-                        "CQ {cq} counts {p} completions after the chain's last, expected {target}"
-                    ));
-                }
-                if p == target {
-                    return Ok(());
-                }
-                backoff.pause(WaitMode::Spin).map_err(|()| {
-                    format!("CQ {cq} counts {p} after its last entry was polled, not {target}")
-                })?;
+            wait_cq(nic, cq, target, WaitMode::Spin)?;
+            let p = nic.cq_produced(cq).ctx("cq_produced")?;
+            if p != target {
+                return Err(format!(
+                    "CQ {cq} counts {p} completions after the chain's last, expected {target}"
+                ));
             }
+            return Ok(());
         }
     }
 }

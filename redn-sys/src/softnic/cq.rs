@@ -187,13 +187,12 @@ impl CqShared {
                     // Only waited on: the oldest entry gives way, and the poller is told.
                     self.lapped.0.store(true, Ordering::Relaxed);
                 }
-                let at = (p.produced & (self.depth - 1)) as usize;
                 // The owner bit flips each pass over the ring (depth is a power of two, so
                 // this is bit log2(depth) of the count: no division on the hot path).
                 cqe.owner = p.produced & self.depth != 0;
                 let mut b = [0u8; CQE_SIZE];
                 cqe.encode_into(&mut b);
-                let slot = &self.cqes[at];
+                let slot = self.slot(p.produced);
                 for (i, (w, v)) in slot.words.iter().zip(b.chunks_exact(8)).enumerate() {
                     if i == WR_ID_WORD {
                         w.store(wr_id, Ordering::Relaxed);
@@ -270,10 +269,8 @@ impl CqShared {
         }
         let mut n = 0;
         while n < max && self.holds(c) {
-            let at = (c & (self.depth - 1)) as usize;
-            let slot = &self.cqes[at].words;
             let mut b = [0u8; CQE_SIZE];
-            for (d, w) in b.chunks_exact_mut(8).zip(slot) {
+            for (d, w) in b.chunks_exact_mut(8).zip(&self.slot(c).words) {
                 d.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
             }
             let wr_id = word(&b[WR_ID_WORD * 8..]);
@@ -301,9 +298,14 @@ impl CqShared {
     /// the producer stores it last).
     #[inline]
     fn holds(&self, at: u64) -> bool {
-        let w = self.cqes[(at & (self.depth - 1)) as usize].words[OP_OWN_WORD]
-            .load(Ordering::Acquire);
+        let w = self.slot(at).words[OP_OWN_WORD].load(Ordering::Acquire);
         entry_valid(w.to_ne_bytes()[OP_OWN % 8], at, self.depth)
+    }
+
+    /// The ring slot of entry index `at` (depth is a power of two).
+    #[inline(always)]
+    fn slot(&self, at: u64) -> &CqeSlot {
+        &self.cqes[(at & (self.depth - 1)) as usize]
     }
 }
 

@@ -220,6 +220,12 @@ struct Snaps {
 const DERIVED: u8 = 1;
 const HOT_SHIFT: u32 = 1;
 
+/// A slot's flags once something was derived from its bytes, of hot kind `hot`.
+#[inline(always)]
+fn derived_flags(hot: u8) -> u8 {
+    hot << HOT_SHIFT | DERIVED
+}
+
 impl Snaps {
     fn new(n: usize) -> Snaps {
         Snaps {
@@ -248,7 +254,7 @@ impl Snaps {
     /// Mark slot `i` derived, of hot kind `hot`.
     #[inline(always)]
     fn set_derived(&mut self, i: usize, hot: u8) {
-        self.flags[i] = hot << HOT_SHIFT | DERIVED;
+        self.flags[i] = derived_flags(hot);
     }
 
     /// Slot `i`'s snapshot and its flags, borrowed together.
@@ -1295,8 +1301,8 @@ impl Core {
     /// The fast path's one-segment WRITE or READ to an in-process peer, from its snapshot
     /// `e` (`flags`, its [`Snaps::flags`]): through what was resolved from these bytes if
     /// that still holds, else checked and resolved (and kept in `e`, hot if unsignaled and
-    /// WQE checks are off). Returns the
-    /// bytes moved, or None if `execute` must run it (it reports the refusal).
+    /// WQE checks are off). Returns the bytes moved, or None if `execute` must run it (it
+    /// reports the refusal).
     // Out of line: a hot slot's repeats run in `run_hot`, and kept out, this arm no longer
     // weighs on the register allocation of the fast path's loop (control chains run there).
     #[inline(never)]
@@ -1356,7 +1362,7 @@ impl Core {
                 (false, true) => HOT_WRITE,
                 (false, false) => HOT_READ,
             };
-            *flags = hot << HOT_SHIFT | DERIVED;
+            *flags = derived_flags(hot);
             *e = Snapshot {
                 bytes: e.bytes,
                 local_epoch,

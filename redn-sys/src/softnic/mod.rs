@@ -131,12 +131,14 @@ impl Shared {
     /// Run `f` on a queue pair without cloning its Arc: hosts poll these, and an Arc clone
     /// writes the reference count that shares a cache line with fields the PU reads.
     pub(crate) fn with_qp<T>(&self, qpn: Qpn, f: impl FnOnce(&QpShared) -> T) -> Result<T> {
-        self.qps
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&qpn.0)
-            .map(|q| f(q))
-            .ok_or(Error::NoSuchQp(qpn))
+        with_object(&self.qps, qpn.0, f).ok_or(Error::NoSuchQp(qpn))
+    }
+
+    /// Run `f` on a CQ without cloning its Arc, as `with_qp` does for queue pairs: hosts
+    /// poll these, and an Arc clone writes the reference count, which shares a cache line
+    /// with the CQ's fields.
+    pub(crate) fn with_cq<T>(&self, cqn: Cqn, f: impl FnOnce(&CqShared) -> T) -> Result<T> {
+        with_object(&self.cqs, cqn.0, f).ok_or(Error::NoSuchCq(cqn))
     }
 
     pub(crate) fn cq(&self, cqn: Cqn) -> Result<Arc<CqShared>> {
@@ -147,6 +149,20 @@ impl Shared {
             .cloned()
             .ok_or(Error::NoSuchCq(cqn))
     }
+}
+
+/// Run `f` on object `n` of `table` under its read lock, without cloning its Arc (see
+/// `Shared::with_qp`); None if there is no such object.
+fn with_object<O, T>(
+    table: &RwLock<HashMap<u32, Arc<O>>>,
+    n: u32,
+    f: impl FnOnce(&O) -> T,
+) -> Option<T> {
+    table
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&n)
+        .map(|o| f(o))
 }
 
 /// A software RDMA NIC. Dropping it stops its processing units.
@@ -655,27 +671,14 @@ impl Nic for SoftNic {
     }
 
     fn poll_cq(&self, cq: Cqn, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
-        // Hosts spin on this: no Arc clone, so a poll that finds nothing writes none of the
-        // CQ's cache lines (the reference count shares one with its lock).
+        // Hosts spin on this: a poll that finds nothing writes none of the CQ's lines.
         self.shared
-            .cqs
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&cq.0)
-            .ok_or(Error::NoSuchCq(cq))?
-            .poll(max, out)
+            .with_cq(cq, |c| c.poll(max, out))?
             .map_err(|()| Error::CqOverrun(cq))
     }
 
     fn cq_produced(&self, cq: Cqn) -> Result<u64> {
-        // No Arc clone, as in `poll_cq`.
-        self.shared
-            .cqs
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&cq.0)
-            .map(|c| c.produced())
-            .ok_or(Error::NoSuchCq(cq))
+        self.shared.with_cq(cq, CqShared::produced)
     }
 
     fn req_notify_cq(&self, cq: Cqn, channel: &CompChannel) -> Result<()> {
