@@ -173,7 +173,11 @@ impl CqShared {
         let notify = {
             let mut p = self.producer.0.lock();
             let mut full = p.produced - p.consumed_seen >= self.depth;
-            if full {
+            // An only-waited-on CQ that has already lapped its poller overwrites without
+            // asking how far the poller got (it has not polled since, or the flag would be
+            // down): a CQ nobody polls (a doorbell chain's, watched by its WAITs alone) is
+            // full at every push.
+            if full && !(self.ignore_overrun && self.lapped.0.load(Ordering::Relaxed)) {
                 // Pairs with the poller's release: its reads of the entries it took come
                 // before this push overwrites them.
                 p.consumed_seen = self.consumed.0.load(Ordering::Acquire);
@@ -422,6 +426,24 @@ mod tests {
         assert_eq!(poll(&q, 16), Ok(vec![]));
         push(&q, 11);
         assert_eq!(poll(&q, 16), Ok(vec![11]));
+    }
+
+    /// Pushes into a ring that has lapped its poller overwrite without reading the consumer
+    /// index; a poller that then takes part of what is left still gets the rest, and what
+    /// comes after, with nothing skipped or repeated.
+    #[test]
+    fn a_lapped_ring_polled_in_parts_loses_nothing_after() {
+        let q = cq(4, true);
+        for i in 0..11 {
+            push(&q, i);
+        }
+        assert_eq!(poll(&q, 2), Ok(vec![7, 8]));
+        push(&q, 11);
+        assert_eq!(poll(&q, 16), Ok(vec![9, 10, 11]));
+        for i in 12..15 {
+            push(&q, i);
+        }
+        assert_eq!(poll(&q, 16), Ok(vec![12, 13, 14]));
     }
 
     /// A producer and a poller on two threads, the producer never more than a ring ahead:

@@ -384,16 +384,22 @@ fn fetch_into(ring: &[AtomicU64], geo: Geometry, snap: &mut Snaps, index: u64) {
 /// chain's ring lines were just written by the host or another PU, on another core, and a
 /// doorbell step reads three of them; hinted a few steps ahead, the transfer overlaps the
 /// steps before instead of stalling the one that needs it.
+///
+/// Slot `index` of `ring` ([`Geometry::ring`]) is found as [`Geometry::slot`] finds it, but
+/// without its bound check: a hint needs an address, not a reference, and one that was out
+/// of bounds would still be harmless (it cannot be: the mask keeps it inside the ring).
 #[inline(always)]
-fn warm(slot: &[AtomicU64; 8]) {
+fn warm(ring: &[AtomicU64], geo: &Geometry, index: u64) {
+    let at = (index as u32 & geo.ring_mask) as usize * 8;
+    let line = ring.as_ptr().wrapping_add(at);
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    // SAFETY: PREFETCHT0 is only a cache hint: it cannot fault and reads nothing the program
-    // sees; the address comes from a live reference to the slot.
+    // SAFETY: PREFETCHT0 is only a cache hint: it cannot fault, whatever the address, and
+    // reads nothing the program sees.
     unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(slot.as_ptr().cast())
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.cast())
     };
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-    let _ = slot;
+    let _ = line;
 }
 
 /// How many BBs ahead a doorbell step hints the master's ring (see [`warm`]), and the
@@ -757,6 +763,39 @@ impl SqExec {
         outcome
     }
 
+    /// A doorbell step's common case of [`Self::run_enabled`]: the queue was enabled for
+    /// exactly one WQE, a signaled one-BB NOP, with nothing to prefetch behind it; run it
+    /// and return true. False, having run nothing, for anything else (a check, a rate, an
+    /// error or a rate change to pick up, or another WQE), which `run_enabled` then runs.
+    /// `words` and `geo` are this queue's ring (`Geometry::ring`) and geometry, sliced
+    /// once by the caller for all its steps. Why apart: `run_enabled`'s set-up (its loop's
+    /// bounds, the ring's slicing, its tail) was a fifth of a step.
+    #[inline(always)]
+    fn run_enabled_nop(&mut self, words: &[AtomicU64], geo: &Geometry) -> bool {
+        let c = &mut self.core;
+        let ci = c.ci;
+        let limit = c.limit();
+        if ci >= limit
+            || c.wqe_checks
+            || c.limiter.is_active()
+            || c.qp.state() != QpState::ReadyToSend
+            || c.qp.rate_generation.load(Ordering::Acquire) != c.rate_generation
+        {
+            return false;
+        }
+        warm(words, geo, ci + WARM_ENABLED);
+        let f = &mut self.fetcher;
+        if !fetch_signaled_nop(words, geo, &mut f.snap, &mut f.fetched, ci, limit) {
+            return false;
+        }
+        c.count_wqes(OP_NOP, 1);
+        // `retire` publishes the consumed index, as `Core::ran` would.
+        c.retire(ci, ci + 1, CqeOpcode::Req, OP_NOP, 0, 0);
+        c.ci = ci + 1;
+        self.quiet = false;
+        true
+    }
+
     /// Run what a queue on this PU was just enabled for, in a doorbell-ordered chain's step
     /// (see [`Core::run_doorbell_steps`]): its one-BB NOPs here, in a loop that does only
     /// that, and whatever else through the handed-over visit. Why: such a step runs one
@@ -786,7 +825,7 @@ impl SqExec {
             ..
         } = &mut self.fetcher;
         let words = geo.ring(ring.words());
-        warm(geo.slot(words, start + WARM_ENABLED));
+        warm(words, geo, start + WARM_ENABLED);
         let mut ci = start;
         while ci < end {
             if fetch_signaled_nop(words, geo, snap, fetched, ci, limit) {
@@ -1411,19 +1450,46 @@ impl Core {
         let at = siblings.find(qpn, self.handoff_hint)?;
         self.handoff_hint = at;
         let q = siblings.queues[at].as_deref_mut()?;
+        // The enabled queue's ring, sliced once for the whole loop: through the queue's
+        // shared state as this queue's object cache holds it (the SEND_EN found it there),
+        // so that the slice does not borrow the queue, which the loop runs.
+        let owned;
+        let target = match self
+            .objs
+            .qps
+            .iter()
+            .find(|(n, t)| *n == qpn.0 && Arc::ptr_eq(t, &q.core.qp))
+        {
+            Some((_, t)) => t,
+            None => {
+                owned = Arc::clone(&q.core.qp);
+                &owned
+            }
+        };
+        let q_geo = q.fetcher.geo;
+        let q_words = q_geo.ring(target.sq.buffer.words());
         let start = ci;
         let mut slot = ci as usize & (snap.len() - 1);
+        // The WAITs and SEND_ENs run, counted when the loop ends (or before a completion of
+        // this queue, so that whoever sees it sees them counted): nothing else reads them
+        // meanwhile but a host reading counters, which sees them a few steps late at worst.
+        let (mut waits, mut enables) = (0u64, 0u64);
+        // Whether the last SEND_EN left the queue enabled and not yet handed over to.
+        let mut pending = false;
         loop {
             // The WAIT at `ci`: run what it waits for, then compare (the queue holds its send
             // CQ, which cannot be destroyed while the queue exists).
-            warm(geo.slot(words, ci + WARM_MASTER));
-            q.run_enabled();
+            warm(words, geo, ci + WARM_MASTER);
+            if !q.run_enabled_nop(q_words, &q_geo) {
+                q.run_enabled();
+            }
             let w = &snap[slot].bytes;
             if !wait_passed(q.core.qp.send_cq.produced(), be32(w, off::WAIT_PI)) {
                 break;
             }
-            self.count_wqes(OP_WAIT, 1);
+            waits += 1;
             if signaled(w) {
+                self.add_control_counts(&mut waits, &mut enables);
                 self.complete(ci, 1, OP_WAIT, 0);
             }
             ci += 1;
@@ -1441,15 +1507,16 @@ impl Core {
             }
             // On this PU (a sibling): its own index, no locked exchange.
             let advanced = q.core.qp.enabled.advance(be32(w, off::WAIT_PI), true);
-            self.count_wqes(OP_SEND_EN, 1);
+            enables += 1;
             if signaled(w) {
+                self.add_control_counts(&mut waits, &mut enables);
                 self.complete(ci, 1, OP_SEND_EN, 0);
             }
             ci += 1;
             if !advanced {
                 break;
             }
-            self.enabled_here = Some((qpn, cqn));
+            pending = true;
             // And a WAIT on its CQ?
             let Some(at) = self.next_control(words, geo, snap, fetched, ci, end, limit) else {
                 break;
@@ -1459,9 +1526,25 @@ impl Core {
             if w[off::OPCODE] != OP_WAIT || be32(w, off::WAIT_OBJ) != cqn.0 {
                 break;
             }
-            self.enabled_here = None;
+            pending = false;
+        }
+        self.add_control_counts(&mut waits, &mut enables);
+        if pending {
+            self.enabled_here = Some((qpn, cqn));
         }
         (ci > start).then_some(ci)
+    }
+
+    /// Count the WAITs and SEND_ENs [`Self::run_doorbell_steps`] has run since it last did,
+    /// and start again from zero.
+    #[inline(always)]
+    fn add_control_counts(&self, waits: &mut u64, enables: &mut u64) {
+        if *waits != 0 {
+            self.count_wqes(OP_WAIT, std::mem::take(waits));
+        }
+        if *enables != 0 {
+            self.count_wqes(OP_SEND_EN, std::mem::take(enables));
+        }
     }
 
     /// For [`Self::run_doorbell_steps`]: fetch the WQE at `ci` as the fast path does, and
@@ -1564,7 +1647,7 @@ impl Core {
 
     /// Count `n` WQEs of `opcode`.
     #[inline(always)]
-    fn count_wqes(&mut self, opcode: u8, n: u64) {
+    fn count_wqes(&self, opcode: u8, n: u64) {
         bump(&self.qp.counters.wqes[usize::from(opcode & 31)], n);
     }
 
@@ -1668,7 +1751,7 @@ impl Core {
     /// Completion for the WQE of `bbs` BBs at `ci`.
     // Out of line: the fast path completes in four places, and one call keeps its loop small.
     #[inline(never)]
-    fn complete(&mut self, ci: u64, bbs: u64, opcode: u8, byte_cnt: u32) {
+    fn complete(&self, ci: u64, bbs: u64, opcode: u8, byte_cnt: u32) {
         // WQEs are counted as they run, so whoever sees the completion sees the WQE counted;
         // `retire` frees its ring space first (a host reuses completed WQEs' slots at once).
         self.retire(ci, ci + bbs, CqeOpcode::Req, opcode, byte_cnt, 0);
@@ -1707,7 +1790,9 @@ impl Core {
     }
 
     fn wr_id(&self, ci: u64) -> u64 {
-        self.qp.sq_wr_ids[(ci & (self.qp.sq.entries - 1)) as usize].load(Ordering::Relaxed)
+        // One per ring entry, a power of two: masking by its own length needs no other load.
+        let ids = &self.qp.sq_wr_ids;
+        ids[ci as usize & (ids.len() - 1)].load(Ordering::Relaxed)
     }
 
     /// Gather the payload described by data (or inline) segments `from..ds` into `scratch`.
