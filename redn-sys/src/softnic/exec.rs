@@ -438,13 +438,16 @@ fn fetch_one_bb(
 
 /// [`SqExec::run_enabled`]'s fetch of the WQE at `ci` when it is fetched right before it
 /// runs with nothing to prefetch behind it (a doorbell step's) and is a signaled one-BB NOP:
-/// only its first 16 bytes, into the snapshot; true if so. ConnectX reads a
-/// WQE's `ds` segments, and a NOP's past the control segment do nothing; the snapshot's
-/// other bytes are never read for a WQE that has run (nothing is derived from them: a
-/// snapshot something was derived from is not fetched this way). False for anything else,
-/// which `fetch_one_bb` then fetches whole, reading the ring again: what runs is what that
-/// fetch finds. Why: a doorbell step's enabled queue runs one such NOP, and copying 16
-/// bytes of it instead of 64 took ~10% off a step (`softnic_bench`, interleaved runs).
+/// only its first 16 bytes, and into no snapshot; true if so. ConnectX reads a WQE's `ds`
+/// segments, and a NOP's past the control segment do nothing; and a snapshot is never read
+/// for a WQE that has run unless something was derived from it (compared at the slot's
+/// next fetch), which a slot fetched this way is not: so the slot keeps its old bytes, and
+/// its next fetch copies them whole. False for anything else, which `fetch_one_bb` then
+/// fetches whole, reading the ring again: what runs is what that fetch finds. Why: a
+/// doorbell step's enabled queue runs one such NOP; copying 16 bytes of it instead of 64
+/// took ~10% off a step (`softnic_bench`, interleaved runs), and storing none spares the
+/// step a write to a snapshot line (the snapshots are 128 bytes a ring slot, so each step
+/// would write a line of its own).
 #[inline(always)]
 fn fetch_signaled_nop(
     words: &[AtomicU64],
@@ -469,7 +472,6 @@ fn fetch_signaled_nop(
     {
         return false;
     }
-    snap[slot].bytes[..SEG_SIZE].copy_from_slice(&head);
     *fetched = ci + 1;
     true
 }
