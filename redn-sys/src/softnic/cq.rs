@@ -366,6 +366,13 @@ mod tests {
         cq.push(cqe, i);
     }
 
+    /// Push entries `ids` in order.
+    fn push_all(cq: &CqShared, ids: std::ops::Range<u64>) {
+        for i in ids {
+            push(cq, i);
+        }
+    }
+
     fn poll(cq: &CqShared, max: usize) -> Result<Vec<u64>, ()> {
         let mut out = Vec::new();
         cq.poll(max, &mut out)?;
@@ -404,9 +411,7 @@ mod tests {
     #[test]
     fn overrun_is_reported_once_and_keeps_the_entries() {
         let q = cq(4, false);
-        for i in 0..6 {
-            push(&q, i);
-        }
+        push_all(&q, 0..6);
         assert_eq!(q.produced(), 6, "every completion counts for WAIT");
         assert_eq!(poll(&q, 8), Err(()));
         assert_eq!(poll(&q, 8), Ok(vec![0, 1, 2, 3]));
@@ -419,9 +424,7 @@ mod tests {
     #[test]
     fn an_overwritten_ring_is_polled_from_what_is_left() {
         let q = cq(4, true);
-        for i in 0..11 {
-            push(&q, i);
-        }
+        push_all(&q, 0..11);
         assert_eq!(poll(&q, 16), Ok(vec![7, 8, 9, 10]));
         assert_eq!(poll(&q, 16), Ok(vec![]));
         push(&q, 11);
@@ -434,15 +437,11 @@ mod tests {
     #[test]
     fn a_lapped_ring_polled_in_parts_loses_nothing_after() {
         let q = cq(4, true);
-        for i in 0..11 {
-            push(&q, i);
-        }
+        push_all(&q, 0..11);
         assert_eq!(poll(&q, 2), Ok(vec![7, 8]));
         push(&q, 11);
         assert_eq!(poll(&q, 16), Ok(vec![9, 10, 11]));
-        for i in 12..15 {
-            push(&q, i);
-        }
+        push_all(&q, 12..15);
         assert_eq!(poll(&q, 16), Ok(vec![12, 13, 14]));
     }
 

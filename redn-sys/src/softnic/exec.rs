@@ -99,9 +99,15 @@ impl Geometry {
     /// Ring slot `index` (absolute) in `ring`, from [`Geometry::ring`].
     #[inline(always)]
     fn slot<'w>(&self, ring: &'w [AtomicU64], index: u64) -> &'w [AtomicU64; 8] {
-        // Masked in 32 bits: the offset cannot overflow, so only the end is checked.
-        let at = (index as u32 & self.ring_mask) as usize * 8;
+        let at = self.slot_word(index);
         ring[at..at + 8].try_into().expect("eight words")
+    }
+
+    /// Where in the ring's words slot `index` (absolute) starts. Masked in 32 bits: the
+    /// offset cannot overflow, so [`Geometry::slot`] checks only the end.
+    #[inline(always)]
+    fn slot_word(&self, index: u64) -> usize {
+        (index as u32 & self.ring_mask) as usize * 8
     }
 }
 
@@ -390,8 +396,7 @@ fn fetch_into(ring: &[AtomicU64], geo: Geometry, snap: &mut Snaps, index: u64) {
 /// of bounds would still be harmless (it cannot be: the mask keeps it inside the ring).
 #[inline(always)]
 fn warm(ring: &[AtomicU64], geo: &Geometry, index: u64) {
-    let at = (index as u32 & geo.ring_mask) as usize * 8;
-    let line = ring.as_ptr().wrapping_add(at);
+    let line = ring.as_ptr().wrapping_add(geo.slot_word(index));
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     // SAFETY: PREFETCHT0 is only a cache hint: it cannot fault, whatever the address, and
     // reads nothing the program sees.
@@ -777,12 +782,7 @@ impl SqExec {
         let c = &mut self.core;
         let ci = c.ci;
         let limit = c.limit();
-        if ci >= limit
-            || c.wqe_checks
-            || c.limiter.is_active()
-            || c.qp.state() != QpState::ReadyToSend
-            || c.qp.rate_generation.load(Ordering::Acquire) != c.rate_generation
-        {
+        if ci >= limit || !c.runs_plain() {
             return false;
         }
         warm(words, geo, ci + WARM_ENABLED);
@@ -790,9 +790,8 @@ impl SqExec {
         if !fetch_signaled_nop(words, geo, &mut f.snap, &mut f.fetched, ci, limit) {
             return false;
         }
-        c.count_wqes(OP_NOP, 1);
         // `retire` publishes the consumed index, as `Core::ran` would.
-        c.retire(ci, ci + 1, CqeOpcode::Req, OP_NOP, 0, 0);
+        c.run_signaled_nop(ci);
         c.ci = ci + 1;
         self.quiet = false;
         true
@@ -807,11 +806,7 @@ impl SqExec {
     #[inline(always)]
     fn run_enabled(&mut self) {
         let c = &mut self.core;
-        if c.wqe_checks
-            || c.limiter.is_active()
-            || c.qp.state() != QpState::ReadyToSend
-            || c.qp.rate_generation.load(Ordering::Acquire) != c.rate_generation
-        {
+        if !c.runs_plain() {
             // Checks, a rate, an error to flush or a rate to pick up: the full visit.
             self.run_handed_over(HANDOFF_BUDGET);
             return;
@@ -831,8 +826,7 @@ impl SqExec {
         let mut ci = start;
         while ci < end {
             if fetch_signaled_nop(words, geo, snap, fetched, ci, limit) {
-                c.count_wqes(OP_NOP, 1);
-                c.retire(ci, ci + 1, CqeOpcode::Req, OP_NOP, 0, 0);
+                c.run_signaled_nop(ci);
                 ci += 1;
                 continue;
             }
@@ -967,6 +961,26 @@ impl Core {
         } else {
             self.qp.doorbell.load(Ordering::Acquire)
         }
+    }
+
+    /// True if the queue may run WQEs without the full visit's care: no WQE checks, no
+    /// rate, no error to flush and no rate change to pick up (`SqExec::run_enabled` and
+    /// `SqExec::run_enabled_nop` run only then).
+    #[inline(always)]
+    fn runs_plain(&self) -> bool {
+        !self.wqe_checks
+            && !self.limiter.is_active()
+            && self.qp.state() == QpState::ReadyToSend
+            && self.qp.rate_generation.load(Ordering::Acquire) == self.rate_generation
+    }
+
+    /// Count and complete the signaled one-BB NOP at `ci`, fetched by
+    /// `fetch_signaled_nop`. Inline (not `complete`): this is a doorbell step's one
+    /// completion.
+    #[inline(always)]
+    fn run_signaled_nop(&self, ci: u64) {
+        self.count_wqes(OP_NOP, 1);
+        self.retire(ci, ci + 1, CqeOpcode::Req, OP_NOP, 0, 0);
     }
 
     /// True if a visit has nothing to do: nothing posted (or enabled) past what has run and
