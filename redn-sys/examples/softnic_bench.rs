@@ -684,7 +684,9 @@ fn latency_section(
     println!("   interleaved round-robin. Detection modes:");
     println!("   - \"poll\": host busy-polls the CQ with Nic::poll_cq, taking the completions as");
     println!("     they come, until the last NOP's (a verbs host's ibv_poll_cq loop);");
-    println!("   - \"count\": host busy-polls Nic::cq_produced, the count WAIT compares with, for the");
+    println!(
+        "   - \"count\": host busy-polls Nic::cq_produced, the count WAIT compares with, for the"
+    );
     println!("     last NOP's completion (no verbs host can read that count on a ConnectX);");
     println!(
         "   - \"flag\": the chain ends with one extra 8 B inline WRITE to a host word the host"

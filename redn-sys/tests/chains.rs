@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use redn_sys::nic::{CqConfig, Nic, QpConfig};
-use redn_sys::softnic::{Prefetch, SoftNic};
+use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
 use redn_sys::wqe::{off, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 
 const MODES: [Prefetch; 3] = [
@@ -528,67 +528,46 @@ fn a_queue_parked_on_a_wait_resumes_flushes_and_faults() {
     }
 }
 
-/// A managed queue `q` and a master queue `m` of `sq_bbs` BBs each, each connected to itself.
-fn doorbell_pair(nic: &SoftNic, pd: redn_sys::Pdn, sq_bbs: u32) -> (Endpoint, Endpoint) {
-    let q = endpoint(nic, pd, |c| {
-        c.managed_send = true;
-        c.sq_bbs = sq_bbs;
-    });
-    nic.connect(q.qp.qpn, q.qp.qpn).unwrap();
-    let m = endpoint(nic, pd, |c| c.sq_bbs = sq_bbs);
-    nic.connect(m.qp.qpn, m.qp.qpn).unwrap();
-    (q, m)
-}
-
-/// The master's side of a doorbell-ordered chain of `steps` WQEs on `q`: SEND_EN(q, 1), then
-/// for each further step a WAIT for the previous WQE's completion (q's CQ has counted k) and
-/// SEND_EN(q, k + 1).
-fn doorbell_master(q: &Endpoint, steps: u32) -> Vec<WorkRequest> {
-    let mut master = Vec::new();
-    for k in 0..steps {
-        if k > 0 {
-            let wait = WrOp::Wait {
-                cq: q.cq,
-                count: k - 1,
-            };
-            master.push(wr(0, WqeFlags::NONE, wait));
-        }
-        let enable = WrOp::SendEnable {
-            qp: q.qp.qpn,
-            pi: k + 1,
-        };
-        master.push(wr(0, WqeFlags::NONE, enable));
-    }
-    master
-}
-
 /// In doorbell order on one PU, a SEND_EN hands the PU over to the queue it enables at once,
 /// so the master's next WAIT finds that queue's completion already there: a 100-step chain
-/// runs with no WAIT stall (without the hand-over every step's WAIT blocks once).
+/// runs with no WAIT stall (without the hand-over every step's WAIT blocks once), with WQE
+/// checks off (RedN's setting) and on.
 #[test]
 fn a_doorbell_chain_on_one_pu_hands_over_at_each_enable() {
-    // Fewer under Miri, which runs a step in milliseconds.
-    let steps: u32 = if cfg!(miri) { 12 } else { 100 };
-    let nic = nic(1, Prefetch::Depth(8));
-    let pd = nic.alloc_pd().unwrap();
-    let (q, m) = doorbell_pair(&nic, pd, 256);
-    let nop = WrOp::Nop {
-        raw_segments: vec![],
-    };
-    let nops: Vec<_> = (0..steps)
-        .map(|i| wr(u64::from(i), SIG, nop.clone()))
-        .collect();
-    nic.post_send(q.qp.qpn, &nops).unwrap();
-    nic.post_send(m.qp.qpn, &doorbell_master(&q, steps))
+    for wqe_checks in [false, true] {
+        let nic = SoftNic::new(SoftNicConfig {
+            name: "test".into(),
+            pus: 1,
+            prefetch: Prefetch::Depth(8),
+            wqe_checks,
+        })
         .unwrap();
-    let done = wait_cqes(&nic, q.cq, steps as usize);
-    assert!(done.iter().all(|c| c.is_ok()));
-    assert_eq!(
-        done.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
-        (0..u64::from(steps)).collect::<Vec<_>>()
-    );
-    let stalls = nic.counters(m.qp.qpn).unwrap().wait_stalls;
-    assert_eq!(stalls, 0, "the master's WAITs stalled {stalls} times");
+        // Fewer under Miri, which runs a step in milliseconds.
+        let steps: u32 = if cfg!(miri) { 12 } else { 100 };
+        let pd = nic.alloc_pd().unwrap();
+        let (q, m) = doorbell_pair(&nic, pd, 256);
+        let nop = WrOp::Nop {
+            raw_segments: vec![],
+        };
+        let nops: Vec<_> = (0..steps)
+            .map(|i| wr(u64::from(i), SIG, nop.clone()))
+            .collect();
+        nic.post_send(q.qp.qpn, &nops).unwrap();
+        nic.post_send(m.qp.qpn, &doorbell_master(&q, steps))
+            .unwrap();
+        let done = wait_cqes(&nic, q.cq, steps as usize);
+        assert!(done.iter().all(|c| c.is_ok()), "checks {wqe_checks}");
+        assert_eq!(
+            done.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+            (0..u64::from(steps)).collect::<Vec<_>>(),
+            "checks {wqe_checks}"
+        );
+        let stalls = nic.counters(m.qp.qpn).unwrap().wait_stalls;
+        assert_eq!(
+            stalls, 0,
+            "checks {wqe_checks}: the master's WAITs stalled {stalls} times"
+        );
+    }
 }
 
 /// A WAIT right after a hand-over compares the count the handed-over queue left behind, and

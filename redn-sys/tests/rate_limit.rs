@@ -159,3 +159,61 @@ fn a_throttled_queue_does_not_hold_up_its_pu() {
     );
     assert!(nic.counters(slow.qp.qpn).unwrap().total_wqes() < 50);
 }
+
+/// A rate set on a queue while a doorbell-ordered chain enables it step by step holds it
+/// from the master queue's next visit on: the PU's hand-over loop looks at the enabled
+/// queue's rate when it starts (not each step), and a visit runs at most 256 of the master's
+/// WQEs, so at most 128 steps (a WAIT and a SEND_EN each) run unpaced after the rate is set.
+#[test]
+fn a_rate_set_while_a_doorbell_chain_runs_holds_its_enabled_queue() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    const STEPS: u32 = 4000;
+    let rate = 20_000u64;
+    let nop_count =
+        |nic: &dyn Nic, q: redn_sys::Qpn| nic.counters(q).unwrap().by_opcode(Opcode::Nop);
+    // A chain of 4000 steps runs in well under a millisecond: if this thread was away long
+    // enough for most of it to run before the rate was set, the test says nothing, and the
+    // chain is run again.
+    for _attempt in 0..5 {
+        let nic = nic(1, Prefetch::Depth(8));
+        let pd = nic.alloc_pd().unwrap();
+        let (q, m) = doorbell_pair(&nic, pd, 8192);
+        let nops: Vec<_> = (0..STEPS)
+            .map(|i| {
+                let nop = WrOp::Nop {
+                    raw_segments: vec![],
+                };
+                wr(u64::from(i), SIG, nop)
+            })
+            .collect();
+        nic.post_send(q.qp.qpn, &nops).unwrap();
+        nic.post_send(m.qp.qpn, &doorbell_master(&q, STEPS))
+            .unwrap();
+        wait_until("the chain runs", || nop_count(&nic, q.qp.qpn) > 0);
+        nic.set_rate_limit(
+            q.qp.qpn,
+            RateLimit {
+                wqes_per_sec: rate,
+                bytes_per_sec: 0,
+            },
+        )
+        .unwrap();
+        let set = Instant::now();
+        let before = nop_count(&nic, q.qp.qpn);
+        if before > u64::from(STEPS) / 2 {
+            continue;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let secs = set.elapsed().as_secs_f64();
+        let ran = nop_count(&nic, q.qp.qpn) - before;
+        // The rate, 10 % over it, its burst (a millisecond's worth) and one visit's steps.
+        let allowed = (rate as f64 * secs * 1.1) as u64 + rate / 1000 + 1 + 128;
+        assert!(
+            ran <= allowed,
+            "{ran} NOPs in {secs:.3} s after a rate of {rate}/s was set (at most {allowed})"
+        );
+        assert!(ran > 0, "the chain stopped once paced");
+        return;
+    }
+    panic!("in five tries most of the chain ran before the rate could be set");
+}

@@ -772,17 +772,20 @@ impl SqExec {
 
     /// A doorbell step's common case of [`Self::run_enabled`]: the queue was enabled for
     /// exactly one WQE, a signaled one-BB NOP, with nothing to prefetch behind it; run it
-    /// and return true. False, having run nothing, for anything else (a check, a rate, an
-    /// error or a rate change to pick up, or another WQE), which `run_enabled` then runs.
+    /// and return true. False, having run nothing, for anything else (an error to flush,
+    /// another WQE, or nothing enabled below `limit`), which `run_enabled` then runs.
     /// `words` and `geo` are this queue's ring (`Geometry::ring`) and geometry, sliced
-    /// once by the caller for all its steps. Why apart: `run_enabled`'s set-up (its loop's
-    /// bounds, the ring's slicing, its tail) was a fifth of a step.
+    /// once by the caller for all its steps; `limit`, an enabled index the queue has had (it
+    /// only grows, so fetching below it is allowed). The caller has found
+    /// [`Core::plain_config`] true since this queue last ran anything else. Why apart:
+    /// `run_enabled`'s set-up (its loop's bounds, the ring's slicing, its tail) was a fifth
+    /// of a step.
     #[inline(always)]
-    fn run_enabled_nop(&mut self, words: &[AtomicU64], geo: &Geometry) -> bool {
+    fn run_enabled_nop(&mut self, words: &[AtomicU64], geo: &Geometry, limit: u64) -> bool {
         let c = &mut self.core;
         let ci = c.ci;
-        let limit = c.limit();
-        if ci >= limit || !c.runs_plain() {
+        debug_assert!(c.qp.managed_send && limit <= c.limit() && c.plain_config());
+        if ci >= limit || c.qp.state() != QpState::ReadyToSend {
             return false;
         }
         warm(words, geo, ci + WARM_ENABLED);
@@ -963,14 +966,20 @@ impl Core {
         }
     }
 
-    /// True if the queue may run WQEs without the full visit's care: no WQE checks, no
-    /// rate, no error to flush and no rate change to pick up (`SqExec::run_enabled` and
-    /// `SqExec::run_enabled_nop` run only then).
+    /// True if the queue may run WQEs without the full visit's care: [`Self::plain_config`]
+    /// and no error to flush (`SqExec::run_enabled` and `SqExec::run_enabled_nop` run only
+    /// then).
     #[inline(always)]
     fn runs_plain(&self) -> bool {
+        self.plain_config() && self.qp.state() == QpState::ReadyToSend
+    }
+
+    /// The part of [`Self::runs_plain`] that only a reconfiguration changes: no WQE checks,
+    /// no rate, and no rate change to pick up.
+    #[inline(always)]
+    fn plain_config(&self) -> bool {
         !self.wqe_checks
             && !self.limiter.is_active()
-            && self.qp.state() == QpState::ReadyToSend
             && self.qp.rate_generation.load(Ordering::Acquire) == self.rate_generation
     }
 
@@ -1253,8 +1262,7 @@ impl Core {
                         let was_hot = snap.hot(slot) != HOT_NONE;
                         if let Some(peer) = direct {
                             let (e, flags) = snap.parts(slot);
-                            if let Some(len) = self.fast_move(peer, e, flags, write, signaled)
-                            {
+                            if let Some(len) = self.fast_move(peer, e, flags, write, signaled) {
                                 if signaled {
                                     let byte_cnt = if write { 0 } else { len as u32 };
                                     self.complete(ci, 1, opcode, byte_cnt);
@@ -1286,16 +1294,13 @@ impl Core {
                                 .is_some_and(|(_, cq)| cq.0 == be32(w, off::WAIT_OBJ))
                         {
                             if let Some(s) = siblings.as_deref_mut() {
-                                if let Some(next) = self.run_doorbell_steps(
-                                    s,
-                                    words,
-                                    geo,
-                                    snap,
-                                    &mut fetched,
-                                    ci,
-                                    end,
-                                    limit,
-                                ) {
+                                let (f, at) = (&mut fetched, (ci, end, limit));
+                                let next = if wqe_checks {
+                                    self.run_doorbell_steps::<true>(s, words, geo, snap, f, at)
+                                } else {
+                                    self.run_doorbell_steps::<false>(s, words, geo, snap, f, at)
+                                };
+                                if let Some(next) = next {
                                     ci = next;
                                     continue;
                                 }
@@ -1449,19 +1454,29 @@ impl Core {
     /// completion. It runs the WQEs as the fast path would, in the same order, with the same
     /// fetches and prefetches; anything else (another opcode or queue, WQE checks refusing,
     /// the budget spent, the queue destroyed) ends it, and the fast path takes that WQE.
-    #[allow(clippy::too_many_arguments)]
+    ///
+    /// `CHECKS`: `SoftNicConfig::wqe_checks` (this queue's, and so the enabled queue's:
+    /// they are on one softnic), a constant so that a step does not look at it. `at`: the
+    /// fast path's `ci`, `end` and `limit`.
+    ///
+    /// Only a reconfiguration by the host (a rate set, WQE checks are fixed) changes whether
+    /// the enabled queue may run plain ([`Core::plain_config`]): that is looked at when the
+    /// loop starts and after the enabled queue ran anything but its step's NOP, and a rate
+    /// set meanwhile applies from the queue's next visit, a few steps later at most (the
+    /// loop ends at the budget). The enabled queue's state (an error to flush) and whether
+    /// it was destroyed are looked at every step, as the fast path does.
     #[inline(never)]
-    fn run_doorbell_steps(
+    fn run_doorbell_steps<const CHECKS: bool>(
         &mut self,
         siblings: &mut Siblings,
         words: &[AtomicU64],
         geo: &Geometry,
         snap: &mut Snaps,
         fetched: &mut u64,
-        mut ci: u64,
-        end: u64,
-        limit: u64,
+        at: (u64, u64, u64),
     ) -> Option<u64> {
+        let (mut ci, end, limit) = at;
+        debug_assert_eq!(CHECKS, self.wqe_checks);
         let (qpn, cqn) = self.enabled_here.take()?;
         let at = siblings.find(qpn, self.handoff_hint)?;
         self.handoff_hint = at;
@@ -1492,12 +1507,17 @@ impl Core {
         let (mut waits, mut enables) = (0u64, 0u64);
         // Whether the last SEND_EN left the queue enabled and not yet handed over to.
         let mut pending = false;
+        // See above; and the enabled queue's enabled index as this loop last knew it (it is
+        // managed: only a SEND_EN enables it; each step's sets it).
+        let mut plain = !CHECKS && q.core.plain_config();
+        let mut q_limit = q.core.qp.enabled.get();
         loop {
             // The WAIT at `ci`: run what it waits for, then compare (the queue holds its send
             // CQ, which cannot be destroyed while the queue exists).
             warm(words, geo, ci + WARM_MASTER);
-            if !q.run_enabled_nop(q_words, &q_geo) {
+            if !(plain && q.run_enabled_nop(q_words, &q_geo, q_limit)) {
                 q.run_enabled();
+                plain = !CHECKS && q.core.plain_config();
             }
             let w = &snap[slot].bytes;
             if !wait_passed(q.core.qp.send_cq.produced(), be32(w, off::WAIT_PI)) {
@@ -1510,7 +1530,8 @@ impl Core {
             }
             ci += 1;
             // A SEND_EN of the same queue? (Destroyed, it is the fast path's to refuse.)
-            let Some(at) = self.next_control(words, geo, snap, fetched, ci, end, limit) else {
+            let Some(at) = self.next_control::<CHECKS>(words, geo, snap, fetched, ci, end, limit)
+            else {
                 break;
             };
             slot = at;
@@ -1522,19 +1543,21 @@ impl Core {
                 break;
             }
             // On this PU (a sibling): its own index, no locked exchange.
-            let advanced = q.core.qp.enabled.advance(be32(w, off::WAIT_PI), true);
+            let advanced = q.core.qp.enabled.advance_own(be32(w, off::WAIT_PI));
             enables += 1;
             if signaled(w) {
                 self.add_control_counts(&mut waits, &mut enables);
                 self.complete(ci, 1, OP_SEND_EN, 0);
             }
             ci += 1;
-            if !advanced {
+            let Some(enabled) = advanced else {
                 break;
-            }
+            };
+            q_limit = enabled;
             pending = true;
             // And a WAIT on its CQ?
-            let Some(at) = self.next_control(words, geo, snap, fetched, ci, end, limit) else {
+            let Some(at) = self.next_control::<CHECKS>(words, geo, snap, fetched, ci, end, limit)
+            else {
                 break;
             };
             slot = at;
@@ -1568,7 +1591,7 @@ impl Core {
     /// enable, and passes the WQE checks if they are on; None if not, or at `end`.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn next_control(
+    fn next_control<const CHECKS: bool>(
         &self,
         words: &[AtomicU64],
         geo: &Geometry,
@@ -1583,7 +1606,7 @@ impl Core {
         }
         let slot = fetch_one_bb(words, geo, snap, fetched, ci, limit)?;
         let w = &snap[slot].bytes;
-        (w[off::DS] & MAX_DS >= 2 && (!self.wqe_checks || self.wqe_is_ours(w, ci))).then_some(slot)
+        (w[off::DS] & MAX_DS >= 2 && (!CHECKS || self.wqe_is_ours(w, ci))).then_some(slot)
     }
 
     /// The fast path's one-BB atomic to an in-process peer, counted; None if `execute` must.

@@ -110,11 +110,17 @@ impl EnabledIndex {
             let own = self.own.load(Ordering::Acquire);
             return QpShared::advance_from(&self.shared, own, pi);
         }
-        let Some(target) = forward(self.get(), pi) else {
-            return false;
-        };
+        self.advance_own(pi).is_some()
+    }
+
+    /// `advance(pi, true)`, for the PU thread that runs the queue: the index it moved to, or
+    /// None if `pi` was not ahead. That index is one [`Self::get`] returned at the time, so a
+    /// later `get` returns at least it (the index only moves forward).
+    #[inline(always)]
+    pub(crate) fn advance_own(&self, pi: u32) -> Option<u64> {
+        let target = forward(self.get(), pi)?;
         self.own.store(target, Ordering::Release);
-        true
+        Some(target)
     }
 }
 

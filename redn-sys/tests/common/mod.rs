@@ -260,3 +260,37 @@ impl Rng {
         self.next() % n
     }
 }
+
+/// A managed queue `q` and a master queue `m` of `sq_bbs` BBs each, each connected to itself.
+pub fn doorbell_pair(nic: &SoftNic, pd: Pdn, sq_bbs: u32) -> (Endpoint, Endpoint) {
+    let q = endpoint(nic, pd, |c| {
+        c.managed_send = true;
+        c.sq_bbs = sq_bbs;
+    });
+    nic.connect(q.qp.qpn, q.qp.qpn).unwrap();
+    let m = endpoint(nic, pd, |c| c.sq_bbs = sq_bbs);
+    nic.connect(m.qp.qpn, m.qp.qpn).unwrap();
+    (q, m)
+}
+
+/// The master's side of a doorbell-ordered chain of `steps` WQEs on `q`: SEND_EN(q, 1), then
+/// for each further step a WAIT for the previous WQE's completion (q's CQ has counted k) and
+/// SEND_EN(q, k + 1).
+pub fn doorbell_master(q: &Endpoint, steps: u32) -> Vec<WorkRequest> {
+    let mut master = Vec::new();
+    for k in 0..steps {
+        if k > 0 {
+            let wait = WrOp::Wait {
+                cq: q.cq,
+                count: k - 1,
+            };
+            master.push(wr(0, WqeFlags::NONE, wait));
+        }
+        let enable = WrOp::SendEnable {
+            qp: q.qp.qpn,
+            pi: k + 1,
+        };
+        master.push(wr(0, WqeFlags::NONE, enable));
+    }
+    master
+}
