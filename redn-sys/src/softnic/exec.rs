@@ -18,7 +18,7 @@ use super::Shared;
 use crate::mem::{KeyCache, KeyTable, SharedBuffer, Span};
 use crate::types::{Access, Cqn, Qpn, Rkey, VirtAddr};
 use crate::wqe::{
-    bbs_for_ds, off, Cqe, CqeOpcode, Opcode, RemoteAddr, Syndrome, BB_SIZE, INLINE_FLAG, MAX_DS,
+    bbs_for_ds, off, CqeOpcode, Opcode, RemoteAddr, Syndrome, BB_SIZE, INLINE_FLAG, MAX_DS,
     MAX_WQE_BYTES, SEG_SIZE,
 };
 use crate::QpState;
@@ -481,6 +481,15 @@ fn fetch_signaled_nop(
     true
 }
 
+/// Count and complete the signaled one-BB NOP at `ci` of queue `qp`, fetched by
+/// [`fetch_signaled_nop`]. Inline (not `Core::complete`): this is a doorbell step's one
+/// completion.
+#[inline(always)]
+fn run_signaled_nop(qp: &QpShared, ci: u64) {
+    qp.count_wqes(OP_NOP, 1);
+    qp.retire(ci, ci + 1, CqeOpcode::Req, OP_NOP, 0, 0);
+}
+
 /// Prefetch slot `index` for [`run_hot`]: if its snapshot is hot and the ring still holds the
 /// same WQE, keep the snapshot as it is; otherwise fetch it as [`fetch_into`] does. The same
 /// WQE means the same bytes (but the index, as `decisive0` says) in the words its segments
@@ -777,15 +786,23 @@ impl SqExec {
     /// `words` and `geo` are this queue's ring (`Geometry::ring`) and geometry, sliced
     /// once by the caller for all its steps; `limit`, an enabled index the queue has had (it
     /// only grows, so fetching below it is allowed). The caller has found
-    /// [`Core::plain_config`] true since this queue last ran anything else. Why apart:
-    /// `run_enabled`'s set-up (its loop's bounds, the ring's slicing, its tail) was a fifth
-    /// of a step.
+    /// [`Core::plain_config`] true since this queue last ran anything else. `qp` is this
+    /// queue's shared state, as the caller holds it (so that a step need not reach it through
+    /// the queue). Why apart: `run_enabled`'s set-up (its loop's bounds, the ring's slicing,
+    /// its tail) was a fifth of a step.
     #[inline(always)]
-    fn run_enabled_nop(&mut self, words: &[AtomicU64], geo: &Geometry, limit: u64) -> bool {
+    fn run_enabled_nop(
+        &mut self,
+        qp: &QpShared,
+        words: &[AtomicU64],
+        geo: &Geometry,
+        limit: u64,
+    ) -> bool {
         let c = &mut self.core;
         let ci = c.ci;
-        debug_assert!(c.qp.managed_send && limit <= c.limit() && c.plain_config());
-        if ci >= limit || c.qp.state() != QpState::ReadyToSend {
+        debug_assert!(std::ptr::eq(qp, &*c.qp));
+        debug_assert!(qp.managed_send && limit <= c.limit() && c.plain_config());
+        if ci >= limit || qp.state() != QpState::ReadyToSend {
             return false;
         }
         warm(words, geo, ci + WARM_ENABLED);
@@ -794,7 +811,7 @@ impl SqExec {
             return false;
         }
         // `retire` publishes the consumed index, as `Core::ran` would.
-        c.run_signaled_nop(ci);
+        run_signaled_nop(qp, ci);
         c.ci = ci + 1;
         self.quiet = false;
         true
@@ -829,7 +846,7 @@ impl SqExec {
         let mut ci = start;
         while ci < end {
             if fetch_signaled_nop(words, geo, snap, fetched, ci, limit) {
-                c.run_signaled_nop(ci);
+                run_signaled_nop(&c.qp, ci);
                 ci += 1;
                 continue;
             }
@@ -981,15 +998,6 @@ impl Core {
         !self.wqe_checks
             && !self.limiter.is_active()
             && self.qp.rate_generation.load(Ordering::Acquire) == self.rate_generation
-    }
-
-    /// Count and complete the signaled one-BB NOP at `ci`, fetched by
-    /// `fetch_signaled_nop`. Inline (not `complete`): this is a doorbell step's one
-    /// completion.
-    #[inline(always)]
-    fn run_signaled_nop(&self, ci: u64) {
-        self.count_wqes(OP_NOP, 1);
-        self.retire(ci, ci + 1, CqeOpcode::Req, OP_NOP, 0, 0);
     }
 
     /// True if a visit has nothing to do: nothing posted (or enabled) past what has run and
@@ -1499,91 +1507,98 @@ impl Core {
         };
         let q_geo = q.fetcher.geo;
         let q_words = q_geo.ring(target.sq.buffer.words());
+        let q_qp: &QpShared = target;
         let start = ci;
         let mut slot = ci as usize & (snap.len() - 1);
-        // The WAITs and SEND_ENs run, counted when the loop ends (or before a completion of
-        // this queue, so that whoever sees it sees them counted): nothing else reads them
-        // meanwhile but a host reading counters, which sees them a few steps late at worst.
-        let (mut waits, mut enables) = (0u64, 0u64);
-        // Whether the last SEND_EN left the queue enabled and not yet handed over to.
-        let mut pending = false;
+        // The WQEs run, `start..ci`, are WAITs and SEND_ENs in turn from a WAIT; counted
+        // through `counted` when the loop ends (or before a completion of this queue, so
+        // that whoever sees it sees them counted): nothing else reads them meanwhile but a
+        // host reading counters, which sees them a few steps late at worst.
+        let mut counted = start;
         // See above; and the enabled queue's enabled index as this loop last knew it (it is
         // managed: only a SEND_EN enables it; each step's sets it).
         let mut plain = !CHECKS && q.core.plain_config();
-        let mut q_limit = q.core.qp.enabled.get();
-        loop {
+        let mut q_limit = q_qp.enabled.get();
+        // Each `break` says whether it leaves the queue enabled by the last SEND_EN and not
+        // yet handed over to.
+        let pending = loop {
             // The WAIT at `ci`: run what it waits for, then compare (the queue holds its send
             // CQ, which cannot be destroyed while the queue exists).
             warm(words, geo, ci + WARM_MASTER);
-            if !(plain && q.run_enabled_nop(q_words, &q_geo, q_limit)) {
+            if !(plain && q.run_enabled_nop(q_qp, q_words, &q_geo, q_limit)) {
                 q.run_enabled();
                 plain = !CHECKS && q.core.plain_config();
             }
             let w = &snap[slot].bytes;
-            if !wait_passed(q.core.qp.send_cq.produced(), be32(w, off::WAIT_PI)) {
-                break;
+            if !wait_passed(q_qp.send_cq.produced(), be32(w, off::WAIT_PI)) {
+                break false;
             }
-            waits += 1;
             if signaled(w) {
-                self.add_control_counts(&mut waits, &mut enables);
+                self.count_controls(start, &mut counted, ci + 1);
                 self.complete(ci, 1, OP_WAIT, 0);
             }
             ci += 1;
             // A SEND_EN of the same queue? (Destroyed, it is the fast path's to refuse.)
             let Some(at) = self.next_control::<CHECKS>(words, geo, snap, fetched, ci, end, limit)
             else {
-                break;
+                break false;
             };
             slot = at;
             let w = &snap[slot].bytes;
             if w[off::OPCODE] != OP_SEND_EN
                 || be32(w, off::WAIT_OBJ) & crate::types::MAX_QPN != qpn.0
-                || q.is_destroyed()
+                || q_qp.destroyed.load(Ordering::Acquire)
             {
-                break;
+                break false;
             }
             // On this PU (a sibling): its own index, no locked exchange.
-            let advanced = q.core.qp.enabled.advance_own(be32(w, off::WAIT_PI));
-            enables += 1;
+            let advanced = q_qp.enabled.advance_own(be32(w, off::WAIT_PI));
             if signaled(w) {
-                self.add_control_counts(&mut waits, &mut enables);
+                self.count_controls(start, &mut counted, ci + 1);
                 self.complete(ci, 1, OP_SEND_EN, 0);
             }
             ci += 1;
             let Some(enabled) = advanced else {
-                break;
+                break false;
             };
             q_limit = enabled;
-            pending = true;
             // And a WAIT on its CQ?
             let Some(at) = self.next_control::<CHECKS>(words, geo, snap, fetched, ci, end, limit)
             else {
-                break;
+                break true;
             };
             slot = at;
             let w = &snap[slot].bytes;
             if w[off::OPCODE] != OP_WAIT || be32(w, off::WAIT_OBJ) != cqn.0 {
-                break;
+                break true;
             }
-            pending = false;
-        }
-        self.add_control_counts(&mut waits, &mut enables);
+        };
+        self.count_controls(start, &mut counted, ci);
         if pending {
             self.enabled_here = Some((qpn, cqn));
         }
         (ci > start).then_some(ci)
     }
 
-    /// Count the WAITs and SEND_ENs [`Self::run_doorbell_steps`] has run since it last did,
-    /// and start again from zero.
+    /// Count the WQEs [`Self::run_doorbell_steps`] ran from `counted` to `to`, and move
+    /// `counted` there: WAITs and SEND_ENs in turn, a WAIT at each even distance from
+    /// `start`. Why not a counter of each: two more values for the loop to carry (they
+    /// lived on the stack: a load and a store each a step).
     #[inline(always)]
-    fn add_control_counts(&self, waits: &mut u64, enables: &mut u64) {
-        if *waits != 0 {
-            self.count_wqes(OP_WAIT, std::mem::take(waits));
+    fn count_controls(&self, start: u64, counted: &mut u64, to: u64) {
+        let n = to - *counted;
+        let waits = if (*counted - start) % 2 == 0 {
+            n.div_ceil(2)
+        } else {
+            n / 2
+        };
+        if waits != 0 {
+            self.count_wqes(OP_WAIT, waits);
         }
-        if *enables != 0 {
-            self.count_wqes(OP_SEND_EN, std::mem::take(enables));
+        if n > waits {
+            self.count_wqes(OP_SEND_EN, n - waits);
         }
+        *counted = to;
     }
 
     /// For [`Self::run_doorbell_steps`]: fetch the WQE at `ci` as the fast path does, and
@@ -1687,7 +1702,7 @@ impl Core {
     /// Count `n` WQEs of `opcode`.
     #[inline(always)]
     fn count_wqes(&self, opcode: u8, n: u64) {
-        bump(&self.qp.counters.wqes[usize::from(opcode & 31)], n);
+        self.qp.count_wqes(opcode, n);
     }
 
     /// Fetch (as far as allowed) and run the WQE at `ci`.
@@ -1796,9 +1811,7 @@ impl Core {
         self.retire(ci, ci + bbs, CqeOpcode::Req, opcode, byte_cnt, 0);
     }
 
-    /// Publish that the ring is consumed up to `next` and push the send CQE of the WQE at
-    /// `ci`, in that order: a host that sees the completion may reuse the slots at once. The
-    /// wr_id is read first, before the host can overwrite it.
+    /// [`QpShared::retire`] for this queue.
     #[inline(always)]
     fn retire(
         &self,
@@ -1809,29 +1822,8 @@ impl Core {
         byte_cnt: u32,
         syndrome: u8,
     ) {
-        let wr_id = self.wr_id(ci);
-        self.qp.consumed.store(next, Ordering::Release);
-        self.qp.send_cq.push_from(
-            Cqe {
-                opcode,
-                qpn: self.qp.qpn,
-                send_opcode,
-                wqe_counter: ci as u16,
-                byte_cnt,
-                imm: 0,
-                syndrome,
-                vendor_syndrome: 0,
-                owner: false,
-            },
-            wr_id,
-            Some((&self.qp.pus, self.qp.pu)),
-        );
-    }
-
-    fn wr_id(&self, ci: u64) -> u64 {
-        // One per ring entry, a power of two: masking by its own length needs no other load.
-        let ids = &self.qp.sq_wr_ids;
-        ids[ci as usize & (ids.len() - 1)].load(Ordering::Relaxed)
+        self.qp
+            .retire(ci, next, opcode, send_opcode, byte_cnt, syndrome);
     }
 
     /// Gather the payload described by data (or inline) segments `from..ds` into `scratch`.

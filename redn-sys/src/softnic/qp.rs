@@ -166,6 +166,47 @@ pub(crate) struct QpShared {
 }
 
 impl QpShared {
+    /// Count `n` send WQEs of `opcode` run (by the queue's PU: the counters' only writer).
+    #[inline(always)]
+    pub(crate) fn count_wqes(&self, opcode: u8, n: u64) {
+        bump(&self.counters.wqes[usize::from(opcode & 31)], n);
+    }
+
+    /// Publish that the send ring is consumed up to `next` and push the send CQE of the WQE
+    /// at `ci`, in that order: a host that sees the completion may reuse the slots at once.
+    /// The wr_id is read first, before the host can overwrite it. Called by the queue's PU.
+    #[inline(always)]
+    pub(crate) fn retire(
+        &self,
+        ci: u64,
+        next: u64,
+        opcode: CqeOpcode,
+        send_opcode: u8,
+        byte_cnt: u32,
+        syndrome: u8,
+    ) {
+        // One wr_id per ring entry, a power of two: masking by the array's own length
+        // needs no other load.
+        let ids = &self.sq_wr_ids;
+        let wr_id = ids[ci as usize & (ids.len() - 1)].load(Ordering::Relaxed);
+        self.consumed.store(next, Ordering::Release);
+        self.send_cq.push_from(
+            Cqe {
+                opcode,
+                qpn: self.qpn,
+                send_opcode,
+                wqe_counter: ci as u16,
+                byte_cnt,
+                imm: 0,
+                syndrome,
+                vendor_syndrome: 0,
+                owner: false,
+            },
+            wr_id,
+            Some((&self.pus, self.pu)),
+        );
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         qpn: Qpn,
