@@ -165,11 +165,13 @@ impl CqShared {
 
     /// Add a completion from PU `from.1` of the set `from.0`, if the caller is a PU that
     /// knows which it is: waking the PUs that wait on this CQ then skips the caller's own
-    /// without a thread-local lookup (`PuSet::notify_from`).
+    /// without a thread-local lookup (`PuSet::notify_from`). Both by reference: the caller
+    /// passes where they are (a queue's fields) and only a push that wakes someone reads
+    /// them, which most do not.
     // Inlined: the executor's completion path builds `cqe` from a few registers, and inline
     // it encodes them straight into the ring instead of through a struct in memory.
     #[inline(always)]
-    pub(crate) fn push_from(&self, mut cqe: Cqe, wr_id: u64, from: Option<(&PuSet, usize)>) {
+    pub(crate) fn push_from(&self, mut cqe: Cqe, wr_id: u64, from: Option<(&PuSet, &usize)>) {
         let notify = {
             let mut p = self.producer.0.lock();
             let mut full = p.produced - p.consumed_seen >= self.depth;
@@ -231,7 +233,7 @@ impl CqShared {
     /// after the producer lock is released: see `add_waiter` for why a relaxed load sees
     /// every bit it must.
     #[inline(never)]
-    fn wake(&self, notify: Option<CompChannel>, from: Option<(&PuSet, usize)>) {
+    fn wake(&self, notify: Option<CompChannel>, from: Option<(&PuSet, &usize)>) {
         if let Some(channel) = notify {
             channel.signal(self.cqn);
         }
@@ -239,7 +241,7 @@ impl CqShared {
         while m != 0 {
             let pu = m.trailing_zeros() as usize;
             match from {
-                Some((set, me)) => self.pus.notify_from(pu, set, me),
+                Some((set, &me)) => self.pus.notify_from(pu, set, me),
                 None => self.pus.notify(pu),
             }
             m &= m - 1;

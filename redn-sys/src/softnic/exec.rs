@@ -425,20 +425,47 @@ fn fetch_one_bb(
     ci: u64,
     limit: u64,
 ) -> Option<usize> {
+    let slot = fetch_at(words, geo, snap, fetched, ci);
+    if usize::from(snap[slot].bytes[off::DS] & MAX_DS) * SEG_SIZE > BB_SIZE {
+        return None;
+    }
+    prefetch_behind(words, geo, snap, fetched, ci, limit);
+    Some(slot)
+}
+
+/// [`fetch_one_bb`]'s first half: fetch the BB at `ci` if it is not yet, and return its
+/// snapshot slot.
+#[inline(always)]
+fn fetch_at(
+    words: &[AtomicU64],
+    geo: &Geometry,
+    snap: &mut Snaps,
+    fetched: &mut u64,
+    ci: u64,
+) -> usize {
     if *fetched <= ci {
         fetch_into(words, *geo, snap, ci);
         *fetched = ci + 1;
     }
-    let slot = ci as usize & (snap.len() - 1);
-    if usize::from(snap[slot].bytes[off::DS] & MAX_DS) * SEG_SIZE > BB_SIZE {
-        return None;
-    }
+    ci as usize & (snap.len() - 1)
+}
+
+/// [`fetch_one_bb`]'s second half, once the WQE at `ci` is known to be one BB: prefetch up
+/// to `geo.reach` past it, not past `limit`.
+#[inline(always)]
+fn prefetch_behind(
+    words: &[AtomicU64],
+    geo: &Geometry,
+    snap: &mut Snaps,
+    fetched: &mut u64,
+    ci: u64,
+    limit: u64,
+) {
     let ahead = (ci + geo.reach).min(limit);
     while *fetched < ahead {
         fetch_into(words, *geo, snap, *fetched);
         *fetched += 1;
     }
-    Some(slot)
 }
 
 /// [`SqExec::run_enabled`]'s fetch of the WQE at `ci` when it is fetched right before it
@@ -644,6 +671,13 @@ const OP_RECV_EN: u8 = Opcode::RecvEn as u8;
 #[inline]
 fn be32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// The four bytes at `at` as they lie, for comparing a big-endian field with a value's
+/// `to_be()` (and masks alike) without swapping its bytes.
+#[inline]
+fn ne32(b: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
 #[inline]
@@ -1546,7 +1580,7 @@ impl Core {
             slot = at;
             let w = &snap[slot].bytes;
             if w[off::OPCODE] != OP_SEND_EN
-                || be32(w, off::WAIT_OBJ) & crate::types::MAX_QPN != qpn.0
+                || ne32(w, off::WAIT_OBJ) & crate::types::MAX_QPN.to_be() != qpn.0.to_be()
                 || q_qp.destroyed.load(Ordering::Acquire)
             {
                 break false;
@@ -1569,7 +1603,7 @@ impl Core {
             };
             slot = at;
             let w = &snap[slot].bytes;
-            if w[off::OPCODE] != OP_WAIT || be32(w, off::WAIT_OBJ) != cqn.0 {
+            if w[off::OPCODE] != OP_WAIT || ne32(w, off::WAIT_OBJ) != cqn.0.to_be() {
                 break true;
             }
         };
@@ -1603,7 +1637,10 @@ impl Core {
 
     /// For [`Self::run_doorbell_steps`]: fetch the WQE at `ci` as the fast path does, and
     /// return its snapshot slot if it is one BB with the two segments of a WAIT or an
-    /// enable, and passes the WQE checks if they are on; None if not, or at `end`.
+    /// enable, and passes the WQE checks if they are on; None if not, or at `end`. A WQE
+    /// refused here is not prefetched behind: the fast path, which takes it, does that
+    /// before it runs (nothing runs in between, so it is the same fetch). Why: one look
+    /// at its `ds` (2..=4) instead of two.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn next_control<const CHECKS: bool>(
@@ -1619,9 +1656,13 @@ impl Core {
         if ci >= end {
             return None;
         }
-        let slot = fetch_one_bb(words, geo, snap, fetched, ci, limit)?;
+        let slot = fetch_at(words, geo, snap, fetched, ci);
         let w = &snap[slot].bytes;
-        (w[off::DS] & MAX_DS >= 2 && (!CHECKS || self.wqe_is_ours(w, ci))).then_some(slot)
+        if !(2..=4).contains(&(w[off::DS] & MAX_DS)) || (CHECKS && !self.wqe_is_ours(w, ci)) {
+            return None;
+        }
+        prefetch_behind(words, geo, snap, fetched, ci, limit);
+        Some(slot)
     }
 
     /// The fast path's one-BB atomic to an in-process peer, counted; None if `execute` must.

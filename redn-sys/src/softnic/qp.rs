@@ -203,7 +203,7 @@ impl QpShared {
                 owner: false,
             },
             wr_id,
-            Some((&self.pus, self.pu)),
+            Some((&self.pus, &self.pu)),
         );
     }
 
