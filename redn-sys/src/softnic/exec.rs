@@ -1503,10 +1503,11 @@ impl Core {
     ///
     /// Only a reconfiguration by the host (a rate set, WQE checks are fixed) changes whether
     /// the enabled queue may run plain ([`Core::plain_config`]): that is looked at when the
-    /// loop starts and after the enabled queue ran anything but its step's NOP, and a rate
-    /// set meanwhile applies from the queue's next visit, a few steps later at most (the
-    /// loop ends at the budget). The enabled queue's state (an error to flush) and whether
-    /// it was destroyed are looked at every step, as the fast path does.
+    /// loop starts and after the enabled queue ran anything but its step's NOP, so a rate
+    /// set meanwhile applies from the master's next visit: at most 128 steps later, as a
+    /// visit runs at most 256 of the master's WQEs (`tests/rate_limit.rs`). The enabled
+    /// queue's state (an error to flush) and whether it was destroyed are looked at every
+    /// step, as the fast path does.
     #[inline(never)]
     fn run_doorbell_steps<const CHECKS: bool>(
         &mut self,
