@@ -490,7 +490,7 @@ fn fetch_signaled_nop(
     limit: u64,
 ) -> bool {
     let slot = ci as usize & (snap.len() - 1);
-    if *fetched > ci || (ci + geo.reach).min(limit) > ci + 1 || snap.derived(slot) {
+    if *fetched > ci || (geo.reach > 1 && limit > ci + 1) || snap.derived(slot) {
         return false;
     }
     let src = geo.slot(words, ci);
@@ -844,10 +844,10 @@ impl SqExec {
         if !fetch_signaled_nop(words, geo, &mut f.snap, &mut f.fetched, ci, limit) {
             return false;
         }
-        // `retire` publishes the consumed index, as `Core::ran` would.
+        // `retire` publishes the consumed index, as `Core::ran` would. (`quiet` is left to
+        // the caller: see `Core::run_doorbell_steps`.)
         run_signaled_nop(qp, ci);
         c.ci = ci + 1;
-        self.quiet = false;
         true
     }
 
@@ -1609,6 +1609,11 @@ impl Core {
             }
         };
         self.count_controls(start, &mut counted, ci);
+        if ci > start {
+            // A WAIT passed, so the queue ran (`run_enabled_nop` leaves this to here: it is
+            // only the PU's hint to look at the queue in its next round).
+            q.quiet = false;
+        }
         if pending {
             self.enabled_here = Some((qpn, cqn));
         }
