@@ -552,22 +552,29 @@ fn a_doorbell_chain_on_one_pu_hands_over_at_each_enable() {
         let nops: Vec<_> = (0..steps)
             .map(|i| wr(u64::from(i), SIG, nop.clone()))
             .collect();
-        nic.post_send(q.qp.qpn, &nops).unwrap();
-        nic.post_send(m.qp.qpn, &doorbell_master(&q, steps))
-            .unwrap();
-        let done = wait_cqes(&nic, q.cq, steps as usize);
-        assert!(done.iter().all(|c| c.is_ok()), "checks {wqe_checks}");
-        assert_eq!(
-            done.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
-            (0..u64::from(steps)).collect::<Vec<_>>(),
-            "checks {wqe_checks}"
-        );
+        run_doorbell_chain(&nic, &q, &m, &nops, &format!("checks {wqe_checks}"));
         let stalls = nic.counters(m.qp.qpn).unwrap().wait_stalls;
         assert_eq!(
             stalls, 0,
             "checks {wqe_checks}: the master's WAITs stalled {stalls} times"
         );
     }
+}
+
+/// Post `ops` (signaled, wr_ids 0, 1, ...) on managed queue `q` and a doorbell-ordered
+/// master for them on `m`, and assert that each completes, without error, in order
+/// (`what` names the case in failures).
+fn run_doorbell_chain(nic: &SoftNic, q: &Endpoint, m: &Endpoint, ops: &[WorkRequest], what: &str) {
+    let steps = u32::try_from(ops.len()).unwrap();
+    nic.post_send(q.qp.qpn, ops).unwrap();
+    nic.post_send(m.qp.qpn, &doorbell_master(q, steps)).unwrap();
+    let done = wait_cqes(nic, q.cq, ops.len());
+    assert!(done.iter().all(|c| c.is_ok()), "{what}: {done:?}");
+    assert_eq!(
+        done.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+        (0..u64::from(steps)).collect::<Vec<_>>(),
+        "{what}"
+    );
 }
 
 /// A WAIT right after a hand-over compares the count the handed-over queue left behind, and
@@ -652,15 +659,7 @@ fn handed_over_moves_and_atomics(mode: Prefetch) {
             wr(i as u64, SIG, op)
         })
         .collect();
-    nic.post_send(q.qp.qpn, &ops).unwrap();
-    nic.post_send(m.qp.qpn, &doorbell_master(&q, steps))
-        .unwrap();
-    let done = wait_cqes(&nic, q.cq, steps as usize);
-    assert!(done.iter().all(|c| c.is_ok()), "{mode:?}: {done:?}");
-    assert_eq!(
-        done.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
-        (0..u64::from(steps)).collect::<Vec<_>>()
-    );
+    run_doorbell_chain(&nic, &q, &m, &ops, &format!("{mode:?}"));
     for i in (0..steps as usize).step_by(2) {
         assert_eq!(
             dst.read(64 * i, 64),

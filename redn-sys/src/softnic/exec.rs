@@ -894,7 +894,7 @@ impl SqExec {
             c.count_wqes(OP_NOP, 1);
             if signaled(&e.bytes) {
                 // Inline (not `complete`): this is the one completion of a doorbell step.
-                c.retire(ci, ci + 1, CqeOpcode::Req, OP_NOP, 0, 0);
+                c.qp.retire(ci, ci + 1, CqeOpcode::Req, OP_NOP, 0, 0);
             } else if snap.hot(slot) == HOT_NONE {
                 snap.set_derived(slot, HOT_NOP);
             }
@@ -1855,22 +1855,8 @@ impl Core {
     fn complete(&self, ci: u64, bbs: u64, opcode: u8, byte_cnt: u32) {
         // WQEs are counted as they run, so whoever sees the completion sees the WQE counted;
         // `retire` frees its ring space first (a host reuses completed WQEs' slots at once).
-        self.retire(ci, ci + bbs, CqeOpcode::Req, opcode, byte_cnt, 0);
-    }
-
-    /// [`QpShared::retire`] for this queue.
-    #[inline(always)]
-    fn retire(
-        &self,
-        ci: u64,
-        next: u64,
-        opcode: CqeOpcode,
-        send_opcode: u8,
-        byte_cnt: u32,
-        syndrome: u8,
-    ) {
         self.qp
-            .retire(ci, next, opcode, send_opcode, byte_cnt, syndrome);
+            .retire(ci, ci + bbs, CqeOpcode::Req, opcode, byte_cnt, 0);
     }
 
     /// Gather the payload described by data (or inline) segments `from..ds` into `scratch`.
@@ -2147,7 +2133,7 @@ impl Core {
         let ci = self.ci;
         // Counted first: whoever sees the error completion or state sees the error counted.
         bump(&self.qp.counters.errors, 1);
-        self.retire(
+        self.qp.retire(
             ci,
             ci + bbs,
             CqeOpcode::ReqErr,
@@ -2172,7 +2158,7 @@ impl Core {
             let ci = self.ci;
             self.qp.sq.buffer.read(self.qp.sq.entry_off(ci), &mut ctrl);
             self.ci += bbs_for_ds(ctrl[off::DS]) as u64;
-            self.retire(
+            self.qp.retire(
                 ci,
                 self.ci,
                 CqeOpcode::ReqErr,
