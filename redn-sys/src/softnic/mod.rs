@@ -695,6 +695,9 @@ impl Nic for SoftNic {
         Ok(())
     }
 
+    /// The PU picks the new limit up when it next visits the queue; a queue that a doorbell
+    /// chain on the same PU enables step by step, when the master queue's next visit
+    /// starts (at most 128 steps later: see `exec::Core::run_doorbell_steps`).
     fn set_rate_limit(&self, qp: Qpn, limit: RateLimit) -> Result<()> {
         let q = self.shared.qp(qp)?;
         *q.rate.lock().unwrap_or_else(|e| e.into_inner()) = limit;
