@@ -891,7 +891,7 @@ impl SqExec {
             if e.bytes[off::OPCODE] != OP_NOP || e.bytes[off::DS] & MAX_DS == 0 {
                 break;
             }
-            c.count_wqes(OP_NOP, 1);
+            c.qp.count_wqes(OP_NOP, 1);
             if signaled(&e.bytes) {
                 // Inline (not `complete`): this is the one completion of a doorbell step.
                 c.qp.retire(ci, ci + 1, CqeOpcode::Req, OP_NOP, 0, 0);
@@ -1288,7 +1288,7 @@ impl Core {
             if !wqe_checks || self.wqe_is_ours(w, ci) {
                 match opcode {
                     OP_NOP if ds >= 1 => {
-                        self.count_wqes(OP_NOP, 1);
+                        self.qp.count_wqes(OP_NOP, 1);
                         if signaled {
                             self.complete(ci, 1, opcode, 0);
                         } else if snap.hot(slot) != HOT_NONE {
@@ -1528,7 +1528,7 @@ impl Core {
         // shared state as this queue's object cache holds it (the SEND_EN found it there),
         // so that the slice does not borrow the queue, which the loop runs.
         let owned;
-        let target = match self
+        let q_qp: &QpShared = match self
             .objs
             .qps
             .iter()
@@ -1541,8 +1541,7 @@ impl Core {
             }
         };
         let q_geo = q.fetcher.geo;
-        let q_words = q_geo.ring(target.sq.buffer.words());
-        let q_qp: &QpShared = target;
+        let q_words = q_geo.ring(q_qp.sq.buffer.words());
         let start = ci;
         let mut slot = ci as usize & (snap.len() - 1);
         // The WQEs run, `start..ci`, are WAITs and SEND_ENs in turn from a WAIT; counted
@@ -1633,10 +1632,10 @@ impl Core {
             n / 2
         };
         if waits != 0 {
-            self.count_wqes(OP_WAIT, waits);
+            self.qp.count_wqes(OP_WAIT, waits);
         }
         if n > waits {
-            self.count_wqes(OP_SEND_EN, n - waits);
+            self.qp.count_wqes(OP_SEND_EN, n - waits);
         }
         *counted = to;
     }
@@ -1697,7 +1696,7 @@ impl Core {
             // ConnectX returns the old value big-endian (ATOMIC_BE_REPLY).
             r.write(&old.to_be_bytes());
         }
-        self.count_wqes(opcode, 1);
+        self.qp.count_wqes(opcode, 1);
         bump(&self.qp.counters.bytes, 8);
         Some(())
     }
@@ -1719,7 +1718,7 @@ impl Core {
             self.enable(opcode == OP_SEND_EN, target, pi).is_ok()
         };
         if ran {
-            self.count_wqes(opcode, 1);
+            self.qp.count_wqes(opcode, 1);
             Control::Ran
         } else {
             Control::Refused
@@ -1731,7 +1730,7 @@ impl Core {
     fn add_fast_counts(&mut self, n: [u64; 4]) {
         for (op, n) in [OP_NOP, OP_WRITE, OP_READ].into_iter().zip(n) {
             if n != 0 {
-                self.count_wqes(op, n);
+                self.qp.count_wqes(op, n);
             }
         }
         if n[3] != 0 {
@@ -1742,14 +1741,9 @@ impl Core {
     /// Count a WRITE (`write`) or READ of `len` bytes.
     #[inline(always)]
     fn count_move(&mut self, write: bool, len: u64) {
-        self.count_wqes(if write { OP_WRITE } else { OP_READ }, 1);
+        self.qp
+            .count_wqes(if write { OP_WRITE } else { OP_READ }, 1);
         bump(&self.qp.counters.bytes, len);
-    }
-
-    /// Count `n` WQEs of `opcode`.
-    #[inline(always)]
-    fn count_wqes(&self, opcode: u8, n: u64) {
-        self.qp.count_wqes(opcode, n);
     }
 
     /// Fetch (as far as allowed) and run the WQE at `ci`.
@@ -1827,7 +1821,7 @@ impl Core {
         };
         match result {
             Ok(bytes) => {
-                self.count_wqes(opcode_byte, 1);
+                self.qp.count_wqes(opcode_byte, 1);
                 if bytes != 0 {
                     bump(&self.qp.counters.bytes, bytes);
                 }
