@@ -4,7 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use redn_policy::{parse_definition, verify, Grants};
-use redn_sys::Access;
+use redn_program::Access;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

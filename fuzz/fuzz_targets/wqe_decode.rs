@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use redn_sys::wqe::{decode_wqe, encode_wqe, Payload, WorkRequest, WrOp};
+use redn_program::wqe::{decode_wqe, encode_wqe, Payload, WorkRequest, WrOp};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(first) = decode_wqe(data) else {

@@ -222,16 +222,6 @@ impl fmt::Display for Prefetch {
     }
 }
 
-impl From<Prefetch> for redn_sys::softnic::Prefetch {
-    fn from(p: Prefetch) -> Self {
-        match p {
-            Prefetch::AtExecute => redn_sys::softnic::Prefetch::AtExecute,
-            Prefetch::Depth(n) => redn_sys::softnic::Prefetch::Depth(n.get()),
-            Prefetch::Adversarial => redn_sys::softnic::Prefetch::Adversarial,
-        }
-    }
-}
-
 /// How the mlx5 backend picks its device. See the [module docs](self).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum DeviceSelector {
@@ -965,10 +955,7 @@ identifier = "redn"
             assert_eq!(text.parse::<Prefetch>().unwrap(), p);
             assert_eq!(p.to_string(), text);
         }
-        assert_eq!(
-            redn_sys::softnic::Prefetch::from(Prefetch::default()),
-            redn_sys::softnic::Prefetch::Depth(8)
-        );
+        assert_eq!(Prefetch::default(), Prefetch::Depth(NonZeroU32::new(8).unwrap()));
     }
 
     #[test]

@@ -150,7 +150,7 @@
 //!
 //! ```
 //! use redn_policy::{parse_definition, write_definition};
-//! use redn_sys::program::catalog;
+//! use redn_program::program::catalog;
 //!
 //! let program = catalog::echo(16, 2).unwrap();
 //! let text = write_definition(&program);
@@ -169,13 +169,13 @@ use crate::error::{Error, Result};
 use crate::names;
 use crate::policy::MAX_NAME_LEN;
 use crate::source::{invalid, read_capped, Document, Invalid, KeyPath};
-use redn_sys::program::{
+use redn_program::program::{
     catalog, Addr, Form, Iterations, Op, Operand, Param, PatchPoint, PatchSource, Program,
     ProgramError, Queue, QueueRole, Recv, RegionDecl, RegionRole, Sge, Slots, StaticBlock, Wqe,
     MAX_OPERAND,
 };
-use redn_sys::wqe::{Opcode, WqeFlags, BB_SIZE, MAX_DS};
-use redn_sys::Access;
+use redn_program::wqe::{Opcode, WqeFlags, BB_SIZE, MAX_DS};
+use redn_program::Access;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -320,7 +320,7 @@ impl ShippedOffload {
         push_comment(
             &mut s,
             &format!(
-                "Generated from the builder redn_sys::program::{} by",
+                "Generated from the builder redn_program::program::{} by",
                 self.builder
             ),
         );

@@ -12,7 +12,7 @@
 //! - [`units`]: sizes (`"64M"`, base 1024 like systemd), durations (`"5min"`, `"infinity"`)
 //!   and rates;
 //! - [`definition`]: offload definition files (`offloads.d/NAME.toml`), the readable form of
-//!   a [`Program`](redn_sys::program::Program), loaded with [`load_definition`],
+//!   a [`Program`](redn_program::program::Program), loaded with [`load_definition`],
 //!   [`parse_definition`] or [`load_offloads_dir`] and written with [`write_definition`];
 //! - [`verifier`]: the offload verifier ([`verify`]): admits a program for a client only if
 //!   every WQE stays inside the client's grants, and says why not in a verifier log;

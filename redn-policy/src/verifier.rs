@@ -27,12 +27,12 @@
 //! Findings are data ([`Finding`]) and render one per line like the eBPF verifier's log,
 //! followed by a stats line; the log is never truncated.
 
-use redn_sys::program::{
+use redn_program::program::{
     Addr, Form, Iterations, Op, Operand, PatchSource, Program, QueueRole, RegionRole, Sge, Slots,
     WqePos,
 };
-use redn_sys::wqe::{off, Opcode, SEG_SIZE};
-use redn_sys::Access;
+use redn_program::wqe::{off, Opcode, SEG_SIZE};
+use redn_program::Access;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
@@ -283,7 +283,7 @@ impl<'p> Index<'p> {
         }
     }
 
-    fn wqe(&self, label: &str) -> Option<(usize, u64, &'p redn_sys::program::Wqe)> {
+    fn wqe(&self, label: &str) -> Option<(usize, u64, &'p redn_program::program::Wqe)> {
         let pos = *self.at.get(label)?;
         Some((pos.queue, pos.bb, self.p.wqe_at(pos)?))
     }
@@ -363,7 +363,7 @@ impl<'a> Checker<'a> {
         });
     }
 
-    fn queue_exists(&self, name: &str) -> Option<&'a redn_sys::program::Queue> {
+    fn queue_exists(&self, name: &str) -> Option<&'a redn_program::program::Queue> {
         self.p.queues.iter().find(|q| q.name == name)
     }
 
@@ -569,7 +569,7 @@ impl<'a> Checker<'a> {
     #[allow(clippy::too_many_arguments)]
     fn range(
         &mut self,
-        q: &redn_sys::program::Queue,
+        q: &redn_program::program::Queue,
         here: (u64, &str),
         field: &str,
         a: &Addr,
@@ -956,7 +956,7 @@ impl<'a> Checker<'a> {
     #[allow(clippy::too_many_arguments)]
     fn cas(
         &mut self,
-        q: &redn_sys::program::Queue,
+        q: &redn_program::program::Queue,
         here: (u64, &str),
         label: &str,
         remote: &Addr,
@@ -983,7 +983,7 @@ impl<'a> Checker<'a> {
 
     fn local_write(
         &mut self,
-        q: &redn_sys::program::Queue,
+        q: &redn_program::program::Queue,
         here: (u64, &str),
         field: &str,
         s: &Sge,
@@ -1023,7 +1023,7 @@ impl<'a> Checker<'a> {
 
     fn atomic_common(
         &mut self,
-        q: &redn_sys::program::Queue,
+        q: &redn_program::program::Queue,
         here: (u64, &str),
         remote: &Addr,
         result: Option<&Sge>,
@@ -1212,7 +1212,7 @@ impl<'a> Checker<'a> {
 impl Checker<'_> {
     /// True if WRITE `label` copies, from a static block nothing ever writes, exactly the NOP
     /// image of `target` (opcode 0, operand bytes 0, its own ds) onto its control word.
-    fn nop_reset(&self, label: &str, target: &redn_sys::program::Wqe) -> bool {
+    fn nop_reset(&self, label: &str, target: &redn_program::program::Wqe) -> bool {
         let Some((_, _, w)) = self.idx.wqe(label) else {
             return false;
         };

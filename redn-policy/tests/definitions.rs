@@ -5,12 +5,12 @@ use redn_policy::{
     load_definition, load_offloads_dir, parse_definition, shipped_offloads, verify,
     write_definition, Grants, MAX_FILE_BYTES,
 };
-use redn_sys::program::catalog::{self, HashVariant};
-use redn_sys::program::{
+use redn_program::program::catalog::{self, HashVariant};
+use redn_program::program::{
     Addr, Form, Iterations, Op, Operand, Program, RegionRole, Sge, Slots, StaticBlock, Wqe,
 };
-use redn_sys::wqe::WqeFlags;
-use redn_sys::Access;
+use redn_program::wqe::WqeFlags;
+use redn_program::Access;
 use std::path::{Path, PathBuf};
 
 fn offloads_d() -> PathBuf {
@@ -187,7 +187,7 @@ fn shipped_files_load_to_exactly_the_builders_programs() {
             "{}",
             s.file_name()
         );
-        assert!(text.contains(&format!("redn_sys::program::{} ", s.builder)));
+        assert!(text.contains(&format!("redn_program::program::{} ", s.builder)));
         assert!(
             (text.len() as u64) < MAX_FILE_BYTES / 2,
             "{} is too close to the cap",

@@ -2,13 +2,13 @@
 //! for the rule it breaks.
 
 use redn_policy::{verify, Grants, Rule};
-use redn_sys::program::catalog::{self, HashVariant};
-use redn_sys::program::{
+use redn_program::program::catalog::{self, HashVariant};
+use redn_program::program::{
     Addr, Form, Iterations, Op, Operand, PatchPoint, PatchSource, Program, Recv, RegionDecl,
     RegionRole, Sge, Slots, Wqe,
 };
-use redn_sys::wqe::WqeFlags;
-use redn_sys::Access;
+use redn_program::wqe::WqeFlags;
+use redn_program::Access;
 
 /// What a client of the catalog is granted.
 fn grants() -> Grants {
@@ -133,7 +133,7 @@ fn corpus() -> Vec<(&'static str, Program, Grants, Rule)> {
     p.queues[0].recvs[0]
         .sgl
         .push(Sge::new(Addr::wqe("0.b0.read", 3), 1));
-    p.params.push(redn_sys::program::Param {
+    p.params.push(redn_program::program::Param {
         name: "evil".into(),
         offset: p.trigger_len,
         len: 1,
@@ -348,7 +348,7 @@ fn corpus() -> Vec<(&'static str, Program, Grants, Rule)> {
 
     // 25. An atomic result landing on a SEND_EN's object number.
     let mut p = base();
-    p.statics.push(redn_sys::program::StaticBlock {
+    p.statics.push(redn_program::program::StaticBlock {
         name: "ctr".into(),
         bytes: vec![0; 8],
     });

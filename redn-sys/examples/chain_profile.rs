@@ -22,7 +22,7 @@ use bench_common::{flags_if, nop, post_endless_wait, push_doorbell_master, Ctx, 
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, Nic, QpConfig, QpInfo};
 use redn_sys::softnic::{SoftNic, SoftNicConfig};
-use redn_sys::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
+use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
 use redn_sys::{Access, Cqn, Pdn};
 use std::time::{Duration, Instant};
 

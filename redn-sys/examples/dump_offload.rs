@@ -3,7 +3,7 @@
 //! `cargo run -p redn-sys --example dump_offload -- NAME [INVOCATIONS]` with NAME one of
 //! echo, hash-get, hash-get-seq, hash-get-par, list-find, list-find-break, server-loop.
 
-use redn_sys::program::catalog::{self, HashVariant};
+use redn_program::program::catalog::{self, HashVariant};
 
 fn main() {
     let mut args = std::env::args().skip(1);

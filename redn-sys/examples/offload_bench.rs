@@ -24,13 +24,13 @@ use bench_common::{
 };
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CompChannel, Completion, CqConfig, MrInfo, Nic, QpConfig};
-use redn_sys::program::catalog::{self, HashVariant, BUCKET_STRIDE};
-use redn_sys::program::{
-    self, Addr, Builder, Form, Installed, Iterations, Op, Program, ProgramError, QueueRole,
+use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
+use redn_program::program::{
+    Addr, Builder, Form, Iterations, Op, Program, ProgramError, QueueRole,
     RegionRole, Sge,
 };
 use redn_sys::softnic::{SoftNic, SoftNicConfig};
-use redn_sys::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
+use redn_program::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
 use redn_sys::{Access, Cqn, Lkey, Pdn, QpState, Qpn, VirtAddr};
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -506,7 +506,7 @@ impl Env {
 
 /// One installed offload and the client queue pair talking to it.
 struct Inst {
-    installed: Installed,
+    installed: redn_sys::install::Installed,
     cqp: Qpn,
     csq: SqWriter,
     /// Invocations it serves (u64::MAX for recycled programs).
@@ -559,7 +559,7 @@ fn install(
     let cinfo = env.client.create_qp(c).ctx("create client QP")?;
     let regions = env.regions(scratch);
     let t_inst = Instant::now();
-    let r = program::install(&env.server, env.spd, program, &regions, &mut |q| {
+    let r = redn_sys::install::install(&env.server, env.spd, program, &regions, &mut |q| {
         SoftNic::connect_pair(&env.client, cinfo.qpn, &env.server, q)
     });
     {
@@ -788,7 +788,7 @@ fn read_once(
             wr_id: 1,
             flags: SIG,
             op: WrOp::Read {
-                remote: redn_sys::wqe::RemoteAddr {
+                remote: redn_program::wqe::RemoteAddr {
                     addr: VirtAddr(src_addr),
                     rkey: env.data.mr.lkey.into(),
                 },

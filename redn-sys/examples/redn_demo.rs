@@ -20,10 +20,11 @@
 
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, Nic, QpConfig};
-use redn_sys::program::catalog::{self, HashVariant, BUCKET_STRIDE};
-use redn_sys::program::{install, Program};
+use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
+use redn_sys::install::install;
+use redn_program::program::Program;
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
-use redn_sys::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
+use redn_program::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
 use redn_sys::Access;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -19,7 +19,7 @@ use bench_common::{
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig, QpInfo};
 use redn_sys::softnic::{SoftNic, SoftNicConfig};
-use redn_sys::wqe::{encode_wqe, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
+use redn_program::wqe::{encode_wqe, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::{Access, Cqn, Pdn, QpState, Qpn};
 use std::hint::black_box;
 use std::sync::Arc;

@@ -1,22 +1,25 @@
 //! NIC access for the RedN offload manager.
 //!
-//! - [`wqe`]: byte-exact mlx5 send/receive WQEs and CQEs (pure, no FFI);
+//! Programs, WQE bytes and the numbers a NIC hands out are pure data in `redn-program`; this
+//! crate is what touches memory and devices:
+//!
 //! - [`mem`]: shared buffers, memory regions, keys and the one place access is checked;
 //! - [`nic`]: the [`Nic`](nic::Nic) trait every backend implements;
-//! - [`program`]: offload programs as data, RedN's constructs and the offload catalog;
+//! - [`install`]: installing one client's instance of a program on any [`Nic`](nic::Nic);
 //! - [`softnic`]: the software RDMA NIC that executes mlx5 WQE bytes from ring memory, the
 //!   default backend.
 //!
 //! See `docs/architecture.md` for how the pieces fit.
 
+pub mod install;
 pub mod mem;
 pub mod nic;
-pub mod program;
 pub mod softnic;
-pub mod types;
-pub mod wqe;
 
-pub use types::{Access, Cqn, Lkey, Pdn, Qpn, Rkey, VirtAddr};
+// The pure modules keep their crate-relative paths inside this crate.
+use redn_program::{program, types, wqe};
+
+pub use redn_program::{Access, Cqn, Lkey, Pdn, Qpn, Rkey, VirtAddr};
 
 use std::fmt;
 

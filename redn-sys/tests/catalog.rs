@@ -3,7 +3,7 @@
 mod common;
 use common::*;
 use redn_sys::nic::Nic;
-use redn_sys::program::catalog::{self, HashVariant, BUCKET_STRIDE};
+use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
 use redn_sys::softnic::Prefetch;
 use redn_sys::QpState;
 
@@ -145,7 +145,7 @@ fn bucket_address_outside_the_table_is_a_protection_error_not_an_answer() {
     regions.insert("table".to_string(), (table.addr, table.lkey, 4096));
     regions.insert("values".to_string(), (data.mr.addr, data.mr.lkey, 1 << 16));
     regions.insert("response".to_string(), (cbuf.mr.addr, cbuf.mr.lkey, 4096));
-    let inst = redn_sys::program::install(&server, spd, &program, &regions, &mut |q| {
+    let inst = redn_sys::install::install(&server, spd, &program, &regions, &mut |q| {
         redn_sys::softnic::SoftNic::connect_pair(&client, cqp, &server, q)
     })
     .unwrap();
@@ -162,8 +162,8 @@ fn bucket_address_outside_the_table_is_a_protection_error_not_an_answer() {
             &[wr(
                 1,
                 SIG,
-                redn_sys::wqe::WrOp::Send {
-                    payload: redn_sys::wqe::Payload::Inline(msg),
+                redn_program::wqe::WrOp::Send {
+                    payload: redn_program::wqe::Payload::Inline(msg),
                     imm: None,
                 },
             )],
@@ -182,13 +182,13 @@ fn bucket_address_outside_the_table_is_a_protection_error_not_an_answer() {
     server.poll_cq(inst.cqs[1], 8, &mut out).unwrap_or(0);
     assert!(
         out.iter()
-            .any(|c| c.status == Err(redn_sys::wqe::Syndrome::RemoteAccess)),
+            .any(|c| c.status == Err(redn_program::wqe::Syndrome::RemoteAccess)),
         "{out:?}"
     );
     let sent = wait_cqes(&client, ccq, 1);
     assert!(
         sent.iter()
-            .all(|c| c.opcode == redn_sys::wqe::CqeOpcode::Req),
+            .all(|c| c.opcode == redn_program::wqe::CqeOpcode::Req),
         "no response: {sent:?}"
     );
     assert_eq!(cbuf.read(0, 8), [0u8; 8]);

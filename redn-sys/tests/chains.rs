@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use redn_sys::nic::{CqConfig, Nic, QpConfig};
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
-use redn_sys::wqe::{off, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
+use redn_program::wqe::{off, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 
 const MODES: [Prefetch; 3] = [
     Prefetch::AtExecute,
@@ -13,7 +13,7 @@ const MODES: [Prefetch; 3] = [
     Prefetch::Adversarial,
 ];
 
-fn write(local: redn_sys::wqe::Sge, remote: redn_sys::wqe::RemoteAddr) -> WrOp {
+fn write(local: redn_program::wqe::Sge, remote: redn_program::wqe::RemoteAddr) -> WrOp {
     WrOp::Write {
         remote,
         payload: Payload::Sgl(vec![local]),
@@ -299,7 +299,7 @@ fn loop_re_arms_itself_with_wait_and_enable_and_runs_without_host_posts() {
         data.write(8, &8u64.to_le_bytes());
         data.write(16, &0u64.to_le_bytes());
         data.write(24, &8u64.to_le_bytes());
-        let faa = |at: u64, add: u64, result: redn_sys::wqe::Sge, flags| {
+        let faa = |at: u64, add: u64, result: redn_program::wqe::Sge, flags| {
             wr(
                 0,
                 flags,

@@ -5,13 +5,13 @@ mod common;
 use common::*;
 use redn_sys::nic::{CompChannel, Nic};
 use redn_sys::softnic::Prefetch;
-use redn_sys::wqe::{Payload, WqeFlags, WrOp};
+use redn_program::wqe::{Payload, WqeFlags, WrOp};
 use std::time::Duration;
 
 const SHORT: Duration = Duration::from_millis(30);
 const LONG: Duration = Duration::from_secs(5);
 
-fn nop(wr_id: u64) -> redn_sys::wqe::WorkRequest {
+fn nop(wr_id: u64) -> redn_program::wqe::WorkRequest {
     wr(
         wr_id,
         SIG,

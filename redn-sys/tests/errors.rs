@@ -6,7 +6,7 @@ use common::*;
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, Nic, QpConfig};
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
-use redn_sys::wqe::{Syndrome, WqeFlags, WrOp};
+use redn_program::wqe::{Syndrome, WqeFlags, WrOp};
 use redn_sys::{Access, Error, Lkey, Pdn, Qpn};
 
 fn nop() -> WrOp {
@@ -175,7 +175,7 @@ fn wqe_checks_refuse_a_foreign_qpn_that_redn_mode_runs() {
         nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
         nic.post_send(ep.qp.qpn, &[wr(1, SIG, nop())]).unwrap();
         // A NOP whose QPN bytes hold data (what a failed `if` leaves behind).
-        let mut e = redn_sys::wqe::encode_wqe(&wr(2, SIG, nop()), ep.qp.qpn, 1).unwrap();
+        let mut e = redn_program::wqe::encode_wqe(&wr(2, SIG, nop()), ep.qp.qpn, 1).unwrap();
         e.bytes_mut()[4..7].copy_from_slice(&[0xab, 0xcd, 0xef]);
         ep.qp.sq.buffer.write(ep.qp.sq.offset + 64, e.bytes());
         nic.note_posted(ep.qp.qpn, 1, 2, 2).unwrap();

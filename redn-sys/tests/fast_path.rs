@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use redn_sys::nic::{Completion, Nic, RateLimit};
 use redn_sys::softnic::Prefetch;
-use redn_sys::wqe::{Opcode, Payload, RemoteAddr, WqeFlags, WrOp, BB_SIZE, SEG_SIZE};
+use redn_program::wqe::{Opcode, Payload, RemoteAddr, WqeFlags, WrOp, BB_SIZE, SEG_SIZE};
 use redn_sys::{Access, Cqn, Rkey, VirtAddr};
 
 const LEN: usize = 4096;
@@ -21,7 +21,7 @@ const SIG: WqeFlags = WqeFlags::SIGNALED;
 struct Outcome {
     local: Vec<u8>,
     remote: Vec<u8>,
-    completions: Vec<(u64, Result<(), redn_sys::wqe::Syndrome>, u32)>,
+    completions: Vec<(u64, Result<(), redn_program::wqe::Syndrome>, u32)>,
     wqes: [u64; 32],
     bytes: u64,
     errors: u64,
@@ -406,7 +406,7 @@ fn a_recycled_write_to_a_target_that_failed_lands_nowhere() {
             // B fails (a WRITE from an unknown key); A's WQEs are the same bytes as before.
             let bad = WrOp::Write {
                 remote: src.mr.remote(0),
-                payload: Payload::Sgl(vec![redn_sys::wqe::Sge {
+                payload: Payload::Sgl(vec![redn_program::wqe::Sge {
                     addr: src.mr.addr,
                     len: 8,
                     lkey: redn_sys::Lkey(0x00dead01),

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use redn_sys::nic::Nic;
 use redn_sys::softnic::{Prefetch, SoftNic};
-use redn_sys::wqe::{CqeOpcode, Opcode, Payload, WqeFlags, WrOp};
+use redn_program::wqe::{CqeOpcode, Opcode, Payload, WqeFlags, WrOp};
 use redn_sys::Cqn;
 
 struct Loop {
@@ -192,7 +192,7 @@ fn misaligned_atomic_is_a_remote_invalid_request() {
         )
         .unwrap();
     let c = wait_cqes(&l.nic, l.ep.cq, 1).remove(0);
-    assert_eq!(c.status, Err(redn_sys::wqe::Syndrome::RemoteInvalidRequest));
+    assert_eq!(c.status, Err(redn_program::wqe::Syndrome::RemoteInvalidRequest));
 }
 
 #[test]
@@ -366,9 +366,9 @@ fn send_longer_than_the_receive_is_refused_by_the_responder() {
         )
         .unwrap();
     let c = wait_cqes(&p.client_nic, p.client.cq, 1).remove(0);
-    assert_eq!(c.status, Err(redn_sys::wqe::Syndrome::RemoteInvalidRequest));
+    assert_eq!(c.status, Err(redn_program::wqe::Syndrome::RemoteInvalidRequest));
     let s = wait_cqes(&p.server_nic, p.server.cq, 1).remove(0);
-    assert_eq!(s.status, Err(redn_sys::wqe::Syndrome::LocalLength));
+    assert_eq!(s.status, Err(redn_program::wqe::Syndrome::LocalLength));
     assert_eq!(p.sbuf.read(0, 4), [0; 4], "nothing placed");
 }
 
@@ -519,7 +519,7 @@ fn enable_of_an_unmanaged_or_unknown_queue_is_a_local_qp_operation_error() {
     )
     .unwrap();
     let c = wait_cqes(&nic, a.cq, 1).remove(0);
-    assert_eq!(c.status, Err(redn_sys::wqe::Syndrome::LocalQpOperation));
+    assert_eq!(c.status, Err(redn_program::wqe::Syndrome::LocalQpOperation));
     let c2 = endpoint(&nic, pd, |_| {});
     nic.connect(c2.qp.qpn, c2.qp.qpn).unwrap();
     nic.post_send(
@@ -536,6 +536,6 @@ fn enable_of_an_unmanaged_or_unknown_queue_is_a_local_qp_operation_error() {
     .unwrap();
     assert_eq!(
         wait_cqes(&nic, c2.cq, 1)[0].status,
-        Err(redn_sys::wqe::Syndrome::LocalQpOperation)
+        Err(redn_program::wqe::Syndrome::LocalQpOperation)
     );
 }

@@ -7,7 +7,7 @@ use common::*;
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Nic, QpCounters};
 use redn_sys::softnic::{Prefetch, SoftNic};
-use redn_sys::wqe::{CqeOpcode, Payload, RemoteAddr, Sge, Syndrome, WqeFlags, WrOp};
+use redn_program::wqe::{CqeOpcode, Payload, RemoteAddr, Sge, Syndrome, WqeFlags, WrOp};
 use redn_sys::{Access, Lkey, QpState, Rkey, VirtAddr};
 use std::sync::Arc;
 
@@ -477,9 +477,9 @@ fn a_fault_behind_fast_path_wqes() {
         assert_eq!(local.region_bytes()[512..576], [9u8; 64], "the READ landed");
         assert!(local.guards_intact() && remote.guards_intact());
         let c = nic.counters(ep.qp.qpn).unwrap();
-        assert_eq!(c.by_opcode(redn_sys::wqe::Opcode::Nop), 2);
-        assert_eq!(c.by_opcode(redn_sys::wqe::Opcode::RdmaWrite), 2);
-        assert_eq!(c.by_opcode(redn_sys::wqe::Opcode::RdmaRead), 1);
+        assert_eq!(c.by_opcode(redn_program::wqe::Opcode::Nop), 2);
+        assert_eq!(c.by_opcode(redn_program::wqe::Opcode::RdmaWrite), 2);
+        assert_eq!(c.by_opcode(redn_program::wqe::Opcode::RdmaRead), 1);
         assert_eq!((c.bytes, c.errors), (192, 1));
         assert_eq!(nic.qp_state(ep.qp.qpn).unwrap(), QpState::Error);
     }

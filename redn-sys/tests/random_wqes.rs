@@ -8,7 +8,7 @@ mod exec_soup;
 
 use common::Rng;
 
-use redn_sys::wqe::{off, Opcode, WqeFlags, BB_SIZE};
+use redn_program::wqe::{off, Opcode, WqeFlags, BB_SIZE};
 
 macro_rules! seeds {
     ($($name:literal),* $(,)?) => {

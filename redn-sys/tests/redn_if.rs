@@ -7,7 +7,7 @@
 mod demo;
 
 use redn_sys::softnic::Prefetch;
-use redn_sys::wqe::Opcode;
+use redn_program::wqe::Opcode;
 
 #[test]
 fn hash_get_hits_and_misses_in_every_prefetch_mode() {

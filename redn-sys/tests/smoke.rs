@@ -2,7 +2,7 @@ mod common;
 use common::*;
 use redn_sys::nic::Nic;
 use redn_sys::softnic::Prefetch;
-use redn_sys::wqe::{Payload, WrOp};
+use redn_program::wqe::{Payload, WrOp};
 
 #[test]
 fn loopback_write() {

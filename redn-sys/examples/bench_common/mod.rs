@@ -6,7 +6,7 @@
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Nic, QpInfo};
 use redn_sys::softnic::{Prefetch, SoftNic};
-use redn_sys::wqe::{encode_wqe, Opcode, WorkRequest, WqeFlags, WrOp, BB_SIZE};
+use redn_program::wqe::{encode_wqe, Opcode, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::{Cqn, Qpn};
 use std::fmt::Display;
 use std::hint::black_box;

@@ -4,7 +4,7 @@
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig, QpInfo};
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
-use redn_sys::wqe::{WorkRequest, WqeFlags, WrOp};
+use redn_program::wqe::{WorkRequest, WqeFlags, WrOp};
 use redn_sys::{Access, Cqn, Pdn};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -108,8 +108,8 @@ pub const ALL: Access = Access::ALL;
 pub struct Rig {
     pub server: SoftNic,
     pub client: SoftNic,
-    pub program: redn_sys::program::Program,
-    pub installed: redn_sys::program::Installed,
+    pub program: redn_program::program::Program,
+    pub installed: redn_sys::install::Installed,
     pub data: Region,
     pub cqp: redn_sys::Qpn,
     pub ccq: Cqn,
@@ -121,7 +121,7 @@ pub struct Rig {
 pub const DATA_LEN: usize = 1 << 20;
 
 impl Rig {
-    pub fn new(program: redn_sys::program::Program, prefetch: Prefetch) -> Rig {
+    pub fn new(program: redn_program::program::Program, prefetch: Prefetch) -> Rig {
         let server = nic(2, prefetch);
         let client = nic(1, prefetch);
         let spd = server.alloc_pd().unwrap();
@@ -148,7 +148,7 @@ impl Rig {
             "response".to_string(),
             (cbuf.mr.addr, cbuf.mr.lkey, 128 << 10),
         );
-        let installed = redn_sys::program::install(&server, spd, &program, &regions, &mut |q| {
+        let installed = redn_sys::install::install(&server, spd, &program, &regions, &mut |q| {
             SoftNic::connect_pair(&client, cqp, &server, q)
         })
         .unwrap();
@@ -180,7 +180,7 @@ impl Rig {
                     0,
                     WqeFlags::NONE,
                     WrOp::Send {
-                        payload: redn_sys::wqe::Payload::Inline(msg.to_vec()),
+                        payload: redn_program::wqe::Payload::Inline(msg.to_vec()),
                         imm: None,
                     },
                 )],

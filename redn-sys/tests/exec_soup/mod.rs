@@ -20,7 +20,7 @@
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, MrInfo, Nic, QpConfig};
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
-use redn_sys::wqe::{off, CqeOpcode, Syndrome, WorkRequest, WqeFlags, WrOp, BB_SIZE};
+use redn_program::wqe::{off, CqeOpcode, Syndrome, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::{Access, Cqn, Pdn, QpState, Qpn};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};

@@ -7,10 +7,11 @@
 use redn_policy::{verify, Grants};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, Nic, QpConfig};
-use redn_sys::program::catalog::{self, HashVariant, BUCKET_STRIDE};
-use redn_sys::program::{install, Program};
+use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
+use redn_sys::install::install;
+use redn_program::program::Program;
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
-use redn_sys::wqe::{Payload, Syndrome, WorkRequest, WqeFlags, WrOp};
+use redn_program::wqe::{Payload, Syndrome, WorkRequest, WqeFlags, WrOp};
 use redn_sys::{Access, QpState};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -54,7 +55,7 @@ struct World {
     values_addr: u64,
     cqp: redn_sys::Qpn,
     ccq: redn_sys::Cqn,
-    installed: redn_sys::program::Installed,
+    installed: redn_sys::install::Installed,
 }
 
 fn world(program: &Program, rng: &mut Rng) -> World {

@@ -1,4 +1,4 @@
-//! Checks the mlx5 layout in `redn_sys::wqe` against rdma-core's `infiniband/mlx5dv.h`.
+//! Checks the mlx5 layout in `redn_program::wqe` against rdma-core's `infiniband/mlx5dv.h`.
 //!
 //! At test time a small C program is generated, compiled with `cc` (or `$CC`) and run. It prints
 //! one `name value` line per fact: the header's field offsets, struct sizes and enum values, and
@@ -13,13 +13,13 @@
 //! segment, the masked-atomic segments and the extended-atomic opmod: those are hand-written in
 //! `wqe.rs` and not checked here.
 
-use redn_sys::types::MAX_QPN;
-use redn_sys::wqe::{
+use redn_program::types::MAX_QPN;
+use redn_program::wqe::{
     encode_wqe, off, Cqe, CqeOpcode, CtrlSeg, Opcode, Payload, RemoteAddr, Sge, Syndrome,
     WorkRequest, WqeFlags, WrOp, BB_SIZE, CQE_SIZE, INLINE_FLAG, INVALID_LKEY, MAX_DS,
     OPMOD_EXT_ATOMIC_8B, SEG_SIZE,
 };
-use redn_sys::{Lkey, Qpn, Rkey, VirtAddr};
+use redn_program::{Lkey, Qpn, Rkey, VirtAddr};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write as _;

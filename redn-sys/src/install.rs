@@ -1,7 +1,6 @@
 //! Installing one client's instance of a program on a softnic.
 
-use super::layout::{Bound, Resolver};
-use super::{Program, ProgramError, QueueRole};
+use crate::program::{Bound, Program, ProgramError, QueueRole, Resolver};
 use crate::mem::SharedBuffer;
 use crate::nic::{CqConfig, MrInfo, Nic, QpConfig, QpInfo, RingPlacement};
 use crate::softnic::SoftNic;

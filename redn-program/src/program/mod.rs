@@ -8,7 +8,7 @@
 //!
 //! [`Program::layout`] places every ring and static block of one client's instance in one code
 //! region; [`Program::render`] resolves every symbol against the bound addresses and keys and
-//! produces the exact ring bytes; [`install`] does both on a [`Nic`](crate::nic::Nic). The
+//! produces the exact ring bytes; `redn_sys::install` does both on a NIC. The
 //! manager inspects programs (the verifier), lays them out per client and shows them to admins
 //! ([`Program::listing`]).
 //!
@@ -21,12 +21,10 @@
 
 mod builder;
 pub mod catalog;
-mod install;
 mod layout;
 
 pub use builder::{Builder, QueueHandle};
-pub use install::{install, Installed};
-pub use layout::{CodeLayout, Resolver};
+pub use layout::{Bound, CodeLayout, Resolver};
 
 use crate::types::Access;
 use crate::wqe::{Opcode, WqeFlags};
