@@ -20,12 +20,21 @@ mod tests {
 
     #[test]
     fn every_prefetch_setting_maps_to_its_softnic_mode() {
-        assert_eq!(softnic_prefetch(Prefetch::default()), softnic::Prefetch::Depth(8));
+        assert_eq!(
+            softnic_prefetch(Prefetch::default()),
+            softnic::Prefetch::Depth(8)
+        );
         assert_eq!(
             softnic_prefetch(Prefetch::Depth(NonZeroU32::MIN)),
             softnic::Prefetch::Depth(1)
         );
-        assert_eq!(softnic_prefetch(Prefetch::AtExecute), softnic::Prefetch::AtExecute);
-        assert_eq!(softnic_prefetch(Prefetch::Adversarial), softnic::Prefetch::Adversarial);
+        assert_eq!(
+            softnic_prefetch(Prefetch::AtExecute),
+            softnic::Prefetch::AtExecute
+        );
+        assert_eq!(
+            softnic_prefetch(Prefetch::Adversarial),
+            softnic::Prefetch::Adversarial
+        );
     }
 }

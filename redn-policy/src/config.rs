@@ -955,7 +955,10 @@ identifier = "redn"
             assert_eq!(text.parse::<Prefetch>().unwrap(), p);
             assert_eq!(p.to_string(), text);
         }
-        assert_eq!(Prefetch::default(), Prefetch::Depth(NonZeroU32::new(8).unwrap()));
+        assert_eq!(
+            Prefetch::default(),
+            Prefetch::Depth(NonZeroU32::new(8).unwrap())
+        );
     }
 
     #[test]

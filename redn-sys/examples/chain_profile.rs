@@ -19,10 +19,10 @@
 #[allow(dead_code)]
 mod bench_common;
 use bench_common::{flags_if, nop, post_endless_wait, push_doorbell_master, Ctx, SqWriter};
+use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, Nic, QpConfig, QpInfo};
 use redn_sys::softnic::{SoftNic, SoftNicConfig};
-use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
 use redn_sys::{Access, Cqn, Pdn};
 use std::time::{Duration, Instant};
 

@@ -22,15 +22,14 @@ use bench_common::{
     stats, timed_out, verdict, wait_produced, Backoff, CommonOpts, Ctx, SqWriter, Stats, WaitMode,
     WAIT_TIMEOUT,
 };
-use redn_sys::mem::SharedBuffer;
-use redn_sys::nic::{CompChannel, Completion, CqConfig, MrInfo, Nic, QpConfig};
 use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
 use redn_program::program::{
-    Addr, Builder, Form, Iterations, Op, Program, ProgramError, QueueRole,
-    RegionRole, Sge,
+    Addr, Builder, Form, Iterations, Op, Program, ProgramError, QueueRole, RegionRole, Sge,
 };
-use redn_sys::softnic::{SoftNic, SoftNicConfig};
 use redn_program::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
+use redn_sys::mem::SharedBuffer;
+use redn_sys::nic::{CompChannel, Completion, CqConfig, MrInfo, Nic, QpConfig};
+use redn_sys::softnic::{SoftNic, SoftNicConfig};
 use redn_sys::{Access, Cqn, Lkey, Pdn, QpState, Qpn, VirtAddr};
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -362,9 +361,10 @@ struct Reader {
 }
 
 struct Env {
-    server: SoftNic,
+    server: std::sync::Arc<SoftNic>,
     client: SoftNic,
-    spd: Pdn,
+    /// The server's protection domain: installs own a handle to it.
+    server_pd: std::sync::Arc<redn_sys::handle::ProtectionDomain<SoftNic>>,
     cpd: Pdn,
     /// Server data: the hash table, the list, the values, scratch.
     data: Region,
@@ -386,13 +386,15 @@ struct Env {
 
 impl Env {
     fn new(o: &Opts) -> Result<Env, String> {
-        let server = SoftNic::new(SoftNicConfig {
-            name: "server".into(),
-            pus: o.common.pus,
-            prefetch: o.common.prefetch,
-            wqe_checks: false,
-        })
-        .ctx("server softnic")?;
+        let server = std::sync::Arc::new(
+            SoftNic::new(SoftNicConfig {
+                name: "server".into(),
+                pus: o.common.pus,
+                prefetch: o.common.prefetch,
+                wqe_checks: false,
+            })
+            .ctx("server softnic")?,
+        );
         let client = SoftNic::new(SoftNicConfig {
             name: "client".into(),
             pus: 1,
@@ -400,7 +402,8 @@ impl Env {
             wqe_checks: false,
         })
         .ctx("client softnic")?;
-        let spd = server.alloc_pd().ctx("alloc_pd")?;
+        let server_pd = redn_sys::handle::ProtectionDomain::alloc(&server).ctx("alloc_pd")?;
+        let spd = server_pd.pdn();
         let cpd = client.alloc_pd().ctx("alloc_pd")?;
         let data = Region::new(&server, spd, DATA_LEN, Access::ALL)?;
         let cbuf = Region::new(&client, cpd, CBUF_LEN, Access::ALL)?;
@@ -425,7 +428,7 @@ impl Env {
         SoftNic::connect_pair(&client, rqp.qpn, &server, sqp.qpn).ctx("connect_pair")?;
         let mut wakers = Vec::new();
         for (on_server, nic, pd, pu) in (0..o.common.pus)
-            .map(|p| (true, &server, spd, p))
+            .map(|p| (true, &*server, spd, p))
             .chain([(false, &client, cpd, 0)])
         {
             let cq = nic.create_cq(CqConfig::default()).ctx("create_cq")?;
@@ -438,7 +441,7 @@ impl Env {
         Ok(Env {
             server,
             client,
-            spd,
+            server_pd,
             cpd,
             data,
             cbuf,
@@ -506,7 +509,7 @@ impl Env {
 
 /// One installed offload and the client queue pair talking to it.
 struct Inst {
-    installed: redn_sys::install::Installed,
+    installed: redn_sys::install::Installed<SoftNic>,
     cqp: Qpn,
     csq: SqWriter,
     /// Invocations it serves (u64::MAX for recycled programs).
@@ -559,7 +562,7 @@ fn install(
     let cinfo = env.client.create_qp(c).ctx("create client QP")?;
     let regions = env.regions(scratch);
     let t_inst = Instant::now();
-    let r = redn_sys::install::install(&env.server, env.spd, program, &regions, &mut |q| {
+    let r = redn_sys::install::install(&env.server_pd, program, &regions, &mut |q| {
         SoftNic::connect_pair(&env.client, cinfo.qpn, &env.server, q)
     });
     {
@@ -597,7 +600,7 @@ fn install(
 /// Tear an installation down: its queues, code region and CQs, and the client QP.
 fn remove(env: &Env, inst: Inst) -> Result<(), String> {
     // `remove` destroys the offload's queues, their CQs and the code region.
-    inst.installed.remove(&env.server).ctx("remove offload")?;
+    inst.installed.remove().ctx("remove offload")?;
     env.client.destroy_qp(inst.cqp).ctx("destroy client QP")?;
     Ok(())
 }

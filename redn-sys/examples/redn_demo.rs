@@ -18,13 +18,13 @@
 //!
 //! Run: `cargo run --release -p redn-sys --example redn_demo [-- --requests N]`
 
+use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
+use redn_program::program::Program;
+use redn_program::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
+use redn_sys::install::install;
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, Nic, QpConfig};
-use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
-use redn_sys::install::install;
-use redn_program::program::Program;
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
-use redn_program::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
 use redn_sys::Access;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -82,11 +82,12 @@ pub fn run(requests: &[(u64, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
         prefetch,
         wqe_checks: false,
     };
-    let server = SoftNic::new(cfg("server", 2)).expect("server softnic");
+    let server = std::sync::Arc::new(SoftNic::new(cfg("server", 2)).expect("server softnic"));
     let client = SoftNic::new(cfg("client", 1)).expect("client softnic");
 
     // Server: one data region holding the bucket table and the values.
-    let spd = server.alloc_pd().unwrap();
+    let pd = redn_sys::handle::ProtectionDomain::alloc(&server).unwrap();
+    let spd = pd.pdn();
     let data_len = VALUES_AT + BUCKETS as usize * VALUE_LEN;
     let data = SharedBuffer::new(data_len);
     let mr = server
@@ -124,7 +125,7 @@ pub fn run(requests: &[(u64, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
     );
     regions.insert("values".to_string(), (mr.addr, mr.lkey, data_len as u64));
     regions.insert("response".to_string(), (cmr.addr, cmr.lkey, 4096));
-    let installed = install(&server, spd, &program, &regions, &mut |q| {
+    let installed = install(&pd, &program, &regions, &mut |q| {
         SoftNic::connect_pair(&client, cqp, &server, q)
     })
     .expect("install hash-get");

@@ -16,10 +16,10 @@ use bench_common::{
     print_anomalies, print_head, push_doorbell_master, stats, verdict, wait_produced, Backoff,
     CommonOpts, Ctx, SqWriter, Stats, WaitMode, SPIN_BEFORE_YIELD, WAIT_TIMEOUT,
 };
+use redn_program::wqe::{encode_wqe, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig, QpInfo};
 use redn_sys::softnic::{SoftNic, SoftNicConfig};
-use redn_program::wqe::{encode_wqe, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::{Access, Cqn, Pdn, QpState, Qpn};
 use std::hint::black_box;
 use std::sync::Arc;

@@ -5,12 +5,14 @@
 //!
 //! - [`mem`]: shared buffers, memory regions, keys and the one place access is checked;
 //! - [`nic`]: the [`Nic`](nic::Nic) trait every backend implements;
+//! - [`handle`]: owned NIC objects that release themselves when dropped;
 //! - [`install`]: installing one client's instance of a program on any [`Nic`](nic::Nic);
 //! - [`softnic`]: the software RDMA NIC that executes mlx5 WQE bytes from ring memory, the
 //!   default backend.
 //!
 //! See `docs/architecture.md` for how the pieces fit.
 
+pub mod handle;
 pub mod install;
 pub mod mem;
 pub mod nic;

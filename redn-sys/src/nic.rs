@@ -318,6 +318,9 @@ pub trait Nic: Send + Sync {
     fn create_qp(&self, cfg: QpConfig) -> Result<QpInfo>;
     /// Destroy a queue pair (moves it to error first).
     fn destroy_qp(&self, qp: Qpn) -> Result<()>;
+    /// Connect two queue pairs of this NIC to each other, or one to itself (loopback, as a
+    /// program's worker queues are): both move to RTS.
+    fn connect(&self, a: Qpn, b: Qpn) -> Result<()>;
     /// Encode and post send work requests; rings the doorbell unless the queue is managed.
     fn post_send(&self, qp: Qpn, wrs: &[WorkRequest]) -> Result<()>;
     /// Post one receive.
@@ -355,4 +358,20 @@ pub trait Nic: Send + Sync {
     fn counters(&self, qp: Qpn) -> Result<QpCounters>;
     /// Send queue: WQEs consumed so far (producer-index units).
     fn sq_consumed(&self, qp: Qpn) -> Result<u64>;
+    /// How many objects of each kind the NIC holds now, whoever created them.
+    fn objects(&self) -> ObjectCounts;
+}
+
+/// How many objects of each kind a NIC holds: what a leak check compares before and after.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct ObjectCounts {
+    /// Protection domains.
+    pub pds: usize,
+    /// Registered memory regions (each with its key).
+    pub regions: usize,
+    /// Completion queues.
+    pub cqs: usize,
+    /// Queue pairs.
+    pub qps: usize,
 }

@@ -2,8 +2,8 @@
 
 mod common;
 use common::*;
-use redn_sys::nic::Nic;
 use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
+use redn_sys::nic::Nic;
 use redn_sys::softnic::Prefetch;
 use redn_sys::QpState;
 
@@ -125,9 +125,10 @@ fn hash_get_parallel_two_buckets() {
 fn bucket_address_outside_the_table_is_a_protection_error_not_an_answer() {
     // Bind the table to its first 4 KiB only; a bucket address past it must fail.
     let program = catalog::hash_get(HashVariant::Single, 4).unwrap();
-    let server = nic(1, Prefetch::Adversarial);
+    let server = std::sync::Arc::new(nic(1, Prefetch::Adversarial));
     let client = nic(1, Prefetch::Adversarial);
-    let spd = server.alloc_pd().unwrap();
+    let pd = redn_sys::handle::ProtectionDomain::alloc(&server).unwrap();
+    let spd = pd.pdn();
     let data = Region::new(&server, spd, 1 << 16, ALL);
     let table = server
         .reg_mr(spd, &data.buf, 0, 4096, redn_sys::Access::REMOTE_READ)
@@ -145,7 +146,7 @@ fn bucket_address_outside_the_table_is_a_protection_error_not_an_answer() {
     regions.insert("table".to_string(), (table.addr, table.lkey, 4096));
     regions.insert("values".to_string(), (data.mr.addr, data.mr.lkey, 1 << 16));
     regions.insert("response".to_string(), (cbuf.mr.addr, cbuf.mr.lkey, 4096));
-    let inst = redn_sys::install::install(&server, spd, &program, &regions, &mut |q| {
+    let inst = redn_sys::install::install(&pd, &program, &regions, &mut |q| {
         redn_sys::softnic::SoftNic::connect_pair(&client, cqp, &server, q)
     })
     .unwrap();

@@ -3,9 +3,9 @@
 
 mod common;
 use common::*;
+use redn_program::wqe::{off, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::nic::{CqConfig, Nic, QpConfig};
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
-use redn_program::wqe::{off, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 
 const MODES: [Prefetch; 3] = [
     Prefetch::AtExecute,

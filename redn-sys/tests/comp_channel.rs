@@ -3,9 +3,9 @@
 
 mod common;
 use common::*;
+use redn_program::wqe::{Payload, WqeFlags, WrOp};
 use redn_sys::nic::{CompChannel, Nic};
 use redn_sys::softnic::Prefetch;
-use redn_program::wqe::{Payload, WqeFlags, WrOp};
 use std::time::Duration;
 
 const SHORT: Duration = Duration::from_millis(30);

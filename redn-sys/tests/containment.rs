@@ -5,13 +5,13 @@
 //! read-only grants do not change at all.
 
 use redn_policy::{verify, Grants};
+use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
+use redn_program::program::Program;
+use redn_program::wqe::{Payload, Syndrome, WorkRequest, WqeFlags, WrOp};
+use redn_sys::install::install;
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, Nic, QpConfig};
-use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
-use redn_sys::install::install;
-use redn_program::program::Program;
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
-use redn_program::wqe::{Payload, Syndrome, WorkRequest, WqeFlags, WrOp};
 use redn_sys::{Access, QpState};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -47,7 +47,7 @@ fn snapshot(b: &SharedBuffer) -> Vec<u8> {
 }
 
 struct World {
-    server: SoftNic,
+    server: std::sync::Arc<SoftNic>,
     client: SoftNic,
     smem: Arc<SharedBuffer>,
     cmem: Arc<SharedBuffer>,
@@ -55,7 +55,7 @@ struct World {
     values_addr: u64,
     cqp: redn_sys::Qpn,
     ccq: redn_sys::Cqn,
-    installed: redn_sys::install::Installed,
+    installed: redn_sys::install::Installed<SoftNic>,
 }
 
 fn world(program: &Program, rng: &mut Rng) -> World {
@@ -65,9 +65,10 @@ fn world(program: &Program, rng: &mut Rng) -> World {
         prefetch: Prefetch::Adversarial,
         wqe_checks: false,
     };
-    let server = SoftNic::new(cfg("server")).unwrap();
+    let server = std::sync::Arc::new(SoftNic::new(cfg("server")).unwrap());
     let client = SoftNic::new(cfg("client")).unwrap();
-    let spd = server.alloc_pd().unwrap();
+    let pd = redn_sys::handle::ProtectionDomain::alloc(&server).unwrap();
+    let spd = pd.pdn();
     let smem = SharedBuffer::new(SERVER_LEN);
     smem.write(0, &vec![GUARD; SERVER_LEN]);
     let table = server
@@ -134,7 +135,7 @@ fn world(program: &Program, rng: &mut Rng) -> World {
     regions.insert("list".to_string(), (table.addr, table.lkey, table.len));
     regions.insert("values".to_string(), (values.addr, values.lkey, values.len));
     regions.insert("response".to_string(), (resp.addr, resp.lkey, resp.len));
-    let installed = install(&server, spd, program, &regions, &mut |q| {
+    let installed = install(&pd, program, &regions, &mut |q| {
         SoftNic::connect_pair(&client, cqp, &server, q)
     })
     .unwrap();

@@ -3,10 +3,10 @@
 
 mod common;
 use common::*;
+use redn_program::wqe::{Syndrome, WqeFlags, WrOp};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, Nic, QpConfig};
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
-use redn_program::wqe::{Syndrome, WqeFlags, WrOp};
 use redn_sys::{Access, Error, Lkey, Pdn, Qpn};
 
 fn nop() -> WrOp {

@@ -6,9 +6,9 @@
 
 mod common;
 use common::*;
+use redn_program::wqe::{Opcode, Payload, RemoteAddr, WqeFlags, WrOp, BB_SIZE, SEG_SIZE};
 use redn_sys::nic::{Completion, Nic, RateLimit};
 use redn_sys::softnic::Prefetch;
-use redn_program::wqe::{Opcode, Payload, RemoteAddr, WqeFlags, WrOp, BB_SIZE, SEG_SIZE};
 use redn_sys::{Access, Cqn, Rkey, VirtAddr};
 
 const LEN: usize = 4096;

@@ -3,9 +3,9 @@
 
 mod common;
 use common::*;
+use redn_program::wqe::{CqeOpcode, Opcode, Payload, WqeFlags, WrOp};
 use redn_sys::nic::Nic;
 use redn_sys::softnic::{Prefetch, SoftNic};
-use redn_program::wqe::{CqeOpcode, Opcode, Payload, WqeFlags, WrOp};
 use redn_sys::Cqn;
 
 struct Loop {
@@ -192,7 +192,10 @@ fn misaligned_atomic_is_a_remote_invalid_request() {
         )
         .unwrap();
     let c = wait_cqes(&l.nic, l.ep.cq, 1).remove(0);
-    assert_eq!(c.status, Err(redn_program::wqe::Syndrome::RemoteInvalidRequest));
+    assert_eq!(
+        c.status,
+        Err(redn_program::wqe::Syndrome::RemoteInvalidRequest)
+    );
 }
 
 #[test]
@@ -366,7 +369,10 @@ fn send_longer_than_the_receive_is_refused_by_the_responder() {
         )
         .unwrap();
     let c = wait_cqes(&p.client_nic, p.client.cq, 1).remove(0);
-    assert_eq!(c.status, Err(redn_program::wqe::Syndrome::RemoteInvalidRequest));
+    assert_eq!(
+        c.status,
+        Err(redn_program::wqe::Syndrome::RemoteInvalidRequest)
+    );
     let s = wait_cqes(&p.server_nic, p.server.cq, 1).remove(0);
     assert_eq!(s.status, Err(redn_program::wqe::Syndrome::LocalLength));
     assert_eq!(p.sbuf.read(0, 4), [0; 4], "nothing placed");

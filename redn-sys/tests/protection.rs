@@ -4,10 +4,10 @@
 
 mod common;
 use common::*;
+use redn_program::wqe::{CqeOpcode, Payload, RemoteAddr, Sge, Syndrome, WqeFlags, WrOp};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Nic, QpCounters};
 use redn_sys::softnic::{Prefetch, SoftNic};
-use redn_program::wqe::{CqeOpcode, Payload, RemoteAddr, Sge, Syndrome, WqeFlags, WrOp};
 use redn_sys::{Access, Lkey, QpState, Rkey, VirtAddr};
 use std::sync::Arc;
 

@@ -2,9 +2,9 @@
 
 mod common;
 use common::*;
+use redn_program::wqe::{Opcode, Payload, WqeFlags, WrOp};
 use redn_sys::nic::{Nic, RateLimit};
 use redn_sys::softnic::Prefetch;
-use redn_program::wqe::{Opcode, Payload, WqeFlags, WrOp};
 use std::time::{Duration, Instant};
 
 /// The tests here run one at a time, and the rate measurements wait for their completion

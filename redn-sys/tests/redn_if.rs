@@ -6,8 +6,8 @@
 #[allow(dead_code)]
 mod demo;
 
-use redn_sys::softnic::Prefetch;
 use redn_program::wqe::Opcode;
+use redn_sys::softnic::Prefetch;
 
 #[test]
 fn hash_get_hits_and_misses_in_every_prefetch_mode() {

@@ -1,8 +1,8 @@
 mod common;
 use common::*;
+use redn_program::wqe::{Payload, WrOp};
 use redn_sys::nic::Nic;
 use redn_sys::softnic::Prefetch;
-use redn_program::wqe::{Payload, WrOp};
 
 #[test]
 fn loopback_write() {

@@ -3,10 +3,10 @@
 //! the report's head and tail. Each example includes it with `mod bench_common;` (a directory
 //! module, so cargo does not build it as an example of its own).
 
+use redn_program::wqe::{encode_wqe, Opcode, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Nic, QpInfo};
 use redn_sys::softnic::{Prefetch, SoftNic};
-use redn_program::wqe::{encode_wqe, Opcode, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::{Cqn, Qpn};
 use std::fmt::Display;
 use std::hint::black_box;

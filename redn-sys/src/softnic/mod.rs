@@ -23,8 +23,8 @@ pub use exec::MAX_MESSAGE;
 
 use crate::mem::{KeyTable, SharedBuffer};
 use crate::nic::{
-    CompChannel, Completion, CqConfig, MrInfo, Nic, QpConfig, QpCounters, QpInfo, RateLimit,
-    RingInfo, RingPlacement,
+    CompChannel, Completion, CqConfig, MrInfo, Nic, ObjectCounts, QpConfig, QpCounters, QpInfo,
+    RateLimit, RingInfo, RingPlacement,
 };
 use crate::types::{Access, Cqn, Lkey, Pdn, Qpn, MAX_QPN};
 use crate::wqe::{
@@ -248,11 +248,6 @@ impl SoftNic {
     /// Its settings.
     pub fn config(&self) -> &SoftNicConfig {
         &self.shared.config
-    }
-
-    /// Connect two queue pairs of this softnic (or one to itself: loopback). Both move to RTS.
-    pub fn connect(&self, a: Qpn, b: Qpn) -> Result<()> {
-        SoftNic::connect_pair(self, a, self, b)
     }
 
     /// Connect queue pair `a` of softnic `nic_a` with `b` of `nic_b` (in-process transport).
@@ -552,6 +547,34 @@ impl Nic for SoftNic {
             .insert(qpn, Arc::clone(&qp));
         self.shared.pus.adopt(qp);
         Ok(info)
+    }
+
+    fn connect(&self, a: Qpn, b: Qpn) -> Result<()> {
+        SoftNic::connect_pair(self, a, self, b)
+    }
+
+    fn objects(&self) -> ObjectCounts {
+        ObjectCounts {
+            pds: self
+                .shared
+                .pds
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .len(),
+            regions: self.shared.keys.regions().len(),
+            cqs: self
+                .shared
+                .cqs
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .len(),
+            qps: self
+                .shared
+                .qps
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .len(),
+        }
     }
 
     fn destroy_qp(&self, qp: Qpn) -> Result<()> {

@@ -1,10 +1,11 @@
 //! Helpers shared by the softnic tests: a loopback or two-NIC setup with registered buffers.
 #![allow(dead_code)]
 
+use redn_program::wqe::{WorkRequest, WqeFlags, WrOp};
+use redn_sys::handle::ProtectionDomain;
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig, QpInfo};
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
-use redn_program::wqe::{WorkRequest, WqeFlags, WrOp};
 use redn_sys::{Access, Cqn, Pdn};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -106,10 +107,10 @@ pub const ALL: Access = Access::ALL;
 
 /// A server softnic running one installed offload and a client softnic connected to it.
 pub struct Rig {
-    pub server: SoftNic,
+    pub server: Arc<SoftNic>,
     pub client: SoftNic,
     pub program: redn_program::program::Program,
-    pub installed: redn_sys::install::Installed,
+    pub installed: redn_sys::install::Installed<SoftNic>,
     pub data: Region,
     pub cqp: redn_sys::Qpn,
     pub ccq: Cqn,
@@ -122,9 +123,10 @@ pub const DATA_LEN: usize = 1 << 20;
 
 impl Rig {
     pub fn new(program: redn_program::program::Program, prefetch: Prefetch) -> Rig {
-        let server = nic(2, prefetch);
+        let server = Arc::new(nic(2, prefetch));
         let client = nic(1, prefetch);
-        let spd = server.alloc_pd().unwrap();
+        let pd = ProtectionDomain::alloc(&server).unwrap();
+        let spd = pd.pdn();
         let data = Region::new(&server, spd, DATA_LEN, ALL);
         let cpd = client.alloc_pd().unwrap();
         let cbuf = Region::new(&client, cpd, 128 << 10, ALL);
@@ -148,7 +150,7 @@ impl Rig {
             "response".to_string(),
             (cbuf.mr.addr, cbuf.mr.lkey, 128 << 10),
         );
-        let installed = redn_sys::install::install(&server, spd, &program, &regions, &mut |q| {
+        let installed = redn_sys::install::install(&pd, &program, &regions, &mut |q| {
             SoftNic::connect_pair(&client, cqp, &server, q)
         })
         .unwrap();

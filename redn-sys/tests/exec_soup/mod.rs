@@ -17,10 +17,10 @@
 //! Memory: one buffer holding a guard, region `rw` (every right), region `ro` (remote read
 //! only) and another guard; the send ring itself is registered too (every right), so WQEs
 //! can rewrite WQEs. Nothing but `rw` and the ring may change.
+use redn_program::wqe::{off, CqeOpcode, Syndrome, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, MrInfo, Nic, QpConfig};
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
-use redn_program::wqe::{off, CqeOpcode, Syndrome, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::{Access, Cqn, Pdn, QpState, Qpn};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
