@@ -1,8 +1,8 @@
 //! Completion queues: a ring of mlx5 CQE64 entries plus the running count WAIT compares with.
 
-use super::pu::PuSet;
+use super::cache_line::CacheLine;
 use super::spin::SpinLock;
-use super::CacheLine;
+use super::wake::PuSet;
 use crate::nic::{CompChannel, Completion};
 use crate::types::Cqn;
 use crate::wqe::{Cqe, CqeOpcode, Syndrome, CQE_SIZE};

@@ -10,11 +10,13 @@
 //! - operations of one queue complete in order before the next starts, so a FENCE is always
 //!   satisfied here (ConnectX needs it; programs must still set it, the verifier checks that).
 
+use super::config::Prefetch;
 use super::cq::CqShared;
+use super::in_process::InProcess;
 use super::qp::{bump, QpShared, Ring};
 use super::rate::Limiter;
-use super::transport::{AtomicOp, InProcess, Nak, Transport};
-use super::Shared;
+use super::shared::Shared;
+use super::transport::{AtomicOp, Nak, Transport};
 use crate::mem::{KeyCache, KeyTable, SharedBuffer, Span};
 use crate::types::{Access, Cqn, Qpn, Rkey, VirtAddr};
 use crate::wqe::{
@@ -115,8 +117,7 @@ impl Geometry {
 /// At least the deepest prefetch plus the largest WQE, so BBs fetched and not yet run never
 /// share a snapshot.
 const SNAPSHOT_SLOTS: u64 = 16 << 10;
-const _: () =
-    assert!(SNAPSHOT_SLOTS >= super::Prefetch::MAX_DEPTH + crate::wqe::MAX_WQE_BBS as u64);
+const _: () = assert!(SNAPSHOT_SLOTS >= Prefetch::MAX_DEPTH + crate::wqe::MAX_WQE_BBS as u64);
 
 /// One ring slot as the executor last fetched it: the BB's bytes, which are what runs however
 /// the ring changes after the fetch (the prefetch model), and, once the fast path has run them
@@ -1143,7 +1144,10 @@ impl Core {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
-            f.direct = self.peer.clone().and_then(|p| p.in_process_arc());
+            f.direct = self
+                .peer
+                .clone()
+                .and_then(|p| p.into_any().downcast::<InProcess>().ok());
         }
         let g = self.qp.rate_generation.load(Ordering::Acquire);
         if g != self.rate_generation {

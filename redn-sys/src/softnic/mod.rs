@@ -11,14 +11,21 @@
 //! two softnic instances of one process ([`SoftNic::connect_pair`]); the transport sits behind
 //! a seam so a network transport can follow.
 
+// Module order is dependency order: each imports only modules listed before it.
+mod cache_line;
+mod config;
 mod cq;
 mod exec;
+mod in_process;
 mod pu;
 mod qp;
 mod rate;
+mod shared;
 mod spin;
 mod transport;
+mod wake;
 
+pub use config::{Prefetch, SoftNicConfig};
 pub use exec::MAX_MESSAGE;
 
 use crate::mem::{KeyTable, SharedBuffer};
@@ -31,139 +38,16 @@ use crate::wqe::{
     bbs_for_ds, encode_recv, encode_wqe_into, Sge, WorkRequest, BB_SIZE, MAX_WQE_BYTES, SEG_SIZE,
 };
 use crate::{Error, QpState, Result};
+use cache_line::CacheLine;
 use cq::CqShared;
-use pu::PuSet;
+use in_process::InProcess;
 use qp::{QpShared, Ring};
+use shared::Shared;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
-use transport::InProcess;
-
-/// How far ahead of execution a queue fetches WQEs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Prefetch {
-    /// Each WQE is fetched just before it runs ("snapshot at execute"): the most forgiving.
-    AtExecute,
-    /// Up to this many BBs past the running WQE are fetched early (at most
-    /// [`Prefetch::MAX_DEPTH`]).
-    Depth(u32),
-    /// Everything eligible is fetched as early as allowed ("snapshot at enable / doorbell"),
-    /// up to [`Prefetch::MAX_DEPTH`] BBs ahead: the harshest setting, for testing that a
-    /// chain orders its patches correctly.
-    Adversarial,
-}
-
-impl Prefetch {
-    /// The furthest a queue fetches ahead, in BBs: each queue keeps its snapshots (64 bytes a
-    /// BB), so this bounds that memory at 256 KiB a queue.
-    pub const MAX_DEPTH: u64 = 4096;
-
-    fn depth(self, ring_entries: u64) -> u64 {
-        let d = match self {
-            Prefetch::AtExecute => 0,
-            Prefetch::Depth(d) => u64::from(d),
-            Prefetch::Adversarial => ring_entries,
-        };
-        d.min(ring_entries).min(Self::MAX_DEPTH)
-    }
-}
-
-/// Settings of one softnic instance.
-#[derive(Clone, Debug)]
-pub struct SoftNicConfig {
-    /// Name for logs.
-    pub name: String,
-    /// Processing units (worker threads), 1..=64.
-    pub pus: usize,
-    /// WQE prefetch model.
-    pub prefetch: Prefetch,
-    /// Check that each WQE's QPN and index match its queue and slot (ConnectX's "WQE checks").
-    /// RedN needs them off, because its chains keep operands in those fields; off by default.
-    pub wqe_checks: bool,
-}
-
-impl Default for SoftNicConfig {
-    fn default() -> Self {
-        SoftNicConfig {
-            name: "softnic0".into(),
-            pus: 1,
-            prefetch: Prefetch::Depth(8),
-            wqe_checks: false,
-        }
-    }
-}
-
-/// A value alone on its cache line(s).
-#[repr(align(64))]
-pub(crate) struct CacheLine<T>(pub(crate) T);
-
-/// State shared by the softnic's handle, its PUs and its queues.
-pub(crate) struct Shared {
-    pub(crate) config: SoftNicConfig,
-    pub(crate) keys: Arc<KeyTable>,
-    pds: Mutex<HashSet<u32>>,
-    cqs: RwLock<HashMap<u32, Arc<CqShared>>>,
-    qps: RwLock<HashMap<u32, Arc<QpShared>>>,
-    /// On its own cache line: PUs read it for every WAIT and SEND_EN, while hosts polling a
-    /// CQ's count write the neighbouring lock words.
-    objects_generation: CacheLine<AtomicU64>,
-    next_pdn: AtomicU32,
-    next_qpn: AtomicU32,
-    next_cqn: AtomicU32,
-    pus: Arc<PuSet>,
-}
-
-impl Shared {
-    pub(crate) fn objects_generation(&self) -> u64 {
-        self.objects_generation.0.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn qp(&self, qpn: Qpn) -> Result<Arc<QpShared>> {
-        self.qps
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&qpn.0)
-            .cloned()
-            .ok_or(Error::NoSuchQp(qpn))
-    }
-
-    /// Run `f` on a queue pair without cloning its Arc: hosts poll these, and an Arc clone
-    /// writes the reference count that shares a cache line with fields the PU reads.
-    pub(crate) fn with_qp<T>(&self, qpn: Qpn, f: impl FnOnce(&QpShared) -> T) -> Result<T> {
-        with_object(&self.qps, qpn.0, f).ok_or(Error::NoSuchQp(qpn))
-    }
-
-    /// Run `f` on a CQ without cloning its Arc, as `with_qp` does for queue pairs: hosts
-    /// poll these, and an Arc clone writes the reference count, which shares a cache line
-    /// with the CQ's fields.
-    pub(crate) fn with_cq<T>(&self, cqn: Cqn, f: impl FnOnce(&CqShared) -> T) -> Result<T> {
-        with_object(&self.cqs, cqn.0, f).ok_or(Error::NoSuchCq(cqn))
-    }
-
-    pub(crate) fn cq(&self, cqn: Cqn) -> Result<Arc<CqShared>> {
-        self.cqs
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&cqn.0)
-            .cloned()
-            .ok_or(Error::NoSuchCq(cqn))
-    }
-}
-
-/// Run `f` on object `n` of `table` under its read lock, without cloning its Arc (see
-/// `Shared::with_qp`); None if there is no such object.
-fn with_object<O, T>(
-    table: &RwLock<HashMap<u32, Arc<O>>>,
-    n: u32,
-    f: impl FnOnce(&O) -> T,
-) -> Option<T> {
-    table
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&n)
-        .map(|o| f(o))
-}
+use wake::PuSet;
 
 /// A software RDMA NIC. Dropping it stops its processing units.
 pub struct SoftNic {
@@ -218,6 +102,7 @@ impl SoftNic {
             next_pdn: AtomicU32::new(1),
             next_qpn: AtomicU32::new(0x100),
             next_cqn: AtomicU32::new(0x80),
+            incoming: (0..pus.len()).map(|_| Mutex::new(Vec::new())).collect(),
             pus: Arc::clone(&pus),
         });
         let mut threads = Vec::new();
@@ -545,7 +430,7 @@ impl Nic for SoftNic {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(qpn, Arc::clone(&qp));
-        self.shared.pus.adopt(qp);
+        self.shared.adopt(qp);
         Ok(info)
     }
 
@@ -591,7 +476,7 @@ impl Nic for SoftNic {
         q.send_cq.users.fetch_sub(1, Ordering::AcqRel);
         q.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
         self.bump_objects();
-        q.pus.forget(q.pu);
+        q.pus.mark_changed(q.pu);
         Ok(())
     }
 

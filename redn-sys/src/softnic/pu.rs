@@ -7,11 +7,10 @@
 //! WAIT is counting, a receive a SEND was waiting for) bumps its event counter and unparks it.
 
 use super::exec::{RunOutcome, Siblings, SqExec};
-use super::qp::QpShared;
-use super::Shared;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::thread::Thread;
+use super::shared::Shared;
+use super::wake::{self, PuSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// How long a PU keeps polling after its last useful work before it parks.
@@ -61,103 +60,8 @@ impl Drop for LivePu {
     }
 }
 
-thread_local! {
-    /// The PU this thread is (set set, index), so a PU does not notify itself: it rescans
-    /// after any progress anyway.
-    static CURRENT: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, usize::MAX)) };
-}
 /// WQEs one queue may run before the PU looks at its other queues.
 const BURST: usize = 256;
-
-pub(crate) struct PuNotify {
-    events: AtomicU64,
-    sleeping: AtomicBool,
-    thread: OnceLock<Thread>,
-    incoming: Mutex<Vec<Arc<QpShared>>>,
-    /// A queue was handed over or destroyed: the PU updates its list (checked once per round
-    /// rather than every queue's `destroyed` flag).
-    changed: AtomicBool,
-}
-
-/// The PUs of one softnic, as seen by those who need to wake them.
-pub(crate) struct PuSet {
-    pus: Box<[PuNotify]>,
-    pub(crate) shutdown: AtomicBool,
-}
-
-impl PuSet {
-    pub(crate) fn new(n: usize) -> PuSet {
-        PuSet {
-            pus: (0..n)
-                .map(|_| PuNotify {
-                    events: AtomicU64::new(0),
-                    sleeping: AtomicBool::new(false),
-                    thread: OnceLock::new(),
-                    incoming: Mutex::new(Vec::new()),
-                    changed: AtomicBool::new(false),
-                })
-                .collect(),
-            shutdown: AtomicBool::new(false),
-        }
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.pus.len()
-    }
-
-    /// Tell PU `pu` that something changed.
-    #[inline]
-    pub(crate) fn notify(&self, pu: usize) {
-        if CURRENT.with(|c| c.get()) == (self as *const PuSet as usize, pu) {
-            return;
-        }
-        self.notify_other(pu);
-    }
-
-    /// As [`Self::notify`], from PU `from` of `from_set`: a caller that knows which PU it
-    /// runs on skips the thread-local lookup (a call, on the executor's hot path).
-    #[inline(always)]
-    pub(crate) fn notify_from(&self, pu: usize, from_set: &PuSet, from: usize) {
-        if !(std::ptr::eq(self, from_set) && pu == from) {
-            self.notify_other(pu);
-        }
-    }
-
-    /// Tell PU `pu`, which is not the calling thread, that something changed.
-    #[inline]
-    fn notify_other(&self, pu: usize) {
-        let p = &self.pus[pu];
-        p.events.fetch_add(1, Ordering::SeqCst);
-        if p.sleeping.load(Ordering::SeqCst) {
-            if let Some(t) = p.thread.get() {
-                t.unpark();
-            }
-        }
-    }
-
-    pub(crate) fn notify_all(&self) {
-        for i in 0..self.pus.len() {
-            self.notify(i);
-        }
-    }
-
-    /// Hand a new queue to its PU.
-    pub(crate) fn adopt(&self, qp: Arc<QpShared>) {
-        let p = &self.pus[qp.pu];
-        p.incoming
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Arc::clone(&qp));
-        p.changed.store(true, Ordering::SeqCst);
-        self.notify(qp.pu);
-    }
-
-    /// Tell PU `pu` that one of its queues was destroyed (after marking it so).
-    pub(crate) fn forget(&self, pu: usize) {
-        self.pus[pu].changed.store(true, Ordering::SeqCst);
-        self.notify(pu);
-    }
-}
 
 /// Body of PU thread `index`. Holds only a weak reference to the NIC so that dropping the last
 /// handle shuts the PUs down.
@@ -165,7 +69,7 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
     let _live = LivePu::enter();
     let me = &pus.pus[index];
     let _ = me.thread.set(std::thread::current());
-    CURRENT.with(|c| c.set((&*pus as *const PuSet as usize, index)));
+    wake::enter(&pus, index);
     // Boxed and taken out while they run, so a running queue can hand over to the others
     // (`Siblings`).
     let mut queues: Vec<Option<Box<SqExec>>> = Vec::new();
@@ -177,8 +81,11 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
         }
         if me.changed.load(Ordering::Relaxed) && me.changed.swap(false, Ordering::SeqCst) {
             let Some(shared) = nic.upgrade() else { return };
-            let new: Vec<_> =
-                std::mem::take(&mut *me.incoming.lock().unwrap_or_else(|e| e.into_inner()));
+            let new: Vec<_> = std::mem::take(
+                &mut *shared.incoming[index]
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
             for qp in new {
                 queues.push(Some(Box::new(SqExec::new(qp, Arc::clone(&shared)))));
             }

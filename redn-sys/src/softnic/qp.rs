@@ -1,8 +1,8 @@
 //! Shared state of a queue pair: what the host, the owning PU and peers all touch.
 
 use super::cq::CqShared;
-use super::pu::PuSet;
 use super::transport::Transport;
+use super::wake::PuSet;
 use crate::mem::SharedBuffer;
 use crate::nic::{QpCounters, RateLimit};
 use crate::types::{Pdn, Qpn};

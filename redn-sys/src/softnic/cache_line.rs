@@ -1,0 +1,6 @@
+//! Padding a value to whole cache lines, so that what one thread writes does not share a line
+//! with what another reads.
+
+/// A value alone on its cache line(s).
+#[repr(align(64))]
+pub(crate) struct CacheLine<T>(pub(crate) T);

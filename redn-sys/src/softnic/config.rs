@@ -1,0 +1,55 @@
+//! Settings of one softnic instance: plain data every other module may read.
+
+/// How far ahead of execution a queue fetches WQEs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefetch {
+    /// Each WQE is fetched just before it runs ("snapshot at execute"): the most forgiving.
+    AtExecute,
+    /// Up to this many BBs past the running WQE are fetched early (at most
+    /// [`Prefetch::MAX_DEPTH`]).
+    Depth(u32),
+    /// Everything eligible is fetched as early as allowed ("snapshot at enable / doorbell"),
+    /// up to [`Prefetch::MAX_DEPTH`] BBs ahead: the harshest setting, for testing that a
+    /// chain orders its patches correctly.
+    Adversarial,
+}
+
+impl Prefetch {
+    /// The furthest a queue fetches ahead, in BBs: each queue keeps its snapshots (64 bytes a
+    /// BB), so this bounds that memory at 256 KiB a queue.
+    pub const MAX_DEPTH: u64 = 4096;
+
+    pub(crate) fn depth(self, ring_entries: u64) -> u64 {
+        let d = match self {
+            Prefetch::AtExecute => 0,
+            Prefetch::Depth(d) => u64::from(d),
+            Prefetch::Adversarial => ring_entries,
+        };
+        d.min(ring_entries).min(Self::MAX_DEPTH)
+    }
+}
+
+/// Settings of one softnic instance.
+#[derive(Clone, Debug)]
+pub struct SoftNicConfig {
+    /// Name for logs.
+    pub name: String,
+    /// Processing units (worker threads), 1..=64.
+    pub pus: usize,
+    /// WQE prefetch model.
+    pub prefetch: Prefetch,
+    /// Check that each WQE's QPN and index match its queue and slot (ConnectX's "WQE checks").
+    /// RedN needs them off, because its chains keep operands in those fields; off by default.
+    pub wqe_checks: bool,
+}
+
+impl Default for SoftNicConfig {
+    fn default() -> Self {
+        SoftNicConfig {
+            name: "softnic0".into(),
+            pus: 1,
+            prefetch: Prefetch::Depth(8),
+            wqe_checks: false,
+        }
+    }
+}

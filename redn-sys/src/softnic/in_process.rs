@@ -1,0 +1,280 @@
+//! The in-process transport: a requester reaches a responder queue of this process (of the
+//! same softnic, or of another softnic instance) and the request is served at once on the
+//! requester's thread by the responder functions here.
+
+use super::qp::QpShared;
+use super::transport::{AtomicOp, Nak, Transport};
+use crate::mem::{KeyCache, KeyTable, Span};
+use crate::types::Access;
+use crate::wqe::{Cqe, CqeOpcode, RemoteAddr, Syndrome};
+use crate::QpState;
+use std::any::Any;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A peer in the same process: the responder's QP and its NIC's key table.
+pub(crate) struct InProcess {
+    pub(crate) target: Arc<QpShared>,
+    pub(crate) keys: Arc<KeyTable>,
+}
+
+impl InProcess {
+    fn live(&self) -> Result<&QpShared, Nak> {
+        let t = &*self.target;
+        if t.state() == QpState::Error || t.destroyed.load(Ordering::Relaxed) {
+            return Err(Nak::NoResponse);
+        }
+        Ok(t)
+    }
+}
+
+impl InProcess {
+    /// The live target and the checked window `remote`..+`len` for `need`: the responder's
+    /// key, PD, bounds and rights check, in one place for every one-sided operation.
+    #[inline(always)]
+    fn remote_span<'k>(
+        &self,
+        keys: &'k mut KeyCache,
+        remote: RemoteAddr,
+        len: u64,
+        need: Access,
+    ) -> Result<(&QpShared, Span<'k>), Nak> {
+        let t = self.live()?;
+        let span = keys
+            .get(&self.keys, remote.rkey.0)
+            .and_then(|r| r.check(t.pd, remote.addr, len, need))
+            .map_err(Nak::RemoteAccess)?;
+        Ok((t, span))
+    }
+
+    /// As [`Self::remote_span`], without saying why not: the executor's fast path leaves
+    /// refused requests to the general path, which reports them. (Taking `remote_span(..).ok()`
+    /// instead costs ~40 instructions a WRITE: the `Result` carries the NAK's fault details.)
+    /// Also returns the region's index in `keys`, for [`Self::live_epoch`].
+    #[inline(always)]
+    pub(crate) fn remote_window<'k>(
+        &self,
+        keys: &'k mut KeyCache,
+        remote: RemoteAddr,
+        len: u64,
+        need: Access,
+    ) -> Option<(usize, Span<'k>)> {
+        let t = self.live().ok()?;
+        let i = keys.find(&self.keys, remote.rkey.0).ok()?;
+        let span = keys.region_at(i)?.window(t.pd, remote.addr, len, need)?;
+        Some((i, span))
+    }
+
+    /// True while the target is live and `keys` (this peer's key cache) current: what
+    /// [`Self::live_epoch`] tests, for a caller that already holds the epoch.
+    #[inline(always)]
+    pub(crate) fn still_current(&self, keys: &KeyCache) -> bool {
+        self.live().is_ok() && keys.is_current(&self.keys)
+    }
+
+    /// The epoch under which indices `remote_window` returned from `keys` are still good
+    /// ([`KeyCache::current_epoch`]), or [`KeyCache::STALE`] once the target is no longer
+    /// live: what a window resolved earlier needs re-checked before it is used again.
+    #[inline(always)]
+    pub(crate) fn live_epoch(&self, keys: &KeyCache) -> u64 {
+        match self.live() {
+            Ok(_) => keys.current_epoch(&self.keys),
+            Err(_) => KeyCache::STALE,
+        }
+    }
+
+    /// Place a WRITE's `len` bytes with `put`. WRITE_IMM consumes a receive first, so an RNR
+    /// leaves memory untouched; its data goes to the RDMA address, so the receive needs no
+    /// room for it.
+    #[inline(always)]
+    fn place_write(
+        &self,
+        t: &QpShared,
+        len: usize,
+        imm: Option<u32>,
+        put: impl FnOnce(),
+    ) -> Result<(), Nak> {
+        match imm {
+            None => {
+                put();
+                Ok(())
+            }
+            Some(imm) => consume_recv(t, &self.keys, 0, |_, _| {
+                put();
+                Ok(())
+            })
+            .map(|idx| complete_recv(t, CqeOpcode::RespWriteImm, idx, len, imm)),
+        }
+    }
+}
+
+impl Transport for InProcess {
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+        self
+    }
+
+    #[inline]
+    fn write(
+        &self,
+        keys: &mut KeyCache,
+        remote: RemoteAddr,
+        data: &[u8],
+        imm: Option<u32>,
+    ) -> Result<(), Nak> {
+        let (t, span) = self.remote_span(keys, remote, data.len() as u64, Access::REMOTE_WRITE)?;
+        self.place_write(t, data.len(), imm, || span.write(data))
+    }
+
+    #[inline]
+    fn write_from(
+        &self,
+        keys: &mut KeyCache,
+        remote: RemoteAddr,
+        src: &Span<'_>,
+        imm: Option<u32>,
+    ) -> Result<(), Nak> {
+        let (t, span) = self.remote_span(keys, remote, src.len as u64, Access::REMOTE_WRITE)?;
+        self.place_write(t, src.len, imm, || span.copy_from(src))
+    }
+
+    #[inline]
+    fn read_into(
+        &self,
+        keys: &mut KeyCache,
+        remote: RemoteAddr,
+        dst: &Span<'_>,
+    ) -> Result<(), Nak> {
+        let (_, span) = self.remote_span(keys, remote, dst.len as u64, Access::REMOTE_READ)?;
+        dst.copy_from(&span);
+        Ok(())
+    }
+
+    fn send(&self, _keys: &mut KeyCache, data: &[u8], imm: Option<u32>) -> Result<(), Nak> {
+        let t = self.live()?;
+        let idx = consume_recv(t, &self.keys, data.len(), |recv_keys, sgl| {
+            scatter(t, recv_keys, sgl, data)
+        })?;
+        let op = if imm.is_some() {
+            CqeOpcode::RespSendImm
+        } else {
+            CqeOpcode::RespSend
+        };
+        complete_recv(t, op, idx, data.len(), imm.unwrap_or(0));
+        Ok(())
+    }
+
+    #[inline]
+    fn read(&self, keys: &mut KeyCache, remote: RemoteAddr, out: &mut [u8]) -> Result<(), Nak> {
+        let (_, span) = self.remote_span(keys, remote, out.len() as u64, Access::REMOTE_READ)?;
+        span.read(out);
+        Ok(())
+    }
+
+    #[inline]
+    fn atomic(&self, keys: &mut KeyCache, remote: RemoteAddr, op: AtomicOp) -> Result<u64, Nak> {
+        if remote.addr.0 % 8 != 0 {
+            self.live()?;
+            return Err(Nak::RemoteInvalid);
+        }
+        let (_, span) = self.remote_span(keys, remote, 8, Access::REMOTE_ATOMIC)?;
+        Ok(span.buffer.atomic_update(span.off, |old| op.apply(old)))
+    }
+}
+
+/// Take the next receive of `t` (if one is posted and enabled), let `place` put the data,
+/// and return the receive's index. On a placement failure the responder's QP goes to error
+/// with an error completion for that receive, as a responder does.
+fn consume_recv(
+    t: &QpShared,
+    keys: &KeyTable,
+    len: usize,
+    place: impl FnOnce(&KeyTable, &[crate::wqe::Sge]) -> Result<(), (Syndrome, Nak)>,
+) -> Result<u64, Nak> {
+    let mut consumed = t.rq.consumer.lock().unwrap_or_else(|e| e.into_inner());
+    let idx = *consumed;
+    // A managed receive queue consumes up to what RECV_EN enabled, whatever the host posted:
+    // a NIC-resident loop re-arms the same slots (their scatter lists stay in the ring).
+    let limit = if t.managed_recv {
+        t.rq.enabled.load(Ordering::Acquire)
+    } else {
+        t.rq.posted.load(Ordering::Acquire)
+    };
+    if idx >= limit {
+        // Counted by the requester (its rnr_waits), not here.
+        return Err(Nak::ReceiverNotReady);
+    }
+    let mut raw = [0u8; 64 * 16];
+    let slot = &mut raw[..t.rq.ring.stride];
+    t.rq.ring.buffer.read(t.rq.ring.entry_off(idx), slot);
+    let sgl = crate::wqe::decode_recv(slot);
+    let room: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
+    let placed = if len as u64 > room {
+        Err((Syndrome::LocalLength, Nak::RemoteInvalid))
+    } else {
+        place(keys, &sgl)
+    };
+    *consumed += 1;
+    drop(consumed);
+    t.counters.recvs.fetch_add(1, Ordering::Relaxed);
+    if let Err((syndrome, nak)) = placed {
+        t.counters.responder_errors.fetch_add(1, Ordering::Relaxed);
+        push_recv_cqe(t, CqeOpcode::RespErr, idx, 0, 0, syndrome as u8);
+        t.enter_error();
+        return Err(nak);
+    }
+    Ok(idx)
+}
+
+/// Scatter `data` over a receive's entries, each checked for LOCAL_WRITE in the responder's PD.
+fn scatter(
+    t: &QpShared,
+    keys: &KeyTable,
+    sgl: &[crate::wqe::Sge],
+    data: &[u8],
+) -> Result<(), (Syndrome, Nak)> {
+    let mut rest = data;
+    // Check everything before writing anything: a bad entry places no byte.
+    let mut spans = Vec::with_capacity(sgl.len());
+    for sge in sgl {
+        if rest.is_empty() {
+            break;
+        }
+        let n = rest.len().min(sge.len as usize);
+        let r = keys
+            .lookup(sge.lkey.0)
+            .map_err(|_| (Syndrome::LocalProtection, Nak::RemoteOperation))?;
+        r.check(t.pd, sge.addr, n as u64, Access::LOCAL_WRITE)
+            .map_err(|_| (Syndrome::LocalProtection, Nak::RemoteOperation))?;
+        spans.push((r, sge.addr, n));
+        rest = &rest[n..];
+    }
+    let mut at = 0;
+    for (r, addr, n) in spans {
+        if let Ok(s) = r.check(t.pd, addr, n as u64, Access::LOCAL_WRITE) {
+            s.write(&data[at..at + n]);
+        }
+        at += n;
+    }
+    Ok(())
+}
+
+fn complete_recv(t: &QpShared, op: CqeOpcode, idx: u64, len: usize, imm: u32) {
+    push_recv_cqe(t, op, idx, len as u32, imm, 0);
+}
+
+fn push_recv_cqe(t: &QpShared, op: CqeOpcode, idx: u64, len: u32, imm: u32, syndrome: u8) {
+    t.recv_cq.push(
+        Cqe {
+            opcode: op,
+            qpn: t.qpn,
+            send_opcode: 0,
+            wqe_counter: idx as u16,
+            byte_cnt: len,
+            imm,
+            syndrome,
+            vendor_syndrome: 0,
+            owner: false,
+        },
+        t.rq.wr_ids[(idx & (t.rq.ring.entries - 1)) as usize].load(Ordering::Relaxed),
+    );
+}
