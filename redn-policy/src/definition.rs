@@ -166,8 +166,7 @@
 //! ```
 
 use crate::error::{Error, Result};
-use crate::names;
-use crate::policy::MAX_NAME_LEN;
+use crate::names::{self, MAX_NAME_LEN};
 use crate::source::{invalid, read_capped, Document, Invalid, KeyPath};
 use redn_program::program::{
     catalog, Addr, Form, Iterations, Op, Operand, Param, PatchPoint, PatchSource, Program,
