@@ -290,6 +290,7 @@ pub fn load_offloads_dir(dir: impl AsRef<Path>) -> Result<Vec<Program>> {
 /// One offload of the shipped catalog: the program a [`catalog`] builder makes with the
 /// documented default sizes, and the comment header of its file.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ShippedOffload {
     /// The program.
     pub program: Program,

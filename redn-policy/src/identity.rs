@@ -60,7 +60,11 @@ pub struct PeerIdentity {
 
 /// The matchers of an app rule (`uid`, `gid`, `exe`, `cgroup` in `policy.toml`). At least one
 /// is present in a loaded policy.
+///
+/// To build one outside a policy, start from [`Matchers::default`] (no matcher) and set
+/// fields.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct Matchers {
     /// The peer's uid must equal this.
     pub uid: Option<u32>,

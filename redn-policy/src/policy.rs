@@ -100,6 +100,7 @@ impl Policy {
 
 /// One `[[app]]`: who the app is, and what it and its remote clients may do.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AppRule {
     /// Unique name (`name`), used in audit records and by `redn`.
     pub name: String,
@@ -124,6 +125,7 @@ impl AppRule {
 
 /// What one app may hold at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Quota {
     /// Memory regions registered (`max_regions`).
     pub max_regions: NonZeroU32,
@@ -137,6 +139,7 @@ pub struct Quota {
 
 /// Limits on each remote client of an app (`[app.client]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ClientLimits {
     /// Bandwidth (`rate_limit_kbps`).
     pub rate_limit_kbps: KbitRate,

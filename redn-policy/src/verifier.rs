@@ -37,7 +37,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 /// What a client may use: the regions bound for it and the limits of its policy.
+///
+/// Start from [`Grants::new`], add regions with [`Grants::with_region`] and set the limits
+/// as fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Grants {
     /// Regions by the name the program binds, with the rights granted and their length.
     pub regions: BTreeMap<String, RegionGrant>,
@@ -56,6 +60,7 @@ pub struct Grants {
 
 /// One granted region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RegionGrant {
     /// Rights granted.
     pub access: Access,
@@ -93,6 +98,7 @@ impl Default for Grants {
 
 /// The verifier's rules. [`Rule::id`] is what the log shows and tests match.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Rule {
     /// A WAIT, ENABLE, entry or patch names a queue, WQE or parameter the program lacks.
     UnknownName,
@@ -162,6 +168,7 @@ impl fmt::Display for Rule {
 
 /// One reason to refuse a program.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Finding {
     /// The queue, when the finding is about one.
     pub queue: Option<String>,
@@ -189,6 +196,7 @@ impl fmt::Display for Finding {
 
 /// Counts for the stats line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct Stats {
     /// WQEs checked.
     pub wqes: usize,
@@ -204,6 +212,7 @@ pub struct Stats {
 
 /// The verifier's verdict.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Report {
     /// The program's name.
     pub program: String,
