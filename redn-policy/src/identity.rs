@@ -83,6 +83,7 @@ impl Matchers {
     }
 
     /// Whether every matcher that is set matches `peer`. An empty set matches nothing.
+    #[must_use]
     pub fn matches(&self, peer: &PeerIdentity) -> bool {
         !self.is_empty()
             && self.uid.map_or(true, |uid| uid == peer.uid)

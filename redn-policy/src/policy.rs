@@ -90,6 +90,7 @@ impl Policy {
     /// if no rule matches (the manager then refuses the peer). See the [module
     /// docs](crate::identity) for the exact order. The result never depends on the order of
     /// the rules in the file: rules that could tie are refused when the policy is loaded.
+    #[must_use]
     pub fn match_app(&self, peer: &PeerIdentity) -> Option<&AppRule> {
         self.apps()
             .iter()
@@ -118,6 +119,7 @@ pub struct AppRule {
 
 impl AppRule {
     /// Whether the app may install the offload named `offload`.
+    #[must_use]
     pub fn allows_offload(&self, offload: &str) -> bool {
         self.offloads.iter().any(|o| o == offload)
     }

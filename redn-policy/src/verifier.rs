@@ -83,6 +83,7 @@ impl Grants {
     }
 
     /// Grant `name` with `access` over `len` bytes.
+    #[must_use = "with_region returns the grants with the region added"]
     pub fn with_region(mut self, name: &str, access: Access, len: u64) -> Grants {
         self.regions
             .insert(name.into(), RegionGrant { access, len });
@@ -213,6 +214,7 @@ pub struct Stats {
 /// The verifier's verdict.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "the report says whether the program may be installed"]
 pub struct Report {
     /// The program's name.
     pub program: String,
@@ -224,11 +226,13 @@ pub struct Report {
 
 impl Report {
     /// True if the program may be installed.
+    #[must_use]
     pub fn accepted(&self) -> bool {
         self.findings.is_empty()
     }
 
     /// True if some finding broke `rule`.
+    #[must_use]
     pub fn broke(&self, rule: Rule) -> bool {
         self.findings.iter().any(|f| f.rule == rule)
     }
