@@ -36,6 +36,17 @@ use redn_program::Access;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
+// Byte offsets inside a WQE are `u32` (as `PatchPoint::byte` is). The two offsets taken from
+// `redn_program::wqe` are small (16 and 24), so these casts cannot truncate; the assertion
+// below checks it when compiling.
+/// [`SEG_SIZE`] as a byte offset.
+#[allow(clippy::cast_possible_truncation)]
+const SEG_BYTES: u32 = SEG_SIZE as u32;
+/// [`off::WAIT_PI`] as a byte offset.
+#[allow(clippy::cast_possible_truncation)]
+const WAIT_PI_BYTE: u32 = off::WAIT_PI as u32;
+const _: () = assert!(SEG_BYTES as usize == SEG_SIZE && WAIT_PI_BYTE as usize == off::WAIT_PI);
+
 /// What a client may use: the regions bound for it and the limits of its policy.
 ///
 /// Start from [`Grants::new`], add regions with [`Grants::with_region`] and set the limits
@@ -346,11 +357,14 @@ fn protected(op: &Op) -> Vec<(u32, u32, &'static str)> {
     };
     if let Some(first) = first_data {
         for s in first..ds {
-            let b = s * SEG_SIZE as u32;
+            let b = s * SEG_BYTES;
             v.push((b + 4, b + 8, "lkey"));
         }
     }
-    v.push((ds * SEG_SIZE as u32, op.bbs() as u32 * 64, "padding"));
+    // A WQE has at most 16 BBs; were it ever too long for a u32, the padding would still
+    // run to the end.
+    let end = u32::try_from(op.bbs() * 64).unwrap_or(u32::MAX);
+    v.push((ds * SEG_BYTES, end, "padding"));
     v
 }
 
@@ -436,8 +450,8 @@ impl<'a> Checker<'a> {
             .iter()
             .filter(|pp| {
                 matches!(pp.source, PatchSource::AtomicResult { .. })
-                    && pp.byte <= off::WAIT_PI as u32
-                    && u64::from(pp.byte) + u64::from(pp.len) > off::WAIT_PI as u64
+                    && pp.byte <= WAIT_PI_BYTE
+                    && u64::from(pp.byte) + u64::from(pp.len) > u64::from(WAIT_PI_BYTE)
             })
             .map(|pp| pp.label.as_str())
             .collect();
@@ -1171,7 +1185,7 @@ impl<'a> Checker<'a> {
                         if matches!(
                             w.op,
                             Op::Wait { .. } | Op::SendEn { .. } | Op::RecvEn { .. }
-                        ) && pp.byte == off::WAIT_PI as u32 - 4
+                        ) && pp.byte == WAIT_PI_BYTE - 4
                             && pp.len == 8 =>
                     {
                         true
