@@ -70,6 +70,7 @@ pub const MAX_SOCKET_PATH: usize = 107;
 
 /// The manager's configuration, from `manager.toml`.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ManagerConfig {
     /// The socket apps connect to (`[api]`).
     pub api: SocketConfig,
@@ -85,6 +86,7 @@ pub struct ManagerConfig {
 
 /// A unix socket the manager listens on.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SocketConfig {
     /// Its path (`socket`): absolute, at most [`MAX_SOCKET_PATH`] bytes.
     pub path: PathBuf,
@@ -369,6 +371,7 @@ impl fmt::Display for PciAddress {
 
 /// The network side (`[dataplane]`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Dataplane {
     /// Where remote clients connect (`listen`, `"IP:PORT"`, IPv6 as `"[::1]:7471"`; port not
     /// 0; no host names, so that starting needs no DNS). `None`: no remote clients.
@@ -377,6 +380,7 @@ pub struct Dataplane {
 
 /// Where audit records go (`[audit]`): RFC 3164 lines on a local syslog socket.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AuditConfig {
     /// The syslog socket (`socket`), default `/dev/log`.
     pub socket: PathBuf,

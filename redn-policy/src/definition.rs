@@ -166,8 +166,7 @@
 //! ```
 
 use crate::error::{Error, Result};
-use crate::names;
-use crate::policy::MAX_NAME_LEN;
+use crate::names::{self, MAX_NAME_LEN};
 use crate::source::{invalid, read_capped, Document, Invalid, KeyPath};
 use redn_program::program::{
     catalog, Addr, Form, Iterations, Op, Operand, Param, PatchPoint, PatchSource, Program,
@@ -291,6 +290,7 @@ pub fn load_offloads_dir(dir: impl AsRef<Path>) -> Result<Vec<Program>> {
 /// One offload of the shipped catalog: the program a [`catalog`] builder makes with the
 /// documented default sizes, and the comment header of its file.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ShippedOffload {
     /// The program.
     pub program: Program,
@@ -1634,8 +1634,10 @@ impl RawDefinition {
                     ),
                 ));
             }
-            // `len` is at most MAX_STATIC_BYTES here.
-            bytes.resize(len as usize, 0);
+            // `len` is at most MAX_STATIC_BYTES (16 MiB) here, so it fits any usize.
+            #[allow(clippy::cast_possible_truncation)]
+            let len = len as usize;
+            bytes.resize(len, 0);
             statics.push(StaticBlock {
                 name: b.name.clone(),
                 bytes,
@@ -1775,10 +1777,10 @@ fn parse_hex(at: &KeyPath, text: &str) -> std::result::Result<Vec<u8>, Invalid> 
         .map(|pair| {
             let hi = (pair[0] as char).to_digit(16);
             let lo = (pair[1] as char).to_digit(16);
-            match (hi, lo) {
-                // Two hex digits make at most 0xff.
-                (Some(h), Some(l)) => Ok((h * 16 + l) as u8),
-                _ => Err(bad(
+            // Two hex digits make at most 0xff, so the conversion cannot fail.
+            match hi.zip(lo).and_then(|(h, l)| u8::try_from(h * 16 + l).ok()) {
+                Some(byte) => Ok(byte),
+                None => Err(bad(
                     "expected hex digits 0-9 a-f, optionally separated by spaces or _",
                 )),
             }

@@ -4,7 +4,7 @@
 //! # Which rule applies
 //!
 //! The manager fills a [`PeerIdentity`] from `SO_PEERCRED` and `/proc/PID/{exe,cgroup,stat}`
-//! when an app connects; [`Policy::match_app`] picks the rule:
+//! when an app connects; [`Policy::match_app`](crate::Policy::match_app) picks the rule:
 //!
 //! 1. A rule *matches* a peer only if **every** matcher it has matches:
 //!    - `uid`: equals the peer's effective uid;
@@ -36,7 +36,6 @@
 //! [`Token`] that app was handed by the manager and passed on.
 
 use crate::error::{Error, Result};
-use crate::policy::{AppRule, Policy};
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -61,7 +60,11 @@ pub struct PeerIdentity {
 
 /// The matchers of an app rule (`uid`, `gid`, `exe`, `cgroup` in `policy.toml`). At least one
 /// is present in a loaded policy.
+///
+/// To build one outside a policy, start from [`Matchers::default`] (no matcher) and set
+/// fields.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct Matchers {
     /// The peer's uid must equal this.
     pub uid: Option<u32>,
@@ -80,6 +83,7 @@ impl Matchers {
     }
 
     /// Whether every matcher that is set matches `peer`. An empty set matches nothing.
+    #[must_use]
     pub fn matches(&self, peer: &PeerIdentity) -> bool {
         !self.is_empty()
             && self.uid.map_or(true, |uid| uid == peer.uid)
@@ -152,19 +156,6 @@ impl Specificity {
     /// Length in bytes of the cgroup prefix, 0 without one.
     pub const fn cgroup_len(self) -> usize {
         self.cgroup_len
-    }
-}
-
-impl Policy {
-    /// The rule for a local peer: the most specific rule whose matchers all match, or `None`
-    /// if no rule matches (the manager then refuses the peer). See the [module
-    /// docs](crate::identity) for the exact order. The result never depends on the order of
-    /// the rules in the file: rules that could tie are refused when the policy is loaded.
-    pub fn match_app(&self, peer: &PeerIdentity) -> Option<&AppRule> {
-        self.apps()
-            .iter()
-            .filter(|app| app.matchers.matches(peer))
-            .max_by_key(|app| app.matchers.specificity())
     }
 }
 
@@ -275,11 +266,11 @@ impl fmt::Debug for Token {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::policy::parse_policy;
 
-    fn peer(uid: u32, gid: u32, exe: &str, cgroup: &str) -> PeerIdentity {
+    /// A peer with these credentials, pid 4242 and start time 123456.
+    pub(crate) fn peer(uid: u32, gid: u32, exe: &str, cgroup: &str) -> PeerIdentity {
         PeerIdentity {
             uid,
             gid,
@@ -287,124 +278,6 @@ mod tests {
             exe: exe.into(),
             cgroup: cgroup.into(),
             start_time: 123_456,
-        }
-    }
-
-    /// A policy with one app per `(name, matchers)`, all else minimal.
-    fn policy(apps: &[(&str, &str)]) -> Result<Policy> {
-        let mut text = String::new();
-        for (name, matchers) in apps {
-            text.push_str(&format!(
-                "[[app]]\nname = \"{name}\"\n{matchers}\noffloads = []\nmax_regions = 1\n\
-                 max_pinned = \"1M\"\nmax_queues = 1\nmax_remote_clients = 0\n[app.client]\n\
-                 rate_limit_kbps = 1000\nwqes_per_second = 1000\nwqes_per_invocation = 8\n\
-                 on_violation = \"terminate\"\n\n"
-            ));
-        }
-        parse_policy(&text, "policy.toml")
-    }
-
-    fn chosen<'p>(p: &'p Policy, who: &PeerIdentity) -> Option<&'p str> {
-        p.match_app(who).map(|a| a.name.as_str())
-    }
-
-    #[test]
-    fn all_matchers_must_match() {
-        let p = policy(&[("kv", "uid = 1000\nexe = \"/usr/bin/kv\"")]).unwrap();
-        assert_eq!(
-            chosen(&p, &peer(1000, 1000, "/usr/bin/kv", "/")),
-            Some("kv")
-        );
-        assert_eq!(chosen(&p, &peer(1001, 1000, "/usr/bin/kv", "/")), None);
-        assert_eq!(chosen(&p, &peer(1000, 1000, "/usr/bin/kv2", "/")), None);
-    }
-
-    #[test]
-    fn precedence_exe_over_cgroup_over_uid_over_gid() {
-        let p = policy(&[
-            ("by-gid", "gid = 100"),
-            ("by-uid", "uid = 1000"),
-            ("by-cgroup", "cgroup = \"/system.slice\""),
-            ("by-exe", "exe = \"/usr/bin/kv\""),
-        ])
-        .unwrap();
-        let sys = "/system.slice/kv.service";
-        assert_eq!(
-            chosen(&p, &peer(1000, 100, "/usr/bin/kv", sys)),
-            Some("by-exe")
-        );
-        assert_eq!(
-            chosen(&p, &peer(1000, 100, "/usr/bin/other", sys)),
-            Some("by-cgroup")
-        );
-        assert_eq!(
-            chosen(&p, &peer(1000, 100, "/usr/bin/other", "/user.slice")),
-            Some("by-uid")
-        );
-        assert_eq!(
-            chosen(&p, &peer(1, 100, "/usr/bin/other", "/user.slice")),
-            Some("by-gid")
-        );
-        assert_eq!(
-            chosen(&p, &peer(1, 1, "/usr/bin/other", "/user.slice")),
-            None
-        );
-    }
-
-    #[test]
-    fn scores_add_up() {
-        // cgroup + uid + gid (7) still loses to exe alone (8); uid + gid (3) beats uid (2).
-        let p = policy(&[
-            ("wide", "cgroup = \"/\"\nuid = 0\ngid = 0"),
-            ("exe", "exe = \"/usr/sbin/kvd\""),
-            ("uid", "uid = 7"),
-            ("uid-gid", "uid = 7\ngid = 7"),
-        ])
-        .unwrap();
-        assert_eq!(chosen(&p, &peer(0, 0, "/usr/sbin/kvd", "/a")), Some("exe"));
-        assert_eq!(
-            chosen(&p, &peer(0, 0, "/usr/sbin/other", "/a")),
-            Some("wide")
-        );
-        assert_eq!(chosen(&p, &peer(7, 7, "/x", "/a")), Some("uid-gid"));
-        assert_eq!(chosen(&p, &peer(7, 8, "/x", "/a")), Some("uid"));
-    }
-
-    #[test]
-    fn longer_cgroup_prefix_wins_on_equal_scores() {
-        let p = policy(&[
-            ("slice", "cgroup = \"/system.slice\""),
-            ("service", "cgroup = \"/system.slice/kv.service\""),
-            ("root", "cgroup = \"/\""),
-        ])
-        .unwrap();
-        assert_eq!(
-            chosen(&p, &peer(0, 0, "/x", "/system.slice/kv.service/w")),
-            Some("service")
-        );
-        assert_eq!(
-            chosen(&p, &peer(0, 0, "/x", "/system.slice/kv.service")),
-            Some("service")
-        );
-        assert_eq!(
-            chosen(&p, &peer(0, 0, "/x", "/system.slice/kv.service2")),
-            Some("slice")
-        );
-        assert_eq!(chosen(&p, &peer(0, 0, "/x", "/user.slice")), Some("root"));
-        // Order in the file does not matter.
-        let q = policy(&[
-            ("root", "cgroup = \"/\""),
-            ("service", "cgroup = \"/system.slice/kv.service\""),
-            ("slice", "cgroup = \"/system.slice\""),
-        ])
-        .unwrap();
-        for cg in [
-            "/system.slice/kv.service/w",
-            "/system.slice/x",
-            "/user.slice",
-        ] {
-            let who = peer(0, 0, "/x", cg);
-            assert_eq!(chosen(&p, &who), chosen(&q, &who), "{cg}");
         }
     }
 
@@ -417,25 +290,6 @@ mod tests {
         assert!(cgroup_covers("/", "/a"));
         assert!(cgroup_covers("/", "/"));
         assert!(!cgroup_covers("/", ""));
-    }
-
-    #[test]
-    fn equally_specific_overlapping_rules_are_refused() {
-        let e = policy(&[("a", "uid = 1000"), ("b", "uid = 1000")])
-            .unwrap_err()
-            .to_string();
-        assert!(e.starts_with("policy.toml:15:1: app \"b\": "), "{e}");
-        assert!(e.contains("same matchers as app \"a\" (line 1)"), "{e}");
-        let e = policy(&[
-            ("a", "uid = 1\ncgroup = \"/s\""),
-            ("b", "cgroup = \"/s\"\nuid = 1"),
-        ])
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("same matchers"), "{e}");
-        // Equal scores that cannot match the same peer are fine.
-        policy(&[("a", "uid = 1000"), ("b", "uid = 1001")]).unwrap();
-        policy(&[("a", "cgroup = \"/s/a\""), ("b", "cgroup = \"/s/b\"")]).unwrap();
     }
 
     #[test]

@@ -18,6 +18,10 @@
 //!   every WQE stays inside the client's grants, and says why not in a verifier log;
 //! - [`error`]: the crate's one [`Error`] type.
 //!
+//! Modules import each other in one direction only: `error` and `names` (the name rule)
+//! first, then `units`, `source` (capped reading) and `identity`, then `config`, `definition`
+//! and `policy`; `verifier` imports none of them.
+//!
 //! # Loading files
 //!
 //! Every file is read with a cap of [`MAX_FILE_BYTES`] (1 MiB): a larger one is refused
@@ -98,12 +102,9 @@ pub use definition::{
 pub use error::{Error, Location, Result};
 pub use identity::{Matchers, PeerIdentity, Specificity, Token};
 pub use policy::{load_policy, parse_policy, AppRule, ClientLimits, OnViolation, Policy, Quota};
+pub use source::MAX_FILE_BYTES;
 pub use units::{ByteSize, KbitRate, TimeSpan, WqeRate};
 pub use verifier::{verify, Finding, Grants, RegionGrant, Report, Rule};
-
-/// Largest configuration file accepted, in bytes (1 MiB). Larger files are refused before
-/// they are parsed.
-pub const MAX_FILE_BYTES: u64 = 1 << 20;
 
 #[cfg(test)]
 mod tests {

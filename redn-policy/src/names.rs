@@ -1,7 +1,8 @@
 //! The rule for names, one for the whole crate: app and offload names in `policy.toml`, and
 //! the names and labels of offload definition files (`offloads.d/NAME.toml`).
 
-use crate::policy::MAX_NAME_LEN;
+/// Longest app or offload name, in bytes.
+pub const MAX_NAME_LEN: usize = 64;
 
 /// Check `text` against the rule: 1 to [`MAX_NAME_LEN`] letters, digits, `_`, `-` or `.`,
 /// starting with a letter or digit. `Err` says what a name must be, for the caller's message.

@@ -50,7 +50,7 @@
 //! - `token_lifetime`: how long a token handed to a client stays valid.
 
 use crate::error::{Error, Result};
-use crate::identity::{is_normal_absolute, Matchers};
+use crate::identity::{is_normal_absolute, Matchers, PeerIdentity};
 use crate::names;
 use crate::source::{invalid, read_capped, Document, Invalid, KeyPath};
 use crate::units::{ByteSize, KbitRate, TimeSpan, WqeRate};
@@ -66,8 +66,7 @@ use std::time::Duration;
 pub const DEFAULT_POLICY_PATH: &str = "/etc/redn/policy.toml";
 /// `token_lifetime` when not given: one hour.
 pub const DEFAULT_TOKEN_LIFETIME: TimeSpan = TimeSpan::Finite(Duration::from_secs(3600));
-/// Longest app or offload name, in bytes.
-pub const MAX_NAME_LEN: usize = 64;
+pub use crate::names::MAX_NAME_LEN;
 
 /// The policy: every app rule, from `policy.toml`. Valid by construction: names are unique,
 /// every rule has a matcher, and no two rules tie (see [`identity`](crate::identity)).
@@ -86,10 +85,23 @@ impl Policy {
     pub fn app(&self, name: &str) -> Option<&AppRule> {
         self.apps.iter().find(|a| a.name == name)
     }
+
+    /// The rule for a local peer: the most specific rule whose matchers all match, or `None`
+    /// if no rule matches (the manager then refuses the peer). See the [module
+    /// docs](crate::identity) for the exact order. The result never depends on the order of
+    /// the rules in the file: rules that could tie are refused when the policy is loaded.
+    #[must_use]
+    pub fn match_app(&self, peer: &PeerIdentity) -> Option<&AppRule> {
+        self.apps()
+            .iter()
+            .filter(|app| app.matchers.matches(peer))
+            .max_by_key(|app| app.matchers.specificity())
+    }
 }
 
 /// One `[[app]]`: who the app is, and what it and its remote clients may do.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AppRule {
     /// Unique name (`name`), used in audit records and by `redn`.
     pub name: String,
@@ -107,6 +119,7 @@ pub struct AppRule {
 
 impl AppRule {
     /// Whether the app may install the offload named `offload`.
+    #[must_use]
     pub fn allows_offload(&self, offload: &str) -> bool {
         self.offloads.iter().any(|o| o == offload)
     }
@@ -114,6 +127,7 @@ impl AppRule {
 
 /// What one app may hold at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Quota {
     /// Memory regions registered (`max_regions`).
     pub max_regions: NonZeroU32,
@@ -127,6 +141,7 @@ pub struct Quota {
 
 /// Limits on each remote client of an app (`[app.client]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ClientLimits {
     /// Bandwidth (`rate_limit_kbps`).
     pub rate_limit_kbps: KbitRate,
@@ -757,7 +772,7 @@ token_lifetime = "1d"
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("policy.toml");
         let mut text = KV.to_owned();
-        while text.len() as u64 <= crate::MAX_FILE_BYTES {
+        while text.len() as u64 <= crate::source::MAX_FILE_BYTES {
             text.push_str("# padding padding padding padding padding padding padding padding\n");
         }
         std::fs::write(&path, &text).unwrap();
@@ -778,6 +793,149 @@ token_lifetime = "1d"
         assert!(p.apps().len() >= 2, "{p:?}");
         for app in p.apps() {
             assert!(!app.matchers.is_empty());
+        }
+    }
+
+    /// Which rule [`Policy::match_app`] picks (the order is described in `identity`).
+    mod matching {
+        use super::*;
+        use crate::identity::tests::peer;
+
+        /// A policy with one app per `(name, matchers)`, all else minimal.
+        fn policy(apps: &[(&str, &str)]) -> Result<Policy> {
+            let mut text = String::new();
+            for (name, matchers) in apps {
+                text.push_str(&format!(
+                    "[[app]]\nname = \"{name}\"\n{matchers}\noffloads = []\nmax_regions = 1\n\
+                     max_pinned = \"1M\"\nmax_queues = 1\nmax_remote_clients = 0\n[app.client]\n\
+                     rate_limit_kbps = 1000\nwqes_per_second = 1000\nwqes_per_invocation = 8\n\
+                     on_violation = \"terminate\"\n\n"
+                ));
+            }
+            parse_policy(&text, "policy.toml")
+        }
+
+        fn chosen<'p>(p: &'p Policy, who: &PeerIdentity) -> Option<&'p str> {
+            p.match_app(who).map(|a| a.name.as_str())
+        }
+
+        #[test]
+        fn all_matchers_must_match() {
+            let p = policy(&[("kv", "uid = 1000\nexe = \"/usr/bin/kv\"")]).unwrap();
+            assert_eq!(
+                chosen(&p, &peer(1000, 1000, "/usr/bin/kv", "/")),
+                Some("kv")
+            );
+            assert_eq!(chosen(&p, &peer(1001, 1000, "/usr/bin/kv", "/")), None);
+            assert_eq!(chosen(&p, &peer(1000, 1000, "/usr/bin/kv2", "/")), None);
+        }
+
+        #[test]
+        fn precedence_exe_over_cgroup_over_uid_over_gid() {
+            let p = policy(&[
+                ("by-gid", "gid = 100"),
+                ("by-uid", "uid = 1000"),
+                ("by-cgroup", "cgroup = \"/system.slice\""),
+                ("by-exe", "exe = \"/usr/bin/kv\""),
+            ])
+            .unwrap();
+            let sys = "/system.slice/kv.service";
+            assert_eq!(
+                chosen(&p, &peer(1000, 100, "/usr/bin/kv", sys)),
+                Some("by-exe")
+            );
+            assert_eq!(
+                chosen(&p, &peer(1000, 100, "/usr/bin/other", sys)),
+                Some("by-cgroup")
+            );
+            assert_eq!(
+                chosen(&p, &peer(1000, 100, "/usr/bin/other", "/user.slice")),
+                Some("by-uid")
+            );
+            assert_eq!(
+                chosen(&p, &peer(1, 100, "/usr/bin/other", "/user.slice")),
+                Some("by-gid")
+            );
+            assert_eq!(
+                chosen(&p, &peer(1, 1, "/usr/bin/other", "/user.slice")),
+                None
+            );
+        }
+
+        #[test]
+        fn scores_add_up() {
+            // cgroup + uid + gid (7) still loses to exe alone (8); uid + gid (3) beats uid (2).
+            let p = policy(&[
+                ("wide", "cgroup = \"/\"\nuid = 0\ngid = 0"),
+                ("exe", "exe = \"/usr/sbin/kvd\""),
+                ("uid", "uid = 7"),
+                ("uid-gid", "uid = 7\ngid = 7"),
+            ])
+            .unwrap();
+            assert_eq!(chosen(&p, &peer(0, 0, "/usr/sbin/kvd", "/a")), Some("exe"));
+            assert_eq!(
+                chosen(&p, &peer(0, 0, "/usr/sbin/other", "/a")),
+                Some("wide")
+            );
+            assert_eq!(chosen(&p, &peer(7, 7, "/x", "/a")), Some("uid-gid"));
+            assert_eq!(chosen(&p, &peer(7, 8, "/x", "/a")), Some("uid"));
+        }
+
+        #[test]
+        fn longer_cgroup_prefix_wins_on_equal_scores() {
+            let p = policy(&[
+                ("slice", "cgroup = \"/system.slice\""),
+                ("service", "cgroup = \"/system.slice/kv.service\""),
+                ("root", "cgroup = \"/\""),
+            ])
+            .unwrap();
+            assert_eq!(
+                chosen(&p, &peer(0, 0, "/x", "/system.slice/kv.service/w")),
+                Some("service")
+            );
+            assert_eq!(
+                chosen(&p, &peer(0, 0, "/x", "/system.slice/kv.service")),
+                Some("service")
+            );
+            assert_eq!(
+                chosen(&p, &peer(0, 0, "/x", "/system.slice/kv.service2")),
+                Some("slice")
+            );
+            assert_eq!(chosen(&p, &peer(0, 0, "/x", "/user.slice")), Some("root"));
+            // Order in the file does not matter.
+            let q = policy(&[
+                ("root", "cgroup = \"/\""),
+                ("service", "cgroup = \"/system.slice/kv.service\""),
+                ("slice", "cgroup = \"/system.slice\""),
+            ])
+            .unwrap();
+            for cg in [
+                "/system.slice/kv.service/w",
+                "/system.slice/x",
+                "/user.slice",
+            ] {
+                let who = peer(0, 0, "/x", cg);
+                assert_eq!(chosen(&p, &who), chosen(&q, &who), "{cg}");
+            }
+        }
+
+        #[test]
+        fn equally_specific_overlapping_rules_are_refused() {
+            let e = policy(&[("a", "uid = 1000"), ("b", "uid = 1000")])
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("policy.toml:15:1: app \"b\": "), "{e}");
+            assert!(e.contains("same matchers as app \"a\" (line 1)"), "{e}");
+            let e = policy(&[
+                ("a", "uid = 1\ncgroup = \"/s\""),
+                ("b", "cgroup = \"/s\"\nuid = 1"),
+            ])
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("same matchers"), "{e}");
+            // Equal scores that cannot match the same peer are fine.
+            policy(&[("a", "uid = 1000"), ("b", "uid = 1001")]).unwrap();
+            policy(&[("a", "cgroup = \"/s/a\""), ("b", "cgroup = \"/s/b\"")]).unwrap();
         }
     }
 }

@@ -2,7 +2,6 @@
 //! the `FILE:LINE:COLUMN: KEY: MESSAGE` form of [`Error::Invalid`].
 
 use crate::error::{Error, Location, Result};
-use crate::MAX_FILE_BYTES;
 use serde::de::DeserializeOwned;
 use std::fmt::Write as _;
 use std::io::Read;
@@ -10,6 +9,10 @@ use std::ops::Range;
 use std::path::Path;
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
+
+/// Largest configuration file accepted, in bytes (1 MiB). Larger files are refused before
+/// they are parsed.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
 
 /// Read `path` as UTF-8 text, refusing files larger than [`MAX_FILE_BYTES`] without reading
 /// more than one byte past the cap.

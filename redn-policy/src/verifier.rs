@@ -36,8 +36,23 @@ use redn_program::Access;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
+// Byte offsets inside a WQE are `u32` (as `PatchPoint::byte` is). The two offsets taken from
+// `redn_program::wqe` are small (16 and 24), so these casts cannot truncate; the assertion
+// below checks it when compiling.
+/// [`SEG_SIZE`] as a byte offset.
+#[allow(clippy::cast_possible_truncation)]
+const SEG_BYTES: u32 = SEG_SIZE as u32;
+/// [`off::WAIT_PI`] as a byte offset.
+#[allow(clippy::cast_possible_truncation)]
+const WAIT_PI_BYTE: u32 = off::WAIT_PI as u32;
+const _: () = assert!(SEG_BYTES as usize == SEG_SIZE && WAIT_PI_BYTE as usize == off::WAIT_PI);
+
 /// What a client may use: the regions bound for it and the limits of its policy.
+///
+/// Start from [`Grants::new`], add regions with [`Grants::with_region`] and set the limits
+/// as fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Grants {
     /// Regions by the name the program binds, with the rights granted and their length.
     pub regions: BTreeMap<String, RegionGrant>,
@@ -56,6 +71,7 @@ pub struct Grants {
 
 /// One granted region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RegionGrant {
     /// Rights granted.
     pub access: Access,
@@ -78,6 +94,7 @@ impl Grants {
     }
 
     /// Grant `name` with `access` over `len` bytes.
+    #[must_use = "with_region returns the grants with the region added"]
     pub fn with_region(mut self, name: &str, access: Access, len: u64) -> Grants {
         self.regions
             .insert(name.into(), RegionGrant { access, len });
@@ -93,6 +110,7 @@ impl Default for Grants {
 
 /// The verifier's rules. [`Rule::id`] is what the log shows and tests match.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Rule {
     /// A WAIT, ENABLE, entry or patch names a queue, WQE or parameter the program lacks.
     UnknownName,
@@ -162,6 +180,7 @@ impl fmt::Display for Rule {
 
 /// One reason to refuse a program.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Finding {
     /// The queue, when the finding is about one.
     pub queue: Option<String>,
@@ -189,6 +208,7 @@ impl fmt::Display for Finding {
 
 /// Counts for the stats line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct Stats {
     /// WQEs checked.
     pub wqes: usize,
@@ -204,6 +224,8 @@ pub struct Stats {
 
 /// The verifier's verdict.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+#[must_use = "the report says whether the program may be installed"]
 pub struct Report {
     /// The program's name.
     pub program: String,
@@ -215,11 +237,13 @@ pub struct Report {
 
 impl Report {
     /// True if the program may be installed.
+    #[must_use]
     pub fn accepted(&self) -> bool {
         self.findings.is_empty()
     }
 
     /// True if some finding broke `rule`.
+    #[must_use]
     pub fn broke(&self, rule: Rule) -> bool {
         self.findings.iter().any(|f| f.rule == rule)
     }
@@ -333,11 +357,14 @@ fn protected(op: &Op) -> Vec<(u32, u32, &'static str)> {
     };
     if let Some(first) = first_data {
         for s in first..ds {
-            let b = s * SEG_SIZE as u32;
+            let b = s * SEG_BYTES;
             v.push((b + 4, b + 8, "lkey"));
         }
     }
-    v.push((ds * SEG_SIZE as u32, op.bbs() as u32 * 64, "padding"));
+    // A WQE has at most 16 BBs; were it ever too long for a u32, the padding would still
+    // run to the end.
+    let end = u32::try_from(op.bbs() * 64).unwrap_or(u32::MAX);
+    v.push((ds * SEG_BYTES, end, "padding"));
     v
 }
 
@@ -423,8 +450,8 @@ impl<'a> Checker<'a> {
             .iter()
             .filter(|pp| {
                 matches!(pp.source, PatchSource::AtomicResult { .. })
-                    && pp.byte <= off::WAIT_PI as u32
-                    && u64::from(pp.byte) + u64::from(pp.len) > off::WAIT_PI as u64
+                    && pp.byte <= WAIT_PI_BYTE
+                    && u64::from(pp.byte) + u64::from(pp.len) > u64::from(WAIT_PI_BYTE)
             })
             .map(|pp| pp.label.as_str())
             .collect();
@@ -1158,7 +1185,7 @@ impl<'a> Checker<'a> {
                         if matches!(
                             w.op,
                             Op::Wait { .. } | Op::SendEn { .. } | Op::RecvEn { .. }
-                        ) && pp.byte == off::WAIT_PI as u32 - 4
+                        ) && pp.byte == WAIT_PI_BYTE - 4
                             && pp.len == 8 =>
                     {
                         true

@@ -996,7 +996,10 @@ fn sizes_and_other_values_are_checked() {
 
 #[test]
 fn oversize_text_is_refused_before_parsing() {
-    let text = format!("{TINY}{}", "#".repeat(MAX_FILE_BYTES as usize));
+    let text = format!(
+        "{TINY}{}",
+        "#".repeat(usize::try_from(MAX_FILE_BYTES).unwrap())
+    );
     let e = parse_definition(&text, "t.toml").unwrap_err().to_string();
     assert!(
         e.starts_with("t.toml: larger than the 1048576-byte limit"),
@@ -1106,8 +1109,8 @@ fn mutated_files_never_panic_and_what_loads_round_trips() {
         };
         let mut bytes = base.as_bytes().to_vec();
         for _ in 0..1 + next() % 3 {
-            let at = (next() % bytes.len() as u64) as usize;
-            let c = alphabet[(next() % alphabet.len() as u64) as usize];
+            let at = usize::try_from(next() % bytes.len() as u64).unwrap();
+            let c = alphabet[usize::try_from(next() % alphabet.len() as u64).unwrap()];
             match next() % 3 {
                 0 => bytes[at] = c,
                 1 => bytes.insert(at, c),
