@@ -27,10 +27,11 @@ use redn_program::program::{
     Addr, Builder, Form, Iterations, Op, Program, ProgramError, QueueRole, RegionRole, Sge,
 };
 use redn_program::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
+use redn_sys::install::RegionBinding;
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CompChannel, Completion, CqConfig, MrInfo, Nic, QpConfig};
 use redn_sys::softnic::{SoftNic, SoftNicConfig};
-use redn_sys::{Access, Cqn, Lkey, Pdn, QpState, Qpn, VirtAddr};
+use redn_sys::{Access, Cqn, Pdn, QpState, Qpn, VirtAddr};
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Arc;
@@ -363,8 +364,6 @@ struct Reader {
 struct Env {
     server: std::sync::Arc<SoftNic>,
     client: SoftNic,
-    /// The server's protection domain: installs own a handle to it.
-    server_pd: std::sync::Arc<redn_sys::handle::ProtectionDomain<SoftNic>>,
     cpd: Pdn,
     /// Server data: the hash table, the list, the values, scratch.
     data: Region,
@@ -402,8 +401,7 @@ impl Env {
             wqe_checks: false,
         })
         .ctx("client softnic")?;
-        let server_pd = redn_sys::handle::ProtectionDomain::alloc(&server).ctx("alloc_pd")?;
-        let spd = server_pd.pdn();
+        let spd = server.alloc_pd().ctx("alloc_pd")?;
         let cpd = client.alloc_pd().ctx("alloc_pd")?;
         let data = Region::new(&server, spd, DATA_LEN, Access::ALL)?;
         let cbuf = Region::new(&client, cpd, CBUF_LEN, Access::ALL)?;
@@ -441,7 +439,6 @@ impl Env {
         Ok(Env {
             server,
             client,
-            server_pd,
             cpd,
             data,
             cbuf,
@@ -485,23 +482,28 @@ impl Env {
 
     /// Region bindings for an installation; `scratch` is the `data` region of the Builder
     /// programs (4 KiB of its own per instance).
-    fn regions(&self, scratch: u64) -> HashMap<String, (VirtAddr, Lkey, u64)> {
+    fn regions(&self, scratch: u64) -> HashMap<String, RegionBinding> {
+        let local = |offset, len| RegionBinding::Local {
+            buffer: std::sync::Arc::clone(&self.data.buf),
+            offset,
+            len,
+            access: Access::ALL,
+        };
         let mut m = HashMap::new();
-        let d = (self.data.mr.addr, self.data.mr.lkey, DATA_LEN as u64);
         for name in ["table", "list", "values"] {
-            m.insert(name.to_string(), d);
+            m.insert(name.to_string(), local(0, DATA_LEN));
         }
         m.insert(
             "data".to_string(),
-            (
-                VirtAddr(self.data.addr(SCRATCH_AT + scratch * 4096)),
-                self.data.mr.lkey,
-                4096,
-            ),
+            local((SCRATCH_AT + scratch * 4096) as usize, 4096),
         );
         m.insert(
             "response".to_string(),
-            (self.cbuf.mr.addr, self.cbuf.mr.lkey, RESP_LEN),
+            RegionBinding::Remote {
+                addr: self.cbuf.mr.addr,
+                rkey: self.cbuf.mr.lkey.into(),
+                len: RESP_LEN,
+            },
         );
         m
     }
@@ -562,7 +564,7 @@ fn install(
     let cinfo = env.client.create_qp(c).ctx("create client QP")?;
     let regions = env.regions(scratch);
     let t_inst = Instant::now();
-    let r = redn_sys::install::install(&env.server_pd, program, &regions, &mut |q| {
+    let r = redn_sys::install::install(&env.server, program, &regions, &mut |q| {
         SoftNic::connect_pair(&env.client, cinfo.qpn, &env.server, q)
     });
     {

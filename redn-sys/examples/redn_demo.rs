@@ -21,7 +21,7 @@
 use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
 use redn_program::program::Program;
 use redn_program::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
-use redn_sys::install::install;
+use redn_sys::install::{install, RegionBinding};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, Nic, QpConfig};
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
@@ -85,19 +85,15 @@ pub fn run(requests: &[(u64, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
     let server = std::sync::Arc::new(SoftNic::new(cfg("server", 2)).expect("server softnic"));
     let client = SoftNic::new(cfg("client", 1)).expect("client softnic");
 
-    // Server: one data region holding the bucket table and the values.
-    let pd = redn_sys::handle::ProtectionDomain::alloc(&server).unwrap();
-    let spd = pd.pdn();
+    // Server: one buffer holding the bucket table and the values. The install registers it
+    // in the offload's own protection domains, with narrow keys.
     let data_len = VALUES_AT + BUCKETS as usize * VALUE_LEN;
     let data = SharedBuffer::new(data_len);
-    let mr = server
-        .reg_mr(spd, &data, 0, data_len, Access::REMOTE_READ)
-        .unwrap();
     for b in 0..BUCKETS {
         let key = key_of_bucket(b);
         let at = VALUES_AT + b as usize * VALUE_LEN;
         data.write(at, &value_of(key));
-        let bucket = catalog::bucket_bytes(key, VALUE_LEN as u32, mr.addr.0 + at as u64);
+        let bucket = catalog::bucket_bytes(key, VALUE_LEN as u32, data.addr().0 + at as u64);
         data.write((b * BUCKET_STRIDE) as usize, &bucket);
     }
 
@@ -119,13 +115,26 @@ pub fn run(requests: &[(u64, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
     // response buffer on the client.
     let program = program(requests.len().max(1) as u32);
     let mut regions = HashMap::new();
+    let local = |len| RegionBinding::Local {
+        buffer: std::sync::Arc::clone(&data),
+        offset: 0,
+        len,
+        access: Access::REMOTE_READ,
+    };
     regions.insert(
         "table".to_string(),
-        (mr.addr, mr.lkey, BUCKETS * BUCKET_STRIDE),
+        local(BUCKETS as usize * BUCKET_STRIDE as usize),
     );
-    regions.insert("values".to_string(), (mr.addr, mr.lkey, data_len as u64));
-    regions.insert("response".to_string(), (cmr.addr, cmr.lkey, 4096));
-    let installed = install(&pd, &program, &regions, &mut |q| {
+    regions.insert("values".to_string(), local(data_len));
+    regions.insert(
+        "response".to_string(),
+        RegionBinding::Remote {
+            addr: cmr.addr,
+            rkey: cmr.lkey.into(),
+            len: 4096,
+        },
+    );
+    let installed = install(&server, &program, &regions, &mut |q| {
         SoftNic::connect_pair(&client, cqp, &server, q)
     })
     .expect("install hash-get");
@@ -149,7 +158,7 @@ pub fn run(requests: &[(u64, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
     for (i, &(key, bucket)) in requests.iter().enumerate() {
         client.post_recv(cqp, i as u64, &[]).unwrap();
         let mut msg = catalog::trigger_key(key).to_vec();
-        msg.extend((mr.addr.0 + bucket * BUCKET_STRIDE).to_be_bytes());
+        msg.extend((data.addr().0 + bucket * BUCKET_STRIDE).to_be_bytes());
         let start = Instant::now();
         client
             .post_send(

@@ -3,6 +3,7 @@
 mod common;
 use common::*;
 use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
+use redn_sys::install::RegionBinding;
 use redn_sys::nic::Nic;
 use redn_sys::softnic::Prefetch;
 use redn_sys::QpState;
@@ -127,12 +128,8 @@ fn bucket_address_outside_the_table_is_a_protection_error_not_an_answer() {
     let program = catalog::hash_get(HashVariant::Single, 4).unwrap();
     let server = std::sync::Arc::new(nic(1, Prefetch::Adversarial));
     let client = nic(1, Prefetch::Adversarial);
-    let pd = redn_sys::handle::ProtectionDomain::alloc(&server).unwrap();
-    let spd = pd.pdn();
+    let spd = server.alloc_pd().unwrap();
     let data = Region::new(&server, spd, 1 << 16, ALL);
-    let table = server
-        .reg_mr(spd, &data.buf, 0, 4096, redn_sys::Access::REMOTE_READ)
-        .unwrap();
     let cpd = client.alloc_pd().unwrap();
     let cbuf = Region::new(&client, cpd, 4096, ALL);
     let ccq = client
@@ -143,10 +140,26 @@ fn bucket_address_outside_the_table_is_a_protection_error_not_an_answer() {
         .unwrap()
         .qpn;
     let mut regions = std::collections::HashMap::new();
-    regions.insert("table".to_string(), (table.addr, table.lkey, 4096));
-    regions.insert("values".to_string(), (data.mr.addr, data.mr.lkey, 1 << 16));
-    regions.insert("response".to_string(), (cbuf.mr.addr, cbuf.mr.lkey, 4096));
-    let inst = redn_sys::install::install(&pd, &program, &regions, &mut |q| {
+    let local = |len, access| RegionBinding::Local {
+        buffer: std::sync::Arc::clone(&data.buf),
+        offset: 0,
+        len,
+        access,
+    };
+    regions.insert(
+        "table".to_string(),
+        local(4096, redn_sys::Access::REMOTE_READ),
+    );
+    regions.insert("values".to_string(), local(1 << 16, ALL));
+    regions.insert(
+        "response".to_string(),
+        RegionBinding::Remote {
+            addr: cbuf.mr.addr,
+            rkey: cbuf.mr.lkey.into(),
+            len: 4096,
+        },
+    );
+    let inst = redn_sys::install::install(&server, &program, &regions, &mut |q| {
         redn_sys::softnic::SoftNic::connect_pair(&client, cqp, &server, q)
     })
     .unwrap();

@@ -8,7 +8,7 @@ use redn_policy::{verify, Grants};
 use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
 use redn_program::program::Program;
 use redn_program::wqe::{Payload, Syndrome, WorkRequest, WqeFlags, WrOp};
-use redn_sys::install::install;
+use redn_sys::install::{install, RegionBinding};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, Nic, QpConfig};
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
@@ -67,8 +67,9 @@ fn world(program: &Program, rng: &mut Rng) -> World {
     };
     let server = std::sync::Arc::new(SoftNic::new(cfg("server")).unwrap());
     let client = SoftNic::new(cfg("client")).unwrap();
-    let pd = redn_sys::handle::ProtectionDomain::alloc(&server).unwrap();
-    let spd = pd.pdn();
+    // The test's own registrations give the addresses; the install registers the same
+    // memory again, with the same rights, in its own protection domains.
+    let spd = server.alloc_pd().unwrap();
     let smem = SharedBuffer::new(SERVER_LEN);
     smem.write(0, &vec![GUARD; SERVER_LEN]);
     let table = server
@@ -131,11 +132,24 @@ fn world(program: &Program, rng: &mut Rng) -> World {
     let cqp = client.create_qp(qcfg).unwrap().qpn;
 
     let mut regions = HashMap::new();
-    regions.insert("table".to_string(), (table.addr, table.lkey, table.len));
-    regions.insert("list".to_string(), (table.addr, table.lkey, table.len));
-    regions.insert("values".to_string(), (values.addr, values.lkey, values.len));
-    regions.insert("response".to_string(), (resp.addr, resp.lkey, resp.len));
-    let installed = install(&pd, program, &regions, &mut |q| {
+    let local = |(offset, len), access| RegionBinding::Local {
+        buffer: Arc::clone(&smem),
+        offset,
+        len,
+        access,
+    };
+    regions.insert("table".to_string(), local(TABLE, Access::REMOTE_READ));
+    regions.insert("list".to_string(), local(TABLE, Access::REMOTE_READ));
+    regions.insert("values".to_string(), local(VALUES, Access::NONE));
+    regions.insert(
+        "response".to_string(),
+        RegionBinding::Remote {
+            addr: resp.addr,
+            rkey: resp.lkey.into(),
+            len: resp.len,
+        },
+    );
+    let installed = install(&server, program, &regions, &mut |q| {
         SoftNic::connect_pair(&client, cqp, &server, q)
     })
     .unwrap();

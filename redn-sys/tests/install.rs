@@ -6,16 +6,16 @@
 
 use redn_program::program::catalog::{self, HashVariant};
 use redn_program::program::Program;
+use redn_program::program::{QueueRole, RegionRole};
 use redn_program::wqe::{Sge, WorkRequest};
-use redn_sys::handle::ProtectionDomain;
-use redn_sys::install::install;
+use redn_sys::install::{install, RegionBinding};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{
     CompChannel, Completion, CqConfig, MrInfo, Nic, ObjectCounts, QpConfig, QpCounters, QpInfo,
     RateLimit,
 };
 use redn_sys::softnic::SoftNic;
-use redn_sys::{Access, Cqn, Error, Lkey, Pdn, QpState, Qpn, Result, VirtAddr};
+use redn_sys::{Access, Cqn, Error, Lkey, Pdn, QpState, Qpn, Result, Rkey, VirtAddr};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -160,27 +160,40 @@ impl Nic for FailingNic {
 
 const DATA_LEN: usize = 1 << 16;
 
-/// A failing NIC with one data region bound under every name the catalog uses.
-/// Region bindings as `install` takes them: name → (address, key, length).
-type Bindings = HashMap<String, (VirtAddr, Lkey, u64)>;
+/// Region bindings as `install` takes them.
+type Bindings = HashMap<String, RegionBinding>;
 
-fn setup() -> (Arc<FailingNic>, Arc<ProtectionDomain<FailingNic>>, Bindings) {
+/// A failing NIC, and bindings for every region name the catalog uses: server memory for
+/// the data regions, a stand-in for a client's buffer as the response region.
+fn setup() -> (Arc<FailingNic>, Bindings) {
     let nic = Arc::new(FailingNic {
         inner: SoftNic::with_pus(1).unwrap(),
         calls: AtomicUsize::new(0),
         fail_at: AtomicUsize::new(usize::MAX),
         released: Mutex::new(Vec::new()),
     });
-    let pd = ProtectionDomain::alloc(&nic).unwrap();
     let data = SharedBuffer::new(DATA_LEN);
-    let mr = nic
-        .reg_mr(pd.pdn(), &data, 0, DATA_LEN, Access::ALL)
-        .unwrap();
-    let regions = ["table", "list", "values", "response"]
+    let mut regions: Bindings = ["table", "list", "values"]
         .into_iter()
-        .map(|n| (n.to_string(), (mr.addr, mr.lkey, DATA_LEN as u64)))
+        .map(|n| {
+            let binding = RegionBinding::Local {
+                buffer: Arc::clone(&data),
+                offset: 0,
+                len: DATA_LEN,
+                access: Access::ALL,
+            };
+            (n.to_string(), binding)
+        })
         .collect();
-    (nic, pd, regions)
+    regions.insert(
+        "response".into(),
+        RegionBinding::Remote {
+            addr: VirtAddr(0x10_0000),
+            rkey: Rkey(0x1234),
+            len: 4096,
+        },
+    );
+    (nic, regions)
 }
 
 fn programs() -> Vec<Program> {
@@ -193,10 +206,24 @@ fn programs() -> Vec<Program> {
     ]
 }
 
+/// Releases go queues and CQs first, then regions, then protection domains: the reverse of
+/// the order an install creates them in.
+fn assert_reverse_order(released: &[Released], what: &str) {
+    let rank = |r: &Released| match r {
+        Released::Qp(_) | Released::Cq(_) => 0,
+        Released::Region(_) => 1,
+        Released::Pd(_) => 2,
+    };
+    assert!(
+        released.windows(2).all(|w| rank(&w[0]) <= rank(&w[1])),
+        "{what}: released out of order: {released:?}"
+    );
+}
+
 #[test]
 fn a_failure_at_any_step_of_an_install_leaves_nothing_behind() {
     for program in programs() {
-        let (nic, pd, regions) = setup();
+        let (nic, regions) = setup();
         let before = nic.objects();
         let mut failures = 0;
         for fail_at in 0.. {
@@ -204,7 +231,7 @@ fn a_failure_at_any_step_of_an_install_leaves_nothing_behind() {
             nic.released.lock().unwrap().clear();
             // The client-facing queue is connected to itself: that call can fail too.
             let connect_nic = Arc::clone(&nic);
-            let result = install(&pd, &program, &regions, &mut |q| connect_nic.connect(q, q));
+            let result = install(&nic, &program, &regions, &mut |q| connect_nic.connect(q, q));
             match result {
                 Err(e) => {
                     assert!(
@@ -218,14 +245,8 @@ fn a_failure_at_any_step_of_an_install_leaves_nothing_behind() {
                         "{}: objects left behind by a failure at step {fail_at}",
                         program.name
                     );
-                    // Newest first: the code region, made first, goes last.
                     let released = nic.released.lock().unwrap().clone();
-                    if let Some(at) = released
-                        .iter()
-                        .position(|r| matches!(r, Released::Region(_)))
-                    {
-                        assert_eq!(at + 1, released.len(), "{}: {released:?}", program.name);
-                    }
+                    assert_reverse_order(&released, &program.name);
                     failures += 1;
                 }
                 Ok(installed) => {
@@ -235,39 +256,49 @@ fn a_failure_at_any_step_of_an_install_leaves_nothing_behind() {
                         "{}: the install succeeded with step {fail_at} failing",
                         program.name
                     );
-                    // An install creates a code region and a CQ and queue pair per queue
-                    // plus the master's, and nothing else.
+                    // Two protection domains, a narrow key per code window and one per data
+                    // region on each side, a CQ and queue pair per queue plus the master's.
                     let queues = program.queues.len() + 1;
+                    let data = program
+                        .regions
+                        .iter()
+                        .filter(|r| matches!(r.role, RegionRole::Data { .. }))
+                        .count();
                     let during = nic.objects();
                     assert_eq!(
                         (during.pds, during.regions, during.cqs, during.qps),
                         (
-                            before.pds,
-                            before.regions + 1,
+                            before.pds + 2,
+                            before.regions + installed.code_keys.len() + 2 * data,
                             before.cqs + queues,
                             before.qps + queues
                         ),
                         "{}",
                         program.name
                     );
-                    let (master, code) = (installed.master, installed.code_mr.lkey);
+                    let master = installed.master;
+                    let first_window = installed.code_keys[0].1.lkey;
+                    let pds = [QueueRole::Client, QueueRole::Worker]
+                        .map(|side| Released::Pd(installed.pd(side).pdn()));
                     nic.released.lock().unwrap().clear();
                     installed.remove().unwrap();
                     assert_eq!(nic.objects(), before, "{}: after remove", program.name);
-                    // Newest first: the master queue (made last), and the code region that
-                    // holds every ring only after every queue is gone.
+                    // Newest first: the master queue (made last); the first code window
+                    // (made first) after every queue; the domains after everything in them.
                     let released = nic.released.lock().unwrap().clone();
-                    assert_eq!(released.first(), Some(&Released::Qp(master)));
-                    assert_eq!(released.last(), Some(&Released::Region(code)));
-                    assert_eq!(released.len(), 1 + 2 * queues, "{released:?}");
+                    assert_reverse_order(&released, &program.name);
+                    let n = released.len();
+                    assert_eq!(released[0], Released::Qp(master), "{released:?}");
+                    assert_eq!(released[n - 3], Released::Region(first_window));
+                    assert_eq!(released[n - 2..], pds);
                     break;
                 }
             }
         }
-        // Every creating step was tried as the failing one: at least a region, a CQ and
-        // a queue pair per queue, the master's, and their connects.
+        // Every creating step was tried as the failing one: at least the two domains, a
+        // code window, a CQ and a queue pair per queue, the master's, and their connects.
         assert!(
-            failures >= 3 * program.queues.len() + 3,
+            failures >= 3 * program.queues.len() + 5,
             "{}: only {failures} steps",
             program.name
         );
@@ -275,40 +306,43 @@ fn a_failure_at_any_step_of_an_install_leaves_nothing_behind() {
 }
 
 #[test]
-fn a_dropped_offload_releases_everything_and_its_protection_domain_last() {
-    // The data region lives in the setup's protection domain; the offload gets one of its
-    // own, held only through handles, so its release can be seen.
-    let (nic, _data_pd, regions) = setup();
+fn a_dropped_offload_releases_everything_newest_first() {
+    let (nic, regions) = setup();
     let before = nic.objects();
-    let pd = ProtectionDomain::alloc(&nic).unwrap();
     let program = catalog::hash_get(HashVariant::Single, 4).unwrap();
-    let installed = install(&pd, &program, &regions, &mut |q| nic.connect(q, q)).unwrap();
-    let (pdn, master, code) = (pd.pdn(), installed.master, installed.code_mr.lkey);
-    // The caller lets go of its handle first: the offload keeps the domain alive.
-    drop(pd);
-    assert_eq!(nic.objects().pds, before.pds + 1);
+    let installed = install(&nic, &program, &regions, &mut |q| nic.connect(q, q)).unwrap();
+    let master = installed.master;
+    let worker_pd = installed.pd(QueueRole::Worker).pdn();
     nic.released.lock().unwrap().clear();
     drop(installed);
     assert_eq!(nic.objects(), before);
-    // Newest first, the code region after every queue, the domain after everything in it.
     let released = nic.released.lock().unwrap().clone();
-    let n = released.len();
-    assert_eq!(released[0], Released::Qp(master), "{released:?}");
-    assert_eq!(
-        released[n - 2..],
-        [Released::Region(code), Released::Pd(pdn)]
-    );
+    assert_reverse_order(&released, "hash-get");
+    assert_eq!(released.first(), Some(&Released::Qp(master)));
+    assert_eq!(released.last(), Some(&Released::Pd(worker_pd)));
 }
 
 #[test]
 fn a_refused_binding_creates_nothing() {
-    let (nic, pd, mut regions) = setup();
+    let (nic, mut regions) = setup();
     let before = nic.objects();
     let program = catalog::hash_get(HashVariant::Single, 4).unwrap();
+    nic.arm(usize::MAX);
+    let e = install(&nic, &program, &regions, &mut |q| nic.connect(q, q));
+    assert!(e.is_ok());
+    drop(e);
+    // The response region bound as server memory, and the table left out.
+    regions.insert("response".into(), regions["table"].clone());
+    nic.arm(usize::MAX);
+    let e = install(&nic, &program, &regions, &mut |q| nic.connect(q, q)).unwrap_err();
+    assert!(
+        e.to_string().contains("bind it as RegionBinding::Remote"),
+        "{e}"
+    );
     regions.remove("table");
     nic.arm(usize::MAX);
-    let e = install(&pd, &program, &regions, &mut |q| nic.connect(q, q)).unwrap_err();
-    assert!(e.to_string().contains("region binding"), "{e}");
+    let e = install(&nic, &program, &regions, &mut |q| nic.connect(q, q)).unwrap_err();
+    assert!(e.to_string().contains("needs region \"table\""), "{e}");
     assert_eq!(nic.calls.load(Ordering::Relaxed), 0);
     assert_eq!(nic.objects(), before);
 }

@@ -1,6 +1,9 @@
 //! Placing one client's instance of a program in its code region and resolving its symbols.
 
-use super::{Addr, Form, Op, Operand, Program, ProgramError, Sge, Slots, WqePos, MAX_OPERAND};
+use super::windows::CodeWindow;
+use super::{
+    Addr, Form, Op, Operand, Program, ProgramError, QueueRole, Sge, Slots, WqePos, MAX_OPERAND,
+};
 use crate::types::{Cqn, Lkey, Qpn, Rkey, VirtAddr};
 use crate::wqe::{
     self, encode_recv, encode_wqe, Payload, RemoteAddr, WorkRequest, WrOp, BB_SIZE, SEG_SIZE,
@@ -89,14 +92,20 @@ pub struct Bound {
 }
 
 /// Everything needed to turn symbols into numbers for one client's instance.
+///
+/// Keys depend on which side uses them: worker queues and the client-facing queue sit in
+/// protection domains of their own, so a region bound for both has a key on each side, and
+/// code bytes are named only through the narrow key of a [`CodeWindow`] of that side.
 #[derive(Clone, Debug)]
 pub struct Resolver {
-    /// The code region.
-    pub code: Bound,
+    /// The code region's first address.
+    pub code_addr: VirtAddr,
     /// The layout inside it.
     pub layout: CodeLayout,
-    /// Bound regions by name.
-    pub regions: HashMap<String, Bound>,
+    /// The code windows and their keys.
+    pub code_keys: Vec<(CodeWindow, u32)>,
+    /// Bound regions by side and name.
+    pub regions: HashMap<(QueueRole, String), Bound>,
     /// Each queue's QPN and CQN, in program order.
     pub queues: Vec<(Qpn, Cqn)>,
     /// WQE label -> position, built once: resolving is linear in the program's size.
@@ -104,12 +113,14 @@ pub struct Resolver {
 }
 
 impl Resolver {
-    /// A resolver for `program` placed at `code` with `layout`.
+    /// A resolver for `program` placed at `code_addr` with `layout`, naming its code through
+    /// `code_keys` and its regions through `regions`.
     pub fn new(
         program: &Program,
-        code: Bound,
+        code_addr: VirtAddr,
         layout: CodeLayout,
-        regions: HashMap<String, Bound>,
+        code_keys: Vec<(CodeWindow, u32)>,
+        regions: HashMap<(QueueRole, String), Bound>,
         queues: Vec<(Qpn, Cqn)>,
     ) -> Resolver {
         let positions = program
@@ -118,8 +129,9 @@ impl Resolver {
             .map(|(label, pos)| (label.to_string(), pos))
             .collect();
         Resolver {
-            code,
+            code_addr,
             layout,
+            code_keys,
             regions,
             queues,
             positions,
@@ -148,13 +160,18 @@ impl Resolver {
     pub fn addr(&self, p: &Program, a: &Addr) -> Result<VirtAddr, ProgramError> {
         Ok(match a {
             Addr::Region { region, offset } => {
-                let b = self.region(region)?;
+                let b = self
+                    .regions
+                    .iter()
+                    .find(|((_, name), _)| name == region)
+                    .map(|(_, b)| b)
+                    .ok_or_else(|| unbound(region))?;
                 VirtAddr(b.addr.0 + offset)
             }
             Addr::Wqe { label, byte } => {
                 let (q, at) = self.wqe_pos(p, label)?;
                 VirtAddr(
-                    self.code.addr.0
+                    self.code_addr.0
                         + (self.layout.sq[q] + at as usize * BB_SIZE) as u64
                         + u64::from(*byte),
                 )
@@ -168,38 +185,58 @@ impl Resolver {
                         kind: "static block",
                         name: name.clone(),
                     })?;
-                VirtAddr(self.code.addr.0 + self.layout.statics[i] as u64 + offset)
+                VirtAddr(self.code_addr.0 + self.layout.statics[i] as u64 + offset)
             }
         })
     }
 
-    fn region(&self, name: &str) -> Result<&Bound, ProgramError> {
-        self.regions.get(name).ok_or_else(|| ProgramError::Unknown {
-            kind: "region binding",
-            name: name.into(),
-        })
+    /// The key that a queue of `side` uses for the `len` bytes at `a`: the region's key on
+    /// that side, or the key of the code window that covers them.
+    pub fn key(
+        &self,
+        p: &Program,
+        side: QueueRole,
+        a: &Addr,
+        len: u64,
+    ) -> Result<u32, ProgramError> {
+        if let Addr::Region { region, .. } = a {
+            return self
+                .regions
+                .get(&(side, region.clone()))
+                .map(|b| b.key)
+                .ok_or_else(|| unbound(region));
+        }
+        let offset = self.addr(p, a)?.0 - self.code_addr.0;
+        let (offset, len) = (offset as usize, len as usize);
+        self.code_keys
+            .iter()
+            .find(|(w, _)| w.side == side && w.covers(offset, len))
+            .map(|(_, key)| *key)
+            .ok_or_else(|| {
+                ProgramError::Invalid(format!(
+                    "no code window of the {side:?} side covers {len} bytes at {a:?}"
+                ))
+            })
     }
 
-    /// Resolve the key covering an address.
-    pub fn key(&self, a: &Addr) -> Result<u32, ProgramError> {
-        Ok(match a {
-            Addr::Region { region, .. } => self.region(region)?.key,
-            _ => self.code.key,
-        })
-    }
-
-    fn sge(&self, p: &Program, s: &Sge) -> Result<wqe::Sge, ProgramError> {
+    fn sge(&self, p: &Program, side: QueueRole, s: &Sge) -> Result<wqe::Sge, ProgramError> {
         Ok(wqe::Sge {
             addr: self.addr(p, &s.addr)?,
             len: s.len,
-            lkey: Lkey(self.key(&s.addr)?),
+            lkey: Lkey(self.key(p, side, &s.addr, u64::from(s.len))?),
         })
     }
 
-    fn remote(&self, p: &Program, a: &Addr) -> Result<RemoteAddr, ProgramError> {
+    fn remote(
+        &self,
+        p: &Program,
+        side: QueueRole,
+        a: &Addr,
+        len: u64,
+    ) -> Result<RemoteAddr, ProgramError> {
         Ok(RemoteAddr {
             addr: self.addr(p, a)?,
-            rkey: Rkey(self.key(a)?),
+            rkey: Rkey(self.key(p, side, a, len)?),
         })
     }
 
@@ -257,13 +294,19 @@ impl Resolver {
         })
     }
 
-    /// The concrete work request for a template.
-    pub fn work_request(&self, p: &Program, op: &Op) -> Result<WrOp, ProgramError> {
+    /// The concrete work request for a template on a queue of `side`.
+    pub fn work_request(
+        &self,
+        p: &Program,
+        side: QueueRole,
+        op: &Op,
+    ) -> Result<WrOp, ProgramError> {
         let sgl = |v: &[Sge]| {
             v.iter()
-                .map(|s| self.sge(p, s))
+                .map(|s| self.sge(p, side, s))
                 .collect::<Result<Vec<_>, _>>()
         };
+        let total = |v: &[Sge]| v.iter().map(|s| u64::from(s.len)).sum::<u64>();
         Ok(match op {
             Op::Other { opcode } => {
                 return Err(ProgramError::Invalid(format!(
@@ -278,12 +321,12 @@ impl Resolver {
                 sgl: s,
                 imm,
             } => WrOp::Write {
-                remote: self.remote(p, remote)?,
+                remote: self.remote(p, side, remote, total(s))?,
                 payload: Payload::Sgl(sgl(s)?),
                 imm: *imm,
             },
             Op::Read { remote, sgl: s } => WrOp::Read {
-                remote: self.remote(p, remote)?,
+                remote: self.remote(p, side, remote, total(s))?,
                 sgl: sgl(s)?,
             },
             Op::Cas {
@@ -292,10 +335,10 @@ impl Resolver {
                 swap,
                 result,
             } => WrOp::CompareSwap {
-                remote: self.remote(p, remote)?,
+                remote: self.remote(p, side, remote, 8)?,
                 compare: self.operand(p, compare)?,
                 swap: self.operand(p, swap)?,
-                result: result.as_ref().map(|r| self.sge(p, r)).transpose()?,
+                result: result.as_ref().map(|r| self.sge(p, side, r)).transpose()?,
             },
             Op::MaskedCas {
                 remote,
@@ -304,7 +347,7 @@ impl Resolver {
                 swap,
                 swap_mask,
             } => WrOp::MaskedCompareSwap {
-                remote: self.remote(p, remote)?,
+                remote: self.remote(p, side, remote, 8)?,
                 compare: self.operand(p, compare)?,
                 compare_mask: *compare_mask,
                 swap: self.operand(p, swap)?,
@@ -316,9 +359,9 @@ impl Resolver {
                 add,
                 result,
             } => WrOp::FetchAdd {
-                remote: self.remote(p, remote)?,
+                remote: self.remote(p, side, remote, 8)?,
                 add: *add,
-                result: result.as_ref().map(|r| self.sge(p, r)).transpose()?,
+                result: result.as_ref().map(|r| self.sge(p, side, r)).transpose()?,
             },
             Op::Wait { queue, count } => WrOp::Wait {
                 cq: self.queue(p, queue)?.1,
@@ -360,7 +403,7 @@ impl Program {
                 let wr = WorkRequest {
                     wr_id: 0,
                     flags: w.flags,
-                    op: r.work_request(self, &w.op)?,
+                    op: r.work_request(self, q.role, &w.op)?,
                 };
                 let e = encode_wqe(&wr, qpn, at as u16)
                     .map_err(|e| ProgramError::Invalid(format!("WQE {}: {e}", w.label)))?;
@@ -379,7 +422,7 @@ impl Program {
                 let sgl = recv
                     .sgl
                     .iter()
-                    .map(|s| r.sge(self, s))
+                    .map(|s| r.sge(self, q.role, s))
                     .collect::<Result<Vec<_>, _>>()?;
                 let bytes = encode_recv(&sgl, q.rq_sges as usize).map_err(|e| {
                     ProgramError::Invalid(format!("queue {} receive {i}: {e}", q.name))
@@ -397,5 +440,12 @@ impl Program {
             posted,
             recvs,
         })
+    }
+}
+
+fn unbound(region: &str) -> ProgramError {
+    ProgramError::Unknown {
+        kind: "region binding",
+        name: region.into(),
     }
 }

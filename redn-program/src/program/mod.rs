@@ -22,9 +22,11 @@
 mod builder;
 pub mod catalog;
 mod layout;
+mod windows;
 
 pub use builder::{Builder, QueueHandle};
-pub use layout::{Bound, CodeLayout, Resolver};
+pub use layout::{Bound, CodeLayout, Rendered, Resolver};
+pub use windows::CodeWindow;
 
 use crate::types::Access;
 use crate::wqe::{Opcode, WqeFlags};

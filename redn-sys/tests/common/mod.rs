@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use redn_program::wqe::{WorkRequest, WqeFlags, WrOp};
-use redn_sys::handle::ProtectionDomain;
+use redn_sys::install::RegionBinding;
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig, QpInfo};
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
@@ -125,8 +125,8 @@ impl Rig {
     pub fn new(program: redn_program::program::Program, prefetch: Prefetch) -> Rig {
         let server = Arc::new(nic(2, prefetch));
         let client = nic(1, prefetch);
-        let pd = ProtectionDomain::alloc(&server).unwrap();
-        let spd = pd.pdn();
+        // The data lives in a domain of the test's; the install registers it again in its own.
+        let spd = server.alloc_pd().unwrap();
         let data = Region::new(&server, spd, DATA_LEN, ALL);
         let cpd = client.alloc_pd().unwrap();
         let cbuf = Region::new(&client, cpd, 128 << 10, ALL);
@@ -143,14 +143,23 @@ impl Rig {
         for name in ["table", "list", "values"] {
             regions.insert(
                 name.to_string(),
-                (data.mr.addr, data.mr.lkey, DATA_LEN as u64),
+                RegionBinding::Local {
+                    buffer: Arc::clone(&data.buf),
+                    offset: 0,
+                    len: DATA_LEN,
+                    access: ALL,
+                },
             );
         }
         regions.insert(
             "response".to_string(),
-            (cbuf.mr.addr, cbuf.mr.lkey, 128 << 10),
+            RegionBinding::Remote {
+                addr: cbuf.mr.addr,
+                rkey: cbuf.mr.lkey.into(),
+                len: 128 << 10,
+            },
         );
-        let installed = redn_sys::install::install(&pd, &program, &regions, &mut |q| {
+        let installed = redn_sys::install::install(&server, &program, &regions, &mut |q| {
             SoftNic::connect_pair(&client, cqp, &server, q)
         })
         .unwrap();
