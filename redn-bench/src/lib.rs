@@ -1,12 +1,11 @@
-//! What `softnic_bench` and `offload_bench` share: command-line parsing, statistics, waiting
-//! for the softnic, writing WQEs straight into a send ring, the native baselines' timing and
-//! the report's head and tail. Each example includes it with `mod bench_common;` (a directory
-//! module, so cargo does not build it as an example of its own).
+//! What the benchmark binaries share: command-line parsing, statistics, waiting for the
+//! softnic, writing WQEs straight into a send ring, the native baselines' timing and the
+//! report's head and tail.
 
+use redn_program::wqe::{encode_wqe, Opcode, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Nic, QpInfo};
 use redn_sys::softnic::{Prefetch, SoftNic};
-use redn_program::wqe::{encode_wqe, Opcode, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::{Cqn, Qpn};
 use std::fmt::Display;
 use std::hint::black_box;
@@ -240,14 +239,25 @@ pub enum WaitMode {
     /// Poll, yield the CPU between polls: host + PUs fit the cores, but a busy host would
     /// steal a PU's CPU whenever anything else runs on the machine. (offload_bench never
     /// yields.)
-    #[allow(dead_code)]
     Yield,
     /// Poll, then sleep 20 µs between polls: host and PUs share cores.
     Sleep,
 }
 
+impl WaitMode {
+    /// How the report names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            WaitMode::Spin => "busy-polls",
+            WaitMode::Yield => "polls + sched_yield",
+            WaitMode::Sleep => "polls + 20 µs sleep",
+        }
+    }
+}
+
 /// What a polling host does between two polls that found nothing: spin, yield or sleep (see
 /// [`WaitMode`]); while spinning it reads the clock only every `check_every` polls.
+#[derive(Debug)]
 pub struct Backoff {
     spins: u32,
     check_every: u32,
@@ -376,6 +386,7 @@ pub fn diag(nic: &SoftNic, qps: &[Qpn], cqs: &[Cqn], receives: bool) -> String {
 
 /// Writes WQE bytes straight into a send ring (what a driver does), so encoding is never
 /// timed; the doorbell (or a SEND_EN) is what a measurement starts with.
+#[derive(Debug)]
 pub struct SqWriter {
     pub qpn: Qpn,
     pub buf: Arc<SharedBuffer>,
@@ -435,8 +446,6 @@ impl SqWriter {
 
 /// Post a WAIT for `cq`'s first completion on the queue `info` and ring its doorbell: with a CQ
 /// that nothing completes into, the queue sits on it for good (a manager's idle client).
-// Not every example that includes this module uses it.
-#[allow(dead_code)]
 pub fn post_endless_wait(nic: &SoftNic, info: &QpInfo, cq: Cqn) -> Result<(), String> {
     let mut w = SqWriter::new(info, false);
     let wait = WorkRequest {
@@ -452,8 +461,7 @@ pub fn post_endless_wait(nic: &SoftNic, info: &QpInfo, cq: Cqn) -> Result<(), St
 /// the managed queue `q` up to its first WQE, then for each further step WAIT(`q_cq`, the
 /// previous WQE's completion) + SEND_EN of the next. `qb` is `q`'s producer index before the
 /// chain's WQEs and `base` the CQ's count then; the last SEND_EN enables `extra` more WQEs.
-// Not every example that includes this module builds chains (offload_bench does not).
-#[allow(dead_code, clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)]
 pub fn push_doorbell_master(
     nic: &SoftNic,
     m: &mut SqWriter,

@@ -6,7 +6,7 @@
 //!
 //!     valgrind --tool=callgrind --collect-atstart=no \
 //!         --toggle-collect='redn_sys::softnic::exec::SqExec::run' \
-//!         target/release/examples/chain_profile 8000 2
+//!         target/release/chain_profile 8000 2
 //!
 //! and the total divided by N × rounds is the executor's instruction cost of one step
 //! (counting the whole PU thread instead adds the PU loop and its idle polling between
@@ -16,13 +16,11 @@
 //! signaled) that the host writes into the ring again before each round, the same bytes but
 //! for the WQE index: the cost of one WRITE, first resolved and then re-run.
 
-#[allow(dead_code)]
-mod bench_common;
-use bench_common::{flags_if, nop, post_endless_wait, push_doorbell_master, Ctx, SqWriter};
+use redn_bench::{flags_if, nop, post_endless_wait, push_doorbell_master, Ctx, SqWriter};
+use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, Nic, QpConfig, QpInfo};
 use redn_sys::softnic::{SoftNic, SoftNicConfig};
-use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
 use redn_sys::{Access, Cqn, Pdn};
 use std::time::{Duration, Instant};
 
@@ -30,7 +28,7 @@ const USAGE: &str = "\
 chain_profile: one long doorbell-ordered NOP chain on one softnic PU (for profilers)
 
 USAGE:
-    cargo run --release -p redn-sys --example chain_profile -- [--write] [--spin] [--parked N] [--idle N]
+    cargo run --release -p redn-bench --bin chain_profile -- [--write] [--spin] [--parked N] [--idle N]
         [STEPS [ROUNDS]]
 
     STEPS    chain length, 1..=8000 (default 4000)

@@ -5,21 +5,19 @@
 //! 1. Chain latency vs chain length (Fig. 8) in WQ, completion and doorbell order.
 //! 2. Throughput per opcode (NOP, 64 B WRITE, 64 B READ, CAS, FAA) on one PU and on all PUs.
 //!
-//! Run with `cargo run --release -p redn-sys --example softnic_bench -- --help`.
+//! Run with `cargo run --release -p redn-bench --bin softnic_bench -- --help`.
 //! It prints tables; nothing is asserted. Exit status 1 means the softnic misbehaved (a hang,
 //! an error or out-of-order completion, a wrong result in memory): see the "anomalies" list.
 
-mod bench_common;
-
-use bench_common::{
+use redn_bench::{
     flags_if, mean_ns_samples, median, nop, ns, on_threads, parse_num, post_endless_wait,
     print_anomalies, print_head, push_doorbell_master, stats, verdict, wait_produced, Backoff,
     CommonOpts, Ctx, SqWriter, Stats, WaitMode, SPIN_BEFORE_YIELD, WAIT_TIMEOUT,
 };
+use redn_program::wqe::{encode_wqe, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig, QpInfo};
 use redn_sys::softnic::{SoftNic, SoftNicConfig};
-use redn_program::wqe::{encode_wqe, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::{Access, Cqn, Pdn, QpState, Qpn};
 use std::hint::black_box;
 use std::sync::Arc;
@@ -29,7 +27,7 @@ const HELP: &str = "\
 softnic_bench: RedN §5.1 microbenchmarks on the softnic, with native CPU baselines
 
 USAGE:
-    cargo run --release -p redn-sys --example softnic_bench -- [OPTIONS]
+    cargo run --release -p redn-bench --bin softnic_bench -- [OPTIONS]
 
 OPTIONS:
     --quick             short run (< ~10 s): fewer samples, repetitions and batches
@@ -145,7 +143,7 @@ fn parse_args() -> Opts {
     let mut ops: Vec<String> = TP_OPS.iter().map(|s| s.to_string()).collect();
     let mut orders: Vec<String> = LAT_ORDERS.iter().map(|s| s.to_string()).collect();
     let mut detects: Vec<String> = LAT_DETECTS.iter().map(|s| s.to_string()).collect();
-    let common = bench_common::parse_args("softnic_bench", HELP, |name, value| {
+    let common = redn_bench::parse_args("softnic_bench", HELP, |name, value| {
         match name {
             "--iters" => iters = Some(parse_num("--iters", value())?),
             "--reps" => reps = Some(parse_num("--reps", value())?),
@@ -218,16 +216,6 @@ fn fmt_ns(v: f64) -> String {
     }
 }
 
-impl WaitMode {
-    fn name(self) -> &'static str {
-        match self {
-            WaitMode::Spin => "busy-polls",
-            WaitMode::Yield => "polls + sched_yield",
-            WaitMode::Sleep => "polls + 20 µs sleep",
-        }
-    }
-}
-
 /// Wait until `cq` has produced at least `target` completions (what WAIT counts). Latency
 /// runs spin: the clock is only read every 128 polls, and not before.
 fn wait_cq(nic: &SoftNic, cq: Cqn, target: u64, mode: WaitMode) -> Result<(), String> {
@@ -236,7 +224,7 @@ fn wait_cq(nic: &SoftNic, cq: Cqn, target: u64, mode: WaitMode) -> Result<(), St
 
 /// What the softnic says about some queues, for hang reports.
 fn diag(nic: &SoftNic, qps: &[Qpn], cqs: &[Cqn]) -> String {
-    bench_common::diag(nic, qps, cqs, false)
+    redn_bench::diag(nic, qps, cqs, false)
 }
 
 /// A CQ counted by WAITs and never polled, so it may wrap.

@@ -11,26 +11,23 @@
 //! Baselines: the same lookup done by the CPU on the same `SharedBuffer`, and the same lookup
 //! done by the client with one-sided RDMA READs over the same pair of softnics.
 //!
-//! Run with `cargo run --release -p redn-sys --example offload_bench -- --help`. It prints
+//! Run with `cargo run --release -p redn-bench --bin offload_bench -- --help`. It prints
 //! tables; nothing is asserted. Exit status 1 means the softnic or a program misbehaved (a hang,
 //! an error completion, a wrong response, wrong WQE counts): see the "anomalies" list.
 
-mod bench_common;
-
-use bench_common::{
+use redn_bench::{
     flags_if, mean_ns_samples, median, nop, ns, on_threads, parse_num, print_anomalies, print_head,
     stats, timed_out, verdict, wait_produced, Backoff, CommonOpts, Ctx, SqWriter, Stats, WaitMode,
     WAIT_TIMEOUT,
 };
-use redn_sys::mem::SharedBuffer;
-use redn_sys::nic::{CompChannel, Completion, CqConfig, MrInfo, Nic, QpConfig};
 use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
 use redn_program::program::{
-    Addr, Builder, Form, Iterations, Op, Program, ProgramError, QueueRole,
-    RegionRole, Sge,
+    Addr, Builder, Form, Iterations, Op, Program, ProgramError, QueueRole, RegionRole, Sge,
 };
-use redn_sys::softnic::{SoftNic, SoftNicConfig};
 use redn_program::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
+use redn_sys::mem::SharedBuffer;
+use redn_sys::nic::{CompChannel, Completion, CqConfig, MrInfo, Nic, QpConfig};
+use redn_sys::softnic::{SoftNic, SoftNicConfig};
 use redn_sys::{Access, Cqn, Lkey, Pdn, QpState, Qpn, VirtAddr};
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -41,7 +38,7 @@ const HELP: &str = "\
 offload_bench: RedN Table 3 and §5.2-5.3 on the softnic, with same-run baselines
 
 USAGE:
-    cargo run --release -p redn-sys --example offload_bench -- [OPTIONS]
+    cargo run --release -p redn-bench --bin offload_bench -- [OPTIONS]
 
 OPTIONS:
     --quick             short run (< ~15 s): fewer samples, repetitions and instances
@@ -155,7 +152,7 @@ struct Opts {
 fn parse_args() -> Opts {
     let (mut samples, mut reps) = (None, None);
     let mut only: Option<String> = None;
-    let common = bench_common::parse_args("offload_bench", HELP, |name, value| {
+    let common = redn_bench::parse_args("offload_bench", HELP, |name, value| {
         match name {
             "--samples" => samples = Some(parse_num("--samples", value())?),
             "--reps" => reps = Some(parse_num("--reps", value())?),
@@ -294,7 +291,7 @@ fn take_cqes(nic: &SoftNic, cq: Cqn, n: usize) -> Result<Vec<Completion>, String
 
 /// What the softnic says about some queues, for hang and error reports.
 fn diag(nic: &SoftNic, qps: &[Qpn], cqs: &[Cqn]) -> String {
-    bench_common::diag(nic, qps, cqs, true)
+    redn_bench::diag(nic, qps, cqs, true)
 }
 
 fn send_wr(msg: Vec<u8>) -> WorkRequest {
