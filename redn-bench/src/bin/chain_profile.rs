@@ -16,7 +16,8 @@
 //! signaled) that the host writes into the ring again before each round, the same bytes but
 //! for the WQE index: the cost of one WRITE, first resolved and then re-run.
 
-use redn_bench::{flags_if, nop, post_endless_wait, push_doorbell_master, Ctx, SqWriter};
+use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master, SqWriter};
+use redn_bench::Ctx;
 use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, Nic, QpConfig, QpInfo};

@@ -15,11 +15,13 @@
 //! tables; nothing is asserted. Exit status 1 means the softnic or a program misbehaved (a hang,
 //! an error completion, a wrong response, wrong WQE counts): see the "anomalies" list.
 
-use redn_bench::{
-    flags_if, mean_ns_samples, median, nop, ns, on_threads, parse_num, print_anomalies, print_head,
-    stats, timed_out, verdict, wait_produced, Backoff, CommonOpts, Ctx, SqWriter, Stats, WaitMode,
-    WAIT_TIMEOUT,
-};
+use redn_bench::native::{mean_ns_samples, on_threads};
+use redn_bench::opts::{parse_num, CommonOpts};
+use redn_bench::queues::{flags_if, nop, SqWriter};
+use redn_bench::report::{print_anomalies, print_head, verdict};
+use redn_bench::stats::{median, ns, stats, Stats};
+use redn_bench::wait::{timed_out, wait_produced, Backoff, WaitMode, WAIT_TIMEOUT};
+use redn_bench::Ctx;
 use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
 use redn_program::program::{
     Addr, Builder, Form, Iterations, Op, Program, ProgramError, QueueRole, RegionRole, Sge,
@@ -152,7 +154,7 @@ struct Opts {
 fn parse_args() -> Opts {
     let (mut samples, mut reps) = (None, None);
     let mut only: Option<String> = None;
-    let common = redn_bench::parse_args("offload_bench", HELP, |name, value| {
+    let common = redn_bench::opts::parse_args("offload_bench", HELP, |name, value| {
         match name {
             "--samples" => samples = Some(parse_num("--samples", value())?),
             "--reps" => reps = Some(parse_num("--reps", value())?),
@@ -291,7 +293,7 @@ fn take_cqes(nic: &SoftNic, cq: Cqn, n: usize) -> Result<Vec<Completion>, String
 
 /// What the softnic says about some queues, for hang and error reports.
 fn diag(nic: &SoftNic, qps: &[Qpn], cqs: &[Cqn]) -> String {
-    redn_bench::diag(nic, qps, cqs, true)
+    redn_bench::wait::diag(nic, qps, cqs, true)
 }
 
 fn send_wr(msg: Vec<u8>) -> WorkRequest {

@@ -9,11 +9,13 @@
 //! It prints tables; nothing is asserted. Exit status 1 means the softnic misbehaved (a hang,
 //! an error or out-of-order completion, a wrong result in memory): see the "anomalies" list.
 
-use redn_bench::{
-    flags_if, mean_ns_samples, median, nop, ns, on_threads, parse_num, post_endless_wait,
-    print_anomalies, print_head, push_doorbell_master, stats, verdict, wait_produced, Backoff,
-    CommonOpts, Ctx, SqWriter, Stats, WaitMode, SPIN_BEFORE_YIELD, WAIT_TIMEOUT,
-};
+use redn_bench::native::{mean_ns_samples, on_threads};
+use redn_bench::opts::{parse_num, CommonOpts};
+use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master, SqWriter};
+use redn_bench::report::{print_anomalies, print_head, verdict};
+use redn_bench::stats::{median, ns, stats, Stats};
+use redn_bench::wait::{wait_produced, Backoff, WaitMode, SPIN_BEFORE_YIELD, WAIT_TIMEOUT};
+use redn_bench::Ctx;
 use redn_program::wqe::{encode_wqe, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig, QpInfo};
@@ -143,7 +145,7 @@ fn parse_args() -> Opts {
     let mut ops: Vec<String> = TP_OPS.iter().map(|s| s.to_string()).collect();
     let mut orders: Vec<String> = LAT_ORDERS.iter().map(|s| s.to_string()).collect();
     let mut detects: Vec<String> = LAT_DETECTS.iter().map(|s| s.to_string()).collect();
-    let common = redn_bench::parse_args("softnic_bench", HELP, |name, value| {
+    let common = redn_bench::opts::parse_args("softnic_bench", HELP, |name, value| {
         match name {
             "--iters" => iters = Some(parse_num("--iters", value())?),
             "--reps" => reps = Some(parse_num("--reps", value())?),
@@ -224,7 +226,7 @@ fn wait_cq(nic: &SoftNic, cq: Cqn, target: u64, mode: WaitMode) -> Result<(), St
 
 /// What the softnic says about some queues, for hang reports.
 fn diag(nic: &SoftNic, qps: &[Qpn], cqs: &[Cqn]) -> String {
-    redn_bench::diag(nic, qps, cqs, false)
+    redn_bench::wait::diag(nic, qps, cqs, false)
 }
 
 /// A CQ counted by WAITs and never polled, so it may wrap.
