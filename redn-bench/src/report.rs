@@ -41,3 +41,51 @@ pub fn verdict(met: bool) -> &'static str {
         "NOT MET"
     }
 }
+
+/// Nanoseconds with 2, 1 or no decimals by size; "-" for a figure not measured (NaN).
+pub fn fmt_ns(v: f64) -> String {
+    if !v.is_finite() {
+        "-".into()
+    } else if v.abs() < 10.0 {
+        format!("{v:.2}")
+    } else if v.abs() < 100_000.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// Nanoseconds as microseconds, with enough digits for sub-µs values; "-" for NaN.
+pub fn us(v: f64) -> String {
+    if !v.is_finite() {
+        "-".into()
+    } else if v < 1000.0 {
+        format!("{:.3}", v / 1e3)
+    } else {
+        format!("{:.2}", v / 1e3)
+    }
+}
+
+/// A rate per second as millions per second; "-" for NaN.
+pub fn mops(v: f64) -> String {
+    if !v.is_finite() {
+        "-".into()
+    } else {
+        format!("{:.2}", v / 1e6)
+    }
+}
+
+/// A byte count as "64 B" or "4 KB".
+pub fn size_name(s: usize) -> String {
+    if s >= 1024 {
+        format!("{} KB", s / 1024)
+    } else {
+        format!("{s} B")
+    }
+}
+
+/// A table row that could not be measured: `head` (its first cells, as the table formats
+/// them), then FAILED; what went wrong goes to the anomalies.
+pub fn print_failed(head: &str) {
+    println!("   {head}   FAILED (see anomalies)");
+}

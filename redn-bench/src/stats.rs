@@ -38,6 +38,11 @@ pub fn median(v: &[f64]) -> f64 {
     stats(v).median
 }
 
+/// The smallest sample (of rates: the slowest repetition); infinity for none.
+pub fn min(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
 pub fn ns(d: Duration) -> f64 {
     d.as_secs_f64() * 1e9
 }

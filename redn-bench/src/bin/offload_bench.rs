@@ -18,8 +18,8 @@
 use redn_bench::native::{mean_ns_samples, on_threads};
 use redn_bench::opts::{parse_num, CommonOpts};
 use redn_bench::queues::{flags_if, nop, SqWriter};
-use redn_bench::report::{print_anomalies, print_head, verdict};
-use redn_bench::stats::{median, ns, stats, Stats};
+use redn_bench::report::{mops, print_anomalies, print_failed, print_head, size_name, us, verdict};
+use redn_bench::stats::{median, min, ns, stats, Stats};
 use redn_bench::wait::{timed_out, wait_produced, Backoff, WaitMode, WAIT_TIMEOUT};
 use redn_bench::Ctx;
 use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
@@ -184,33 +184,6 @@ fn parse_args() -> Opts {
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers
-
-/// Nanoseconds as microseconds, with enough digits for sub-µs values.
-fn us(v: f64) -> String {
-    if !v.is_finite() {
-        "-".into()
-    } else if v < 1000.0 {
-        format!("{:.3}", v / 1e3)
-    } else {
-        format!("{:.2}", v / 1e3)
-    }
-}
-
-fn mops(v: f64) -> String {
-    if !v.is_finite() {
-        "-".into()
-    } else {
-        format!("{:.2}", v / 1e6)
-    }
-}
-
-fn size_name(s: usize) -> String {
-    if s >= 1024 {
-        format!("{} KB", s / 1024)
-    } else {
-        format!("{s} B")
-    }
-}
 
 /// /proc/loadavg's first three fields, or "?".
 fn loadavg() -> String {
@@ -1226,6 +1199,23 @@ fn pipelined(
     Ok((ops / secs, (after - before) as f64 / ops))
 }
 
+/// `f` run `warm` times untimed, then `runs` times: what the latter returned. The first error
+/// stops it.
+fn repeated<T>(
+    warm: usize,
+    runs: usize,
+    mut f: impl FnMut() -> Result<T, String>,
+) -> Result<Vec<T>, String> {
+    let mut v = Vec::with_capacity(runs);
+    for i in 0..warm + runs {
+        let r = f()?;
+        if i >= warm {
+            v.push(r);
+        }
+    }
+    Ok(v)
+}
+
 /// A pipelined catalog row: `reps` runs (after a warm-up run) of `count` triggers on each of
 /// `k` instances per PU on `p` PUs. Bounded programs are installed for each run (install time
 /// is quadratic in the program size, so programs stay small); recycled ones once.
@@ -1245,33 +1235,29 @@ fn pipelined_row(
     let placed: Vec<Program> = (0..p).map(|pu| on_pu(prog, pu)).collect();
     let ring = (count * 2).next_power_of_two().max(64) as u32;
     let mut insts: Vec<Inst> = Vec::new();
-    let mut rates = Vec::new();
-    let mut wqes = Vec::new();
-    let res = (|| -> Result<(), String> {
-        for rep in 0..=reps {
-            if insts.is_empty() || insts[0].left() < count {
-                for i in insts.drain(..) {
-                    remove(env, i)?;
-                }
-                for (pu, pr) in placed.iter().enumerate() {
-                    for j in 0..k {
-                        insts.push(install(env, pr, (pu * k + j) as u64, ring, ring)?);
-                    }
-                }
+    // The first run is a warm-up.
+    let res = repeated(1, reps, || {
+        if insts.is_empty() || insts[0].left() < count {
+            for i in insts.drain(..) {
+                remove(env, i)?;
             }
-            let (rate, w) = pipelined(env, &mut insts, count, msg, 1, resp_len, mode)?;
-            // The first run is a warm-up.
-            if rep > 0 {
-                rates.push(rate * ops_per_trigger);
-                wqes.push(w / ops_per_trigger);
+            for (pu, pr) in placed.iter().enumerate() {
+                for j in 0..k {
+                    insts.push(install(env, pr, (pu * k + j) as u64, ring, ring)?);
+                }
             }
         }
-        Ok(())
-    })();
+        pipelined(env, &mut insts, count, msg, 1, resp_len, mode)
+    });
     for i in insts {
         remove(env, i)?;
     }
-    res?;
+    let runs = res?;
+    let rates = runs
+        .iter()
+        .map(|&(rate, _)| rate * ops_per_trigger)
+        .collect();
+    let wqes: Vec<f64> = runs.iter().map(|&(_, w)| w / ops_per_trigger).collect();
     Ok((rates, median(&wqes)))
 }
 
@@ -1440,29 +1426,44 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
         "slowdown",
         "CX-5"
     );
-    let print_row =
-        |name: &str, p: usize, r: &TpRow, cx5: Option<f64>, target: Option<f64>, mode: WaitMode| {
-            let med = median(&r.rates);
-            let worst = r.rates.iter().copied().fold(f64::INFINITY, f64::min);
-            let t = match target {
-                Some(t) => format!("≥ {} M/s: {}", t / 1e6, verdict(med >= t)),
-                None => String::new(),
-            };
-            println!(
-                "   {:<40} {:>3} {:>9}{} {:>8}M {:>8.1} {:>8.1} {:>9}M {:>8.1}× {:>9}   {}",
-                name,
-                p,
-                mops(med),
-                if mode == WaitMode::Sleep { "M*" } else { "M " },
-                mops(worst),
-                1e9 * p as f64 / med,
-                r.wqes_per_op,
-                mops(r.native),
-                r.native / med,
-                cx5.map_or("-".into(), |c| format!("{}M", mops(c))),
-                t
-            );
+    // A row of the table, or FAILED (`short` names it there and in the anomaly) when it could
+    // not be measured; the median rate.
+    let mut row = |name: &str,
+                   short: &str,
+                   p: usize,
+                   r: Result<TpRow, String>,
+                   cx5: Option<f64>,
+                   target: Option<f64>,
+                   mode: WaitMode| {
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                print_failed(&format!("{short:<40} {p:>3}"));
+                anomalies.push(format!("constructs: {short} on {p} PU(s): {e}"));
+                return None;
+            }
         };
+        let med = median(&r.rates);
+        let t = match target {
+            Some(t) => format!("≥ {} M/s: {}", t / 1e6, verdict(med >= t)),
+            None => String::new(),
+        };
+        println!(
+            "   {:<40} {:>3} {:>9}{} {:>8}M {:>8.1} {:>8.1} {:>9}M {:>8.1}× {:>9}   {}",
+            name,
+            p,
+            mops(med),
+            if mode == WaitMode::Sleep { "M*" } else { "M " },
+            mops(min(&r.rates)),
+            1e9 * p as f64 / med,
+            r.wqes_per_op,
+            mops(r.native),
+            r.native / med,
+            cx5.map_or("-".into(), |c| format!("{}M", mops(c))),
+            t
+        );
+        Some(med)
+    };
     let pu_sets: Vec<usize> = if all > 1 { vec![1, all] } else { vec![1] };
     let native_n = if o.common.quick { 200_000 } else { 1_000_000 };
     let native = |p: usize, f: &(dyn Fn(u64) -> Duration + Sync)| -> f64 {
@@ -1470,6 +1471,15 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
             .map(|_| native_parallel(p, native_n, f))
             .collect();
         median(&v)
+    };
+    // A pipelined row's rates and WQEs per operation, with the native figure when they were
+    // measured.
+    let pipelined_tp = |r: Result<(Vec<f64>, f64), String>, native: &dyn Fn() -> f64| {
+        r.map(|(rates, wqes_per_op)| TpRow {
+            rates,
+            wqes_per_op,
+            native: native(),
+        })
     };
     let mut if1 = None;
     let mut loop1 = None;
@@ -1484,47 +1494,24 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
     };
     for &p in &pu_sets {
         let mode = mode_for(p, false);
-        let mut rates = Vec::new();
-        let mut wq = 0.0;
-        let mut failed = None;
         let k = if p == 1 { if_k.0 } else { if_k.1 };
-        for rep in 0..=o.reps {
-            match if_run(env, &if_progs[..p], k, if_n, mode) {
-                Ok((r, w)) => {
-                    if rep > 0 {
-                        rates.push(r);
-                        wq = w;
-                    }
-                }
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        match failed {
-            None => {
-                let r = TpRow {
-                    rates,
-                    wqes_per_op: wq,
-                    native: native(p, &native_if),
-                };
-                print_row(
-                    "if (CAS → NOP/WRITE, WAIT, SEND_EN)",
-                    p,
-                    &r,
-                    Some(CX5_IF),
-                    (p == 1).then_some(IF_TARGET),
-                    mode,
-                );
-                if p == 1 {
-                    if1 = Some(median(&r.rates));
-                }
-            }
-            Some(e) => {
-                println!("   {:<40} {:>3}   FAILED (see anomalies)", "if", p);
-                anomalies.push(format!("constructs: if on {p} PU(s): {e}"));
-            }
+        let r = repeated(1, o.reps, || if_run(env, &if_progs[..p], k, if_n, mode)).map(|v| TpRow {
+            rates: v.iter().map(|&(rate, _)| rate).collect(),
+            wqes_per_op: v.last().map_or(f64::NAN, |&(_, w)| w),
+            native: native(p, &native_if),
+        });
+        let name = "if (CAS → NOP/WRITE, WAIT, SEND_EN)";
+        let med = row(
+            name,
+            "if",
+            p,
+            r,
+            Some(CX5_IF),
+            (p == 1).then_some(IF_TARGET),
+            mode,
+        );
+        if p == 1 {
+            if1 = med;
         }
     }
 
@@ -1538,110 +1525,48 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
     for &p in &pu_sets {
         let mode = mode_for(p, true);
         let k = if p == 1 { hash_k.0 } else { hash_k.1 };
-        match pipelined_row(env, &hash, p, k, hash_n, o.reps, &hmsg, 64, 1.0, mode) {
-            Ok((rates, w)) => {
-                let r = TpRow {
-                    rates,
-                    wqes_per_op: w,
-                    native: native(p, &native_get_loop),
-                };
-                print_row("if in hash-get (GETs, pipelined)", p, &r, None, None, mode);
-            }
-            Err(e) => {
-                println!(
-                    "   {:<40} {:>3}   FAILED (see anomalies)",
-                    "if in hash-get", p
-                );
-                anomalies.push(format!("constructs: hash-get pipelined on {p} PU(s): {e}"));
-            }
-        }
+        let r = pipelined_row(env, &hash, p, k, hash_n, o.reps, &hmsg, 64, 1.0, mode);
+        let r = pipelined_tp(r, &|| native(p, &native_get_loop));
+        let name = "if in hash-get (GETs, pipelined)";
+        row(name, "if in hash-get", p, r, None, None, mode);
     }
 
     // Unrolled `while`: list-find without break, key absent.
     let lf = catalog::list_find(LIST_STEPS, false, list_n as u32).map_err(|e| e.to_string())?;
     let head = fill_list(env);
     let lmsg = move |_i: usize, _k: u64| list_msg(head, 0xdead, false);
+    let iterations = f64::from(LIST_STEPS);
     for &p in &pu_sets {
         let mode = mode_for(p, true);
         let k = if p == 1 { list_k.0 } else { list_k.1 };
-        match pipelined_row(
-            env,
-            &lf,
-            p,
-            k,
-            list_n,
-            o.reps,
-            &lmsg,
-            0,
-            f64::from(LIST_STEPS),
-            mode,
-        ) {
-            Ok((rates, w)) => {
-                let r = TpRow {
-                    rates,
-                    wqes_per_op: w,
-                    native: native(p, &native_list_iter),
-                };
-                print_row(
-                    "while, unrolled (list-find iterations)",
-                    p,
-                    &r,
-                    None,
-                    None,
-                    mode,
-                );
-            }
-            Err(e) => {
-                println!(
-                    "   {:<40} {:>3}   FAILED (see anomalies)",
-                    "while, unrolled", p
-                );
-                anomalies.push(format!("constructs: list-find pipelined on {p} PU(s): {e}"));
-            }
-        }
+        let r = pipelined_row(env, &lf, p, k, list_n, o.reps, &lmsg, 0, iterations, mode);
+        let r = pipelined_tp(r, &|| native(p, &native_list_iter));
+        let name = "while, unrolled (list-find iterations)";
+        row(name, "while, unrolled", p, r, None, None, mode);
     }
 
     // Recycled `while`: the minimal loop.
     let lp = loop_program().map_err(|e| e.to_string())?;
     for &p in &pu_sets {
-        let mut rates = Vec::new();
-        let mut failed = None;
-        for _ in 0..o.reps {
-            match loop_run(env, &lp, p, window) {
-                Ok(r) => rates.push(r),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        match failed {
-            None => {
-                let r = TpRow {
-                    rates,
-                    wqes_per_op: 4.0,
-                    native: native(p, &native_loop),
-                };
-                // Counted over a window between two clock reads: no detection delay, no marker.
-                print_row(
-                    "while, recycled (minimal loop rounds)",
-                    p,
-                    &r,
-                    Some(CX5_LOOP),
-                    (p == 1).then_some(LOOP_TARGET),
-                    WaitMode::Spin,
-                );
-                if p == 1 {
-                    loop1 = Some(median(&r.rates));
-                }
-            }
-            Some(e) => {
-                println!(
-                    "   {:<40} {:>3}   FAILED (see anomalies)",
-                    "while, recycled", p
-                );
-                anomalies.push(format!("constructs: recycled loop on {p} PU(s): {e}"));
-            }
+        let r = repeated(0, o.reps, || loop_run(env, &lp, p, window)).map(|rates| TpRow {
+            rates,
+            wqes_per_op: 4.0,
+            native: native(p, &native_loop),
+        });
+        // Counted over a window between two clock reads: no detection delay, no marker.
+        let name = "while, recycled (minimal loop rounds)";
+        let target = (p == 1).then_some(LOOP_TARGET);
+        let med = row(
+            name,
+            "while, recycled",
+            p,
+            r,
+            Some(CX5_LOOP),
+            target,
+            WaitMode::Spin,
+        );
+        if p == 1 {
+            loop1 = med;
         }
     }
 
@@ -1649,32 +1574,13 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
     let sl = catalog::server_loop().map_err(|e| e.to_string())?;
     for &p in &pu_sets {
         let mode = mode_for(p, true);
-        match pipelined_row(env, &sl, p, 1, sl_n, o.reps, &hmsg, 64, 1.0, mode) {
-            Ok((rates, w)) => {
-                let r = TpRow {
-                    rates,
-                    wqes_per_op: w,
-                    native: native(p, &native_get_loop),
-                };
-                print_row(
-                    "while, recycled (server-loop rounds)",
-                    p,
-                    &r,
-                    Some(CX5_LOOP),
-                    None,
-                    mode,
-                );
-            }
-            Err(e) => {
-                println!(
-                    "   {:<40} {:>3}   FAILED (see anomalies)",
-                    "while, recycled (server-loop)", p
-                );
-                anomalies.push(format!(
-                    "constructs: server-loop pipelined on {p} PU(s): {e}"
-                ));
-            }
-        }
+        let r = pipelined_row(env, &sl, p, 1, sl_n, o.reps, &hmsg, 64, 1.0, mode);
+        let r = pipelined_tp(r, &|| native(p, &native_get_loop));
+        let (name, short) = (
+            "while, recycled (server-loop rounds)",
+            "while, recycled (server-loop)",
+        );
+        row(name, short, p, r, Some(CX5_LOOP), None, mode);
     }
     println!();
     println!(
@@ -1967,7 +1873,7 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
             };
             match &failed[i] {
                 Some(e) => {
-                    println!("   {label:<7} {name:<44}   FAILED (see anomalies)");
+                    print_failed(&format!("{label:<7} {name:<44}"));
                     anomalies.push(format!("hash GET {}, {size} B: {e}", name.trim()));
                 }
                 None => println!(
@@ -2276,18 +2182,12 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
         "p50",
         ""
     );
-    let med = |v: &[f64], failed: bool| {
-        if failed || v.is_empty() {
-            "-".into()
+    // A series' figures, or none ("-") where it failed.
+    let st = |v: &[f64], failed: bool| {
+        if failed {
+            Stats::default()
         } else {
-            us(stats(v).median)
-        }
-    };
-    let p99 = |v: &[f64], failed: bool| {
-        if failed || v.is_empty() {
-            "-".into()
-        } else {
-            us(stats(v).p99)
+            stats(v)
         }
     };
     let wq = |v: f64| {
@@ -2306,14 +2206,14 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
         println!(
             "   {:<9}|{:>9} {:>9} {:>9}|{:>9} {:>9}|{:>9}|{:>9} {:>9}|{:>9}|{:>9}",
             name,
-            med(&lp[0], failed[0].is_some()),
-            med(&lp[1], failed[0].is_some()),
-            p99(&lp[1], failed[0].is_some()),
-            med(&lp[5], failed[3].is_some()),
-            p99(&lp[5], failed[3].is_some()),
-            med(&lp[4], failed[2].is_some()),
-            med(&lp[6], failed[4].is_some()),
-            p99(&lp[6], failed[4].is_some()),
+            us(st(&lp[0], failed[0].is_some()).median),
+            us(st(&lp[1], failed[0].is_some()).median),
+            us(st(&lp[1], failed[0].is_some()).p99),
+            us(st(&lp[5], failed[3].is_some()).median),
+            us(st(&lp[5], failed[3].is_some()).p99),
+            us(st(&lp[4], failed[2].is_some()).median),
+            us(st(&lp[6], failed[4].is_some()).median),
+            us(st(&lp[6], failed[4].is_some()).p99),
             us(stats(&lp[7]).median),
             format!("{}/{}", wq(wqes[pos][0]), wq(wqes[pos][1])),
         );
@@ -2323,8 +2223,8 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
     let mut line_v = String::new();
     let mut line_e = String::new();
     for lp in &lat {
-        line_v += &format!(" {:>7}", med(&lp[2], failed[1].is_some()));
-        line_e += &format!(" {:>7}", med(&lp[3], failed[1].is_some()));
+        line_v += &format!(" {:>7}", us(st(&lp[2], failed[1].is_some()).median));
+        line_e += &format!(" {:>7}", us(st(&lp[3], failed[1].is_some()).median));
     }
     println!(
         "   {:<9} {}",

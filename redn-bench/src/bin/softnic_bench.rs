@@ -12,8 +12,8 @@
 use redn_bench::native::{mean_ns_samples, on_threads};
 use redn_bench::opts::{parse_num, CommonOpts};
 use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master, SqWriter};
-use redn_bench::report::{print_anomalies, print_head, verdict};
-use redn_bench::stats::{median, ns, stats, Stats};
+use redn_bench::report::{fmt_ns, print_anomalies, print_failed, print_head, verdict};
+use redn_bench::stats::{median, min, ns, stats, Stats};
 use redn_bench::wait::{wait_produced, Backoff, WaitMode, SPIN_BEFORE_YIELD, WAIT_TIMEOUT};
 use redn_bench::Ctx;
 use redn_program::wqe::{encode_wqe, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
@@ -205,18 +205,6 @@ fn parse_list(name: &str, v: Option<String>, known: &[&str]) -> Result<Vec<Strin
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers
-
-fn fmt_ns(v: f64) -> String {
-    if !v.is_finite() {
-        "-".into()
-    } else if v.abs() < 10.0 {
-        format!("{v:.2}")
-    } else if v.abs() < 100_000.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.0}")
-    }
-}
 
 /// Wait until `cq` has produced at least `target` completions (what WAIT counts). Latency
 /// runs spin: the clock is only read every 128 polls, and not before.
@@ -1484,7 +1472,7 @@ fn tp_row(
     let soft_p99 = match mode {
         WaitMode::Spin | WaitMode::Yield => at_p99_batch(&iv),
         // The slowest repetition is the 1st-percentile rate.
-        WaitMode::Sleep => rates.iter().copied().fold(f64::INFINITY, f64::min),
+        WaitMode::Sleep => min(&rates),
     };
     Ok(TpRow {
         label: match post {
@@ -1598,7 +1586,7 @@ fn throughput_section(
                 }
             }
             Err(e) => {
-                println!("   {:<22} {:>3}   FAILED (see anomalies)", op.name(), nqp);
+                print_failed(&format!("{:<22} {:>3}", op.name(), nqp));
                 anomalies.push(format!("throughput {} on {nqp} PU(s): {e}", op.name()));
             }
         }
