@@ -2,6 +2,7 @@
 //! softnic, writing WQEs straight into a send ring, the native baselines' timing and the
 //! report's head and tail.
 
+pub mod bytes;
 pub mod native;
 pub mod opts;
 pub mod queues;

@@ -15,6 +15,7 @@
 //! tables; nothing is asserted. Exit status 1 means the softnic or a program misbehaved (a hang,
 //! an error completion, a wrong response, wrong WQE counts): see the "anomalies" list.
 
+use redn_bench::bytes::{be32, be48, be64};
 use redn_bench::native::{mean_ns_samples, on_threads};
 use redn_bench::opts::{parse_num, CommonOpts};
 use redn_bench::queues::{flags_if, nop, SqWriter};
@@ -22,7 +23,7 @@ use redn_bench::report::{mops, print_anomalies, print_failed, print_head, size_n
 use redn_bench::stats::{median, min, ns, stats, Stats};
 use redn_bench::wait::{timed_out, wait_produced, Backoff, WaitMode, WAIT_TIMEOUT};
 use redn_bench::Ctx;
-use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
+use redn_program::program::catalog::{self, HashVariant, BUCKET_LEN, BUCKET_STRIDE, NODE_LEN};
 use redn_program::program::{
     Addr, Builder, Form, Iterations, Op, Program, ProgramError, QueueRole, RegionRole, Sge,
 };
@@ -278,22 +279,6 @@ fn send_wr(msg: Vec<u8>) -> WorkRequest {
             imm: None,
         },
     }
-}
-
-fn be48(b: &[u8]) -> u64 {
-    let mut a = [0u8; 8];
-    a[2..].copy_from_slice(&b[..6]);
-    u64::from_be_bytes(a)
-}
-
-fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
-}
-
-fn be64(b: &[u8]) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[..8]);
-    u64::from_be_bytes(a)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -779,6 +764,41 @@ fn read_once(
     Ok(())
 }
 
+/// A bucket's or list node's key, value length and value address: the catalog's layout
+/// (`catalog::bucket_bytes`, `node_bytes`).
+struct Entry {
+    key: u64,
+    len: u32,
+    addr: u64,
+}
+
+impl Entry {
+    fn parse(b: &[u8]) -> Entry {
+        Entry {
+            key: be48(b),
+            len: be32(&b[6..]),
+            addr: be64(&b[10..]),
+        }
+    }
+}
+
+/// A list node's next pointer (after the entry's fields).
+fn next_node(n: &[u8]) -> u64 {
+    be64(&n[BUCKET_LEN as usize..])
+}
+
+/// READ the value of `found`, if any, into the client buffer at READ_AT + 256: its length (0
+/// when nothing was found).
+fn read_value(env: &Env, rd: &mut Reader, found: Option<Entry>) -> Result<usize, String> {
+    match found {
+        Some(e) => {
+            read_once(env, &mut rd.sq, rd.cq, &[(e.addr, 256, e.len)])?;
+            Ok(e.len as usize)
+        }
+        None => Ok(0),
+    }
+}
+
 /// Hash GET by one-sided READs: READ the candidate buckets (all in one post), check the key,
 /// READ the value. Returns the ns taken and the value's length (0: not found).
 fn read_get(env: &Env, rd: &mut Reader, key: u64, buckets: &[u64]) -> Result<(f64, usize), String> {
@@ -787,27 +807,28 @@ fn read_get(env: &Env, rd: &mut Reader, key: u64, buckets: &[u64]) -> Result<(f6
     let reads: Vec<(u64, u64, u32)> = buckets
         .iter()
         .enumerate()
-        .map(|(i, &b)| (env.data.addr(bucket_off(b)), 32 * i as u64, 18))
+        .map(|(i, &b)| {
+            (
+                env.data.addr(bucket_off(b)),
+                32 * i as u64,
+                BUCKET_LEN as u32,
+            )
+        })
         .collect();
     read_once(env, &mut rd.sq, rd.cq, &reads)?;
     let mut hit = None;
     for i in 0..buckets.len() {
-        let mut bk = [0u8; 18];
+        let mut bk = [0u8; BUCKET_LEN as usize];
         env.cbuf
             .buf
             .read((READ_AT + 32 * i as u64) as usize, &mut bk);
-        if be48(&bk) == key {
-            hit = Some((be32(&bk[6..]), be64(&bk[10..])));
+        let e = Entry::parse(&bk);
+        if e.key == key {
+            hit = Some(e);
             break;
         }
     }
-    let len = match hit {
-        Some((len, addr)) => {
-            read_once(env, &mut rd.sq, rd.cq, &[(addr, 256, len)])?;
-            len as usize
-        }
-        None => 0,
-    };
+    let len = read_value(env, rd, hit)?;
     Ok((ns(t0.elapsed()), len))
 }
 
@@ -819,23 +840,26 @@ fn read_find(env: &Env, rd: &mut Reader, head: u64, key: u64) -> Result<(f64, us
     let mut node = head;
     let mut found = None;
     for _ in 0..LIST_STEPS {
-        read_once(env, &mut rd.sq, rd.cq, &[(node, 0, 26)])?;
-        let mut n = [0u8; 26];
+        read_once(env, &mut rd.sq, rd.cq, &[(node, 0, NODE_LEN as u32)])?;
+        let mut n = [0u8; NODE_LEN as usize];
         env.cbuf.buf.read(READ_AT as usize, &mut n);
-        if be48(&n) == key {
-            found = Some((be32(&n[6..]), be64(&n[10..])));
+        let e = Entry::parse(&n);
+        if e.key == key {
+            found = Some(e);
             break;
         }
-        node = be64(&n[18..]);
+        node = next_node(&n);
     }
-    let len = match found {
-        Some((len, addr)) => {
-            read_once(env, &mut rd.sq, rd.cq, &[(addr, 256, len)])?;
-            len as usize
-        }
-        None => 0,
-    };
+    let len = read_value(env, rd, found)?;
     Ok((ns(t0.elapsed()), len))
+}
+
+/// Copy the value of `e`, in `data` (whose first byte is at address `base`), to the start of
+/// `dst`: its length.
+fn copy_value(data: &SharedBuffer, base: u64, dst: &SharedBuffer, e: &Entry) -> usize {
+    let len = e.len as usize;
+    dst.copy_from(0, data, (e.addr - base) as usize, len);
+    len
 }
 
 /// The CPU's hash GET on the same buffer: read each candidate bucket, compare, copy the value
@@ -848,13 +872,11 @@ fn native_get(
     buckets: &[u64],
 ) -> usize {
     for &b in buckets {
-        let mut bk = [0u8; 18];
+        let mut bk = [0u8; BUCKET_LEN as usize];
         data.read(bucket_off(b) as usize, &mut bk);
-        if be48(&bk) == key {
-            let len = be32(&bk[6..]) as usize;
-            let off = (be64(&bk[10..]) - base) as usize;
-            dst.copy_from(0, data, off, len);
-            return len;
+        let e = Entry::parse(&bk);
+        if e.key == key {
+            return copy_value(data, base, dst, &e);
         }
     }
     0
@@ -864,14 +886,13 @@ fn native_get(
 fn native_find(data: &SharedBuffer, base: u64, dst: &SharedBuffer, head: u64, key: u64) -> usize {
     let mut node = head;
     for _ in 0..LIST_STEPS {
-        let mut n = [0u8; 26];
+        let mut n = [0u8; NODE_LEN as usize];
         data.read((node - base) as usize, &mut n);
-        if be48(&n) == key {
-            let len = be32(&n[6..]) as usize;
-            dst.copy_from(0, data, (be64(&n[10..]) - base) as usize, len);
-            return len;
+        let e = Entry::parse(&n);
+        if e.key == key {
+            return copy_value(data, base, dst, &e);
         }
-        node = be64(&n[18..]);
+        node = next_node(&n);
     }
     0
 }
@@ -1347,12 +1368,12 @@ fn native_list_iter(count: u64) -> Duration {
         let mut node = base;
         let mut hits = 0u64;
         for _ in 0..count {
-            let mut n = [0u8; 26];
+            let mut n = [0u8; NODE_LEN as usize];
             data.read((node - base) as usize, &mut n);
             if be48(&n) == 0xdead {
                 hits += 1;
             }
-            node = be64(&n[18..]);
+            node = next_node(&n);
         }
         black_box(hits);
     };

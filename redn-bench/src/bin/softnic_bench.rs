@@ -9,6 +9,7 @@
 //! It prints tables; nothing is asserted. Exit status 1 means the softnic misbehaved (a hang,
 //! an error or out-of-order completion, a wrong result in memory): see the "anomalies" list.
 
+use redn_bench::bytes::be64;
 use redn_bench::native::{mean_ns_samples, on_threads};
 use redn_bench::opts::{parse_num, CommonOpts};
 use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master, SqWriter};
@@ -1368,16 +1369,14 @@ fn tp_verify(nic: &SoftNic, op: TOp, qps: &[TpQp], expected_per_qp: u64) -> Resu
                     let off = wd * 64;
                     let v = q.src.buf.load_u64(off);
                     total += v;
-                    let mut r = [0u8; 8];
-                    r.copy_from_slice(&dst[off..off + 8]);
+                    let got = be64(&dst[off..]);
                     let want = if op == TOp::Cas { 0 } else { v.wrapping_sub(1) };
-                    if u64::from_be_bytes(r) != want {
+                    if got != want {
                         return Err(format!(
-                            "{}: QP {}: result word at {off} holds {:#x}, expected {want:#x} \
+                            "{}: QP {}: result word at {off} holds {got:#x}, expected {want:#x} \
                              (target {v})",
                             op.name(),
                             q.w.qpn,
-                            u64::from_be_bytes(r)
                         ));
                     }
                 }
