@@ -7,6 +7,7 @@ pub mod native;
 pub mod opts;
 pub mod queues;
 pub mod report;
+pub mod setup;
 pub mod stats;
 pub mod wait;
 

@@ -1,7 +1,7 @@
 //! The options every benchmark reads: `--help`, `--quick`, `--pus N`, `--prefetch P`, and a
 //! hook for each benchmark's own.
 
-use redn_sys::softnic::Prefetch;
+use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
 
 /// The options softnic_bench and offload_bench both take.
 #[derive(Clone, Debug)]
@@ -12,6 +12,19 @@ pub struct CommonOpts {
     /// Available cores.
     pub cores: usize,
     pub prefetch: Prefetch,
+}
+
+impl CommonOpts {
+    /// A softnic called `name` with `pus` PUs and the `--prefetch` asked for; WQE checks off
+    /// (their cost is not what the benchmarks measure).
+    pub fn softnic(&self, name: &str, pus: usize) -> redn_sys::Result<SoftNic> {
+        SoftNic::new(SoftNicConfig {
+            name: name.into(),
+            pus,
+            prefetch: self.prefetch,
+            wqe_checks: false,
+        })
+    }
 }
 
 /// The value `v` of option `name`: a whole number from 1.

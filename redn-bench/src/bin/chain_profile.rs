@@ -17,12 +17,12 @@
 //! for the WQE index: the cost of one WRITE, first resolved and then re-run.
 
 use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master, SqWriter};
+use redn_bench::setup::{counting_cq, loopback_qp, Region};
 use redn_bench::Ctx;
 use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
-use redn_sys::mem::SharedBuffer;
-use redn_sys::nic::{CqConfig, Nic, QpConfig, QpInfo};
+use redn_sys::nic::Nic;
 use redn_sys::softnic::{SoftNic, SoftNicConfig};
-use redn_sys::{Access, Cqn, Pdn};
+use redn_sys::{Cqn, Pdn};
 use std::time::{Duration, Instant};
 
 const USAGE: &str = "\
@@ -101,29 +101,23 @@ fn run() -> Result<(), String> {
     })
     .ctx("softnic")?;
     let pd = nic.alloc_pd().ctx("alloc_pd")?;
-    let cq = || {
-        nic.create_cq(CqConfig {
-            depth: 4096,
-            ignore_overrun: true,
-        })
-        .ctx("create_cq")
-    };
+    let cq = || counting_cq(&nic);
     // Queues parked on a WAIT for a completion that never comes (their CQ has none).
     let never = cq()?;
     for _ in 0..parked {
-        let info = queue(&nic, pd, never, false, 64)?;
+        let info = loopback_qp(&nic, pd, never, 0, 64, false)?;
         post_endless_wait(&nic, &info, never)?;
     }
     for _ in 0..idle {
-        queue(&nic, pd, never, false, 64)?;
+        loopback_qp(&nic, pd, never, 0, 64, false)?;
     }
     if write {
         return writes(&nic, pd, cq()?, steps, rounds, spin);
     }
     let (cq_m, cq_q) = (cq()?, cq()?);
     // Managed queue first: the PU runs its queues in creation order.
-    let qi = queue(&nic, pd, cq_q, true, 16384)?;
-    let mi = queue(&nic, pd, cq_m, false, 32768)?;
+    let qi = loopback_qp(&nic, pd, cq_q, 0, 16384, true)?;
+    let mi = loopback_qp(&nic, pd, cq_m, 0, 32768, false)?;
     let (mut q, mut m) = (SqWriter::new(&qi, false), SqWriter::new(&mi, false));
     for _ in 0..rounds {
         let base = nic.cq_produced(cq_q).ctx("cq_produced")?;
@@ -192,15 +186,9 @@ fn writes(
     spin: bool,
 ) -> Result<(), String> {
     let len = steps as usize * 64;
-    let region = |fill: u8| {
-        let buf = SharedBuffer::new(len);
-        buf.write(0, &vec![fill; len]);
-        nic.reg_mr(pd, &buf, 0, len, Access::ALL)
-            .ctx("reg_mr")
-            .map(|mr| (buf, mr))
-    };
-    let ((_, src), (dst_buf, dst)) = (region(0x5a)?, region(0)?);
-    let info = queue(nic, pd, cq, false, steps.next_power_of_two() as u32)?;
+    let src = Region::filled(nic, pd, len, |_| 0x5a)?;
+    let dst = Region::filled(nic, pd, len, |_| 0)?;
+    let info = loopback_qp(nic, pd, cq, 0, steps.next_power_of_two() as u32, false)?;
     let mut q = SqWriter::new(&info, false);
     for _ in 0..rounds {
         let base = nic.cq_produced(cq).ctx("cq_produced")?;
@@ -212,8 +200,8 @@ fn writes(
                     wr_id: i,
                     flags: flags_if(i + 1 == steps),
                     op: WrOp::Write {
-                        remote: dst.remote(off),
-                        payload: Payload::Sgl(vec![src.sge(off, 64)]),
+                        remote: dst.mr.remote(off),
+                        payload: Payload::Sgl(vec![src.mr.sge(off, 64)]),
                         imm: None,
                     },
                 },
@@ -223,20 +211,8 @@ fn writes(
         q.ring(nic)?;
         report(nic, cq, base + 1, t0, steps, "WRITE", spin)?;
     }
-    let mut got = vec![0u8; len];
-    dst_buf.read(0, &mut got);
-    if got.iter().any(|&b| b != 0x5a) {
+    if dst.bytes().iter().any(|&b| b != 0x5a) {
         return Err("the WRITEs did not copy the source region".into());
     }
     Ok(())
-}
-
-fn queue(nic: &SoftNic, pd: Pdn, cq: Cqn, managed: bool, bbs: u32) -> Result<QpInfo, String> {
-    let mut c = QpConfig::new(pd, cq);
-    c.sq_bbs = bbs;
-    c.pu = Some(0);
-    c.managed_send = managed;
-    let info = nic.create_qp(c).ctx("create_qp")?;
-    nic.connect(info.qpn, info.qpn).ctx("connect")?;
-    Ok(info)
 }

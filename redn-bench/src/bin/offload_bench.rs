@@ -20,6 +20,7 @@ use redn_bench::native::{mean_ns_samples, on_threads};
 use redn_bench::opts::{parse_num, CommonOpts};
 use redn_bench::queues::{flags_if, nop, SqWriter};
 use redn_bench::report::{mops, print_anomalies, print_failed, print_head, size_name, us, verdict};
+use redn_bench::setup::{loopback_qp, Region};
 use redn_bench::stats::{median, min, ns, stats, Stats};
 use redn_bench::wait::{timed_out, wait_produced, Backoff, WaitMode, WAIT_TIMEOUT};
 use redn_bench::Ctx;
@@ -29,12 +30,11 @@ use redn_program::program::{
 };
 use redn_program::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
 use redn_sys::mem::SharedBuffer;
-use redn_sys::nic::{CompChannel, Completion, CqConfig, MrInfo, Nic, QpConfig};
-use redn_sys::softnic::{SoftNic, SoftNicConfig};
+use redn_sys::nic::{CompChannel, Completion, CqConfig, Nic, QpConfig};
+use redn_sys::softnic::SoftNic;
 use redn_sys::{Access, Cqn, Lkey, Pdn, QpState, Qpn, VirtAddr};
 use std::collections::HashMap;
 use std::hint::black_box;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const HELP: &str = "\
@@ -284,34 +284,6 @@ fn send_wr(msg: Vec<u8>) -> WorkRequest {
 // ---------------------------------------------------------------------------------------------
 // The two softnics and their regions
 
-/// A registered buffer.
-struct Region {
-    buf: Arc<SharedBuffer>,
-    mr: MrInfo,
-}
-
-impl Region {
-    fn new(nic: &SoftNic, pd: Pdn, len: usize, access: Access) -> Result<Region, String> {
-        let buf = SharedBuffer::new(len);
-        let mr = nic.reg_mr(pd, &buf, 0, len, access).ctx("reg_mr")?;
-        Ok(Region { buf, mr })
-    }
-
-    fn read(&self, off: u64, len: usize) -> Vec<u8> {
-        let mut v = vec![0u8; len];
-        self.buf.read(off as usize, &mut v);
-        v
-    }
-
-    fn write(&self, off: u64, data: &[u8]) {
-        self.buf.write(off as usize, data);
-    }
-
-    fn addr(&self, off: u64) -> u64 {
-        self.mr.addr.0 + off
-    }
-}
-
 /// A one-sided client: a client QP connected to a passive server QP, for the READ baselines.
 struct Reader {
     sq: SqWriter,
@@ -343,20 +315,11 @@ struct Env {
 
 impl Env {
     fn new(o: &Opts) -> Result<Env, String> {
-        let server = SoftNic::new(SoftNicConfig {
-            name: "server".into(),
-            pus: o.common.pus,
-            prefetch: o.common.prefetch,
-            wqe_checks: false,
-        })
-        .ctx("server softnic")?;
-        let client = SoftNic::new(SoftNicConfig {
-            name: "client".into(),
-            pus: 1,
-            prefetch: o.common.prefetch,
-            wqe_checks: false,
-        })
-        .ctx("client softnic")?;
+        let server = o
+            .common
+            .softnic("server", o.common.pus)
+            .ctx("server softnic")?;
+        let client = o.common.softnic("client", 1).ctx("client softnic")?;
         let spd = server.alloc_pd().ctx("alloc_pd")?;
         let cpd = client.alloc_pd().ctx("alloc_pd")?;
         let data = Region::new(&server, spd, DATA_LEN, Access::ALL)?;
@@ -386,10 +349,8 @@ impl Env {
             .chain([(false, &client, cpd, 0)])
         {
             let cq = nic.create_cq(CqConfig::default()).ctx("create_cq")?;
-            let mut c = QpConfig::new(pd, cq);
-            c.pu = Some(pu);
-            let q = nic.create_qp(c).ctx("create_qp")?;
-            nic.connect(q.qpn, q.qpn).ctx("connect")?;
+            // A plain QP's 256 BBs (QpConfig::new): a waker only ever holds one NOP.
+            let q = loopback_qp(nic, pd, cq, pu, 256, false)?;
             wakers.push((on_server, q.qpn, cq));
         }
         Ok(Env {

@@ -14,13 +14,14 @@ use redn_bench::native::{mean_ns_samples, on_threads};
 use redn_bench::opts::{parse_num, CommonOpts};
 use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master, SqWriter};
 use redn_bench::report::{fmt_ns, print_anomalies, print_failed, print_head, verdict};
+use redn_bench::setup::{counting_cq, loopback_qp, Region};
 use redn_bench::stats::{median, min, ns, stats, Stats};
 use redn_bench::wait::{wait_produced, Backoff, WaitMode, SPIN_BEFORE_YIELD, WAIT_TIMEOUT};
 use redn_bench::Ctx;
 use redn_program::wqe::{encode_wqe, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::mem::SharedBuffer;
-use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig, QpInfo};
-use redn_sys::softnic::{SoftNic, SoftNicConfig};
+use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic};
+use redn_sys::softnic::SoftNic;
 use redn_sys::{Access, Cqn, Pdn, QpState, Qpn};
 use std::hint::black_box;
 use std::sync::Arc;
@@ -216,33 +217,6 @@ fn wait_cq(nic: &SoftNic, cq: Cqn, target: u64, mode: WaitMode) -> Result<(), St
 /// What the softnic says about some queues, for hang reports.
 fn diag(nic: &SoftNic, qps: &[Qpn], cqs: &[Cqn]) -> String {
     redn_bench::wait::diag(nic, qps, cqs, false)
-}
-
-/// A CQ counted by WAITs and never polled, so it may wrap.
-fn counting_cq(nic: &SoftNic) -> Result<Cqn, String> {
-    nic.create_cq(CqConfig {
-        depth: 4096,
-        ignore_overrun: true,
-    })
-    .ctx("create_cq")
-}
-
-/// A loopback-connected QP with its own CQ.
-fn loopback_qp(
-    nic: &SoftNic,
-    pd: Pdn,
-    cq: Cqn,
-    pu: usize,
-    sq_bbs: u32,
-    managed: bool,
-) -> Result<QpInfo, String> {
-    let mut c = QpConfig::new(pd, cq);
-    c.sq_bbs = sq_bbs;
-    c.pu = Some(pu);
-    c.managed_send = managed;
-    let info = nic.create_qp(c).ctx("create_qp")?;
-    nic.connect(info.qpn, info.qpn).ctx("connect")?;
-    Ok(info)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -996,29 +970,6 @@ enum Posting {
     PostSend,
 }
 
-struct Region {
-    buf: Arc<SharedBuffer>,
-    mr: MrInfo,
-}
-
-impl Region {
-    fn new(nic: &SoftNic, pd: Pdn, fill: impl Fn(usize) -> u8) -> Result<Region, String> {
-        let buf = SharedBuffer::new(TP_REGION);
-        let bytes: Vec<u8> = (0..TP_REGION).map(fill).collect();
-        buf.write(0, &bytes);
-        let mr = nic
-            .reg_mr(pd, &buf, 0, TP_REGION, Access::ALL)
-            .ctx("reg_mr")?;
-        Ok(Region { buf, mr })
-    }
-
-    fn bytes(&self) -> Vec<u8> {
-        let mut v = vec![0u8; TP_REGION];
-        self.buf.read(0, &mut v);
-        v
-    }
-}
-
 /// Byte offset used by the WQE in ring slot `s`: 64 different cache lines of a 4 KiB region.
 fn slot_data_off(s: u64) -> u64 {
     (s % 64) * 64
@@ -1095,12 +1046,12 @@ impl TpQp {
         let w = SqWriter::new(&info, false);
         let (src, dst) = match op {
             TOp::Cas | TOp::Faa => (
-                Region::new(nic, pd, |_| 0)?,
-                Region::new(nic, pd, |_| 0xff)?,
+                Region::filled(nic, pd, TP_REGION, |_| 0)?,
+                Region::filled(nic, pd, TP_REGION, |_| 0xff)?,
             ),
             _ => (
-                Region::new(nic, pd, |i| (i * 7 + pu * 13 + 1) as u8)?,
-                Region::new(nic, pd, |_| 0)?,
+                Region::filled(nic, pd, TP_REGION, |i| (i * 7 + pu * 13 + 1) as u8)?,
+                Region::filled(nic, pd, TP_REGION, |_| 0)?,
             ),
         };
         let mut ctrl0 = [0u8; 8];
@@ -1811,12 +1762,7 @@ fn main() {
         );
     }
 
-    let nic = match SoftNic::new(SoftNicConfig {
-        name: "bench".into(),
-        pus: o.common.pus,
-        prefetch: o.common.prefetch,
-        wqe_checks: false,
-    }) {
+    let nic = match o.common.softnic("bench", o.common.pus) {
         Ok(n) => n,
         Err(e) => {
             eprintln!("softnic_bench: cannot start the softnic: {e}");
