@@ -1,7 +1,9 @@
-//! The options every benchmark reads: `--help`, `--quick`, `--pus N`, `--prefetch P`, and a
-//! hook for each benchmark's own.
+//! Reading the command line: `--help`, `--name value` / `--name=value`, whole numbers in a
+//! range, and the options softnic_bench and offload_bench both take (`--quick`, `--pus N`,
+//! `--prefetch P`).
 
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
+use std::ops::RangeInclusive;
 
 /// The options softnic_bench and offload_bench both take.
 #[derive(Clone, Debug)]
@@ -27,16 +29,30 @@ impl CommonOpts {
     }
 }
 
-/// The value `v` of option `name`: a whole number from 1.
-pub fn parse_num(name: &str, v: Option<String>) -> Result<usize, String> {
+/// The value `v` of option (or argument) `name`: a whole number in `range`.
+pub fn parse_in(name: &str, v: Option<String>, range: RangeInclusive<u64>) -> Result<u64, String> {
     let v = v.ok_or_else(|| format!("{name} needs a value"))?;
-    let n: usize = v
+    let n: u64 = v
         .parse()
         .map_err(|_| format!("{name}: '{v}' is not a number"))?;
-    if n == 0 {
-        return Err(format!("{name} must be at least 1"));
+    if !range.contains(&n) {
+        return Err(if *range.end() == u64::MAX {
+            format!("{name} must be at least {}", range.start())
+        } else {
+            format!(
+                "{name} must be in {}..={}, not {n}",
+                range.start(),
+                range.end()
+            )
+        });
     }
     Ok(n)
+}
+
+/// The value `v` of option `name`: a whole number from 1.
+pub fn parse_num(name: &str, v: Option<String>) -> Result<usize, String> {
+    let n = parse_in(name, v, 1..=u64::MAX)?;
+    usize::try_from(n).map_err(|_| format!("{name}: {n} is too large"))
 }
 
 fn parse_prefetch(v: Option<String>) -> Result<Prefetch, String> {
@@ -53,62 +69,72 @@ fn parse_prefetch(v: Option<String>) -> Result<Prefetch, String> {
     }
 }
 
-/// Read the command line. `-h` / `--help` prints `help` and exits; `--quick`, `--pus N` and
-/// `--prefetch P` are read here. Any other option goes to `other` with its name and a way to
-/// take its value (`--name=value`, or the next argument); `other` returns false for an
-/// option it does not know. On an error, says so on stderr (as `bench`) and exits with
-/// status 2.
-pub fn parse_args(
-    bench: &str,
-    help: &str,
-    other: impl FnMut(&str, &mut dyn FnMut() -> Option<String>) -> Result<bool, String>,
-) -> CommonOpts {
-    match read_args(help, other) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("{bench}: {e}\n(see --help)");
-            std::process::exit(2);
-        }
+/// How a benchmark reads one argument: its name (an option's, or the argument itself when
+/// it is not an option) and a way to take its value (`--name=value`, or the next argument);
+/// false for an argument it does not know.
+pub type ArgReader<'a> =
+    dyn FnMut(&str, &mut dyn FnMut() -> Option<String>) -> Result<bool, String> + 'a;
+
+/// Read the command line: `-h` / `--help` prints `help` and exits; every other argument goes
+/// to `arg`. On an error, says so on stderr (as `bench`) and exits with status 2.
+pub fn read_command_line(bench: &str, help: &str, arg: &mut ArgReader<'_>) {
+    if let Err(e) = read_each(help, arg) {
+        fail(bench, &e);
     }
 }
 
-fn read_args(
-    help: &str,
-    mut other: impl FnMut(&str, &mut dyn FnMut() -> Option<String>) -> Result<bool, String>,
-) -> Result<CommonOpts, String> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (mut quick, mut pus) = (false, None);
-    let mut prefetch = Prefetch::Depth(8);
+/// Say on stderr (as `bench`) what is wrong with the command line, and exit with status 2.
+pub fn fail(bench: &str, e: &str) -> ! {
+    eprintln!("{bench}: {e}\n(see --help)");
+    std::process::exit(2);
+}
+
+fn read_each(help: &str, arg: &mut ArgReader<'_>) -> Result<(), String> {
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let (name, inline) = match a.split_once('=') {
             Some((n, v)) if a.starts_with("--") => (n.to_string(), Some(v.to_string())),
             _ => (a.clone(), None),
         };
+        if name == "-h" || name == "--help" {
+            print!("{help}");
+            std::process::exit(0);
+        }
         let mut value = || inline.clone().or_else(|| args.next());
-        match name.as_str() {
-            "-h" | "--help" => {
-                print!("{help}");
-                std::process::exit(0);
-            }
+        if !arg(&name, &mut value)? {
+            return Err(format!("unknown option '{name}'"));
+        }
+    }
+    Ok(())
+}
+
+/// Read the command line as [`read_command_line`] does; `--quick`, `--pus N` and
+/// `--prefetch P` are read here, any other argument goes to `other`.
+pub fn parse_args(
+    bench: &str,
+    help: &str,
+    mut other: impl FnMut(&str, &mut dyn FnMut() -> Option<String>) -> Result<bool, String>,
+) -> CommonOpts {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (mut quick, mut pus) = (false, None);
+    let mut prefetch = Prefetch::Depth(8);
+    read_command_line(bench, help, &mut |name, value| {
+        match name {
             "--quick" => quick = true,
             "--pus" => pus = Some(parse_num("--pus", value())?),
             "--prefetch" => prefetch = parse_prefetch(value())?,
-            name => {
-                if !other(name, &mut value)? {
-                    return Err(format!("unknown option '{name}'"));
-                }
-            }
+            name => return other(name, value),
         }
-    }
+        Ok(true)
+    });
     let pus = pus.unwrap_or(cores);
     if pus > 64 {
-        return Err("--pus: the softnic has at most 64 PUs".into());
+        fail(bench, "--pus: the softnic has at most 64 PUs");
     }
-    Ok(CommonOpts {
+    CommonOpts {
         quick,
         pus,
         cores,
         prefetch,
-    })
+    }
 }

@@ -16,6 +16,7 @@
 //! signaled) that the host writes into the ring again before each round, the same bytes but
 //! for the WQE index: the cost of one WRITE, first resolved and then re-run.
 
+use redn_bench::opts::{parse_in, read_command_line};
 use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master, SqWriter};
 use redn_bench::setup::{counting_cq, loopback_qp, Region};
 use redn_bench::Ctx;
@@ -48,53 +49,69 @@ USAGE:
 
 Prints ns per step for each round. Under valgrind --tool=callgrind --collect-atstart=no
 --toggle-collect='redn_sys::softnic::exec::SqExec::run', the instruction total /
-(STEPS x ROUNDS) is the executor's cost of one step.";
+(STEPS x ROUNDS) is the executor's cost of one step.
+";
+
+/// What the command line asks for.
+#[derive(Debug)]
+struct Opts {
+    write: bool,
+    spin: bool,
+    parked: u64,
+    idle: u64,
+    steps: u64,
+    rounds: u64,
+}
+
+fn parse_args() -> Opts {
+    let mut o = Opts {
+        write: false,
+        spin: false,
+        parked: 0,
+        idle: 0,
+        steps: 4000,
+        rounds: 5,
+    };
+    let mut positionals = 0;
+    read_command_line("chain_profile", USAGE, &mut |name, value| {
+        match name {
+            "--write" => o.write = true,
+            "--spin" => o.spin = true,
+            "--parked" => o.parked = parse_in("--parked", value(), 0..=1000)?,
+            "--idle" => o.idle = parse_in("--idle", value(), 0..=1000)?,
+            a if a.starts_with('-') => return Ok(false),
+            a => {
+                let v = Some(a.to_string());
+                match positionals {
+                    0 => o.steps = parse_in("STEPS", v, 1..=8000)?,
+                    1 => o.rounds = parse_in("ROUNDS", v, 1..=1000)?,
+                    _ => return Err(format!("unexpected argument '{a}' after STEPS and ROUNDS")),
+                }
+                positionals += 1;
+            }
+        }
+        Ok(true)
+    });
+    o
+}
 
 fn main() {
-    if let Err(e) = run() {
+    let o = parse_args();
+    if let Err(e) = run(&o) {
         eprintln!("chain_profile: {e}");
         std::process::exit(1);
     }
 }
 
-fn arg(args: &[String], i: usize, default: u64, max: u64, what: &str) -> Result<u64, String> {
-    match args.get(i) {
-        None => Ok(default),
-        Some(s) => match s.parse::<u64>() {
-            Ok(v) if (1..=max).contains(&v) => Ok(v),
-            _ => Err(format!(
-                "{what} must be a number in 1..={max}, not {s:?}\n\n{USAGE}"
-            )),
-        },
-    }
-}
-
-fn run() -> Result<(), String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!("{USAGE}");
-        return Ok(());
-    }
-    let write = args.iter().any(|a| a == "--write");
-    let spin = args.iter().any(|a| a == "--spin");
-    let mut args: Vec<String> = args
-        .into_iter()
-        .filter(|a| a != "--write" && a != "--spin")
-        .collect();
-    let mut count_of = |flag: &str| -> Result<u64, String> {
-        match args.iter().position(|a| a == flag) {
-            None => Ok(0),
-            Some(i) => {
-                let n = arg(&args, i + 1, 0, 1000, &format!("{flag} N"))?;
-                args.drain(i..i + 2);
-                Ok(n)
-            }
-        }
-    };
-    let parked = count_of("--parked")?;
-    let idle = count_of("--idle")?;
-    let steps = arg(&args, 0, 4000, 8000, "STEPS")?;
-    let rounds = arg(&args, 1, 5, 1000, "ROUNDS")?;
+fn run(o: &Opts) -> Result<(), String> {
+    let Opts {
+        write,
+        spin,
+        parked,
+        idle,
+        steps,
+        rounds,
+    } = *o;
     let nic = SoftNic::new(SoftNicConfig {
         pus: 1,
         ..Default::default()
