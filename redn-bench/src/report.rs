@@ -20,6 +20,23 @@ pub fn print_head(title: &str, o: &CommonOpts, pus: &str) {
     );
 }
 
+/// One section of the report, run when `on`: `f` prints it and adds what it finds wrong to
+/// the anomalies; when it stops early (`Err`), that is said under it and is an anomaly too.
+pub fn section(
+    name: &str,
+    on: bool,
+    anomalies: &mut Vec<String>,
+    f: impl FnOnce(&mut Vec<String>) -> Result<(), String>,
+) {
+    if !on {
+        return;
+    }
+    if let Err(e) = f(anomalies) {
+        println!("   {name} section aborted: {e}");
+        anomalies.push(format!("{name} section aborted: {e}"));
+    }
+}
+
 /// The report's tail: the anomalies and the total run time.
 pub fn print_anomalies(anomalies: &[String], started: Instant) {
     if anomalies.is_empty() {

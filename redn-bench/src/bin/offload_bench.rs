@@ -19,7 +19,9 @@ use redn_bench::bytes::{be32, be48, be64};
 use redn_bench::native::{mean_ns_samples, on_threads};
 use redn_bench::opts::{parse_num, CommonOpts};
 use redn_bench::queues::{flags_if, nop, SqWriter};
-use redn_bench::report::{mops, print_anomalies, print_failed, print_head, size_name, us, verdict};
+use redn_bench::report::{
+    mops, print_anomalies, print_failed, print_head, section, size_name, us, verdict,
+};
 use redn_bench::setup::{loopback_qp, Region};
 use redn_bench::stats::{median, min, ns, stats, Stats};
 use redn_bench::wait::{timed_out, wait_produced, Backoff, WaitMode, WAIT_TIMEOUT};
@@ -2289,24 +2291,15 @@ fn main() {
         }
     };
     let mut anomalies = Vec::new();
-    if o.constructs {
-        if let Err(e) = constructs_section(&env, &o, &mut anomalies) {
-            println!("   constructs section aborted: {e}");
-            anomalies.push(format!("constructs section aborted: {e}"));
-        }
-    }
-    if o.hash {
-        if let Err(e) = hash_section(&env, &o, &mut anomalies) {
-            println!("   hash section aborted: {e}");
-            anomalies.push(format!("hash section aborted: {e}"));
-        }
-    }
-    if o.list {
-        if let Err(e) = list_section(&env, &o, &mut anomalies) {
-            println!("   list section aborted: {e}");
-            anomalies.push(format!("list section aborted: {e}"));
-        }
-    }
+    section("constructs", o.constructs, &mut anomalies, |a| {
+        constructs_section(&env, &o, a)
+    });
+    section("hash", o.hash, &mut anomalies, |a| {
+        hash_section(&env, &o, a)
+    });
+    section("list", o.list, &mut anomalies, |a| {
+        list_section(&env, &o, a)
+    });
     println!();
     println!("== Installation cost (never inside a timed region) ==");
     println!("   program::install (layout, render, queues, ring writes): grows with the program's WQE count.");

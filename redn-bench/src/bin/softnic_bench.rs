@@ -13,7 +13,7 @@ use redn_bench::bytes::be64;
 use redn_bench::native::{mean_ns_samples, on_threads};
 use redn_bench::opts::{parse_num, CommonOpts};
 use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master, SqWriter};
-use redn_bench::report::{fmt_ns, print_anomalies, print_failed, print_head, verdict};
+use redn_bench::report::{fmt_ns, print_anomalies, print_failed, print_head, section, verdict};
 use redn_bench::setup::{counting_cq, loopback_qp, Region};
 use redn_bench::stats::{median, min, ns, stats, Stats};
 use redn_bench::wait::{wait_produced, Backoff, WaitMode, SPIN_BEFORE_YIELD, WAIT_TIMEOUT};
@@ -758,7 +758,6 @@ fn latency_section(
                                  {i}: {e}{}",
                                 diag(nic, &lq.qpns(), &lq.cqns())
                             );
-                            anomalies.push(msg.clone());
                             lq.destroy(nic);
                             return Err(msg);
                         }
@@ -1636,12 +1635,7 @@ fn native_scan_ns(k: usize) -> f64 {
     ns(t0.elapsed()) / (rounds * k.max(1) as u64) as f64
 }
 
-fn visits_section(
-    nic: &SoftNic,
-    pd: Pdn,
-    o: &Opts,
-    anomalies: &mut Vec<String>,
-) -> Result<(), String> {
+fn visits_section(nic: &SoftNic, pd: Pdn, o: &Opts) -> Result<(), String> {
     println!();
     println!("== 3. Queues without work on a busy PU (a manager's idle clients) ==");
     println!(
@@ -1711,10 +1705,7 @@ fn visits_section(
     let _ = nic.destroy_cq(cq);
     let _ = nic.destroy_cq(quiet.never);
     let _ = nic.destroy_cq(quiet.cq);
-    if let Err(e) = result {
-        anomalies.push(format!("visits: {e}"));
-        return Err(e);
-    }
+    result?;
     let med: Vec<f64> = samples.iter().map(|v| median(v)).collect();
     println!(
         "   {:>4} {:>14} {:>11} {:>16} {:>11} {:>14}",
@@ -1771,21 +1762,15 @@ fn main() {
     };
     let pd = nic.alloc_pd().expect("alloc_pd");
     let mut anomalies = Vec::new();
-    if o.latency {
-        if let Err(e) = latency_section(&nic, pd, &o, &mut anomalies) {
-            println!("   latency section aborted: {e}");
-        }
-    }
-    if o.throughput {
-        if let Err(e) = throughput_section(&nic, pd, &o, &mut anomalies) {
-            println!("   throughput section aborted: {e}");
-        }
-    }
-    if o.visits {
-        if let Err(e) = visits_section(&nic, pd, &o, &mut anomalies) {
-            println!("   visits section aborted: {e}");
-        }
-    }
+    section("latency", o.latency, &mut anomalies, |a| {
+        latency_section(&nic, pd, &o, a)
+    });
+    section("throughput", o.throughput, &mut anomalies, |a| {
+        throughput_section(&nic, pd, &o, a)
+    });
+    section("visits", o.visits, &mut anomalies, |_| {
+        visits_section(&nic, pd, &o)
+    });
     println!();
     print_anomalies(&anomalies, started);
     drop(nic);
