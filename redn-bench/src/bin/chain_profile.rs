@@ -4,9 +4,12 @@
 //! of N steps (a master SQ doing WAIT + SEND_EN for a managed SQ of signaled NOPs, the
 //! paper's doorbell order) while the host sleeps, so a profiler sees almost only the PU:
 //!
-//!     valgrind --tool=callgrind --collect-atstart=no \
-//!         --toggle-collect='redn_sys::softnic::exec::SqExec::run' \
-//!         target/release/chain_profile 8000 2
+//! ```text
+//! cargo build --release -p redn-bench --bin chain_profile
+//! valgrind --tool=callgrind --collect-atstart=no \
+//!     --toggle-collect='redn_sys::softnic::exec::SqExec::run' \
+//!     target/release/chain_profile 8000 2
+//! ```
 //!
 //! and the total divided by N × rounds is the executor's instruction cost of one step
 //! (counting the whole PU thread instead adds the PU loop and its idle polling between

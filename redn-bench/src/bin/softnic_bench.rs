@@ -4,6 +4,7 @@
 //!
 //! 1. Chain latency vs chain length (Fig. 8) in WQ, completion and doorbell order.
 //! 2. Throughput per opcode (NOP, 64 B WRITE, 64 B READ, CAS, FAA) on one PU and on all PUs.
+//! 3. What queues without work (idle, or parked on a WAIT) cost a busy PU per visit.
 //!
 //! Run with `cargo run --release -p redn-bench --bin softnic_bench -- --help`.
 //! It prints tables; nothing is asserted. Exit status 1 means the softnic misbehaved (a hang,
