@@ -63,11 +63,11 @@ impl Backoff {
     }
 
     /// Pause after a poll that found nothing; `Err` once WAIT_TIMEOUT has passed.
-    pub fn pause(&mut self, mode: WaitMode) -> Result<(), ()> {
+    pub fn pause(&mut self, mode: WaitMode) -> Result<(), TimedOut> {
         self.spins = self.spins.wrapping_add(1);
         if mode != WaitMode::Spin {
             if self.waited() > WAIT_TIMEOUT {
-                return Err(());
+                return Err(TimedOut);
             }
             if mode == WaitMode::Sleep {
                 std::thread::sleep(Duration::from_micros(20));
@@ -77,7 +77,7 @@ impl Backoff {
         } else if self.spins % self.check_every == 0 {
             let waited = self.waited();
             if waited > WAIT_TIMEOUT {
-                return Err(());
+                return Err(TimedOut);
             }
             if waited > SPIN_BEFORE_YIELD {
                 std::thread::yield_now();
@@ -89,6 +89,11 @@ impl Backoff {
     }
 }
 
+/// A host waited longer than WAIT_TIMEOUT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimedOut;
+
+/// What to say when `cq` produced only `p` of the `target` completions a host waited for.
 pub fn timed_out(cq: Cqn, p: u64, target: u64) -> String {
     format!("timed out after {WAIT_TIMEOUT:?}: CQ {cq} produced {p}, waiting for {target}")
 }
@@ -106,7 +111,9 @@ pub fn wait_produced(
         if p >= target {
             return Ok(());
         }
-        backoff.pause(mode).map_err(|()| timed_out(cq, p, target))?;
+        backoff
+            .pause(mode)
+            .map_err(|TimedOut| timed_out(cq, p, target))?;
     }
 }
 

@@ -17,7 +17,9 @@ use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master,
 use redn_bench::report::{fmt_ns, print_anomalies, print_failed, print_head, section, verdict};
 use redn_bench::setup::{counting_cq, loopback_qp, Region};
 use redn_bench::stats::{median, min, ns, stats, Stats};
-use redn_bench::wait::{wait_produced, Backoff, WaitMode, SPIN_BEFORE_YIELD, WAIT_TIMEOUT};
+use redn_bench::wait::{
+    wait_produced, Backoff, TimedOut, WaitMode, SPIN_BEFORE_YIELD, WAIT_TIMEOUT,
+};
 use redn_bench::Ctx;
 use redn_program::wqe::{encode_wqe, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::mem::SharedBuffer;
@@ -401,7 +403,7 @@ impl Flag {
     fn wait(&self) -> Result<(), String> {
         let mut backoff = Backoff::new(128, None);
         while self.buf.load_u64(0) != self.seq {
-            backoff.pause(WaitMode::Spin).map_err(|()| {
+            backoff.pause(WaitMode::Spin).map_err(|TimedOut| {
                 format!(
                     "timed out after {WAIT_TIMEOUT:?} waiting for flag write {} (flag holds {})",
                     self.seq,
@@ -515,7 +517,7 @@ fn poll_chain(nic: &SoftNic, cq: Cqn, target: u64, last_wr_id: u64) -> Result<()
     loop {
         out.clear();
         if nic.poll_cq(cq, 64, &mut out).ctx("poll_cq")? == 0 {
-            backoff.pause(WaitMode::Spin).map_err(|()| {
+            backoff.pause(WaitMode::Spin).map_err(|TimedOut| {
                 format!("timed out polling CQ {cq} for the chain's last completion")
             })?;
             continue;
