@@ -4,9 +4,12 @@
 //! of N steps (a master SQ doing WAIT + SEND_EN for a managed SQ of signaled NOPs, the
 //! paper's doorbell order) while the host sleeps, so a profiler sees almost only the PU:
 //!
-//!     valgrind --tool=callgrind --collect-atstart=no \
-//!         --toggle-collect='redn_sys::softnic::exec::SqExec::run' \
-//!         target/release/examples/chain_profile 8000 2
+//! ```text
+//! cargo build --release -p redn-bench --bin chain_profile
+//! valgrind --tool=callgrind --collect-atstart=no \
+//!     --toggle-collect='redn_sys::softnic::exec::SqExec::run' \
+//!     target/release/chain_profile 8000 2
+//! ```
 //!
 //! and the total divided by N × rounds is the executor's instruction cost of one step
 //! (counting the whole PU thread instead adds the PU loop and its idle polling between
@@ -16,21 +19,21 @@
 //! signaled) that the host writes into the ring again before each round, the same bytes but
 //! for the WQE index: the cost of one WRITE, first resolved and then re-run.
 
-#[allow(dead_code)]
-mod bench_common;
-use bench_common::{flags_if, nop, post_endless_wait, push_doorbell_master, Ctx, SqWriter};
+use redn_bench::opts::{parse_in, read_command_line};
+use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master, SqWriter};
+use redn_bench::setup::{counting_cq, loopback_qp, Region};
+use redn_bench::Ctx;
 use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
-use redn_sys::mem::SharedBuffer;
-use redn_sys::nic::{CqConfig, Nic, QpConfig, QpInfo};
+use redn_sys::nic::Nic;
 use redn_sys::softnic::{SoftNic, SoftNicConfig};
-use redn_sys::{Access, Cqn, Pdn};
+use redn_sys::{Cqn, Pdn};
 use std::time::{Duration, Instant};
 
 const USAGE: &str = "\
 chain_profile: one long doorbell-ordered NOP chain on one softnic PU (for profilers)
 
 USAGE:
-    cargo run --release -p redn-sys --example chain_profile -- [--write] [--spin] [--parked N] [--idle N]
+    cargo run --release -p redn-bench --bin chain_profile -- [--write] [--spin] [--parked N] [--idle N]
         [STEPS [ROUNDS]]
 
     STEPS    chain length, 1..=8000 (default 4000)
@@ -49,82 +52,92 @@ USAGE:
 
 Prints ns per step for each round. Under valgrind --tool=callgrind --collect-atstart=no
 --toggle-collect='redn_sys::softnic::exec::SqExec::run', the instruction total /
-(STEPS x ROUNDS) is the executor's cost of one step.";
+(STEPS x ROUNDS) is the executor's cost of one step.
+";
+
+/// What the command line asks for.
+#[derive(Debug)]
+struct Opts {
+    write: bool,
+    spin: bool,
+    parked: u64,
+    idle: u64,
+    steps: u64,
+    rounds: u64,
+}
+
+fn parse_args() -> Opts {
+    let mut o = Opts {
+        write: false,
+        spin: false,
+        parked: 0,
+        idle: 0,
+        steps: 4000,
+        rounds: 5,
+    };
+    let mut positionals = 0;
+    read_command_line("chain_profile", USAGE, &mut |name, value| {
+        match name {
+            "--write" => o.write = true,
+            "--spin" => o.spin = true,
+            "--parked" => o.parked = parse_in("--parked", value(), 0..=1000)?,
+            "--idle" => o.idle = parse_in("--idle", value(), 0..=1000)?,
+            a if a.starts_with('-') => return Ok(false),
+            a => {
+                let v = Some(a.to_string());
+                match positionals {
+                    0 => o.steps = parse_in("STEPS", v, 1..=8000)?,
+                    1 => o.rounds = parse_in("ROUNDS", v, 1..=1000)?,
+                    _ => return Err(format!("unexpected argument '{a}' after STEPS and ROUNDS")),
+                }
+                positionals += 1;
+            }
+        }
+        Ok(true)
+    });
+    o
+}
 
 fn main() {
-    if let Err(e) = run() {
+    let o = parse_args();
+    if let Err(e) = run(&o) {
         eprintln!("chain_profile: {e}");
         std::process::exit(1);
     }
 }
 
-fn arg(args: &[String], i: usize, default: u64, max: u64, what: &str) -> Result<u64, String> {
-    match args.get(i) {
-        None => Ok(default),
-        Some(s) => match s.parse::<u64>() {
-            Ok(v) if (1..=max).contains(&v) => Ok(v),
-            _ => Err(format!(
-                "{what} must be a number in 1..={max}, not {s:?}\n\n{USAGE}"
-            )),
-        },
-    }
-}
-
-fn run() -> Result<(), String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!("{USAGE}");
-        return Ok(());
-    }
-    let write = args.iter().any(|a| a == "--write");
-    let spin = args.iter().any(|a| a == "--spin");
-    let mut args: Vec<String> = args
-        .into_iter()
-        .filter(|a| a != "--write" && a != "--spin")
-        .collect();
-    let mut count_of = |flag: &str| -> Result<u64, String> {
-        match args.iter().position(|a| a == flag) {
-            None => Ok(0),
-            Some(i) => {
-                let n = arg(&args, i + 1, 0, 1000, &format!("{flag} N"))?;
-                args.drain(i..i + 2);
-                Ok(n)
-            }
-        }
-    };
-    let parked = count_of("--parked")?;
-    let idle = count_of("--idle")?;
-    let steps = arg(&args, 0, 4000, 8000, "STEPS")?;
-    let rounds = arg(&args, 1, 5, 1000, "ROUNDS")?;
+fn run(o: &Opts) -> Result<(), String> {
+    let Opts {
+        write,
+        spin,
+        parked,
+        idle,
+        steps,
+        rounds,
+    } = *o;
     let nic = SoftNic::new(SoftNicConfig {
         pus: 1,
         ..Default::default()
     })
     .ctx("softnic")?;
     let pd = nic.alloc_pd().ctx("alloc_pd")?;
-    let cq = || {
-        nic.create_cq(CqConfig {
-            depth: 4096,
-            ignore_overrun: true,
-        })
-        .ctx("create_cq")
-    };
+    let cq = || counting_cq(&nic);
     // Queues parked on a WAIT for a completion that never comes (their CQ has none).
     let never = cq()?;
     for _ in 0..parked {
-        let info = queue(&nic, pd, never, false, 64)?;
+        let info = loopback_qp(&nic, pd, never, 0, 64, false)?;
         post_endless_wait(&nic, &info, never)?;
     }
     for _ in 0..idle {
-        queue(&nic, pd, never, false, 64)?;
+        loopback_qp(&nic, pd, never, 0, 64, false)?;
     }
     if write {
         return writes(&nic, pd, cq()?, steps, rounds, spin);
     }
     let (cq_m, cq_q) = (cq()?, cq()?);
     // Managed queue first: the PU runs its queues in creation order.
-    let qi = queue(&nic, pd, cq_q, true, 16384)?;
-    let mi = queue(&nic, pd, cq_m, false, 32768)?;
+    let qi = loopback_qp(&nic, pd, cq_q, 0, 16384, true)?;
+    let mi = loopback_qp(&nic, pd, cq_m, 0, 32768, false)?;
     let (mut q, mut m) = (SqWriter::new(&qi, false), SqWriter::new(&mi, false));
     for _ in 0..rounds {
         let base = nic.cq_produced(cq_q).ctx("cq_produced")?;
@@ -193,15 +206,9 @@ fn writes(
     spin: bool,
 ) -> Result<(), String> {
     let len = steps as usize * 64;
-    let region = |fill: u8| {
-        let buf = SharedBuffer::new(len);
-        buf.write(0, &vec![fill; len]);
-        nic.reg_mr(pd, &buf, 0, len, Access::ALL)
-            .ctx("reg_mr")
-            .map(|mr| (buf, mr))
-    };
-    let ((_, src), (dst_buf, dst)) = (region(0x5a)?, region(0)?);
-    let info = queue(nic, pd, cq, false, steps.next_power_of_two() as u32)?;
+    let src = Region::filled(nic, pd, len, |_| 0x5a)?;
+    let dst = Region::filled(nic, pd, len, |_| 0)?;
+    let info = loopback_qp(nic, pd, cq, 0, steps.next_power_of_two() as u32, false)?;
     let mut q = SqWriter::new(&info, false);
     for _ in 0..rounds {
         let base = nic.cq_produced(cq).ctx("cq_produced")?;
@@ -213,8 +220,8 @@ fn writes(
                     wr_id: i,
                     flags: flags_if(i + 1 == steps),
                     op: WrOp::Write {
-                        remote: dst.remote(off),
-                        payload: Payload::Sgl(vec![src.sge(off, 64)]),
+                        remote: dst.mr.remote(off),
+                        payload: Payload::Sgl(vec![src.mr.sge(off, 64)]),
                         imm: None,
                     },
                 },
@@ -224,20 +231,8 @@ fn writes(
         q.ring(nic)?;
         report(nic, cq, base + 1, t0, steps, "WRITE", spin)?;
     }
-    let mut got = vec![0u8; len];
-    dst_buf.read(0, &mut got);
-    if got.iter().any(|&b| b != 0x5a) {
+    if dst.bytes().iter().any(|&b| b != 0x5a) {
         return Err("the WRITEs did not copy the source region".into());
     }
     Ok(())
-}
-
-fn queue(nic: &SoftNic, pd: Pdn, cq: Cqn, managed: bool, bbs: u32) -> Result<QpInfo, String> {
-    let mut c = QpConfig::new(pd, cq);
-    c.sq_bbs = bbs;
-    c.pu = Some(0);
-    c.managed_send = managed;
-    let info = nic.create_qp(c).ctx("create_qp")?;
-    nic.connect(info.qpn, info.qpn).ctx("connect")?;
-    Ok(info)
 }

@@ -4,22 +4,27 @@
 //!
 //! 1. Chain latency vs chain length (Fig. 8) in WQ, completion and doorbell order.
 //! 2. Throughput per opcode (NOP, 64 B WRITE, 64 B READ, CAS, FAA) on one PU and on all PUs.
+//! 3. What queues without work (idle, or parked on a WAIT) cost a busy PU per visit.
 //!
-//! Run with `cargo run --release -p redn-sys --example softnic_bench -- --help`.
+//! Run with `cargo run --release -p redn-bench --bin softnic_bench -- --help`.
 //! It prints tables; nothing is asserted. Exit status 1 means the softnic misbehaved (a hang,
 //! an error or out-of-order completion, a wrong result in memory): see the "anomalies" list.
 
-mod bench_common;
-
-use bench_common::{
-    flags_if, mean_ns_samples, median, nop, ns, on_threads, parse_num, post_endless_wait,
-    print_anomalies, print_head, push_doorbell_master, stats, verdict, wait_produced, Backoff,
-    CommonOpts, Ctx, SqWriter, Stats, WaitMode, SPIN_BEFORE_YIELD, WAIT_TIMEOUT,
+use redn_bench::bytes::be64;
+use redn_bench::native::{mean_ns_samples, on_threads};
+use redn_bench::opts::{parse_num, CommonOpts};
+use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master, SqWriter};
+use redn_bench::report::{fmt_ns, print_anomalies, print_failed, print_head, section, verdict};
+use redn_bench::setup::{counting_cq, loopback_qp, Region};
+use redn_bench::stats::{median, min, ns, stats, Stats};
+use redn_bench::wait::{
+    wait_produced, Backoff, TimedOut, WaitMode, SPIN_BEFORE_YIELD, WAIT_TIMEOUT,
 };
+use redn_bench::Ctx;
 use redn_program::wqe::{encode_wqe, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::mem::SharedBuffer;
-use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig, QpInfo};
-use redn_sys::softnic::{SoftNic, SoftNicConfig};
+use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic};
+use redn_sys::softnic::SoftNic;
 use redn_sys::{Access, Cqn, Pdn, QpState, Qpn};
 use std::hint::black_box;
 use std::sync::Arc;
@@ -29,7 +34,7 @@ const HELP: &str = "\
 softnic_bench: RedN §5.1 microbenchmarks on the softnic, with native CPU baselines
 
 USAGE:
-    cargo run --release -p redn-sys --example softnic_bench -- [OPTIONS]
+    cargo run --release -p redn-bench --bin softnic_bench -- [OPTIONS]
 
 OPTIONS:
     --quick             short run (< ~10 s): fewer samples, repetitions and batches
@@ -145,7 +150,7 @@ fn parse_args() -> Opts {
     let mut ops: Vec<String> = TP_OPS.iter().map(|s| s.to_string()).collect();
     let mut orders: Vec<String> = LAT_ORDERS.iter().map(|s| s.to_string()).collect();
     let mut detects: Vec<String> = LAT_DETECTS.iter().map(|s| s.to_string()).collect();
-    let common = bench_common::parse_args("softnic_bench", HELP, |name, value| {
+    let common = redn_bench::opts::parse_args("softnic_bench", HELP, |name, value| {
         match name {
             "--iters" => iters = Some(parse_num("--iters", value())?),
             "--reps" => reps = Some(parse_num("--reps", value())?),
@@ -206,28 +211,6 @@ fn parse_list(name: &str, v: Option<String>, known: &[&str]) -> Result<Vec<Strin
 // ---------------------------------------------------------------------------------------------
 // Small helpers
 
-fn fmt_ns(v: f64) -> String {
-    if !v.is_finite() {
-        "-".into()
-    } else if v.abs() < 10.0 {
-        format!("{v:.2}")
-    } else if v.abs() < 100_000.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.0}")
-    }
-}
-
-impl WaitMode {
-    fn name(self) -> &'static str {
-        match self {
-            WaitMode::Spin => "busy-polls",
-            WaitMode::Yield => "polls + sched_yield",
-            WaitMode::Sleep => "polls + 20 µs sleep",
-        }
-    }
-}
-
 /// Wait until `cq` has produced at least `target` completions (what WAIT counts). Latency
 /// runs spin: the clock is only read every 128 polls, and not before.
 fn wait_cq(nic: &SoftNic, cq: Cqn, target: u64, mode: WaitMode) -> Result<(), String> {
@@ -236,34 +219,7 @@ fn wait_cq(nic: &SoftNic, cq: Cqn, target: u64, mode: WaitMode) -> Result<(), St
 
 /// What the softnic says about some queues, for hang reports.
 fn diag(nic: &SoftNic, qps: &[Qpn], cqs: &[Cqn]) -> String {
-    bench_common::diag(nic, qps, cqs, false)
-}
-
-/// A CQ counted by WAITs and never polled, so it may wrap.
-fn counting_cq(nic: &SoftNic) -> Result<Cqn, String> {
-    nic.create_cq(CqConfig {
-        depth: 4096,
-        ignore_overrun: true,
-    })
-    .ctx("create_cq")
-}
-
-/// A loopback-connected QP with its own CQ.
-fn loopback_qp(
-    nic: &SoftNic,
-    pd: Pdn,
-    cq: Cqn,
-    pu: usize,
-    sq_bbs: u32,
-    managed: bool,
-) -> Result<QpInfo, String> {
-    let mut c = QpConfig::new(pd, cq);
-    c.sq_bbs = sq_bbs;
-    c.pu = Some(pu);
-    c.managed_send = managed;
-    let info = nic.create_qp(c).ctx("create_qp")?;
-    nic.connect(info.qpn, info.qpn).ctx("connect")?;
-    Ok(info)
+    redn_bench::wait::diag(nic, qps, cqs, false)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -447,7 +403,7 @@ impl Flag {
     fn wait(&self) -> Result<(), String> {
         let mut backoff = Backoff::new(128, None);
         while self.buf.load_u64(0) != self.seq {
-            backoff.pause(WaitMode::Spin).map_err(|()| {
+            backoff.pause(WaitMode::Spin).map_err(|TimedOut| {
                 format!(
                     "timed out after {WAIT_TIMEOUT:?} waiting for flag write {} (flag holds {})",
                     self.seq,
@@ -561,7 +517,7 @@ fn poll_chain(nic: &SoftNic, cq: Cqn, target: u64, last_wr_id: u64) -> Result<()
     loop {
         out.clear();
         if nic.poll_cq(cq, 64, &mut out).ctx("poll_cq")? == 0 {
-            backoff.pause(WaitMode::Spin).map_err(|()| {
+            backoff.pause(WaitMode::Spin).map_err(|TimedOut| {
                 format!("timed out polling CQ {cq} for the chain's last completion")
             })?;
             continue;
@@ -805,7 +761,6 @@ fn latency_section(
                                  {i}: {e}{}",
                                 diag(nic, &lq.qpns(), &lq.cqns())
                             );
-                            anomalies.push(msg.clone());
                             lq.destroy(nic);
                             return Err(msg);
                         }
@@ -1017,29 +972,6 @@ enum Posting {
     PostSend,
 }
 
-struct Region {
-    buf: Arc<SharedBuffer>,
-    mr: MrInfo,
-}
-
-impl Region {
-    fn new(nic: &SoftNic, pd: Pdn, fill: impl Fn(usize) -> u8) -> Result<Region, String> {
-        let buf = SharedBuffer::new(TP_REGION);
-        let bytes: Vec<u8> = (0..TP_REGION).map(fill).collect();
-        buf.write(0, &bytes);
-        let mr = nic
-            .reg_mr(pd, &buf, 0, TP_REGION, Access::ALL)
-            .ctx("reg_mr")?;
-        Ok(Region { buf, mr })
-    }
-
-    fn bytes(&self) -> Vec<u8> {
-        let mut v = vec![0u8; TP_REGION];
-        self.buf.read(0, &mut v);
-        v
-    }
-}
-
 /// Byte offset used by the WQE in ring slot `s`: 64 different cache lines of a 4 KiB region.
 fn slot_data_off(s: u64) -> u64 {
     (s % 64) * 64
@@ -1116,12 +1048,12 @@ impl TpQp {
         let w = SqWriter::new(&info, false);
         let (src, dst) = match op {
             TOp::Cas | TOp::Faa => (
-                Region::new(nic, pd, |_| 0)?,
-                Region::new(nic, pd, |_| 0xff)?,
+                Region::filled(nic, pd, TP_REGION, |_| 0)?,
+                Region::filled(nic, pd, TP_REGION, |_| 0xff)?,
             ),
             _ => (
-                Region::new(nic, pd, |i| (i * 7 + pu * 13 + 1) as u8)?,
-                Region::new(nic, pd, |_| 0)?,
+                Region::filled(nic, pd, TP_REGION, |i| (i * 7 + pu * 13 + 1) as u8)?,
+                Region::filled(nic, pd, TP_REGION, |_| 0)?,
             ),
         };
         let mut ctrl0 = [0u8; 8];
@@ -1390,16 +1322,14 @@ fn tp_verify(nic: &SoftNic, op: TOp, qps: &[TpQp], expected_per_qp: u64) -> Resu
                     let off = wd * 64;
                     let v = q.src.buf.load_u64(off);
                     total += v;
-                    let mut r = [0u8; 8];
-                    r.copy_from_slice(&dst[off..off + 8]);
+                    let got = be64(&dst[off..]);
                     let want = if op == TOp::Cas { 0 } else { v.wrapping_sub(1) };
-                    if u64::from_be_bytes(r) != want {
+                    if got != want {
                         return Err(format!(
-                            "{}: QP {}: result word at {off} holds {:#x}, expected {want:#x} \
+                            "{}: QP {}: result word at {off} holds {got:#x}, expected {want:#x} \
                              (target {v})",
                             op.name(),
                             q.w.qpn,
-                            u64::from_be_bytes(r)
                         ));
                     }
                 }
@@ -1494,7 +1424,7 @@ fn tp_row(
     let soft_p99 = match mode {
         WaitMode::Spin | WaitMode::Yield => at_p99_batch(&iv),
         // The slowest repetition is the 1st-percentile rate.
-        WaitMode::Sleep => rates.iter().copied().fold(f64::INFINITY, f64::min),
+        WaitMode::Sleep => min(&rates),
     };
     Ok(TpRow {
         label: match post {
@@ -1608,7 +1538,7 @@ fn throughput_section(
                 }
             }
             Err(e) => {
-                println!("   {:<22} {:>3}   FAILED (see anomalies)", op.name(), nqp);
+                print_failed(&format!("{:<22} {:>3}", op.name(), nqp));
                 anomalies.push(format!("throughput {} on {nqp} PU(s): {e}", op.name()));
             }
         }
@@ -1708,12 +1638,7 @@ fn native_scan_ns(k: usize) -> f64 {
     ns(t0.elapsed()) / (rounds * k.max(1) as u64) as f64
 }
 
-fn visits_section(
-    nic: &SoftNic,
-    pd: Pdn,
-    o: &Opts,
-    anomalies: &mut Vec<String>,
-) -> Result<(), String> {
+fn visits_section(nic: &SoftNic, pd: Pdn, o: &Opts) -> Result<(), String> {
     println!();
     println!("== 3. Queues without work on a busy PU (a manager's idle clients) ==");
     println!(
@@ -1783,10 +1708,7 @@ fn visits_section(
     let _ = nic.destroy_cq(cq);
     let _ = nic.destroy_cq(quiet.never);
     let _ = nic.destroy_cq(quiet.cq);
-    if let Err(e) = result {
-        anomalies.push(format!("visits: {e}"));
-        return Err(e);
-    }
+    result?;
     let med: Vec<f64> = samples.iter().map(|v| median(v)).collect();
     println!(
         "   {:>4} {:>14} {:>11} {:>16} {:>11} {:>14}",
@@ -1834,12 +1756,7 @@ fn main() {
         );
     }
 
-    let nic = match SoftNic::new(SoftNicConfig {
-        name: "bench".into(),
-        pus: o.common.pus,
-        prefetch: o.common.prefetch,
-        wqe_checks: false,
-    }) {
+    let nic = match o.common.softnic("bench", o.common.pus) {
         Ok(n) => n,
         Err(e) => {
             eprintln!("softnic_bench: cannot start the softnic: {e}");
@@ -1848,21 +1765,15 @@ fn main() {
     };
     let pd = nic.alloc_pd().expect("alloc_pd");
     let mut anomalies = Vec::new();
-    if o.latency {
-        if let Err(e) = latency_section(&nic, pd, &o, &mut anomalies) {
-            println!("   latency section aborted: {e}");
-        }
-    }
-    if o.throughput {
-        if let Err(e) = throughput_section(&nic, pd, &o, &mut anomalies) {
-            println!("   throughput section aborted: {e}");
-        }
-    }
-    if o.visits {
-        if let Err(e) = visits_section(&nic, pd, &o, &mut anomalies) {
-            println!("   visits section aborted: {e}");
-        }
-    }
+    section("latency", o.latency, &mut anomalies, |a| {
+        latency_section(&nic, pd, &o, a)
+    });
+    section("throughput", o.throughput, &mut anomalies, |a| {
+        throughput_section(&nic, pd, &o, a)
+    });
+    section("visits", o.visits, &mut anomalies, |_| {
+        visits_section(&nic, pd, &o)
+    });
     println!();
     print_anomalies(&anomalies, started);
     drop(nic);

@@ -11,37 +11,40 @@
 //! Baselines: the same lookup done by the CPU on the same `SharedBuffer`, and the same lookup
 //! done by the client with one-sided RDMA READs over the same pair of softnics.
 //!
-//! Run with `cargo run --release -p redn-sys --example offload_bench -- --help`. It prints
+//! Run with `cargo run --release -p redn-bench --bin offload_bench -- --help`. It prints
 //! tables; nothing is asserted. Exit status 1 means the softnic or a program misbehaved (a hang,
 //! an error completion, a wrong response, wrong WQE counts): see the "anomalies" list.
 
-mod bench_common;
-
-use bench_common::{
-    flags_if, mean_ns_samples, median, nop, ns, on_threads, parse_num, print_anomalies, print_head,
-    stats, timed_out, verdict, wait_produced, Backoff, CommonOpts, Ctx, SqWriter, Stats, WaitMode,
-    WAIT_TIMEOUT,
+use redn_bench::bytes::{be32, be48, be64};
+use redn_bench::native::{mean_ns_samples, on_threads};
+use redn_bench::opts::{parse_num, CommonOpts};
+use redn_bench::queues::{flags_if, nop, SqWriter};
+use redn_bench::report::{
+    mops, print_anomalies, print_failed, print_head, section, size_name, us, verdict,
 };
-use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
+use redn_bench::setup::{loopback_qp, Region};
+use redn_bench::stats::{median, min, ns, stats, Stats};
+use redn_bench::wait::{timed_out, wait_produced, Backoff, WaitMode, WAIT_TIMEOUT};
+use redn_bench::Ctx;
+use redn_program::program::catalog::{self, HashVariant, BUCKET_LEN, BUCKET_STRIDE, NODE_LEN};
 use redn_program::program::{
     Addr, Builder, Form, Iterations, Op, Program, ProgramError, QueueRole, RegionRole, Sge,
 };
 use redn_program::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
 use redn_sys::install::RegionBinding;
 use redn_sys::mem::SharedBuffer;
-use redn_sys::nic::{CompChannel, Completion, CqConfig, MrInfo, Nic, QpConfig};
-use redn_sys::softnic::{SoftNic, SoftNicConfig};
+use redn_sys::nic::{CompChannel, Completion, CqConfig, Nic, QpConfig};
+use redn_sys::softnic::SoftNic;
 use redn_sys::{Access, Cqn, Pdn, QpState, Qpn, VirtAddr};
 use std::collections::HashMap;
 use std::hint::black_box;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const HELP: &str = "\
 offload_bench: RedN Table 3 and §5.2-5.3 on the softnic, with same-run baselines
 
 USAGE:
-    cargo run --release -p redn-sys --example offload_bench -- [OPTIONS]
+    cargo run --release -p redn-bench --bin offload_bench -- [OPTIONS]
 
 OPTIONS:
     --quick             short run (< ~15 s): fewer samples, repetitions and instances
@@ -155,7 +158,7 @@ struct Opts {
 fn parse_args() -> Opts {
     let (mut samples, mut reps) = (None, None);
     let mut only: Option<String> = None;
-    let common = bench_common::parse_args("offload_bench", HELP, |name, value| {
+    let common = redn_bench::opts::parse_args("offload_bench", HELP, |name, value| {
         match name {
             "--samples" => samples = Some(parse_num("--samples", value())?),
             "--reps" => reps = Some(parse_num("--reps", value())?),
@@ -185,33 +188,6 @@ fn parse_args() -> Opts {
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers
-
-/// Nanoseconds as microseconds, with enough digits for sub-µs values.
-fn us(v: f64) -> String {
-    if !v.is_finite() {
-        "-".into()
-    } else if v < 1000.0 {
-        format!("{:.3}", v / 1e3)
-    } else {
-        format!("{:.2}", v / 1e3)
-    }
-}
-
-fn mops(v: f64) -> String {
-    if !v.is_finite() {
-        "-".into()
-    } else {
-        format!("{:.2}", v / 1e6)
-    }
-}
-
-fn size_name(s: usize) -> String {
-    if s >= 1024 {
-        format!("{} KB", s / 1024)
-    } else {
-        format!("{s} B")
-    }
-}
 
 /// /proc/loadavg's first three fields, or "?".
 fn loadavg() -> String {
@@ -294,7 +270,7 @@ fn take_cqes(nic: &SoftNic, cq: Cqn, n: usize) -> Result<Vec<Completion>, String
 
 /// What the softnic says about some queues, for hang and error reports.
 fn diag(nic: &SoftNic, qps: &[Qpn], cqs: &[Cqn]) -> String {
-    bench_common::diag(nic, qps, cqs, true)
+    redn_bench::wait::diag(nic, qps, cqs, true)
 }
 
 fn send_wr(msg: Vec<u8>) -> WorkRequest {
@@ -308,52 +284,8 @@ fn send_wr(msg: Vec<u8>) -> WorkRequest {
     }
 }
 
-fn be48(b: &[u8]) -> u64 {
-    let mut a = [0u8; 8];
-    a[2..].copy_from_slice(&b[..6]);
-    u64::from_be_bytes(a)
-}
-
-fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
-}
-
-fn be64(b: &[u8]) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[..8]);
-    u64::from_be_bytes(a)
-}
-
 // ---------------------------------------------------------------------------------------------
 // The two softnics and their regions
-
-/// A registered buffer.
-struct Region {
-    buf: Arc<SharedBuffer>,
-    mr: MrInfo,
-}
-
-impl Region {
-    fn new(nic: &SoftNic, pd: Pdn, len: usize, access: Access) -> Result<Region, String> {
-        let buf = SharedBuffer::new(len);
-        let mr = nic.reg_mr(pd, &buf, 0, len, access).ctx("reg_mr")?;
-        Ok(Region { buf, mr })
-    }
-
-    fn read(&self, off: u64, len: usize) -> Vec<u8> {
-        let mut v = vec![0u8; len];
-        self.buf.read(off as usize, &mut v);
-        v
-    }
-
-    fn write(&self, off: u64, data: &[u8]) {
-        self.buf.write(off as usize, data);
-    }
-
-    fn addr(&self, off: u64) -> u64 {
-        self.mr.addr.0 + off
-    }
-}
 
 /// A one-sided client: a client QP connected to a passive server QP, for the READ baselines.
 struct Reader {
@@ -386,21 +318,11 @@ struct Env {
 impl Env {
     fn new(o: &Opts) -> Result<Env, String> {
         let server = std::sync::Arc::new(
-            SoftNic::new(SoftNicConfig {
-                name: "server".into(),
-                pus: o.common.pus,
-                prefetch: o.common.prefetch,
-                wqe_checks: false,
-            })
-            .ctx("server softnic")?,
+            o.common
+                .softnic("server", o.common.pus)
+                .ctx("server softnic")?,
         );
-        let client = SoftNic::new(SoftNicConfig {
-            name: "client".into(),
-            pus: 1,
-            prefetch: o.common.prefetch,
-            wqe_checks: false,
-        })
-        .ctx("client softnic")?;
+        let client = o.common.softnic("client", 1).ctx("client softnic")?;
         let spd = server.alloc_pd().ctx("alloc_pd")?;
         let cpd = client.alloc_pd().ctx("alloc_pd")?;
         let data = Region::new(&server, spd, DATA_LEN, Access::ALL)?;
@@ -430,10 +352,8 @@ impl Env {
             .chain([(false, &client, cpd, 0)])
         {
             let cq = nic.create_cq(CqConfig::default()).ctx("create_cq")?;
-            let mut c = QpConfig::new(pd, cq);
-            c.pu = Some(pu);
-            let q = nic.create_qp(c).ctx("create_qp")?;
-            nic.connect(q.qpn, q.qpn).ctx("connect")?;
+            // A plain QP's 256 BBs (QpConfig::new): a waker only ever holds one NOP.
+            let q = loopback_qp(nic, pd, cq, pu, 256, false)?;
             wakers.push((on_server, q.qpn, cq));
         }
         Ok(Env {
@@ -812,6 +732,41 @@ fn read_once(
     Ok(())
 }
 
+/// A bucket's or list node's key, value length and value address: the catalog's layout
+/// (`catalog::bucket_bytes`, `node_bytes`).
+struct Entry {
+    key: u64,
+    len: u32,
+    addr: u64,
+}
+
+impl Entry {
+    fn parse(b: &[u8]) -> Entry {
+        Entry {
+            key: be48(b),
+            len: be32(&b[6..]),
+            addr: be64(&b[10..]),
+        }
+    }
+}
+
+/// A list node's next pointer (after the entry's fields).
+fn next_node(n: &[u8]) -> u64 {
+    be64(&n[BUCKET_LEN as usize..])
+}
+
+/// READ the value of `found`, if any, into the client buffer at READ_AT + 256: its length (0
+/// when nothing was found).
+fn read_value(env: &Env, rd: &mut Reader, found: Option<Entry>) -> Result<usize, String> {
+    match found {
+        Some(e) => {
+            read_once(env, &mut rd.sq, rd.cq, &[(e.addr, 256, e.len)])?;
+            Ok(e.len as usize)
+        }
+        None => Ok(0),
+    }
+}
+
 /// Hash GET by one-sided READs: READ the candidate buckets (all in one post), check the key,
 /// READ the value. Returns the ns taken and the value's length (0: not found).
 fn read_get(env: &Env, rd: &mut Reader, key: u64, buckets: &[u64]) -> Result<(f64, usize), String> {
@@ -820,27 +775,28 @@ fn read_get(env: &Env, rd: &mut Reader, key: u64, buckets: &[u64]) -> Result<(f6
     let reads: Vec<(u64, u64, u32)> = buckets
         .iter()
         .enumerate()
-        .map(|(i, &b)| (env.data.addr(bucket_off(b)), 32 * i as u64, 18))
+        .map(|(i, &b)| {
+            (
+                env.data.addr(bucket_off(b)),
+                32 * i as u64,
+                BUCKET_LEN as u32,
+            )
+        })
         .collect();
     read_once(env, &mut rd.sq, rd.cq, &reads)?;
     let mut hit = None;
     for i in 0..buckets.len() {
-        let mut bk = [0u8; 18];
+        let mut bk = [0u8; BUCKET_LEN as usize];
         env.cbuf
             .buf
             .read((READ_AT + 32 * i as u64) as usize, &mut bk);
-        if be48(&bk) == key {
-            hit = Some((be32(&bk[6..]), be64(&bk[10..])));
+        let e = Entry::parse(&bk);
+        if e.key == key {
+            hit = Some(e);
             break;
         }
     }
-    let len = match hit {
-        Some((len, addr)) => {
-            read_once(env, &mut rd.sq, rd.cq, &[(addr, 256, len)])?;
-            len as usize
-        }
-        None => 0,
-    };
+    let len = read_value(env, rd, hit)?;
     Ok((ns(t0.elapsed()), len))
 }
 
@@ -852,23 +808,26 @@ fn read_find(env: &Env, rd: &mut Reader, head: u64, key: u64) -> Result<(f64, us
     let mut node = head;
     let mut found = None;
     for _ in 0..LIST_STEPS {
-        read_once(env, &mut rd.sq, rd.cq, &[(node, 0, 26)])?;
-        let mut n = [0u8; 26];
+        read_once(env, &mut rd.sq, rd.cq, &[(node, 0, NODE_LEN as u32)])?;
+        let mut n = [0u8; NODE_LEN as usize];
         env.cbuf.buf.read(READ_AT as usize, &mut n);
-        if be48(&n) == key {
-            found = Some((be32(&n[6..]), be64(&n[10..])));
+        let e = Entry::parse(&n);
+        if e.key == key {
+            found = Some(e);
             break;
         }
-        node = be64(&n[18..]);
+        node = next_node(&n);
     }
-    let len = match found {
-        Some((len, addr)) => {
-            read_once(env, &mut rd.sq, rd.cq, &[(addr, 256, len)])?;
-            len as usize
-        }
-        None => 0,
-    };
+    let len = read_value(env, rd, found)?;
     Ok((ns(t0.elapsed()), len))
+}
+
+/// Copy the value of `e`, in `data` (whose first byte is at address `base`), to the start of
+/// `dst`: its length.
+fn copy_value(data: &SharedBuffer, base: u64, dst: &SharedBuffer, e: &Entry) -> usize {
+    let len = e.len as usize;
+    dst.copy_from(0, data, (e.addr - base) as usize, len);
+    len
 }
 
 /// The CPU's hash GET on the same buffer: read each candidate bucket, compare, copy the value
@@ -881,13 +840,11 @@ fn native_get(
     buckets: &[u64],
 ) -> usize {
     for &b in buckets {
-        let mut bk = [0u8; 18];
+        let mut bk = [0u8; BUCKET_LEN as usize];
         data.read(bucket_off(b) as usize, &mut bk);
-        if be48(&bk) == key {
-            let len = be32(&bk[6..]) as usize;
-            let off = (be64(&bk[10..]) - base) as usize;
-            dst.copy_from(0, data, off, len);
-            return len;
+        let e = Entry::parse(&bk);
+        if e.key == key {
+            return copy_value(data, base, dst, &e);
         }
     }
     0
@@ -897,14 +854,13 @@ fn native_get(
 fn native_find(data: &SharedBuffer, base: u64, dst: &SharedBuffer, head: u64, key: u64) -> usize {
     let mut node = head;
     for _ in 0..LIST_STEPS {
-        let mut n = [0u8; 26];
+        let mut n = [0u8; NODE_LEN as usize];
         data.read((node - base) as usize, &mut n);
-        if be48(&n) == key {
-            let len = be32(&n[6..]) as usize;
-            dst.copy_from(0, data, (be64(&n[10..]) - base) as usize, len);
-            return len;
+        let e = Entry::parse(&n);
+        if e.key == key {
+            return copy_value(data, base, dst, &e);
         }
-        node = be64(&n[18..]);
+        node = next_node(&n);
     }
     0
 }
@@ -1232,6 +1188,23 @@ fn pipelined(
     Ok((ops / secs, (after - before) as f64 / ops))
 }
 
+/// `f` run `warm` times untimed, then `runs` times: what the latter returned. The first error
+/// stops it.
+fn repeated<T>(
+    warm: usize,
+    runs: usize,
+    mut f: impl FnMut() -> Result<T, String>,
+) -> Result<Vec<T>, String> {
+    let mut v = Vec::with_capacity(runs);
+    for i in 0..warm + runs {
+        let r = f()?;
+        if i >= warm {
+            v.push(r);
+        }
+    }
+    Ok(v)
+}
+
 /// A pipelined catalog row: `reps` runs (after a warm-up run) of `count` triggers on each of
 /// `k` instances per PU on `p` PUs. Bounded programs are installed for each run (install time
 /// is quadratic in the program size, so programs stay small); recycled ones once.
@@ -1251,33 +1224,29 @@ fn pipelined_row(
     let placed: Vec<Program> = (0..p).map(|pu| on_pu(prog, pu)).collect();
     let ring = (count * 2).next_power_of_two().max(64) as u32;
     let mut insts: Vec<Inst> = Vec::new();
-    let mut rates = Vec::new();
-    let mut wqes = Vec::new();
-    let res = (|| -> Result<(), String> {
-        for rep in 0..=reps {
-            if insts.is_empty() || insts[0].left() < count {
-                for i in insts.drain(..) {
-                    remove(env, i)?;
-                }
-                for (pu, pr) in placed.iter().enumerate() {
-                    for j in 0..k {
-                        insts.push(install(env, pr, (pu * k + j) as u64, ring, ring)?);
-                    }
-                }
+    // The first run is a warm-up.
+    let res = repeated(1, reps, || {
+        if insts.is_empty() || insts[0].left() < count {
+            for i in insts.drain(..) {
+                remove(env, i)?;
             }
-            let (rate, w) = pipelined(env, &mut insts, count, msg, 1, resp_len, mode)?;
-            // The first run is a warm-up.
-            if rep > 0 {
-                rates.push(rate * ops_per_trigger);
-                wqes.push(w / ops_per_trigger);
+            for (pu, pr) in placed.iter().enumerate() {
+                for j in 0..k {
+                    insts.push(install(env, pr, (pu * k + j) as u64, ring, ring)?);
+                }
             }
         }
-        Ok(())
-    })();
+        pipelined(env, &mut insts, count, msg, 1, resp_len, mode)
+    });
     for i in insts {
         remove(env, i)?;
     }
-    res?;
+    let runs = res?;
+    let rates = runs
+        .iter()
+        .map(|&(rate, _)| rate * ops_per_trigger)
+        .collect();
+    let wqes: Vec<f64> = runs.iter().map(|&(_, w)| w / ops_per_trigger).collect();
     Ok((rates, median(&wqes)))
 }
 
@@ -1367,12 +1336,12 @@ fn native_list_iter(count: u64) -> Duration {
         let mut node = base;
         let mut hits = 0u64;
         for _ in 0..count {
-            let mut n = [0u8; 26];
+            let mut n = [0u8; NODE_LEN as usize];
             data.read((node - base) as usize, &mut n);
             if be48(&n) == 0xdead {
                 hits += 1;
             }
-            node = be64(&n[18..]);
+            node = next_node(&n);
         }
         black_box(hits);
     };
@@ -1446,29 +1415,44 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
         "slowdown",
         "CX-5"
     );
-    let print_row =
-        |name: &str, p: usize, r: &TpRow, cx5: Option<f64>, target: Option<f64>, mode: WaitMode| {
-            let med = median(&r.rates);
-            let worst = r.rates.iter().copied().fold(f64::INFINITY, f64::min);
-            let t = match target {
-                Some(t) => format!("≥ {} M/s: {}", t / 1e6, verdict(med >= t)),
-                None => String::new(),
-            };
-            println!(
-                "   {:<40} {:>3} {:>9}{} {:>8}M {:>8.1} {:>8.1} {:>9}M {:>8.1}× {:>9}   {}",
-                name,
-                p,
-                mops(med),
-                if mode == WaitMode::Sleep { "M*" } else { "M " },
-                mops(worst),
-                1e9 * p as f64 / med,
-                r.wqes_per_op,
-                mops(r.native),
-                r.native / med,
-                cx5.map_or("-".into(), |c| format!("{}M", mops(c))),
-                t
-            );
+    // A row of the table, or FAILED (`short` names it there and in the anomaly) when it could
+    // not be measured; the median rate.
+    let mut row = |name: &str,
+                   short: &str,
+                   p: usize,
+                   r: Result<TpRow, String>,
+                   cx5: Option<f64>,
+                   target: Option<f64>,
+                   mode: WaitMode| {
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                print_failed(&format!("{short:<40} {p:>3}"));
+                anomalies.push(format!("constructs: {short} on {p} PU(s): {e}"));
+                return None;
+            }
         };
+        let med = median(&r.rates);
+        let t = match target {
+            Some(t) => format!("≥ {} M/s: {}", t / 1e6, verdict(med >= t)),
+            None => String::new(),
+        };
+        println!(
+            "   {:<40} {:>3} {:>9}{} {:>8}M {:>8.1} {:>8.1} {:>9}M {:>8.1}× {:>9}   {}",
+            name,
+            p,
+            mops(med),
+            if mode == WaitMode::Sleep { "M*" } else { "M " },
+            mops(min(&r.rates)),
+            1e9 * p as f64 / med,
+            r.wqes_per_op,
+            mops(r.native),
+            r.native / med,
+            cx5.map_or("-".into(), |c| format!("{}M", mops(c))),
+            t
+        );
+        Some(med)
+    };
     let pu_sets: Vec<usize> = if all > 1 { vec![1, all] } else { vec![1] };
     let native_n = if o.common.quick { 200_000 } else { 1_000_000 };
     let native = |p: usize, f: &(dyn Fn(u64) -> Duration + Sync)| -> f64 {
@@ -1476,6 +1460,15 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
             .map(|_| native_parallel(p, native_n, f))
             .collect();
         median(&v)
+    };
+    // A pipelined row's rates and WQEs per operation, with the native figure when they were
+    // measured.
+    let pipelined_tp = |r: Result<(Vec<f64>, f64), String>, native: &dyn Fn() -> f64| {
+        r.map(|(rates, wqes_per_op)| TpRow {
+            rates,
+            wqes_per_op,
+            native: native(),
+        })
     };
     let mut if1 = None;
     let mut loop1 = None;
@@ -1490,47 +1483,24 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
     };
     for &p in &pu_sets {
         let mode = mode_for(p, false);
-        let mut rates = Vec::new();
-        let mut wq = 0.0;
-        let mut failed = None;
         let k = if p == 1 { if_k.0 } else { if_k.1 };
-        for rep in 0..=o.reps {
-            match if_run(env, &if_progs[..p], k, if_n, mode) {
-                Ok((r, w)) => {
-                    if rep > 0 {
-                        rates.push(r);
-                        wq = w;
-                    }
-                }
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        match failed {
-            None => {
-                let r = TpRow {
-                    rates,
-                    wqes_per_op: wq,
-                    native: native(p, &native_if),
-                };
-                print_row(
-                    "if (CAS → NOP/WRITE, WAIT, SEND_EN)",
-                    p,
-                    &r,
-                    Some(CX5_IF),
-                    (p == 1).then_some(IF_TARGET),
-                    mode,
-                );
-                if p == 1 {
-                    if1 = Some(median(&r.rates));
-                }
-            }
-            Some(e) => {
-                println!("   {:<40} {:>3}   FAILED (see anomalies)", "if", p);
-                anomalies.push(format!("constructs: if on {p} PU(s): {e}"));
-            }
+        let r = repeated(1, o.reps, || if_run(env, &if_progs[..p], k, if_n, mode)).map(|v| TpRow {
+            rates: v.iter().map(|&(rate, _)| rate).collect(),
+            wqes_per_op: v.last().map_or(f64::NAN, |&(_, w)| w),
+            native: native(p, &native_if),
+        });
+        let name = "if (CAS → NOP/WRITE, WAIT, SEND_EN)";
+        let med = row(
+            name,
+            "if",
+            p,
+            r,
+            Some(CX5_IF),
+            (p == 1).then_some(IF_TARGET),
+            mode,
+        );
+        if p == 1 {
+            if1 = med;
         }
     }
 
@@ -1544,110 +1514,48 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
     for &p in &pu_sets {
         let mode = mode_for(p, true);
         let k = if p == 1 { hash_k.0 } else { hash_k.1 };
-        match pipelined_row(env, &hash, p, k, hash_n, o.reps, &hmsg, 64, 1.0, mode) {
-            Ok((rates, w)) => {
-                let r = TpRow {
-                    rates,
-                    wqes_per_op: w,
-                    native: native(p, &native_get_loop),
-                };
-                print_row("if in hash-get (GETs, pipelined)", p, &r, None, None, mode);
-            }
-            Err(e) => {
-                println!(
-                    "   {:<40} {:>3}   FAILED (see anomalies)",
-                    "if in hash-get", p
-                );
-                anomalies.push(format!("constructs: hash-get pipelined on {p} PU(s): {e}"));
-            }
-        }
+        let r = pipelined_row(env, &hash, p, k, hash_n, o.reps, &hmsg, 64, 1.0, mode);
+        let r = pipelined_tp(r, &|| native(p, &native_get_loop));
+        let name = "if in hash-get (GETs, pipelined)";
+        row(name, "if in hash-get", p, r, None, None, mode);
     }
 
     // Unrolled `while`: list-find without break, key absent.
     let lf = catalog::list_find(LIST_STEPS, false, list_n as u32).map_err(|e| e.to_string())?;
     let head = fill_list(env);
     let lmsg = move |_i: usize, _k: u64| list_msg(head, 0xdead, false);
+    let iterations = f64::from(LIST_STEPS);
     for &p in &pu_sets {
         let mode = mode_for(p, true);
         let k = if p == 1 { list_k.0 } else { list_k.1 };
-        match pipelined_row(
-            env,
-            &lf,
-            p,
-            k,
-            list_n,
-            o.reps,
-            &lmsg,
-            0,
-            f64::from(LIST_STEPS),
-            mode,
-        ) {
-            Ok((rates, w)) => {
-                let r = TpRow {
-                    rates,
-                    wqes_per_op: w,
-                    native: native(p, &native_list_iter),
-                };
-                print_row(
-                    "while, unrolled (list-find iterations)",
-                    p,
-                    &r,
-                    None,
-                    None,
-                    mode,
-                );
-            }
-            Err(e) => {
-                println!(
-                    "   {:<40} {:>3}   FAILED (see anomalies)",
-                    "while, unrolled", p
-                );
-                anomalies.push(format!("constructs: list-find pipelined on {p} PU(s): {e}"));
-            }
-        }
+        let r = pipelined_row(env, &lf, p, k, list_n, o.reps, &lmsg, 0, iterations, mode);
+        let r = pipelined_tp(r, &|| native(p, &native_list_iter));
+        let name = "while, unrolled (list-find iterations)";
+        row(name, "while, unrolled", p, r, None, None, mode);
     }
 
     // Recycled `while`: the minimal loop.
     let lp = loop_program().map_err(|e| e.to_string())?;
     for &p in &pu_sets {
-        let mut rates = Vec::new();
-        let mut failed = None;
-        for _ in 0..o.reps {
-            match loop_run(env, &lp, p, window) {
-                Ok(r) => rates.push(r),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        match failed {
-            None => {
-                let r = TpRow {
-                    rates,
-                    wqes_per_op: 4.0,
-                    native: native(p, &native_loop),
-                };
-                // Counted over a window between two clock reads: no detection delay, no marker.
-                print_row(
-                    "while, recycled (minimal loop rounds)",
-                    p,
-                    &r,
-                    Some(CX5_LOOP),
-                    (p == 1).then_some(LOOP_TARGET),
-                    WaitMode::Spin,
-                );
-                if p == 1 {
-                    loop1 = Some(median(&r.rates));
-                }
-            }
-            Some(e) => {
-                println!(
-                    "   {:<40} {:>3}   FAILED (see anomalies)",
-                    "while, recycled", p
-                );
-                anomalies.push(format!("constructs: recycled loop on {p} PU(s): {e}"));
-            }
+        let r = repeated(0, o.reps, || loop_run(env, &lp, p, window)).map(|rates| TpRow {
+            rates,
+            wqes_per_op: 4.0,
+            native: native(p, &native_loop),
+        });
+        // Counted over a window between two clock reads: no detection delay, no marker.
+        let name = "while, recycled (minimal loop rounds)";
+        let target = (p == 1).then_some(LOOP_TARGET);
+        let med = row(
+            name,
+            "while, recycled",
+            p,
+            r,
+            Some(CX5_LOOP),
+            target,
+            WaitMode::Spin,
+        );
+        if p == 1 {
+            loop1 = med;
         }
     }
 
@@ -1655,32 +1563,13 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
     let sl = catalog::server_loop().map_err(|e| e.to_string())?;
     for &p in &pu_sets {
         let mode = mode_for(p, true);
-        match pipelined_row(env, &sl, p, 1, sl_n, o.reps, &hmsg, 64, 1.0, mode) {
-            Ok((rates, w)) => {
-                let r = TpRow {
-                    rates,
-                    wqes_per_op: w,
-                    native: native(p, &native_get_loop),
-                };
-                print_row(
-                    "while, recycled (server-loop rounds)",
-                    p,
-                    &r,
-                    Some(CX5_LOOP),
-                    None,
-                    mode,
-                );
-            }
-            Err(e) => {
-                println!(
-                    "   {:<40} {:>3}   FAILED (see anomalies)",
-                    "while, recycled (server-loop)", p
-                );
-                anomalies.push(format!(
-                    "constructs: server-loop pipelined on {p} PU(s): {e}"
-                ));
-            }
-        }
+        let r = pipelined_row(env, &sl, p, 1, sl_n, o.reps, &hmsg, 64, 1.0, mode);
+        let r = pipelined_tp(r, &|| native(p, &native_get_loop));
+        let (name, short) = (
+            "while, recycled (server-loop rounds)",
+            "while, recycled (server-loop)",
+        );
+        row(name, short, p, r, Some(CX5_LOOP), None, mode);
     }
     println!();
     println!(
@@ -1973,7 +1862,7 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
             };
             match &failed[i] {
                 Some(e) => {
-                    println!("   {label:<7} {name:<44}   FAILED (see anomalies)");
+                    print_failed(&format!("{label:<7} {name:<44}"));
                     anomalies.push(format!("hash GET {}, {size} B: {e}", name.trim()));
                 }
                 None => println!(
@@ -2282,18 +2171,12 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
         "p50",
         ""
     );
-    let med = |v: &[f64], failed: bool| {
-        if failed || v.is_empty() {
-            "-".into()
+    // A series' figures, or none ("-") where it failed.
+    let st = |v: &[f64], failed: bool| {
+        if failed {
+            Stats::default()
         } else {
-            us(stats(v).median)
-        }
-    };
-    let p99 = |v: &[f64], failed: bool| {
-        if failed || v.is_empty() {
-            "-".into()
-        } else {
-            us(stats(v).p99)
+            stats(v)
         }
     };
     let wq = |v: f64| {
@@ -2312,14 +2195,14 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
         println!(
             "   {:<9}|{:>9} {:>9} {:>9}|{:>9} {:>9}|{:>9}|{:>9} {:>9}|{:>9}|{:>9}",
             name,
-            med(&lp[0], failed[0].is_some()),
-            med(&lp[1], failed[0].is_some()),
-            p99(&lp[1], failed[0].is_some()),
-            med(&lp[5], failed[3].is_some()),
-            p99(&lp[5], failed[3].is_some()),
-            med(&lp[4], failed[2].is_some()),
-            med(&lp[6], failed[4].is_some()),
-            p99(&lp[6], failed[4].is_some()),
+            us(st(&lp[0], failed[0].is_some()).median),
+            us(st(&lp[1], failed[0].is_some()).median),
+            us(st(&lp[1], failed[0].is_some()).p99),
+            us(st(&lp[5], failed[3].is_some()).median),
+            us(st(&lp[5], failed[3].is_some()).p99),
+            us(st(&lp[4], failed[2].is_some()).median),
+            us(st(&lp[6], failed[4].is_some()).median),
+            us(st(&lp[6], failed[4].is_some()).p99),
             us(stats(&lp[7]).median),
             format!("{}/{}", wq(wqes[pos][0]), wq(wqes[pos][1])),
         );
@@ -2329,8 +2212,8 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
     let mut line_v = String::new();
     let mut line_e = String::new();
     for lp in &lat {
-        line_v += &format!(" {:>7}", med(&lp[2], failed[1].is_some()));
-        line_e += &format!(" {:>7}", med(&lp[3], failed[1].is_some()));
+        line_v += &format!(" {:>7}", us(st(&lp[2], failed[1].is_some()).median));
+        line_e += &format!(" {:>7}", us(st(&lp[3], failed[1].is_some()).median));
     }
     println!(
         "   {:<9} {}",
@@ -2413,24 +2296,15 @@ fn main() {
         }
     };
     let mut anomalies = Vec::new();
-    if o.constructs {
-        if let Err(e) = constructs_section(&env, &o, &mut anomalies) {
-            println!("   constructs section aborted: {e}");
-            anomalies.push(format!("constructs section aborted: {e}"));
-        }
-    }
-    if o.hash {
-        if let Err(e) = hash_section(&env, &o, &mut anomalies) {
-            println!("   hash section aborted: {e}");
-            anomalies.push(format!("hash section aborted: {e}"));
-        }
-    }
-    if o.list {
-        if let Err(e) = list_section(&env, &o, &mut anomalies) {
-            println!("   list section aborted: {e}");
-            anomalies.push(format!("list section aborted: {e}"));
-        }
-    }
+    section("constructs", o.constructs, &mut anomalies, |a| {
+        constructs_section(&env, &o, a)
+    });
+    section("hash", o.hash, &mut anomalies, |a| {
+        hash_section(&env, &o, a)
+    });
+    section("list", o.list, &mut anomalies, |a| {
+        list_section(&env, &o, a)
+    });
     println!();
     println!("== Installation cost (never inside a timed region) ==");
     println!("   program::install (layout, render, queues, ring writes): grows with the program's WQE count.");

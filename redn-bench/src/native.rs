@@ -1,0 +1,49 @@
+//! Timing the native baselines: the CPU doing what the softnic does, on the same buffers.
+
+use crate::stats::ns;
+use std::hint::black_box;
+use std::sync::Barrier;
+use std::time::Instant;
+
+/// Per-call ns of `f`, each sample the mean over a batch of `batch` calls; `warm` calls first,
+/// untimed.
+pub fn mean_ns_samples<T>(
+    samples: usize,
+    batch: usize,
+    warm: usize,
+    mut f: impl FnMut() -> T,
+) -> Vec<f64> {
+    for _ in 0..warm {
+        black_box(f());
+    }
+    let mut v = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let t0 = Instant::now();
+        for _ in 0..batch {
+            black_box(f());
+        }
+        v.push(ns(t0.elapsed()) / batch as f64);
+    }
+    v
+}
+
+/// `f(0)`, ..., `f(threads - 1)`, each on a thread of its own, released together by a
+/// barrier; the results in order (`Err` where the thread panicked).
+pub fn on_threads<R: Send>(
+    threads: usize,
+    f: impl Fn(usize) -> R + Sync,
+) -> Vec<std::thread::Result<R>> {
+    let barrier = Barrier::new(threads);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|i| {
+                let (b, f) = (&barrier, &f);
+                s.spawn(move || {
+                    b.wait();
+                    f(i)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join()).collect()
+    })
+}
