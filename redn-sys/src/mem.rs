@@ -12,7 +12,7 @@ use crate::types::{Access, Lkey, Pdn, Rkey, VirtAddr};
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 const WORD: usize = 8;
 const WORDS_PER_LINE: usize = 8;
@@ -490,6 +490,10 @@ impl MemoryRegion {
 #[derive(Debug, Default)]
 pub struct KeyTable {
     slots: RwLock<Vec<KeySlot>>,
+    /// Indices of empty slots, so a registration takes one without scanning the table (an
+    /// install registers a key per code window: thousands for a large program). Changed only
+    /// under the `slots` write lock.
+    free: Mutex<Vec<usize>>,
     generation: AtomicU64,
 }
 
@@ -546,7 +550,8 @@ impl KeyTable {
             });
         }
         let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
-        let index = match slots.iter().position(|s| s.region.is_none()) {
+        let free = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let index = match free {
             Some(i) => i,
             None if slots.len() < (1 << 24) - 1 => {
                 slots.push(KeySlot::default());
@@ -580,6 +585,13 @@ impl KeyTable {
             return None;
         }
         let r = slot.region.take();
+        if r.is_some() {
+            let index = Self::index(key.0)?;
+            self.free
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(index);
+        }
         self.generation.fetch_add(1, Ordering::Release);
         r
     }

@@ -110,6 +110,9 @@ pub struct Resolver {
     pub queues: Vec<(Qpn, Cqn)>,
     /// WQE label -> position, built once: resolving is linear in the program's size.
     positions: HashMap<String, WqePos>,
+    /// (side, 64-byte block of the code region) -> the code windows touching it, so that a
+    /// key is found among a few windows rather than all of them.
+    windows_by_block: HashMap<(QueueRole, usize), Vec<usize>>,
 }
 
 impl Resolver {
@@ -128,10 +131,18 @@ impl Resolver {
             .into_iter()
             .map(|(label, pos)| (label.to_string(), pos))
             .collect();
+        let mut windows_by_block: HashMap<(QueueRole, usize), Vec<usize>> = HashMap::new();
+        for (i, (w, _)) in code_keys.iter().enumerate() {
+            let last = (w.offset + w.len.max(1) - 1) / BB_SIZE;
+            for block in w.offset / BB_SIZE..=last {
+                windows_by_block.entry((w.side, block)).or_default().push(i);
+            }
+        }
         Resolver {
             code_addr,
             layout,
             code_keys,
+            windows_by_block,
             regions,
             queues,
             positions,
@@ -208,9 +219,12 @@ impl Resolver {
         }
         let offset = self.addr(p, a)?.0 - self.code_addr.0;
         let (offset, len) = (offset as usize, len as usize);
-        self.code_keys
-            .iter()
-            .find(|(w, _)| w.side == side && w.covers(offset, len))
+        self.windows_by_block
+            .get(&(side, offset / BB_SIZE))
+            .into_iter()
+            .flatten()
+            .map(|&i| &self.code_keys[i])
+            .find(|(w, _)| w.covers(offset, len))
             .map(|(_, key)| *key)
             .ok_or_else(|| {
                 ProgramError::Invalid(format!(

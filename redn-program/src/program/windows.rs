@@ -27,9 +27,11 @@
 //! outside every patch point declared for its source.
 
 use super::layout::CodeLayout;
-use super::{Addr, Op, PatchSource, Program, ProgramError, QueueRole, Sge};
+use super::{Addr, Op, PatchPoint, PatchSource, Program, ProgramError, QueueRole, Sge};
 use crate::types::Access;
 use crate::wqe::BB_SIZE;
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 
 /// A window of a code region that one key covers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -169,27 +171,41 @@ fn accesses<'p>(label: &str, op: &'p Op) -> Vec<Access1<'p>> {
     out
 }
 
-/// The byte ranges of WQE `target` that `source` may write, merged where they touch.
-fn patch_ranges(
-    p: &Program,
-    target: &str,
-    source: &dyn Fn(&PatchSource) -> bool,
-) -> Vec<(u64, u64)> {
-    let mut ranges: Vec<(u64, u64)> = p
-        .patches
-        .iter()
-        .filter(|pp| pp.label == target && source(&pp.source))
-        .map(|pp| (u64::from(pp.byte), u64::from(pp.byte) + u64::from(pp.len)))
-        .collect();
-    ranges.sort_unstable();
-    let mut merged: Vec<(u64, u64)> = Vec::new();
-    for (start, end) in ranges {
-        match merged.last_mut() {
-            Some(last) if start <= last.1 => last.1 = last.1.max(end),
-            _ => merged.push((start, end)),
+/// The patch points of one program by target WQE, built once so that finding a window is
+/// linear in the WQE's own patch points, not the program's.
+struct PatchIndex<'p> {
+    by_label: HashMap<&'p str, Vec<&'p PatchPoint>>,
+}
+
+impl<'p> PatchIndex<'p> {
+    fn new(p: &'p Program) -> PatchIndex<'p> {
+        let mut by_label: HashMap<&str, Vec<&PatchPoint>> = HashMap::new();
+        for pp in &p.patches {
+            by_label.entry(pp.label.as_str()).or_default().push(pp);
         }
+        PatchIndex { by_label }
     }
-    merged
+
+    /// The byte ranges of WQE `target` that `source` may write, merged where they touch.
+    fn ranges(&self, target: &str, source: &dyn Fn(&PatchSource) -> bool) -> Vec<(u64, u64)> {
+        let mut ranges: Vec<(u64, u64)> = self
+            .by_label
+            .get(target)
+            .into_iter()
+            .flatten()
+            .filter(|pp| source(&pp.source))
+            .map(|pp| (u64::from(pp.byte), u64::from(pp.byte) + u64::from(pp.len)))
+            .collect();
+        ranges.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (start, end) in ranges {
+            match merged.last_mut() {
+                Some(last) if start <= last.1 => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
+            }
+        }
+        merged
+    }
 }
 
 impl Program {
@@ -199,13 +215,20 @@ impl Program {
     /// any code access no window can serve (see the module docs).
     pub fn code_windows(&self, layout: &CodeLayout) -> Result<Vec<CodeWindow>, ProgramError> {
         let positions = self.wqe_positions();
+        let patches = PatchIndex::new(self);
         let mut windows: Vec<CodeWindow> = Vec::new();
-        let mut add = |w: CodeWindow| match windows
-            .iter_mut()
-            .find(|o| o.side == w.side && o.offset == w.offset && o.len == w.len)
-        {
-            Some(o) => o.access = o.access | w.access,
-            None => windows.push(w),
+        // (side, offset, len) -> index in `windows`: a window used by several WQEs is one
+        // key with the union of their rights.
+        let mut seen: HashMap<(QueueRole, usize, usize), usize> = HashMap::new();
+        let mut add = |w: CodeWindow| match seen.entry((w.side, w.offset, w.len)) {
+            Entry::Occupied(i) => {
+                let o = &mut windows[*i.get()];
+                o.access = o.access | w.access;
+            }
+            Entry::Vacant(v) => {
+                v.insert(windows.len());
+                windows.push(w);
+            }
         };
         for q in &self.queues {
             let mut uses: Vec<(String, Access1<'_>)> = Vec::new();
@@ -303,7 +326,8 @@ impl Program {
                         };
                         let start = u64::from(*byte);
                         let end = start.saturating_add(a.len);
-                        let Some(&(from, to)) = patch_ranges(self, label, &matches)
+                        let Some(&(from, to)) = patches
+                            .ranges(label, &matches)
                             .iter()
                             .find(|(from, to)| start >= *from && end <= *to)
                         else {
