@@ -27,12 +27,15 @@
 //! Findings are data ([`Finding`]) and render one per line like the eBPF verifier's log,
 //! followed by a stats line; the log is never truncated.
 
+mod control;
+
 use redn_program::program::{
-    Addr, Form, Iterations, Op, Operand, PatchSource, Program, QueueRole, RegionRole, Sge, Slots,
-    WqePos,
+    Addr, Bound, Form, Iterations, Op, Operand, PatchSource, Program, QueueRole, RegionRole,
+    Resolver, Sge, Slots, WqePos,
 };
 use redn_program::wqe::{off, Opcode, SEG_SIZE};
 use redn_program::Access;
+use redn_program::{Cqn, Qpn, VirtAddr};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
@@ -1296,6 +1299,135 @@ impl Checker<'_> {
     }
 }
 
+impl Checker<'_> {
+    /// The control-word model (see [`control`]): every value each WQE's first 8 bytes can
+    /// reach under every write the program can make into them must be one the hardware runs
+    /// as the WQE's own operation or a NOP.
+    fn control_words(&mut self) {
+        let p = self.p;
+        let Some(images) = installed_images(p) else {
+            // Layout or rendering failed: the other passes say why.
+            if self.out.is_empty() {
+                self.find(
+                    None,
+                    None,
+                    "program",
+                    Rule::UnknownName,
+                    "the program cannot be laid out and rendered".into(),
+                );
+            }
+            return;
+        };
+        let image = |label: &str| images.get(label).copied();
+        let static_written = |name: &str| self.static_written(name);
+        let writers = control::Writers {
+            program: p,
+            positions: &self.idx.at,
+            image: &image,
+            static_written: &static_written,
+        };
+        let mut found = Vec::new();
+        for q in &p.queues {
+            let mut pos = 0;
+            for w in &q.wqes {
+                let transfers = writers.transfers(&w.label);
+                if !transfers.is_empty() {
+                    if let Some(img) = image(&w.label) {
+                        let mut first = [0u8; 8];
+                        first.copy_from_slice(&img[..8]);
+                        let initial = u64::from_le_bytes(first);
+                        let here = Some((pos, w.label.clone()));
+                        match control::explore(&w.op, initial, &transfers) {
+                            Ok(None) => {}
+                            Ok(Some(r)) => {
+                                let rule = if r.why.contains("may hold anything") {
+                                    Rule::ProtectedField
+                                } else if r.why.starts_with("ds") {
+                                    Rule::BadDs
+                                } else {
+                                    Rule::UnsafeSwap
+                                };
+                                let path = if r.path.is_empty() {
+                                    "as installed".to_string()
+                                } else {
+                                    format!("through {}", r.path.join(", then "))
+                                };
+                                found.push((
+                                    q.name.clone(),
+                                    here,
+                                    rule,
+                                    format!(
+                                        "may become [{}] {path} (step {} of the fixpoint): {}",
+                                        r.word, r.steps, r.why
+                                    ),
+                                ));
+                            }
+                            Err(n) => found.push((
+                                q.name.clone(),
+                                here,
+                                Rule::UnsafeSwap,
+                                format!(
+                                    "reaches more than {} values ({n} seen): too many to check",
+                                    control::MAX_STATES
+                                ),
+                            )),
+                        }
+                    }
+                }
+                pos += w.op.bbs();
+            }
+        }
+        for (qn, here, rule, detail) in found {
+            self.find(
+                Some(&qn),
+                here.as_ref().map(|(i, l)| (*i, l.as_str())),
+                "control word",
+                rule,
+                detail,
+            );
+        }
+    }
+}
+
+/// Each WQE's first 64 bytes as the installer would write them, with stand-in addresses,
+/// keys and queue numbers (distinct, so that no check passes by coincidence); `None` if
+/// the program cannot be laid out or rendered.
+fn installed_images(p: &Program) -> Option<HashMap<String, [u8; 64]>> {
+    let layout = p.layout().ok()?;
+    let windows = p.code_windows(&layout).ok()?;
+    let code_keys = windows
+        .into_iter()
+        .zip(0x1000u32..)
+        .map(|(w, i)| (w, i << 8 | 0x5a))
+        .collect();
+    let mut regions = HashMap::new();
+    for (i, r) in (0u64..).zip(&p.regions) {
+        for side in [QueueRole::Worker, QueueRole::Client] {
+            let bound = Bound {
+                addr: VirtAddr(0x7000_0000_0000 + (i << 32)),
+                key: 0x0a00_0000 | u32::try_from(i).unwrap_or(0) << 8,
+                len: r.min_len,
+            };
+            regions.insert((side, r.name.clone()), bound);
+        }
+    }
+    let queues = (0u32..)
+        .zip(&p.queues)
+        .map(|(i, _)| (Qpn(0x00a0_0000 | i << 4), Cqn(0x00b0_0000 | i << 4)))
+        .collect();
+    let code_addr = VirtAddr(0x5000_0000_0000);
+    let resolver = Resolver::new(p, code_addr, layout.clone(), code_keys, regions, queues);
+    let rendered = p.render(&resolver).ok()?;
+    let mut out = HashMap::new();
+    for (label, pos) in p.wqe_positions() {
+        let at = layout.sq[pos.queue] + usize::try_from(pos.bb).ok()? * 64;
+        let mut img = [0u8; 64];
+        img.copy_from_slice(rendered.code.get(at..at + 64)?);
+        out.insert(label.to_string(), img);
+    }
+    Some(out)
+}
+
 fn min_ds(op: &Op) -> u8 {
     match op {
         Op::Nop | Op::Other { .. } => 1,
@@ -1331,6 +1463,7 @@ pub fn verify(program: &Program, grants: &Grants) -> Report {
     c.sizes_and_budget();
     c.wqes();
     c.patch_points();
+    c.control_words();
     let loops = usize::from(matches!(program.iterations, Iterations::Recycled { .. }));
     Report {
         program: program.name.clone(),

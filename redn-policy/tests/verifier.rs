@@ -400,6 +400,67 @@ fn corpus() -> Vec<(&'static str, Program, Grants, Rule)> {
         Rule::ProtectedField,
     ));
 
+    // 28. Masks that splice: the `else` masked CAS swaps in only bit 3 of the opcode byte,
+    // so a NOP becomes an RDMA WRITE (0x08), which is neither the WQE's WRITE_IMM nor a NOP:
+    // every operand is still the target's own image, only the computed result is wrong.
+    let mut p = base();
+    if let Op::MaskedCas { swap_mask, .. } = &mut wqe_mut(&mut p, "0.b0.else").op {
+        *swap_mask = 0x0000_0000_0800_0000;
+    }
+    v.push((
+        "a masked CAS splicing opcode bits",
+        p,
+        g(),
+        Rule::UnsafeSwap,
+    ));
+
+    // 29. The same on a SEND_EN: a masked CAS whose swap is the SEND_EN's own active image
+    // but whose swap mask covers only some opcode bits and whose compare mask is empty (it
+    // always fires), turning SEND_EN (0x17) into 0x13 or the like.
+    let mut p = base();
+    push(
+        &mut p,
+        "worker0",
+        "splice",
+        Op::MaskedCas {
+            remote: Addr::wqe("0.answer", 0),
+            compare: Operand::Lit(0),
+            compare_mask: 0,
+            swap: Operand::ctrl("0.answer", Form::Active, Slots::Real),
+            swap_mask: 0x0000_0000_0400_0000,
+        },
+    );
+    if let Some(Op::MaskedCas { swap, .. }) = p
+        .queues
+        .iter_mut()
+        .flat_map(|q| q.wqes.iter_mut())
+        .find(|w| w.label == "splice")
+        .map(|w| &mut w.op)
+    {
+        // The SEND_EN itself, with its opcode bits cleared: what the mask splices into.
+        *swap = Operand::Ctrl {
+            label: "0.answer".into(),
+            form: Form::Nop,
+            slots: Slots::Real,
+            ds: None,
+        };
+    }
+    patch(
+        &mut p,
+        "0.answer",
+        0,
+        8,
+        PatchSource::Cas {
+            label: "splice".into(),
+        },
+    );
+    v.push((
+        "a masked CAS turning a SEND_EN into another opcode",
+        p,
+        g(),
+        Rule::UnsafeSwap,
+    ));
+
     v
 }
 
@@ -419,6 +480,34 @@ fn hostile_corpus_is_refused_for_the_right_reason() {
         );
         assert!(r.log().lines().last().unwrap().starts_with("checked "));
     }
+}
+
+#[test]
+fn a_refused_control_word_says_how_it_is_reached() {
+    let (_, p, g, _) = corpus()
+        .into_iter()
+        .find(|(name, ..)| *name == "a masked CAS splicing opcode bits")
+        .unwrap();
+    let log = verify(&p, &g).log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("control word"))
+        .unwrap_or_else(|| panic!("{log}"));
+    // The queue, the WQE, the reachable word with its opcode byte 0x08, the writer that
+    // makes it and the fixpoint step, and why it is refused.
+    assert!(
+        line.starts_with("queue client: wqe 0 (0.r0): control word: unsafe-swap: "),
+        "{line}"
+    );
+    assert!(line.contains(" 08 "), "{line}");
+    assert!(
+        line.contains("through CAS \"0.b0.else\" (step 1 of the fixpoint)"),
+        "{line}"
+    );
+    assert!(
+        line.contains("neither NOP nor the WQE's own (0x09)"),
+        "{line}"
+    );
 }
 
 #[test]

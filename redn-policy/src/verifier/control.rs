@@ -1,0 +1,380 @@
+//! The control-word model: every value the first 8 bytes of each WQE (opmod, index, opcode,
+//! QPN, ds) can take, over every order of every write the program can make into them.
+//!
+//! The installer's narrow keys keep every write into code inside a declared patch point, so
+//! the writers of a control word are exactly the sources of the patch points that cover it.
+//! Each is a transfer on the word's abstract value, a 64-bit value with a mask of the bits
+//! that are known (as a CAS reads the word: little-endian):
+//!
+//! - a CAS or masked CAS aimed at the word: where the known bits let it match its compare,
+//!   the swap replaces the bits of its swap mask, computed bitwise (so masks that splice
+//!   compare and swap bits are followed exactly); compare bytes a trigger patches are
+//!   unknown, so both outcomes are kept;
+//! - a WRITE of 8 constant bytes (a static block nothing writes) onto the word: that value;
+//! - any other write (a trigger, a READ, an atomic's result, a WRITE of data): its bytes
+//!   become unknown.
+//!
+//! Starting from the installed image, the transfers are applied in every order until no new
+//! value appears (a fixpoint; writers may run any number of times in any order, which is
+//! more than the program allows and so sound). Every reachable value must then be a control
+//! word the hardware runs as the WQE's own operation or as a NOP, over the same basic
+//! blocks: opcode known and either NOP or the WQE's own; ds known, with the WQE's block
+//! count, and, active, at least what its opcode needs and at most its own segments;
+//! opmod known for masked atomics (it selects their width). The index and QPN bytes may
+//! hold anything: with WQE checks off (RedN's requirement) the NIC ignores them, which is
+//! what lets them carry operands.
+
+use redn_program::program::{Addr, Op, PatchSource, Program, Sge, WqePos};
+use redn_program::wqe::{bbs_for_ds, off, Opcode, OPMOD_EXT_ATOMIC_8B};
+use std::collections::{HashMap, HashSet, VecDeque};
+
+/// Where a CAS keeps its operands (big-endian), as the encoder lays them out: swap and
+/// compare in the first atomic segment, the masks of a masked CAS in the second.
+const SWAP: u32 = 32;
+const COMPARE: u32 = 40;
+const SWAP_MASK: u32 = 48;
+const COMPARE_MASK: u32 = 56;
+const _: () = assert!(SWAP as usize == off::SWAP_ADD && COMPARE as usize == off::COMPARE);
+
+/// Most values one control word may reach before the verifier gives up (and refuses).
+pub(super) const MAX_STATES: usize = 256;
+
+/// An abstract control word: `value`'s bits where `known` is set, anything elsewhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Word {
+    pub value: u64,
+    pub known: u64,
+}
+
+impl Word {
+    fn exact(value: u64) -> Word {
+        Word {
+            value,
+            known: u64::MAX,
+        }
+    }
+
+    /// Byte `i` (0 = opmod ... 7 = ds) if all its bits are known.
+    fn byte(self, i: usize) -> Option<u8> {
+        let shift = 8 * i;
+        ((self.known >> shift) & 0xff == 0xff).then_some((self.value >> shift) as u8)
+    }
+
+    fn render(self) -> String {
+        (0..8)
+            .map(|i| {
+                self.byte(i)
+                    .map_or("??".to_string(), |b| format!("{b:02x}"))
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// A write into a control word.
+#[derive(Clone, Debug)]
+pub(super) enum Transfer {
+    /// CAS `label`: compare (with the bits that are known), swap (likewise), masks.
+    Cas {
+        label: String,
+        compare: Word,
+        compare_mask: u64,
+        swap: Word,
+        swap_mask: u64,
+    },
+    /// WRITE `label` of constant bytes.
+    Set { label: String, value: u64 },
+    /// Any other write: these bits become unknown.
+    Clobber { source: String, bits: u64 },
+}
+
+impl Transfer {
+    fn name(&self) -> String {
+        match self {
+            Transfer::Cas { label, .. } => format!("CAS {label:?}"),
+            Transfer::Set { label, .. } => format!("WRITE {label:?}"),
+            Transfer::Clobber { source, .. } => source.clone(),
+        }
+    }
+
+    /// The values `w` may become (besides staying as it is).
+    fn apply(&self, w: Word) -> Option<Word> {
+        match self {
+            Transfer::Cas {
+                compare,
+                compare_mask,
+                swap,
+                swap_mask,
+                ..
+            } => {
+                let both_known = w.known & compare.known & compare_mask;
+                let could_match = (w.value ^ compare.value) & both_known == 0;
+                could_match.then(|| Word {
+                    value: (w.value & !swap_mask) | (swap.value & swap_mask),
+                    known: (w.known & !swap_mask) | (swap.known & swap_mask),
+                })
+            }
+            Transfer::Set { value, .. } => Some(Word::exact(*value)),
+            Transfer::Clobber { bits, .. } => Some(Word {
+                value: w.value & !bits,
+                known: w.known & !bits,
+            }),
+        }
+    }
+}
+
+/// The bits of a control word (little-endian u64) that bytes `from..to` of the WQE cover.
+fn bits_of(from: u32, to: u32) -> u64 {
+    (from.min(8)..to.min(8)).fold(0, |m, b| m | (0xffu64 << (8 * b)))
+}
+
+/// The bits of a CAS operand (as the CAS uses it) that bytes `from..to` of the CAS WQE
+/// cover, for the operand stored big-endian at `at..at + 8`.
+fn operand_bits(from: u32, to: u32, at: u32) -> u64 {
+    (from.max(at)..to.min(at + 8)).fold(0, |m, b| m | (0xffu64 << (8 * (7 - (b - at)))))
+}
+
+/// Why a reachable value is not a control word the hardware may run.
+pub(super) fn judge(op: &Op, own_ds: u8, w: Word) -> Option<String> {
+    let Some(opcode) = w.byte(off::OPCODE) else {
+        return Some("its opcode byte may hold anything".into());
+    };
+    let own = op.opcode_byte();
+    let nop = Opcode::Nop as u8;
+    if opcode != nop && opcode != own {
+        return Some(format!(
+            "opcode {opcode:#04x} is neither NOP nor the WQE's own ({own:#04x}): its segments \
+             would be read as another operation's"
+        ));
+    }
+    let Some(ds) = w.byte(off::DS) else {
+        return Some("its ds byte may hold anything".into());
+    };
+    if ds == 0 || bbs_for_ds(ds) != bbs_for_ds(own_ds) {
+        return Some(format!(
+            "ds {ds} spans another number of blocks than the WQE's {own_ds}: the NIC would \
+             run its blocks as other WQEs"
+        ));
+    }
+    if opcode == own && opcode != nop {
+        let min = super::min_ds(op);
+        if ds < min || ds > own_ds {
+            return Some(format!(
+                "ds {ds} for an active {}: it holds {own_ds} segments and needs at least {min}",
+                op.opcode().name()
+            ));
+        }
+        if matches!(op, Op::MaskedCas { .. }) && w.byte(off::OPMOD) != Some(OPMOD_EXT_ATOMIC_8B) {
+            return Some("a masked atomic's opmod (its width) may change".into());
+        }
+    }
+    None
+}
+
+/// One refused control word: the value, how it is reached, and why it is refused.
+pub(super) struct Refusal {
+    pub word: String,
+    pub path: Vec<String>,
+    pub steps: usize,
+    pub why: String,
+}
+
+/// Every value the control word of the WQE at `initial` reaches under `transfers`, breadth
+/// first; the first refused one (with the writers that lead to it), or `Err` if more than
+/// [`MAX_STATES`] values are reachable.
+pub(super) fn explore(
+    op: &Op,
+    initial: u64,
+    transfers: &[Transfer],
+) -> Result<Option<Refusal>, usize> {
+    let own_ds = op.ds();
+    let start = Word::exact(initial);
+    let mut parent: HashMap<Word, (Word, usize)> = HashMap::new();
+    let mut seen: HashSet<Word> = HashSet::from([start]);
+    let mut queue = VecDeque::from([(start, 0usize)]);
+    while let Some((w, depth)) = queue.pop_front() {
+        if let Some(why) = judge(op, own_ds, w) {
+            let mut path = Vec::new();
+            let mut at = w;
+            while let Some(&(prev, t)) = parent.get(&at) {
+                path.push(transfers[t].name());
+                at = prev;
+            }
+            path.reverse();
+            return Ok(Some(Refusal {
+                word: w.render(),
+                path,
+                steps: depth,
+                why,
+            }));
+        }
+        for (i, t) in transfers.iter().enumerate() {
+            let Some(next) = t.apply(w) else { continue };
+            if seen.insert(next) {
+                if seen.len() > MAX_STATES {
+                    return Err(seen.len());
+                }
+                parent.insert(next, (w, i));
+                queue.push_back((next, depth + 1));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// What the program knows about one of its CAS WQEs and static blocks, to build transfers.
+pub(super) struct Writers<'p> {
+    pub program: &'p Program,
+    pub positions: &'p HashMap<&'p str, WqePos>,
+    /// The installed image of each WQE's first 64 bytes, by label.
+    pub image: &'p dyn Fn(&str) -> Option<[u8; 64]>,
+    /// True if static block `name` may be written by the program.
+    pub static_written: &'p dyn Fn(&str) -> bool,
+}
+
+impl Writers<'_> {
+    /// The transfers on the control word of WQE `target`: one per patch point over its first
+    /// 8 bytes.
+    pub(super) fn transfers(&self, target: &str) -> Vec<Transfer> {
+        let mut out = Vec::new();
+        for pp in self.program.patches.iter().filter(|pp| pp.label == target) {
+            let end = pp.byte.saturating_add(pp.len);
+            if pp.byte >= 8 {
+                continue;
+            }
+            let bits = bits_of(pp.byte, end);
+            let clobber = |source: String| Transfer::Clobber { source, bits };
+            let t = match &pp.source {
+                PatchSource::Cas { label } if pp.byte == 0 && pp.len == 8 => self
+                    .cas(label, target)
+                    .unwrap_or_else(|| clobber(format!("CAS {label:?}"))),
+                PatchSource::Write { label } if pp.byte == 0 && pp.len == 8 => self
+                    .constant_write(label, target)
+                    .unwrap_or_else(|| clobber(format!("WRITE {label:?}"))),
+                other => clobber(super::source_name(other)),
+            };
+            out.push(t);
+        }
+        out
+    }
+
+    /// CAS `label` as a transfer on `target`'s control word, if it is a CAS aimed at it.
+    fn cas(&self, label: &str, target: &str) -> Option<Transfer> {
+        let pos = self.positions.get(label)?;
+        let w = self.program.wqe_at(*pos)?;
+        let aimed =
+            |remote: &Addr| matches!(remote, Addr::Wqe { label: l, byte: 0 } if l == target);
+        let masked = match &w.op {
+            Op::Cas { remote, .. } if aimed(remote) => false,
+            Op::MaskedCas { remote, .. } if aimed(remote) => true,
+            _ => return None,
+        };
+        let img = (self.image)(label)?;
+        let be = |at: usize| u64::from_be_bytes(img[at..at + 8].try_into().unwrap_or([0; 8]));
+        // Bytes of the CAS's own atomic segment that something may patch are unknown.
+        let unknown = |at: u32| {
+            self.program
+                .patches
+                .iter()
+                .filter(|pp| pp.label == label)
+                .fold(0u64, |m, pp| {
+                    m | operand_bits(pp.byte, pp.byte.saturating_add(pp.len), at)
+                })
+        };
+        let word = |at: u32| Word {
+            value: be(at as usize),
+            known: !unknown(at),
+        };
+        let swap = word(SWAP);
+        let compare = word(COMPARE);
+        let (compare_mask, swap_mask) = if masked {
+            let cm = word(COMPARE_MASK);
+            let sm = word(SWAP_MASK);
+            if cm.known != u64::MAX || sm.known != u64::MAX {
+                // A mask that may change: any bit may be swapped in.
+                return Some(Transfer::Clobber {
+                    source: format!("CAS {label:?} (its masks may be patched)"),
+                    bits: u64::MAX,
+                });
+            }
+            (cm.value, sm.value)
+        } else {
+            (u64::MAX, u64::MAX)
+        };
+        Some(Transfer::Cas {
+            label: label.to_string(),
+            compare,
+            compare_mask,
+            swap,
+            swap_mask,
+        })
+    }
+
+    /// WRITE `label` as a transfer, if it writes 8 constant bytes onto `target`'s word.
+    fn constant_write(&self, label: &str, target: &str) -> Option<Transfer> {
+        let w = self.program.wqe_at(*self.positions.get(label)?)?;
+        let Op::Write {
+            remote: Addr::Wqe { label: to, byte: 0 },
+            sgl,
+            imm: None,
+        } = &w.op
+        else {
+            return None;
+        };
+        let [Sge {
+            addr: Addr::Static { name, offset },
+            len: 8,
+        }] = sgl.as_slice()
+        else {
+            return None;
+        };
+        if to != target || (self.static_written)(name) {
+            return None;
+        }
+        let block = self.program.statics.iter().find(|b| &b.name == name)?;
+        let at = usize::try_from(*offset).ok()?;
+        let bytes: [u8; 8] = block.bytes.get(at..at.checked_add(8)?)?.try_into().ok()?;
+        Some(Transfer::Set {
+            label: label.to_string(),
+            value: u64::from_le_bytes(bytes),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_masked_cas_is_followed_bit_by_bit() {
+        // Compare only the low byte; swap the opcode byte's low nibble only.
+        let t = Transfer::Cas {
+            label: "x".into(),
+            compare: Word::exact(0x11),
+            compare_mask: 0xff,
+            swap: Word::exact(0x0000_0000_0a00_0000),
+            swap_mask: 0x0000_0000_0f00_0000,
+        };
+        let r = t.apply(Word::exact(0x0000_0000_f000_0011)).unwrap();
+        assert_eq!(r.value, 0x0000_0000_fa00_0011);
+        assert_eq!(r.known, u64::MAX);
+        assert!(t.apply(Word::exact(0x12)).is_none(), "no match, no swap");
+        // An unknown low byte may match.
+        let unknown = Word {
+            value: 0,
+            known: !0xff,
+        };
+        assert!(t.apply(unknown).is_some());
+    }
+
+    #[test]
+    fn operand_bytes_map_to_the_value_big_endian() {
+        // Byte 40 (first of a compare at 40) is the value's most significant byte.
+        assert_eq!(operand_bits(40, 41, 40), 0xff << 56);
+        assert_eq!(operand_bits(47, 48, 40), 0xff);
+        assert_eq!(operand_bits(30, 50, 40), u64::MAX);
+        assert_eq!(operand_bits(10, 20, 40), 0);
+        assert_eq!(bits_of(3, 4), 0xff << 24);
+        assert_eq!(bits_of(6, 12), 0xffff << 48);
+    }
+}
