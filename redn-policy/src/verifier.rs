@@ -67,6 +67,9 @@ pub struct Grants {
     pub max_rq_slots: u32,
     /// Most queues per offload instance.
     pub max_queues: usize,
+    /// Most bytes of code region (rings and static blocks) per instance, checked before
+    /// anything is allocated.
+    pub max_code_bytes: u64,
     /// WQEs per second a recycled loop may run, enforced by the auditor; `None` refuses
     /// recycled loops.
     pub loop_budget: Option<u64>,
@@ -84,7 +87,7 @@ pub struct RegionGrant {
 
 impl Grants {
     /// Limits with no regions, suitable defaults for tests: 64 WQEs per invocation, 64 Ki-BB
-    /// rings, 8 queues, no loops.
+    /// rings, 8 queues, 64 MiB of code, no loops.
     pub fn new() -> Grants {
         Grants {
             regions: BTreeMap::new(),
@@ -92,6 +95,7 @@ impl Grants {
             max_ring_bbs: 1 << 16,
             max_rq_slots: 1 << 16,
             max_queues: 8,
+            max_code_bytes: 64 << 20,
             loop_budget: None,
         }
     }
@@ -554,6 +558,20 @@ impl<'a> Checker<'a> {
                     format!("{} slots, the limit is {}", q.rq_slots, self.g.max_rq_slots),
                 );
             }
+        }
+        match p.code_bytes() {
+            Some(n) if n <= self.g.max_code_bytes => {}
+            n => self.find(
+                None,
+                None,
+                "code region",
+                Rule::Size,
+                format!(
+                    "rings, receive rings and static blocks need {} bytes, the limit is {}",
+                    n.map_or("over 2^64".to_string(), |n| n.to_string()),
+                    self.g.max_code_bytes
+                ),
+            ),
         }
         let total: u64 = p.queues.iter().map(|q| q.wqes.len() as u64).sum();
         match p.iterations {

@@ -461,6 +461,13 @@ fn corpus() -> Vec<(&'static str, Program, Grants, Rule)> {
         Rule::UnsafeSwap,
     ));
 
+    // 30. A resource bomb: receive slots and scatter entries each within what the policy
+    // names, their product 32 GiB of receive ring, refused before anything is allocated.
+    let mut p = base();
+    p.queues[0].rq_slots = 1 << 16;
+    p.queues[0].rq_sges = 1 << 15;
+    v.push(("32 GiB of receive ring", p, g(), Rule::Size));
+
     v
 }
 
@@ -508,6 +515,22 @@ fn a_refused_control_word_says_how_it_is_reached() {
         line.contains("neither NOP nor the WQE's own (0x09)"),
         "{line}"
     );
+}
+
+#[test]
+fn a_program_exactly_at_the_code_limit_is_accepted_one_byte_over_refused() {
+    let p = base();
+    let need = p.code_bytes().unwrap();
+    let mut g = grants();
+    g.max_code_bytes = need;
+    let r = verify(&p, &g);
+    assert!(r.accepted(), "{}", r.log());
+    g.max_code_bytes = need - 1;
+    let r = verify(&p, &g);
+    assert!(r.broke(Rule::Size), "{}", r.log());
+    assert!(r
+        .log()
+        .contains(&format!("need {need} bytes, the limit is {}", need - 1)));
 }
 
 #[test]

@@ -346,3 +346,17 @@ fn a_refused_binding_creates_nothing() {
     assert_eq!(nic.calls.load(Ordering::Relaxed), 0);
     assert_eq!(nic.objects(), before);
 }
+
+#[test]
+fn a_program_asking_for_gigabytes_of_rings_is_refused_before_anything_is_made() {
+    let (nic, regions) = setup();
+    let before = nic.objects();
+    let mut program = catalog::hash_get(HashVariant::Single, 4).unwrap();
+    program.queues[0].rq_slots = 1 << 16;
+    program.queues[0].rq_sges = 1 << 15;
+    nic.arm(usize::MAX);
+    let e = install(&nic, &program, &regions, &mut |q| nic.connect(q, q)).unwrap_err();
+    assert!(e.to_string().contains("the code region would need"), "{e}");
+    assert_eq!(nic.calls.load(Ordering::Relaxed), 0);
+    assert_eq!(nic.objects(), before);
+}

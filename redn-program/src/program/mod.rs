@@ -25,7 +25,7 @@ mod layout;
 mod windows;
 
 pub use builder::{Builder, QueueHandle};
-pub use layout::{Bound, CodeLayout, Rendered, Resolver};
+pub use layout::{Bound, CodeLayout, Rendered, Resolver, MAX_CODE_BYTES};
 pub use windows::CodeWindow;
 
 use crate::types::Access;
