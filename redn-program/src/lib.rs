@@ -5,6 +5,7 @@
 //! reach a device. A crate that reasons about programs (the verifier in `redn-policy`)
 //! depends on this one only, so it cannot touch a NIC even by mistake.
 //!
+//! - [`endian`]: the big-endian integers WQE, CQE and data bytes hold;
 //! - [`types`]: the numbers an RNIC hands out (keys, queue and CQ numbers, addresses) and
 //!   access rights;
 //! - [`wqe`]: the byte-exact mlx5 send/receive WQE and CQE encoder and decoder;
@@ -14,6 +15,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod endian;
 pub mod program;
 pub mod types;
 pub mod wqe;

@@ -13,6 +13,7 @@
 //! | 32..48 | atomic operands (CAS swap @32, compare @40; FAA addend @32) |
 //! | then | data segments (byte_count, lkey, addr) or one inline segment |
 
+use crate::endian::{Be16, Be32, Be64};
 use crate::types::{Cqn, Lkey, Qpn, Rkey, VirtAddr, MAX_QPN};
 use std::fmt;
 
@@ -296,27 +297,6 @@ pub enum WqeError {
     SgeTooLong(u32),
 }
 
-fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
-}
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-fn be64(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_be_bytes(a)
-}
-fn put16(b: &mut [u8], at: usize, v: u16) {
-    b[at..at + 2].copy_from_slice(&v.to_be_bytes());
-}
-fn put32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_be_bytes());
-}
-fn put64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_be_bytes());
-}
-
 /// The 16-byte control segment that starts every send WQE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct CtrlSeg {
@@ -343,31 +323,27 @@ impl CtrlSeg {
     pub fn encode(&self) -> [u8; SEG_SIZE] {
         let mut b = [0u8; SEG_SIZE];
         b[off::OPMOD] = self.opmod;
-        put16(&mut b, off::WQE_INDEX, self.wqe_index);
+        Be16::new(self.wqe_index).write(&mut b, off::WQE_INDEX);
         b[off::OPCODE] = self.opcode;
-        put32(
-            &mut b,
-            off::QPN,
-            (self.qpn.0 << 8) | u32::from(self.ds & MAX_DS),
-        );
+        Be32::new((self.qpn.0 << 8) | u32::from(self.ds & MAX_DS)).write(&mut b, off::QPN);
         b[off::SIGNATURE] = self.signature;
         b[off::FM_CE_SE] = self.flags.0;
-        put32(&mut b, off::IMM, self.imm);
+        Be32::new(self.imm).write(&mut b, off::IMM);
         b
     }
 
     /// Decode the first 16 bytes of `b` (which must hold at least 16).
     pub fn decode(b: &[u8]) -> CtrlSeg {
-        let qpn_ds = be32(b, off::QPN);
+        let qpn_ds = Be32::read(b, off::QPN).get();
         CtrlSeg {
             opmod: b[off::OPMOD],
-            wqe_index: be16(b, off::WQE_INDEX),
+            wqe_index: Be16::read(b, off::WQE_INDEX).get(),
             opcode: b[off::OPCODE],
             qpn: Qpn(qpn_ds >> 8),
             ds: (qpn_ds & 0x3f) as u8,
             signature: b[off::SIGNATURE],
             flags: WqeFlags(b[off::FM_CE_SE]),
-            imm: be32(b, off::IMM),
+            imm: Be32::read(b, off::IMM).get(),
         }
     }
 
@@ -399,18 +375,18 @@ impl Sge {
     /// Encode as a data segment.
     pub fn encode(&self) -> [u8; SEG_SIZE] {
         let mut b = [0u8; SEG_SIZE];
-        put32(&mut b, off::SEG_BYTE_COUNT, self.len);
-        put32(&mut b, off::SEG_LKEY, self.lkey.0);
-        put64(&mut b, off::SEG_ADDR, self.addr.0);
+        Be32::new(self.len).write(&mut b, off::SEG_BYTE_COUNT);
+        Be32::new(self.lkey.0).write(&mut b, off::SEG_LKEY);
+        Be64::new(self.addr.0).write(&mut b, off::SEG_ADDR);
         b
     }
 
     /// Decode a data segment from the first 16 bytes of `b`.
     pub fn decode(b: &[u8]) -> Sge {
         Sge {
-            len: be32(b, off::SEG_BYTE_COUNT),
-            lkey: Lkey(be32(b, off::SEG_LKEY)),
-            addr: VirtAddr(be64(b, off::SEG_ADDR)),
+            len: Be32::read(b, off::SEG_BYTE_COUNT).get(),
+            lkey: Lkey(Be32::read(b, off::SEG_LKEY).get()),
+            addr: VirtAddr(Be64::read(b, off::SEG_ADDR).get()),
         }
     }
 }
@@ -657,7 +633,7 @@ impl SegWriter<'_> {
             return Err(WqeError::TooLarge(self.segs + total));
         }
         let at = self.segs * SEG_SIZE;
-        put32(self.buf, at, data.len() as u32 | INLINE_FLAG);
+        Be32::new(data.len() as u32 | INLINE_FLAG).write(self.buf, at);
         self.buf[at + 4..at + 4 + data.len()].copy_from_slice(data);
         self.buf[at + 4 + data.len()..at + total * SEG_SIZE].fill(0);
         self.segs += total;
@@ -673,15 +649,15 @@ impl SegWriter<'_> {
 
     fn push_raddr(&mut self, r: &RemoteAddr) -> Result<(), WqeError> {
         let mut s = [0u8; SEG_SIZE];
-        put64(&mut s, 0, r.addr.0);
-        put32(&mut s, 8, r.rkey.0);
+        Be64::new(r.addr.0).write(&mut s, 0);
+        Be32::new(r.rkey.0).write(&mut s, 8);
         self.push(&s)
     }
 
     fn push_pair(&mut self, a: u64, b: u64) -> Result<(), WqeError> {
         let mut s = [0u8; SEG_SIZE];
-        put64(&mut s, 0, a);
-        put64(&mut s, 8, b);
+        Be64::new(a).write(&mut s, 0);
+        Be64::new(b).write(&mut s, 8);
         self.push(&s)
     }
 
@@ -698,8 +674,8 @@ impl SegWriter<'_> {
             return Err(WqeError::ObjectNumberTooWide(obj));
         }
         let mut s = [0u8; SEG_SIZE];
-        put32(&mut s, 8, pi);
-        put32(&mut s, 12, obj);
+        Be32::new(pi).write(&mut s, 8);
+        Be32::new(obj).write(&mut s, 12);
         self.push(&s)
     }
 }
@@ -840,8 +816,8 @@ fn decode_sgl(b: &[u8], from: usize, ds: usize) -> Vec<Sge> {
 }
 
 fn decode_payload(b: &[u8], from: usize, ds: usize) -> Result<Payload, WqeError> {
-    if from < ds && be32(b, from * SEG_SIZE) & INLINE_FLAG != 0 {
-        let len = (be32(b, from * SEG_SIZE) & !INLINE_FLAG) as usize;
+    if from < ds && Be32::read(b, from * SEG_SIZE).get() & INLINE_FLAG != 0 {
+        let len = (Be32::read(b, from * SEG_SIZE).get() & !INLINE_FLAG) as usize;
         let room = (ds - from) * SEG_SIZE - 4;
         if len > room {
             return Err(WqeError::InlineOverrun { len, room });
@@ -857,8 +833,8 @@ fn decode_payload(b: &[u8], from: usize, ds: usize) -> Result<Payload, WqeError>
 
 fn decode_raddr(b: &[u8]) -> RemoteAddr {
     RemoteAddr {
-        addr: VirtAddr(be64(b, off::RADDR)),
-        rkey: Rkey(be32(b, off::RKEY)),
+        addr: VirtAddr(Be64::read(b, off::RADDR).get()),
+        rkey: Rkey(Be32::read(b, off::RKEY).get()),
     }
 }
 
@@ -925,40 +901,40 @@ pub fn decode_wqe(b: &[u8]) -> Result<DecodedWqe, WqeError> {
         },
         Opcode::AtomicCs => WrOp::CompareSwap {
             remote: decode_raddr(b),
-            swap: be64(b, off::SWAP_ADD),
-            compare: be64(b, off::COMPARE),
+            swap: Be64::read(b, off::SWAP_ADD).get(),
+            compare: Be64::read(b, off::COMPARE).get(),
             result: decode_result(b, 3, ds),
         },
         Opcode::AtomicFa => WrOp::FetchAdd {
             remote: decode_raddr(b),
-            add: be64(b, off::SWAP_ADD),
+            add: Be64::read(b, off::SWAP_ADD).get(),
             result: decode_result(b, 3, ds),
         },
         Opcode::AtomicMaskedCs => WrOp::MaskedCompareSwap {
             remote: decode_raddr(b),
-            swap: be64(b, 32),
-            compare: be64(b, 40),
-            swap_mask: be64(b, 48),
-            compare_mask: be64(b, 56),
+            swap: Be64::read(b, 32).get(),
+            compare: Be64::read(b, 40).get(),
+            swap_mask: Be64::read(b, 48).get(),
+            compare_mask: Be64::read(b, 56).get(),
             result: decode_result(b, 4, ds),
         },
         Opcode::AtomicMaskedFa => WrOp::MaskedFetchAdd {
             remote: decode_raddr(b),
-            add: be64(b, 32),
-            field_boundary: be64(b, 40),
+            add: Be64::read(b, 32).get(),
+            field_boundary: Be64::read(b, 40).get(),
             result: decode_result(b, 3, ds),
         },
         Opcode::Wait => WrOp::Wait {
-            cq: Cqn(be32(b, off::WAIT_OBJ)),
-            count: be32(b, off::WAIT_PI),
+            cq: Cqn(Be32::read(b, off::WAIT_OBJ).get()),
+            count: Be32::read(b, off::WAIT_PI).get(),
         },
         Opcode::SendEn => WrOp::SendEnable {
-            qp: Qpn(be32(b, off::WAIT_OBJ)),
-            pi: be32(b, off::WAIT_PI),
+            qp: Qpn(Be32::read(b, off::WAIT_OBJ).get()),
+            pi: Be32::read(b, off::WAIT_PI).get(),
         },
         Opcode::RecvEn => WrOp::RecvEnable {
-            qp: Qpn(be32(b, off::WAIT_OBJ)),
-            pi: be32(b, off::WAIT_PI),
+            qp: Qpn(Be32::read(b, off::WAIT_OBJ).get()),
+            pi: Be32::read(b, off::WAIT_PI).get(),
         },
     };
     Ok(DecodedWqe { ctrl, op })
@@ -1143,15 +1119,11 @@ impl Cqe {
             b[54] = self.vendor_syndrome;
             b[55] = self.syndrome;
         } else {
-            put32(b, 36, self.imm);
-            put32(b, 44, self.byte_cnt);
+            Be32::new(self.imm).write(b, 36);
+            Be32::new(self.byte_cnt).write(b, 44);
         }
-        put32(
-            b,
-            56,
-            (u32::from(self.send_opcode) << 24) | (self.qpn.0 & MAX_QPN),
-        );
-        put16(b, 60, self.wqe_counter);
+        Be32::new((u32::from(self.send_opcode) << 24) | (self.qpn.0 & MAX_QPN)).write(b, 56);
+        Be16::new(self.wqe_counter).write(b, 60);
         b[63] = ((self.opcode as u8) << 4) | u8::from(self.owner);
     }
 
@@ -1159,14 +1131,14 @@ impl Cqe {
     pub fn decode(b: &[u8; CQE_SIZE]) -> Option<Cqe> {
         let opcode = CqeOpcode::from_nibble(b[63] >> 4)?;
         let err = opcode.is_error();
-        let sop_qpn = be32(b, 56);
+        let sop_qpn = Be32::read(b, 56).get();
         Some(Cqe {
             opcode,
             qpn: Qpn(sop_qpn & MAX_QPN),
             send_opcode: (sop_qpn >> 24) as u8,
-            wqe_counter: be16(b, 60),
-            byte_cnt: if err { 0 } else { be32(b, 44) },
-            imm: if err { 0 } else { be32(b, 36) },
+            wqe_counter: Be16::read(b, 60).get(),
+            byte_cnt: if err { 0 } else { Be32::read(b, 44).get() },
+            imm: if err { 0 } else { Be32::read(b, 36).get() },
             syndrome: if err { b[55] } else { 0 },
             vendor_syndrome: if err { b[54] } else { 0 },
             owner: b[63] & 1 == 1,
@@ -1336,7 +1308,7 @@ mod tests {
         };
         let mut b = encode_wqe(&wr, Qpn(1), 0).unwrap().bytes().to_vec();
         for count in [0u32, 3, 4096] {
-            b[3 * SEG_SIZE..3 * SEG_SIZE + 4].copy_from_slice(&count.to_be_bytes());
+            Be32::new(count).write(&mut b, 3 * SEG_SIZE);
             let d = decode_wqe(&b).unwrap();
             assert_eq!(d.op, wr.op, "byte count {count}");
         }
@@ -1476,7 +1448,7 @@ mod tests {
     fn recv_wqe_has_terminator() {
         let b = encode_recv(&[sge(0x100, 3, 7), sge(0x200, 8, 7)], 4).unwrap();
         assert_eq!(b.len(), 64);
-        assert_eq!(&b[32 + 4..32 + 8], &INVALID_LKEY.to_be_bytes());
+        assert_eq!(Be32::read(&b, 32 + 4), Be32::new(INVALID_LKEY));
         assert_eq!(decode_recv(&b).len(), 2);
         let full = encode_recv(&[sge(1, 1, 1)], 1).unwrap();
         assert_eq!(decode_recv(&full).len(), 1);

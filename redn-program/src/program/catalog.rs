@@ -25,6 +25,7 @@ use super::{
     Addr, Builder, Form, Iterations, Op, PatchSource, Program, ProgramError, QueueHandle,
     QueueRole, RegionRole, Sge,
 };
+use crate::endian::{Be32, Be64};
 use crate::types::Access;
 use crate::wqe::{off, WqeFlags};
 
@@ -39,9 +40,10 @@ pub const NODE_LEN: u64 = 26;
 /// Encode a hash bucket.
 pub fn bucket_bytes(key: u64, value_len: u32, value_addr: u64) -> [u8; BUCKET_LEN as usize] {
     let mut b = [0u8; BUCKET_LEN as usize];
-    b[..6].copy_from_slice(&key.to_be_bytes()[2..]);
-    b[6..10].copy_from_slice(&value_len.to_be_bytes());
-    b[10..18].copy_from_slice(&value_addr.to_be_bytes());
+    // BE48: the low six of the key's eight big-endian bytes.
+    b[..6].copy_from_slice(&Be64::new(key).to_bytes()[2..]);
+    Be32::new(value_len).write(&mut b, 6);
+    Be64::new(value_addr).write(&mut b, 10);
     b
 }
 
@@ -49,7 +51,7 @@ pub fn bucket_bytes(key: u64, value_len: u32, value_addr: u64) -> [u8; BUCKET_LE
 pub fn node_bytes(key: u64, value_len: u32, value_addr: u64, next: u64) -> [u8; NODE_LEN as usize] {
     let mut b = [0u8; NODE_LEN as usize];
     b[..18].copy_from_slice(&bucket_bytes(key, value_len, value_addr));
-    b[18..26].copy_from_slice(&next.to_be_bytes());
+    Be64::new(next).write(&mut b, 18);
     b
 }
 

@@ -4,6 +4,7 @@ use super::windows::CodeWindow;
 use super::{
     Addr, Form, Op, Operand, Program, ProgramError, QueueRole, Sge, Slots, WqePos, MAX_OPERAND,
 };
+use crate::endian::{Be16, Be32, Be64};
 use crate::types::{Cqn, Lkey, Qpn, Rkey, VirtAddr};
 use crate::wqe::{
     self, encode_recv, encode_wqe, Payload, RemoteAddr, WorkRequest, WrOp, BB_SIZE, SEG_SIZE,
@@ -316,15 +317,15 @@ impl Resolver {
         };
         let s = match slots {
             Slots::Real => {
-                let idx = (at as u16).to_be_bytes();
-                let qpn = self.queues[q].0 .0.to_be_bytes();
+                let idx = Be16::new(at as u16).to_bytes();
+                let qpn = Be32::new(self.queues[q].0 .0).to_bytes();
                 [0, idx[0], idx[1], qpn[1], qpn[2], qpn[3]]
             }
             Slots::Operand(v) => {
                 if v > MAX_OPERAND {
                     return Err(ProgramError::OperandTooWide(v));
                 }
-                let b = v.to_be_bytes();
+                let b = Be64::new(v).to_bytes();
                 [b[2], b[3], b[4], b[5], b[6], b[7]]
             }
         };

@@ -18,12 +18,13 @@ use super::rate::Limiter;
 use super::shared::Shared;
 use super::transport::{AtomicOp, Nak, Transport};
 use crate::mem::{KeyCache, KeyTable, SharedBuffer, Span};
-use crate::types::{Access, Cqn, Qpn, Rkey, VirtAddr};
+use crate::types::{Access, Cqn, Qpn, Rkey, VirtAddr, MAX_QPN};
 use crate::wqe::{
     bbs_for_ds, off, CqeOpcode, Opcode, RemoteAddr, Syndrome, BB_SIZE, INLINE_FLAG, MAX_DS,
     MAX_WQE_BYTES, SEG_SIZE,
 };
 use crate::QpState;
+use redn_program::endian::{Be16, Be32, Be64};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -669,25 +670,6 @@ const OP_MASKED_FAA: u8 = Opcode::AtomicMaskedFa as u8;
 const OP_SEND_EN: u8 = Opcode::SendEn as u8;
 const OP_RECV_EN: u8 = Opcode::RecvEn as u8;
 
-#[inline]
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-/// The four bytes at `at` as they lie, for comparing a big-endian field with a value's
-/// `to_be()` (and masks alike) without swapping its bytes.
-#[inline]
-fn ne32(b: &[u8], at: usize) -> u32 {
-    u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-#[inline]
-fn be64(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_be_bytes(a)
-}
-
 /// Small caches of the queues and CQs that WAIT / SEND_EN / RECV_EN name, invalidated when
 /// the NIC's object generation moves. Numbers are kept beside the objects so a hit compares
 /// plain integers without following pointers.
@@ -1220,8 +1202,8 @@ impl Core {
     /// unless told otherwise; RedN's chains need it off, see `SoftNicConfig::wqe_checks`).
     #[inline]
     fn wqe_is_ours(&self, w: &[u8], ci: u64) -> bool {
-        be32(w, off::QPN) >> 8 == self.qp.qpn.0
-            && u16::from_be_bytes([w[off::WQE_INDEX], w[off::WQE_INDEX + 1]]) == ci as u16
+        Be32::read(w, off::QPN).get() >> 8 == self.qp.qpn.0
+            && Be16::read(w, off::WQE_INDEX).get() == ci as u16
     }
 
     /// The fast path: runs consecutive one-BB WQEs with the same fetch, prefetch, checks,
@@ -1337,7 +1319,7 @@ impl Core {
                             && opcode == OP_WAIT
                             && self
                                 .enabled_here
-                                .is_some_and(|(_, cq)| cq.0 == be32(w, off::WAIT_OBJ))
+                                .is_some_and(|(_, cq)| cq.0 == Be32::read(w, off::WAIT_OBJ).get())
                         {
                             if let Some(s) = siblings.as_deref_mut() {
                                 let (f, at) = (&mut fetched, (ci, end, limit));
@@ -1433,13 +1415,13 @@ impl Core {
         }
         let w = &e.bytes;
         let seg = 2 * SEG_SIZE;
-        let len = be32(w, seg + off::SEG_BYTE_COUNT);
+        let len = Be32::read(w, seg + off::SEG_BYTE_COUNT).get();
         if len & INLINE_FLAG != 0 || u64::from(len) > MAX_MESSAGE {
             return None;
         }
         let len = u64::from(len);
-        let lkey = be32(w, seg + off::SEG_LKEY);
-        let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
+        let lkey = Be32::read(w, seg + off::SEG_LKEY).get();
+        let addr = VirtAddr(Be64::read(w, seg + off::SEG_ADDR).get());
         let remote = remote_of(w);
         let (local_need, remote_need) = if write {
             (Access::NONE, Access::REMOTE_WRITE)
@@ -1568,7 +1550,7 @@ impl Core {
                 plain = !CHECKS && q.core.plain_config();
             }
             let w = &snap[slot].bytes;
-            if !wait_passed(q_qp.send_cq.produced(), be32(w, off::WAIT_PI)) {
+            if !wait_passed(q_qp.send_cq.produced(), Be32::read(w, off::WAIT_PI).get()) {
                 break false;
             }
             if signaled(w) {
@@ -1584,13 +1566,13 @@ impl Core {
             slot = at;
             let w = &snap[slot].bytes;
             if w[off::OPCODE] != OP_SEND_EN
-                || ne32(w, off::WAIT_OBJ) & crate::types::MAX_QPN.to_be() != qpn.0.to_be()
+                || Be32::read(w, off::WAIT_OBJ) & Be32::new(MAX_QPN) != Be32::new(qpn.0)
                 || q_qp.destroyed.load(Ordering::Acquire)
             {
                 break false;
             }
             // On this PU (a sibling): its own index, no locked exchange.
-            let advanced = q_qp.enabled.advance_own(be32(w, off::WAIT_PI));
+            let advanced = q_qp.enabled.advance_own(Be32::read(w, off::WAIT_PI).get());
             if signaled(w) {
                 self.count_controls(start, &mut counted, ci + 1);
                 self.complete(ci, 1, OP_SEND_EN, 0);
@@ -1607,7 +1589,7 @@ impl Core {
             };
             slot = at;
             let w = &snap[slot].bytes;
-            if w[off::OPCODE] != OP_WAIT || ne32(w, off::WAIT_OBJ) != cqn.0.to_be() {
+            if w[off::OPCODE] != OP_WAIT || Be32::read(w, off::WAIT_OBJ) != Be32::new(cqn.0) {
                 break true;
             }
         };
@@ -1686,8 +1668,8 @@ impl Core {
         // does, so a refusal leaves the target untouched.
         let result = if ds > result_seg {
             let seg = result_seg * SEG_SIZE;
-            let lkey = be32(w, seg + off::SEG_LKEY);
-            let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
+            let lkey = Be32::read(w, seg + off::SEG_LKEY).get();
+            let addr = VirtAddr(Be64::read(w, seg + off::SEG_ADDR).get());
             let region = self.local_keys.get(&self.nic.keys, lkey).ok()?;
             Some(region.window(self.qp.pd, addr, 8, Access::LOCAL_WRITE)?)
         } else {
@@ -1698,7 +1680,7 @@ impl Core {
             .ok()?;
         if let Some(r) = result {
             // ConnectX returns the old value big-endian (ATOMIC_BE_REPLY).
-            r.write(&old.to_be_bytes());
+            r.write(&Be64::new(old).to_bytes());
         }
         self.qp.count_wqes(opcode, 1);
         bump(&self.qp.counters.bytes, 8);
@@ -1709,8 +1691,8 @@ impl Core {
     #[inline(always)]
     fn fast_control(&mut self, w: &[u8; BB_SIZE], ci: u64) -> Control {
         let opcode = w[off::OPCODE];
-        let obj = be32(w, off::WAIT_OBJ);
-        let pi = be32(w, off::WAIT_PI);
+        let obj = Be32::read(w, off::WAIT_OBJ).get();
+        let pi = Be32::read(w, off::WAIT_PI).get();
         let ran = if opcode == OP_WAIT {
             match self.wait(ci, Cqn(obj), pi) {
                 Ok(true) => true,
@@ -1718,7 +1700,7 @@ impl Core {
                 Err(_) => false,
             }
         } else {
-            let target = Qpn(obj & crate::types::MAX_QPN);
+            let target = Qpn(obj & MAX_QPN);
             self.enable(opcode == OP_SEND_EN, target, pi).is_ok()
         };
         if ran {
@@ -1860,8 +1842,8 @@ impl Core {
     /// Gather the payload described by data (or inline) segments `from..ds` into `scratch`.
     fn gather(&mut self, from: usize, ds: usize) -> Result<usize, Fail> {
         let w = &self.wqe;
-        if from < ds && be32(w, from * SEG_SIZE) & INLINE_FLAG != 0 {
-            let len = (be32(w, from * SEG_SIZE) & !INLINE_FLAG) as usize;
+        if from < ds && Be32::read(w, from * SEG_SIZE).get() & INLINE_FLAG != 0 {
+            let len = (Be32::read(w, from * SEG_SIZE).get() & !INLINE_FLAG) as usize;
             let at = from * SEG_SIZE + 4;
             if at + len > ds * SEG_SIZE {
                 return Err(Fail::Syndrome(Syndrome::LocalLength));
@@ -1882,12 +1864,12 @@ impl Core {
         let mut at = 0usize;
         for s in from..ds {
             let seg = s * SEG_SIZE;
-            let len = be32(w, seg + off::SEG_BYTE_COUNT) as usize;
+            let len = Be32::read(w, seg + off::SEG_BYTE_COUNT).get() as usize;
             if len == 0 {
                 continue;
             }
-            let lkey = be32(w, seg + off::SEG_LKEY);
-            let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
+            let lkey = Be32::read(w, seg + off::SEG_LKEY).get();
+            let addr = VirtAddr(Be64::read(w, seg + off::SEG_ADDR).get());
             let span = self
                 .local_keys
                 .get(&self.nic.keys, lkey)
@@ -1901,13 +1883,13 @@ impl Core {
 
     fn op_write(&mut self, opcode: Opcode, ds: usize) -> Result<u64, Fail> {
         let remote = remote_of(&self.wqe);
-        let imm = (opcode == Opcode::RdmaWriteImm).then(|| be32(&self.wqe, off::IMM));
-        if ds == 3 && be32(&self.wqe, 2 * SEG_SIZE) & INLINE_FLAG == 0 {
+        let imm = (opcode == Opcode::RdmaWriteImm).then(|| Be32::read(&self.wqe, off::IMM).get());
+        if ds == 3 && Be32::read(&self.wqe, 2 * SEG_SIZE).get() & INLINE_FLAG == 0 {
             // One data segment: copy region to region, no staging.
             let seg = 2 * SEG_SIZE;
-            let len = u64::from(be32(&self.wqe, seg + off::SEG_BYTE_COUNT));
-            let lkey = be32(&self.wqe, seg + off::SEG_LKEY);
-            let addr = VirtAddr(be64(&self.wqe, seg + off::SEG_ADDR));
+            let len = u64::from(Be32::read(&self.wqe, seg + off::SEG_BYTE_COUNT).get());
+            let lkey = Be32::read(&self.wqe, seg + off::SEG_LKEY).get();
+            let addr = VirtAddr(Be64::read(&self.wqe, seg + off::SEG_ADDR).get());
             if len > MAX_MESSAGE {
                 return Err(Fail::Syndrome(Syndrome::LocalLength));
             }
@@ -1935,7 +1917,7 @@ impl Core {
     }
 
     fn op_send(&mut self, opcode: Opcode, ds: usize) -> Result<u64, Fail> {
-        let imm = (opcode == Opcode::SendImm).then(|| be32(&self.wqe, off::IMM));
+        let imm = (opcode == Opcode::SendImm).then(|| Be32::read(&self.wqe, off::IMM).get());
         let len = self.gather(1, ds)?;
         let peer = self
             .peer
@@ -1949,8 +1931,8 @@ impl Core {
     /// Check that the local segment `seg` may receive `len` bytes.
     fn check_local_write(&mut self, seg: usize, len: u64) -> Result<(), Fail> {
         let w = &self.wqe;
-        let lkey = be32(w, seg + off::SEG_LKEY);
-        let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
+        let lkey = Be32::read(w, seg + off::SEG_LKEY).get();
+        let addr = VirtAddr(Be64::read(w, seg + off::SEG_ADDR).get());
         self.local_keys
             .get(&self.nic.keys, lkey)
             .and_then(|r| r.check(self.qp.pd, addr, len, Access::LOCAL_WRITE))
@@ -1960,8 +1942,8 @@ impl Core {
 
     fn write_local(&mut self, seg: usize, data: &[u8]) {
         let w = &self.wqe;
-        let lkey = be32(w, seg + off::SEG_LKEY);
-        let addr = VirtAddr(be64(w, seg + off::SEG_ADDR));
+        let lkey = Be32::read(w, seg + off::SEG_LKEY).get();
+        let addr = VirtAddr(Be64::read(w, seg + off::SEG_ADDR).get());
         if let Ok(span) = self
             .local_keys
             .get(&self.nic.keys, lkey)
@@ -1980,8 +1962,8 @@ impl Core {
         if ds == 3 {
             // One scatter entry: copy region to region, no staging.
             let seg = 2 * SEG_SIZE;
-            let lkey = be32(&self.wqe, seg + off::SEG_LKEY);
-            let addr = VirtAddr(be64(&self.wqe, seg + off::SEG_ADDR));
+            let lkey = Be32::read(&self.wqe, seg + off::SEG_LKEY).get();
+            let addr = VirtAddr(Be64::read(&self.wqe, seg + off::SEG_ADDR).get());
             let dst = self
                 .local_keys
                 .get(&self.nic.keys, lkey)
@@ -1996,7 +1978,7 @@ impl Core {
             return Ok(total);
         }
         for s in 2..ds {
-            let len = u64::from(be32(&self.wqe, s * SEG_SIZE));
+            let len = u64::from(Be32::read(&self.wqe, s * SEG_SIZE).get());
             if len != 0 {
                 self.check_local_write(s * SEG_SIZE, len)?;
             }
@@ -2014,7 +1996,7 @@ impl Core {
         let mut at = 0;
         let data = std::mem::take(&mut self.scratch);
         for s in 2..ds {
-            let len = be32(&self.wqe, s * SEG_SIZE) as usize;
+            let len = Be32::read(&self.wqe, s * SEG_SIZE).get() as usize;
             if len != 0 {
                 self.write_local(s * SEG_SIZE, &data[at..at + len]);
                 at += len;
@@ -2040,15 +2022,15 @@ impl Core {
             .map_err(Fail::from)?;
         if let Some(seg) = result {
             // ConnectX returns the old value big-endian (ATOMIC_BE_REPLY); so do we.
-            self.write_local(seg, &old.to_be_bytes());
+            self.write_local(seg, &Be64::new(old).to_bytes());
         }
         Ok(8)
     }
 
     /// True if the WAIT is satisfied.
     fn op_wait(&mut self, ci: u64) -> Result<bool, Fail> {
-        let cqn = Cqn(be32(&self.wqe, off::WAIT_OBJ));
-        let pi = be32(&self.wqe, off::WAIT_PI);
+        let cqn = Cqn(Be32::read(&self.wqe, off::WAIT_OBJ).get());
+        let pi = Be32::read(&self.wqe, off::WAIT_PI).get();
         self.wait(ci, cqn, pi)
     }
 
@@ -2085,8 +2067,8 @@ impl Core {
     }
 
     fn op_enable(&mut self, opcode: Opcode) -> Result<u64, Fail> {
-        let target = Qpn(be32(&self.wqe, off::WAIT_OBJ) & crate::types::MAX_QPN);
-        let pi = be32(&self.wqe, off::WAIT_PI);
+        let target = Qpn(Be32::read(&self.wqe, off::WAIT_OBJ).get() & MAX_QPN);
+        let pi = Be32::read(&self.wqe, off::WAIT_PI).get();
         let r = self.enable(opcode == Opcode::SendEn, target, pi);
         // The general path does not hand over: the queue runs in the PU's next round.
         self.enabled_here = None;
@@ -2199,8 +2181,8 @@ impl From<Nak> for Fail {
 
 fn remote_of(w: &[u8]) -> RemoteAddr {
     RemoteAddr {
-        addr: VirtAddr(be64(w, off::RADDR)),
-        rkey: Rkey(be32(w, off::RKEY)),
+        addr: VirtAddr(Be64::read(w, off::RADDR).get()),
+        rkey: Rkey(Be32::read(w, off::RKEY).get()),
     }
 }
 
@@ -2211,30 +2193,30 @@ fn atomic_of(w: &[u8], opcode: Opcode) -> (AtomicOp, usize) {
     match opcode {
         Opcode::AtomicCs => (
             AtomicOp::CompareSwap {
-                swap: be64(w, off::SWAP_ADD),
-                compare: be64(w, off::COMPARE),
+                swap: Be64::read(w, off::SWAP_ADD).get(),
+                compare: Be64::read(w, off::COMPARE).get(),
             },
             3,
         ),
         Opcode::AtomicFa => (
             AtomicOp::FetchAdd {
-                add: be64(w, off::SWAP_ADD),
+                add: Be64::read(w, off::SWAP_ADD).get(),
             },
             3,
         ),
         Opcode::AtomicMaskedCs => (
             AtomicOp::MaskedCompareSwap {
-                swap: be64(w, 32),
-                compare: be64(w, 40),
-                swap_mask: be64(w, 48),
-                compare_mask: be64(w, 56),
+                swap: Be64::read(w, 32).get(),
+                compare: Be64::read(w, 40).get(),
+                swap_mask: Be64::read(w, 48).get(),
+                compare_mask: Be64::read(w, 56).get(),
             },
             4,
         ),
         _ => (
             AtomicOp::MaskedFetchAdd {
-                add: be64(w, 32),
-                field_boundary: be64(w, 40),
+                add: Be64::read(w, 32).get(),
+                field_boundary: Be64::read(w, 40).get(),
             },
             3,
         ),
@@ -2243,8 +2225,10 @@ fn atomic_of(w: &[u8], opcode: Opcode) -> (AtomicOp, usize) {
 
 /// Sum of the byte counts of data segments `from..ds` (or the inline length).
 fn payload_len(w: &[u8], from: usize, ds: usize) -> u64 {
-    if from < ds && be32(w, from * SEG_SIZE) & INLINE_FLAG != 0 {
-        return u64::from(be32(w, from * SEG_SIZE) & !INLINE_FLAG);
+    if from < ds && Be32::read(w, from * SEG_SIZE).get() & INLINE_FLAG != 0 {
+        return u64::from(Be32::read(w, from * SEG_SIZE).get() & !INLINE_FLAG);
     }
-    (from..ds).map(|s| u64::from(be32(w, s * SEG_SIZE))).sum()
+    (from..ds)
+        .map(|s| u64::from(Be32::read(w, s * SEG_SIZE).get()))
+        .sum()
 }

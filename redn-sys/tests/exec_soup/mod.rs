@@ -17,6 +17,7 @@
 //! Memory: one buffer holding a guard, region `rw` (every right), region `ro` (remote read
 //! only) and another guard; the send ring itself is registered too (every right), so WQEs
 //! can rewrite WQEs. Nothing but `rw` and the ring may change.
+use redn_program::endian::{Be32, Be64};
 use redn_program::wqe::{off, CqeOpcode, Syndrome, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, MrInfo, Nic, QpConfig};
@@ -95,29 +96,13 @@ fn pick(regions: &[&MrInfo], sel: u8, raw: u64) -> (u32, u64) {
     (r.lkey.0, addr)
 }
 
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes(b[at..at + 4].try_into().unwrap())
-}
-
-fn be64(b: &[u8], at: usize) -> u64 {
-    u64::from_be_bytes(b[at..at + 8].try_into().unwrap())
-}
-
-fn put32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_be_bytes());
-}
-
-fn put64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_be_bytes());
-}
-
 /// Point the fields that the BB's last byte selects at real objects (see the module docs).
 fn aim(bb: &mut [u8], regions: &[&MrInfo], cqs: &[Cqn], qps: &[Qpn]) {
     let sel = bb[SELECTOR];
     if sel & 1 != 0 {
-        let (key, addr) = pick(regions, bb[off::RKEY], be64(bb, off::RADDR));
-        put64(bb, off::RADDR, addr);
-        put32(bb, off::RKEY, key);
+        let (key, addr) = pick(regions, bb[off::RKEY], Be64::read(bb, off::RADDR).get());
+        Be64::new(addr).write(bb, off::RADDR);
+        Be32::new(key).write(bb, off::RKEY);
     }
     if sel & 2 != 0 {
         // The data segment after a control and a remote-address segment (WRITE, READ); an
@@ -126,24 +111,24 @@ fn aim(bb: &mut [u8], regions: &[&MrInfo], cqs: &[Cqn], qps: &[Qpn]) {
         let (key, addr) = pick(
             regions,
             bb[seg + off::SEG_LKEY],
-            be64(bb, seg + off::SEG_ADDR),
+            Be64::read(bb, seg + off::SEG_ADDR).get(),
         );
-        let len = be32(bb, seg) & 0x1ff; // at most 511 bytes, never inline
-        put32(bb, seg + off::SEG_BYTE_COUNT, len);
-        put32(bb, seg + off::SEG_LKEY, key);
-        put64(bb, seg + off::SEG_ADDR, addr);
+        let len = Be32::read(bb, seg).get() & 0x1ff; // at most 511 bytes, never inline
+        Be32::new(len).write(bb, seg + off::SEG_BYTE_COUNT);
+        Be32::new(key).write(bb, seg + off::SEG_LKEY);
+        Be64::new(addr).write(bb, seg + off::SEG_ADDR);
     }
     if sel & 4 != 0 {
-        let raw = be32(bb, off::WAIT_OBJ);
+        let raw = Be32::read(bb, off::WAIT_OBJ).get();
         let obj = if sel & 16 != 0 {
             cqs[raw as usize % cqs.len()].0
         } else {
             qps[raw as usize % qps.len()].0
         };
-        put32(bb, off::WAIT_OBJ, obj);
+        Be32::new(obj).write(bb, off::WAIT_OBJ);
         // Small counts, so WAITs can pass and enables stay near the posted WQEs.
-        let pi = be32(bb, off::WAIT_PI) % 24;
-        put32(bb, off::WAIT_PI, pi);
+        let pi = Be32::read(bb, off::WAIT_PI).get() % 24;
+        Be32::new(pi).write(bb, off::WAIT_PI);
     }
 }
 
