@@ -15,7 +15,7 @@
 //! tables; nothing is asserted. Exit status 1 means the softnic or a program misbehaved (a hang,
 //! an error completion, a wrong response, wrong WQE counts): see the "anomalies" list.
 
-use redn_bench::bytes::{be32, be48, be64};
+use redn_bench::bytes::be48;
 use redn_bench::native::{mean_ns_samples, on_threads};
 use redn_bench::opts::{parse_num, CommonOpts};
 use redn_bench::queues::{flags_if, nop, SqWriter};
@@ -26,6 +26,7 @@ use redn_bench::setup::{loopback_qp, Region};
 use redn_bench::stats::{median, min, ns, stats, Stats};
 use redn_bench::wait::{timed_out, wait_produced, Backoff, WaitMode, WAIT_TIMEOUT};
 use redn_bench::Ctx;
+use redn_program::endian::{Be32, Be64};
 use redn_program::program::catalog::{self, HashVariant, BUCKET_LEN, BUCKET_STRIDE, NODE_LEN};
 use redn_program::program::{
     Addr, Builder, Form, Iterations, Op, Program, ProgramError, QueueRole, RegionRole, Sge,
@@ -744,15 +745,15 @@ impl Entry {
     fn parse(b: &[u8]) -> Entry {
         Entry {
             key: be48(b),
-            len: be32(&b[6..]),
-            addr: be64(&b[10..]),
+            len: Be32::read(b, 6).get(),
+            addr: Be64::read(b, 10).get(),
         }
     }
 }
 
 /// A list node's next pointer (after the entry's fields).
 fn next_node(n: &[u8]) -> u64 {
-    be64(&n[BUCKET_LEN as usize..])
+    Be64::read(n, BUCKET_LEN as usize).get()
 }
 
 /// READ the value of `found`, if any, into the client buffer at READ_AT + 256: its length (0

@@ -10,7 +10,6 @@
 //! It prints tables; nothing is asserted. Exit status 1 means the softnic misbehaved (a hang,
 //! an error or out-of-order completion, a wrong result in memory): see the "anomalies" list.
 
-use redn_bench::bytes::be64;
 use redn_bench::native::{mean_ns_samples, on_threads};
 use redn_bench::opts::{parse_num, CommonOpts};
 use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master, SqWriter};
@@ -21,6 +20,7 @@ use redn_bench::wait::{
     wait_produced, Backoff, TimedOut, WaitMode, SPIN_BEFORE_YIELD, WAIT_TIMEOUT,
 };
 use redn_bench::Ctx;
+use redn_program::endian::Be64;
 use redn_program::wqe::{encode_wqe, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic};
@@ -1322,7 +1322,7 @@ fn tp_verify(nic: &SoftNic, op: TOp, qps: &[TpQp], expected_per_qp: u64) -> Resu
                     let off = wd * 64;
                     let v = q.src.buf.load_u64(off);
                     total += v;
-                    let got = be64(&dst[off..]);
+                    let got = Be64::read(&dst, off).get();
                     let want = if op == TOp::Cas { 0 } else { v.wrapping_sub(1) };
                     if got != want {
                         return Err(format!(

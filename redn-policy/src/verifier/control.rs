@@ -24,6 +24,7 @@
 //! hold anything: with WQE checks off (RedN's requirement) the NIC ignores them, which is
 //! what lets them carry operands.
 
+use redn_program::endian::Be64;
 use redn_program::program::{Addr, Op, PatchSource, Program, Sge, WqePos};
 use redn_program::wqe::{bbs_for_ds, off, Opcode, OPMOD_EXT_ATOMIC_8B};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -270,7 +271,7 @@ impl Writers<'_> {
             _ => return None,
         };
         let img = (self.image)(label)?;
-        let be = |at: usize| u64::from_be_bytes(img[at..at + 8].try_into().unwrap_or([0; 8]));
+        let be = |at: usize| Be64::read(&img, at).get();
         // Bytes of the CAS's own atomic segment that something may patch are unknown.
         let unknown = |at: u32| {
             self.program
