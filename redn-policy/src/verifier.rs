@@ -16,17 +16,27 @@
 //!   a key, a QP or CQ number, the ds or flag bytes, reserved bytes or an opcode — except the
 //!   operand bytes of a conditional WQE and a CAS whose swap is a static control image of an
 //!   allowed opcode with the queue's real numbers (RedN's `if`, `else`, `break`);
-//! - **bounds**: queue count and ring sizes within limits; the WQEs one invocation runs
-//!   within the per-invocation budget, or the loop declared recycled and given a budget that
-//!   the manager's auditor enforces at run time.
+//! - **control words** ([`control`]): every value each WQE's first 8 bytes can reach, over
+//!   every order of every write into them (CASes computed bitwise under their masks), is the
+//!   WQE's own operation or a NOP over the same blocks;
+//! - **bounds**: queue count, ring sizes and code bytes within limits (before anything is
+//!   allocated); in a bounded program every count static and no enable past its ring, and
+//!   the worst trigger ([`bounds`]: the WQEs each trigger runs, not an average), the install
+//!   and the responses to one trigger within the policy; a recycled loop needs a budget that
+//!   the manager's auditor enforces at run time;
+//! - **fences**: a WQE that uses bytes an earlier READ or atomic of its queue brings carries
+//!   the fence flag (or waits for that completion), as a ConnectX needs.
 //!
-//! Addresses a trigger patches at run time (a bucket address, say) cannot be checked here;
-//! the keys can, and the NIC checks every access against them (the softnic does, ConnectX
-//! does), so a bad address ends in a protection error, never in memory outside the grant.
+//! Addresses and lengths patched at run time (a bucket address, say) cannot be checked
+//! here; the keys can, and the NIC checks every access against them. The installer's narrow
+//! keys (`redn_sys::install`) make that check exact: no key a program holds spans more than
+//! the patch points or static blocks it may write, so a patched address ends in a
+//! protection error, never in memory outside the grant or bytes outside a patch point.
 //!
 //! Findings are data ([`Finding`]) and render one per line like the eBPF verifier's log,
 //! followed by a stats line; the log is never truncated.
 
+mod bounds;
 mod control;
 
 use redn_program::program::{
@@ -70,6 +80,8 @@ pub struct Grants {
     /// Most bytes of code region (rings and static blocks) per instance, checked before
     /// anything is allocated.
     pub max_code_bytes: u64,
+    /// Most responses (WRITEs to the client) one trigger may send.
+    pub max_responses_per_trigger: u32,
     /// WQEs per second a recycled loop may run, enforced by the auditor; `None` refuses
     /// recycled loops.
     pub loop_budget: Option<u64>,
@@ -96,6 +108,7 @@ impl Grants {
             max_rq_slots: 1 << 16,
             max_queues: 8,
             max_code_bytes: 64 << 20,
+            max_responses_per_trigger: 16,
             loop_budget: None,
         }
     }
@@ -153,6 +166,9 @@ pub enum Rule {
     UnboundedLoop,
     /// A ring, receive queue or queue count over the limits.
     Size,
+    /// A WQE that uses bytes an earlier READ or atomic of its queue brings, without the
+    /// fence flag: on a ConnectX it may run before those bytes land.
+    MissingFence,
 }
 
 impl Rule {
@@ -175,6 +191,7 @@ impl Rule {
             Rule::WqeBudget => "wqe-budget",
             Rule::UnboundedLoop => "unbounded-loop",
             Rule::Size => "size",
+            Rule::MissingFence => "missing-fence",
         }
     }
 }
@@ -1407,6 +1424,310 @@ impl Checker<'_> {
     }
 }
 
+impl Checker<'_> {
+    /// Execution bounds (see [`bounds`]): a bounded program's counts are static and reach no
+    /// further than their rings, and the worst trigger (and the install, with no trigger)
+    /// runs no more WQEs than the policy allows and sends no more responses.
+    fn execution_bounds(&mut self) {
+        let p = self.p;
+        let Iterations::Bounded {
+            wqes_per_invocation,
+            ..
+        } = p.iterations
+        else {
+            // A recycled loop runs for ever by design; its budget is the auditor's.
+            return;
+        };
+        let loop_hint = "a loop: declare the program recycled, with a loop budget";
+        let mut loops = Vec::new();
+        for pp in &p.patches {
+            let Some((qi, pos, w)) = self.idx.wqe(&pp.label) else {
+                continue;
+            };
+            if matches!(
+                w.op,
+                Op::Wait { .. } | Op::SendEn { .. } | Op::RecvEn { .. }
+            ) && overlap(
+                (pp.byte, pp.byte.saturating_add(pp.len)),
+                (WAIT_PI_BYTE - 4, WAIT_PI_BYTE + 4),
+            ) {
+                loops.push((
+                    p.queues[qi].name.clone(),
+                    Some((pos, pp.label.clone())),
+                    "count".to_string(),
+                    format!(
+                        "{} may change this count at run time: {loop_hint}",
+                        source_name(&pp.source)
+                    ),
+                ));
+            }
+        }
+        let ring = |name: &str, recv: bool| {
+            p.queues.iter().find(|q| q.name == name).map(|q| {
+                if recv {
+                    u64::from(q.rq_slots)
+                } else {
+                    u64::from(q.sq_bbs)
+                }
+            })
+        };
+        let mut past_ring = |queue: &str, at: Option<(u64, String)>, count: u32, recv: bool| {
+            if let Some(size) = ring(queue, recv).filter(|s| u64::from(count) > *s) {
+                loops.push((
+                    queue.to_string(),
+                    at,
+                    "count".into(),
+                    format!(
+                        "enables {} {count} of {queue:?}, whose ring holds {size}: it would run \
+                         its ring again, {loop_hint}",
+                        if recv { "receive" } else { "index" }
+                    ),
+                ));
+            }
+        };
+        for (name, count) in &p.entry {
+            past_ring(name, None, *count, false);
+        }
+        for (name, count) in &p.recv_entry {
+            past_ring(name, None, *count, true);
+        }
+        for q in &p.queues {
+            let mut pos = 0;
+            for w in &q.wqes {
+                match &w.op {
+                    Op::SendEn { queue, count } => {
+                        past_ring(queue, Some((pos, w.label.clone())), *count, false);
+                    }
+                    Op::RecvEn { queue, count } => {
+                        past_ring(queue, Some((pos, w.label.clone())), *count, true);
+                    }
+                    _ => {}
+                }
+                pos += w.op.bbs();
+            }
+        }
+        let static_counts = loops.is_empty();
+        for (qn, at, field, detail) in loops {
+            self.find(
+                Some(&qn),
+                at.as_ref().map(|(i, l)| (*i, l.as_str())),
+                &field,
+                Rule::UnboundedLoop,
+                detail,
+            );
+        }
+        if !static_counts {
+            // Times are meaningless where counts may change.
+            return;
+        }
+        let times = match bounds::trigger_times(p) {
+            Ok(t) => t,
+            Err(passes) => {
+                self.find(
+                    None,
+                    None,
+                    "iterations",
+                    Rule::WqeBudget,
+                    format!("which trigger runs each WQE did not settle in {passes} passes"),
+                );
+                return;
+            }
+        };
+        let mut wqes: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut responses: BTreeMap<u64, u64> = BTreeMap::new();
+        for (q, ts) in p.queues.iter().zip(&times) {
+            for (w, t) in q.wqes.iter().zip(ts) {
+                let Some(t) = t else { continue };
+                *wqes.entry(*t).or_default() += 1;
+                if q.role == QueueRole::Client && bounds::responds(&w.op) {
+                    *responses.entry(*t).or_default() += 1;
+                }
+            }
+        }
+        let install = wqes.get(&0).copied().unwrap_or(0);
+        let limit = u64::from(self.g.max_wqes_per_invocation);
+        if install > limit {
+            self.find(
+                None,
+                None,
+                "iterations",
+                Rule::WqeBudget,
+                format!("{install} WQEs run at install, with no trigger; the limit is {limit}"),
+            );
+        }
+        let worst = wqes
+            .iter()
+            .filter(|(t, _)| **t > 0)
+            .max_by_key(|(_, n)| **n);
+        if let Some((&t, &n)) = worst {
+            if n > u64::from(wqes_per_invocation) {
+                self.find(
+                    None,
+                    None,
+                    "iterations",
+                    Rule::WqeBudget,
+                    format!(
+                        "declares {wqes_per_invocation} WQEs per invocation, but trigger {t} \
+                         runs {n}"
+                    ),
+                );
+            }
+            if n > limit {
+                self.find(
+                    None,
+                    None,
+                    "iterations",
+                    Rule::WqeBudget,
+                    format!("trigger {t} runs {n} WQEs; the limit is {limit}"),
+                );
+            }
+        }
+        let max_responses = u64::from(self.g.max_responses_per_trigger);
+        if let Some((&t, &n)) = responses.iter().max_by_key(|(_, n)| **n) {
+            if n > max_responses {
+                self.find(
+                    None,
+                    None,
+                    "responses",
+                    Rule::WqeBudget,
+                    format!(
+                        "{} sends {n} responses; the limit is {max_responses}",
+                        if t == 0 {
+                            "the install".to_string()
+                        } else {
+                            format!("trigger {t}")
+                        }
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// A READ or atomic whose bytes land late: its label, the bytes it writes locally, and how
+/// many signaled WQEs of its queue come before it.
+type Landing<'p> = (&'p str, Vec<(&'p Addr, u64)>, u64);
+
+/// Bytes a WQE names, for the fence rule: `len` bytes at `addr`.
+fn may_overlap(a: &Addr, alen: u64, b: &Addr, blen: u64) -> bool {
+    let ranges =
+        |x: u64, xl: u64, y: u64, yl: u64| x < y.saturating_add(yl) && y < x.saturating_add(xl);
+    match (a, b) {
+        (
+            Addr::Wqe {
+                label: l1,
+                byte: b1,
+            },
+            Addr::Wqe {
+                label: l2,
+                byte: b2,
+            },
+        ) => l1 == l2 && ranges(u64::from(*b1), alen, u64::from(*b2), blen),
+        (
+            Addr::Static {
+                name: n1,
+                offset: o1,
+            },
+            Addr::Static {
+                name: n2,
+                offset: o2,
+            },
+        ) => n1 == n2 && ranges(*o1, alen, *o2, blen),
+        // Region addresses may be patched, and two names may bind the same memory.
+        (Addr::Region { .. }, Addr::Region { .. }) => true,
+        _ => false,
+    }
+}
+
+impl Checker<'_> {
+    /// The fence rule: on a ConnectX a WQE may start before an earlier READ's or atomic's
+    /// response has landed, unless it carries the fence flag. So a WQE that reads bytes an
+    /// earlier READ (its scatter) or atomic (its result) of the same queue writes — as its
+    /// gather, its atomic target or its READ source — must carry it, or come after a WAIT
+    /// on its own queue's completions that covers that READ or atomic: send completions
+    /// come in order, so a completion of a WQE at or after it says it is done. (Only on a
+    /// queue with no receives: their completions count on the same CQ.)
+    fn fences(&mut self) {
+        let p = self.p;
+        let mut found = Vec::new();
+        for q in &p.queues {
+            // READs and atomics so far: label, what they write locally, and the signaled WQEs
+            // of this queue before them.
+            let mut landing: Vec<Landing<'_>> = Vec::new();
+            let mut signaled_so_far = 0u64;
+            let mut waited_for = 0u64;
+            let mut pos = 0;
+            for w in &q.wqes {
+                let reads: Vec<(&Addr, u64)> = match &w.op {
+                    Op::Write { sgl, .. } => {
+                        sgl.iter().map(|s| (&s.addr, u64::from(s.len))).collect()
+                    }
+                    Op::Read { remote, sgl } => {
+                        vec![(remote, sgl.iter().map(|s| u64::from(s.len)).sum())]
+                    }
+                    Op::Cas { remote, .. }
+                    | Op::MaskedCas { remote, .. }
+                    | Op::Faa { remote, .. } => {
+                        vec![(remote, 8)]
+                    }
+                    _ => Vec::new(),
+                };
+                {
+                    for (label, writes, index) in &landing {
+                        if q.recvs.is_empty() && *index < waited_for {
+                            continue;
+                        }
+                        let hit = reads
+                            .iter()
+                            .any(|(a, n)| writes.iter().any(|(b, m)| may_overlap(a, *n, b, *m)));
+                        if hit && w.flags.fence_mode() == 0 {
+                            found.push((
+                                q.name.clone(),
+                                (pos, w.label.clone()),
+                                format!(
+                                    "uses bytes {label:?} brings, which may not have landed: \
+                                     set the fence flag"
+                                ),
+                            ));
+                            break;
+                        }
+                    }
+                }
+                if let Op::Wait { queue, count } = &w.op {
+                    if queue == &q.name {
+                        waited_for = waited_for.max(u64::from(*count) + 1);
+                    }
+                }
+                let writes: Vec<(&Addr, u64)> = match &w.op {
+                    Op::Read { sgl, .. } => {
+                        sgl.iter().map(|s| (&s.addr, u64::from(s.len))).collect()
+                    }
+                    Op::Cas { result, .. } | Op::Faa { result, .. } => {
+                        result.iter().map(|s| (&s.addr, u64::from(s.len))).collect()
+                    }
+                    _ => Vec::new(),
+                };
+                if !writes.is_empty() {
+                    landing.push((w.label.as_str(), writes, signaled_so_far));
+                }
+                if w.flags.signaled() {
+                    signaled_so_far += 1;
+                }
+                pos += w.op.bbs();
+            }
+        }
+        for (qn, (pos, label), detail) in found {
+            self.find(
+                Some(&qn),
+                Some((pos, &label)),
+                "flags",
+                Rule::MissingFence,
+                detail,
+            );
+        }
+    }
+}
+
 /// Each WQE's first 64 bytes as the installer would write them, with stand-in addresses,
 /// keys and queue numbers (distinct, so that no check passes by coincidence); `None` if
 /// the program cannot be laid out or rendered.
@@ -1482,6 +1803,8 @@ pub fn verify(program: &Program, grants: &Grants) -> Report {
     c.wqes();
     c.patch_points();
     c.control_words();
+    c.execution_bounds();
+    c.fences();
     let loops = usize::from(matches!(program.iterations, Iterations::Recycled { .. }));
     Report {
         program: program.name.clone(),

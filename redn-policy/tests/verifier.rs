@@ -468,6 +468,118 @@ fn corpus() -> Vec<(&'static str, Program, Grants, Rule)> {
     p.queues[0].rq_sges = 1 << 15;
     v.push(("32 GiB of receive ring", p, g(), Rule::Size));
 
+    // 31. Budget inflation: a static SEND_EN of its own queue far past its ring (the queue
+    // would run its ring again and again for one trigger).
+    let mut p = base();
+    if let Op::SendEn { count, .. } = &mut wqe_mut(&mut p, "0.w0.go").op {
+        *count = 1 << 30;
+    }
+    v.push(("an enable far past the ring", p, g(), Rule::UnboundedLoop));
+
+    // 32. Work with no trigger at all: an unmanaged queue doorbelled at install runs 100
+    // NOPs before any client sends anything.
+    let mut p = base();
+    let mut q = p.queues[1].clone();
+    q.name = "busy".into();
+    q.managed_send = false;
+    q.sq_bbs = 128;
+    q.recvs.clear();
+    q.wqes = (0..100)
+        .map(|i| Wqe {
+            label: format!("busy{i}"),
+            op: Op::Nop,
+            flags: WqeFlags::NONE,
+            form: Form::Active,
+        })
+        .collect();
+    p.queues.push(q);
+    p.entry.push(("busy".into(), 100));
+    v.push(("100 WQEs at install", p, g(), Rule::WqeBudget));
+
+    // 33. The average hides the worst: two invocations declared, 16 WQEs in all (8 each on
+    // average, under the declared 9), but the first trigger runs all 16.
+    let mut p = base();
+    p.iterations = Iterations::Bounded {
+        invocations: 2,
+        wqes_per_invocation: 9,
+    };
+    p.queues[1].sq_bbs = 32;
+    for i in 0..8 {
+        push(&mut p, "worker0", &format!("extra{i}"), Op::Nop);
+    }
+    if let Op::SendEn { count, .. } = &mut wqe_mut(&mut p, "0.w0.go").op {
+        *count = 17;
+    }
+    v.push((
+        "the first trigger runs twice the average",
+        p,
+        g(),
+        Rule::WqeBudget,
+    ));
+
+    // 34. One trigger, twenty responses.
+    let mut p = base();
+    p.queues[0].sq_bbs = 32;
+    for i in 0..20 {
+        push(
+            &mut p,
+            "client",
+            &format!("spam{i}"),
+            Op::Write {
+                remote: Addr::region("response", 0),
+                sgl: vec![Sge::new(Addr::region("values", 0), 1)],
+                imm: Some(i),
+            },
+        );
+    }
+    if let Op::SendEn { count, .. } = &mut wqe_mut(&mut p, "0.answer").op {
+        *count = 21;
+    }
+    p.iterations = Iterations::Bounded {
+        invocations: 1,
+        wqes_per_invocation: 64,
+    };
+    v.push(("twenty responses to one trigger", p, g(), Rule::WqeBudget));
+
+    // 35. A count the trigger writes: the client chooses how far the answer queue runs.
+    let mut p = base();
+    p.params.push(redn_program::program::Param {
+        name: "how_far".into(),
+        offset: p.trigger_len,
+        len: 4,
+        doc: String::new(),
+    });
+    p.trigger_len += 4;
+    p.queues[0].recvs[0]
+        .sgl
+        .push(Sge::new(Addr::wqe("0.answer", 24), 4));
+    patch(
+        &mut p,
+        "0.answer",
+        24,
+        4,
+        PatchSource::Trigger {
+            param: "how_far".into(),
+        },
+    );
+    v.push((
+        "an enable count from the trigger",
+        p,
+        g(),
+        Rule::UnboundedLoop,
+    ));
+
+    // 36. RedN's `if` without its fence: the CAS compares bytes the READ before it brings,
+    // and on a ConnectX it may run before they land (the softnic would not show it).
+    let mut p = base();
+    wqe_mut(&mut p, "0.b0.if").flags = WqeFlags::NONE;
+    v.push((
+        "a CAS comparing a READ's bytes unfenced",
+        p,
+        g(),
+        Rule::MissingFence,
+    ));
+
     v
 }
 

@@ -1,0 +1,172 @@
+//! Execution bounds: which trigger each WQE of a bounded program runs for.
+//!
+//! In a bounded program every count (WAIT, SEND_EN, RECV_EN, entry) is static and no enable
+//! reaches past its ring, so each WQE runs at most once and its ring index fixes when it
+//! may: once the enables before it reach it, the WQE before it on its queue has run, and,
+//! for a WAIT, its CQ has produced enough completions. A completion is a signaled WQE
+//! having run or a receive consumed: the client-facing queue's k-th receive needs the
+//! client's k-th trigger, a worker queue's k-th receive the k-th SEND or WRITE with
+//! immediate its own queue runs (worker queues are connected to themselves).
+//!
+//! [`trigger_times`] computes, for every WQE, the least number of triggers after which it
+//! runs (0: at install, with no trigger at all; `None`: never), as a fixpoint from "never"
+//! down. The WQEs that run for one trigger are those whose time is that trigger; the
+//! verifier bounds the worst trigger, not the average.
+
+use redn_program::program::{Op, Program, QueueRole};
+
+/// "Never": a time no trigger count reaches.
+const NEVER: u64 = u64::MAX;
+
+/// Each WQE's trigger time, by queue and WQE index (`None`: it never runs), or `Err` with
+/// the passes made if the fixpoint did not settle (the program is refused as unbounded).
+pub(super) fn trigger_times(p: &Program) -> Result<Vec<Vec<Option<u64>>>, usize> {
+    let n = p.queues.len();
+    let index = |name: &str| p.queues.iter().position(|q| q.name == name);
+    let mut wqe_t: Vec<Vec<u64>> = p.queues.iter().map(|q| vec![NEVER; q.wqes.len()]).collect();
+    // Each pass can only lower times, and a time is a trigger count no larger than the
+    // client's receives, so passes are bounded; a cap guards against a mistake here.
+    let max_passes = 4 * (p.wqe_count() + n) + 8;
+    for pass in 0..max_passes {
+        // Enables, by target queue: (count, time) from the entry and from SEND_EN/RECV_EN.
+        let mut send_en: Vec<Vec<(u64, u64)>> = vec![Vec::new(); n];
+        let mut recv_en: Vec<Vec<(u64, u64)>> = vec![Vec::new(); n];
+        for (name, count) in &p.entry {
+            if let Some(q) = index(name) {
+                send_en[q].push((u64::from(*count), 0));
+            }
+        }
+        for (name, count) in &p.recv_entry {
+            if let Some(q) = index(name) {
+                recv_en[q].push((u64::from(*count), 0));
+            }
+        }
+        for (qi, q) in p.queues.iter().enumerate() {
+            for (w, &t) in q.wqes.iter().zip(&wqe_t[qi]) {
+                match &w.op {
+                    Op::SendEn { queue, count } => {
+                        if let Some(target) = index(queue) {
+                            send_en[target].push((u64::from(*count), t));
+                        }
+                    }
+                    Op::RecvEn { queue, count } => {
+                        if let Some(target) = index(queue) {
+                            recv_en[target].push((u64::from(*count), t));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let enabled_at = |list: &[(u64, u64)], at: u64| {
+            list.iter()
+                .filter(|(count, _)| *count > at)
+                .map(|(_, t)| *t)
+                .min()
+                .unwrap_or(NEVER)
+        };
+        // Completions, by queue: its signaled WQEs and its receives.
+        let mut events: Vec<Vec<u64>> = vec![Vec::new(); n];
+        for (qi, q) in p.queues.iter().enumerate() {
+            let consumers: Vec<u64> = q
+                .wqes
+                .iter()
+                .zip(&wqe_t[qi])
+                .filter(|(w, _)| consumes_receive(&w.op))
+                .map(|(_, t)| *t)
+                .collect();
+            for k in 0..q.recvs.len() {
+                let arrives = match q.role {
+                    QueueRole::Client => k as u64 + 1,
+                    QueueRole::Worker => consumers.get(k).copied().unwrap_or(NEVER),
+                };
+                let enabled = if q.managed_recv {
+                    enabled_at(&recv_en[qi], k as u64)
+                } else {
+                    0
+                };
+                events[qi].push(arrives.max(enabled));
+            }
+            for (w, t) in q.wqes.iter().zip(&wqe_t[qi]) {
+                if w.flags.signaled() {
+                    events[qi].push(*t);
+                }
+            }
+            events[qi].sort_unstable();
+        }
+        let mut changed = false;
+        for (qi, q) in p.queues.iter().enumerate() {
+            let mut prev = 0u64;
+            let mut bb = 0u64;
+            for (wi, w) in q.wqes.iter().enumerate() {
+                // Unmanaged queues run what the entry doorbell reaches, managed ones what
+                // an enable reaches.
+                let enabled = enabled_at(&send_en[qi], bb);
+                let gate = match &w.op {
+                    Op::Wait { queue, count } => index(queue)
+                        .and_then(|x| events[x].get(*count as usize).copied())
+                        .unwrap_or(NEVER),
+                    _ => 0,
+                };
+                let t = prev.max(enabled).max(gate);
+                if t < wqe_t[qi][wi] {
+                    wqe_t[qi][wi] = t;
+                    changed = true;
+                }
+                prev = wqe_t[qi][wi];
+                bb += w.op.bbs();
+            }
+        }
+        if !changed {
+            return Ok(wqe_t
+                .into_iter()
+                .map(|q| q.into_iter().map(|t| (t != NEVER).then_some(t)).collect())
+                .collect());
+        }
+        if pass + 1 == max_passes {
+            return Err(max_passes);
+        }
+    }
+    Err(max_passes)
+}
+
+/// True if the WQE consumes a receive at its peer (on a worker queue, its own).
+fn consumes_receive(op: &Op) -> bool {
+    matches!(op, Op::Write { imm: Some(_), .. })
+}
+
+/// True if the WQE sends something to its peer (on the client-facing queue: a response).
+pub(super) fn responds(op: &Op) -> bool {
+    matches!(op, Op::Write { .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redn_program::program::catalog::{self, HashVariant};
+
+    /// WQEs per trigger time.
+    fn per_trigger(p: &Program) -> Vec<usize> {
+        let times = trigger_times(p).unwrap();
+        let mut out = Vec::new();
+        for t in times.iter().flatten() {
+            let t = usize::try_from(t.expect("every catalog WQE runs")).unwrap();
+            if out.len() <= t {
+                out.resize(t + 1, 0);
+            }
+            out[t] += 1;
+        }
+        out
+    }
+
+    #[test]
+    fn each_hash_get_trigger_runs_its_own_chain() {
+        let p = catalog::hash_get(HashVariant::Single, 4).unwrap();
+        let per = per_trigger(&p);
+        // The first WAIT of each invocation's chain is reached at install and blocks: it
+        // counts for the install; the rest of each chain for its trigger.
+        assert_eq!(per.len(), 5, "{per:?}");
+        assert!(per[1..].iter().all(|n| *n == per[1]), "{per:?}");
+        assert_eq!(per.iter().sum::<usize>(), p.wqe_count());
+    }
+}
