@@ -16,12 +16,12 @@
 //!   a key, a QP or CQ number, the ds or flag bytes, reserved bytes or an opcode — except the
 //!   operand bytes of a conditional WQE and a CAS whose swap is a static control image of an
 //!   allowed opcode with the queue's real numbers (RedN's `if`, `else`, `break`);
-//! - **control words** ([`control`]): every value each WQE's first 8 bytes can reach, over
+//! - **control words** (`verifier::control`): every value each WQE's first 8 bytes can reach, over
 //!   every order of every write into them (CASes computed bitwise under their masks), is the
 //!   WQE's own operation or a NOP over the same blocks;
 //! - **bounds**: queue count, ring sizes and code bytes within limits (before anything is
 //!   allocated); in a bounded program every count static and no enable past its ring, and
-//!   the worst trigger ([`bounds`]: the WQEs each trigger runs, not an average), the install
+//!   the worst trigger (`verifier::bounds`: the WQEs each trigger runs, not an average), the install
 //!   and the responses to one trigger within the policy; a recycled loop needs a budget that
 //!   the manager's auditor enforces at run time;
 //! - **fences**: a WQE that uses bytes an earlier READ or atomic of its queue brings carries
