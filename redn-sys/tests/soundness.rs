@@ -1,0 +1,359 @@
+//! The verifier's soundness, tried: random variants of the catalog's programs (extra patch
+//! points and the writes that fill them, changed CAS masks and operands, changed counts,
+//! dropped fences), and for every variant the verifier accepts, random and adversarial
+//! triggers over adversarial table contents on the softnic. After each trigger:
+//!
+//! - every byte of the code region that differs from what the installer wrote lies in a
+//!   window whose key lets something write it (the writable set the verifier reasons over);
+//! - every WQE's control word is one the hardware runs as the WQE's own operation or a NOP
+//!   over the same blocks (what the verifier's control-word fixpoint promises);
+//! - the trigger ran no more WQEs than the policy's per-trigger budget.
+//!
+//! A fixed seed and a bounded number of variants here; longer runs take another seed
+//! (`REDN_SOUNDNESS_SEED`, `REDN_SOUNDNESS_VARIANTS`).
+
+mod common;
+
+use common::*;
+use redn_policy::{verify, Grants};
+use redn_program::program::catalog::{self, HashVariant};
+use redn_program::program::{
+    Addr, Op, Operand, Param, PatchPoint, PatchSource, Program, QueueRole, Sge,
+};
+use redn_program::wqe::{bbs_for_ds, off, Opcode, WqeFlags, WrOp, BB_SIZE};
+use redn_sys::nic::Nic;
+use redn_sys::softnic::Prefetch;
+use redn_sys::Access;
+use std::time::{Duration, Instant};
+
+fn grants() -> Grants {
+    let mut g = Grants::new()
+        .with_region("table", Access::ALL, DATA_LEN as u64)
+        .with_region("list", Access::ALL, DATA_LEN as u64)
+        .with_region("values", Access::ALL, DATA_LEN as u64)
+        .with_region("response", Access::REMOTE_WRITE, 128 << 10);
+    g.max_wqes_per_invocation = 64;
+    g
+}
+
+fn seeds() -> Vec<Program> {
+    vec![
+        catalog::echo(16, 2).unwrap(),
+        catalog::hash_get(HashVariant::Single, 3).unwrap(),
+        catalog::hash_get(HashVariant::Sequential, 2).unwrap(),
+        catalog::hash_get(HashVariant::Parallel, 2).unwrap(),
+        catalog::list_find(3, false, 2).unwrap(),
+        catalog::list_find(3, true, 1).unwrap(),
+    ]
+}
+
+fn labels(p: &Program) -> Vec<String> {
+    p.queues
+        .iter()
+        .flat_map(|q| q.wqes.iter().map(|w| w.label.clone()))
+        .collect()
+}
+
+fn wqe_mut<'a>(p: &'a mut Program, label: &str) -> &'a mut redn_program::program::Wqe {
+    p.queues
+        .iter_mut()
+        .flat_map(|q| q.wqes.iter_mut())
+        .find(|w| w.label == label)
+        .unwrap()
+}
+
+/// One random change to `p`, the way a hostile definition might differ from the catalog.
+fn mutate(p: &mut Program, rng: &mut Rng) {
+    let all = labels(p);
+    let pick = |rng: &mut Rng, v: &[String]| v[rng.below(v.len() as u64) as usize].clone();
+    let target = pick(rng, &all);
+    let byte = rng.below(64) as u32;
+    let len = 1 + rng.below(8) as u32;
+    match rng.below(9) {
+        // A trigger parameter scattered into any bytes of any WQE, declared.
+        0 => {
+            let name = format!("p{}", p.params.len());
+            p.params.push(Param {
+                name: name.clone(),
+                offset: p.trigger_len,
+                len,
+                doc: String::new(),
+            });
+            p.trigger_len += len;
+            if let Some(q) = p.queues.iter_mut().find(|q| q.role == QueueRole::Client) {
+                for r in &mut q.recvs {
+                    r.sgl.push(Sge::new(Addr::wqe(&target, byte as usize), len));
+                }
+                q.rq_sges = q.rq_sges.max(
+                    q.recvs
+                        .iter()
+                        .map(|r| r.sgl.len() as u32)
+                        .max()
+                        .unwrap_or(1)
+                        .next_power_of_two(),
+                );
+            }
+            p.patches.push(PatchPoint {
+                label: target,
+                byte,
+                len,
+                source: PatchSource::Trigger { param: name },
+            });
+        }
+        // An existing READ also lands in other bytes of a WQE, declared.
+        1 => {
+            let reads: Vec<String> = p
+                .queues
+                .iter()
+                .flat_map(|q| &q.wqes)
+                .filter(|w| matches!(w.op, Op::Read { .. }))
+                .map(|w| w.label.clone())
+                .collect();
+            if reads.is_empty() {
+                return;
+            }
+            let read = pick(rng, &reads);
+            if let Op::Read { sgl, .. } = &mut wqe_mut(p, &read).op {
+                sgl.push(Sge::new(Addr::wqe(&target, byte as usize), len));
+            }
+            p.patches.push(PatchPoint {
+                label: target,
+                byte,
+                len,
+                source: PatchSource::Read { label: read },
+            });
+        }
+        // A CAS's masks or operands changed (the commonest change: where splicing hides).
+        2..=5 => {
+            let cases: Vec<String> = p
+                .queues
+                .iter()
+                .flat_map(|q| &q.wqes)
+                .filter(|w| matches!(w.op, Op::Cas { .. } | Op::MaskedCas { .. }))
+                .map(|w| w.label.clone())
+                .collect();
+            if cases.is_empty() {
+                return;
+            }
+            let c = pick(rng, &cases);
+            // Half the time a bit of the opcode or ds byte (as a CAS reads the word), where
+            // splicing matters.
+            let bits = match rng.below(3) {
+                0 => 1u64 << (24 + rng.below(8)),
+                1 => 1u64 << (56 + rng.below(8)),
+                _ => 1u64 << rng.below(64),
+            };
+            match &mut wqe_mut(p, &c).op {
+                Op::MaskedCas {
+                    swap_mask,
+                    compare_mask,
+                    ..
+                } => match rng.below(3) {
+                    // A random mask over the opcode byte: which of its bits are swapped in.
+                    0 => *swap_mask = (*swap_mask & !0xff00_0000) | (rng.below(256) << 24),
+                    1 => *swap_mask ^= bits,
+                    _ => *compare_mask ^= bits,
+                },
+                Op::Cas { swap, .. } => {
+                    if let Operand::Ctrl { ds, .. } = swap {
+                        *ds = Some(1 + rng.below(6) as u8);
+                    }
+                }
+                _ => {}
+            }
+        }
+        // A count changed.
+        6 => match &mut wqe_mut(p, &target).op {
+            Op::SendEn { count, .. } | Op::RecvEn { count, .. } | Op::Wait { count, .. } => {
+                *count = rng.below(40) as u32;
+            }
+            _ => {}
+        },
+        // A fence dropped.
+        7 => {
+            let w = wqe_mut(p, &target);
+            w.flags = WqeFlags::SIGNALED.with(WqeFlags::NONE);
+            if rng.below(2) == 0 {
+                w.flags = WqeFlags::NONE;
+            }
+        }
+        // A WRITE within the code, declared: copy some bytes of one WQE onto another.
+        _ => {
+            let from = pick(rng, &all);
+            let label = format!("copy{}", p.patches.len());
+            let Some(q) = p.queues.iter().position(|q| q.role == QueueRole::Worker) else {
+                return;
+            };
+            p.queues[q].wqes.push(redn_program::program::Wqe {
+                label: label.clone(),
+                op: Op::Write {
+                    remote: Addr::wqe(&target, byte as usize),
+                    sgl: vec![Sge::new(Addr::wqe(&from, 16), len)],
+                    imm: None,
+                },
+                flags: WqeFlags::NONE,
+                form: redn_program::program::Form::Active,
+            });
+            p.patches.push(PatchPoint {
+                label: target,
+                byte,
+                len,
+                source: PatchSource::Write { label },
+            });
+        }
+    }
+}
+
+/// Where each WQE's first byte sits in the code region, with its opcode byte and ds.
+fn wqe_slots(rig: &Rig) -> Vec<(String, usize, u8, u8)> {
+    let r = &rig.installed.resolver;
+    rig.program
+        .queues
+        .iter()
+        .flat_map(|q| &q.wqes)
+        .map(|w| {
+            let at = r
+                .addr(&rig.program, &Addr::wqe(&w.label, 0))
+                .unwrap()
+                .0
+                - r.code_addr.0;
+            (w.label.clone(), at as usize, w.op.opcode_byte(), w.op.ds())
+        })
+        .collect()
+}
+
+/// Wait until the server's WQE count stops moving (or 100 ms pass).
+fn settle(rig: &Rig) -> u64 {
+    let deadline = Instant::now() + Duration::from_millis(100);
+    let mut last = rig.server_wqes();
+    let mut still = Instant::now();
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(300));
+        let now = rig.server_wqes();
+        if now != last {
+            last = now;
+            still = Instant::now();
+        } else if still.elapsed() > Duration::from_millis(3) {
+            break;
+        }
+    }
+    last
+}
+
+/// Run `p` on the softnic with `triggers` random triggers; check the three properties.
+fn run(p: Program, rng: &mut Rng, triggers: usize, budget: u64) {
+    let name = p.name.clone();
+    let mut rig = Rig::new(p, Prefetch::Adversarial);
+    // Adversarial data: random bytes, with some valid-looking buckets and nodes pointing
+    // anywhere in the data region.
+    let mut junk = vec![0u8; DATA_LEN];
+    for b in junk.chunks_mut(8) {
+        b.copy_from_slice(&rng.next().to_le_bytes()[..b.len()]);
+    }
+    rig.data.write(0, &junk);
+    for i in 0..64u64 {
+        let at = rng.below(DATA_LEN as u64 - 64);
+        let value = rig.data.mr.addr.0 + rng.below(DATA_LEN as u64);
+        let node = catalog::node_bytes(i, rng.below(200) as u32, value, rig.data.mr.addr.0 + at);
+        rig.data.write(at as usize, &node);
+    }
+    let rendered = rig.program.render(&rig.installed.resolver).unwrap().code;
+    let writable: Vec<(usize, usize)> = rig
+        .installed
+        .code_keys
+        .iter()
+        .filter(|(w, _)| {
+            w.access.contains(Access::LOCAL_WRITE)
+                || w.access.contains(Access::REMOTE_WRITE)
+                || w.access.contains(Access::REMOTE_ATOMIC)
+        })
+        .map(|(w, _)| (w.offset, w.offset + w.len))
+        .collect();
+    let slots = wqe_slots(&rig);
+    let mut before = settle(&rig);
+    for t in 0..triggers {
+        // A trigger: random bytes, or a table address with a key that may match.
+        let mut msg = vec![0u8; rig.program.trigger_len as usize];
+        for b in &mut msg {
+            *b = rng.next() as u8;
+        }
+        if rng.below(2) == 0 && msg.len() >= 14 {
+            let at = rig.data.mr.addr.0 + rng.below(DATA_LEN as u64);
+            msg[6..14].copy_from_slice(&at.to_be_bytes());
+        }
+        rig.client.post_recv(rig.cqp, rig.next_recv, &[]).unwrap();
+        rig.next_recv += 1;
+        let send = WrOp::Send {
+            payload: redn_program::wqe::Payload::Inline(msg),
+            imm: None,
+        };
+        if rig.client.post_send(rig.cqp, &[wr(0, WqeFlags::NONE, send)]).is_err() {
+            break;
+        }
+        let after = settle(&rig);
+        let mut code = vec![0u8; rendered.len()];
+        rig.installed.code.read(0, &mut code);
+        for (i, (now, was)) in code.iter().zip(&rendered).enumerate() {
+            assert!(
+                now == was || writable.iter().any(|(a, b)| (*a..*b).contains(&i)),
+                "{name}: trigger {t}: code byte {i} changed ({was:#04x} -> {now:#04x}) outside \
+                 every writable window"
+            );
+        }
+        for (label, at, own, ds) in &slots {
+            let (opcode, now_ds) = (code[at + off::OPCODE], code[at + off::DS]);
+            assert!(
+                opcode == Opcode::Nop as u8 || opcode == *own,
+                "{name}: trigger {t}: WQE {label} now has opcode {opcode:#04x} (own {own:#04x})"
+            );
+            assert!(
+                now_ds != 0 && bbs_for_ds(now_ds) == bbs_for_ds(*ds),
+                "{name}: trigger {t}: WQE {label} now has ds {now_ds} (own {ds})"
+            );
+        }
+        assert!(
+            after - before <= budget,
+            "{name}: trigger {t} ran {} WQEs, the budget is {budget}",
+            after - before
+        );
+        before = after;
+        let _ = BB_SIZE;
+    }
+}
+
+#[test]
+fn what_the_verifier_accepts_stays_inside_what_it_reasoned_about() {
+    let seed = std::env::var("REDN_SOUNDNESS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_2026_u64);
+    let variants: usize = std::env::var("REDN_SOUNDNESS_VARIANTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(if cfg!(miri) { 2 } else { 60 });
+    let mut rng = Rng(seed);
+    let g = grants();
+    let (mut accepted, mut refused) = (0, 0);
+    for i in 0..variants {
+        let mut p = seeds()[i % seeds().len()].clone();
+        for _ in 0..1 + rng.below(3) {
+            mutate(&mut p, &mut rng);
+        }
+        let report = verify(&p, &g);
+        if !report.accepted() {
+            if std::env::var("REDN_SOUNDNESS_DEBUG").is_ok() {
+                let rules: std::collections::BTreeSet<String> =
+                    report.findings.iter().map(|f| f.rule.to_string()).collect();
+                eprintln!("{}: refused {rules:?}", p.name);
+            }
+            refused += 1;
+            continue;
+        }
+        accepted += 1;
+        run(p, &mut rng, 4, u64::from(g.max_wqes_per_invocation));
+    }
+    eprintln!("soundness: {accepted} accepted, {refused} refused");
+    // Both kinds must occur, or the test tried nothing.
+    assert!(accepted >= variants / 10, "only {accepted} of {variants} variants were accepted");
+    assert!(refused >= variants / 10, "only {refused} of {variants} variants were refused");
+}
