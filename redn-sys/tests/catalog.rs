@@ -271,17 +271,9 @@ fn list_find_at_each_position_with_and_without_break() {
                 };
                 let got = rig.trigger(&msg, expect.len());
                 assert_eq!(got, expect, "pos {pos} break {with_break} {mode:?}");
-                // Let the rest of the chain finish before counting: until the count holds
-                // still for 10 ms.
-                let mut last = rig.server_wqes();
-                let mut still = 0;
-                while still < 5 {
-                    std::thread::sleep(std::time::Duration::from_millis(2));
-                    let now = rig.server_wqes();
-                    still = if now == last { still + 1 } else { 0 };
-                    last = now;
-                }
-                executed.push(last - before);
+                // Let the rest of the chain finish before counting.
+                settle(&rig.server, || installed_wqes(&rig.server, &rig.installed));
+                executed.push(rig.server_wqes() - before);
             }
             if with_break {
                 // Break stops at the match: the WQEs executed grow with the match position,

@@ -418,9 +418,9 @@ fn multi_block_wqes_wrap_around_the_ring_end() {
                 })
                 .collect();
             nic.post_send(ep.qp.qpn, &nops).unwrap();
-            while nic.sq_consumed(ep.qp.qpn).unwrap() < 3 + 7 * round {
-                std::thread::yield_now();
-            }
+            wait_until("the NOPs are consumed", || {
+                nic.sq_consumed(ep.qp.qpn).unwrap() >= 3 + 7 * round
+            });
             let read = WrOp::Read {
                 remote: m.mr.remote(0),
                 sgl: vec![m.mr.sge(100, 5), m.mr.sge(200, 5), m.mr.sge(300, 10)],

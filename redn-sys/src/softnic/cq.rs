@@ -453,6 +453,10 @@ mod tests {
     #[test]
     fn a_concurrent_poller_sees_every_entry_in_order() {
         let n: u64 = if cfg!(miri) { 300 } else { 200_000 };
+        // Each side waits for the other: neither waits past this (a second or so natively,
+        // minutes under Miri).
+        let secs = if cfg!(miri) { 3600 } else { 60 };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
         let q = Arc::new(cq(16, false));
         let taken = Arc::new(AtomicU64::new(0));
         let producer = {
@@ -460,6 +464,7 @@ mod tests {
             std::thread::spawn(move || {
                 for i in 0..n {
                     while i - taken.load(Ordering::Acquire) >= 16 {
+                        assert!(std::time::Instant::now() < deadline, "the poller stopped");
                         std::thread::yield_now();
                     }
                     push(&q, i);
@@ -468,6 +473,10 @@ mod tests {
         };
         let mut next = 0;
         while next < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the producer stopped at {next}"
+            );
             let counted = q.produced();
             let got = poll(&q, 16).expect("never more than a ring ahead");
             assert!(
