@@ -3,6 +3,7 @@
 //! Programs, WQE bytes and the numbers a NIC hands out are pure data in `redn-program`; this
 //! crate is what touches memory and devices:
 //!
+//! - [`clock`]: where code that reasons about time reads it (the system's clock, or a test's);
 //! - [`mem`]: shared buffers, memory regions, keys and the one place access is checked;
 //! - [`nic`]: the [`Nic`](nic::Nic) trait every backend implements;
 //! - [`handle`]: owned NIC objects that release themselves when dropped;
@@ -12,6 +13,7 @@
 //!
 //! See `docs/architecture.md` for how the pieces fit.
 
+pub mod clock;
 pub mod handle;
 pub mod install;
 pub mod mem;

@@ -154,11 +154,10 @@ fn mutate(p: &mut Program, rng: &mut Rng) {
                     1 => *swap_mask ^= bits,
                     _ => *compare_mask ^= bits,
                 },
-                Op::Cas { swap, .. } => {
-                    if let Operand::Ctrl { ds, .. } = swap {
-                        *ds = Some(1 + rng.below(6) as u8);
-                    }
-                }
+                Op::Cas {
+                    swap: Operand::Ctrl { ds, .. },
+                    ..
+                } => *ds = Some(1 + rng.below(6) as u8),
                 _ => {}
             }
         }
@@ -212,11 +211,7 @@ fn wqe_slots(rig: &Rig) -> Vec<(String, usize, u8, u8)> {
         .iter()
         .flat_map(|q| &q.wqes)
         .map(|w| {
-            let at = r
-                .addr(&rig.program, &Addr::wqe(&w.label, 0))
-                .unwrap()
-                .0
-                - r.code_addr.0;
+            let at = r.addr(&rig.program, &Addr::wqe(&w.label, 0)).unwrap().0 - r.code_addr.0;
             (w.label.clone(), at as usize, w.op.opcode_byte(), w.op.ds())
         })
         .collect()
@@ -287,7 +282,11 @@ fn run(p: Program, rng: &mut Rng, triggers: usize, budget: u64) {
             payload: redn_program::wqe::Payload::Inline(msg),
             imm: None,
         };
-        if rig.client.post_send(rig.cqp, &[wr(0, WqeFlags::NONE, send)]).is_err() {
+        if rig
+            .client
+            .post_send(rig.cqp, &[wr(0, WqeFlags::NONE, send)])
+            .is_err()
+        {
             break;
         }
         let after = settle(&rig);
@@ -354,6 +353,12 @@ fn what_the_verifier_accepts_stays_inside_what_it_reasoned_about() {
     }
     eprintln!("soundness: {accepted} accepted, {refused} refused");
     // Both kinds must occur, or the test tried nothing.
-    assert!(accepted >= variants / 10, "only {accepted} of {variants} variants were accepted");
-    assert!(refused >= variants / 10, "only {refused} of {variants} variants were refused");
+    assert!(
+        accepted >= variants / 10,
+        "only {accepted} of {variants} variants were accepted"
+    );
+    assert!(
+        refused >= variants / 10,
+        "only {refused} of {variants} variants were refused"
+    );
 }

@@ -450,24 +450,45 @@ mod tests {
     /// A producer and a poller on two threads, the producer never more than a ring ahead:
     /// every entry arrives once, whole and in order, across many passes, and whatever the
     /// count says was produced can be polled at once.
+    ///
+    /// How many: 200,000 entries (12,500 passes of the 16-entry ring) where that takes at
+    /// most a second, else as many as a second gives, but 3,200 (200 passes) at least. Why
+    /// not always 200,000: on a busy machine each hand-over between the two threads costs a
+    /// scheduler slice, and 200,000 took over a minute beside two CPU hogs.
     #[test]
     fn a_concurrent_poller_sees_every_entry_in_order() {
-        let n: u64 = if cfg!(miri) { 300 } else { 200_000 };
+        use std::time::{Duration, Instant};
+        let (least, most) = if cfg!(miri) {
+            (300, 300)
+        } else {
+            (3_200, 200_000)
+        };
+        let budget = Duration::from_secs(1);
+        // Each side waits for the other: neither waits past this (minutes under Miri).
+        let deadline = Instant::now() + Duration::from_secs(if cfg!(miri) { 3600 } else { 30 });
         let q = Arc::new(cq(16, false));
         let taken = Arc::new(AtomicU64::new(0));
+        // How many the producer pushed, once it has stopped.
+        let total = Arc::new(AtomicU64::new(u64::MAX));
         let producer = {
-            let (q, taken) = (Arc::clone(&q), Arc::clone(&taken));
+            let (q, taken, total) = (Arc::clone(&q), Arc::clone(&taken), Arc::clone(&total));
             std::thread::spawn(move || {
-                for i in 0..n {
+                let start = Instant::now();
+                let mut i = 0;
+                while i < most && (i < least || start.elapsed() < budget) {
                     while i - taken.load(Ordering::Acquire) >= 16 {
+                        assert!(Instant::now() < deadline, "the poller stopped");
                         std::thread::yield_now();
                     }
                     push(&q, i);
+                    i += 1;
                 }
+                total.store(i, Ordering::Release);
             })
         };
         let mut next = 0;
-        while next < n {
+        while next != total.load(Ordering::Acquire) {
+            assert!(Instant::now() < deadline, "the producer stopped at {next}");
             let counted = q.produced();
             let got = poll(&q, 16).expect("never more than a ring ahead");
             assert!(
@@ -480,11 +501,10 @@ mod tests {
                 next += 1;
             }
             taken.store(next, Ordering::Release);
-            if next < n {
-                std::thread::yield_now();
-            }
+            std::thread::yield_now();
         }
         producer.join().expect("producer");
-        assert_eq!(q.produced(), n);
+        assert!(next >= least, "{next} entries");
+        assert_eq!(q.produced(), next);
     }
 }

@@ -17,6 +17,7 @@ use super::qp::{bump, QpShared, Ring};
 use super::rate::Limiter;
 use super::shared::Shared;
 use super::transport::{AtomicOp, Nak, Transport};
+use crate::clock::{Clock, SystemClock};
 use crate::mem::{KeyCache, KeyTable, SharedBuffer, Span};
 use crate::types::{Access, Cqn, Qpn, Rkey, VirtAddr, MAX_QPN};
 use crate::wqe::{
@@ -1134,7 +1135,8 @@ impl Core {
         let g = self.qp.rate_generation.load(Ordering::Acquire);
         if g != self.rate_generation {
             self.rate_generation = g;
-            self.limiter = Limiter::new(*self.qp.rate.lock().unwrap_or_else(|e| e.into_inner()));
+            let limit = *self.qp.rate.lock().unwrap_or_else(|e| e.into_inner());
+            self.limiter = Limiter::new(limit, SystemClock.now());
         }
     }
 
@@ -1780,7 +1782,7 @@ impl Core {
                 o if o.is_atomic() => 8,
                 _ => 0,
             };
-            if let Err(t) = self.limiter.admit(bytes) {
+            if let Err(t) = self.limiter.admit(bytes, SystemClock) {
                 if self.delayed_at != ci {
                     self.delayed_at = ci;
                     bump(&self.qp.counters.rate_limit_delays, 1);

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use redn_program::wqe::{WorkRequest, WqeFlags, WrOp};
-use redn_sys::install::RegionBinding;
+use redn_sys::install::{Installed, RegionBinding};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig, QpInfo};
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
@@ -237,6 +237,65 @@ pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
         std::thread::yield_now();
     }
+}
+
+/// Wait until nothing more runs on `nic`: until `count` (the WQEs its queues ran, say) is
+/// the same before and after every PU has gone once round all its queues, which two probe
+/// NOPs in turn on a queue of each PU show (the second runs in a later round than the
+/// first). A PU that visits every queue and runs nothing changes nothing, so nothing can run
+/// after; this holds unless a queue waits for a time (a rate limit, a receiver-not-ready
+/// retry). Why not "until the count holds still for some milliseconds": a PU descheduled
+/// that long passes it, half-way through a chain. 10 s at most (see [`patience`]).
+pub fn settle(nic: &SoftNic, count: impl Fn() -> u64) {
+    let pd = nic.alloc_pd().unwrap();
+    let probes: Vec<Endpoint> = (0..nic.config().pus)
+        .map(|pu| {
+            let ep = endpoint(nic, pd, |c| c.pu = Some(pu));
+            nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
+            ep
+        })
+        .collect();
+    let probe = WrOp::Nop {
+        raw_segments: vec![],
+    };
+    let deadline = Instant::now() + patience(10);
+    let mut last = count();
+    loop {
+        for _ in 0..2 {
+            for p in &probes {
+                nic.post_send(p.qp.qpn, &[wr(0, SIG, probe.clone())])
+                    .unwrap();
+            }
+            for p in &probes {
+                wait_cqes(nic, p.cq, 1);
+            }
+        }
+        let now = count();
+        if now == last {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running after {:?} ({now} WQEs)",
+            patience(10)
+        );
+        last = now;
+    }
+    for p in probes {
+        nic.destroy_qp(p.qp.qpn).unwrap();
+        nic.destroy_cq(p.cq).unwrap();
+    }
+    nic.dealloc_pd(pd).unwrap();
+}
+
+/// WQEs an installed program's queues and its master queue ran.
+pub fn installed_wqes(nic: &SoftNic, inst: &Installed<SoftNic>) -> u64 {
+    inst.qps
+        .iter()
+        .map(|q| q.qpn)
+        .chain([inst.master])
+        .map(|q| nic.counters(q).unwrap().total_wqes())
+        .sum()
 }
 
 /// `n` NOPs, the last one signaled.
