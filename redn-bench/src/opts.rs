@@ -20,12 +20,10 @@ impl CommonOpts {
     /// A softnic called `name` with `pus` PUs and the `--prefetch` asked for; WQE checks off
     /// (their cost is not what the benchmarks measure).
     pub fn softnic(&self, name: &str, pus: usize) -> redn_sys::Result<SoftNic> {
-        SoftNic::new(SoftNicConfig {
-            name: name.into(),
-            pus,
-            prefetch: self.prefetch,
-            wqe_checks: false,
-        })
+        let mut cfg = SoftNicConfig::new(name);
+        cfg.pus = pus;
+        cfg.prefetch = self.prefetch;
+        SoftNic::new(cfg)
     }
 }
 

@@ -9,11 +9,7 @@ use std::sync::Arc;
 
 /// A CQ counted by WAITs and never polled, so it may wrap.
 pub fn counting_cq(nic: &SoftNic) -> Result<Cqn, String> {
-    nic.create_cq(CqConfig {
-        depth: 4096,
-        ignore_overrun: true,
-    })
-    .ctx("create_cq")
+    nic.create_cq(CqConfig::counted(4096)).ctx("create_cq")
 }
 
 /// A QP connected to itself (its WQEs' remote side is its own NIC) on PU `pu`, completing

@@ -76,11 +76,11 @@ pub fn program(requests: u32) -> Program {
 
 /// Run `requests` as (key, bucket) pairs through the offload; return answers and server stats.
 pub fn run(requests: &[(u64, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerStats) {
-    let cfg = |name: &str, pus| SoftNicConfig {
-        name: name.into(),
-        pus,
-        prefetch,
-        wqe_checks: false,
+    let cfg = |name: &str, pus| {
+        let mut c = SoftNicConfig::new(name);
+        c.pus = pus;
+        c.prefetch = prefetch;
+        c
     };
     let server = std::sync::Arc::new(SoftNic::new(cfg("server", 2)).expect("server softnic"));
     let client = SoftNic::new(cfg("client", 1)).expect("client softnic");
@@ -101,12 +101,7 @@ pub fn run(requests: &[(u64, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
     let cpd = client.alloc_pd().unwrap();
     let cbuf = SharedBuffer::new(4096);
     let cmr = client.reg_mr(cpd, &cbuf, 0, 4096, Access::ALL).unwrap();
-    let ccq = client
-        .create_cq(CqConfig {
-            depth: 1024,
-            ignore_overrun: false,
-        })
-        .unwrap();
+    let ccq = client.create_cq(CqConfig::new(1024)).unwrap();
     let mut qcfg = QpConfig::new(cpd, ccq);
     qcfg.rq_slots = 1024;
     let cqp = client.create_qp(qcfg).unwrap().qpn;

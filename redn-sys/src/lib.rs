@@ -27,6 +27,7 @@ use std::fmt;
 
 /// Errors of the redn-sys crate.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A work request could not be encoded.
     #[error("invalid work request")]

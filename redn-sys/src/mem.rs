@@ -64,6 +64,7 @@ impl fmt::Debug for SharedBuffer {
 impl SharedBuffer {
     /// A zeroed buffer of `len` bytes rounded up to whole words (at least one word), starting
     /// on a cache line: a 64-byte WQE or payload then touches one line, not two.
+    #[must_use]
     pub fn new(len: usize) -> Arc<SharedBuffer> {
         let n = len.div_ceil(WORD).max(1);
         let lines: Box<[Line]> = (0..n.div_ceil(WORDS_PER_LINE))
@@ -130,6 +131,7 @@ impl SharedBuffer {
     }
 
     /// True if `off..off+len` lies inside the buffer.
+    #[must_use]
     pub fn contains(&self, off: usize, len: usize) -> bool {
         off.checked_add(len).is_some_and(|end| end <= self.len())
     }
@@ -320,6 +322,7 @@ impl Drop for SharedBuffer {
 
 /// Why an access to registered memory was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AccessFault {
     /// No region has this key.
     #[error("no memory region has key {0:#x}")]
@@ -441,6 +444,7 @@ impl MemoryRegion {
     /// The window `addr..addr+len` if a queue pair in `pd` may access it with rights `need`.
     /// The single place where PD, bounds and rights are decided (`check` explains a `None`).
     #[inline(always)]
+    #[must_use]
     pub fn window(&self, pd: Pdn, addr: VirtAddr, len: u64, need: Access) -> Option<Span<'_>> {
         // An address below the region wraps `rel` past any region length (a region's
         // addresses are those of its memory, so `addr + len` never wraps), so one comparison
@@ -505,6 +509,7 @@ struct KeySlot {
 
 /// Why a registration was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RegisterError {
     /// The window is not inside the buffer.
     #[error("window {off}+{len} is outside the {buffer_len}-byte buffer")]
@@ -703,6 +708,7 @@ impl KeyCache {
     /// True while the table has dropped no region since the cache last looked (the first
     /// half of [`KeyCache::current_epoch`]'s test).
     #[inline(always)]
+    #[must_use]
     pub fn is_current(&self, table: &KeyTable) -> bool {
         table.generation() == self.generation
     }

@@ -59,11 +59,10 @@ struct World {
 }
 
 fn world(program: &Program, rng: &mut Rng) -> World {
-    let cfg = |name: &str| SoftNicConfig {
-        name: name.into(),
-        pus: 1,
-        prefetch: Prefetch::Adversarial,
-        wqe_checks: false,
+    let cfg = |name: &str| {
+        let mut c = SoftNicConfig::new(name);
+        c.prefetch = Prefetch::Adversarial;
+        c
     };
     let server = std::sync::Arc::new(SoftNic::new(cfg("server")).unwrap());
     let client = SoftNic::new(cfg("client")).unwrap();
@@ -121,12 +120,7 @@ fn world(program: &Program, rng: &mut Rng) -> World {
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         )
         .unwrap();
-    let ccq = client
-        .create_cq(CqConfig {
-            depth: 1024,
-            ignore_overrun: false,
-        })
-        .unwrap();
+    let ccq = client.create_cq(CqConfig::new(1024)).unwrap();
     let mut qcfg = QpConfig::new(cpd, ccq);
     qcfg.rq_slots = 64;
     let cqp = client.create_qp(qcfg).unwrap().qpn;

@@ -127,10 +127,7 @@ fn random_wr(rng: &mut Rng, i: u64, local: &Region, remote: &Region, cq: Cqn, fa
 /// A rate limit too high to ever hold anything back: a rate-limited queue always takes the
 /// general path, so this makes `qpn` run every WQE there.
 fn force_general_path(nic: &redn_sys::softnic::SoftNic, qpn: redn_sys::Qpn) {
-    let limit = RateLimit {
-        wqes_per_sec: 1 << 40,
-        bytes_per_sec: 1 << 50,
-    };
+    let limit = RateLimit::wqes(1 << 40).with_bytes(1 << 50);
     nic.set_rate_limit(qpn, limit).unwrap();
 }
 

@@ -25,7 +25,7 @@ use redn_bench::setup::{counting_cq, loopback_qp, Region};
 use redn_bench::Ctx;
 use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
 use redn_sys::nic::Nic;
-use redn_sys::softnic::{SoftNic, SoftNicConfig};
+use redn_sys::softnic::SoftNic;
 use redn_sys::{Cqn, Pdn};
 use std::time::{Duration, Instant};
 
@@ -115,11 +115,7 @@ fn run(o: &Opts) -> Result<(), String> {
         steps,
         rounds,
     } = *o;
-    let nic = SoftNic::new(SoftNicConfig {
-        pus: 1,
-        ..Default::default()
-    })
-    .ctx("softnic")?;
+    let nic = SoftNic::with_pus(1).ctx("softnic")?;
     let pd = nic.alloc_pd().ctx("alloc_pd")?;
     let cq = || counting_cq(&nic);
     // Queues parked on a WAIT for a completion that never comes (their CQ has none).

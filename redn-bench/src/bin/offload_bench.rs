@@ -328,19 +328,9 @@ impl Env {
         let cpd = client.alloc_pd().ctx("alloc_pd")?;
         let data = Region::new(&server, spd, DATA_LEN, Access::ALL)?;
         let cbuf = Region::new(&client, cpd, CBUF_LEN, Access::ALL)?;
-        let ccq = client
-            .create_cq(CqConfig {
-                depth: 1 << 16,
-                ignore_overrun: false,
-            })
-            .ctx("create_cq")?;
+        let ccq = client.create_cq(CqConfig::new(1 << 16)).ctx("create_cq")?;
         // The READ baseline's connection: a client QP and a passive server QP.
-        let rcq = client
-            .create_cq(CqConfig {
-                depth: 4096,
-                ignore_overrun: false,
-            })
-            .ctx("create_cq")?;
+        let rcq = client.create_cq(CqConfig::new(4096)).ctx("create_cq")?;
         let mut rc = QpConfig::new(cpd, rcq);
         rc.pu = Some(0);
         let rqp = client.create_qp(rc).ctx("create_qp")?;

@@ -1038,12 +1038,7 @@ impl TpQp {
         post: Posting,
         ring: u32,
     ) -> Result<TpQp, String> {
-        let cq = nic
-            .create_cq(CqConfig {
-                depth: 64,
-                ignore_overrun: false,
-            })
-            .ctx("create_cq")?;
+        let cq = nic.create_cq(CqConfig::new(64)).ctx("create_cq")?;
         let info = loopback_qp(nic, pd, cq, pu, ring, false)?;
         let w = SqWriter::new(&info, false);
         let (src, dst) = match op {

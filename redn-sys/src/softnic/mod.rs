@@ -50,6 +50,7 @@ use std::thread::JoinHandle;
 use wake::PuSet;
 
 /// A software RDMA NIC. Dropping it stops its processing units.
+#[must_use = "dropping the softnic stops its processing units"]
 pub struct SoftNic {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
@@ -124,10 +125,9 @@ impl SoftNic {
 
     /// A softnic with default settings and `pus` processing units.
     pub fn with_pus(pus: usize) -> Result<SoftNic> {
-        SoftNic::new(SoftNicConfig {
-            pus,
-            ..SoftNicConfig::default()
-        })
+        let mut config = SoftNicConfig::default();
+        config.pus = pus;
+        SoftNic::new(config)
     }
 
     /// Its settings.

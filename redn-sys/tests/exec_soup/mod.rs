@@ -57,12 +57,10 @@ struct Rig {
 fn rig() -> &'static Rig {
     static RIG: OnceLock<Rig> = OnceLock::new();
     RIG.get_or_init(|| {
-        let nic = SoftNic::new(SoftNicConfig {
-            pus: 2,
-            prefetch: Prefetch::Depth(4),
-            ..Default::default()
-        })
-        .expect("softnic");
+        let mut cfg = SoftNicConfig::default();
+        cfg.pus = 2;
+        cfg.prefetch = Prefetch::Depth(4);
+        let nic = SoftNic::new(cfg).expect("softnic");
         let pd = nic.alloc_pd().expect("pd");
         let buf = SharedBuffer::new(BUF_LEN);
         let rw = nic
@@ -144,12 +142,7 @@ pub fn run(data: &[u8]) {
     let nic = &r.nic;
     r.buf.write(0, &r.initial);
 
-    let cq = nic
-        .create_cq(CqConfig {
-            depth: 64,
-            ignore_overrun: true,
-        })
-        .expect("cq");
+    let cq = nic.create_cq(CqConfig::counted(64)).expect("cq");
     let other_cq = nic.create_cq(CqConfig::default()).expect("cq");
     let mut c = QpConfig::new(r.pd, cq);
     c.sq_bbs = RING_BBS;
