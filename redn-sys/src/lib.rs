@@ -12,6 +12,7 @@
 //!
 //! See `docs/architecture.md` for how the pieces fit.
 
+mod conv;
 pub mod handle;
 pub mod install;
 pub mod mem;

@@ -8,6 +8,7 @@
 //! torn WQE as far as the language is concerned. Mixed-size atomics are avoided (Miri rejects
 //! them): sub-word writes are compare-exchange loops on the containing word.
 
+use crate::conv::idx;
 use crate::types::{Access, Lkey, Pdn, Rkey, VirtAddr};
 use std::fmt;
 use std::ptr::NonNull;
@@ -453,8 +454,8 @@ impl MemoryRegion {
         let inside = rel <= self.len && len <= self.len - rel;
         (pd == self.pd && inside && self.access.contains(need)).then(|| Span {
             buffer: &self.buffer,
-            off: self.buffer_off + rel as usize,
-            len: len as usize,
+            off: self.buffer_off + idx(rel),
+            len: idx(len),
         })
     }
 
@@ -564,11 +565,13 @@ impl KeyTable {
             }
             None => return Err(RegisterError::Full),
         };
+        // Never fails: the table stops growing (Full) below 2^24 entries.
+        let key_index = u32::try_from(index).map_err(|_| RegisterError::Full)?;
         let slot = &mut slots[index];
         slot.tag = slot.tag.wrapping_add(1);
         // Index 0 would give keys 0x01..0xff; start at 1 so key 0 and INVALID_LKEY (0x100)
         // never name a region.
-        let key = ((index as u32 + 2) << 8) | u32::from(slot.tag);
+        let key = ((key_index + 2) << 8) | u32::from(slot.tag);
         let region = Arc::new(MemoryRegion {
             lkey: Lkey(key),
             pd,
@@ -586,7 +589,7 @@ impl KeyTable {
     pub fn deregister(&self, key: Lkey) -> Option<Arc<MemoryRegion>> {
         let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
         let slot = slots.get_mut(Self::index(key.0)?)?;
-        if slot.tag != key.0 as u8 {
+        if slot.tag != Self::tag(key.0) {
             return None;
         }
         let r = slot.region.take();
@@ -601,6 +604,11 @@ impl KeyTable {
         r
     }
 
+    /// The tag a key carries: its low byte.
+    fn tag(key: u32) -> u8 {
+        (key & 0xff) as u8
+    }
+
     fn index(key: u32) -> Option<usize> {
         ((key >> 8) as usize).checked_sub(2)
     }
@@ -610,7 +618,7 @@ impl KeyTable {
         let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
         Self::index(key)
             .and_then(|i| slots.get(i))
-            .filter(|s| s.tag == key as u8)
+            .filter(|s| s.tag == Self::tag(key))
             .and_then(|s| s.region.clone())
             .ok_or(AccessFault::UnknownKey(key))
     }
@@ -773,7 +781,7 @@ mod tests {
     #[test]
     fn blocks_round_trip() {
         let b = SharedBuffer::new(192);
-        let block: [u8; 64] = std::array::from_fn(|i| i as u8 + 1);
+        let block: [u8; 64] = std::array::from_fn(|i| u8::try_from(i + 1).unwrap());
         b.write_block(64, &block);
         let mut out = [0u8; 64];
         b.read_block(64, &mut out);
@@ -787,7 +795,7 @@ mod tests {
     fn copy_between_buffers_at_any_alignment() {
         let a = SharedBuffer::new(192);
         let b = SharedBuffer::new(192);
-        let data: Vec<u8> = (1..=192).map(|i| i as u8).collect();
+        let data: Vec<u8> = (1..=192).collect();
         a.write(0, &data);
         // Whole aligned lines (the one-line fast path, also at other offsets), whole words,
         // and every kind of misalignment.
@@ -830,7 +838,7 @@ mod tests {
                 let b = &b;
                 s.spawn(move || {
                     for _ in 0..100 {
-                        b.write(i, &[i as u8 + 1]);
+                        b.write(i, &[u8::try_from(i + 1).unwrap()]);
                     }
                 });
             }
