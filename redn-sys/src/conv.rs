@@ -1,18 +1,24 @@
-//! The integer conversions the crate makes on its hot paths, one function per kind, each
-//! saying once why it loses nothing. Everything else converts with `From` / `try_from`, and
-//! clippy's cast lints hold the rest of the crate to that.
+//! Integer conversions for code that indexes memory with the NIC's 64-bit numbers: one
+//! function per kind, each saying once why it loses nothing. The softnic's hot paths use them
+//! (everything else converts with `From` / `try_from`, and clippy's cast lints hold the crate
+//! to that), and so may callers that turn the u64 offsets and lengths of the [`Nic`] API
+//! into `usize` offsets of a [`SharedBuffer`].
 //!
-//! All are `#[inline(always)]` and compile to what the bare cast did: no branch per WQE.
+//! All are `#[inline(always)]` and compile to what a bare cast does: no branch per WQE.
+//!
+//! [`Nic`]: crate::nic::Nic
+//! [`SharedBuffer`]: crate::mem::SharedBuffer
 
 // redn-sys targets 64-bit hosts: ring indices, addresses and lengths are u64 (as on the wire)
 // and index memory as usize. This is what makes `idx` lossless; a 32-bit build stops here.
 const _: () = assert!(usize::BITS >= 64, "redn-sys targets 64-bit hosts");
 
-/// `x` as an index, offset or length in memory. Lossless: `usize` has at least 64 bits
-/// (asserted at compile time above).
+/// `x` as an index, offset or length in memory. Lossless: this crate builds only where
+/// `usize` has at least 64 bits (a compile-time assertion says so).
 #[inline(always)]
+#[must_use]
 #[allow(clippy::cast_possible_truncation)]
-pub(crate) const fn idx(x: u64) -> usize {
+pub const fn idx(x: u64) -> usize {
     x as usize
 }
 
@@ -20,7 +26,8 @@ pub(crate) const fn idx(x: u64) -> usize {
 /// 2^32 entries) and the 32-bit counts of WAIT, SEND_EN and RECV_EN, which compare with
 /// wrap-around as the hardware's do.
 #[inline(always)]
-pub(crate) const fn low32(x: u64) -> u32 {
+#[must_use]
+pub const fn low32(x: u64) -> u32 {
     (x & 0xffff_ffff) as u32
 }
 

@@ -5,6 +5,8 @@
 //!
 //! - [`mem`]: shared buffers, memory regions, keys and the one place access is checked;
 //! - [`nic`]: the [`Nic`](nic::Nic) trait every backend implements;
+//! - [`conv`]: the integer conversions between the NIC's 64-bit numbers and memory
+//!   offsets, for 64-bit hosts (the only ones the crate builds for);
 //! - [`handle`]: owned NIC objects that release themselves when dropped;
 //! - [`install`]: installing one client's instance of a program on any [`Nic`](nic::Nic);
 //! - [`softnic`]: the software RDMA NIC that executes mlx5 WQE bytes from ring memory, the
@@ -12,7 +14,7 @@
 //!
 //! See `docs/architecture.md` for how the pieces fit.
 
-mod conv;
+pub mod conv;
 pub mod handle;
 pub mod install;
 pub mod mem;
