@@ -8,11 +8,13 @@ use std::ops::RangeInclusive;
 /// The options softnic_bench and offload_bench both take.
 #[derive(Clone, Debug)]
 pub struct CommonOpts {
+    /// `--quick`: fewer repetitions and sizes, for a fast look.
     pub quick: bool,
     /// Softnic processing units (default: the available cores; at most 64).
     pub pus: usize,
     /// Available cores.
     pub cores: usize,
+    /// `--prefetch`: the softnic's WQE prefetch model.
     pub prefetch: Prefetch,
 }
 
