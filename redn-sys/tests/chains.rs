@@ -128,7 +128,7 @@ fn a_wait_on_another_pus_cq_is_woken_by_every_completion() {
                     WqeFlags::NONE,
                     WrOp::Wait {
                         cq: producer.cq,
-                        count: k as u32,
+                        count: u32::try_from(k).unwrap(),
                     },
                 ),
                 wr(
@@ -633,7 +633,7 @@ fn handed_over_moves_and_atomics(mode: Prefetch) {
     let src = Region::new(&nic, pd, 64 * steps as usize, ALL);
     let dst = Region::new(&nic, pd, 64 * steps as usize + 8, ALL);
     for i in 0..steps as usize {
-        src.write(64 * i, &[i as u8 + 1; 64]);
+        src.write(64 * i, &[u8::try_from(i + 1).unwrap(); 64]);
     }
     let sum_at = 64 * steps as usize;
     let ops: Vec<_> = (0..steps as usize)
@@ -654,7 +654,7 @@ fn handed_over_moves_and_atomics(mode: Prefetch) {
     for i in (0..steps as usize).step_by(2) {
         assert_eq!(
             dst.read(64 * i, 64),
-            vec![i as u8 + 1; 64],
+            vec![u8::try_from(i + 1).unwrap(); 64],
             "{mode:?}: WRITE {i}"
         );
     }

@@ -257,6 +257,21 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+
+    /// [`Rng::below`] for a `u32` bound.
+    pub fn below32(&mut self, n: u32) -> u32 {
+        u32::try_from(self.below(u64::from(n))).unwrap()
+    }
+
+    /// [`Rng::below`] for an index into `n` things.
+    pub fn index(&mut self, n: usize) -> usize {
+        usize::try_from(self.below(n as u64)).unwrap()
+    }
+
+    /// A random byte.
+    pub fn byte(&mut self) -> u8 {
+        self.next().to_le_bytes()[0]
+    }
 }
 
 /// A managed queue `q` and a master queue `m` of `sq_bbs` BBs each, each connected to itself.

@@ -83,7 +83,8 @@ fn rig() -> &'static Rig {
 
 /// The byte at `i` of the buffer before every run.
 fn pattern(i: usize) -> u8 {
-    (i as u8).wrapping_mul(7) ^ 0x5a
+    // The low byte of i, times 7.
+    i.to_le_bytes()[0].wrapping_mul(7) ^ 0x5a
 }
 
 /// One of `regions`, by `sel`, and an address from `raw` within 64 bytes of it.
