@@ -1,5 +1,11 @@
-//! The catalog's 48-bit keys, as buckets and list nodes store them (big-endian, 6 bytes).
-//! Fields the NIC itself stores go through `redn_program::endian`.
+//! The catalog's 48-bit keys, as buckets and list nodes store them (big-endian, 6 bytes), and
+//! the bytes of fill patterns. Fields the NIC itself stores go through `redn_program::endian`.
+
+/// The low byte of `x`: a fill pattern's byte (patterns repeat every 256 on purpose).
+#[must_use]
+pub fn low_byte(x: usize) -> u8 {
+    x.to_le_bytes()[0]
+}
 
 /// The first 6 bytes of `b` as a big-endian 48-bit number (a catalog key).
 pub fn be48(b: &[u8]) -> u64 {

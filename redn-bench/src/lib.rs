@@ -42,6 +42,7 @@ use std::fmt::Display;
 
 /// Errors as text that says what failed: `nic.create_cq(c).ctx("create_cq")?`.
 pub trait Ctx<T> {
+    /// The value, or the error as text prefixed with `what`.
     fn ctx(self, what: &str) -> Result<T, String>;
 }
 

@@ -8,11 +8,13 @@ use std::ops::RangeInclusive;
 /// The options softnic_bench and offload_bench both take.
 #[derive(Clone, Debug)]
 pub struct CommonOpts {
+    /// `--quick`: fewer repetitions and sizes, for a fast look.
     pub quick: bool,
     /// Softnic processing units (default: the available cores; at most 64).
     pub pus: usize,
     /// Available cores.
     pub cores: usize,
+    /// `--prefetch`: the softnic's WQE prefetch model.
     pub prefetch: Prefetch,
 }
 
@@ -20,12 +22,10 @@ impl CommonOpts {
     /// A softnic called `name` with `pus` PUs and the `--prefetch` asked for; WQE checks off
     /// (their cost is not what the benchmarks measure).
     pub fn softnic(&self, name: &str, pus: usize) -> redn_sys::Result<SoftNic> {
-        SoftNic::new(SoftNicConfig {
-            name: name.into(),
-            pus,
-            prefetch: self.prefetch,
-            wqe_checks: false,
-        })
+        let mut cfg = SoftNicConfig::new(name);
+        cfg.pus = pus;
+        cfg.prefetch = self.prefetch;
+        SoftNic::new(cfg)
     }
 }
 

@@ -1,13 +1,15 @@
 //! Writing work requests straight into a send ring, and the chains the benchmarks build.
 
 use crate::Ctx;
-use redn_program::wqe::{encode_wqe, WorkRequest, WqeFlags, WrOp, BB_SIZE};
+use redn_program::wqe::{encode_wqe, wqe_index, WorkRequest, WqeFlags, WrOp, BB_SIZE};
+use redn_sys::conv::{idx, low32};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Nic, QpInfo};
 use redn_sys::softnic::SoftNic;
 use redn_sys::{Cqn, Qpn};
 use std::sync::Arc;
 
+/// [`WqeFlags::SIGNALED`] if `signaled`, else no flags.
 pub fn flags_if(signaled: bool) -> WqeFlags {
     if signaled {
         WqeFlags::SIGNALED
@@ -16,6 +18,7 @@ pub fn flags_if(signaled: bool) -> WqeFlags {
     }
 }
 
+/// A NOP work request.
 pub fn nop(flags: WqeFlags, wr_id: u64) -> WorkRequest {
     WorkRequest {
         wr_id,
@@ -30,7 +33,9 @@ pub fn nop(flags: WqeFlags, wr_id: u64) -> WorkRequest {
 /// timed; the doorbell (or a SEND_EN) is what a measurement starts with.
 #[derive(Debug)]
 pub struct SqWriter {
+    /// The queue pair whose send ring this writes.
     pub qpn: Qpn,
+    /// The buffer holding the ring.
     pub buf: Arc<SharedBuffer>,
     off: usize,
     entries: u64,
@@ -55,12 +60,12 @@ impl SqWriter {
 
     /// Byte offset in `buf` of ring slot `index` (absolute).
     pub fn slot_off(&self, index: u64) -> usize {
-        self.off + (index & (self.entries - 1)) as usize * BB_SIZE
+        self.off + idx(index & (self.entries - 1)) * BB_SIZE
     }
 
     /// Write `wr` at the producer index and tell the softnic it was posted (no doorbell).
     pub fn push(&mut self, nic: &SoftNic, wr: &WorkRequest) -> Result<(), String> {
-        let e = encode_wqe(wr, self.qpn, self.pi as u16).ctx("encode_wqe")?;
+        let e = encode_wqe(wr, self.qpn, wqe_index(self.pi)).ctx("encode_wqe")?;
         let end = self.pi + e.bbs() as u64;
         if self.check_full {
             let consumed = nic.sq_consumed(self.qpn).ctx("sq_consumed")?;
@@ -119,7 +124,8 @@ pub fn push_doorbell_master(
         flags: WqeFlags::NONE,
         op: WrOp::SendEnable {
             qp: q,
-            pi: (qb + k + if k == n { extra } else { 0 }) as u32,
+            // SEND_EN counts are 32 bits and wrap, as the hardware's do.
+            pi: low32(qb + k + if k == n { extra } else { 0 }),
         },
     };
     m.push(nic, &enable(1))?;
@@ -129,7 +135,7 @@ pub fn push_doorbell_master(
             flags: WqeFlags::NONE,
             op: WrOp::Wait {
                 cq: q_cq,
-                count: (base + k - 1) as u32,
+                count: low32(base + k - 1),
             },
         };
         m.push(nic, &wait)?;

@@ -1,6 +1,7 @@
 //! What a benchmark runs on: loopback queue pairs, CQs that WAITs count, registered regions.
 
 use crate::Ctx;
+use redn_sys::conv::idx;
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, MrInfo, Nic, QpConfig, QpInfo};
 use redn_sys::softnic::SoftNic;
@@ -9,11 +10,7 @@ use std::sync::Arc;
 
 /// A CQ counted by WAITs and never polled, so it may wrap.
 pub fn counting_cq(nic: &SoftNic) -> Result<Cqn, String> {
-    nic.create_cq(CqConfig {
-        depth: 4096,
-        ignore_overrun: true,
-    })
-    .ctx("create_cq")
+    nic.create_cq(CqConfig::counted(4096)).ctx("create_cq")
 }
 
 /// A QP connected to itself (its WQEs' remote side is its own NIC) on PU `pu`, completing
@@ -39,7 +36,9 @@ pub fn loopback_qp(
 /// A buffer registered as one memory region.
 #[derive(Debug)]
 pub struct Region {
+    /// The buffer.
     pub buf: Arc<SharedBuffer>,
+    /// Its registration.
     pub mr: MrInfo,
 }
 
@@ -68,18 +67,18 @@ impl Region {
     /// `len` bytes from offset `off`.
     pub fn read(&self, off: u64, len: usize) -> Vec<u8> {
         let mut v = vec![0u8; len];
-        self.buf.read(off as usize, &mut v);
+        self.buf.read(idx(off), &mut v);
         v
     }
 
     /// All the region's bytes.
     pub fn bytes(&self) -> Vec<u8> {
-        self.read(0, self.mr.len as usize)
+        self.read(0, idx(self.mr.len))
     }
 
     /// Write `data` at offset `off`.
     pub fn write(&self, off: u64, data: &[u8]) {
-        self.buf.write(off as usize, data);
+        self.buf.write(idx(off), data);
     }
 
     /// The address of offset `off`, as WQEs name it.

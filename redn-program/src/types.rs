@@ -95,6 +95,7 @@ impl Access {
     pub const ALL: Access = Access(15);
 
     /// True if every right in `other` is present in `self`.
+    #[must_use]
     pub const fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0
     }

@@ -36,6 +36,14 @@ pub const INLINE_FLAG: u32 = 0x8000_0000;
 /// opmod for 8-byte extended (masked) atomics: `0x08 | (log2(8) - 2)`.
 pub const OPMOD_EXT_ATOMIC_8B: u8 = 0x09;
 
+/// The control segment's `wqe_index` for the WQE at producer index `pi`: the index mod 2^16,
+/// as mlx5 counts it (rings keep 64-bit indices that only grow).
+#[inline(always)]
+#[must_use]
+pub const fn wqe_index(pi: u64) -> u16 {
+    (pi & 0xffff) as u16
+}
+
 /// Byte offsets inside a WQE of the fields that programs patch and the executor reads.
 pub mod off {
     /// ctrl: opcode modifier.
@@ -97,6 +105,7 @@ impl WqeFlags {
     pub const FENCE: WqeFlags = WqeFlags(0x80);
 
     /// True if a CQE is generated on success.
+    #[must_use]
     pub const fn signaled(self) -> bool {
         self.0 & 0x0c == 0x08
     }
@@ -107,6 +116,7 @@ impl WqeFlags {
     }
 
     /// Both flag sets together.
+    #[must_use]
     pub const fn with(self, other: WqeFlags) -> WqeFlags {
         WqeFlags(self.0 | other.0)
     }
@@ -250,6 +260,7 @@ impl fmt::Display for Opcode {
 
 /// Why a byte string is not a WQE we can decode.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum WqeError {
     /// The opcode byte is not one of [`Opcode`].
     #[error("unknown opcode {0:#04x}")]
@@ -354,6 +365,7 @@ impl CtrlSeg {
 }
 
 /// Basic blocks a WQE of `ds` segments occupies (a zero ds still occupies one block).
+#[must_use]
 pub fn bbs_for_ds(ds: u8) -> usize {
     (usize::from(ds & MAX_DS) * SEG_SIZE)
         .div_ceil(BB_SIZE)
@@ -632,8 +644,10 @@ impl SegWriter<'_> {
         if self.segs + total > usize::from(MAX_DS) {
             return Err(WqeError::TooLarge(self.segs + total));
         }
+        // Never fails: the check above keeps the data under 63 segments.
+        let len = u32::try_from(data.len()).map_err(|_| WqeError::TooLarge(self.segs + total))?;
         let at = self.segs * SEG_SIZE;
-        Be32::new(data.len() as u32 | INLINE_FLAG).write(self.buf, at);
+        Be32::new(len | INLINE_FLAG).write(self.buf, at);
         self.buf[at + 4..at + 4 + data.len()].copy_from_slice(data);
         self.buf[at + 4 + data.len()..at + total * SEG_SIZE].fill(0);
         self.segs += total;
@@ -773,7 +787,8 @@ pub fn encode_wqe_into(
         WrOp::Wait { cq, count } => w.push_wait_en(*count, cq.0)?,
         WrOp::SendEnable { qp, pi } | WrOp::RecvEnable { qp, pi } => w.push_wait_en(*pi, qp.0)?,
     }
-    let ds = w.segs as u8;
+    // Never fails: every push checks the segment count against MAX_DS.
+    let ds = u8::try_from(w.segs).map_err(|_| WqeError::TooLarge(w.segs))?;
     let ctrl = CtrlSeg {
         opmod,
         wqe_index,

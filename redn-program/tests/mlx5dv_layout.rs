@@ -131,7 +131,7 @@ fn remote() -> RemoteAddr {
 /// Whole WQEs: our `encode_wqe` against the same WQE laid out with the header's structs in
 /// `C_BODY` (same name).
 fn wqe_cases() -> Vec<(&'static str, WorkRequest)> {
-    let local = |i: u64| sge(LADDR + i * 0x100, LEN + i as u32, LKEY);
+    let local = |i: u32| sge(LADDR + u64::from(i) * 0x100, LEN + i, LKEY);
     let wr = |flags, op| WorkRequest {
         wr_id: 0,
         flags,
@@ -595,6 +595,11 @@ impl Facts {
         usize::try_from(self.num(name)).unwrap()
     }
 
+    fn byte(&self, name: &str) -> u8 {
+        let v = self.num(name);
+        u8::try_from(v).unwrap_or_else(|_| panic!("`{name}` = {v} is not a byte"))
+    }
+
     fn off(&self, strukt: &str, field: &str) -> usize {
         self.usize(&format!("off.{strukt}.{field}"))
     }
@@ -803,7 +808,7 @@ fn send_opcodes_match() {
     for (op, name) in ours {
         let v = h.num(name);
         assert_eq!(u64::from(op as u8), v, "{op:?} vs {name}");
-        assert_eq!(Opcode::from_u8(v as u8), Some(op), "decoding {name}");
+        assert_eq!(Opcode::from_u8(h.byte(name)), Some(op), "decoding {name}");
     }
     // The header's other opcodes must not decode as one of ours (in particular not as the
     // hand-written WAIT / SEND_EN / RECV_EN).
@@ -818,7 +823,7 @@ fn send_opcodes_match() {
     ] {
         let v = h.num(name);
         assert_eq!(
-            Opcode::from_u8(v as u8),
+            Opcode::from_u8(h.byte(name)),
             None,
             "{name} ({v:#x}) decodes as ours"
         );
@@ -841,8 +846,8 @@ fn wqe_flags_and_constants_match() {
         u64::from(WqeFlags::INITIATOR_SMALL_FENCE.0),
         h.num("MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE")
     );
-    assert!(WqeFlags(h.num("MLX5_WQE_CTRL_CQ_UPDATE") as u8).signaled());
-    assert!(!WqeFlags(h.num("MLX5_WQE_CTRL_SOLICITED") as u8).signaled());
+    assert!(WqeFlags(h.byte("MLX5_WQE_CTRL_CQ_UPDATE")).signaled());
+    assert!(!WqeFlags(h.byte("MLX5_WQE_CTRL_SOLICITED")).signaled());
     assert_eq!(BB_SIZE as u64, h.num("MLX5_SEND_WQE_BB"));
     assert_eq!(BB_SIZE as u64, 1 << h.num("MLX5_SEND_WQE_SHIFT"));
     assert_eq!(u64::from(INLINE_FLAG), h.num("MLX5_INLINE_SEG"));
@@ -863,7 +868,11 @@ fn cqe_opcodes_and_syndromes_match() {
     for (op, name) in opcodes {
         let v = h.num(name);
         assert_eq!(u64::from(op as u8), v, "{op:?} vs {name}");
-        assert_eq!(CqeOpcode::from_nibble(v as u8), Some(op), "decoding {name}");
+        assert_eq!(
+            CqeOpcode::from_nibble(h.byte(name)),
+            Some(op),
+            "decoding {name}"
+        );
     }
     // The owner bit is bit 0 of op_own.
     assert_eq!(h.num("MLX5_CQE_OWNER_MASK"), 1);
@@ -885,7 +894,7 @@ fn cqe_opcodes_and_syndromes_match() {
         let name = format!("MLX5_CQE_SYNDROME_{suffix}");
         let v = h.num(&name);
         assert_eq!(u64::from(s as u8), v, "{s:?} vs {name}");
-        assert_eq!(Syndrome::from_u8(v as u8), Some(s), "decoding {name}");
+        assert_eq!(Syndrome::from_u8(h.byte(&name)), Some(s), "decoding {name}");
     }
 }
 

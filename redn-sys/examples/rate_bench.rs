@@ -11,6 +11,7 @@
 //! manual clock, in `softnic::rate`.
 
 use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
+use redn_sys::conv::{idx, low32};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, Nic, QpConfig, RateLimit};
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
@@ -69,35 +70,30 @@ fn row(what: &str, rate: u64, measured: f64, delays: u64) {
 /// after the first, which the initial burst passes, over the time to the last completion)
 /// and the limiter's delays.
 fn run(limit: RateLimit, secs: f64) -> (f64, u64) {
-    let nic = SoftNic::new(SoftNicConfig {
-        name: "rate_bench".into(),
-        pus: 1,
-        prefetch: Prefetch::Depth(8),
-        wqe_checks: false,
-    })
-    .expect("softnic");
+    let mut config = SoftNicConfig::new("rate_bench");
+    config.prefetch = Prefetch::Depth(8);
+    let nic = SoftNic::new(config).expect("softnic");
     let pd = nic.alloc_pd().expect("pd");
-    let buf = SharedBuffer::new(WRITE as usize);
+    let buf = SharedBuffer::new(idx(WRITE));
     let mr = nic
-        .reg_mr(pd, &buf, 0, WRITE as usize, Access::ALL)
+        .reg_mr(pd, &buf, 0, idx(WRITE), Access::ALL)
         .expect("mr");
-    let cq = nic
-        .create_cq(CqConfig {
-            depth: 16,
-            ignore_overrun: false,
-        })
-        .expect("cq");
+    let cq = nic.create_cq(CqConfig::new(16)).expect("cq");
     let mut cfg = QpConfig::new(pd, cq);
+    // A few seconds of work at a rate of at most millions a second: a whole count far
+    // inside u64, which the saturating float-to-integer cast keeps exact after floor.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let whole = |units: f64| units.floor() as u64;
     let (n, unit) = if limit.wqes_per_sec > 0 {
-        ((limit.wqes_per_sec as f64 * secs) as u64, 1)
+        (whole(limit.wqes_per_sec as f64 * secs), 1)
     } else {
         (
-            (limit.bytes_per_sec as f64 * secs / WRITE as f64) as u64,
+            whole(limit.bytes_per_sec as f64 * secs / WRITE as f64),
             WRITE,
         )
     };
     let n = n.max(2);
-    cfg.sq_bbs = n.next_power_of_two().max(64) as u32; // one BB a WQE
+    cfg.sq_bbs = u32::try_from(n.next_power_of_two().max(64)).expect("ring size"); // one BB a WQE
     let qp = nic.create_qp(cfg).expect("qp").qpn;
     nic.connect(qp, qp).expect("connect");
     nic.set_rate_limit(qp, limit).expect("rate");
@@ -110,7 +106,7 @@ fn run(limit: RateLimit, secs: f64) -> (f64, u64) {
             } else {
                 WrOp::Write {
                     remote: mr.remote(0),
-                    payload: Payload::Sgl(vec![mr.sge(0, WRITE as u32)]),
+                    payload: Payload::Sgl(vec![mr.sge(0, low32(WRITE))]),
                     imm: None,
                 }
             };

@@ -21,6 +21,7 @@
 use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
 use redn_program::program::Program;
 use redn_program::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
+use redn_sys::conv::idx;
 use redn_sys::install::{install, RegionBinding};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CqConfig, Nic, QpConfig};
@@ -76,44 +77,41 @@ pub fn program(requests: u32) -> Program {
 
 /// Run `requests` as (key, bucket) pairs through the offload; return answers and server stats.
 pub fn run(requests: &[(u64, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerStats) {
-    let cfg = |name: &str, pus| SoftNicConfig {
-        name: name.into(),
-        pus,
-        prefetch,
-        wqe_checks: false,
+    let cfg = |name: &str, pus| {
+        let mut c = SoftNicConfig::new(name);
+        c.pus = pus;
+        c.prefetch = prefetch;
+        c
     };
     let server = std::sync::Arc::new(SoftNic::new(cfg("server", 2)).expect("server softnic"));
     let client = SoftNic::new(cfg("client", 1)).expect("client softnic");
 
     // Server: one buffer holding the bucket table and the values. The install registers it
     // in the offload's own protection domains, with narrow keys.
-    let data_len = VALUES_AT + BUCKETS as usize * VALUE_LEN;
+    let data_len = VALUES_AT + idx(BUCKETS) * VALUE_LEN;
     let data = SharedBuffer::new(data_len);
     for b in 0..BUCKETS {
         let key = key_of_bucket(b);
-        let at = VALUES_AT + b as usize * VALUE_LEN;
+        let at = VALUES_AT + idx(b) * VALUE_LEN;
         data.write(at, &value_of(key));
-        let bucket = catalog::bucket_bytes(key, VALUE_LEN as u32, data.addr().0 + at as u64);
-        data.write((b * BUCKET_STRIDE) as usize, &bucket);
+        let len = u32::try_from(VALUE_LEN).unwrap();
+        let bucket = catalog::bucket_bytes(key, len, data.addr().0 + at as u64);
+        data.write(idx(b * BUCKET_STRIDE), &bucket);
     }
 
     // Client: a response buffer and a queue pair.
     let cpd = client.alloc_pd().unwrap();
     let cbuf = SharedBuffer::new(4096);
     let cmr = client.reg_mr(cpd, &cbuf, 0, 4096, Access::ALL).unwrap();
-    let ccq = client
-        .create_cq(CqConfig {
-            depth: 1024,
-            ignore_overrun: false,
-        })
-        .unwrap();
+    let ccq = client.create_cq(CqConfig::new(1024)).unwrap();
     let mut qcfg = QpConfig::new(cpd, ccq);
     qcfg.rq_slots = 1024;
     let cqp = client.create_qp(qcfg).unwrap().qpn;
 
     // Install the offload for this client: the table and values on the server, the
     // response buffer on the client.
-    let program = program(requests.len().max(1) as u32);
+    let n = u32::try_from(requests.len().max(1)).expect("at most 2^32 - 1 requests");
+    let program = program(n);
     let mut regions = HashMap::new();
     let local = |len| RegionBinding::Local {
         buffer: std::sync::Arc::clone(&data),
@@ -121,10 +119,7 @@ pub fn run(requests: &[(u64, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
         len,
         access: Access::REMOTE_READ,
     };
-    regions.insert(
-        "table".to_string(),
-        local(BUCKETS as usize * BUCKET_STRIDE as usize),
-    );
+    regions.insert("table".to_string(), local(idx(BUCKETS * BUCKET_STRIDE)));
     regions.insert("values".to_string(), local(data_len));
     regions.insert(
         "response".to_string(),
@@ -155,8 +150,9 @@ pub fn run(requests: &[(u64, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
     // One GET at a time.
     let mut answers = Vec::new();
     let mut polled = Vec::new();
-    for (i, &(key, bucket)) in requests.iter().enumerate() {
-        client.post_recv(cqp, i as u64, &[]).unwrap();
+    // Numbered as the offload numbers its invocations (its immediates); n fits a u32.
+    for (i, &(key, bucket)) in (0u32..).zip(requests) {
+        client.post_recv(cqp, u64::from(i), &[]).unwrap();
         let mut msg = catalog::trigger_key(key).to_vec();
         msg.extend((data.addr().0 + bucket * BUCKET_STRIDE).to_be_bytes());
         let start = Instant::now();
@@ -164,7 +160,7 @@ pub fn run(requests: &[(u64, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
             .post_send(
                 cqp,
                 &[WorkRequest {
-                    wr_id: i as u64,
+                    wr_id: u64::from(i),
                     flags: WqeFlags::NONE,
                     op: WrOp::Send {
                         payload: Payload::Inline(msg),
@@ -177,7 +173,7 @@ pub fn run(requests: &[(u64, u64)], prefetch: Prefetch) -> (Vec<Answer>, ServerS
         let answer = loop {
             polled.clear();
             client.poll_cq(ccq, 4, &mut polled).unwrap();
-            if let Some(c) = polled.iter().find(|c| c.imm == Some(i as u32)) {
+            if let Some(c) = polled.iter().find(|c| c.imm == Some(i)) {
                 assert!(c.is_ok(), "response failed: {c:?}");
                 let mut v = vec![0u8; c.byte_len as usize];
                 cbuf.read(0, &mut v);

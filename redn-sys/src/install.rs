@@ -289,13 +289,7 @@ pub fn install<N: Nic + ?Sized>(
     let mut qps = Vec::new();
     let mut cqs = Vec::new();
     for (i, q) in program.queues.iter().enumerate() {
-        let cq = CompletionQueue::create(
-            nic,
-            CqConfig {
-                depth: 1024,
-                ignore_overrun: true,
-            },
-        )?;
+        let cq = CompletionQueue::create(nic, CqConfig::counted(1024))?;
         objects.0.push(Owned::Cq(Arc::clone(&cq)));
         let pd = pd_of(q.role);
         let mut cfg = QpConfig::new(pd.pdn(), cq.cqn());

@@ -6,6 +6,8 @@
 //! - [`clock`]: where code that reasons about time reads it (the system's clock, or a test's);
 //! - [`mem`]: shared buffers, memory regions, keys and the one place access is checked;
 //! - [`nic`]: the [`Nic`](nic::Nic) trait every backend implements;
+//! - [`conv`]: the integer conversions between the NIC's 64-bit numbers and memory
+//!   offsets, for 64-bit hosts (the only ones the crate builds for);
 //! - [`handle`]: owned NIC objects that release themselves when dropped;
 //! - [`install`]: installing one client's instance of a program on any [`Nic`](nic::Nic);
 //! - [`softnic`]: the software RDMA NIC that executes mlx5 WQE bytes from ring memory, the
@@ -14,6 +16,7 @@
 //! See `docs/architecture.md` for how the pieces fit.
 
 pub mod clock;
+pub mod conv;
 pub mod handle;
 pub mod install;
 pub mod mem;
@@ -29,6 +32,7 @@ use std::fmt;
 
 /// Errors of the redn-sys crate.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A work request could not be encoded.
     #[error("invalid work request")]

@@ -8,6 +8,7 @@
 //! torn WQE as far as the language is concerned. Mixed-size atomics are avoided (Miri rejects
 //! them): sub-word writes are compare-exchange loops on the containing word.
 
+use crate::conv::idx;
 use crate::types::{Access, Lkey, Pdn, Rkey, VirtAddr};
 use std::fmt;
 use std::ptr::NonNull;
@@ -64,6 +65,7 @@ impl fmt::Debug for SharedBuffer {
 impl SharedBuffer {
     /// A zeroed buffer of `len` bytes rounded up to whole words (at least one word), starting
     /// on a cache line: a 64-byte WQE or payload then touches one line, not two.
+    #[must_use]
     pub fn new(len: usize) -> Arc<SharedBuffer> {
         let n = len.div_ceil(WORD).max(1);
         let lines: Box<[Line]> = (0..n.div_ceil(WORDS_PER_LINE))
@@ -130,6 +132,7 @@ impl SharedBuffer {
     }
 
     /// True if `off..off+len` lies inside the buffer.
+    #[must_use]
     pub fn contains(&self, off: usize, len: usize) -> bool {
         off.checked_add(len).is_some_and(|end| end <= self.len())
     }
@@ -320,6 +323,7 @@ impl Drop for SharedBuffer {
 
 /// Why an access to registered memory was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AccessFault {
     /// No region has this key.
     #[error("no memory region has key {0:#x}")]
@@ -441,6 +445,7 @@ impl MemoryRegion {
     /// The window `addr..addr+len` if a queue pair in `pd` may access it with rights `need`.
     /// The single place where PD, bounds and rights are decided (`check` explains a `None`).
     #[inline(always)]
+    #[must_use]
     pub fn window(&self, pd: Pdn, addr: VirtAddr, len: u64, need: Access) -> Option<Span<'_>> {
         // An address below the region wraps `rel` past any region length (a region's
         // addresses are those of its memory, so `addr + len` never wraps), so one comparison
@@ -449,8 +454,8 @@ impl MemoryRegion {
         let inside = rel <= self.len && len <= self.len - rel;
         (pd == self.pd && inside && self.access.contains(need)).then(|| Span {
             buffer: &self.buffer,
-            off: self.buffer_off + rel as usize,
-            len: len as usize,
+            off: self.buffer_off + idx(rel),
+            len: idx(len),
         })
     }
 
@@ -505,6 +510,7 @@ struct KeySlot {
 
 /// Why a registration was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RegisterError {
     /// The window is not inside the buffer.
     #[error("window {off}+{len} is outside the {buffer_len}-byte buffer")]
@@ -559,11 +565,13 @@ impl KeyTable {
             }
             None => return Err(RegisterError::Full),
         };
+        // Never fails: the table stops growing (Full) below 2^24 entries.
+        let key_index = u32::try_from(index).map_err(|_| RegisterError::Full)?;
         let slot = &mut slots[index];
         slot.tag = slot.tag.wrapping_add(1);
         // Index 0 would give keys 0x01..0xff; start at 1 so key 0 and INVALID_LKEY (0x100)
         // never name a region.
-        let key = ((index as u32 + 2) << 8) | u32::from(slot.tag);
+        let key = ((key_index + 2) << 8) | u32::from(slot.tag);
         let region = Arc::new(MemoryRegion {
             lkey: Lkey(key),
             pd,
@@ -581,7 +589,7 @@ impl KeyTable {
     pub fn deregister(&self, key: Lkey) -> Option<Arc<MemoryRegion>> {
         let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
         let slot = slots.get_mut(Self::index(key.0)?)?;
-        if slot.tag != key.0 as u8 {
+        if slot.tag != Self::tag(key.0) {
             return None;
         }
         let r = slot.region.take();
@@ -596,6 +604,11 @@ impl KeyTable {
         r
     }
 
+    /// The tag a key carries: its low byte.
+    fn tag(key: u32) -> u8 {
+        (key & 0xff) as u8
+    }
+
     fn index(key: u32) -> Option<usize> {
         ((key >> 8) as usize).checked_sub(2)
     }
@@ -605,7 +618,7 @@ impl KeyTable {
         let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
         Self::index(key)
             .and_then(|i| slots.get(i))
-            .filter(|s| s.tag == key as u8)
+            .filter(|s| s.tag == Self::tag(key))
             .and_then(|s| s.region.clone())
             .ok_or(AccessFault::UnknownKey(key))
     }
@@ -703,6 +716,7 @@ impl KeyCache {
     /// True while the table has dropped no region since the cache last looked (the first
     /// half of [`KeyCache::current_epoch`]'s test).
     #[inline(always)]
+    #[must_use]
     pub fn is_current(&self, table: &KeyTable) -> bool {
         table.generation() == self.generation
     }
@@ -767,7 +781,7 @@ mod tests {
     #[test]
     fn blocks_round_trip() {
         let b = SharedBuffer::new(192);
-        let block: [u8; 64] = std::array::from_fn(|i| i as u8 + 1);
+        let block: [u8; 64] = std::array::from_fn(|i| u8::try_from(i + 1).unwrap());
         b.write_block(64, &block);
         let mut out = [0u8; 64];
         b.read_block(64, &mut out);
@@ -781,7 +795,7 @@ mod tests {
     fn copy_between_buffers_at_any_alignment() {
         let a = SharedBuffer::new(192);
         let b = SharedBuffer::new(192);
-        let data: Vec<u8> = (1..=192).map(|i| i as u8).collect();
+        let data: Vec<u8> = (1..=192).collect();
         a.write(0, &data);
         // Whole aligned lines (the one-line fast path, also at other offsets), whole words,
         // and every kind of misalignment.
@@ -824,7 +838,7 @@ mod tests {
                 let b = &b;
                 s.spawn(move || {
                     for _ in 0..100 {
-                        b.write(i, &[i as u8 + 1]);
+                        b.write(i, &[u8::try_from(i + 1).unwrap()]);
                     }
                 });
             }

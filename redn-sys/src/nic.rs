@@ -9,7 +9,11 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// How to create a completion queue.
+///
+/// Start from [`CqConfig::new`] (a CQ that is polled) or [`CqConfig::counted`] (one that only
+/// WAITs count) and set fields; [`CqConfig::default`] is `new(256)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CqConfig {
     /// Number of CQEs the ring holds (rounded up to a power of two).
     pub depth: u32,
@@ -18,12 +22,31 @@ pub struct CqConfig {
     pub ignore_overrun: bool,
 }
 
-impl Default for CqConfig {
-    fn default() -> Self {
+impl CqConfig {
+    /// A CQ of `depth` entries (rounded up to a power of two) that its owner polls: an
+    /// overrun is an error.
+    #[must_use]
+    pub const fn new(depth: u32) -> CqConfig {
         CqConfig {
-            depth: 256,
+            depth,
             ignore_overrun: false,
         }
+    }
+
+    /// A CQ of `depth` entries that only WAITs count and no one polls: it may wrap without
+    /// error (`ignore_overrun`).
+    #[must_use]
+    pub const fn counted(depth: u32) -> CqConfig {
+        CqConfig {
+            depth,
+            ignore_overrun: true,
+        }
+    }
+}
+
+impl Default for CqConfig {
+    fn default() -> Self {
+        CqConfig::new(256)
     }
 }
 
@@ -51,6 +74,7 @@ impl CompChannel {
     /// Wait up to `timeout` for an event and take it: the CQ that had a completion after it
     /// was armed (`ibv_get_cq_event`). Events come in the order they happened, one per
     /// arming. `None` if the time passed first.
+    #[must_use = "an event taken and dropped is lost"]
     pub fn get_event(&self, timeout: Duration) -> Option<Cqn> {
         let deadline = Instant::now() + timeout;
         let mut events = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
@@ -72,6 +96,7 @@ impl CompChannel {
     }
 
     /// Take an event if one is waiting, without blocking.
+    #[must_use = "an event taken and dropped is lost"]
     pub fn try_event(&self) -> Option<Cqn> {
         self.inner
             .events
@@ -101,8 +126,10 @@ pub struct RingPlacement {
     pub offset: usize,
 }
 
-/// How to create a reliable-connected queue pair.
+/// How to create a reliable-connected queue pair: start from [`QpConfig::new`] and set
+/// fields.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct QpConfig {
     /// Protection domain: the QP may only use regions of this PD.
     pub pd: Pdn,
@@ -130,6 +157,7 @@ pub struct QpConfig {
 
 impl QpConfig {
     /// A plain QP in `pd` using `cq` for everything, 256 BBs, 64 receive slots of 4 entries.
+    #[must_use]
     pub fn new(pd: Pdn, cq: Cqn) -> QpConfig {
         QpConfig {
             pd,
@@ -149,6 +177,7 @@ impl QpConfig {
 
 /// Where a queue's ring sits in memory, for code that writes WQEs directly.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct RingInfo {
     /// The buffer holding the ring.
     pub buffer: Arc<SharedBuffer>,
@@ -164,6 +193,7 @@ pub struct RingInfo {
 
 /// A queue pair as created.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct QpInfo {
     /// Its number.
     pub qpn: Qpn,
@@ -177,6 +207,7 @@ pub struct QpInfo {
 
 /// A registered region as the caller sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MrInfo {
     /// Local key (the remote key has the same value).
     pub lkey: Lkey,
@@ -199,6 +230,7 @@ impl MrInfo {
     }
 
     /// A scatter/gather entry for `len` bytes at `off` into this region.
+    #[must_use]
     pub fn sge(&self, off: u64, len: u32) -> Sge {
         Sge {
             addr: VirtAddr(self.addr.0 + off),
@@ -208,6 +240,7 @@ impl MrInfo {
     }
 
     /// The remote address of byte `off`.
+    #[must_use]
     pub fn remote(&self, off: u64) -> crate::wqe::RemoteAddr {
         crate::wqe::RemoteAddr {
             addr: VirtAddr(self.addr.0 + off),
@@ -217,6 +250,9 @@ impl MrInfo {
 }
 
 /// Per-QP rate limit: a token bucket on WQEs and bytes. Zero means unlimited.
+///
+/// Build one with [`RateLimit::wqes`] or [`RateLimit::bytes`] (and [`RateLimit::with_bytes`]
+/// / [`RateLimit::with_wqes`] for both); [`RateLimit::default`] is unlimited.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct RateLimit {
     /// WQEs per second.
@@ -226,7 +262,44 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
+    /// At most `per_sec` WQEs a second; bytes unlimited.
+    #[must_use]
+    pub const fn wqes(per_sec: u64) -> RateLimit {
+        RateLimit {
+            wqes_per_sec: per_sec,
+            bytes_per_sec: 0,
+        }
+    }
+
+    /// At most `per_sec` payload bytes a second; WQEs unlimited.
+    #[must_use]
+    pub const fn bytes(per_sec: u64) -> RateLimit {
+        RateLimit {
+            wqes_per_sec: 0,
+            bytes_per_sec: per_sec,
+        }
+    }
+
+    /// This limit with WQEs limited to `per_sec` a second.
+    #[must_use = "with_wqes returns the changed limit"]
+    pub const fn with_wqes(self, per_sec: u64) -> RateLimit {
+        RateLimit {
+            wqes_per_sec: per_sec,
+            ..self
+        }
+    }
+
+    /// This limit with payload bytes limited to `per_sec` a second.
+    #[must_use = "with_bytes returns the changed limit"]
+    pub const fn with_bytes(self, per_sec: u64) -> RateLimit {
+        RateLimit {
+            bytes_per_sec: per_sec,
+            ..self
+        }
+    }
+
     /// True if neither dimension is limited.
+    #[must_use]
     pub fn is_unlimited(&self) -> bool {
         self.wqes_per_sec == 0 && self.bytes_per_sec == 0
     }
@@ -234,6 +307,7 @@ impl RateLimit {
 
 /// Counters of one queue pair, readable while it runs.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct QpCounters {
     /// WQEs executed, by opcode (see [`QpCounters::by_opcode`]).
     pub wqes: [u64; 32],
@@ -255,11 +329,13 @@ pub struct QpCounters {
 
 impl QpCounters {
     /// WQEs executed with `op`.
+    #[must_use]
     pub fn by_opcode(&self, op: Opcode) -> u64 {
         self.wqes[op as usize & 31]
     }
 
     /// All WQEs executed.
+    #[must_use]
     pub fn total_wqes(&self) -> u64 {
         self.wqes.iter().sum()
     }
@@ -267,6 +343,7 @@ impl QpCounters {
 
 /// What a completion reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Completion {
     /// The work request's id.
     pub wr_id: u64,
@@ -286,6 +363,7 @@ pub struct Completion {
 
 impl Completion {
     /// True if the work request succeeded.
+    #[must_use]
     pub fn is_ok(&self) -> bool {
         self.status.is_ok()
     }

@@ -3,6 +3,7 @@
 mod common;
 use common::*;
 use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
+use redn_sys::conv::idx;
 use redn_sys::install::RegionBinding;
 use redn_sys::nic::Nic;
 use redn_sys::softnic::Prefetch;
@@ -13,7 +14,10 @@ const VALUES_AT: usize = 512 << 10;
 const TABLE_AT: usize = 0;
 
 fn value(i: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|b| (i as usize * 31 + b) as u8).collect()
+    // The low byte of i * 31 + b.
+    (0..len)
+        .map(|b| (idx(i) * 31 + b).to_le_bytes()[0])
+        .collect()
 }
 
 /// Fill `buckets` buckets; bucket i holds key `keys[i]` and value(i).
@@ -21,8 +25,9 @@ fn fill_table(rig: &Rig, keys: &[u64], len: usize) {
     for (i, &k) in keys.iter().enumerate() {
         let vaddr = VALUES_AT + i * 4096;
         rig.data.write(vaddr, &value(i as u64, len));
-        let b = catalog::bucket_bytes(k, len as u32, rig.data.mr.addr.0 + vaddr as u64);
-        rig.data.write(TABLE_AT + i * BUCKET_STRIDE as usize, &b);
+        let len = u32::try_from(len).unwrap();
+        let b = catalog::bucket_bytes(k, len, rig.data.mr.addr.0 + vaddr as u64);
+        rig.data.write(TABLE_AT + i * idx(BUCKET_STRIDE), &b);
     }
 }
 
@@ -254,7 +259,11 @@ fn list_find_at_each_position_with_and_without_break() {
                     catalog::list_find(
                         steps,
                         with_break,
-                        if with_break { 1 } else { positions as u32 },
+                        if with_break {
+                            1
+                        } else {
+                            u32::try_from(positions).unwrap()
+                        },
                     )
                     .unwrap(),
                     mode,
@@ -267,9 +276,13 @@ fn list_find_at_each_position_with_and_without_break() {
                     rig = fresh();
                 }
                 let head = fill_list(&rig, &keys);
-                let k = if with_break { 0 } else { pos as u32 };
+                let k = if with_break {
+                    0
+                } else {
+                    u32::try_from(pos).unwrap()
+                };
                 let key = if pos < steps as u64 {
-                    keys[pos as usize]
+                    keys[idx(pos)]
                 } else {
                     0xdead
                 };

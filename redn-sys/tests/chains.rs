@@ -128,7 +128,7 @@ fn a_wait_on_another_pus_cq_is_woken_by_every_completion() {
                     WqeFlags::NONE,
                     WrOp::Wait {
                         cq: producer.cq,
-                        count: k as u32,
+                        count: u32::try_from(k).unwrap(),
                     },
                 ),
                 wr(
@@ -273,12 +273,7 @@ fn loop_re_arms_itself_with_wait_and_enable_and_runs_without_host_posts() {
         let nic = nic(2, mode);
         let pd = nic.alloc_pd().unwrap();
         let data = Region::new(&nic, pd, 4096, ALL);
-        let cq_a = nic
-            .create_cq(CqConfig {
-                depth: 64,
-                ignore_overrun: true,
-            })
-            .unwrap();
+        let cq_a = nic.create_cq(CqConfig::counted(64)).unwrap();
         let cq_b = nic.create_cq(CqConfig::default()).unwrap();
         let mk = |cq, pu| {
             let mut c = QpConfig::new(pd, cq);
@@ -536,13 +531,9 @@ fn a_queue_parked_on_a_wait_resumes_flushes_and_faults() {
 #[test]
 fn a_doorbell_chain_on_one_pu_hands_over_at_each_enable() {
     for wqe_checks in [false, true] {
-        let nic = SoftNic::new(SoftNicConfig {
-            name: "test".into(),
-            pus: 1,
-            prefetch: Prefetch::Depth(8),
-            wqe_checks,
-        })
-        .unwrap();
+        let mut cfg = SoftNicConfig::new("test");
+        cfg.wqe_checks = wqe_checks;
+        let nic = SoftNic::new(cfg).unwrap();
         // Fewer under Miri, which runs a step in milliseconds.
         let steps: u32 = if cfg!(miri) { 12 } else { 100 };
         let pd = nic.alloc_pd().unwrap();
@@ -643,7 +634,7 @@ fn handed_over_moves_and_atomics(mode: Prefetch) {
     let src = Region::new(&nic, pd, 64 * steps as usize, ALL);
     let dst = Region::new(&nic, pd, 64 * steps as usize + 8, ALL);
     for i in 0..steps as usize {
-        src.write(64 * i, &[i as u8 + 1; 64]);
+        src.write(64 * i, &[u8::try_from(i + 1).unwrap(); 64]);
     }
     let sum_at = 64 * steps as usize;
     let ops: Vec<_> = (0..steps as usize)
@@ -664,7 +655,7 @@ fn handed_over_moves_and_atomics(mode: Prefetch) {
     for i in (0..steps as usize).step_by(2) {
         assert_eq!(
             dst.read(64 * i, 64),
-            vec![i as u8 + 1; 64],
+            vec![u8::try_from(i + 1).unwrap(); 64],
             "{mode:?}: WRITE {i}"
         );
     }

@@ -10,6 +10,7 @@ use redn_policy::{verify, Grants};
 use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
 use redn_program::program::Program;
 use redn_program::wqe::{Payload, Syndrome, WorkRequest, WqeFlags, WrOp};
+use redn_sys::conv::idx;
 use redn_sys::install::{install, RegionBinding};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, Nic, QpConfig};
@@ -39,6 +40,12 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+    fn below32(&mut self, n: u32) -> u32 {
+        u32::try_from(self.below(u64::from(n))).unwrap()
+    }
+    fn byte(&mut self) -> u8 {
+        self.next().to_le_bytes()[0]
+    }
 }
 
 fn snapshot(b: &SharedBuffer) -> Vec<u8> {
@@ -60,11 +67,10 @@ struct World {
 }
 
 fn world(program: &Program, rng: &mut Rng) -> World {
-    let cfg = |name: &str| SoftNicConfig {
-        name: name.into(),
-        pus: 1,
-        prefetch: Prefetch::Adversarial,
-        wqe_checks: false,
+    let cfg = |name: &str| {
+        let mut c = SoftNicConfig::new(name);
+        c.prefetch = Prefetch::Adversarial;
+        c
     };
     let server = std::sync::Arc::new(SoftNic::new(cfg("server")).unwrap());
     let client = SoftNic::new(cfg("client")).unwrap();
@@ -82,7 +88,7 @@ fn world(program: &Program, rng: &mut Rng) -> World {
     // A table of valid buckets / list nodes pointing into the values, plus some junk.
     for i in 0..(TABLE.1 as u64 / BUCKET_STRIDE) {
         let key = 0x1000 + i;
-        let len = 1 + rng.below(64) as u32;
+        let len = 1 + rng.below32(64);
         let value = values.addr.0 + rng.below(VALUES.1 as u64 - 64);
         let next = table.addr.0 + rng.below(TABLE.1 as u64 / BUCKET_STRIDE) * BUCKET_STRIDE;
         let mut node = catalog::node_bytes(key, len, value, next).to_vec();
@@ -91,19 +97,19 @@ fn world(program: &Program, rng: &mut Rng) -> World {
             // or anywhere at all.
             let near = values.addr.0 + VALUES.1 as u64 - rng.below(32);
             let far = values.addr.0 - 1 - rng.below(64);
-            let ptr = [near, far, rng.next()][rng.below(3) as usize];
-            node[6..10].copy_from_slice(&(64 + rng.below(64) as u32).to_be_bytes());
+            let ptr = [near, far, rng.next()][idx(rng.below(3))];
+            node[6..10].copy_from_slice(&(64 + rng.below32(64)).to_be_bytes());
             node[10..18].copy_from_slice(&ptr.to_be_bytes());
         }
         smem.write(
-            TABLE.0 + (i * BUCKET_STRIDE) as usize,
-            &node[..(BUCKET_STRIDE as usize).min(node.len())],
+            TABLE.0 + idx(i * BUCKET_STRIDE),
+            &node[..idx(BUCKET_STRIDE).min(node.len())],
         );
     }
     // Values never contain the guard byte, so a response carrying one read outside the grants.
     let mut v = vec![0u8; VALUES.1];
     for b in v.iter_mut() {
-        *b = (rng.next() as u8).max(1);
+        *b = rng.byte().max(1);
         if *b == GUARD {
             *b = 0;
         }
@@ -122,12 +128,7 @@ fn world(program: &Program, rng: &mut Rng) -> World {
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         )
         .unwrap();
-    let ccq = client
-        .create_cq(CqConfig {
-            depth: 1024,
-            ignore_overrun: false,
-        })
-        .unwrap();
+    let ccq = client.create_cq(CqConfig::new(1024)).unwrap();
     let mut qcfg = QpConfig::new(cpd, ccq);
     qcfg.rq_slots = 64;
     let cqp = client.create_qp(qcfg).unwrap().qpn;
@@ -183,7 +184,7 @@ fn grants() -> Grants {
 fn trigger(p: &Program, w: &World, rng: &mut Rng) -> Vec<u8> {
     let mut m = vec![0u8; p.trigger_len as usize];
     for b in m.iter_mut() {
-        *b = rng.next() as u8;
+        *b = rng.byte();
     }
     if rng.below(4) == 0 {
         return m;
@@ -198,7 +199,8 @@ fn trigger(p: &Program, w: &World, rng: &mut Rng) -> Vec<u8> {
                     w.values_addr
                 };
                 let delta = rng.below(3 * 4096) as i64 - 4096;
-                let addr = (base as i64 + delta) as u64 & !if rng.below(2) == 0 { 31 } else { 0 };
+                let addr =
+                    base.wrapping_add_signed(delta) & !if rng.below(2) == 0 { 31 } else { 0 };
                 m[at..at + 8].copy_from_slice(&addr.to_be_bytes());
             }
             6 => {

@@ -17,11 +17,7 @@ fn nop() -> WrOp {
 
 #[test]
 fn configuration_and_object_errors_name_what_is_wrong() {
-    let e = SoftNic::new(SoftNicConfig {
-        pus: 0,
-        ..SoftNicConfig::default()
-    })
-    .unwrap_err();
+    let e = SoftNic::with_pus(0).unwrap_err();
     assert_eq!(
         e.to_string(),
         "invalid softnic processing units: 0 is outside 1..=64"
@@ -120,9 +116,10 @@ fn cq_overrun_is_reported_unless_ignored() {
     let pd = nic.alloc_pd().unwrap();
     for ignore in [false, true] {
         let cq = nic
-            .create_cq(CqConfig {
-                depth: 4,
-                ignore_overrun: ignore,
+            .create_cq(if ignore {
+                CqConfig::counted(4)
+            } else {
+                CqConfig::new(4)
             })
             .unwrap();
         let mut cfg = QpConfig::new(pd, cq);
@@ -163,13 +160,9 @@ fn cq_overrun_is_reported_unless_ignored() {
 fn wqe_checks_refuse_a_foreign_qpn_that_redn_mode_runs() {
     // RedN keeps operands in the QPN field; ConnectX's WQE checks must be off for that.
     for checks in [false, true] {
-        let nic = SoftNic::new(SoftNicConfig {
-            name: "checks".into(),
-            pus: 1,
-            prefetch: Prefetch::Depth(8),
-            wqe_checks: checks,
-        })
-        .unwrap();
+        let mut cfg = SoftNicConfig::new("checks");
+        cfg.wqe_checks = checks;
+        let nic = SoftNic::new(cfg).unwrap();
         let pd = nic.alloc_pd().unwrap();
         let ep = endpoint(&nic, pd, |_| {});
         nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();

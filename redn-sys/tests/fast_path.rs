@@ -7,6 +7,7 @@
 mod common;
 use common::*;
 use redn_program::wqe::{Opcode, Payload, RemoteAddr, WqeFlags, WrOp, BB_SIZE, SEG_SIZE};
+use redn_sys::conv::idx;
 use redn_sys::nic::{Completion, Nic, RateLimit};
 use redn_sys::softnic::Prefetch;
 use redn_sys::{Access, Cqn, Rkey, VirtAddr};
@@ -30,14 +31,14 @@ struct Outcome {
 /// A random work request at position `i` (every one signaled, so WQE k's completion is
 /// index k and a WAIT for an earlier one passes). `fault` makes this one refused.
 fn random_wr(rng: &mut Rng, i: u64, local: &Region, remote: &Region, cq: Cqn, fault: bool) -> WrOp {
-    let len = 1 + rng.below(64);
-    let off = |rng: &mut Rng, len: u64| rng.below(LEN as u64 - len + 1);
+    let len = 1 + rng.below32(64);
+    let off = |rng: &mut Rng, len: u32| rng.below(LEN as u64 - u64::from(len) + 1);
     if fault {
         return match rng.below(3) {
             // One byte past the end of the remote region.
             0 => WrOp::Write {
-                remote: remote.mr.remote(LEN as u64 - len + 1),
-                payload: Payload::Sgl(vec![local.mr.sge(0, len as u32)]),
+                remote: remote.mr.remote(LEN as u64 - u64::from(len) + 1),
+                payload: Payload::Sgl(vec![local.mr.sge(0, len)]),
                 imm: None,
             },
             1 => WrOp::Read {
@@ -45,7 +46,7 @@ fn random_wr(rng: &mut Rng, i: u64, local: &Region, remote: &Region, cq: Cqn, fa
                     addr: VirtAddr(remote.mr.addr.0),
                     rkey: Rkey(0x00dead01),
                 },
-                sgl: vec![local.mr.sge(0, len as u32)],
+                sgl: vec![local.mr.sge(0, len)],
             },
             _ => WrOp::Wait {
                 cq: Cqn(0x00ff_fff0),
@@ -59,24 +60,24 @@ fn random_wr(rng: &mut Rng, i: u64, local: &Region, remote: &Region, cq: Cqn, fa
         },
         1 | 2 => WrOp::Write {
             remote: remote.mr.remote(off(rng, len)),
-            payload: Payload::Sgl(vec![local.mr.sge(off(rng, len), len as u32)]),
+            payload: Payload::Sgl(vec![local.mr.sge(off(rng, len), len)]),
             imm: None,
         },
         3 | 4 => WrOp::Read {
             remote: remote.mr.remote(off(rng, len)),
-            sgl: vec![local.mr.sge(off(rng, len), len as u32)],
+            sgl: vec![local.mr.sge(off(rng, len), len)],
         },
         // Two scatter entries: one BB, but not a one-segment READ.
         5 => WrOp::Read {
             remote: remote.mr.remote(off(rng, 2 * len)),
             sgl: vec![
-                local.mr.sge(off(rng, len), len as u32),
-                local.mr.sge(off(rng, len), len as u32),
+                local.mr.sge(off(rng, len), len),
+                local.mr.sge(off(rng, len), len),
             ],
         },
         6 => WrOp::Write {
             remote: remote.mr.remote(off(rng, len)),
-            payload: Payload::Inline((0..len).map(|_| rng.next() as u8).collect()),
+            payload: Payload::Inline((0..len).map(|_| rng.byte()).collect()),
             imm: None,
         },
         7 => {
@@ -116,7 +117,7 @@ fn random_wr(rng: &mut Rng, i: u64, local: &Region, remote: &Region, cq: Cqn, fa
         }
         _ if i > 0 => WrOp::Wait {
             cq,
-            count: rng.below(i) as u32,
+            count: u32::try_from(rng.below(i)).unwrap(),
         },
         _ => WrOp::Nop {
             raw_segments: Vec::new(),
@@ -127,10 +128,7 @@ fn random_wr(rng: &mut Rng, i: u64, local: &Region, remote: &Region, cq: Cqn, fa
 /// A rate limit too high to ever hold anything back: a rate-limited queue always takes the
 /// general path, so this makes `qpn` run every WQE there.
 fn force_general_path(nic: &redn_sys::softnic::SoftNic, qpn: redn_sys::Qpn) {
-    let limit = RateLimit {
-        wqes_per_sec: 1 << 40,
-        bytes_per_sec: 1 << 50,
-    };
+    let limit = RateLimit::wqes(1 << 40).with_bytes(1 << 50);
     nic.set_rate_limit(qpn, limit).unwrap();
 }
 
@@ -140,7 +138,7 @@ fn run(seed: u64, limited: bool) -> Outcome {
     let local = Region::new(&nic, pd, LEN, Access::ALL);
     let remote = Region::new(&nic, pd, LEN, Access::ALL);
     let mut fill = Rng(seed ^ 0x5eed);
-    let bytes: Vec<u8> = (0..2 * LEN).map(|_| fill.next() as u8).collect();
+    let bytes: Vec<u8> = (0..2 * LEN).map(|_| fill.byte()).collect();
     local.write(0, &bytes[..LEN]);
     remote.write(0, &bytes[LEN..]);
     let ep = endpoint(&nic, pd, |c| c.sq_bbs = 1024);
@@ -230,10 +228,12 @@ const RING: usize = if cfg!(miri) { 16 } else { 64 };
 
 /// A random one-BB WRITE, READ or NOP: what the executor may resolve once and re-run.
 fn recycled_wr(rng: &mut Rng, locals: &[Region], remote: &Region) -> WrOp {
-    let len = [8, 64, 1 + rng.below(64)][rng.below(3) as usize];
-    let local = &locals[rng.below(locals.len() as u64) as usize];
-    let l = local.mr.sge(rng.below(PIECE as u64 - len + 1), len as u32);
-    let r = remote.mr.remote(rng.below(LEN as u64 - len + 1));
+    let len = [8, 64, 1 + rng.below32(64)][rng.index(3)];
+    let local = &locals[rng.index(locals.len())];
+    let l = local
+        .mr
+        .sge(rng.below(PIECE as u64 - u64::from(len) + 1), len);
+    let r = remote.mr.remote(rng.below(LEN as u64 - u64::from(len) + 1));
     match rng.below(5) {
         0 => WrOp::Nop {
             raw_segments: Vec::new(),
@@ -268,15 +268,12 @@ fn run_recycled(seed: u64, limited: bool) -> Rounds {
     let mut fill = Rng(seed ^ 0xf111);
     let refill = |locals: &[Region], fill: &mut Rng| {
         for l in locals {
-            l.write(
-                0,
-                &(0..PIECE).map(|_| fill.next() as u8).collect::<Vec<_>>(),
-            );
+            l.write(0, &(0..PIECE).map(|_| fill.byte()).collect::<Vec<_>>());
         }
     };
     refill(&locals, &mut fill);
-    remote.write(0, &(0..LEN).map(|_| fill.next() as u8).collect::<Vec<_>>());
-    let ep = endpoint(&nic, pd, |c| c.sq_bbs = RING as u32);
+    remote.write(0, &(0..LEN).map(|_| fill.byte()).collect::<Vec<_>>());
+    let ep = endpoint(&nic, pd, |c| c.sq_bbs = u32::try_from(RING).unwrap());
     nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
     if limited {
         force_general_path(&nic, ep.qp.qpn);
@@ -291,13 +288,13 @@ fn run_recycled(seed: u64, limited: bool) -> Rounds {
         match round {
             2 => {
                 for _ in 0..8 {
-                    let i = rng.below(RING as u64) as usize;
+                    let i = rng.index(RING);
                     ops[i] = recycled_wr(&mut rng, &locals, &remote);
                 }
             }
             3 => refill(&locals, &mut fill),
             4 => {
-                let i = rng.below(KEYS as u64) as usize;
+                let i = rng.index(KEYS);
                 let old = locals[i].mr.lkey;
                 nic.dereg_mr(old).unwrap();
                 let buf = std::sync::Arc::clone(&locals[i].buf);
@@ -499,8 +496,8 @@ fn self_patching_rounds(limited: bool) -> Vec<(Vec<u8>, Vec<u8>)> {
         let done = wait_cqes(&nic, ep.cq, 1);
         assert!(done[0].is_ok(), "round {r}: {done:?}");
         out.push((
-            data.read(1024 + 8 * NEAR as usize, 8),
-            data.read(1024 + 8 * FAR as usize, 8),
+            data.read(1024 + 8 * idx(NEAR), 8),
+            data.read(1024 + 8 * idx(FAR), 8),
         ));
     }
     out
@@ -514,7 +511,11 @@ fn a_recycled_ring_that_patches_itself_runs_stale_and_fresh_wqes_as_the_prefetch
         // The near WQE was fetched before the patch landed: it runs as posted, every round
         // (also once its slot is hot). The far one was fetched after: this round's source.
         assert_eq!(near, b"posted!!", "round {r}: near");
-        assert_eq!(far, &vec![b'a' + r as u8; 8], "round {r}: far");
+        assert_eq!(
+            far,
+            &vec![b'a' + u8::try_from(r).unwrap(); 8],
+            "round {r}: far"
+        );
     }
 }
 
@@ -529,7 +530,7 @@ fn a_ring_longer_than_the_snapshots_runs_every_wqe_as_posted() {
     let pd = nic.alloc_pd().unwrap();
     let src = Region::new(&nic, pd, 4096, Access::ALL);
     let dst = Region::new(&nic, pd, BBS * 8, Access::ALL);
-    let ep = endpoint(&nic, pd, |c| c.sq_bbs = BBS as u32);
+    let ep = endpoint(&nic, pd, |c| c.sq_bbs = u32::try_from(BBS).unwrap());
     nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
     let wrs: Vec<_> = (0..BBS as u64)
         .map(|i| {
@@ -543,8 +544,11 @@ fn a_ring_longer_than_the_snapshots_runs_every_wqe_as_posted() {
         })
         .collect();
     for round in 0..3u8 {
-        let fill: Vec<u8> = (0..4096)
-            .map(|i| (i as u8).wrapping_mul(7) ^ round)
+        // Bytes 0, 7, 14, ... (mod 256), again every 256.
+        let fill: Vec<u8> = (0..=255u8)
+            .cycle()
+            .take(4096)
+            .map(|i| i.wrapping_mul(7) ^ round)
             .collect();
         src.write(0, &fill);
         nic.post_send(ep.qp.qpn, &wrs).unwrap();

@@ -8,6 +8,7 @@ use common::*;
 use redn_program::program::catalog::{self, HashVariant};
 use redn_program::program::{Addr, Program, QueueRole};
 use redn_program::wqe::{Payload, RemoteAddr, WrOp, BB_SIZE};
+use redn_sys::conv::idx;
 use redn_sys::nic::Nic;
 use redn_sys::softnic::Prefetch;
 use redn_sys::{Access, Rkey, VirtAddr};
@@ -36,7 +37,7 @@ fn patched_and_ring_bytes(rig: &Rig) -> (Vec<bool>, Vec<bool>) {
             .unwrap()
             .0
             - r.code_addr.0;
-        for b in &mut patched[at as usize..(at + u64::from(p.len)) as usize] {
+        for b in &mut patched[idx(at)..idx(at + u64::from(p.len))] {
             *b = true;
         }
     }
@@ -59,13 +60,8 @@ fn every_key_over_code_covers_patch_points_or_statics_only() {
         assert!(!code.code_keys.is_empty(), "{name}");
         let mut covered = 0;
         for (w, mr) in &code.code_keys {
-            let off = (mr.addr.0 - code.code_addr.0) as usize;
-            assert_eq!(
-                (off, mr.len as usize),
-                (w.offset, w.len),
-                "{name}: {}",
-                w.what
-            );
+            let off = idx(mr.addr.0 - code.code_addr.0);
+            assert_eq!((off, idx(mr.len)), (w.offset, w.len), "{name}: {}", w.what);
             for byte in off..off + w.len {
                 // A ring byte a key covers is a patch point's; anything else is a static.
                 assert!(

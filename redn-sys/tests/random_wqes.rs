@@ -45,7 +45,7 @@ fn the_fuzz_seeds_run_cleanly() {
 fn random_bb(rng: &mut Rng) -> [u8; BB_SIZE] {
     let mut bb = [0u8; BB_SIZE];
     for b in bb.iter_mut() {
-        *b = rng.next() as u8;
+        *b = rng.byte();
     }
     // (opcode, ds, selector): bit 0 aims the remote address, bit 1 the data segment at 32,
     // bits 1 and 3 the one at 48, bit 2 the WAIT / ENABLE object (bit 4: a CQ).
@@ -74,11 +74,7 @@ fn random_bb(rng: &mut Rng) -> [u8; BB_SIZE] {
     } else {
         0
     };
-    bb[exec_soup::SELECTOR] = if rng.below(8) != 0 {
-        sel
-    } else {
-        rng.next() as u8
-    };
+    bb[exec_soup::SELECTOR] = if rng.below(8) != 0 { sel } else { rng.byte() };
     bb
 }
 
@@ -87,7 +83,7 @@ fn random_programs_run_cleanly() {
     let cases = if cfg!(miri) { 4 } else { 300 };
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for case in 0..cases {
-        let bbs = 1 + rng.below(16) as usize;
+        let bbs = 1 + rng.index(16);
         let data: Vec<u8> = (0..bbs).flat_map(|_| random_bb(&mut rng)).collect();
         if std::panic::catch_unwind(|| exec_soup::run(&data)).is_err() {
             panic!("random program {case} failed: {data:02x?}");

@@ -1,3 +1,5 @@
+//! A loopback WRITE on one softnic: the smallest end-to-end check.
+
 mod common;
 use common::*;
 use redn_program::wqe::{Payload, WrOp};

@@ -65,10 +65,10 @@ fn wqe_mut<'a>(p: &'a mut Program, label: &str) -> &'a mut redn_program::program
 /// One random change to `p`, the way a hostile definition might differ from the catalog.
 fn mutate(p: &mut Program, rng: &mut Rng) {
     let all = labels(p);
-    let pick = |rng: &mut Rng, v: &[String]| v[rng.below(v.len() as u64) as usize].clone();
+    let pick = |rng: &mut Rng, v: &[String]| v[rng.index(v.len())].clone();
     let target = pick(rng, &all);
-    let byte = rng.below(64) as u32;
-    let len = 1 + rng.below(8) as u32;
+    let byte = rng.below32(64);
+    let len = 1 + rng.below32(8);
     match rng.below(9) {
         // A trigger parameter scattered into any bytes of any WQE, declared.
         0 => {
@@ -87,7 +87,7 @@ fn mutate(p: &mut Program, rng: &mut Rng) {
                 q.rq_sges = q.rq_sges.max(
                     q.recvs
                         .iter()
-                        .map(|r| r.sgl.len() as u32)
+                        .map(|r| u32::try_from(r.sgl.len()).unwrap())
                         .max()
                         .unwrap_or(1)
                         .next_power_of_two(),
@@ -163,14 +163,14 @@ fn mutate(p: &mut Program, rng: &mut Rng) {
                 Op::Cas {
                     swap: Operand::Ctrl { ds, .. },
                     ..
-                } => *ds = Some(1 + rng.below(6) as u8),
+                } => *ds = Some(1 + rng.byte() % 6),
                 _ => {}
             }
         }
         // A count changed.
         6 => match &mut wqe_mut(p, &target).op {
             Op::SendEn { count, .. } | Op::RecvEn { count, .. } | Op::Wait { count, .. } => {
-                *count = rng.below(40) as u32;
+                *count = rng.below32(40);
             }
             _ => {}
         },
@@ -218,7 +218,8 @@ fn wqe_slots(rig: &Rig) -> Vec<(String, usize, u8, u8)> {
         .flat_map(|q| &q.wqes)
         .map(|w| {
             let at = r.addr(&rig.program, &Addr::wqe(&w.label, 0)).unwrap().0 - r.code_addr.0;
-            (w.label.clone(), at as usize, w.op.opcode_byte(), w.op.ds())
+            let at = usize::try_from(at).unwrap();
+            (w.label.clone(), at, w.op.opcode_byte(), w.op.ds())
         })
         .collect()
 }
@@ -255,8 +256,8 @@ fn run(p: Program, rng: &mut Rng, triggers: usize, budget: u64) {
     for i in 0..64u64 {
         let at = rng.below(DATA_LEN as u64 - 64);
         let value = rig.data.mr.addr.0 + rng.below(DATA_LEN as u64);
-        let node = catalog::node_bytes(i, rng.below(200) as u32, value, rig.data.mr.addr.0 + at);
-        rig.data.write(at as usize, &node);
+        let node = catalog::node_bytes(i, rng.below32(200), value, rig.data.mr.addr.0 + at);
+        rig.data.write(usize::try_from(at).unwrap(), &node);
     }
     let rendered = rig.program.render(&rig.installed.resolver).unwrap().code;
     let writable: Vec<(usize, usize)> = rig
@@ -276,7 +277,7 @@ fn run(p: Program, rng: &mut Rng, triggers: usize, budget: u64) {
         // A trigger: random bytes, or a table address with a key that may match.
         let mut msg = vec![0u8; rig.program.trigger_len as usize];
         for b in &mut msg {
-            *b = rng.next() as u8;
+            *b = rng.byte();
         }
         if rng.below(2) == 0 && msg.len() >= 14 {
             let at = rig.data.mr.addr.0 + rng.below(DATA_LEN as u64);
@@ -368,4 +369,3 @@ fn what_the_verifier_accepts_stays_inside_what_it_reasoned_about() {
         "only {refused} of {variants} variants were refused"
     );
 }
-

@@ -24,8 +24,9 @@ use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master,
 use redn_bench::setup::{counting_cq, loopback_qp, Region};
 use redn_bench::Ctx;
 use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
+use redn_sys::conv::idx;
 use redn_sys::nic::Nic;
-use redn_sys::softnic::{SoftNic, SoftNicConfig};
+use redn_sys::softnic::SoftNic;
 use redn_sys::{Cqn, Pdn};
 use std::time::{Duration, Instant};
 
@@ -115,11 +116,7 @@ fn run(o: &Opts) -> Result<(), String> {
         steps,
         rounds,
     } = *o;
-    let nic = SoftNic::new(SoftNicConfig {
-        pus: 1,
-        ..Default::default()
-    })
-    .ctx("softnic")?;
+    let nic = SoftNic::with_pus(1).ctx("softnic")?;
     let pd = nic.alloc_pd().ctx("alloc_pd")?;
     let cq = || counting_cq(&nic);
     // Queues parked on a WAIT for a completion that never comes (their CQ has none).
@@ -205,10 +202,11 @@ fn writes(
     rounds: u64,
     spin: bool,
 ) -> Result<(), String> {
-    let len = steps as usize * 64;
+    let len = idx(steps) * 64;
     let src = Region::filled(nic, pd, len, |_| 0x5a)?;
     let dst = Region::filled(nic, pd, len, |_| 0)?;
-    let info = loopback_qp(nic, pd, cq, 0, steps.next_power_of_two() as u32, false)?;
+    let ring = u32::try_from(steps.next_power_of_two()).ctx("send ring size")?;
+    let info = loopback_qp(nic, pd, cq, 0, ring, false)?;
     let mut q = SqWriter::new(&info, false);
     for _ in 0..rounds {
         let base = nic.cq_produced(cq).ctx("cq_produced")?;

@@ -15,7 +15,7 @@
 //! tables; nothing is asserted. Exit status 1 means the softnic or a program misbehaved (a hang,
 //! an error completion, a wrong response, wrong WQE counts): see the "anomalies" list.
 
-use redn_bench::bytes::be48;
+use redn_bench::bytes::{be48, low_byte};
 use redn_bench::native::{mean_ns_samples, on_threads};
 use redn_bench::opts::{parse_num, CommonOpts};
 use redn_bench::queues::{flags_if, nop, SqWriter};
@@ -27,11 +27,14 @@ use redn_bench::stats::{median, min, ns, stats, Stats};
 use redn_bench::wait::{timed_out, wait_produced, Backoff, WaitMode, WAIT_TIMEOUT};
 use redn_bench::Ctx;
 use redn_program::endian::{Be32, Be64};
-use redn_program::program::catalog::{self, HashVariant, BUCKET_LEN, BUCKET_STRIDE, NODE_LEN};
+use redn_program::program::catalog::{
+    self, HashVariant, BUCKET_BYTES, BUCKET_LEN, BUCKET_STRIDE, NODE_BYTES, NODE_LEN,
+};
 use redn_program::program::{
     Addr, Builder, Form, Iterations, Op, Program, ProgramError, QueueRole, RegionRole, Sge,
 };
 use redn_program::wqe::{Opcode, Payload, WorkRequest, WqeFlags, WrOp};
+use redn_sys::conv::{idx, low32};
 use redn_sys::install::RegionBinding;
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{CompChannel, Completion, CqConfig, Nic, QpConfig};
@@ -134,8 +137,15 @@ const LVALUES_AT: u64 = 1 << 20;
 const SCRATCH_AT: u64 = 1536 << 10;
 const BUCKETS: u64 = 8;
 const LIST_STEPS: u32 = 8;
-const LIST_VALUE: usize = 64;
+const LIST_VALUE: u32 = 64;
 const SIZES: [usize; 5] = [64, 1024, 4096, 16384, 65536];
+// The catalog's bucket and node sizes (18 and 26 bytes) as READ lengths; the assertion
+// checks that the casts keep them whole.
+#[allow(clippy::cast_possible_truncation)]
+const BUCKET_LEN32: u32 = BUCKET_LEN as u32;
+#[allow(clippy::cast_possible_truncation)]
+const NODE_LEN32: u32 = NODE_LEN as u32;
+const _: () = assert!(BUCKET_LEN32 as u64 == BUCKET_LEN && NODE_LEN32 as u64 == NODE_LEN);
 
 // Client region layout.
 const CBUF_LEN: usize = 256 << 10;
@@ -223,7 +233,7 @@ fn wait_steps(
     n: u64,
     channel: Option<&CompChannel>,
 ) -> Result<Vec<Instant>, String> {
-    let mut seen = Vec::with_capacity(n as usize);
+    let mut seen = Vec::with_capacity(idx(n));
     let mut backoff = Backoff::new(64, Some(Instant::now()));
     loop {
         if let Some(ch) = channel {
@@ -328,19 +338,9 @@ impl Env {
         let cpd = client.alloc_pd().ctx("alloc_pd")?;
         let data = Region::new(&server, spd, DATA_LEN, Access::ALL)?;
         let cbuf = Region::new(&client, cpd, CBUF_LEN, Access::ALL)?;
-        let ccq = client
-            .create_cq(CqConfig {
-                depth: 1 << 16,
-                ignore_overrun: false,
-            })
-            .ctx("create_cq")?;
+        let ccq = client.create_cq(CqConfig::new(1 << 16)).ctx("create_cq")?;
         // The READ baseline's connection: a client QP and a passive server QP.
-        let rcq = client
-            .create_cq(CqConfig {
-                depth: 4096,
-                ignore_overrun: false,
-            })
-            .ctx("create_cq")?;
+        let rcq = client.create_cq(CqConfig::new(4096)).ctx("create_cq")?;
         let mut rc = QpConfig::new(cpd, rcq);
         rc.pu = Some(0);
         let rqp = client.create_qp(rc).ctx("create_qp")?;
@@ -416,7 +416,7 @@ impl Env {
         }
         m.insert(
             "data".to_string(),
-            local((SCRATCH_AT + scratch * 4096) as usize, 4096),
+            local(idx(SCRATCH_AT + scratch * 4096), 4096),
         );
         m.insert(
             "response".to_string(),
@@ -571,7 +571,7 @@ fn trigger(
     .map_err(|e| format!("{e}{}", inst.diag(env)))?;
     inst.served += 1;
     let times = seen.iter().map(|t| ns(*t - t0)).collect();
-    let cqes = take_cqes(&env.client, env.ccq, responses as usize)?;
+    let cqes = take_cqes(&env.client, env.ccq, idx(responses))?;
     Ok((times, cqes))
 }
 
@@ -608,7 +608,7 @@ fn hkey(b: u64) -> u64 {
 
 fn hvalue(b: u64, size: usize) -> Vec<u8> {
     (0..size)
-        .map(|i| (b as usize * 37 + i * 7 + size / 64) as u8)
+        .map(|i| low_byte(idx(b) * 37 + i * 7 + size / 64))
         .collect()
 }
 
@@ -624,7 +624,8 @@ fn bucket_off(b: u64) -> u64 {
 fn fill_table(env: &Env, size: usize) {
     for b in 0..BUCKETS {
         env.data.write(hvalue_off(b), &hvalue(b, size));
-        let bytes = catalog::bucket_bytes(hkey(b), size as u32, env.data.addr(hvalue_off(b)));
+        let len = u32::try_from(size).expect("value sizes are at most 64 KiB");
+        let bytes = catalog::bucket_bytes(hkey(b), len, env.data.addr(hvalue_off(b)));
         env.data.write(bucket_off(b), &bytes);
     }
 }
@@ -653,8 +654,8 @@ fn lkey(i: u64) -> u64 {
 }
 
 fn lvalue(i: u64) -> Vec<u8> {
-    (0..LIST_VALUE)
-        .map(|b| (i as usize * 31 + b) as u8)
+    (0..LIST_VALUE as usize)
+        .map(|b| low_byte(idx(i) * 31 + b))
         .collect()
 }
 
@@ -675,7 +676,7 @@ fn fill_list(env: &Env) -> u64 {
         env.data.write(voff, &lvalue(i));
         let b = catalog::node_bytes(
             lkey(i),
-            LIST_VALUE as u32,
+            LIST_VALUE,
             env.data.addr(voff),
             env.data.addr(next),
         );
@@ -753,7 +754,7 @@ impl Entry {
 
 /// A list node's next pointer (after the entry's fields).
 fn next_node(n: &[u8]) -> u64 {
-    Be64::read(n, BUCKET_LEN as usize).get()
+    Be64::read(n, BUCKET_BYTES).get()
 }
 
 /// READ the value of `found`, if any, into the client buffer at READ_AT + 256: its length (0
@@ -776,21 +777,13 @@ fn read_get(env: &Env, rd: &mut Reader, key: u64, buckets: &[u64]) -> Result<(f6
     let reads: Vec<(u64, u64, u32)> = buckets
         .iter()
         .enumerate()
-        .map(|(i, &b)| {
-            (
-                env.data.addr(bucket_off(b)),
-                32 * i as u64,
-                BUCKET_LEN as u32,
-            )
-        })
+        .map(|(i, &b)| (env.data.addr(bucket_off(b)), 32 * i as u64, BUCKET_LEN32))
         .collect();
     read_once(env, &mut rd.sq, rd.cq, &reads)?;
     let mut hit = None;
     for i in 0..buckets.len() {
-        let mut bk = [0u8; BUCKET_LEN as usize];
-        env.cbuf
-            .buf
-            .read((READ_AT + 32 * i as u64) as usize, &mut bk);
+        let mut bk = [0u8; BUCKET_BYTES];
+        env.cbuf.buf.read(idx(READ_AT) + 32 * i, &mut bk);
         let e = Entry::parse(&bk);
         if e.key == key {
             hit = Some(e);
@@ -809,9 +802,9 @@ fn read_find(env: &Env, rd: &mut Reader, head: u64, key: u64) -> Result<(f64, us
     let mut node = head;
     let mut found = None;
     for _ in 0..LIST_STEPS {
-        read_once(env, &mut rd.sq, rd.cq, &[(node, 0, NODE_LEN as u32)])?;
-        let mut n = [0u8; NODE_LEN as usize];
-        env.cbuf.buf.read(READ_AT as usize, &mut n);
+        read_once(env, &mut rd.sq, rd.cq, &[(node, 0, NODE_LEN32)])?;
+        let mut n = [0u8; NODE_BYTES];
+        env.cbuf.buf.read(idx(READ_AT), &mut n);
         let e = Entry::parse(&n);
         if e.key == key {
             found = Some(e);
@@ -827,7 +820,7 @@ fn read_find(env: &Env, rd: &mut Reader, head: u64, key: u64) -> Result<(f64, us
 /// `dst`: its length.
 fn copy_value(data: &SharedBuffer, base: u64, dst: &SharedBuffer, e: &Entry) -> usize {
     let len = e.len as usize;
-    dst.copy_from(0, data, (e.addr - base) as usize, len);
+    dst.copy_from(0, data, idx(e.addr - base), len);
     len
 }
 
@@ -841,8 +834,8 @@ fn native_get(
     buckets: &[u64],
 ) -> usize {
     for &b in buckets {
-        let mut bk = [0u8; BUCKET_LEN as usize];
-        data.read(bucket_off(b) as usize, &mut bk);
+        let mut bk = [0u8; BUCKET_BYTES];
+        data.read(idx(bucket_off(b)), &mut bk);
         let e = Entry::parse(&bk);
         if e.key == key {
             return copy_value(data, base, dst, &e);
@@ -855,8 +848,8 @@ fn native_get(
 fn native_find(data: &SharedBuffer, base: u64, dst: &SharedBuffer, head: u64, key: u64) -> usize {
     let mut node = head;
     for _ in 0..LIST_STEPS {
-        let mut n = [0u8; NODE_LEN as usize];
-        data.read((node - base) as usize, &mut n);
+        let mut n = [0u8; NODE_BYTES];
+        data.read(idx(node - base), &mut n);
         let e = Entry::parse(&n);
         if e.key == key {
             return copy_value(data, base, dst, &e);
@@ -1163,7 +1156,7 @@ fn pipelined(
         format!("{e}{d}")
     })?;
     let secs = (end - t0).as_secs_f64();
-    let cqes = take_cqes(&env.client, env.ccq, total as usize)?;
+    let cqes = take_cqes(&env.client, env.ccq, idx(total))?;
     if let Some(c) = cqes.iter().find(|c| !c.is_ok() || c.byte_len != resp_len) {
         return Err(format!(
             "pipelined response wrong (expected {resp_len} bytes): {c:?}"
@@ -1223,7 +1216,7 @@ fn pipelined_row(
     mode: WaitMode,
 ) -> Result<(Vec<f64>, f64), String> {
     let placed: Vec<Program> = (0..p).map(|pu| on_pu(prog, pu)).collect();
-    let ring = (count * 2).next_power_of_two().max(64) as u32;
+    let ring = u32::try_from((count * 2).next_power_of_two().max(64)).ctx("send ring size")?;
     let mut insts: Vec<Inst> = Vec::new();
     // The first run is a warm-up.
     let res = repeated(1, reps, || {
@@ -1264,7 +1257,7 @@ fn native_if(count: u64) -> Duration {
             code.store_u64(i * 64, nop);
         }
         for i in 0..count {
-            let at = (i as usize % n) * 64;
+            let at = (idx(i) % n) * 64;
             let cmp = if i % 2 == 0 { nop } else { nop | 1 };
             code.atomic_update(at, |old| (old == cmp).then_some(active));
             if code.load_u64(at) == active {
@@ -1294,7 +1287,7 @@ fn native_loop(count: u64) -> Duration {
         for _ in 0..count {
             for q in 0..2usize {
                 let old = b.atomic_update(q * 64, |v| Some(v + 2));
-                b.write(128 + (1 - q) * 64 + 24, &(old as u32).to_be_bytes());
+                b.write(128 + (1 - q) * 64 + 24, &low32(old).to_be_bytes());
                 b.store_u64(256 + q * 64, old);
             }
         }
@@ -1308,9 +1301,9 @@ fn native_get_loop(count: u64) -> Duration {
     let base = data.addr().0;
     for b in 0..BUCKETS {
         let v = 4096 + b * 64;
-        data.write(v as usize, &hvalue(b, 64));
+        data.write(idx(v), &hvalue(b, 64));
         data.write(
-            bucket_off(b) as usize,
+            idx(bucket_off(b)),
             &catalog::bucket_bytes(hkey(b), 64, base + v),
         );
     }
@@ -1331,14 +1324,14 @@ fn native_list_iter(count: u64) -> Duration {
     for i in 0..steps {
         let next = if i + 1 < steps { i + 1 } else { 0 };
         let b = catalog::node_bytes(lkey(i), 64, base + 2048, base + 64 * next);
-        data.write(64 * i as usize, &b);
+        data.write(64 * idx(i), &b);
     }
     let run = |count: u64| {
         let mut node = base;
         let mut hits = 0u64;
         for _ in 0..count {
-            let mut n = [0u8; NODE_LEN as usize];
-            data.read((node - base) as usize, &mut n);
+            let mut n = [0u8; NODE_BYTES];
+            data.read(idx(node - base), &mut n);
             if be48(&n) == 0xdead {
                 hits += 1;
             }
@@ -1367,9 +1360,9 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
     // (instances per PU with one PU, instances per PU with all PUs)
     let if_n: u32 = 512;
     let if_k = if o.common.quick { (4, 8) } else { (8, 16) };
-    let hash_n: u64 = 256;
+    let hash_n: u32 = 256;
     let hash_k = if o.common.quick { (4, 4) } else { (8, 8) };
-    let list_n: u64 = 32;
+    let list_n: u32 = 32;
     let list_k = if o.common.quick { (8, 8) } else { (16, 16) };
     let sl_n: u64 = if o.common.quick { 500 } else { 2000 };
     let window = Duration::from_millis(if o.common.quick { 20 } else { 60 });
@@ -1506,7 +1499,7 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
     }
 
     // `if` in the catalog's hash-get, triggers pipelined.
-    let hash = catalog::hash_get(HashVariant::Single, hash_n as u32).map_err(|e| e.to_string())?;
+    let hash = catalog::hash_get(HashVariant::Single, hash_n).map_err(|e| e.to_string())?;
     fill_table(env, 64);
     let hmsg = |_i: usize, k: u64| {
         let b = k % BUCKETS;
@@ -1515,21 +1508,43 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
     for &p in &pu_sets {
         let mode = mode_for(p, true);
         let k = if p == 1 { hash_k.0 } else { hash_k.1 };
-        let r = pipelined_row(env, &hash, p, k, hash_n, o.reps, &hmsg, 64, 1.0, mode);
+        let r = pipelined_row(
+            env,
+            &hash,
+            p,
+            k,
+            u64::from(hash_n),
+            o.reps,
+            &hmsg,
+            64,
+            1.0,
+            mode,
+        );
         let r = pipelined_tp(r, &|| native(p, &native_get_loop));
         let name = "if in hash-get (GETs, pipelined)";
         row(name, "if in hash-get", p, r, None, None, mode);
     }
 
     // Unrolled `while`: list-find without break, key absent.
-    let lf = catalog::list_find(LIST_STEPS, false, list_n as u32).map_err(|e| e.to_string())?;
+    let lf = catalog::list_find(LIST_STEPS, false, list_n).map_err(|e| e.to_string())?;
     let head = fill_list(env);
     let lmsg = move |_i: usize, _k: u64| list_msg(head, 0xdead, false);
     let iterations = f64::from(LIST_STEPS);
     for &p in &pu_sets {
         let mode = mode_for(p, true);
         let k = if p == 1 { list_k.0 } else { list_k.1 };
-        let r = pipelined_row(env, &lf, p, k, list_n, o.reps, &lmsg, 0, iterations, mode);
+        let r = pipelined_row(
+            env,
+            &lf,
+            p,
+            k,
+            u64::from(list_n),
+            o.reps,
+            &lmsg,
+            0,
+            iterations,
+            mode,
+        );
         let r = pipelined_tp(r, &|| native(p, &native_list_iter));
         let name = "while, unrolled (list-find iterations)";
         row(name, "while, unrolled", p, r, None, None, mode);
@@ -1751,6 +1766,7 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
     );
     let mut ratios = Vec::new();
     for &size in &SIZES {
+        let size32 = u32::try_from(size).ctx("value size")?;
         fill_table(env, size);
         let mut lat: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
         let mut failed: Vec<Option<String>> = vec![None; names.len()];
@@ -1764,18 +1780,18 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
                     while s < per_block + warm {
                         let inst = slots[vi].get(env, 1)?;
                         let pair = (s % 4) as u64;
-                        let k = inst.served as u32;
+                        let k = u32::try_from(inst.served).ctx("invocation number")?;
                         let (msg, resp, lens, key_b) = match v {
                             HashVariant::Single => (
                                 single_msg(env, hkey(2 * pair), 2 * pair),
                                 1,
-                                vec![size as u32],
+                                vec![size32],
                                 2 * pair,
                             ),
                             _ => (
                                 two_msg(env, hkey(2 * pair + 1), 2 * pair, 2 * pair + 1),
                                 2,
-                                vec![0, size as u32],
+                                vec![0, size32],
                                 2 * pair + 1,
                             ),
                         };
@@ -2033,13 +2049,13 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
                                 i
                             }
                         };
-                        let k = inst.served as u32;
+                        let k = u32::try_from(inst.served).ctx("invocation number")?;
                         let resp = if found && !with_break { 2 } else { 1 };
                         let res =
                             trigger(env, inst, &msg, resp, HostWait::Poll).and_then(|(t, cqes)| {
                                 let lens: Vec<u32> = match (found, with_break) {
-                                    (true, false) => vec![LIST_VALUE as u32, 0],
-                                    (true, true) => vec![LIST_VALUE as u32],
+                                    (true, false) => vec![LIST_VALUE, 0],
+                                    (true, true) => vec![LIST_VALUE],
                                     (false, _) => vec![0],
                                 };
                                 check_responses(&cqes, k, &lens).map_err(|e| {
@@ -2053,7 +2069,7 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
                                 }
                                 if found
                                     && s == skip
-                                    && env.cbuf.read(0, LIST_VALUE) != lvalue(pos as u64)
+                                    && env.cbuf.read(0, LIST_VALUE as usize) != lvalue(pos as u64)
                                 {
                                     return Err(format!("position {}: wrong value bytes", pos + 1));
                                 }
@@ -2090,7 +2106,7 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
                 let r = (|| -> Result<(), String> {
                     for s in 0..per_block + warm {
                         let (t, len) = read_find(env, &mut rd, head, key)?;
-                        let want = if found { LIST_VALUE } else { 0 };
+                        let want = if found { LIST_VALUE as usize } else { 0 };
                         if len != want {
                             return Err(format!(
                                 "READ find, position {}: {len} bytes, expected {want}",

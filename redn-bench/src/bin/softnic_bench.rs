@@ -10,6 +10,7 @@
 //! It prints tables; nothing is asserted. Exit status 1 means the softnic misbehaved (a hang,
 //! an error or out-of-order completion, a wrong result in memory): see the "anomalies" list.
 
+use redn_bench::bytes::low_byte;
 use redn_bench::native::{mean_ns_samples, on_threads};
 use redn_bench::opts::{parse_num, CommonOpts};
 use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master, SqWriter};
@@ -21,7 +22,10 @@ use redn_bench::wait::{
 };
 use redn_bench::Ctx;
 use redn_program::endian::Be64;
-use redn_program::wqe::{encode_wqe, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE};
+use redn_program::wqe::{
+    encode_wqe, wqe_index, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE,
+};
+use redn_sys::conv::{idx, low32};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic};
 use redn_sys::softnic::SoftNic;
@@ -262,7 +266,7 @@ fn cross_thread_rtt(samples: usize) -> Stats {
                 std::hint::spin_loop();
             }
             let d = ns(t0.elapsed());
-            if i as usize > samples / 10 {
+            if idx(i) > samples / 10 {
                 v.push(d);
             }
         }
@@ -450,7 +454,7 @@ fn run_chain(
                         flags: WqeFlags::NONE,
                         op: WrOp::Wait {
                             cq,
-                            count: (base + i as u64 - 1) as u32,
+                            count: low32(base + i as u64 - 1),
                         },
                     };
                     l.push(nic, &w)?;
@@ -1038,12 +1042,7 @@ impl TpQp {
         post: Posting,
         ring: u32,
     ) -> Result<TpQp, String> {
-        let cq = nic
-            .create_cq(CqConfig {
-                depth: 64,
-                ignore_overrun: false,
-            })
-            .ctx("create_cq")?;
+        let cq = nic.create_cq(CqConfig::new(64)).ctx("create_cq")?;
         let info = loopback_qp(nic, pd, cq, pu, ring, false)?;
         let w = SqWriter::new(&info, false);
         let (src, dst) = match op {
@@ -1052,7 +1051,7 @@ impl TpQp {
                 Region::filled(nic, pd, TP_REGION, |_| 0xff)?,
             ),
             _ => (
-                Region::filled(nic, pd, TP_REGION, |i| (i * 7 + pu * 13 + 1) as u8)?,
+                Region::filled(nic, pd, TP_REGION, |i| low_byte(i * 7 + pu * 13 + 1))?,
                 Region::filled(nic, pd, TP_REGION, |_| 0)?,
             ),
         };
@@ -1063,7 +1062,7 @@ impl TpQp {
                 for s in 0..u64::from(ring) {
                     let last = (s + 1) % TP_BATCH as u64 == 0;
                     let wr = tp_wr(op, s, &src.mr, &dst.mr, flags_if(last), 0);
-                    let e = encode_wqe(&wr, w.qpn, s as u16).ctx("encode_wqe")?;
+                    let e = encode_wqe(&wr, w.qpn, wqe_index(s)).ctx("encode_wqe")?;
                     if e.bbs() != 1 {
                         return Err(format!(
                             "{} WQE takes {} BBs, expected 1",
@@ -1118,9 +1117,9 @@ impl TpQp {
             }
             Posting::Rearm => {
                 let mut word = self.ctrl0;
-                for idx in start..end {
-                    word[1..3].copy_from_slice(&(idx as u16).to_be_bytes());
-                    self.w.buf.write(self.w.slot_off(idx), &word);
+                for i in start..end {
+                    word[1..3].copy_from_slice(&wqe_index(i).to_be_bytes());
+                    self.w.buf.write(self.w.slot_off(i), &word);
                 }
                 nic.note_posted(self.w.qpn, end - 1, end, self.posted)
                     .ctx("note_posted")?;
@@ -1241,16 +1240,16 @@ fn native_worker(op: TOp, q: &TpQp, count: usize) -> (Instant, Instant, Vec<f64>
             black_box(&blk);
         }),
         TOp::Write | TOp::Read => native_chunks(count, |s| {
-            let off = slot_data_off(s) as usize;
+            let off = idx(slot_data_off(s));
             dst.copy_from(off, src, black_box(off), 64);
         }),
         TOp::Cas => native_chunks(count, |s| {
-            let off = slot_data_off(s) as usize;
+            let off = idx(slot_data_off(s));
             let old = src.atomic_update(off, |v| (v == 0).then_some(0));
             dst.write(off, &old.to_be_bytes());
         }),
         TOp::Faa => native_chunks(count, |s| {
-            let off = slot_data_off(s) as usize;
+            let off = idx(slot_data_off(s));
             let old = src.atomic_update(off, |v| Some(v.wrapping_add(1)));
             dst.write(off, &old.to_be_bytes());
         }),
@@ -1370,9 +1369,9 @@ fn tp_row(
     for pu in 0..nqp {
         qps.push(TpQp::new(nic, pd, op, pu, post, ring)?);
     }
+    let count = o.batches.max(4) * TP_BATCH;
     let nb = o.batches.max(4) as u64;
     let warm = (nb / 4).max(4);
-    let count = nb as usize * TP_BATCH;
     // The native repetitions alternate with the softnic's where the native operation leaves
     // what the softnic's verification checks unchanged (a NOP, or the same copy src -> dst),
     // so each ratio is taken in one machine state (these VMs drift between runs); the
@@ -1389,7 +1388,7 @@ fn tp_row(
         let mut iv = Vec::new();
         for _ in 0..o.reps {
             let (el, v) = run_stream(nic, &mut qps, nb, post, mode)?;
-            rates.push((nb as usize * TP_BATCH * nqp) as f64 / el.as_secs_f64());
+            rates.push((count * nqp) as f64 / el.as_secs_f64());
             iv.extend(v);
             if interleave {
                 let (r, v) = native_run(op, &qps, count);
@@ -1570,7 +1569,9 @@ fn throughput_section(
 
 /// NOPs of the WQ-order run that section 3 times: the PU runs 256 of them a visit (its
 /// burst), then visits every other queue, so 64 rounds.
-const VISIT_NOPS: u64 = 16 << 10;
+const VISIT_NOPS: u64 = VISIT_RING as u64;
+/// The send ring that holds them.
+const VISIT_RING: u32 = 16 << 10;
 const VISIT_ROUNDS: u64 = VISIT_NOPS / 256;
 
 /// Queues beside the run in section 3.
@@ -1662,7 +1663,7 @@ fn visits_section(nic: &SoftNic, pd: Pdn, o: &Opts) -> Result<(), String> {
         parked: Vec::new(),
     };
     let cq = counting_cq(nic)?;
-    let info = loopback_qp(nic, pd, cq, 0, VISIT_NOPS as u32, false)?;
+    let info = loopback_qp(nic, pd, cq, 0, VISIT_RING, false)?;
     let mut w = SqWriter::new(&info, false);
     // (idle, parked) queues beside the run, in the order the setups take turns.
     let setups: Vec<(usize, usize)> = std::iter::once((0, 0))

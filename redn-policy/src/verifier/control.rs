@@ -58,7 +58,7 @@ impl Word {
     /// Byte `i` (0 = opmod ... 7 = ds) if all its bits are known.
     fn byte(self, i: usize) -> Option<u8> {
         let shift = 8 * i;
-        ((self.known >> shift) & 0xff == 0xff).then_some((self.value >> shift) as u8)
+        ((self.known >> shift) & 0xff == 0xff).then_some(((self.value >> shift) & 0xff) as u8)
     }
 
     fn render(self) -> String {

@@ -15,8 +15,9 @@
 //!   WQE it patches.
 
 use super::{
-    Addr, Form, Iterations, Op, Operand, Param, PatchPoint, PatchSource, Program, ProgramError,
-    Queue, QueueRole, Recv, RegionDecl, RegionRole, Sge, Slots, StaticBlock, Wqe, MAX_OPERAND,
+    wqe_byte, Addr, Form, Iterations, Op, Operand, Param, PatchPoint, PatchSource, Program,
+    ProgramError, Queue, QueueRole, Recv, RegionDecl, RegionRole, Sge, Slots, StaticBlock, Wqe,
+    MAX_OPERAND,
 };
 use crate::wqe::{off, WqeFlags};
 use std::collections::HashSet;
@@ -127,7 +128,10 @@ impl Builder {
         if flags.signaled() {
             self.signaled[q.0] += 1;
         }
-        self.bbs[q.0] += op.bbs() as u32;
+        // A WQE is at most MAX_WQE_BBS (16) BBs: bbs_for_ds masks ds to six bits.
+        #[allow(clippy::cast_possible_truncation)]
+        let bbs = op.bbs() as u32;
+        self.bbs[q.0] += bbs;
         self.labels
             .entry(label.to_string())
             .or_insert((q.0, self.p.queues[q.0].wqes.len()));
@@ -366,16 +370,16 @@ impl Builder {
         step: u64,
         target: &str,
     ) {
-        let at = off::WAIT_PI as u32 - 4;
+        let at = off::WAIT_PI - 4;
         let op = Op::Faa {
             remote: Addr::static_(counter, 0),
             add: step,
-            result: Some(Sge::new(Addr::wqe(target, at as usize), 8)),
+            result: Some(Sge::new(Addr::wqe(target, at), 8)),
         };
         self.push(on, label, op, WqeFlags::NONE, Form::Active);
         self.patch(
             target,
-            at,
+            wqe_byte(at),
             8,
             PatchSource::AtomicResult {
                 label: label.into(),

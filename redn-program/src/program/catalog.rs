@@ -22,7 +22,7 @@
 //! | `server-loop` | key · bucket address (as hash-get) | the value, or 0 bytes; forever |
 
 use super::{
-    Addr, Builder, Form, Iterations, Op, PatchSource, Program, ProgramError, QueueHandle,
+    wqe_byte, Addr, Builder, Form, Iterations, Op, PatchSource, Program, ProgramError, QueueHandle,
     QueueRole, RegionRole, Sge,
 };
 use crate::endian::{Be32, Be64};
@@ -30,16 +30,21 @@ use crate::types::Access;
 use crate::wqe::{off, WqeFlags};
 
 /// Bytes of one hash bucket: key (BE48) @0, value length (BE32) @6, value address (BE64) @10.
-pub const BUCKET_LEN: u64 = 18;
+pub const BUCKET_LEN: u64 = BUCKET_BYTES as u64;
+/// [`BUCKET_LEN`] as a buffer size.
+pub const BUCKET_BYTES: usize = 18;
 /// Distance between buckets in a table.
 pub const BUCKET_STRIDE: u64 = 32;
 /// Bytes of one list node: key (BE48) @0, length (BE32) @6, value address (BE64) @10,
 /// next node (BE64) @18.
-pub const NODE_LEN: u64 = 26;
+pub const NODE_LEN: u64 = NODE_BYTES as u64;
+/// [`NODE_LEN`] as a buffer size.
+pub const NODE_BYTES: usize = 26;
 
 /// Encode a hash bucket.
-pub fn bucket_bytes(key: u64, value_len: u32, value_addr: u64) -> [u8; BUCKET_LEN as usize] {
-    let mut b = [0u8; BUCKET_LEN as usize];
+#[must_use]
+pub fn bucket_bytes(key: u64, value_len: u32, value_addr: u64) -> [u8; BUCKET_BYTES] {
+    let mut b = [0u8; BUCKET_BYTES];
     // BE48: the low six of the key's eight big-endian bytes.
     b[..6].copy_from_slice(&Be64::new(key).to_bytes()[2..]);
     Be32::new(value_len).write(&mut b, 6);
@@ -48,8 +53,9 @@ pub fn bucket_bytes(key: u64, value_len: u32, value_addr: u64) -> [u8; BUCKET_LE
 }
 
 /// Encode a list node.
-pub fn node_bytes(key: u64, value_len: u32, value_addr: u64, next: u64) -> [u8; NODE_LEN as usize] {
-    let mut b = [0u8; NODE_LEN as usize];
+#[must_use]
+pub fn node_bytes(key: u64, value_len: u32, value_addr: u64, next: u64) -> [u8; NODE_BYTES] {
+    let mut b = [0u8; NODE_BYTES];
     b[..18].copy_from_slice(&bucket_bytes(key, value_len, value_addr));
     Be64::new(next).write(&mut b, 18);
     b
@@ -61,8 +67,10 @@ pub fn trigger_key(key: u64) -> [u8; 6] {
     [b[0], b[1], b[2], b[3], b[4], b[5]]
 }
 
+/// A ring size for `n` entries: the next power of two. Past 2^31 it says 2^31, the largest
+/// power of two a `u32` holds, and [`Builder::build`] refuses the ring as too small.
 fn pow2(n: u64) -> u32 {
-    n.max(1).next_power_of_two() as u32
+    u32::try_from(n.max(1).next_power_of_two()).unwrap_or(1 << 31)
 }
 
 const NONE: WqeFlags = WqeFlags::NONE;
@@ -205,7 +213,12 @@ pub fn echo(payload: u32, invocations: u32) -> Result<Program, ProgramError> {
             "echo payload {payload} outside 1..=4096"
         )));
     }
-    let n = u64::from(invocations.max(1));
+    let n = invocations.max(1);
+    let echo_bytes = usize::try_from(u64::from(n) * u64::from(payload)).map_err(|_| {
+        ProgramError::Invalid(format!(
+            "echo of {payload} bytes {n} times does not fit this host's memory"
+        ))
+    })?;
     let mut b = Builder::new("echo", "SEND in, WRITE the payload back");
     b.region(
         "response",
@@ -214,15 +227,15 @@ pub fn echo(payload: u32, invocations: u32) -> Result<Program, ProgramError> {
         "the client's response buffer",
     );
     b.param("payload", payload, "bytes to echo");
-    b.static_block("echo", vec![0u8; (n * u64::from(payload)) as usize]);
+    b.static_block("echo", vec![0u8; echo_bytes]);
     let client = b.queue(
         "client",
         QueueRole::Client,
         true,
         false,
         Some(0),
-        pow2(n),
-        pow2(n),
+        pow2(u64::from(n)),
+        pow2(u64::from(n)),
         1,
     );
     let w = b.queue(
@@ -231,11 +244,11 @@ pub fn echo(payload: u32, invocations: u32) -> Result<Program, ProgramError> {
         false,
         false,
         Some(0),
-        pow2(2 * n),
+        pow2(2 * u64::from(n)),
         1,
         1,
     );
-    for k in 0..n as u32 {
+    for k in 0..n {
         let slot = Addr::static_("echo", u64::from(k) * u64::from(payload));
         b.recv(client, vec![Sge::new(slot.clone(), payload)]);
         let op = Op::Write {
@@ -247,10 +260,10 @@ pub fn echo(payload: u32, invocations: u32) -> Result<Program, ProgramError> {
         wait(&mut b, w, &format!("{k}.wait"), client, k);
         enable(&mut b, w, &format!("{k}.release"), client, k + 1);
     }
-    b.entry(w, 2 * n as u32);
+    b.entry(w, 2 * n);
     b.finish(
         Iterations::Bounded {
-            invocations: n as u32,
+            invocations: n,
             wqes_per_invocation: 3,
         },
         "the payload, by WRITE_IMM (immediate = invocation number)",
@@ -436,10 +449,10 @@ pub fn list_find(steps: u32, with_break: bool, invocations: u32) -> Result<Progr
     }
     b.static_block("sink", vec![0u8; 8]);
     let s = u64::from(steps);
-    let per_inv_w: u64 = if with_break {
-        2 + 7 * s + 4 * (s - 1) + 2 + 1
+    let per_inv_w: u32 = if with_break {
+        2 + 7 * steps + 4 * (steps - 1) + 2 + 1
     } else {
-        2 + 6 * s + 1
+        2 + 6 * steps + 1
     };
     let client = b.queue(
         "client",
@@ -457,7 +470,7 @@ pub fn list_find(steps: u32, with_break: bool, invocations: u32) -> Result<Progr
         true,
         false,
         Some(0),
-        pow2(per_inv_w * u64::from(n)),
+        pow2(u64::from(per_inv_w) * u64::from(n)),
         1,
         1,
     );
@@ -536,7 +549,7 @@ pub fn list_find(steps: u32, with_break: bool, invocations: u32) -> Result<Progr
                     let dst = format!("{k}.s{}.key", j + 1);
                     b.patch(
                         &dst,
-                        off::RADDR as u32,
+                        wqe_byte(off::RADDR),
                         8,
                         PatchSource::Write {
                             label: copy.clone(),
@@ -602,7 +615,7 @@ pub fn list_find(steps: u32, with_break: bool, invocations: u32) -> Result<Progr
     b.finish(
         Iterations::Bounded {
             invocations: n,
-            wqes_per_invocation: per_inv_w as u32 + steps + 1,
+            wqes_per_invocation: per_inv_w + steps + 1,
         },
         if with_break {
             "the value of the first node whose key matches, or zero bytes"

@@ -2,17 +2,20 @@
 
 use super::windows::CodeWindow;
 use super::{
-    Addr, Form, Op, Operand, Program, ProgramError, QueueRole, Sge, Slots, WqePos, MAX_OPERAND,
+    code_usize, Addr, Form, Op, Operand, Program, ProgramError, QueueRole, Sge, Slots, WqePos,
+    MAX_OPERAND,
 };
 use crate::endian::{Be16, Be32, Be64};
 use crate::types::{Cqn, Lkey, Qpn, Rkey, VirtAddr};
 use crate::wqe::{
-    self, encode_recv, encode_wqe, Payload, RemoteAddr, WorkRequest, WrOp, BB_SIZE, SEG_SIZE,
+    self, encode_recv, encode_wqe, wqe_index, Payload, RemoteAddr, WorkRequest, WrOp, BB_SIZE,
+    SEG_SIZE,
 };
 use std::collections::HashMap;
 
 /// Where each ring and static block sits in the code region (offsets from its start).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CodeLayout {
     /// Send ring offset of each queue.
     pub sq: Vec<usize>,
@@ -219,7 +222,7 @@ impl Resolver {
                 let (q, at) = self.wqe_pos(p, label)?;
                 VirtAddr(
                     self.code_addr.0
-                        + (self.layout.sq[q] + at as usize * BB_SIZE) as u64
+                        + (self.layout.sq[q] + code_usize(at)? * BB_SIZE) as u64
                         + u64::from(*byte),
                 )
             }
@@ -254,7 +257,7 @@ impl Resolver {
                 .ok_or_else(|| unbound(region));
         }
         let offset = self.addr(p, a)?.0 - self.code_addr.0;
-        let (offset, len) = (offset as usize, len as usize);
+        let (offset, len) = (code_usize(offset)?, code_usize(len)?);
         self.windows_by_block
             .get(&(side, offset / BB_SIZE))
             .into_iter()
@@ -317,7 +320,7 @@ impl Resolver {
         };
         let s = match slots {
             Slots::Real => {
-                let idx = Be16::new(at as u16).to_bytes();
+                let idx = Be16::new(wqe_index(at)).to_bytes();
                 let qpn = Be32::new(self.queues[q].0 .0).to_bytes();
                 [0, idx[0], idx[1], qpn[1], qpn[2], qpn[3]]
             }
@@ -431,6 +434,7 @@ impl Resolver {
 
 /// The bytes of one client's code region, ready to copy in.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Rendered {
     /// The whole code region.
     pub code: Vec<u8>,
@@ -448,25 +452,25 @@ impl Program {
         let mut recvs = Vec::new();
         for (qi, q) in self.queues.iter().enumerate() {
             let qpn = r.queues[qi].0;
-            let mut at = 0u64;
+            let mut at = 0usize;
             for w in &q.wqes {
                 let wr = WorkRequest {
                     wr_id: 0,
                     flags: w.flags,
                     op: r.work_request(self, q.role, &w.op)?,
                 };
-                let e = encode_wqe(&wr, qpn, at as u16)
+                let e = encode_wqe(&wr, qpn, wqe_index(at as u64))
                     .map_err(|e| ProgramError::Invalid(format!("WQE {}: {e}", w.label)))?;
                 debug_assert_eq!(e.bbs() as u64, w.op.bbs(), "{}", w.label);
-                let off = r.layout.sq[qi] + at as usize * BB_SIZE;
+                let off = r.layout.sq[qi] + at * BB_SIZE;
                 code[off..off + e.bytes().len()].copy_from_slice(e.bytes());
                 if w.form == Form::Nop {
                     let img = r.ctrl_image(self, &w.label, Form::Nop, Slots::Operand(0), None)?;
                     code[off..off + 8].copy_from_slice(&img);
                 }
-                at += e.bbs() as u64;
+                at += e.bbs();
             }
-            posted.push(at);
+            posted.push(at as u64);
             let stride = q.rq_sges as usize * SEG_SIZE;
             for (i, recv) in q.recvs.iter().enumerate() {
                 let sgl = recv

@@ -33,8 +33,24 @@ use crate::wqe::{Opcode, WqeFlags};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+/// A byte offset inside a WQE as the `u32` that [`Addr::Wqe`] and [`PatchPoint::byte`] hold.
+/// An offset past `u32::MAX` says `u32::MAX`: past the end of any WQE either way, so every
+/// check refuses it as it would the true offset.
+pub(crate) fn wqe_byte(off: usize) -> u32 {
+    u32::try_from(off).unwrap_or(u32::MAX)
+}
+
+/// An offset or length inside a code region as a `usize`. Layout refuses code regions past
+/// [`MAX_CODE_BYTES`] (1 GiB), so everything inside one fits on any host; a value that does not
+/// fit is refused, not wrapped.
+pub(crate) fn code_usize(v: u64) -> Result<usize, ProgramError> {
+    usize::try_from(v)
+        .map_err(|_| ProgramError::Invalid(format!("{v} bytes is past any code region")))
+}
+
 /// Errors of program construction and layout.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProgramError {
     /// A 48-bit operand was asked to hold more.
     #[error("operand {0:#x} is wider than 48 bits")]
@@ -176,7 +192,7 @@ impl Addr {
     pub fn wqe(label: &str, byte: usize) -> Addr {
         Addr::Wqe {
             label: label.into(),
-            byte: byte as u32,
+            byte: wqe_byte(byte),
         }
     }
 
@@ -395,7 +411,9 @@ impl Op {
             Op::MaskedCas { .. } => 4,
             Op::Wait { .. } | Op::SendEn { .. } | Op::RecvEn { .. } => 2,
         };
-        n as u8
+        // More than 255 segments say 255: no WQE has that many (the limit is MAX_DS, 63),
+        // so the encoder refuses it as it would the true count.
+        u8::try_from(n).unwrap_or(u8::MAX)
     }
 
     /// Basic blocks the encoded WQE occupies.

@@ -27,7 +27,7 @@
 //! outside every patch point declared for its source.
 
 use super::layout::CodeLayout;
-use super::{Addr, Op, PatchPoint, PatchSource, Program, ProgramError, QueueRole, Sge};
+use super::{code_usize, Addr, Op, PatchPoint, PatchSource, Program, ProgramError, QueueRole, Sge};
 use crate::types::Access;
 use crate::wqe::BB_SIZE;
 use std::collections::hash_map::Entry;
@@ -51,6 +51,7 @@ pub struct CodeWindow {
 impl CodeWindow {
     /// True if the window covers `[offset, offset + len)` (a zero-length access at its end
     /// included).
+    #[must_use]
     pub fn covers(&self, offset: usize, len: usize) -> bool {
         offset >= self.offset
             && offset
@@ -336,11 +337,11 @@ impl Program {
                                  point declared for it: no key may name them"
                             ));
                         };
-                        let wqe_at = layout.sq[pos.queue] + pos.bb as usize * BB_SIZE;
+                        let wqe_at = layout.sq[pos.queue] + code_usize(pos.bb)? * BB_SIZE;
                         add(CodeWindow {
                             side: q.role,
-                            offset: wqe_at + from as usize,
-                            len: (to - from) as usize,
+                            offset: wqe_at + code_usize(from)?,
+                            len: code_usize(to - from)?,
                             access: a.how.access(),
                             what: format!("WQE {label} bytes {from}..{to}"),
                         });

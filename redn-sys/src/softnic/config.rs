@@ -2,6 +2,7 @@
 
 /// How far ahead of execution a queue fetches WQEs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Prefetch {
     /// Each WQE is fetched just before it runs ("snapshot at execute"): the most forgiving.
     AtExecute,
@@ -29,8 +30,9 @@ impl Prefetch {
     }
 }
 
-/// Settings of one softnic instance.
+/// Settings of one softnic instance: start from [`SoftNicConfig::new`] and set fields.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct SoftNicConfig {
     /// Name for logs.
     pub name: String,
@@ -43,13 +45,22 @@ pub struct SoftNicConfig {
     pub wqe_checks: bool,
 }
 
-impl Default for SoftNicConfig {
-    fn default() -> Self {
+impl SoftNicConfig {
+    /// A softnic called `name` with one processing unit, 8-BB prefetch and no WQE checks.
+    #[must_use]
+    pub fn new(name: &str) -> SoftNicConfig {
         SoftNicConfig {
-            name: "softnic0".into(),
+            name: name.into(),
             pus: 1,
             prefetch: Prefetch::Depth(8),
             wqe_checks: false,
         }
+    }
+}
+
+impl Default for SoftNicConfig {
+    /// [`SoftNicConfig::new`]`("softnic0")`.
+    fn default() -> Self {
+        SoftNicConfig::new("softnic0")
     }
 }

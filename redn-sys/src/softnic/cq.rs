@@ -3,6 +3,7 @@
 use super::cache_line::CacheLine;
 use super::spin::SpinLock;
 use super::wake::PuSet;
+use crate::conv::idx;
 use crate::nic::{CompChannel, Completion};
 use crate::types::Cqn;
 use crate::wqe::{Cqe, CqeOpcode, Syndrome, CQE_SIZE};
@@ -263,7 +264,7 @@ impl CqShared {
             return Ok(0);
         }
         // Room first, so the loop below never allocates while it holds the lock.
-        out.reserve(max.min(self.depth as usize));
+        out.reserve(max.min(idx(self.depth)));
         let _consumer = self.consumer.0.lock();
         let mut c = self.consumed.0.load(Ordering::Relaxed);
         // Only an only-waited-on CQ overwrites entries nobody took; this poller then takes
@@ -311,7 +312,7 @@ impl CqShared {
     /// The ring slot of entry index `at` (depth is a power of two).
     #[inline(always)]
     fn slot(&self, at: u64) -> &CqeSlot {
-        &self.cqes[(at & (self.depth - 1)) as usize]
+        &self.cqes[idx(at & (self.depth - 1))]
     }
 }
 
@@ -358,8 +359,8 @@ mod tests {
             opcode: CqeOpcode::Req,
             qpn: Qpn(7),
             send_opcode: 0,
-            wqe_counter: i as u16,
-            byte_cnt: i as u32,
+            wqe_counter: crate::wqe::wqe_index(i),
+            byte_cnt: u32::try_from(i).unwrap(),
             imm: 0,
             syndrome: 0,
             vendor_syndrome: 0,

@@ -18,11 +18,12 @@ use super::rate::Limiter;
 use super::shared::Shared;
 use super::transport::{AtomicOp, Nak, Transport};
 use crate::clock::{Clock, SystemClock};
+use crate::conv::{idx, low32, small32};
 use crate::mem::{KeyCache, KeyTable, SharedBuffer, Span};
 use crate::types::{Access, Cqn, Qpn, Rkey, VirtAddr, MAX_QPN};
 use crate::wqe::{
-    bbs_for_ds, off, CqeOpcode, Opcode, RemoteAddr, Syndrome, BB_SIZE, INLINE_FLAG, MAX_DS,
-    MAX_WQE_BYTES, SEG_SIZE,
+    bbs_for_ds, off, wqe_index, CqeOpcode, Opcode, RemoteAddr, Syndrome, BB_SIZE, INLINE_FLAG,
+    MAX_DS, MAX_WQE_BYTES, SEG_SIZE,
 };
 use crate::QpState;
 use redn_program::endian::{Be16, Be32, Be64};
@@ -33,6 +34,10 @@ use std::time::Instant;
 /// Largest message one WQE may move. ConnectX allows 1 GiB; the softnic stages payloads in
 /// memory, so it caps them lower and fails bigger ones with a local length error.
 pub const MAX_MESSAGE: u64 = 16 << 20;
+
+/// Segments in one basic block: the most a WQE the fast path runs may have.
+const BB_SEGS: u8 = 4;
+const _: () = assert!(BB_SEGS as usize * SEG_SIZE == BB_SIZE);
 
 pub(crate) enum RunOutcome {
     /// At least one WQE ran (or was flushed).
@@ -111,7 +116,7 @@ impl Geometry {
     /// offset cannot overflow, so [`Geometry::slot`] checks only the end.
     #[inline(always)]
     fn slot_word(&self, index: u64) -> usize {
-        (index as u32 & self.ring_mask) as usize * 8
+        (low32(index) & self.ring_mask) as usize * 8
     }
 }
 
@@ -302,7 +307,7 @@ impl Fetcher {
             snap: Snaps::new(cap as usize),
             geo: Geometry {
                 base: ring.offset / 8,
-                ring_words: ring.entries as usize * 8,
+                ring_words: idx(ring.entries) * 8,
                 ring_mask: u32::try_from(ring.entries - 1).expect("ring entries fit 32 bits"),
                 depth,
                 reach: 1 + depth.min(cap - 1),
@@ -353,7 +358,7 @@ impl Fetcher {
 
     #[inline(always)]
     fn block(&self, index: u64) -> &[u8; BB_SIZE] {
-        &self.snap[index as usize & (self.snap.len() - 1)].bytes
+        &self.snap[idx(index) & (self.snap.len() - 1)].bytes
     }
 }
 
@@ -364,7 +369,7 @@ impl Fetcher {
 #[inline(always)]
 fn fetch_into(ring: &[AtomicU64], geo: Geometry, snap: &mut Snaps, index: u64) {
     let src = geo.slot(ring, index);
-    let at = index as usize & (snap.len() - 1);
+    let at = idx(index) & (snap.len() - 1);
     let (dst, flags) = snap.parts(at);
     if *flags & DERIVED == 0 {
         // Nothing was derived from the old bytes: a plain copy.
@@ -450,7 +455,7 @@ fn fetch_at(
         fetch_into(words, *geo, snap, ci);
         *fetched = ci + 1;
     }
-    ci as usize & (snap.len() - 1)
+    idx(ci) & (snap.len() - 1)
 }
 
 /// [`fetch_one_bb`]'s second half, once the WQE at `ci` is known to be one BB: prefetch up
@@ -492,7 +497,7 @@ fn fetch_signaled_nop(
     ci: u64,
     limit: u64,
 ) -> bool {
-    let slot = ci as usize & (snap.len() - 1);
+    let slot = idx(ci) & (snap.len() - 1);
     if *fetched > ci || (geo.reach > 1 && limit > ci + 1) || snap.derived(slot) {
         return false;
     }
@@ -501,10 +506,7 @@ fn fetch_signaled_nop(
     head[..8].copy_from_slice(&src[0].load(Ordering::Relaxed).to_ne_bytes());
     head[8..].copy_from_slice(&src[1].load(Ordering::Relaxed).to_ne_bytes());
     let ds = head[off::DS] & MAX_DS;
-    if head[off::OPCODE] != OP_NOP
-        || !(1..=(BB_SIZE / SEG_SIZE) as u8).contains(&ds)
-        || !signaled(&head)
-    {
+    if head[off::OPCODE] != OP_NOP || !(1..=BB_SEGS).contains(&ds) || !signaled(&head) {
         return false;
     }
     *fetched = ci + 1;
@@ -529,7 +531,7 @@ fn run_signaled_nop(qp: &QpShared, ci: u64) {
 #[inline(always)]
 fn prefetch_hot(ring: &[AtomicU64], geo: Geometry, snap: &mut Snaps, index: u64) {
     let src = geo.slot(ring, index);
-    let at = index as usize & (snap.len() - 1);
+    let at = idx(index) & (snap.len() - 1);
     let dst = &snap[at];
     let same = match snap.hot(at) {
         HOT_NOP => same_words::<2>(src, &dst.bytes, geo.decisive0),
@@ -603,7 +605,7 @@ fn run_hot(
             prefetch_hot(words, geo, snap, at);
             at += 1;
         }
-        let slot = ci as usize & (snap.len() - 1);
+        let slot = idx(ci) & (snap.len() - 1);
         let (e, hot) = (&snap[slot], snap.hot(slot));
         match hot {
             HOT_NOP => n[0] += 1,
@@ -657,7 +659,7 @@ fn signaled(w: &[u8]) -> bool {
 /// (32-bit counts compared with wrap-around, as the hardware's are).
 #[inline(always)]
 fn wait_passed(produced: u64, count: u32) -> bool {
-    (produced as u32).wrapping_sub(count) as i32 > 0
+    low32(produced).wrapping_sub(count) as i32 > 0
 }
 
 const OP_NOP: u8 = Opcode::Nop as u8;
@@ -885,7 +887,7 @@ impl SqExec {
             ci += 1;
         }
         c.ci = ci;
-        let done = (ci - start) as usize;
+        let done = idx(ci - start);
         if done > 0 {
             // As `Core::ran`: whoever sees a WQE consumed sees it counted.
             c.qp.consumed.store(ci, Ordering::Release);
@@ -1205,7 +1207,7 @@ impl Core {
     #[inline]
     fn wqe_is_ours(&self, w: &[u8], ci: u64) -> bool {
         Be32::read(w, off::QPN).get() >> 8 == self.qp.qpn.0
-            && Be16::read(w, off::WQE_INDEX).get() == ci as u16
+            && Be16::read(w, off::WQE_INDEX).get() == wqe_index(ci)
     }
 
     /// The fast path: runs consecutive one-BB WQEs with the same fetch, prefetch, checks,
@@ -1294,7 +1296,8 @@ impl Core {
                             let (e, flags) = snap.parts(slot);
                             if let Some(len) = self.fast_move(peer, e, flags, write, signaled) {
                                 if signaled {
-                                    let byte_cnt = if write { 0 } else { len as u32 };
+                                    // At most MAX_MESSAGE (16 MiB).
+                                    let byte_cnt = if write { 0 } else { small32(idx(len)) };
                                     self.complete(ci, 1, opcode, byte_cnt);
                                 } else {
                                     hot_next = was_hot;
@@ -1380,7 +1383,7 @@ impl Core {
         self.enabled_here = None;
         f.fetched = fetched;
         self.ci = ci;
-        let done = (ci - start) as usize;
+        let done = idx(ci - start);
         if let Some((syndrome, bbs)) = fault {
             self.fault(f, syndrome, bbs);
             return (done + 1, true);
@@ -1457,11 +1460,12 @@ impl Core {
                 bytes: e.bytes,
                 local_epoch,
                 remote_epoch,
-                local_region: local_region as u32,
-                remote_region: remote_region as u32,
+                // Entries of key caches, which hold 8.
+                local_region: small32(local_region),
+                remote_region: small32(remote_region),
                 local_off,
                 remote_off,
-                len: len as usize,
+                len: idx(len),
                 line: len == 64 && (local_off | remote_off) % 8 == 0,
             };
         }
@@ -1531,7 +1535,7 @@ impl Core {
         let q_geo = q.fetcher.geo;
         let q_words = q_geo.ring(q_qp.sq.buffer.words());
         let start = ci;
-        let mut slot = ci as usize & (snap.len() - 1);
+        let mut slot = idx(ci) & (snap.len() - 1);
         // The WQEs run, `start..ci`, are WAITs and SEND_ENs in turn from a WAIT; counted
         // through `counted` when the loop ends (or before a completion of this queue, so
         // that whoever sees it sees them counted): nothing else reads them meanwhile but a
@@ -1746,7 +1750,7 @@ impl Core {
         }
         f.fetch_ahead(ci, ci + bbs, limit);
         for i in 0..bbs {
-            let at = i as usize * BB_SIZE;
+            let at = idx(i) * BB_SIZE;
             self.wqe[at..at + BB_SIZE].copy_from_slice(f.block(ci + i));
         }
         self.execute(ci, bbs)
@@ -1815,7 +1819,8 @@ impl Core {
                 }
                 if flags & 0x0c == 0x08 {
                     let byte_cnt = match opcode {
-                        Opcode::RdmaRead => bytes as u32,
+                        // At most MAX_MESSAGE (16 MiB).
+                        Opcode::RdmaRead => small32(idx(bytes)),
                         o if o.is_atomic() => 8,
                         _ => 0,
                     };
@@ -1860,8 +1865,8 @@ impl Core {
         if total > MAX_MESSAGE {
             return Err(Fail::Syndrome(Syndrome::LocalLength));
         }
-        if self.scratch.len() < total as usize {
-            self.scratch.resize(total as usize, 0);
+        if self.scratch.len() < idx(total) {
+            self.scratch.resize(idx(total), 0);
         }
         let mut at = 0usize;
         for s in from..ds {
@@ -1985,7 +1990,7 @@ impl Core {
                 self.check_local_write(s * SEG_SIZE, len)?;
             }
         }
-        let total = total as usize;
+        let total = idx(total);
         if self.scratch.len() < total {
             self.scratch.resize(total, 0);
         }

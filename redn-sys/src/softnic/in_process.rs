@@ -4,9 +4,10 @@
 
 use super::qp::QpShared;
 use super::transport::{AtomicOp, Nak, Transport};
+use crate::conv::{self, small32};
 use crate::mem::{KeyCache, KeyTable, Span};
 use crate::types::Access;
-use crate::wqe::{Cqe, CqeOpcode, RemoteAddr, Syndrome};
+use crate::wqe::{wqe_index, Cqe, CqeOpcode, RemoteAddr, Syndrome};
 use crate::QpState;
 use std::any::Any;
 use std::sync::atomic::Ordering;
@@ -259,7 +260,8 @@ fn scatter(
 }
 
 fn complete_recv(t: &QpShared, op: CqeOpcode, idx: u64, len: usize, imm: u32) {
-    push_recv_cqe(t, op, idx, len as u32, imm, 0);
+    // A message is at most MAX_MESSAGE (16 MiB).
+    push_recv_cqe(t, op, idx, small32(len), imm, 0);
 }
 
 fn push_recv_cqe(t: &QpShared, op: CqeOpcode, idx: u64, len: u32, imm: u32, syndrome: u8) {
@@ -268,13 +270,13 @@ fn push_recv_cqe(t: &QpShared, op: CqeOpcode, idx: u64, len: u32, imm: u32, synd
             opcode: op,
             qpn: t.qpn,
             send_opcode: 0,
-            wqe_counter: idx as u16,
+            wqe_counter: wqe_index(idx),
             byte_cnt: len,
             imm,
             syndrome,
             vendor_syndrome: 0,
             owner: false,
         },
-        t.rq.wr_ids[(idx & (t.rq.ring.entries - 1)) as usize].load(Ordering::Relaxed),
+        t.rq.wr_ids[conv::idx(idx & (t.rq.ring.entries - 1))].load(Ordering::Relaxed),
     );
 }

@@ -28,6 +28,7 @@ mod wake;
 pub use config::{Prefetch, SoftNicConfig};
 pub use exec::MAX_MESSAGE;
 
+use crate::conv::idx;
 use crate::mem::{KeyTable, SharedBuffer};
 use crate::nic::{
     CompChannel, Completion, CqConfig, MrInfo, Nic, ObjectCounts, QpConfig, QpCounters, QpInfo,
@@ -35,7 +36,8 @@ use crate::nic::{
 };
 use crate::types::{Access, Cqn, Lkey, Pdn, Qpn, MAX_QPN};
 use crate::wqe::{
-    bbs_for_ds, encode_recv, encode_wqe_into, Sge, WorkRequest, BB_SIZE, MAX_WQE_BYTES, SEG_SIZE,
+    bbs_for_ds, encode_recv, encode_wqe_into, wqe_index, Sge, WorkRequest, BB_SIZE, MAX_WQE_BYTES,
+    SEG_SIZE,
 };
 use crate::{Error, QpState, Result};
 use cache_line::CacheLine;
@@ -50,6 +52,7 @@ use std::thread::JoinHandle;
 use wake::PuSet;
 
 /// A software RDMA NIC. Dropping it stops its processing units.
+#[must_use = "dropping the softnic stops its processing units"]
 pub struct SoftNic {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
@@ -191,7 +194,7 @@ impl SoftNic {
         stride: usize,
         what: &'static str,
     ) -> Result<Ring> {
-        let bytes = entries as usize * stride;
+        let bytes = idx(entries) * stride;
         let (buffer, offset) = match placement {
             Some(p) => {
                 if p.offset % BB_SIZE != 0 || !p.buffer.contains(p.offset, bytes) {
@@ -221,8 +224,9 @@ impl SoftNic {
         RingInfo {
             buffer: Arc::clone(&r.buffer),
             offset: r.offset,
-            entries: r.entries as u32,
-            stride: r.stride as u32,
+            // At most MAX_SQ_BBS / MAX_RQ_SLOTS (2^16) entries of at most 1 KiB.
+            entries: u32::try_from(r.entries).expect("a ring has at most 2^16 entries"),
+            stride: u32::try_from(r.stride).expect("a ring entry is at most 1 KiB"),
             addr: crate::types::VirtAddr(r.buffer.addr().0 + r.offset as u64),
         }
     }
@@ -493,7 +497,7 @@ impl Nic for SoftNic {
         let mut one = [0u8; MAX_WQE_BYTES];
         let mut at = pi;
         for wr in wrs {
-            let bbs = bbs_for_ds(encode_wqe_into(wr, qp, at as u16, &mut one)?);
+            let bbs = bbs_for_ds(encode_wqe_into(wr, qp, wqe_index(at), &mut one)?);
             firsts.push(at);
             at += bbs as u64;
             staged.extend_from_slice(&one[..bbs * BB_SIZE]);
@@ -511,7 +515,7 @@ impl Nic for SoftNic {
         }
         let slot_mask = q.sq.entries - 1;
         for (wr, first) in wrs.iter().zip(firsts) {
-            q.sq_wr_ids[(first & slot_mask) as usize].store(wr.wr_id, Ordering::Relaxed);
+            q.sq_wr_ids[idx(first & slot_mask)].store(wr.wr_id, Ordering::Relaxed);
         }
         q.posted.store(at, Ordering::Release);
         q.counters
@@ -539,7 +543,7 @@ impl Nic for SoftNic {
             });
         }
         q.rq.ring.buffer.write(q.rq.ring.entry_off(posted), &bytes);
-        q.rq.wr_ids[(posted & (q.rq.ring.entries - 1)) as usize].store(wr_id, Ordering::Relaxed);
+        q.rq.wr_ids[idx(posted & (q.rq.ring.entries - 1))].store(wr_id, Ordering::Relaxed);
         q.rq.posted.store(posted + 1, Ordering::Release);
         if q.state() == QpState::Error {
             q.flush_recv();
@@ -559,7 +563,7 @@ impl Nic for SoftNic {
 
     fn note_posted(&self, qp: Qpn, pi: u64, end: u64, wr_id: u64) -> Result<()> {
         let q = self.shared.qp(qp)?;
-        q.sq_wr_ids[(pi & (q.sq.entries - 1)) as usize].store(wr_id, Ordering::Relaxed);
+        q.sq_wr_ids[idx(pi & (q.sq.entries - 1))].store(wr_id, Ordering::Relaxed);
         q.posted.fetch_max(end, Ordering::AcqRel);
         Ok(())
     }

@@ -3,10 +3,11 @@
 use super::cq::CqShared;
 use super::transport::Transport;
 use super::wake::PuSet;
+use crate::conv::{self, idx, low32};
 use crate::mem::SharedBuffer;
 use crate::nic::{QpCounters, RateLimit};
 use crate::types::{Pdn, Qpn};
-use crate::wqe::{Cqe, CqeOpcode, Syndrome};
+use crate::wqe::{wqe_index, Cqe, CqeOpcode, Syndrome};
 use crate::QpState;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -25,7 +26,7 @@ impl Ring {
     /// Byte offset in the buffer of entry `index` (any absolute index; wraps by masking).
     #[inline]
     pub(crate) fn entry_off(&self, index: u64) -> usize {
-        self.offset + (index & (self.entries - 1)) as usize * self.stride
+        self.offset + idx(index & (self.entries - 1)) * self.stride
     }
 }
 
@@ -129,8 +130,8 @@ impl EnabledIndex {
 /// wrap; ours are 64 bits and never do).
 #[inline(always)]
 fn forward(cur: u64, pi: u32) -> Option<u64> {
-    let delta = pi.wrapping_sub(cur as u32) as i32;
-    (delta > 0).then(|| cur + delta as u64)
+    let delta = pi.wrapping_sub(low32(cur));
+    (delta as i32 > 0).then(|| cur + u64::from(delta))
 }
 
 pub(crate) struct QpShared {
@@ -188,14 +189,14 @@ impl QpShared {
         // One wr_id per ring entry, a power of two: masking by the array's own length
         // needs no other load.
         let ids = &self.sq_wr_ids;
-        let wr_id = ids[ci as usize & (ids.len() - 1)].load(Ordering::Relaxed);
+        let wr_id = ids[idx(ci) & (ids.len() - 1)].load(Ordering::Relaxed);
         self.consumed.store(next, Ordering::Release);
         self.send_cq.push_from(
             Cqe {
                 opcode,
                 qpn: self.qpn,
                 send_opcode,
-                wqe_counter: ci as u16,
+                wqe_counter: wqe_index(ci),
                 byte_cnt,
                 imm: 0,
                 syndrome,
@@ -294,14 +295,14 @@ impl QpShared {
                     opcode: CqeOpcode::RespErr,
                     qpn: self.qpn,
                     send_opcode: 0,
-                    wqe_counter: idx as u16,
+                    wqe_counter: wqe_index(idx),
                     byte_cnt: 0,
                     imm: 0,
                     syndrome: Syndrome::WrFlush as u8,
                     vendor_syndrome: 0,
                     owner: false,
                 },
-                self.rq.wr_ids[(idx & (self.rq.ring.entries - 1)) as usize].load(Ordering::Relaxed),
+                self.rq.wr_ids[conv::idx(idx & (self.rq.ring.entries - 1))].load(Ordering::Relaxed),
             );
             *consumed += 1;
         }

@@ -49,8 +49,11 @@ impl Bucket {
     fn ready_at(&self) -> Option<Instant> {
         (self.tokens <= 0.0).then(|| {
             let ns = (-self.tokens * 1e9 / self.rate).min(LONGEST_WAIT_NS);
-            // `ns` is finite, at least 0 and at most an hour: the cast is exact after floor.
-            self.last + Duration::from_nanos(ns.floor() as u64 + 1)
+            // `ns` is at least 0 (tokens <= 0) and at most an hour: the float-to-integer
+            // cast saturates anyway, and after floor it is exact.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let whole = ns.floor() as u64;
+            self.last + Duration::from_nanos(whole + 1)
         })
     }
 }

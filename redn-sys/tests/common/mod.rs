@@ -11,13 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub fn nic(pus: usize, prefetch: Prefetch) -> SoftNic {
-    SoftNic::new(SoftNicConfig {
-        name: "test".into(),
-        pus,
-        prefetch,
-        wqe_checks: false,
-    })
-    .unwrap()
+    let mut cfg = SoftNicConfig::new("test");
+    cfg.pus = pus;
+    cfg.prefetch = prefetch;
+    SoftNic::new(cfg).unwrap()
 }
 
 /// A registered buffer.
@@ -52,12 +49,7 @@ pub struct Endpoint {
 }
 
 pub fn endpoint(nic: &SoftNic, pd: Pdn, cfg: impl FnOnce(&mut QpConfig)) -> Endpoint {
-    let cq = nic
-        .create_cq(CqConfig {
-            depth: 4096,
-            ignore_overrun: false,
-        })
-        .unwrap();
+    let cq = nic.create_cq(CqConfig::new(4096)).unwrap();
     let mut c = QpConfig::new(pd, cq);
     cfg(&mut c);
     let qp = nic.create_qp(c).unwrap();
@@ -130,12 +122,7 @@ impl Rig {
         let data = Region::new(&server, spd, DATA_LEN, ALL);
         let cpd = client.alloc_pd().unwrap();
         let cbuf = Region::new(&client, cpd, 128 << 10, ALL);
-        let ccq = client
-            .create_cq(CqConfig {
-                depth: 4096,
-                ignore_overrun: false,
-            })
-            .unwrap();
+        let ccq = client.create_cq(CqConfig::new(4096)).unwrap();
         let mut ccfg = QpConfig::new(cpd, ccq);
         ccfg.rq_slots = 4096;
         let cqp = client.create_qp(ccfg).unwrap().qpn;
@@ -328,6 +315,21 @@ impl Rng {
     /// Uniform enough below `n` for tests.
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
+    }
+
+    /// [`Rng::below`] for a `u32` bound.
+    pub fn below32(&mut self, n: u32) -> u32 {
+        u32::try_from(self.below(u64::from(n))).unwrap()
+    }
+
+    /// [`Rng::below`] for an index into `n` things.
+    pub fn index(&mut self, n: usize) -> usize {
+        usize::try_from(self.below(n as u64)).unwrap()
+    }
+
+    /// A random byte.
+    pub fn byte(&mut self) -> u8 {
+        self.next().to_le_bytes()[0]
     }
 }
 

@@ -57,12 +57,10 @@ struct Rig {
 fn rig() -> &'static Rig {
     static RIG: OnceLock<Rig> = OnceLock::new();
     RIG.get_or_init(|| {
-        let nic = SoftNic::new(SoftNicConfig {
-            pus: 2,
-            prefetch: Prefetch::Depth(4),
-            ..Default::default()
-        })
-        .expect("softnic");
+        let mut cfg = SoftNicConfig::default();
+        cfg.pus = 2;
+        cfg.prefetch = Prefetch::Depth(4);
+        let nic = SoftNic::new(cfg).expect("softnic");
         let pd = nic.alloc_pd().expect("pd");
         let buf = SharedBuffer::new(BUF_LEN);
         let rw = nic
@@ -85,7 +83,8 @@ fn rig() -> &'static Rig {
 
 /// The byte at `i` of the buffer before every run.
 fn pattern(i: usize) -> u8 {
-    (i as u8).wrapping_mul(7) ^ 0x5a
+    // The low byte of i, times 7.
+    i.to_le_bytes()[0].wrapping_mul(7) ^ 0x5a
 }
 
 /// One of `regions`, by `sel`, and an address from `raw` within 64 bytes of it.
@@ -144,12 +143,7 @@ pub fn run(data: &[u8]) {
     let nic = &r.nic;
     r.buf.write(0, &r.initial);
 
-    let cq = nic
-        .create_cq(CqConfig {
-            depth: 64,
-            ignore_overrun: true,
-        })
-        .expect("cq");
+    let cq = nic.create_cq(CqConfig::counted(64)).expect("cq");
     let other_cq = nic.create_cq(CqConfig::default()).expect("cq");
     let mut c = QpConfig::new(r.pd, cq);
     c.sq_bbs = RING_BBS;
