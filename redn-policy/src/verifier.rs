@@ -1278,38 +1278,10 @@ impl Checker<'_> {
     /// True if WRITE `label` copies, from a static block nothing ever writes, exactly the NOP
     /// image of `target` (opcode 0, operand bytes 0, its own ds) onto its control word.
     fn nop_reset(&self, label: &str, target: &redn_program::program::Wqe) -> bool {
-        let Some((_, _, w)) = self.idx.wqe(label) else {
-            return false;
-        };
-        let Op::Write {
-            remote: Addr::Wqe { label: to, byte: 0 },
-            sgl,
-            imm: None,
-        } = &w.op
-        else {
-            return false;
-        };
-        let [Sge {
-            addr: Addr::Static { name, offset },
-            len: 8,
-        }] = sgl.as_slice()
-        else {
-            return false;
-        };
-        if to != &target.label {
-            return false;
-        }
-        let Some(block) = self.p.statics.iter().find(|b| &b.name == name) else {
-            return false;
-        };
-        let Some(at) = usize::try_from(*offset)
-            .ok()
-            .filter(|at| at.checked_add(8).is_some())
-        else {
-            return false;
-        };
-        let want = [0, 0, 0, 0, 0, 0, 0, target.op.ds()];
-        block.bytes.get(at..at + 8) == Some(&want[..]) && !self.static_written(name)
+        let static_written = |name: &str| self.static_written(name);
+        let want = u64::from_le_bytes([0, 0, 0, 0, 0, 0, 0, target.op.ds()]);
+        control::constant_copy(self.p, &self.idx.at, &static_written, label, &target.label)
+            == Some(want)
     }
 
     /// True if any WQE or receive may write static block `name`.

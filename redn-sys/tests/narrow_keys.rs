@@ -154,25 +154,27 @@ fn attack(pick: impl Fn(&Rig) -> (VirtAddr, Rkey, u32), op: &str) {
     );
 }
 
+/// The first code window of `side` that holds an aligned 8-byte word and whose rights
+/// `rights` accepts, as (address, key, 8): the request itself then fits the window, so only
+/// the key can refuse it.
+fn aligned_window(
+    rig: &Rig,
+    side: QueueRole,
+    rights: impl Fn(Access) -> bool,
+) -> (VirtAddr, Rkey, u32) {
+    let (_, mr) = rig
+        .installed
+        .code_keys
+        .iter()
+        .find(|(w, mr)| w.side == side && rights(w.access) && mr.len >= 8 && mr.addr.0 % 8 == 0)
+        .expect("an aligned window");
+    (mr.addr, mr.lkey.into(), 8)
+}
+
 #[test]
 fn a_client_with_a_trigger_window_key_cannot_write_or_read_it() {
     for op in ["write", "read", "cas"] {
-        attack(
-            |rig| {
-                // One the size and alignment of an address, so that the request itself
-                // fits the window: only the key's rights can refuse it.
-                let (_, mr) = rig
-                    .installed
-                    .code_keys
-                    .iter()
-                    .find(|(w, mr)| {
-                        w.side == QueueRole::Client && mr.len >= 8 && mr.addr.0 % 8 == 0
-                    })
-                    .expect("an aligned trigger window");
-                (mr.addr, mr.lkey.into(), 8)
-            },
-            op,
-        );
+        attack(|rig| aligned_window(rig, QueueRole::Client, |_| true), op);
     }
 }
 
@@ -181,18 +183,9 @@ fn a_client_with_a_worker_window_key_cannot_use_it() {
     for op in ["write", "read", "cas"] {
         attack(
             |rig| {
-                let (_, mr) = rig
-                    .installed
-                    .code_keys
-                    .iter()
-                    .find(|(w, mr)| {
-                        w.side == QueueRole::Worker
-                            && w.access.contains(Access::REMOTE_ATOMIC)
-                            && mr.len >= 8
-                            && mr.addr.0 % 8 == 0
-                    })
-                    .expect("a CAS window");
-                (mr.addr, mr.lkey.into(), 8)
+                aligned_window(rig, QueueRole::Worker, |a| {
+                    a.contains(Access::REMOTE_ATOMIC)
+                })
             },
             op,
         );

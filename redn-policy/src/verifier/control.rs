@@ -313,33 +313,53 @@ impl Writers<'_> {
 
     /// WRITE `label` as a transfer, if it writes 8 constant bytes onto `target`'s word.
     fn constant_write(&self, label: &str, target: &str) -> Option<Transfer> {
-        let w = self.program.wqe_at(*self.positions.get(label)?)?;
-        let Op::Write {
-            remote: Addr::Wqe { label: to, byte: 0 },
-            sgl,
-            imm: None,
-        } = &w.op
-        else {
-            return None;
-        };
-        let [Sge {
-            addr: Addr::Static { name, offset },
-            len: 8,
-        }] = sgl.as_slice()
-        else {
-            return None;
-        };
-        if to != target || (self.static_written)(name) {
-            return None;
-        }
-        let block = self.program.statics.iter().find(|b| &b.name == name)?;
-        let at = usize::try_from(*offset).ok()?;
-        let bytes: [u8; 8] = block.bytes.get(at..at.checked_add(8)?)?.try_into().ok()?;
+        let value = constant_copy(
+            self.program,
+            self.positions,
+            self.static_written,
+            label,
+            target,
+        )?;
         Some(Transfer::Set {
             label: label.to_string(),
-            value: u64::from_le_bytes(bytes),
+            value,
         })
     }
+}
+
+/// The 8 bytes (as a CAS reads them: little-endian) that WRITE `label` copies onto the
+/// control word of `target`, if it copies exactly 8 bytes from a static block nothing ever
+/// writes; `None` otherwise.
+pub(super) fn constant_copy(
+    program: &Program,
+    positions: &HashMap<&str, WqePos>,
+    static_written: &dyn Fn(&str) -> bool,
+    label: &str,
+    target: &str,
+) -> Option<u64> {
+    let w = program.wqe_at(*positions.get(label)?)?;
+    let Op::Write {
+        remote: Addr::Wqe { label: to, byte: 0 },
+        sgl,
+        imm: None,
+    } = &w.op
+    else {
+        return None;
+    };
+    let [Sge {
+        addr: Addr::Static { name, offset },
+        len: 8,
+    }] = sgl.as_slice()
+    else {
+        return None;
+    };
+    if to != target || static_written(name) {
+        return None;
+    }
+    let block = program.statics.iter().find(|b| &b.name == name)?;
+    let at = usize::try_from(*offset).ok()?;
+    let bytes: [u8; 8] = block.bytes.get(at..at.checked_add(8)?)?.try_into().ok()?;
+    Some(u64::from_le_bytes(bytes))
 }
 
 #[cfg(test)]
