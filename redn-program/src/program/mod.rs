@@ -22,10 +22,12 @@
 mod builder;
 pub mod catalog;
 mod layout;
+mod resolve;
 mod windows;
 
 pub use builder::{Builder, QueueHandle};
-pub use layout::{Bound, CodeLayout, Rendered, Resolver, MAX_CODE_BYTES};
+pub use layout::{CodeLayout, MAX_CODE_BYTES};
+pub use resolve::{Bound, Rendered, Resolver};
 pub use windows::CodeWindow;
 
 use crate::types::Access;
