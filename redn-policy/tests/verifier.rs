@@ -821,3 +821,55 @@ fn a_write_running_past_its_patch_point_is_refused() {
         );
     }
 }
+
+// ---- a CAS on a control word: patches only inside its compare's operand slots ------------
+
+#[test]
+fn patches_straddling_a_cas_operand_slot_are_refused() {
+    // RedN's `if` CAS "0.b0.if" and `else` masked CAS "0.b0.else" both act on the response
+    // WQE's control word. The compare operand (bytes 40..48) is the byte-reversed control
+    // image: bytes 41..44 and 45..48 hold its operand slots (where the trigger writes the
+    // key), byte 40 its ds and byte 44 its opcode. The trigger's patches on "0.b0.if" cover
+    // exactly the two slots, and the program is accepted.
+    assert!(verify(&base(), &grants()).accepted());
+    let key = || PatchSource::Trigger {
+        param: "key0".into(),
+    };
+    // Inside a slot: accepted.
+    for (byte, len) in [(41, 3), (42, 2), (43, 1), (45, 3), (46, 1), (47, 1)] {
+        let mut p = base();
+        patch(&mut p, "0.b0.if", byte, len, key());
+        let r = verify(&p, &grants());
+        assert!(r.accepted(), "{byte}+{len}: {}", r.log());
+    }
+    // Starting inside a slot and running out of it (onto the compare's opcode byte, across
+    // both slots, past the compare into the padding or the masked CAS's swap mask), and
+    // starting just before a slot: refused, however the start lies.
+    for (label, byte, len) in [
+        ("0.b0.if", 43, 2),
+        ("0.b0.if", 42, 3),
+        ("0.b0.if", 41, 7),
+        ("0.b0.if", 47, 2),
+        ("0.b0.if", 40, 2),
+        ("0.b0.if", 44, 2),
+        ("0.b0.else", 43, 2),
+        ("0.b0.else", 47, 2),
+        ("0.b0.else", 45, 11),
+    ] {
+        let mut p = base();
+        patch(&mut p, label, byte, len, key());
+        let r = verify(&p, &grants());
+        let f = only_finding(
+            &r,
+            Rule::UnsafeSwap,
+            label,
+            &format!("bytes {byte}..{}", byte + len),
+        );
+        assert_eq!(
+            f.detail,
+            "trigger parameter \"key0\" may rewrite this CAS's swap or the opcode/ds bytes of \
+             its compare",
+            "{label} {byte}+{len}"
+        );
+    }
+}
