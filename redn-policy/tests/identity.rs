@@ -37,45 +37,36 @@ fn chosen(p: &Policy, who: &PeerIdentity) -> Option<String> {
 const RULE_IDS: [u32; 5] = [0, 1, 100, 1000, 65534];
 const PEER_IDS: [u32; 6] = [0, 1, 100, 1000, 65534, u32::MAX];
 
-#[test]
-fn a_gid_rule_matches_exactly_its_gid_group_0_included() {
+/// A rule with only the matcher `key` (`uid` or `gid`) set to each of [`RULE_IDS`], both as
+/// `Matchers` and in a loaded policy, matches a peer exactly when the peer's id of that kind
+/// (`peer(id, other)` puts it in place) is the rule's, whatever the peer's other id.
+fn id_rule_matches_exactly(key: &str, peer: fn(u32, u32) -> PeerIdentity) {
     for rule in RULE_IDS {
         let mut m = Matchers::default();
-        m.gid = Some(rule);
-        let p = policy(&[("group", &format!("gid = {rule}"))]);
+        match key {
+            "uid" => m.uid = Some(rule),
+            _ => m.gid = Some(rule),
+        }
+        let p = policy(&[("app", &format!("{key} = {rule}"))]);
         for id in PEER_IDS {
-            // Whatever the uid, including root's.
-            for uid in [0, 1000] {
-                let who = peer(uid, id);
-                assert_eq!(m.matches(&who), rule == id, "gid rule {rule}, peer {who:?}");
-                assert_eq!(
-                    chosen(&p, &who).is_some(),
-                    rule == id,
-                    "gid rule {rule}, peer {who:?}"
-                );
+            for other in [0, 1000] {
+                let who = peer(id, other);
+                let what = format!("{key} rule {rule}, peer {who:?}");
+                assert_eq!(m.matches(&who), rule == id, "{what}");
+                assert_eq!(chosen(&p, &who).is_some(), rule == id, "{what}");
             }
         }
     }
 }
 
 #[test]
+fn a_gid_rule_matches_exactly_its_gid_group_0_included() {
+    id_rule_matches_exactly("gid", |gid, uid| peer(uid, gid));
+}
+
+#[test]
 fn a_uid_rule_matches_exactly_its_uid_root_included() {
-    for rule in RULE_IDS {
-        let mut m = Matchers::default();
-        m.uid = Some(rule);
-        let p = policy(&[("user", &format!("uid = {rule}"))]);
-        for id in PEER_IDS {
-            for gid in [0, 1000] {
-                let who = peer(id, gid);
-                assert_eq!(m.matches(&who), rule == id, "uid rule {rule}, peer {who:?}");
-                assert_eq!(
-                    chosen(&p, &who).is_some(),
-                    rule == id,
-                    "uid rule {rule}, peer {who:?}"
-                );
-            }
-        }
-    }
+    id_rule_matches_exactly("uid", peer);
 }
 
 #[test]
