@@ -39,6 +39,7 @@ use crate::error::{Error, Result};
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
+use subtle::ConstantTimeEq;
 
 /// What the manager knows about a local peer when it connects.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -175,7 +176,8 @@ pub(crate) fn is_normal_absolute(path: &str) -> bool {
 /// The manager draws a token from a CSPRNG for each grant and hands it to the app, which
 /// passes it on to its remote clients; a client presents it to be recognised. Tokens are
 /// secrets, so this type:
-/// - compares in constant time (`==` looks at every byte whatever differs);
+/// - compares in constant time (`==` is `subtle`'s `ConstantTimeEq`, which looks at every
+///   byte whatever differs);
 /// - has no `Display` and a redacted `Debug`, so it does not end up in logs by accident;
 ///   [`Token::to_hex`] is the one way to write it out;
 /// - never repeats the refused text in a parse error.
@@ -246,14 +248,10 @@ impl FromStr for Token {
 }
 
 impl PartialEq for Token {
-    /// Constant time: every byte is compared whatever the first difference.
+    /// Constant time, by `subtle`'s [`ConstantTimeEq`]: every byte is compared whatever the
+    /// first difference, and the result is kept out of the optimiser's sight.
     fn eq(&self, other: &Self) -> bool {
-        let diff = self
-            .0
-            .iter()
-            .zip(other.0.iter())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-        std::hint::black_box(diff) == 0
+        self.0[..].ct_eq(&other.0[..]).into()
     }
 }
 

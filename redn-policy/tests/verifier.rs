@@ -680,3 +680,196 @@ fn the_log_is_never_truncated() {
     );
     let _ = Iterations::Recycled { wqes_per_round: 1 };
 }
+
+// ---- writes into WQEs: every byte inside a patch point -----------------------------------
+
+/// The one finding of `rule` in `r`, which must be on WQE `label` and field `field`.
+fn only_finding<'r>(
+    r: &'r redn_policy::Report,
+    rule: Rule,
+    label: &str,
+    field: &str,
+) -> &'r redn_policy::Finding {
+    let hits: Vec<_> = r.findings.iter().filter(|f| f.rule == rule).collect();
+    assert_eq!(hits.len(), 1, "expected one {rule} finding:\n{}", r.log());
+    let f = hits[0];
+    assert_eq!(
+        f.wqe.as_ref().map(|w| w.1.as_str()),
+        Some(label),
+        "{}",
+        r.log()
+    );
+    assert_eq!(f.field, field, "{}", r.log());
+    f
+}
+
+/// `base()` with the READ's scatter entry `i` (into the response WQE "0.r0") `len` bytes long.
+fn read_scatter_of(i: usize, len: u32) -> Program {
+    let mut p = base();
+    if let Op::Read { sgl, .. } = &mut wqe_mut(&mut p, "0.b0.read").op {
+        sgl[i].len = len;
+    }
+    p
+}
+
+#[test]
+fn a_read_scatter_running_past_its_patch_point_is_refused() {
+    // The READ's scatter list, as declared: 0.r0@0..3, @4..7, @32..36, @40..48, each exactly
+    // one patch point of that READ. As built it is accepted.
+    let r = verify(&base(), &grants());
+    assert!(r.accepted(), "{}", r.log());
+    // Each entry one byte longer, or as long as the next patch point's end: it starts inside
+    // its patch point and runs past it (into the opcode byte, the lkey, the padding). Only
+    // the bytes after the first are outside, so a check of the first byte alone passes them.
+    for (i, from, declared, lens) in [
+        (0, 0u32, 3u32, [4u32, 7]),
+        (1, 4, 3, [4, 12]),
+        (2, 32, 4, [5, 8]),
+        (3, 40, 8, [9, 16]),
+    ] {
+        for len in lens {
+            let r = verify(&read_scatter_of(i, len), &grants());
+            let f = only_finding(&r, Rule::UndeclaredPatch, "0.b0.read", &format!("sgl[{i}]"));
+            assert_eq!(
+                f.detail,
+                format!(
+                    "writes 0.r0@{from}..{} outside every patch point declared for READ \"0.b0.read\"",
+                    from + len
+                )
+            );
+            // Still inside the patch point: accepted.
+            let r = verify(&read_scatter_of(i, declared - 1), &grants());
+            assert!(!r.broke(Rule::UndeclaredPatch), "{}", r.log());
+        }
+    }
+}
+
+#[test]
+fn a_write_spanning_two_patch_points_and_the_gap_between_is_refused() {
+    // One scatter entry over 0.r0@0..7: both of the READ's first patch points (0..3 and
+    // 4..7) cover all of it but byte 3, the opcode.
+    let mut p = base();
+    if let Op::Read { sgl, .. } = &mut wqe_mut(&mut p, "0.b0.read").op {
+        sgl[0].len = 7;
+        sgl.remove(1);
+    }
+    let r = verify(&p, &grants());
+    only_finding(&r, Rule::UndeclaredPatch, "0.b0.read", "sgl[0]");
+    // With the gap declared too, the same entry is covered by three adjacent patch points
+    // (and refused only because the new one covers the opcode).
+    patch(&mut p, "0.r0", 3, 1, read_source());
+    let r = verify(&p, &grants());
+    assert!(!r.broke(Rule::UndeclaredPatch), "{}", r.log());
+    assert!(r.broke(Rule::ProtectedField), "{}", r.log());
+}
+
+/// `base()` with an RDMA WRITE "patcher" on the worker queue writing `len` bytes into the
+/// response WQE at byte 32, where a 4-byte patch point of that WRITE is declared; the queue
+/// enables one more WQE and has room for it.
+fn write_into_response(len: u32) -> Program {
+    let mut p = base();
+    let q = p.queues.iter_mut().find(|q| q.name == "worker0").unwrap();
+    q.sq_bbs = 16;
+    q.wqes.insert(
+        2,
+        Wqe {
+            label: "patcher".into(),
+            op: Op::Write {
+                remote: Addr::wqe("0.r0", 32),
+                sgl: vec![Sge::new(Addr::region("values", 0), len)],
+                imm: None,
+            },
+            flags: WqeFlags::NONE,
+            form: Form::Active,
+        },
+    );
+    if let Op::SendEn { count, .. } = &mut wqe_mut(&mut p, "0.w0.go").op {
+        *count += 1;
+    }
+    p.iterations = Iterations::Bounded {
+        invocations: 1,
+        wqes_per_invocation: 10,
+    };
+    patch(
+        &mut p,
+        "0.r0",
+        32,
+        4,
+        PatchSource::Write {
+            label: "patcher".into(),
+        },
+    );
+    p
+}
+
+#[test]
+fn a_write_running_past_its_patch_point_is_refused() {
+    for len in 1..=4 {
+        let r = verify(&write_into_response(len), &grants());
+        assert!(r.accepted(), "{len} bytes: {}", r.log());
+    }
+    // One byte past the patch point (the first byte of the lkey), and all of the lkey.
+    for len in [5u32, 8] {
+        let r = verify(&write_into_response(len), &grants());
+        let f = only_finding(&r, Rule::UndeclaredPatch, "patcher", "raddr");
+        assert_eq!(
+            f.detail,
+            format!(
+                "writes 0.r0@32..{} outside every patch point declared for WRITE \"patcher\"",
+                32 + len
+            )
+        );
+    }
+}
+
+// ---- a CAS on a control word: patches only inside its compare's operand slots ------------
+
+#[test]
+fn patches_straddling_a_cas_operand_slot_are_refused() {
+    // RedN's `if` CAS "0.b0.if" and `else` masked CAS "0.b0.else" both act on the response
+    // WQE's control word. The compare operand (bytes 40..48) is the byte-reversed control
+    // image: bytes 41..44 and 45..48 hold its operand slots (where the trigger writes the
+    // key), byte 40 its ds and byte 44 its opcode. The trigger's patches on "0.b0.if" cover
+    // exactly the two slots, and the program is accepted.
+    assert!(verify(&base(), &grants()).accepted());
+    let key = || PatchSource::Trigger {
+        param: "key0".into(),
+    };
+    // Inside a slot: accepted.
+    for (byte, len) in [(41, 3), (42, 2), (43, 1), (45, 3), (46, 1), (47, 1)] {
+        let mut p = base();
+        patch(&mut p, "0.b0.if", byte, len, key());
+        let r = verify(&p, &grants());
+        assert!(r.accepted(), "{byte}+{len}: {}", r.log());
+    }
+    // Starting inside a slot and running out of it (onto the compare's opcode byte, across
+    // both slots, past the compare into the padding or the masked CAS's swap mask), and
+    // starting just before a slot: refused, however the start lies.
+    for (label, byte, len) in [
+        ("0.b0.if", 43, 2),
+        ("0.b0.if", 42, 3),
+        ("0.b0.if", 41, 7),
+        ("0.b0.if", 47, 2),
+        ("0.b0.if", 40, 2),
+        ("0.b0.if", 44, 2),
+        ("0.b0.else", 43, 2),
+        ("0.b0.else", 47, 2),
+        ("0.b0.else", 45, 11),
+    ] {
+        let mut p = base();
+        patch(&mut p, label, byte, len, key());
+        let r = verify(&p, &grants());
+        let f = only_finding(
+            &r,
+            Rule::UnsafeSwap,
+            label,
+            &format!("bytes {byte}..{}", byte + len),
+        );
+        assert_eq!(
+            f.detail,
+            "trigger parameter \"key0\" may rewrite this CAS's swap or the opcode/ds bytes of \
+             its compare",
+            "{label} {byte}+{len}"
+        );
+    }
+}

@@ -6,12 +6,14 @@
 //! `mlx5dv_set_data_seg`, `mlx5dv_set_cqe_owner`). Our constants, offsets and encoders must agree
 //! byte for byte.
 //!
-//! If the header is not installed the tests print a note and pass, except under CI (`CI` set),
-//! where they fail: CI must run the check.
+//! If the check cannot run here (no header, no C compiler), each test fails under CI (the
+//! environment variable `CI` set, to any value): CI must run the check. Elsewhere each test
+//! prints a `SKIPPED mlx5dv_layout::TEST: why` line to the terminal (past libtest's capture)
+//! and returns; libtest still counts it as passed, so look for those lines.
 //!
 //! The header lacks the cross-channel opcodes (WAIT, SEND_EN, RECV_EN), their wait/enable
-//! segment, the masked-atomic segments and the extended-atomic opmod: those are hand-written in
-//! `wqe.rs` and not checked here.
+//! segment, the masked-atomic segments and the extended-atomic opmod: those are checked against
+//! byte images written from other drivers' published layouts in `cross_channel_layout.rs`.
 
 use redn_program::types::MAX_QPN;
 use redn_program::wqe::{
@@ -646,19 +648,23 @@ fn hex(b: &[u8]) -> String {
     })
 }
 
-/// Skip (or, under CI, fail) because the check cannot run here.
-fn unavailable(why: &str) -> Option<Facts> {
-    if std::env::var_os("CI").is_some() {
+/// Test `test` cannot run here because of `why`: under CI (`ci`) that is a failure; elsewhere
+/// the test says so on a line of its own and is skipped.
+fn cannot_run(test: &str, why: &str, ci: bool) {
+    if ci {
         panic!("{why} (CI is set: the mlx5dv.h layout check must run)");
     }
     // Straight to the process's stderr, past libtest's output capture, so the skip is seen.
-    let _ = writeln!(std::io::stderr(), "{why} (mlx5dv_layout tests skipped)");
-    None
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED mlx5dv_layout::{test}: {why} (set CI to make this a failure)"
+    );
 }
 
-fn build_and_run() -> Option<Facts> {
+/// The probe's facts, or why the check cannot run here.
+fn build_and_run() -> Result<Facts, String> {
     if !Path::new(HEADER).exists() {
-        return unavailable(&format!(
+        return Err(format!(
             "mlx5dv.h not installed; install libibverbs-dev to run the layout check \
              (looked for {HEADER})"
         ));
@@ -684,7 +690,7 @@ fn build_and_run() -> Option<Facts> {
         Ok(o) => o,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&dir);
-            return unavailable(&format!("cannot run the C compiler `{cc}`: {e}"));
+            return Err(format!("cannot run the C compiler `{cc}`: {e}"));
         }
     };
     assert!(
@@ -715,18 +721,33 @@ fn build_and_run() -> Option<Facts> {
         let old = facts.insert(name.to_owned(), value.to_owned());
         assert!(old.is_none(), "probe printed `{name}` twice");
     }
-    Some(Facts(facts))
+    Ok(Facts(facts))
 }
 
-/// The probe's output, built once per test binary; `None` if the check is skipped.
-fn facts() -> Option<&'static Facts> {
-    static FACTS: OnceLock<Option<Facts>> = OnceLock::new();
-    FACTS.get_or_init(build_and_run).as_ref()
+/// The probe's output for test `test`, built once per test binary; `None` if the check cannot
+/// run here and is skipped (see [`cannot_run`]).
+fn facts(test: &str) -> Option<&'static Facts> {
+    static FACTS: OnceLock<Result<Facts, String>> = OnceLock::new();
+    match FACTS.get_or_init(build_and_run) {
+        Ok(facts) => Some(facts),
+        Err(why) => {
+            cannot_run(test, why, std::env::var_os("CI").is_some());
+            None
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "no header here (CI is set: the mlx5dv.h layout check must run)")]
+fn a_check_that_cannot_run_fails_under_ci() {
+    cannot_run("a_test", "no header here", true);
 }
 
 #[test]
 fn wqe_segment_offsets_and_sizes() {
-    let Some(h) = facts() else { return };
+    let Some(h) = facts("wqe_segment_offsets_and_sizes") else {
+        return;
+    };
     let ctrl = "mlx5_wqe_ctrl_seg";
     assert_eq!(h.size(ctrl), SEG_SIZE);
     // opmod_idx_opcode is BE32 `opmod << 24 | wqe_index << 8 | opcode`.
@@ -770,7 +791,9 @@ fn wqe_segment_offsets_and_sizes() {
 
 #[test]
 fn cqe_offsets_and_sizes() {
-    let Some(h) = facts() else { return };
+    let Some(h) = facts("cqe_offsets_and_sizes") else {
+        return;
+    };
     let cqe = "mlx5_cqe64";
     assert_eq!(h.size(cqe), CQE_SIZE);
     assert_eq!(h.off(cqe, "imm_inval_pkey"), CQE_IMM);
@@ -792,7 +815,9 @@ fn cqe_offsets_and_sizes() {
 
 #[test]
 fn send_opcodes_match() {
-    let Some(h) = facts() else { return };
+    let Some(h) = facts("send_opcodes_match") else {
+        return;
+    };
     let ours = [
         (Opcode::Nop, "MLX5_OPCODE_NOP"),
         (Opcode::RdmaWrite, "MLX5_OPCODE_RDMA_WRITE"),
@@ -832,7 +857,9 @@ fn send_opcodes_match() {
 
 #[test]
 fn wqe_flags_and_constants_match() {
-    let Some(h) = facts() else { return };
+    let Some(h) = facts("wqe_flags_and_constants_match") else {
+        return;
+    };
     assert_eq!(
         u64::from(WqeFlags::SIGNALED.0),
         h.num("MLX5_WQE_CTRL_CQ_UPDATE")
@@ -856,7 +883,9 @@ fn wqe_flags_and_constants_match() {
 
 #[test]
 fn cqe_opcodes_and_syndromes_match() {
-    let Some(h) = facts() else { return };
+    let Some(h) = facts("cqe_opcodes_and_syndromes_match") else {
+        return;
+    };
     let opcodes = [
         (CqeOpcode::Req, "MLX5_CQE_REQ"),
         (CqeOpcode::RespWriteImm, "MLX5_CQE_RESP_WR_IMM"),
@@ -900,7 +929,9 @@ fn cqe_opcodes_and_syndromes_match() {
 
 #[test]
 fn ctrl_segment_matches_mlx5dv_set_ctrl_seg() {
-    let Some(h) = facts() else { return };
+    let Some(h) = facts("ctrl_segment_matches_mlx5dv_set_ctrl_seg") else {
+        return;
+    };
     for (i, c) in ctrl_cases().iter().enumerate() {
         let ours = c.encode();
         h.assert_bytes(&format!("ctrl.{i}"), &ours);
@@ -910,7 +941,9 @@ fn ctrl_segment_matches_mlx5dv_set_ctrl_seg() {
 
 #[test]
 fn data_segment_matches_mlx5dv_set_data_seg() {
-    let Some(h) = facts() else { return };
+    let Some(h) = facts("data_segment_matches_mlx5dv_set_data_seg") else {
+        return;
+    };
     for (i, d) in data_cases().iter().enumerate() {
         let ours = d.encode();
         h.assert_bytes(&format!("data.{i}"), &ours);
@@ -920,7 +953,9 @@ fn data_segment_matches_mlx5dv_set_data_seg() {
 
 #[test]
 fn whole_wqes_match_header_layout() {
-    let Some(h) = facts() else { return };
+    let Some(h) = facts("whole_wqes_match_header_layout") else {
+        return;
+    };
     for (name, wr) in wqe_cases() {
         let e = encode_wqe(&wr, Qpn(QPN), IDX).unwrap_or_else(|e| panic!("{name}: {e}"));
         h.assert_bytes(name, e.bytes());
@@ -929,7 +964,9 @@ fn whole_wqes_match_header_layout() {
 
 #[test]
 fn cqes_match_header_layout() {
-    let Some(h) = facts() else { return };
+    let Some(h) = facts("cqes_match_header_layout") else {
+        return;
+    };
     for (name, c) in cqe_cases() {
         let ours = c.encode();
         h.assert_bytes(name, &ours);

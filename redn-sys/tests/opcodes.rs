@@ -174,6 +174,149 @@ fn fetch_add_and_masked_atomics() {
     assert_eq!(c.by_opcode(Opcode::AtomicMaskedFa), 1);
 }
 
+/// Masked CAS on 8 bytes at b+64 (b+56..64 and b+72..80 hold a guard pattern), returning
+/// the old value big-endian at a+0; the word afterwards must be `after` and the guards intact.
+#[allow(clippy::too_many_arguments)]
+fn masked_cas_case(
+    l: &Loop,
+    old: u64,
+    compare: u64,
+    compare_mask: u64,
+    swap: u64,
+    swap_mask: u64,
+    after: u64,
+) {
+    let guard = [0x5au8; 8];
+    l.b.write(56, &guard);
+    l.b.write(64, &old.to_le_bytes());
+    l.b.write(72, &guard);
+    l.a.write(0, &[0; 8]);
+    run(
+        l,
+        WrOp::MaskedCompareSwap {
+            remote: l.b.mr.remote(64),
+            compare,
+            compare_mask,
+            swap,
+            swap_mask,
+            result: Some(l.a.mr.sge(0, 8)),
+        },
+    );
+    let what = format!(
+        "old {old:#018x} compare {compare:#018x}/{compare_mask:#018x} \
+         swap {swap:#018x}/{swap_mask:#018x}"
+    );
+    assert_eq!(
+        u64::from_le_bytes(l.b.read(64, 8).try_into().unwrap()),
+        after,
+        "{what}"
+    );
+    assert_eq!(l.b.read(56, 8), guard, "{what}");
+    assert_eq!(l.b.read(72, 8), guard, "{what}");
+    assert_eq!(
+        l.a.read(0, 8),
+        old.to_be_bytes(),
+        "{what}: old value returned"
+    );
+}
+
+#[test]
+fn masked_cas_honours_the_high_32_bits_of_both_masks() {
+    // Expected words worked out by hand: swap when (old ^ compare) & compare_mask == 0, to
+    // (old & !swap_mask) | (swap & swap_mask).
+    let l = setup();
+    let swap = 0xaaaa_bbbb_cccc_dddd;
+    // Compare under a mask of the high half only: equal there (the low half differs), swap.
+    masked_cas_case(
+        &l,
+        0x1234_5678_9abc_def0,
+        0x1234_5678_0000_0000,
+        0xffff_ffff_0000_0000,
+        swap,
+        u64::MAX,
+        swap,
+    );
+    // Different only in bit 32, then only in bit 63, each under the mask: unchanged.
+    masked_cas_case(
+        &l,
+        0x1234_5678_9abc_def0,
+        0x1234_5679_9abc_def0,
+        0xffff_ffff_0000_0000,
+        swap,
+        u64::MAX,
+        0x1234_5678_9abc_def0,
+    );
+    masked_cas_case(
+        &l,
+        0x1234_5678_9abc_def0,
+        0x9234_5678_9abc_def0,
+        0x8000_0000_0000_0000,
+        swap,
+        u64::MAX,
+        0x1234_5678_9abc_def0,
+    );
+    // Swap under a mask of high bits only (an empty compare mask always matches): the high
+    // 16 bits, then bits 63 and 32 alone.
+    masked_cas_case(
+        &l,
+        0x1111_2222_3333_4444,
+        0,
+        0,
+        swap,
+        0xffff_0000_0000_0000,
+        0xaaaa_2222_3333_4444,
+    );
+    masked_cas_case(
+        &l,
+        0x1111_2222_3333_4444,
+        0,
+        0,
+        swap,
+        0x8000_0001_0000_0000,
+        0x9111_2223_3333_4444,
+    );
+}
+
+#[test]
+fn masked_cas_with_masks_in_both_halves() {
+    let l = setup();
+    let old = 0x0123_4567_89ab_cdef;
+    let swap = 0xfedc_ba98_7654_3210;
+    // Compare byte 6 and byte 0; swap nibbles 15, 8, 3 and 0.
+    let (compare_mask, swap_mask) = (0x00ff_0000_0000_00ff, 0xf000_000f_0000_f00f);
+    // Both compared bytes equal: nibbles 15 and 8 (high half) and 3 and 0 (low) swapped.
+    masked_cas_case(
+        &l,
+        old,
+        0x0023_0000_0000_00ef,
+        compare_mask,
+        swap,
+        swap_mask,
+        0xf123_4568_89ab_3de0,
+    );
+    // The high compared byte differs, then the low one: unchanged.
+    masked_cas_case(
+        &l,
+        old,
+        0x0024_0000_0000_00ef,
+        compare_mask,
+        swap,
+        swap_mask,
+        old,
+    );
+    masked_cas_case(
+        &l,
+        old,
+        0x0023_0000_0000_00ee,
+        compare_mask,
+        swap,
+        swap_mask,
+        old,
+    );
+    let c = l.nic.counters(l.ep.qp.qpn).unwrap();
+    assert_eq!(c.by_opcode(Opcode::AtomicMaskedCs), 3);
+}
+
 #[test]
 fn misaligned_atomic_is_a_remote_invalid_request() {
     let l = setup();

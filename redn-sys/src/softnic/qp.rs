@@ -341,7 +341,8 @@ impl QpShared {
 
 #[cfg(test)]
 mod tests {
-    use super::EnabledIndex;
+    use super::{EnabledIndex, QpShared};
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     #[test]
     fn the_enabled_index_is_the_larger_half_and_only_moves_forward() {
@@ -370,5 +371,38 @@ mod tests {
             "a wrapped index behind is behind"
         );
         assert_eq!(e.get(), 0x1_0000_0010);
+    }
+
+    #[test]
+    fn an_enable_to_where_the_index_already_is_moves_nothing() {
+        // A zero advance is no advance, from the queue's own PU or any other, in either half
+        // and across the 32-bit wrap: it reports false (no wake-up, no hand-over).
+        let e = EnabledIndex::default();
+        assert!(!e.advance(0, true));
+        assert!(!e.advance(0, false));
+        assert_eq!(e.advance_own(0), None);
+        assert!(e.advance(5, true));
+        assert!(!e.advance(5, true));
+        assert!(!e.advance(5, false));
+        assert_eq!(e.advance_own(5), None);
+        assert!(e.advance(9, false));
+        assert!(!e.advance(9, false));
+        assert!(!e.advance(9, true));
+        assert_eq!(e.advance_own(9), None);
+        assert_eq!(e.get(), 9);
+        let e = EnabledIndex::default();
+        assert!(e.advance(0x7fff_fff0, true));
+        assert!(e.advance(0xffff_ffe0, false));
+        assert!(e.advance(0x10, true));
+        assert_eq!(e.get(), 0x1_0000_0010);
+        assert!(!e.advance(0x10, true));
+        assert!(!e.advance(0x10, false));
+        assert_eq!(e.get(), 0x1_0000_0010);
+        // A receive queue's index (RECV_EN) likewise.
+        let r = AtomicU64::new(0);
+        assert!(!QpShared::advance(&r, 0));
+        assert!(QpShared::advance(&r, 3));
+        assert!(!QpShared::advance(&r, 3));
+        assert_eq!(r.load(Ordering::Relaxed), 3);
     }
 }
