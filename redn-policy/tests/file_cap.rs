@@ -6,7 +6,10 @@ use redn_policy::{
 };
 use std::path::PathBuf;
 
+// 1 MiB: a u64 that fits any usize this project builds for (checked when compiling).
+#[allow(clippy::cast_possible_truncation)]
 const CAP: usize = MAX_FILE_BYTES as usize;
+const _: () = assert!(CAP as u64 == MAX_FILE_BYTES);
 
 /// `text` followed by one comment line that brings it to exactly `len` bytes.
 fn padded(text: &str, len: usize) -> String {
