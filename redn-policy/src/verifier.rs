@@ -1329,6 +1329,7 @@ impl Checker<'_> {
         let static_written = |name: &str| self.static_written(name);
         let writers = control::Writers {
             program: p,
+            patches: control::patches_by_label(p),
             positions: &self.idx.at,
             image: &image,
             static_written: &static_written,

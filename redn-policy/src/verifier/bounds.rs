@@ -14,6 +14,8 @@
 //! verifier bounds the worst trigger, not the average.
 
 use redn_program::program::{Op, Program, QueueRole};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 /// "Never": a time no trigger count reaches.
 const NEVER: u64 = u64::MAX;
@@ -68,10 +70,11 @@ pub(super) fn trigger_times(p: &Program) -> Result<Vec<Vec<Option<u64>>>, usize>
         let recv_en: Vec<Reach> = recv_en.into_iter().map(Reach::new).collect();
         let enabled_at = |reach: &Reach, at: u64| reach.earliest_past(at);
         // Completions, by queue: its receives and its signaled WQEs, as the last pass left
-        // them. (A chain whose enables and completions come from the chain before it thus
-        // takes a pass per link: ~2.6 s for a 4,096-WQE program of 512 chains. Settling
-        // each WQE once, in order of time, is the known fix.)
+        // them. A queue's own enables and completions are also followed as its scan finds
+        // them (below), so that a chain of links on one queue settles in one pass rather
+        // than a pass per link.
         let mut events: Vec<Vec<u64>> = vec![Vec::new(); n];
+        let mut receives: Vec<Vec<u64>> = vec![Vec::new(); n];
         for (qi, q) in p.queues.iter().enumerate() {
             let consumers: Vec<u64> = q
                 .wqes
@@ -92,6 +95,8 @@ pub(super) fn trigger_times(p: &Program) -> Result<Vec<Vec<Option<u64>>>, usize>
                 };
                 events[qi].push(arrives.max(enabled));
             }
+            receives[qi] = events[qi].clone();
+            receives[qi].sort_unstable();
             for (w, t) in q.wqes.iter().zip(&wqe_t[qi]) {
                 if w.flags.signaled() {
                     events[qi].push(*t);
@@ -103,11 +108,29 @@ pub(super) fn trigger_times(p: &Program) -> Result<Vec<Vec<Option<u64>>>, usize>
         for (qi, q) in p.queues.iter().enumerate() {
             let mut prev = 0u64;
             let mut bb = 0u64;
+            // The queue's own SEND_ENs met so far in this scan, as (time, count), earliest
+            // first; one whose count the scan has passed can never enable anything again.
+            let mut own_enables: BinaryHeap<Reverse<(u64, u64)>> = BinaryHeap::new();
+            // The times of the queue's signaled WQEs met so far: in ring order, and so in
+            // time order (a queue runs in order).
+            let mut own_completions: Vec<u64> = Vec::new();
             for (wi, w) in q.wqes.iter().enumerate() {
                 // Unmanaged queues run what the entry doorbell reaches, managed ones what
                 // an enable reaches.
-                let enabled = enabled_at(&send_en[qi], bb);
+                while own_enables
+                    .peek()
+                    .is_some_and(|Reverse((_, count))| *count <= bb)
+                {
+                    own_enables.pop();
+                }
+                let own = own_enables.peek().map_or(NEVER, |Reverse((t, _))| *t);
+                let enabled = enabled_at(&send_en[qi], bb).min(own);
                 let gate = match &w.op {
+                    // On its own CQ: the receives, and the WQEs before it (a WAIT for a
+                    // later WQE's completion waits for ever).
+                    Op::Wait { queue, count } if index(queue) == Some(qi) => {
+                        nth_of_merged(&receives[qi], &own_completions, *count as usize)
+                    }
                     Op::Wait { queue, count } => index(queue)
                         .and_then(|x| events[x].get(*count as usize).copied())
                         .unwrap_or(NEVER),
@@ -118,7 +141,16 @@ pub(super) fn trigger_times(p: &Program) -> Result<Vec<Vec<Option<u64>>>, usize>
                     wqe_t[qi][wi] = t;
                     changed = true;
                 }
-                prev = wqe_t[qi][wi];
+                let t = wqe_t[qi][wi];
+                if let Op::SendEn { queue, count } = &w.op {
+                    if index(queue) == Some(qi) && t != NEVER {
+                        own_enables.push(Reverse((t, u64::from(*count))));
+                    }
+                }
+                if w.flags.signaled() {
+                    own_completions.push(t);
+                }
+                prev = t;
                 bb += w.op.bbs();
             }
         }
@@ -133,6 +165,25 @@ pub(super) fn trigger_times(p: &Program) -> Result<Vec<Vec<Option<u64>>>, usize>
         }
     }
     Err(max_passes)
+}
+
+/// The `n`-th smallest (from 0) of two sorted lists together; `NEVER` if they hold no more
+/// than `n` values.
+fn nth_of_merged(a: &[u64], b: &[u64], n: usize) -> u64 {
+    let (mut i, mut j) = (0, 0);
+    for _ in 0..n {
+        match (a.get(i), b.get(j)) {
+            (Some(x), Some(y)) if x <= y => i += 1,
+            (Some(_), Some(_)) | (None, Some(_)) => j += 1,
+            (Some(_), None) => i += 1,
+            (None, None) => return NEVER,
+        }
+    }
+    match (a.get(i), b.get(j)) {
+        (Some(x), Some(y)) => *x.min(y),
+        (Some(x), None) | (None, Some(x)) => *x,
+        (None, None) => NEVER,
+    }
 }
 
 /// The enables of one queue, for "when is index `at` first enabled": sorted by count, with

@@ -25,7 +25,7 @@
 //! what lets them carry operands.
 
 use redn_program::endian::Be64;
-use redn_program::program::{Addr, Op, PatchSource, Program, Sge, WqePos};
+use redn_program::program::{Addr, Op, PatchPoint, PatchSource, Program, Sge, WqePos};
 use redn_program::wqe::{bbs_for_ds, off, Opcode, OPMOD_EXT_ATOMIC_8B};
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -223,9 +223,21 @@ pub(super) fn explore(
     Ok(None)
 }
 
+/// The patch points of `p` by the WQE they patch.
+pub(super) fn patches_by_label(p: &Program) -> HashMap<&str, Vec<&PatchPoint>> {
+    let mut by: HashMap<&str, Vec<&PatchPoint>> = HashMap::new();
+    for pp in &p.patches {
+        by.entry(pp.label.as_str()).or_default().push(pp);
+    }
+    by
+}
+
 /// What the program knows about one of its CAS WQEs and static blocks, to build transfers.
 pub(super) struct Writers<'p> {
     pub program: &'p Program,
+    /// The program's patch points by the WQE they patch (built once: a 4,096-WQE program
+    /// has thousands, and each WQE looks at its own).
+    pub patches: HashMap<&'p str, Vec<&'p PatchPoint>>,
     pub positions: &'p HashMap<&'p str, WqePos>,
     /// The installed image of each WQE's first 64 bytes, by label.
     pub image: &'p dyn Fn(&str) -> Option<[u8; 64]>,
@@ -238,7 +250,7 @@ impl Writers<'_> {
     /// 8 bytes.
     pub(super) fn transfers(&self, target: &str) -> Vec<Transfer> {
         let mut out = Vec::new();
-        for pp in self.program.patches.iter().filter(|pp| pp.label == target) {
+        for pp in self.patches.get(target).into_iter().flatten() {
             let end = pp.byte.saturating_add(pp.len);
             if pp.byte >= 8 {
                 continue;
@@ -274,10 +286,10 @@ impl Writers<'_> {
         let be = |at: usize| Be64::read(&img, at).get();
         // Bytes of the CAS's own atomic segment that something may patch are unknown.
         let unknown = |at: u32| {
-            self.program
-                .patches
-                .iter()
-                .filter(|pp| pp.label == label)
+            self.patches
+                .get(label)
+                .into_iter()
+                .flatten()
                 .fold(0u64, |m, pp| {
                     m | operand_bits(pp.byte, pp.byte.saturating_add(pp.len), at)
                 })
