@@ -10,7 +10,12 @@
 //! - the trigger ran no more WQEs than the policy's per-trigger budget.
 //!
 //! A fixed seed and a bounded number of variants here; longer runs take another seed
-//! (`REDN_SOUNDNESS_SEED`, `REDN_SOUNDNESS_VARIANTS`).
+//! (`REDN_SOUNDNESS_SEED`, `REDN_SOUNDNESS_VARIANTS`); `REDN_SOUNDNESS_DEBUG` prints the
+//! variants refused for their control words alone.
+//!
+//! With the verifier's control-word pass switched off, this test fails at its fixed seed (a
+//! masked `else` spliced into opcode 0x01 runs). With the execution-bounds pass switched off
+//! it does not: the changes tried here do not yet make a trigger run past its budget.
 
 mod common;
 
@@ -274,14 +279,19 @@ fn run(p: Program, rng: &mut Rng, triggers: usize, budget: u64) {
     let slots = wqe_slots(&rig);
     let mut before = settle(&rig);
     for t in 0..triggers {
-        // A trigger: random bytes, or a table address with a key that may match.
-        let mut msg = vec![0u8; rig.program.trigger_len as usize];
+        // A trigger: random bytes, with every 8-byte address parameter (a bucket or a list
+        // head) inside the data region most of the time, so that chains run on rather than
+        // end at their first protection error, and now and then anywhere at all.
+        let mut msg = vec![0u8; usize::try_from(rig.program.trigger_len).unwrap()];
         for b in &mut msg {
             *b = rng.byte();
         }
-        if rng.below(2) == 0 && msg.len() >= 14 {
-            let at = rig.data.mr.addr.0 + rng.below(DATA_LEN as u64);
-            msg[6..14].copy_from_slice(&at.to_be_bytes());
+        for param in &rig.program.params {
+            let at = usize::try_from(param.offset).unwrap();
+            if param.len == 8 && rng.below(8) != 0 && at + 8 <= msg.len() {
+                let addr = rig.data.mr.addr.0 + rng.below(DATA_LEN as u64 - 64);
+                msg[at..at + 8].copy_from_slice(&addr.to_be_bytes());
+            }
         }
         rig.client.post_recv(rig.cqp, rig.next_recv, &[]).unwrap();
         rig.next_recv += 1;
@@ -347,10 +357,10 @@ fn what_the_verifier_accepts_stays_inside_what_it_reasoned_about() {
         }
         let report = verify(&p, &g);
         if !report.accepted() {
-            if std::env::var("REDN_SOUNDNESS_DEBUG").is_ok() {
-                let rules: std::collections::BTreeSet<String> =
-                    report.findings.iter().map(|f| f.rule.to_string()).collect();
-                eprintln!("{}: refused {rules:?}", p.name);
+            if std::env::var("REDN_SOUNDNESS_DEBUG").is_ok()
+                && report.findings.iter().all(|f| f.field == "control word")
+            {
+                eprintln!("{}: only control words\n{}", p.name, report.log());
             }
             refused += 1;
             continue;
