@@ -944,6 +944,17 @@ impl<'a> Checker<'a> {
                                 Access::NONE,
                                 false,
                             );
+                            // Ring bytes hold keys and addresses: they never leave the server.
+                            if q.role == QueueRole::Client && matches!(s.addr, Addr::Wqe { .. }) {
+                                self.find(
+                                    Some(qn),
+                                    Some(here),
+                                    &format!("sgl[{i}]"),
+                                    Rule::WrongSide,
+                                    "WQE bytes are never a source of data sent to the client"
+                                        .into(),
+                                );
+                            }
                         }
                     }
                     Op::Read { remote, sgl } => {

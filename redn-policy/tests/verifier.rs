@@ -580,6 +580,151 @@ fn corpus() -> Vec<(&'static str, Program, Grants, Rule)> {
         Rule::MissingFence,
     ));
 
+    // 37-40. A trigger parameter declared over a field the NIC must keep: a READ's rkey,
+    // a WAIT's CQ number, a SEND_EN's QP number (enabling another client's queue), and the
+    // response's flags byte (its fence and completion bits).
+    for (i, (label, byte, len, what)) in [
+        ("0.b0.read", 24, 4, "a READ's rkey from the trigger"),
+        ("0.w0.trigger", 28, 4, "a WAIT's CQ number from the trigger"),
+        ("0.answer", 28, 4, "a SEND_EN's QP number from the trigger"),
+        ("0.r0", 11, 1, "the response's flags from the trigger"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut p = base();
+        let name = format!("evil{i}");
+        p.params.push(redn_program::program::Param {
+            name: name.clone(),
+            offset: p.trigger_len,
+            len,
+            doc: String::new(),
+        });
+        p.trigger_len += len;
+        p.queues[0].recvs[0]
+            .sgl
+            .push(Sge::new(Addr::wqe(label, byte as usize), len));
+        patch(
+            &mut p,
+            label,
+            byte,
+            len,
+            PatchSource::Trigger { param: name },
+        );
+        v.push((what, p, g(), Rule::ProtectedField));
+    }
+
+    // 41. A CAS that installs another WQE's image: the response would run as a READ.
+    let mut p = base();
+    if let Op::Cas { swap, .. } = &mut wqe_mut(&mut p, "0.b0.if").op {
+        *swap = Operand::ctrl("0.b0.read", Form::Active, Slots::Real);
+    }
+    v.push(("a swap with another WQE's image", p, g(), Rule::UnsafeSwap));
+
+    // 42. A ds override past the WQE's own segments: the NIC would read the next WQE's
+    // block as this one's segments.
+    let mut p = base();
+    if let Op::Cas { swap, .. } = &mut wqe_mut(&mut p, "0.b0.if").op {
+        *swap = Operand::Ctrl {
+            label: "0.r0".into(),
+            form: Form::Active,
+            slots: Slots::Real,
+            ds: Some(5),
+        };
+    }
+    v.push(("a ds override spanning two blocks", p, g(), Rule::BadDs));
+
+    // 43. LOCAL_INVAL (0x1b), off the allow-list like UMR: it would revoke a key.
+    let mut p = base();
+    push(&mut p, "worker0", "inval", Op::Other { opcode: 0x1b });
+    v.push(("LOCAL_INVAL", p, g(), Rule::Opcode));
+
+    // 44. The response gathers bytes of a WQE: the client would read the server's keys.
+    let mut p = base();
+    if let Op::Write { sgl, .. } = &mut wqe_mut(&mut p, "0.r0").op {
+        sgl.push(Sge::new(Addr::wqe("0.b0.read", 16), 16));
+    }
+    v.push(("WQE bytes sent to the client", p, g(), Rule::WrongSide));
+
+    // 45. A receive enable past the receive ring (the ring would be consumed again).
+    let mut p = base();
+    p.queues[0].managed_recv = true;
+    p.recv_entry.push(("client".into(), 1 << 20));
+    v.push((
+        "a receive enable far past its ring",
+        p,
+        g(),
+        Rule::UnboundedLoop,
+    ));
+
+    // 46. An unmanaged queue doorbelled past its ring at install.
+    let mut p = base();
+    let mut q = p.queues[1].clone();
+    q.name = "spin".into();
+    q.managed_send = false;
+    q.recvs.clear();
+    q.wqes = vec![Wqe {
+        label: "spin0".into(),
+        op: Op::Nop,
+        flags: WqeFlags::NONE,
+        form: Form::Active,
+    }];
+    p.queues.push(q);
+    p.entry.push(("spin".into(), 1 << 24));
+    v.push(("a doorbell far past its ring", p, g(), Rule::UnboundedLoop));
+
+    // 47. The `else` masks patched by the trigger: any bit of the response's control word
+    // could be swapped in.
+    let mut p = base();
+    p.params.push(redn_program::program::Param {
+        name: "mask".into(),
+        offset: p.trigger_len,
+        len: 8,
+        doc: String::new(),
+    });
+    p.trigger_len += 8;
+    p.queues[0].recvs[0]
+        .sgl
+        .push(Sge::new(Addr::wqe("0.b0.else", 48), 8));
+    patch(
+        &mut p,
+        "0.b0.else",
+        48,
+        8,
+        PatchSource::Trigger {
+            param: "mask".into(),
+        },
+    );
+    v.push(("masks from the trigger", p, g(), Rule::UnsafeSwap));
+
+    // 48. A WRITE of data (not a constant template) onto a control word.
+    let mut p = base();
+    push(
+        &mut p,
+        "worker0",
+        "smash",
+        Op::Write {
+            remote: Addr::wqe("0.r0", 0),
+            sgl: vec![Sge::new(Addr::region("values", 0), 8)],
+            imm: None,
+        },
+    );
+    patch(
+        &mut p,
+        "0.r0",
+        0,
+        8,
+        PatchSource::Write {
+            label: "smash".into(),
+        },
+    );
+    v.push((
+        "app data written onto a control word",
+        p,
+        g(),
+        Rule::ProtectedField,
+    ));
+
     v
 }
 
