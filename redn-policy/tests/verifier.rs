@@ -725,13 +725,49 @@ fn corpus() -> Vec<(&'static str, Program, Grants, Rule)> {
         Rule::ProtectedField,
     ));
 
+    // 49-. One class swept over a whole program: the bucket READ declared as landing on each
+    // field of each WQE of hash-get that the NIC must keep (keys, object numbers, reserved
+    // bytes, signature, flags, opcode, ds): every one refused for that field.
+    let base_program = base();
+    for q in &base_program.queues {
+        for w in &q.wqes {
+            let mut fields: Vec<(u32, u32)> = vec![(3, 1), (7, 1), (8, 1), (11, 1)];
+            match &w.op {
+                Op::Write { .. } | Op::Read { .. } | Op::Cas { .. } | Op::MaskedCas { .. } => {
+                    fields.extend([(24, 4), (28, 4)]);
+                }
+                Op::Wait { .. } | Op::SendEn { .. } | Op::RecvEn { .. } => {
+                    fields.extend([(16, 8), (28, 4)]);
+                }
+                _ => {}
+            }
+            for (byte, len) in fields {
+                if w.label == "0.b0.read" {
+                    // A READ landing in itself is another case (its own fetch races it).
+                    continue;
+                }
+                let mut p = base();
+                if let Op::Read { sgl, .. } = &mut wqe_mut(&mut p, "0.b0.read").op {
+                    sgl.push(Sge::new(Addr::wqe(&w.label, byte as usize), len));
+                }
+                patch(&mut p, &w.label, byte, len, read_source());
+                v.push((
+                    "a READ landing on a field the NIC must keep",
+                    p,
+                    g(),
+                    Rule::ProtectedField,
+                ));
+            }
+        }
+    }
+
     v
 }
 
 #[test]
 fn hostile_corpus_is_refused_for_the_right_reason() {
     let corpus = corpus();
-    assert!(corpus.len() >= 20);
+    assert!(corpus.len() >= 80, "{} programs", corpus.len());
     for (name, p, g, rule) in corpus {
         let r = verify(&p, &g);
         assert!(!r.accepted(), "{name}: accepted\n{}", r.log());
@@ -772,6 +808,26 @@ fn a_refused_control_word_says_how_it_is_reached() {
         line.contains("neither NOP nor the WQE's own (0x09)"),
         "{line}"
     );
+}
+
+#[test]
+fn a_patch_point_ending_exactly_at_a_protected_field_is_accepted() {
+    // The bucket READ also brings an address into the response's remote address (bytes
+    // 16..24), which ends where its rkey begins: data, not a field the NIC must keep.
+    let mut p = base();
+    if let Op::Read { sgl, .. } = &mut wqe_mut(&mut p, "0.b0.read").op {
+        sgl.push(Sge::new(Addr::wqe("0.r0", 16), 8));
+    }
+    patch(&mut p, "0.r0", 16, 8, read_source());
+    let r = verify(&p, &grants());
+    assert!(r.accepted(), "{}", r.log());
+    // One byte further is the rkey.
+    let mut p = base();
+    if let Op::Read { sgl, .. } = &mut wqe_mut(&mut p, "0.b0.read").op {
+        sgl.push(Sge::new(Addr::wqe("0.r0", 17), 8));
+    }
+    patch(&mut p, "0.r0", 17, 8, read_source());
+    assert!(verify(&p, &grants()).broke(Rule::ProtectedField));
 }
 
 #[test]
