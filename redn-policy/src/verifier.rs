@@ -341,6 +341,9 @@ struct Checker<'a> {
     p: &'a Program,
     g: &'a Grants,
     idx: Index<'a>,
+    /// The program's patch points by the WQE they patch, built once: a large program has
+    /// thousands, and each write into a WQE looks at that WQE's only.
+    patches: HashMap<&'a str, Vec<&'a redn_program::program::PatchPoint>>,
     out: Vec<Finding>,
 }
 
@@ -796,10 +799,11 @@ impl<'a> Checker<'a> {
         // The write may be covered by several adjacent patch points of the same source:
         // sweep them in order of their first byte (lengths come from files; no byte maps).
         let mut points: Vec<(u64, u64)> = self
-            .p
             .patches
-            .iter()
-            .filter(|pp| &pp.label == label && &pp.source == source)
+            .get(label.as_str())
+            .into_iter()
+            .flatten()
+            .filter(|pp| &pp.source == source)
             .map(|pp| (u64::from(pp.byte), u64::from(pp.byte) + u64::from(pp.len)))
             .collect();
         points.sort_unstable();
@@ -1144,7 +1148,7 @@ impl<'a> Checker<'a> {
     /// Patch points: sources exist and are of the right kind; no protected bytes.
     fn patch_points(&mut self) {
         let p = self.p;
-        let cas_targets: Vec<&str> = p
+        let cas_targets: std::collections::HashSet<&str> = p
             .queues
             .iter()
             .flat_map(|q| &q.wqes)
@@ -1340,7 +1344,7 @@ impl Checker<'_> {
         let static_written = |name: &str| self.static_written(name);
         let writers = control::Writers {
             program: p,
-            patches: control::patches_by_label(p),
+            patches: self.patches.clone(),
             positions: &self.idx.at,
             image: &image,
             static_written: &static_written,
@@ -1680,6 +1684,10 @@ impl Checker<'_> {
                 if let Op::Wait { queue, count } = &w.op {
                     if queue == &q.name {
                         waited_for = waited_for.max(u64::from(*count) + 1);
+                        if q.recvs.is_empty() {
+                            // What this WAIT covers has landed for every WQE after it.
+                            landing.retain(|(_, _, index)| *index >= waited_for);
+                        }
                     }
                 }
                 let writes: Vec<(&Addr, u64)> = match &w.op {
@@ -1780,6 +1788,7 @@ pub fn verify(program: &Program, grants: &Grants) -> Report {
         p: program,
         g: grants,
         idx: Index::new(program),
+        patches: control::patches_by_label(program),
         out: Vec::new(),
     };
     c.structure();
