@@ -1720,9 +1720,10 @@ impl Checker<'_> {
     }
 }
 
-/// Each WQE's first 64 bytes as the installer would write them, with stand-in addresses,
-/// keys and queue numbers (distinct, so that no check passes by coincidence); `None` if
-/// the program cannot be laid out or rendered.
+/// The first 64 bytes of every WQE the control-word model reads (those whose control word
+/// something may write, and every CAS, for its operands) as the installer would write them,
+/// with stand-in addresses, keys and queue numbers (distinct, so that no check passes by
+/// coincidence); `None` if the program cannot be laid out or one of them rendered.
 fn installed_images(p: &Program) -> Option<HashMap<String, [u8; 64]>> {
     let layout = p.layout().ok()?;
     let windows = p.code_windows(&layout).ok()?;
@@ -1742,18 +1743,37 @@ fn installed_images(p: &Program) -> Option<HashMap<String, [u8; 64]>> {
             regions.insert((side, r.name.clone()), bound);
         }
     }
-    let queues = (0u32..)
+    let queues: Vec<(Qpn, Cqn)> = (0u32..)
         .zip(&p.queues)
         .map(|(i, _)| (Qpn(0x00a0_0000 | i << 4), Cqn(0x00b0_0000 | i << 4)))
         .collect();
     let code_addr = VirtAddr(0x5000_0000_0000);
-    let resolver = Resolver::new(p, code_addr, layout.clone(), code_keys, regions, queues);
-    let rendered = p.render(&resolver).ok()?;
+    let resolver = Resolver::new(p, code_addr, layout, code_keys, regions, queues.clone());
+    let needed: std::collections::HashSet<&str> = p
+        .patches
+        .iter()
+        .filter(|pp| pp.byte < 8)
+        .map(|pp| pp.label.as_str())
+        .chain(
+            p.queues
+                .iter()
+                .flat_map(|q| &q.wqes)
+                .filter(|w| matches!(w.op, Op::Cas { .. } | Op::MaskedCas { .. }))
+                .map(|w| w.label.as_str()),
+        )
+        .collect();
     let mut out = HashMap::new();
     for (label, pos) in p.wqe_positions() {
-        let at = layout.sq[pos.queue] + usize::try_from(pos.bb).ok()? * 64;
+        if !needed.contains(label) {
+            continue;
+        }
+        let w = p.wqe_at(pos)?;
+        let q = &p.queues[pos.queue];
+        let bytes = p
+            .render_wqe(&resolver, q.role, queues[pos.queue].0, w, pos.bb)
+            .ok()?;
         let mut img = [0u8; 64];
-        img.copy_from_slice(rendered.code.get(at..at + 64)?);
+        img.copy_from_slice(bytes.get(..64)?);
         out.insert(label.to_string(), img);
     }
     Some(out)

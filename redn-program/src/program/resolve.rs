@@ -341,6 +341,32 @@ pub struct Rendered {
 }
 
 impl Program {
+    /// The bytes of WQE `w` of a queue of `side` numbered `qpn`, at ring index `at`, as the
+    /// installer writes them (a conditional WQE in its NOP form).
+    pub fn render_wqe(
+        &self,
+        r: &Resolver,
+        side: QueueRole,
+        qpn: Qpn,
+        w: &super::Wqe,
+        at: u64,
+    ) -> Result<Vec<u8>, ProgramError> {
+        let wr = WorkRequest {
+            wr_id: 0,
+            flags: w.flags,
+            op: r.work_request(self, side, &w.op)?,
+        };
+        let e = encode_wqe(&wr, qpn, wqe_index(at))
+            .map_err(|e| ProgramError::Invalid(format!("WQE {}: {e}", w.label)))?;
+        debug_assert_eq!(e.bbs() as u64, w.op.bbs(), "{}", w.label);
+        let mut bytes = e.bytes().to_vec();
+        if w.form == Form::Nop {
+            let img = r.ctrl_image(self, &w.label, Form::Nop, Slots::Operand(0), None)?;
+            bytes[..8].copy_from_slice(&img);
+        }
+        Ok(bytes)
+    }
+
     /// Resolve every symbol and produce the code region's bytes.
     pub fn render(&self, r: &Resolver) -> Result<Rendered, ProgramError> {
         let mut code = vec![0u8; r.layout.len];
@@ -350,21 +376,10 @@ impl Program {
             let qpn = r.queues[qi].0;
             let mut at = 0usize;
             for w in &q.wqes {
-                let wr = WorkRequest {
-                    wr_id: 0,
-                    flags: w.flags,
-                    op: r.work_request(self, q.role, &w.op)?,
-                };
-                let e = encode_wqe(&wr, qpn, wqe_index(at as u64))
-                    .map_err(|e| ProgramError::Invalid(format!("WQE {}: {e}", w.label)))?;
-                debug_assert_eq!(e.bbs() as u64, w.op.bbs(), "{}", w.label);
                 let off = r.layout.sq[qi] + at * BB_SIZE;
-                code[off..off + e.bytes().len()].copy_from_slice(e.bytes());
-                if w.form == Form::Nop {
-                    let img = r.ctrl_image(self, &w.label, Form::Nop, Slots::Operand(0), None)?;
-                    code[off..off + 8].copy_from_slice(&img);
-                }
-                at += e.bbs();
+                let bytes = self.render_wqe(r, q.role, qpn, w, at as u64)?;
+                code[off..off + bytes.len()].copy_from_slice(&bytes);
+                at += bytes.len() / BB_SIZE;
             }
             posted.push(at as u64);
             let stride = q.rq_sges as usize * SEG_SIZE;
