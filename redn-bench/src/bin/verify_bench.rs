@@ -20,11 +20,12 @@ const USAGE: &str = "\
 verify_bench: the offload verifier's time per program, next to rendering the same program
 
 USAGE:
-    cargo run --release -p redn-bench --bin verify_bench -- [--quick] [--runs N]
+    cargo run --release -p redn-bench --bin verify_bench -- [--quick] [--runs N] [--only NAME]
 
 OPTIONS:
     --quick     20 runs a row instead of 200
     --runs N    runs a row (1..=100000)
+    --only NAME the rows whose program name starts with NAME (for a profiler)
     -h, --help  this text
 
 Targets (issue 17): every shipped offload verified in at most 1 ms, a 4,096-WQE program in at
@@ -86,9 +87,11 @@ fn time(runs: usize, mut f: impl FnMut()) -> (f64, f64) {
 
 fn main() {
     let mut runs = 200usize;
+    let mut only = String::new();
     read_command_line("verify_bench", USAGE, &mut |name, value| {
         match name {
             "--quick" => runs = 20,
+            "--only" => only = value().ok_or("--only needs a program name")?,
             "--runs" => {
                 runs = usize::try_from(parse_in("--runs", value(), 1..=100_000)?)
                     .map_err(|e| e.to_string())?;
@@ -116,7 +119,7 @@ fn main() {
         "program", "WQEs", "verify p50", "verify p99", "render p50", "ratio", "target"
     );
     let mut all_met = true;
-    for (name, p, target_us) in &rows {
+    for (name, p, target_us) in rows.iter().filter(|(n, ..)| n.starts_with(&only)) {
         let report = verify(p, &g);
         assert!(report.accepted(), "{name} refused:\n{}", report.log());
         let (v50, v99) = time(runs, || {

@@ -89,6 +89,13 @@ impl Use {
     }
 }
 
+/// Who makes a code access: a WQE (by label), or a queue's receive (by index).
+#[derive(Clone, Copy)]
+enum User<'p> {
+    Wqe(&'p str),
+    Receive(&'p str, usize),
+}
+
 /// One code access of one WQE or receive: what it names, how many bytes, how, and which
 /// patch source a write there must be declared for.
 struct Access1<'p> {
@@ -221,27 +228,40 @@ impl Program {
         // (side, offset, len) -> index in `windows`: a window used by several WQEs is one
         // key with the union of their rights.
         let mut seen: HashMap<(QueueRole, usize, usize), usize> = HashMap::new();
-        let mut add = |w: CodeWindow| match seen.entry((w.side, w.offset, w.len)) {
-            Entry::Occupied(i) => {
-                let o = &mut windows[*i.get()];
-                o.access = o.access | w.access;
-            }
-            Entry::Vacant(v) => {
-                v.insert(windows.len());
-                windows.push(w);
-            }
-        };
+        // The window's name is made only for a new window (a large program adds thousands).
+        let mut add =
+            |side: QueueRole,
+             offset: usize,
+             len: usize,
+             access: Access,
+             what: &dyn Fn() -> String| match seen.entry((side, offset, len)) {
+                Entry::Occupied(i) => {
+                    let o = &mut windows[*i.get()];
+                    o.access = o.access | access;
+                }
+                Entry::Vacant(v) => {
+                    v.insert(windows.len());
+                    windows.push(CodeWindow {
+                        side,
+                        offset,
+                        len,
+                        access,
+                        what: what(),
+                    });
+                }
+            };
         for q in &self.queues {
-            let mut uses: Vec<(String, Access1<'_>)> = Vec::new();
+            // Who makes each access, named only if it is refused.
+            let mut uses: Vec<(User<'_>, Access1<'_>)> = Vec::new();
             for w in &q.wqes {
                 for a in accesses(&w.label, &w.op) {
-                    uses.push((format!("WQE {}", w.label), a));
+                    uses.push((User::Wqe(&w.label), a));
                 }
             }
             for (i, r) in q.recvs.iter().enumerate() {
                 for s in &r.sgl {
                     uses.push((
-                        format!("queue {} receive {i}", q.name),
+                        User::Receive(&q.name, i),
                         Access1 {
                             addr: &s.addr,
                             len: u64::from(s.len),
@@ -254,7 +274,13 @@ impl Program {
                 }
             }
             for (user, a) in uses {
-                let refuse = |why: String| Err(ProgramError::Invalid(format!("{user}: {why}")));
+                let refuse = |why: String| {
+                    let user = match user {
+                        User::Wqe(label) => format!("WQE {label}"),
+                        User::Receive(queue, i) => format!("queue {queue} receive {i}"),
+                    };
+                    Err(ProgramError::Invalid(format!("{user}: {why}")))
+                };
                 let remote = matches!(
                     a.how,
                     Use::RemoteWrite | Use::RemoteRead | Use::RemoteAtomic
@@ -295,12 +321,8 @@ impl Program {
                                 a.len
                             ));
                         }
-                        add(CodeWindow {
-                            side: q.role,
-                            offset: layout.statics[i],
-                            len,
-                            access: a.how.access(),
-                            what: format!("static {name}"),
+                        add(q.role, layout.statics[i], len, a.how.access(), &|| {
+                            format!("static {name}")
                         });
                     }
                     Addr::Wqe { label, byte } => {
@@ -338,13 +360,13 @@ impl Program {
                             ));
                         };
                         let wqe_at = layout.sq[pos.queue] + code_usize(pos.bb)? * BB_SIZE;
-                        add(CodeWindow {
-                            side: q.role,
-                            offset: wqe_at + code_usize(from)?,
-                            len: code_usize(to - from)?,
-                            access: a.how.access(),
-                            what: format!("WQE {label} bytes {from}..{to}"),
-                        });
+                        add(
+                            q.role,
+                            wqe_at + code_usize(from)?,
+                            code_usize(to - from)?,
+                            a.how.access(),
+                            &|| format!("WQE {label} bytes {from}..{to}"),
+                        );
                     }
                 }
             }
