@@ -541,4 +541,25 @@ mod tests {
         assert!(e.contains("missing.toml: cannot read"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    #[test]
+    fn an_error_at_the_root_names_no_key() {
+        // The document as a whole has the wrong type: no key to name, not an empty one.
+        let e = match Document::parse::<u32>("a = 1\n", "t.toml") {
+            Ok(_) => panic!("parsed"),
+            Err(e) => e.to_string(),
+        };
+        assert_eq!(e, "t.toml:1:1: invalid type: map, expected u32");
+    }
+
+    #[test]
+    fn syntax_errors_outside_any_key_take_the_table_above() {
+        let e = err("[a]\nx\n");
+        assert!(e.starts_with("t.toml:2:2: a: "), "{e}");
+        // An empty header (`[]`, or a line `[` opening an array of arrays) names nothing.
+        let e = err("top = 1\n[]\nx\n");
+        assert_eq!(e, "t.toml:3:2: key with no value, expected `=`");
+        let e = err("a = [\n[\n1]\n]\nb = = 1\n");
+        assert!(e.starts_with("t.toml:5:5: b: "), "{e}");
+    }
 }
