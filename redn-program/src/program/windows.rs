@@ -374,3 +374,255 @@ impl Program {
         Ok(windows)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::program::catalog::{self, HashVariant};
+    use crate::program::{Form, Wqe};
+    use crate::wqe::WqeFlags;
+
+    /// The windows of `p` as (side, WQE label, first byte, end byte, rights), sorted.
+    fn named(p: &Program) -> Vec<(QueueRole, String, usize, usize, Access)> {
+        let layout = p.layout().unwrap();
+        let mut out: Vec<_> = p
+            .code_windows(&layout)
+            .unwrap()
+            .into_iter()
+            .map(|w| {
+                let (label, at) = p
+                    .wqe_positions()
+                    .into_iter()
+                    .map(|(l, pos)| {
+                        (
+                            l,
+                            layout.sq[pos.queue] + usize::try_from(pos.bb).unwrap() * BB_SIZE,
+                        )
+                    })
+                    .filter(|(_, at)| *at <= w.offset && w.offset < at + 64)
+                    .max_by_key(|(_, at)| *at)
+                    .expect("a WQE holds the window");
+                (
+                    w.side,
+                    label.to_string(),
+                    w.offset - at,
+                    w.offset - at + w.len,
+                    w.access,
+                )
+            })
+            .collect();
+        out.sort_by(|a, b| (a.1.as_str(), a.2, a.3).cmp(&(b.1.as_str(), b.2, b.3)));
+        out
+    }
+
+    #[test]
+    fn hash_get_has_exactly_the_windows_its_writers_need() {
+        let p = catalog::hash_get(HashVariant::Single, 1).unwrap();
+        let w = QueueRole::Worker;
+        let c = QueueRole::Client;
+        let lw = Access::LOCAL_WRITE;
+        let cas = Access::REMOTE_ATOMIC | Access::LOCAL_WRITE;
+        let want = vec![
+            // The trigger lands the key in the `if`'s compare slots and the bucket address
+            // in the READ, through the client-facing queue's receive.
+            (c, "0.b0.if".to_string(), 41, 44, lw),
+            (c, "0.b0.if".to_string(), 45, 48, lw),
+            (c, "0.b0.read".to_string(), 16, 24, lw),
+            // The READ brings the bucket into the response (two operand slots, the length
+            // and the value address: four patch points that do not touch, four windows).
+            (w, "0.r0".to_string(), 0, 3, lw),
+            // The `if` and the `else` share one window over the control word.
+            (w, "0.r0".to_string(), 0, 8, cas),
+            (w, "0.r0".to_string(), 4, 7, lw),
+            (w, "0.r0".to_string(), 32, 36, lw),
+            (w, "0.r0".to_string(), 40, 48, lw),
+        ];
+        assert_eq!(named(&p), want);
+    }
+
+    /// hash-get with one more WQE on queue `queue`.
+    fn with(queue: usize, label: &str, op: Op) -> Program {
+        let mut p = catalog::hash_get(HashVariant::Single, 1).unwrap();
+        p.queues[queue].sq_bbs *= 4;
+        p.queues[queue].wqes.push(Wqe {
+            label: label.into(),
+            op,
+            flags: WqeFlags::NONE,
+            form: Form::Active,
+        });
+        p
+    }
+
+    fn refusal(p: &Program) -> String {
+        p.code_windows(&p.layout().unwrap())
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn what_no_window_can_serve_is_refused_naming_the_wqe() {
+        let sge = |label: &str, byte, len| Sge::new(Addr::wqe(label, byte), len);
+        // The client-facing queue (0) naming code as a remote address.
+        let e = refusal(&with(
+            0,
+            "x",
+            Op::Write {
+                remote: Addr::wqe("0.r0", 16),
+                sgl: vec![Sge::new(Addr::region("values", 0), 8)],
+                imm: None,
+            },
+        ));
+        assert!(e.starts_with("WQE x: queue client faces the client"), "{e}");
+        // The client-facing queue sending bytes of a WQE, even a patch point's.
+        let e = refusal(&with(
+            0,
+            "x",
+            Op::Write {
+                remote: Addr::region("response", 0),
+                sgl: vec![sge("0.b0.read", 16, 8)],
+                imm: None,
+            },
+        ));
+        assert!(e.contains("WQE bytes are never sent to a peer"), "{e}");
+        // A FETCH_ADD on a WQE: no patch source says what it may change.
+        let e = refusal(&with(
+            1,
+            "x",
+            Op::Faa {
+                remote: Addr::wqe("0.r0", 0),
+                add: 1,
+                result: None,
+            },
+        ));
+        assert!(e.contains("is not a target it may name"), "{e}");
+        // A READ landing one byte past its patch point (0..3 of the response).
+        let e = refusal(&with(
+            1,
+            "x",
+            Op::Read {
+                remote: Addr::region("table", 0),
+                sgl: vec![sge("0.r0", 1, 3)],
+            },
+        ));
+        assert!(
+            e.contains("names bytes 1..4 of WQE 0.r0 outside every patch point"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_worker_may_copy_patch_point_bytes_but_nothing_else_of_a_wqe() {
+        // A loopback WRITE whose gather is the READ's bucket address (a trigger's patch
+        // point), onto the response's value address (declared for this WRITE).
+        let copy = |byte| Op::Write {
+            remote: Addr::wqe("0.r0", 40),
+            sgl: vec![Sge::new(Addr::wqe("0.b0.read", byte), 8)],
+            imm: None,
+        };
+        let declare = |p: &mut Program| {
+            p.patches.push(crate::program::PatchPoint {
+                label: "0.r0".into(),
+                byte: 40,
+                len: 8,
+                source: PatchSource::Write { label: "x".into() },
+            });
+        };
+        let mut p = with(1, "x", copy(16));
+        declare(&mut p);
+        let windows = named(&p);
+        assert!(windows.contains(&(QueueRole::Worker, "0.b0.read".into(), 16, 24, Access::NONE)));
+        assert!(windows.contains(&(
+            QueueRole::Worker,
+            "0.r0".into(),
+            40,
+            48,
+            Access::REMOTE_WRITE | Access::LOCAL_WRITE
+        )));
+        // Its rkey, next to the patch point, is not a patch point's.
+        let mut p = with(1, "x", copy(24));
+        declare(&mut p);
+        assert!(refusal(&p).contains("names bytes 24..32 of WQE 0.b0.read"));
+    }
+
+    #[test]
+    fn a_copy_into_a_wqe_is_contained_over_its_whole_length() {
+        // 8 bytes from the READ's bucket address onto the response's value address at 44:
+        // bytes 44..52, past the patch point 40..48 declared for the copy.
+        let mut p = with(
+            1,
+            "x",
+            Op::Write {
+                remote: Addr::wqe("0.r0", 44),
+                sgl: vec![Sge::new(Addr::wqe("0.b0.read", 16), 8)],
+                imm: None,
+            },
+        );
+        p.patches.push(crate::program::PatchPoint {
+            label: "0.r0".into(),
+            byte: 40,
+            len: 8,
+            source: PatchSource::Write { label: "x".into() },
+        });
+        assert!(refusal(&p).contains("names bytes 44..52 of WQE 0.r0"));
+    }
+
+    #[test]
+    fn touching_patch_points_of_one_source_make_one_window() {
+        // The bucket READ declared as two halves, 40..44 and 44..48, lands 8 bytes at 40.
+        let mut p = with(
+            1,
+            "x",
+            Op::Read {
+                remote: Addr::region("table", 0),
+                sgl: vec![Sge::new(Addr::wqe("0.r0", 40), 8)],
+            },
+        );
+        for byte in [40, 44] {
+            p.patches.push(crate::program::PatchPoint {
+                label: "0.r0".into(),
+                byte,
+                len: 4,
+                source: PatchSource::Read { label: "x".into() },
+            });
+        }
+        assert!(named(&p).contains(&(
+            QueueRole::Worker,
+            "0.r0".into(),
+            40,
+            48,
+            Access::LOCAL_WRITE
+        )));
+    }
+
+    #[test]
+    fn a_static_block_is_one_window_and_nothing_past_it() {
+        let p = catalog::echo(16, 2).unwrap();
+        let layout = p.layout().unwrap();
+        let windows = p.code_windows(&layout).unwrap();
+        let echo = windows
+            .iter()
+            .find(|w| w.what == "static echo")
+            .expect("the echo block's window");
+        assert_eq!((echo.offset, echo.len), (layout.statics[0], 32));
+        // Its receive scattering one byte past the block.
+        let mut p = p;
+        p.queues[0].recvs[1].sgl[0] = Sge::new(Addr::static_("echo", 17), 16);
+        assert!(refusal(&p).contains("16 bytes at offset 17 run past static block"));
+        p.queues[0].recvs[1].sgl[0] = Sge::new(Addr::static_("nowhere", 0), 16);
+        assert!(refusal(&p).contains("unknown static block \"nowhere\""));
+    }
+
+    #[test]
+    fn a_window_covers_its_bytes_and_nothing_past_them() {
+        let w = CodeWindow {
+            side: QueueRole::Worker,
+            offset: 64,
+            len: 8,
+            access: Access::LOCAL_WRITE,
+            what: String::new(),
+        };
+        assert!(w.covers(64, 8) && w.covers(70, 2) && w.covers(72, 0));
+        assert!(!w.covers(63, 1) && !w.covers(65, 8) && !w.covers(72, 1));
+        assert!(!w.covers(usize::MAX, 2));
+    }
+}
