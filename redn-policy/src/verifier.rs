@@ -40,12 +40,11 @@ mod bounds;
 mod control;
 
 use redn_program::program::{
-    Addr, Bound, Form, Iterations, Op, Operand, PatchSource, Program, QueueRole, RegionRole,
-    Resolver, Sge, Slots, WqePos,
+    Addr, Form, Iterations, Op, Operand, PatchSource, Program, QueueRole, RegionRole, Resolver,
+    Sge, Slots, WqePos,
 };
 use redn_program::wqe::{off, Opcode, SEG_SIZE};
 use redn_program::Access;
-use redn_program::{Cqn, Qpn, VirtAddr};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
@@ -1344,7 +1343,7 @@ impl Checker<'_> {
         let static_written = |name: &str| self.static_written(name);
         let writers = control::Writers {
             program: p,
-            patches: self.patches.clone(),
+            patches: &self.patches,
             positions: &self.idx.at,
             image: &image,
             static_written: &static_written,
@@ -1722,33 +1721,10 @@ impl Checker<'_> {
 
 /// The first 64 bytes of every WQE the control-word model reads (those whose control word
 /// something may write, and every CAS, for its operands) as the installer would write them,
-/// with stand-in addresses, keys and queue numbers (distinct, so that no check passes by
-/// coincidence); `None` if the program cannot be laid out or one of them rendered.
+/// with stand-in numbers (`Resolver::stand_in`); `None` if the program cannot be laid out
+/// or one of them rendered.
 fn installed_images(p: &Program) -> Option<HashMap<String, [u8; 64]>> {
-    let layout = p.layout().ok()?;
-    let windows = p.code_windows(&layout).ok()?;
-    let code_keys = windows
-        .into_iter()
-        .zip(0x1000u32..)
-        .map(|(w, i)| (w, i << 8 | 0x5a))
-        .collect();
-    let mut regions = HashMap::new();
-    for (i, r) in (0u64..).zip(&p.regions) {
-        for side in [QueueRole::Worker, QueueRole::Client] {
-            let bound = Bound {
-                addr: VirtAddr(0x7000_0000_0000 + (i << 32)),
-                key: 0x0a00_0000 | u32::try_from(i).unwrap_or(0) << 8,
-                len: r.min_len,
-            };
-            regions.insert((side, r.name.clone()), bound);
-        }
-    }
-    let queues: Vec<(Qpn, Cqn)> = (0u32..)
-        .zip(&p.queues)
-        .map(|(i, _)| (Qpn(0x00a0_0000 | i << 4), Cqn(0x00b0_0000 | i << 4)))
-        .collect();
-    let code_addr = VirtAddr(0x5000_0000_0000);
-    let resolver = Resolver::new(p, code_addr, layout, code_keys, regions, queues.clone());
+    let resolver = Resolver::stand_in(p, p.layout().ok()?).ok()?;
     let needed: std::collections::HashSet<&str> = p
         .patches
         .iter()
@@ -1770,7 +1746,7 @@ fn installed_images(p: &Program) -> Option<HashMap<String, [u8; 64]>> {
         let w = p.wqe_at(pos)?;
         let q = &p.queues[pos.queue];
         let bytes = p
-            .render_wqe(&resolver, q.role, queues[pos.queue].0, w, pos.bb)
+            .render_wqe(&resolver, q.role, resolver.queues[pos.queue].0, w, pos.bb)
             .ok()?;
         let mut img = [0u8; 64];
         img.copy_from_slice(bytes.get(..64)?);
@@ -1808,7 +1784,7 @@ pub fn verify(program: &Program, grants: &Grants) -> Report {
         p: program,
         g: grants,
         idx: Index::new(program),
-        patches: control::patches_by_label(program),
+        patches: program.patches_by_wqe(),
         out: Vec::new(),
     };
     c.structure();

@@ -10,9 +10,8 @@ use redn_bench::report::verdict;
 use redn_bench::stats::{ns, stats};
 use redn_policy::{shipped_offloads, verify, Grants};
 use redn_program::program::catalog::{self, HashVariant};
-use redn_program::program::{Bound, Program, QueueRole, Resolver};
-use redn_program::{Access, Cqn, Qpn, VirtAddr};
-use std::collections::HashMap;
+use redn_program::program::{Program, Resolver};
+use redn_program::Access;
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -48,28 +47,7 @@ fn grants() -> Grants {
 /// Render `p` with stand-in numbers: layout, windows, resolution and encoding.
 fn render(p: &Program) -> usize {
     let layout = p.layout().expect("layout");
-    let windows = p.code_windows(&layout).expect("windows");
-    let keys = windows
-        .into_iter()
-        .zip(0x100u32..)
-        .map(|(w, k)| (w, k << 8))
-        .collect();
-    let mut regions = HashMap::new();
-    for (i, r) in (1u64..).zip(&p.regions) {
-        for side in [QueueRole::Worker, QueueRole::Client] {
-            let bound = Bound {
-                addr: VirtAddr(i << 40),
-                key: 0x7700,
-                len: 1 << 30,
-            };
-            regions.insert((side, r.name.clone()), bound);
-        }
-    }
-    let queues = (0u32..)
-        .zip(&p.queues)
-        .map(|(i, _)| (Qpn(0x100 + i), Cqn(0x80 + i)))
-        .collect();
-    let r = Resolver::new(p, VirtAddr(1 << 44), layout, keys, regions, queues);
+    let r = Resolver::stand_in(p, layout).expect("windows");
     p.render(&r).expect("render").code.len()
 }
 

@@ -223,21 +223,11 @@ pub(super) fn explore(
     Ok(None)
 }
 
-/// The patch points of `p` by the WQE they patch.
-pub(super) fn patches_by_label(p: &Program) -> HashMap<&str, Vec<&PatchPoint>> {
-    let mut by: HashMap<&str, Vec<&PatchPoint>> = HashMap::new();
-    for pp in &p.patches {
-        by.entry(pp.label.as_str()).or_default().push(pp);
-    }
-    by
-}
-
 /// What the program knows about one of its CAS WQEs and static blocks, to build transfers.
 pub(super) struct Writers<'p> {
     pub program: &'p Program,
-    /// The program's patch points by the WQE they patch (built once: a 4,096-WQE program
-    /// has thousands, and each WQE looks at its own).
-    pub patches: HashMap<&'p str, Vec<&'p PatchPoint>>,
+    /// The program's patch points by the WQE they patch (`Program::patches_by_wqe`).
+    pub patches: &'p HashMap<&'p str, Vec<&'p PatchPoint>>,
     pub positions: &'p HashMap<&'p str, WqePos>,
     /// The installed image of each WQE's first 64 bytes, by label.
     pub image: &'p dyn Fn(&str) -> Option<[u8; 64]>,

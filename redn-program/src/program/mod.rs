@@ -606,6 +606,16 @@ impl Program {
         positions
     }
 
+    /// The patch points by the WQE they patch, in declaration order: what a pass that looks
+    /// at each WQE's own patch points builds once (a large program has thousands).
+    pub fn patches_by_wqe(&self) -> HashMap<&str, Vec<&PatchPoint>> {
+        let mut by: HashMap<&str, Vec<&PatchPoint>> = HashMap::new();
+        for pp in &self.patches {
+            by.entry(pp.label.as_str()).or_default().push(pp);
+        }
+        by
+    }
+
     /// The WQE at `pos`.
     pub fn wqe_at(&self, pos: WqePos) -> Option<&Wqe> {
         self.queues.get(pos.queue)?.wqes.get(pos.index)

@@ -84,6 +84,42 @@ impl Resolver {
         }
     }
 
+    /// A resolver for `program` laid out as `layout`, with stand-in numbers: a key of its own
+    /// for every code window, every region bound on both sides at an address of its own, a
+    /// QPN and CQN of its own for every queue, all distinct so that no check passes by
+    /// coincidence. For what needs a program's bytes without a NIC (the verifier, tools).
+    pub fn stand_in(program: &Program, layout: CodeLayout) -> Result<Resolver, ProgramError> {
+        let code_keys = program
+            .code_windows(&layout)?
+            .into_iter()
+            .zip(0x1000u32..)
+            .map(|(w, i)| (w, i << 8 | 0x5a))
+            .collect();
+        let mut regions = HashMap::new();
+        for (i, r) in (0u32..).zip(&program.regions) {
+            for side in [QueueRole::Worker, QueueRole::Client] {
+                let bound = Bound {
+                    addr: VirtAddr(0x7000_0000_0000 + (u64::from(i) << 32)),
+                    key: 0x0a00_0000 | i << 8,
+                    len: r.min_len,
+                };
+                regions.insert((side, r.name.clone()), bound);
+            }
+        }
+        let queues = (0u32..)
+            .zip(&program.queues)
+            .map(|(i, _)| (Qpn(0x00a0_0000 | i << 4), Cqn(0x00b0_0000 | i << 4)))
+            .collect();
+        Ok(Resolver::new(
+            program,
+            VirtAddr(0x5000_0000_0000),
+            layout,
+            code_keys,
+            regions,
+            queues,
+        ))
+    }
+
     fn find<'p>(
         &self,
         p: &'p Program,

@@ -187,11 +187,9 @@ struct PatchIndex<'p> {
 
 impl<'p> PatchIndex<'p> {
     fn new(p: &'p Program) -> PatchIndex<'p> {
-        let mut by_label: HashMap<&str, Vec<&PatchPoint>> = HashMap::new();
-        for pp in &p.patches {
-            by_label.entry(pp.label.as_str()).or_default().push(pp);
+        PatchIndex {
+            by_label: p.patches_by_wqe(),
         }
-        PatchIndex { by_label }
     }
 
     /// The byte ranges of WQE `target` that `source` may write, merged where they touch.
