@@ -12,6 +12,13 @@
 //! runs (0: at install, with no trigger at all; `None`: never), as a fixpoint from "never"
 //! down. The WQEs that run for one trigger are those whose time is that trigger; the
 //! verifier bounds the worst trigger, not the average.
+//!
+//! The times assume no queue fails. A queue that fails flushes what it holds, and each
+//! flush is a completion a WAIT counts, so chains of later triggers may then run early:
+//! one trigger may run up to the whole program. Even then no WQE of a bounded program runs
+//! twice (its counts are static and stay inside its rings), so the program's WQE count
+//! bounds any run with failures, and the soundness test checks exactly that. Telling the
+//! client's failures apart from the work it paid for is the manager's auditor's job.
 
 use redn_program::program::{Op, Program, QueueRole};
 use std::cmp::Reverse;
