@@ -346,7 +346,13 @@ impl<'a> Document<'a> {
             let inner = l.trim().strip_prefix('[')?;
             let inner = inner.strip_prefix('[').unwrap_or(inner);
             let inner = inner.split(']').next().unwrap_or("");
-            Some(inner.split('.').map(str::trim).collect::<Vec<_>>().join("."))
+            Some(
+                inner
+                    .split('.')
+                    .map(str::trim)
+                    .collect::<Vec<_>>()
+                    .join("."),
+            )
         };
         if let Some(h) = header(line) {
             return Some(h).filter(|h| !h.is_empty());
@@ -575,6 +581,9 @@ mod tests {
     #[test]
     fn an_empty_key_is_not_named() {
         let e = err("= 1\n");
-        assert!(e.starts_with("t.toml:1:1: unquoted keys cannot be empty"), "{e}");
+        assert!(
+            e.starts_with("t.toml:1:1: unquoted keys cannot be empty"),
+            "{e}"
+        );
     }
 }

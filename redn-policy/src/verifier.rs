@@ -842,7 +842,9 @@ impl<'a> Checker<'a> {
             return String::new();
         };
         let at = layout.sq.get(pos.queue).and_then(|&sq| {
-            let wqe = u64::try_from(sq).ok()?.checked_add(pos.bb.checked_mul(BB_SIZE as u64)?)?;
+            let wqe = u64::try_from(sq)
+                .ok()?
+                .checked_add(pos.bb.checked_mul(BB_SIZE as u64)?)?;
             Some((wqe.checked_add(from)?, wqe.checked_add(to)?))
         });
         match at {
