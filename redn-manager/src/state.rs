@@ -448,11 +448,16 @@ impl Manager {
             .min(self.limits.max_bytes_per_uid.saturating_sub(uid_bytes));
         let buffer = crate::region::map_sealed(fd, room)?;
         let size = buffer.len() as u64;
+        let addr = buffer.addr().0;
         let id = self.fresh_id();
         if let Some(c) = self.clients.get_mut(&client) {
             c.regions.insert(id, Region { buffer, size });
         }
-        Ok(api::RegionRegistered { region: id, size })
+        Ok(api::RegionRegistered {
+            region: id,
+            size,
+            addr,
+        })
     }
 
     /// `io.redn.Manager.InstallOffload`: the install path of the module docs.

@@ -107,6 +107,8 @@ pub struct RegionRegistered {
     pub region: u64,
     /// Its size in bytes.
     pub size: u64,
+    /// The address offload WQEs use for its first byte.
+    pub addr: u64,
 }
 
 /// A data region of an offload bound to part of a registered region.
@@ -262,3 +264,7 @@ pub struct Reloaded {
     /// App rules in the new policy.
     pub apps: u32,
 }
+
+/// A reply (or parameters) with no fields.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Empty {}
