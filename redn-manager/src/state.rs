@@ -20,7 +20,7 @@
 //! can reach it. The data plane will replace the parking side with each remote client's
 //! own queues; `InstallOffload` returns `endpoint: null` until then.
 
-use redn_policy::{verify, AppRule, Grants, PeerIdentity, Policy, Token, WqeRate};
+use redn_policy::{verify, AppRule, Grants, KbitRate, PeerIdentity, Policy, Token, WqeRate};
 use redn_program::program::{Program, RegionRole};
 use redn_program::Access;
 use redn_proto::api;
@@ -28,7 +28,7 @@ use redn_proto::errors::{AdminError, ManagerError};
 use redn_sys::handle::{CompletionQueue, ProtectionDomain, QueuePair, RegisteredRegion};
 use redn_sys::install::{install, Installed, RegionBinding};
 use redn_sys::mem::SharedBuffer;
-use redn_sys::nic::{CqConfig, Nic, QpConfig};
+use redn_sys::nic::{CqConfig, Nic, QpConfig, RateLimit};
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::os::fd::OwnedFd;
@@ -202,6 +202,18 @@ fn random_token() -> std::io::Result<Token> {
     let mut bytes = [0u8; Token::BYTES];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
     Ok(Token::from_bytes(bytes))
+}
+
+/// The softnic/NIC pacing for an app's `rate_limit_kbps` and `wqes_per_second`.
+pub fn rate_limit((kbps, wqes): (KbitRate, WqeRate)) -> RateLimit {
+    let mut limit = RateLimit::default();
+    if let KbitRate::Limited(k) = kbps {
+        limit = limit.with_bytes(u64::from(k.get()) * 1000 / 8);
+    }
+    if let WqeRate::Limited(n) = wqes {
+        limit = limit.with_wqes(n.get());
+    }
+    limit
 }
 
 /// The grants an app rule gives a program whose data regions are bound with `lens`.
@@ -585,6 +597,7 @@ impl Manager {
         }
         let program = program.clone();
         let app_name = app.name.clone();
+        let app_limits = (app.client.rate_limit_kbps, app.client.wqes_per_second);
         let token = random_token().map_err(|e| ManagerError::NoDevice {
             reason: format!("no random token: {e}"),
         })?;
@@ -596,6 +609,16 @@ impl Manager {
             nic.connect(q, parked)
         })
         .map_err(|e| no_device(&e))?;
+        // Each of the install's queues is paced to the app's per-client limits; a failure
+        // drops `installed`, which releases everything.
+        let limit = rate_limit(app_limits);
+        if !limit.is_unlimited() {
+            for q in &installed.qps {
+                self.nic
+                    .set_rate_limit(q.qpn, limit)
+                    .map_err(|e| no_device(&e))?;
+            }
+        }
         let handle = self.fresh_id();
         let hex = token.to_hex();
         self.installed.insert(
@@ -867,5 +890,39 @@ pub fn describe(p: &Program) -> api::Offload {
                 doc: r.doc.clone(),
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::{NonZeroU32, NonZeroU64};
+
+    #[test]
+    fn app_rates_become_nic_pacing() {
+        let limited = rate_limit((
+            KbitRate::Limited(NonZeroU32::new(8000).unwrap()),
+            WqeRate::Limited(NonZeroU64::new(2_000_000).unwrap()),
+        ));
+        assert_eq!(limited, RateLimit::bytes(1_000_000).with_wqes(2_000_000));
+        assert!(rate_limit((KbitRate::Unlimited, WqeRate::Unlimited)).is_unlimited());
+    }
+
+    #[test]
+    fn limits_are_set_by_name_and_refuse_nonsense() {
+        let mut l = Limits::default();
+        l.set("fds-per-message", "1000").unwrap();
+        assert_eq!(l.codec.max_fds, redn_proto::fds::SCM_MAX_FD);
+        l.set("connections-per-uid", "3").unwrap();
+        assert_eq!(l.max_connections_per_uid, 3);
+        assert!(l
+            .set("connections", "0")
+            .unwrap_err()
+            .contains("refuse everything"));
+        assert!(l.set("colour", "1").unwrap_err().contains("unknown limit"));
+        assert!(l
+            .set("nesting", "deep")
+            .unwrap_err()
+            .contains("not a whole number"));
     }
 }

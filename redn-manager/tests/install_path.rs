@@ -1,0 +1,317 @@
+//! The manager's install path is all or nothing, counted in NIC objects: an install that
+//! fails at any NIC call (the parking side's or the program's), or is refused before
+//! reaching the NIC, leaves the NIC holding exactly what it held; an uninstall, a kill
+//! and a disconnect under `keep_serving_after_exit = false` release everything.
+
+use redn_client::kv::TwoChoiceTable;
+use redn_manager::state::{Limits, Manager};
+use redn_policy::PeerIdentity;
+use redn_program::wqe::{Sge, WorkRequest};
+use redn_proto::api;
+use redn_proto::errors::ManagerError;
+use redn_sys::mem::SharedBuffer;
+use redn_sys::nic::{
+    CompChannel, Completion, CqConfig, MrInfo, Nic, ObjectCounts, QpConfig, QpCounters, QpInfo,
+    RateLimit,
+};
+use redn_sys::softnic::SoftNic;
+use redn_sys::{Access, Cqn, Error, Lkey, Pdn, QpState, Qpn, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// A softnic whose `fail_at`-th creating call (from 0) fails; releases never fail.
+struct FailingNic {
+    inner: SoftNic,
+    calls: AtomicUsize,
+    fail_at: AtomicUsize,
+}
+
+impl FailingNic {
+    fn step(&self, what: &'static str) -> Result<()> {
+        if self.calls.fetch_add(1, Ordering::Relaxed) == self.fail_at.load(Ordering::Relaxed) {
+            return Err(Error::InvalidConfig {
+                what,
+                detail: "injected failure".into(),
+            });
+        }
+        Ok(())
+    }
+    fn arm(&self, n: usize) {
+        self.calls.store(0, Ordering::Relaxed);
+        self.fail_at.store(n, Ordering::Relaxed);
+    }
+}
+
+impl Nic for FailingNic {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn alloc_pd(&self) -> Result<Pdn> {
+        self.step("alloc_pd")?;
+        self.inner.alloc_pd()
+    }
+    fn dealloc_pd(&self, pd: Pdn) -> Result<()> {
+        self.inner.dealloc_pd(pd)
+    }
+    fn reg_mr(
+        &self,
+        pd: Pdn,
+        b: &Arc<SharedBuffer>,
+        off: usize,
+        len: usize,
+        a: Access,
+    ) -> Result<MrInfo> {
+        self.step("reg_mr")?;
+        self.inner.reg_mr(pd, b, off, len, a)
+    }
+    fn dereg_mr(&self, lkey: Lkey) -> Result<()> {
+        self.inner.dereg_mr(lkey)
+    }
+    fn create_cq(&self, cfg: CqConfig) -> Result<Cqn> {
+        self.step("create_cq")?;
+        self.inner.create_cq(cfg)
+    }
+    fn destroy_cq(&self, cq: Cqn) -> Result<()> {
+        self.inner.destroy_cq(cq)
+    }
+    fn create_qp(&self, cfg: QpConfig) -> Result<QpInfo> {
+        self.step("create_qp")?;
+        self.inner.create_qp(cfg)
+    }
+    fn destroy_qp(&self, qp: Qpn) -> Result<()> {
+        self.inner.destroy_qp(qp)
+    }
+    fn connect(&self, a: Qpn, b: Qpn) -> Result<()> {
+        self.step("connect")?;
+        self.inner.connect(a, b)
+    }
+    fn post_send(&self, qp: Qpn, wrs: &[WorkRequest]) -> Result<()> {
+        self.step("post_send")?;
+        self.inner.post_send(qp, wrs)
+    }
+    fn post_recv(&self, qp: Qpn, wr_id: u64, sgl: &[Sge]) -> Result<()> {
+        self.step("post_recv")?;
+        self.inner.post_recv(qp, wr_id, sgl)
+    }
+    fn ring_doorbell(&self, qp: Qpn, pi: u64) -> Result<()> {
+        self.step("ring_doorbell")?;
+        self.inner.ring_doorbell(qp, pi)
+    }
+    fn note_posted(&self, qp: Qpn, pi: u64, end: u64, wr_id: u64) -> Result<()> {
+        self.step("note_posted")?;
+        self.inner.note_posted(qp, pi, end, wr_id)
+    }
+    fn note_recvs_posted(&self, qp: Qpn, n: u64) -> Result<()> {
+        self.step("note_recvs_posted")?;
+        self.inner.note_recvs_posted(qp, n)
+    }
+    fn poll_cq(&self, cq: Cqn, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
+        self.inner.poll_cq(cq, max, out)
+    }
+    fn cq_produced(&self, cq: Cqn) -> Result<u64> {
+        self.inner.cq_produced(cq)
+    }
+    fn req_notify_cq(&self, cq: Cqn, channel: &CompChannel) -> Result<()> {
+        self.inner.req_notify_cq(cq, channel)
+    }
+    fn qp_state(&self, qp: Qpn) -> Result<QpState> {
+        self.inner.qp_state(qp)
+    }
+    fn set_qp_error(&self, qp: Qpn) -> Result<()> {
+        self.inner.set_qp_error(qp)
+    }
+    fn set_rate_limit(&self, qp: Qpn, limit: RateLimit) -> Result<()> {
+        self.step("set_rate_limit")?;
+        self.inner.set_rate_limit(qp, limit)
+    }
+    fn counters(&self, qp: Qpn) -> Result<QpCounters> {
+        self.inner.counters(qp)
+    }
+    fn sq_consumed(&self, qp: Qpn) -> Result<u64> {
+        self.inner.sq_consumed(qp)
+    }
+    fn objects(&self) -> ObjectCounts {
+        self.inner.objects()
+    }
+}
+
+fn me() -> PeerIdentity {
+    PeerIdentity {
+        uid: 1000,
+        gid: 1000,
+        pid: std::process::id(),
+        exe: "/usr/bin/kvstore".into(),
+        cgroup: "/kv.service".into(),
+        start_time: 1,
+    }
+}
+
+fn manager(nic: Arc<FailingNic>, wqes_per_invocation: u32, keep: bool) -> Manager {
+    let policy = redn_policy::parse_policy(
+        &format!(
+            "[[app]]\nname = \"kv\"\nuid = 1000\noffloads = [\"hash-get\", \"echo\"]\n\
+             max_regions = 4\nmax_pinned = \"1M\"\nmax_queues = 8\nmax_remote_clients = 4\n\
+             keep_serving_after_exit = {keep}\n[app.client]\nrate_limit_kbps = 1000000\n\
+             wqes_per_second = \"2M\"\nwqes_per_invocation = {wqes_per_invocation}\n\
+             on_violation = \"terminate\"\n"
+        ),
+        "policy.toml",
+    )
+    .unwrap();
+    let offloads = redn_policy::shipped_offloads()
+        .unwrap()
+        .into_iter()
+        .map(|s| s.program)
+        .collect();
+    Manager::new(
+        "policy.toml".into(),
+        policy,
+        offloads,
+        nic,
+        "softnic".into(),
+        Limits::default(),
+    )
+}
+
+fn failing_nic() -> Arc<FailingNic> {
+    Arc::new(FailingNic {
+        inner: SoftNic::with_pus(1).unwrap(),
+        calls: AtomicUsize::new(0),
+        fail_at: AtomicUsize::new(usize::MAX),
+    })
+}
+
+/// A registered two-choice table and the hash-get request binding it.
+fn table(m: &mut Manager, client: u64) -> (TwoChoiceTable, api::InstallOffload) {
+    let t = TwoChoiceTable::create(64).unwrap();
+    let fd = t.region().fd().try_clone_to_owned().unwrap();
+    let r = m.register_region(client, fd).unwrap();
+    let regions = t
+        .bindings()
+        .iter()
+        .map(|&(name, offset, len)| api::Binding {
+            name: name.into(),
+            region: r.region,
+            offset,
+            len,
+        })
+        .collect();
+    let req = api::InstallOffload {
+        offload: "hash-get".into(),
+        regions,
+        parameters: None,
+    };
+    (t, req)
+}
+
+#[test]
+fn a_failure_at_any_nic_call_of_an_install_leaves_nothing_behind() {
+    let nic = failing_nic();
+    let mut m = manager(Arc::clone(&nic), 64, true);
+    let client = m.connect(me());
+    let (_t, req) = table(&mut m, client);
+    let before = nic.objects();
+    let mut failures = 0;
+    for fail_at in 0.. {
+        nic.arm(fail_at);
+        match m.install(client, req.clone()) {
+            Err(e) => {
+                assert!(
+                    matches!(e, ManagerError::NoDevice { ref reason } if reason.contains("injected")),
+                    "{e:?}"
+                );
+                assert_eq!(
+                    nic.objects(),
+                    before,
+                    "objects left by a failure at NIC call {fail_at}"
+                );
+                assert_eq!(m.installed_count(), 0);
+                failures += 1;
+            }
+            Ok(installed) => {
+                nic.arm(usize::MAX);
+                let after = nic.objects();
+                // Parking side: a PD, a key, a CQ and a queue pair; the program's two PDs,
+                // queues, CQs (with its master's) and keys.
+                assert!(after.pds == before.pds + 3, "{before:?} -> {after:?}");
+                assert!(after.qps > before.qps + 1 && after.cqs > before.cqs + 1);
+                assert!(after.regions > before.regions + 4);
+                m.uninstall(client, installed.handle).unwrap();
+                assert_eq!(nic.objects(), before, "the uninstall released everything");
+                break;
+            }
+        }
+    }
+    assert!(
+        failures > 10,
+        "every NIC call of the install was failed once ({failures})"
+    );
+}
+
+#[test]
+fn refusals_before_the_nic_create_nothing_on_it() {
+    let nic = failing_nic();
+    let mut m = manager(Arc::clone(&nic), 4, true);
+    let client = m.connect(me());
+    let (_t, req) = table(&mut m, client);
+    let before = nic.objects();
+    assert!(matches!(
+        m.install(client, req.clone()),
+        Err(ManagerError::VerifierRefused { .. })
+    ));
+    let mut unbound = req.clone();
+    unbound.regions.pop();
+    assert!(matches!(
+        m.install(client, unbound),
+        Err(ManagerError::InvalidParameter { .. })
+    ));
+    let mut other = req;
+    other.offload = "list-find".into();
+    assert!(matches!(
+        m.install(client, other),
+        Err(ManagerError::PolicyDenied { .. })
+    ));
+    assert_eq!(nic.objects(), before);
+}
+
+#[test]
+fn queue_quota_counts_what_the_client_already_holds() {
+    let nic = failing_nic();
+    let mut m = manager(Arc::clone(&nic), 64, true);
+    let client = m.connect(me());
+    let (_t, req) = table(&mut m, client);
+    // hash-get takes 2 queues plus its master: two installs fit in 8, a third does not.
+    m.install(client, req.clone()).unwrap();
+    m.install(client, req.clone()).unwrap();
+    let before = nic.objects();
+    let e = m.install(client, req).unwrap_err();
+    assert_eq!(
+        e,
+        ManagerError::QuotaExceeded {
+            resource: "queues".into(),
+            limit: 8,
+            requested: 9
+        }
+    );
+    assert_eq!(nic.objects(), before);
+}
+
+#[test]
+fn a_disconnect_keeps_or_releases_offloads_as_the_rule_says() {
+    for keep in [true, false] {
+        let nic = failing_nic();
+        let mut m = manager(Arc::clone(&nic), 64, keep);
+        let before = nic.objects();
+        let client = m.connect(me());
+        let (_t, req) = table(&mut m, client);
+        m.install(client, req).unwrap();
+        assert_eq!(m.disconnect(client), usize::from(!keep));
+        if keep {
+            assert_eq!(m.installed_count(), 1);
+            assert_ne!(nic.objects(), before);
+            assert_eq!(m.admin_kill(client).unwrap().uninstalled, 1);
+        }
+        assert_eq!(m.installed_count(), 0);
+        assert_eq!(nic.objects(), before, "keep = {keep}");
+    }
+}
