@@ -302,8 +302,9 @@ fn run(opts: &Options) -> anyhow::Result<()> {
             SocketKind::Admin,
         ),
     ];
+    let audit = crate::audit::Audit::new(loaded.config.audit.clone());
     let mut server =
-        Server::new(manager, listeners, Some(signals)).context("cannot set up epoll")?;
+        Server::new(manager, listeners, Some(signals), audit).context("cannot set up epoll")?;
     eprintln!(
         "redn-manager: serving io.redn.Manager on {} and io.redn.Admin on {}",
         api.path.display(),

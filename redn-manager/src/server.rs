@@ -9,6 +9,7 @@
 //! answered with a named error on that connection — closed after the reply when its
 //! framing can no longer be trusted — and the loop goes on serving everyone else.
 
+use crate::audit::{Audit, Severity};
 use crate::peer::{Peer, Procfs};
 use crate::state::Manager;
 use mio::net::{UnixListener, UnixStream};
@@ -94,6 +95,7 @@ pub struct Server {
     manager: Manager,
     procfs: Procfs,
     stop: bool,
+    audit: Audit,
     /// What happened, for logs and tests.
     pub counters: Counters,
 }
@@ -107,10 +109,6 @@ impl std::fmt::Debug for Server {
     }
 }
 
-fn log(line: &str) {
-    eprintln!("redn-manager: {line}");
-}
-
 impl Server {
     /// A server over `listeners` (non-blocking), with `signals` (blocked already) if given.
     ///
@@ -120,6 +118,7 @@ impl Server {
         manager: Manager,
         listeners: Vec<(std::os::unix::net::UnixListener, SocketKind)>,
         signals: Option<SignalFd>,
+        audit: Audit,
     ) -> io::Result<Server> {
         let poll = Poll::new()?;
         let mut mio_listeners = Vec::new();
@@ -147,6 +146,7 @@ impl Server {
             manager,
             procfs: Procfs::default(),
             stop: false,
+            audit,
             counters: Counters::default(),
         })
     }
@@ -169,11 +169,14 @@ impl Server {
         while !self.stop {
             self.turn(None)?;
         }
-        log(&format!(
-            "event=shutdown connections={} offloads={}",
-            self.conns.len(),
-            self.manager.installed_count()
-        ));
+        self.audit.record(
+            Severity::Notice,
+            &format!(
+                "event=shutdown connections={} offloads={}",
+                self.conns.len(),
+                self.manager.installed_count()
+            ),
+        );
         self.manager.shutdown();
         Ok(())
     }
@@ -237,8 +240,14 @@ impl Server {
                 .and_then(|s| Signal::try_from(s).ok())
             {
                 Some(Signal::SIGHUP) => match self.manager.reload_policy() {
-                    Ok(r) => log(&format!("event=reload res=success apps={}", r.apps)),
-                    Err(e) => log(&format!("event=reload res=failed {}", e.to_wire())),
+                    Ok(r) => self.audit.record(
+                        Severity::Notice,
+                        &format!("event=reload res=success apps={}", r.apps),
+                    ),
+                    Err(e) => self.audit.record(
+                        Severity::Warning,
+                        &format!("event=reload res=failed {}", e.to_wire()),
+                    ),
                 },
                 Some(Signal::SIGTERM | Signal::SIGINT) => self.stop = true,
                 _ => {}
@@ -258,7 +267,10 @@ impl Server {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // EMFILE and the like: leave the rest in the backlog for now.
-                    log(&format!("event=accept res=failed error={e}"));
+                    self.audit.record(
+                        Severity::Warning,
+                        &format!("event=accept res=failed error={e}"),
+                    );
                     return;
                 }
             };
@@ -271,7 +283,15 @@ impl Server {
             Ok(p) => p,
             Err(e) => {
                 self.counters.refused += 1;
-                log(&format!("event=connect res=refused reason=\"{e}\""));
+                // Best effort: the peer may be gone, or still reading.
+                let err = ManagerError::PeerChanged {
+                    reason: e.to_string(),
+                };
+                let _ = stream.write(&error_reply(&err.to_wire()));
+                self.audit.record(
+                    Severity::Warning,
+                    &format!("event=connect res=refused reason=\"{e}\""),
+                );
                 return;
             }
         };
@@ -302,10 +322,13 @@ impl Server {
             };
             // Best effort: a fresh socket's buffer takes one short reply.
             let _ = stream.write(&error_reply(&err.to_wire()));
-            log(&format!(
-                "event=connect res=refused uid={uid} pid={} reason={resource}",
-                peer.identity.pid
-            ));
+            self.audit.record(
+                Severity::Warning,
+                &format!(
+                    "event=connect res=refused uid={uid} pid={} reason={resource}",
+                    peer.identity.pid
+                ),
+            );
             return;
         }
         let token = self.next_token;
@@ -315,16 +338,22 @@ impl Server {
             .registry()
             .register(&mut stream, Token(token), Interest::READABLE)
         {
-            log(&format!("event=connect res=failed error={e}"));
+            self.audit.record(
+                Severity::Warning,
+                &format!("event=connect res=failed error={e}"),
+            );
             return;
         }
         let client = (kind == SocketKind::Api).then(|| self.manager.connect(peer.identity.clone()));
-        log(&format!(
-            "event=connect socket={kind:?} client={} uid={uid} pid={} exe={}",
-            client.unwrap_or(0),
-            peer.identity.pid,
-            peer.exe().display()
-        ));
+        self.audit.record(
+            Severity::Info,
+            &format!(
+                "event=connect socket={kind:?} client={} uid={uid} pid={} exe={}",
+                client.unwrap_or(0),
+                peer.identity.pid,
+                peer.exe().display()
+            ),
+        );
         self.counters.accepted += 1;
         self.conns.insert(
             token,
@@ -353,10 +382,13 @@ impl Server {
             let _ = self.poll.registry().deregister(&mut c.stream);
             if let Some(client) = c.client {
                 let removed = self.manager.disconnect(client);
-                log(&format!(
-                    "event=disconnect client={client} pid={} uninstalled={removed}",
-                    c.peer.identity.pid
-                ));
+                self.audit.record(
+                    Severity::Info,
+                    &format!(
+                        "event=disconnect client={client} pid={} uninstalled={removed}",
+                        c.peer.identity.pid
+                    ),
+                );
             }
         }
         self.unfinished.remove(&token);
@@ -452,9 +484,10 @@ impl Server {
 
     /// Answer a protocol violation; close after the reply if `fatal`.
     fn violation(&mut self, token: usize, limit: &str, reason: String, fatal: bool) {
-        log(&format!(
-            "event=protocol-violation limit={limit} reason=\"{reason}\""
-        ));
+        self.audit.record(
+            Severity::Warning,
+            &format!("event=protocol-violation limit={limit} reason=\"{reason}\""),
+        );
         let err = ManagerError::ProtocolViolation {
             limit: limit.into(),
             reason,
@@ -631,12 +664,15 @@ impl Server {
                 }
                 let fd = fds.swap_remove(index);
                 let r = m.register_region(client, fd).map_err(wire)?;
-                log(&format!(
-                    "event=region-register client={client} region={} name={:?} size={}",
-                    r.region,
-                    p.name.unwrap_or_default(),
-                    r.size
-                ));
+                self.audit.record(
+                    Severity::Notice,
+                    &format!(
+                        "event=region-register client={client} region={} name={:?} size={}",
+                        r.region,
+                        p.name.unwrap_or_default(),
+                        r.size
+                    ),
+                );
                 encode(&r)
             }
             "InstallOffload" => {
@@ -644,15 +680,18 @@ impl Server {
                 let name = p.offload.clone();
                 match m.install(client, p) {
                     Ok(r) => {
-                        log(&format!("event=offload-admit client={client} offload={name} handle={} res=success", r.handle));
+                        self.audit.record(Severity::Notice, &format!("event=offload-admit client={client} offload={name} handle={} res=success", r.handle));
                         encode(&r)
                     }
                     Err(e) => {
                         let w = e.to_wire();
-                        log(&format!(
-                            "event=offload-refuse client={client} offload={name} error={}",
-                            w.name
-                        ));
+                        self.audit.record(
+                            Severity::Warning,
+                            &format!(
+                                "event=offload-refuse client={client} offload={name} error={}",
+                                w.name
+                            ),
+                        );
                         Err(w)
                     }
                 }
@@ -660,10 +699,13 @@ impl Server {
             "Uninstall" => {
                 let p: api::Uninstall = decode(call)?;
                 m.uninstall(client, p.handle).map_err(wire)?;
-                log(&format!(
-                    "event=offload-uninstall client={client} handle={}",
-                    p.handle
-                ));
+                self.audit.record(
+                    Severity::Notice,
+                    &format!(
+                        "event=offload-uninstall client={client} handle={}",
+                        p.handle
+                    ),
+                );
                 Ok(Map::new())
             }
             "Stats" => m.stats(client).map_err(wire).and_then(|r| encode(&r)),
@@ -690,10 +732,13 @@ impl Server {
             "KillClient" => match decode::<api::KillClient>(call) {
                 Ok(p) => match m.admin_kill(p.client) {
                     Ok(r) => {
-                        log(&format!(
-                            "event=kill client={} uninstalled={}",
-                            p.client, r.uninstalled
-                        ));
+                        self.audit.record(
+                            Severity::Warning,
+                            &format!(
+                                "event=kill client={} uninstalled={}",
+                                p.client, r.uninstalled
+                            ),
+                        );
                         let victims: Vec<usize> = self
                             .conns
                             .iter()
@@ -715,11 +760,17 @@ impl Server {
             },
             "ReloadPolicy" => match self.manager.reload_policy() {
                 Ok(r) => {
-                    log(&format!("event=reload res=success apps={}", r.apps));
+                    self.audit.record(
+                        Severity::Notice,
+                        &format!("event=reload res=success apps={}", r.apps),
+                    );
                     encode(&r)
                 }
                 Err(e) => {
-                    log(&format!("event=reload res=failed {}", e.to_wire()));
+                    self.audit.record(
+                        Severity::Warning,
+                        &format!("event=reload res=failed {}", e.to_wire()),
+                    );
                     Err(wire(e))
                 }
             },
@@ -738,10 +789,13 @@ impl Server {
         };
         c.output.extend_from_slice(&bytes);
         if c.output.len() - c.written > max {
-            log(&format!(
-                "event=disconnect reason=unread-replies pid={}",
-                c.peer.identity.pid
-            ));
+            self.audit.record(
+                Severity::Warning,
+                &format!(
+                    "event=disconnect reason=unread-replies pid={}",
+                    c.peer.identity.pid
+                ),
+            );
             self.close(token);
             return;
         }

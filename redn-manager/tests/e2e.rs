@@ -37,6 +37,8 @@ fn policy(extra: &str, client_extra: &str) -> String {
 struct Manager {
     dir: PathBuf,
     child: Option<Child>,
+    /// The syslog socket the manager's audit records go to.
+    syslog: Option<UnixDatagram>,
 }
 
 impl Manager {
@@ -63,14 +65,19 @@ impl Manager {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let m = Manager { dir, child: None };
+        let m = Manager {
+            dir,
+            child: None,
+            syslog: None,
+        };
         std::fs::write(
             m.config(),
             format!(
                 "[api]\nsocket = \"{}\"\nmode = \"0660\"\n[admin]\nsocket = \"{}\"\n\
-                 [backend]\nkind = \"softnic\"\npus = 1\n",
+                 [backend]\nkind = \"softnic\"\npus = 1\n[audit]\nsocket = \"{}\"\n",
                 m.api().display(),
-                m.admin().display()
+                m.admin().display(),
+                m.dir.join("log.sock").display()
             ),
         )
         .unwrap();
@@ -81,6 +88,9 @@ impl Manager {
     /// Start it and wait for READY=1 on a notify socket.
     fn start(policy_text: &str, args: &[&str]) -> Manager {
         let mut m = Manager::configure(policy_text);
+        let syslog = UnixDatagram::bind(m.dir.join("log.sock")).unwrap();
+        syslog.set_read_timeout(Some(DEADLINE)).unwrap();
+        m.syslog = Some(syslog);
         let notify = UnixDatagram::bind(m.dir.join("notify")).unwrap();
         notify.set_read_timeout(Some(DEADLINE)).unwrap();
         let log = std::fs::File::create(m.dir.join("log")).unwrap();
@@ -566,7 +576,9 @@ fn per_uid_connection_and_request_rate_caps_refuse_only_the_excess() {
     let mut a = m.client();
     let mut b = m.client();
     a.info().unwrap();
-    let third = send_raw(&m.api(), b"{\"method\":\"io.redn.Manager.GetInfo\"}\0", &[]).unwrap();
+    // The manager refuses the third at accept, with an unprompted error reply, then closes;
+    // a call sent meanwhile may meet the closed socket, so only read.
+    let third = m.raw(&m.api()).read_reply().unwrap();
     assert_eq!(
         third.error.as_deref(),
         Some("io.redn.Manager.QuotaExceeded")
@@ -826,12 +838,15 @@ fn a_connection_handed_to_another_process_loses_its_rights() {
     };
     let m = Manager::start(&policy("", ""), &[]);
     let reaped = m.dir.join("reaped");
-    // The parent connects, forks and exits; once this test has reaped it, the child (which
-    // kept the socket) calls GetInfo on the parent's connection.
+    // The parent connects and makes one call (so the manager has identified it), forks and
+    // exits; once this test has reaped it, the child (which kept the socket) calls GetInfo
+    // on the parent's connection.
     let script = format!(
         "import os,socket,time\n\
          s=socket.socket(socket.AF_UNIX)\n\
          s.connect({api:?})\n\
+         s.sendall(b'{{\"method\":\"org.varlink.service.GetInfo\"}}\\0')\n\
+         s.recv(4096)\n\
          if os.fork():\n    os._exit(0)\n\
          for _ in range(3000):\n    \
              if os.path.exists({reaped:?}): break\n    \
@@ -864,5 +879,46 @@ fn a_connection_handed_to_another_process_loses_its_rights() {
             .unwrap()
             .contains("exited"),
         "{reply}"
+    );
+}
+
+#[test]
+fn admissions_and_refusals_are_audit_records_on_syslog() {
+    let m = Manager::start(&policy("", ""), &[]);
+    let mut c = m.client();
+    let (_t, installed) = kv_install(&mut c);
+    let e = refused(c.install("list-find", &[]).unwrap_err());
+    assert!(matches!(e, ManagerError::PolicyDenied { .. }));
+    let syslog = m.syslog.as_ref().unwrap();
+    let mut buf = [0u8; 2048];
+    let (mut admit, mut refuse) = (None, None);
+    while admit.is_none() || refuse.is_none() {
+        let n = syslog
+            .recv(&mut buf)
+            .expect("audit records within the deadline");
+        let rec = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if rec.contains("event=offload-admit") {
+            admit = Some(rec);
+        } else if rec.contains("event=offload-refuse") {
+            refuse = Some(rec);
+        }
+    }
+    let pid = m.child.as_ref().unwrap().id();
+    let admit = admit.unwrap();
+    // authpriv.notice, no hostname, the identifier and the manager's pid as the tag.
+    assert!(admit.starts_with("<85>"), "{admit}");
+    assert!(
+        admit.contains(&format!(" redn-manager[{pid}]: event=offload-admit ")),
+        "{admit}"
+    );
+    assert!(
+        admit.contains(&format!("handle={}", installed.handle)),
+        "{admit}"
+    );
+    let refuse = refuse.unwrap();
+    assert!(refuse.starts_with("<84>"), "authpriv.warning: {refuse}");
+    assert!(
+        refuse.contains("offload=list-find") && refuse.contains("PolicyDenied"),
+        "{refuse}"
     );
 }

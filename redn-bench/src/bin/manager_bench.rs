@@ -88,7 +88,16 @@ fn start_manager(
             "softnic".into(),
             limits,
         );
-        let mut server = Server::new(m, listeners, None).expect("server");
+        // Audit records to a socket nobody listens on, not copied to stderr: counted as
+        // dropped.
+        let audit_config = redn_policy::parse_manager_config(
+            "[backend]\nkind = \"softnic\"\n[audit]\nsocket = \"/nonexistent/redn-bench-log\"\n",
+            "bench.toml",
+        )
+        .expect("config")
+        .audit;
+        let audit = redn_manager::audit::Audit::new(audit_config).quiet();
+        let mut server = Server::new(m, listeners, None, audit).expect("server");
         while !stop2.load(Ordering::Relaxed) {
             server.turn(Some(Duration::from_millis(20))).expect("poll");
         }
