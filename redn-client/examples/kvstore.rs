@@ -49,18 +49,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut manager = Client::connect(&socket)?;
     let mut table = TwoChoiceTable::create(buckets)?;
-    let region = manager.register_region(table.region(), "kv")?;
+    let (region, installed) = manager.install_table(&offload, &mut table)?;
     println!(
         "region {} size {} addr {:#x}",
         region.region, region.size, region.addr
     );
-    table.set_base(region.addr);
-    let bindings: Vec<(&str, u64, u64, u64)> = table
-        .bindings()
-        .iter()
-        .map(|&(name, offset, len)| (name, region.region, offset, len))
-        .collect();
-    let installed = manager.install(&offload, &bindings)?;
     println!(
         "installed {offload} handle {} token {} endpoint {}",
         installed.handle,

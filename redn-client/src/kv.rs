@@ -113,10 +113,14 @@ impl TwoChoiceTable {
         self.buckets
     }
 
-    /// `(name, offset, len)` of the `table` and `values` bindings for hash-get.
-    pub fn bindings(&self) -> [(&'static str, u64, u64); 2] {
+    /// The `table` and `values` bindings for hash-get as `(name, region, offset, len)`,
+    /// with the table's region registered as `region`.
+    pub fn bindings(&self, region: u64) -> [(&'static str, u64, u64, u64); 2] {
         let (table_len, values_at, values_len) = layout(self.buckets);
-        [("table", 0, table_len), ("values", values_at, values_len)]
+        [
+            ("table", region, 0, table_len),
+            ("values", region, values_at, values_len),
+        ]
     }
 
     /// The manager's addresses of `key`'s two buckets: what a remote client sends.

@@ -283,6 +283,22 @@ impl Client {
             .call("io.redn.Manager.InstallOffload", &params, &[])?)
     }
 
+    /// Share `table`'s region, record the manager's address of it in the table, and install
+    /// `offload` (a hash-get variant) over it.
+    ///
+    /// # Errors
+    /// As [`Client::register_region`] and [`Client::install`].
+    pub fn install_table(
+        &mut self,
+        offload: &str,
+        table: &mut kv::TwoChoiceTable,
+    ) -> Result<(RegionRegistered, Installed)> {
+        let region = self.register_region(table.region(), "kv")?;
+        table.set_base(region.addr);
+        let installed = self.install(offload, &table.bindings(region.region))?;
+        Ok((region, installed))
+    }
+
     /// Uninstall the offload `handle`.
     ///
     /// # Errors

@@ -861,13 +861,18 @@ fn encode<T: Serialize>(value: &T) -> Result<Map<String, Value>, WireError> {
 /// Decode a call's parameters; a missing, unknown or mistyped one is
 /// `org.varlink.service.InvalidParameter` naming it.
 fn decode<T: DeserializeOwned>(call: &Call) -> Result<T, WireError> {
-    serde_json::from_value(Value::Object(call.parameters.clone())).map_err(|e| {
-        let text = e.to_string();
-        // serde names the field between backticks: "unknown field `x`", "missing field `x`".
-        let parameter = text
-            .split('`')
-            .nth(1)
-            .map_or_else(|| text.clone(), str::to_owned);
+    let value = Value::Object(call.parameters.clone());
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let parameter = if path.is_empty() || path == "." {
+            // An unknown or missing field: serde names it between backticks.
+            let text = e.inner().to_string();
+            text.split('`')
+                .nth(1)
+                .map_or_else(|| text.clone(), str::to_owned)
+        } else {
+            path
+        };
         ServiceError::InvalidParameter { parameter }.to_wire()
     })
 }

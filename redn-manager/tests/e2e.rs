@@ -188,16 +188,8 @@ fn app_process_entry() {
     let mut c = Client::connect_default().unwrap();
     match role.as_str() {
         "kv" => {
-            let mut table = TwoChoiceTable::create(64).unwrap();
-            let r = c.register_region(table.region(), "kv").unwrap();
-            table.set_base(r.addr);
+            let (mut table, i) = kv_install(&mut c);
             table.set(0x2a, b"hello").unwrap();
-            let b: Vec<(&str, u64, u64, u64)> = table
-                .bindings()
-                .iter()
-                .map(|&(n, o, l)| (n, r.region, o, l))
-                .collect();
-            let i = c.install("hash-get", &b).unwrap();
             println!(
                 "APP handle={} token={} endpoint={:?}",
                 i.handle, i.token, i.endpoint
@@ -209,15 +201,8 @@ fn app_process_entry() {
 
 fn kv_install(c: &mut Client) -> (TwoChoiceTable, api::Installed) {
     let mut table = TwoChoiceTable::create(64).unwrap();
-    let r = c.register_region(table.region(), "kv").unwrap();
-    table.set_base(r.addr);
-    let b: Vec<(&str, u64, u64, u64)> = table
-        .bindings()
-        .iter()
-        .map(|&(n, o, l)| (n, r.region, o, l))
-        .collect();
-    let i = c.install("hash-get", &b).unwrap();
-    (table, i)
+    let (_, installed) = c.install_table("hash-get", &mut table).unwrap();
+    (table, installed)
 }
 
 #[test]
@@ -420,14 +405,7 @@ fn the_verifier_refuses_what_the_grants_do_not_cover_and_says_why() {
     let m = Manager::start(&p, &[]);
     let mut c = m.client();
     let mut table = TwoChoiceTable::create(8).unwrap();
-    let r = c.register_region(table.region(), "t").unwrap();
-    table.set_base(r.addr);
-    let b: Vec<(&str, u64, u64, u64)> = table
-        .bindings()
-        .iter()
-        .map(|&(n, o, l)| (n, r.region, o, l))
-        .collect();
-    let e = refused(c.install("hash-get", &b).unwrap_err());
+    let e = refused(c.install_table("hash-get", &mut table).unwrap_err());
     match e {
         ManagerError::VerifierRefused { offload, log } => {
             assert_eq!(offload, "hash-get");
@@ -504,38 +482,37 @@ fn malformed_requests_get_errors_while_another_client_is_served() {
         "nesting"
     );
     good.info().unwrap();
-    let r = send_raw(
-        &m.api(),
-        b"{\"method\":\"io.redn.Manager.Explode\",\"parameters\":{}}\0",
-        &[],
-    )
-    .unwrap();
-    assert_eq!(
-        r.error.as_deref(),
-        Some("org.varlink.service.MethodNotFound")
-    );
-    let r = send_raw(&m.api(), b"{\"method\":\"com.example.Other.M\"}\0", &[]).unwrap();
-    assert_eq!(
-        r.error.as_deref(),
-        Some("org.varlink.service.InterfaceNotFound")
-    );
-    let r = send_raw(
-        &m.api(),
-        b"{\"method\":\"io.redn.Manager.Uninstall\",\"parameters\":{\"handle\":\"x\"}}\0",
-        &[],
-    )
-    .unwrap();
-    assert_eq!(
-        r.error.as_deref(),
-        Some("org.varlink.service.InvalidParameter")
-    );
-    let r = send_raw(
-        &m.api(),
-        b"{\"method\":\"io.redn.Manager.Uninstall\",\"parameters\":{\"handle\":1,\"evil\":1}}\0",
-        &[],
-    )
-    .unwrap();
-    assert_eq!(r.parameters["parameter"], "evil");
+    // Well-framed calls the manager cannot serve: named errors, the connection kept.
+    for (call, error, parameter) in [
+        (
+            &br#"{"method":"io.redn.Manager.Explode","parameters":{}}"#[..],
+            "org.varlink.service.MethodNotFound",
+            ("method", "io.redn.Manager.Explode"),
+        ),
+        (
+            br#"{"method":"com.example.Other.M"}"#,
+            "org.varlink.service.InterfaceNotFound",
+            ("interface", "com.example.Other"),
+        ),
+        (
+            br#"{"method":"io.redn.Manager.Uninstall","parameters":{"handle":"x"}}"#,
+            "org.varlink.service.InvalidParameter",
+            ("parameter", "handle"),
+        ),
+        (
+            br#"{"method":"io.redn.Manager.Uninstall","parameters":{"handle":1,"evil":1}}"#,
+            "org.varlink.service.InvalidParameter",
+            ("parameter", "evil"),
+        ),
+    ] {
+        let mut c = m.raw(&m.api());
+        c.send_bytes(&[call, b"\0"].concat(), &[]).unwrap();
+        let r = c.read_reply().unwrap();
+        assert_eq!(r.error.as_deref(), Some(error));
+        assert_eq!(r.parameters[parameter.0], parameter.1);
+        let info: api::ManagerInfo = c.call("io.redn.Manager.GetInfo", &(), &[]).unwrap();
+        assert_eq!(info.app, "tester");
+    }
     // Five fds where four are allowed: refused, the fds closed, the connection kept.
     let regions: Vec<_> = (0..5)
         .map(|_| redn_client::SealedRegion::create("x", 4096).unwrap())

@@ -1,4 +1,5 @@
-//! The manager's install path is all or nothing, counted in NIC objects: an install that
+//! The manager's install path is all or nothing, counted in NIC objects (with
+//! `redn_sys::fault::FailingNic`): an install that
 //! fails at any NIC call (the parking side's or the program's), or is refused before
 //! reaching the NIC, leaves the NIC holding exactly what it held; an uninstall, a kill
 //! and a disconnect under `keep_serving_after_exit = false` release everything.
@@ -6,134 +7,12 @@
 use redn_client::kv::TwoChoiceTable;
 use redn_manager::state::{Limits, Manager};
 use redn_policy::PeerIdentity;
-use redn_program::wqe::{Sge, WorkRequest};
 use redn_proto::api;
 use redn_proto::errors::ManagerError;
-use redn_sys::mem::SharedBuffer;
-use redn_sys::nic::{
-    CompChannel, Completion, CqConfig, MrInfo, Nic, ObjectCounts, QpConfig, QpCounters, QpInfo,
-    RateLimit,
-};
+use redn_sys::fault::FailingNic;
+use redn_sys::nic::Nic;
 use redn_sys::softnic::SoftNic;
-use redn_sys::{Access, Cqn, Error, Lkey, Pdn, QpState, Qpn, Result};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-
-/// A softnic whose `fail_at`-th creating call (from 0) fails; releases never fail.
-struct FailingNic {
-    inner: SoftNic,
-    calls: AtomicUsize,
-    fail_at: AtomicUsize,
-}
-
-impl FailingNic {
-    fn step(&self, what: &'static str) -> Result<()> {
-        if self.calls.fetch_add(1, Ordering::Relaxed) == self.fail_at.load(Ordering::Relaxed) {
-            return Err(Error::InvalidConfig {
-                what,
-                detail: "injected failure".into(),
-            });
-        }
-        Ok(())
-    }
-    fn arm(&self, n: usize) {
-        self.calls.store(0, Ordering::Relaxed);
-        self.fail_at.store(n, Ordering::Relaxed);
-    }
-}
-
-impl Nic for FailingNic {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn alloc_pd(&self) -> Result<Pdn> {
-        self.step("alloc_pd")?;
-        self.inner.alloc_pd()
-    }
-    fn dealloc_pd(&self, pd: Pdn) -> Result<()> {
-        self.inner.dealloc_pd(pd)
-    }
-    fn reg_mr(
-        &self,
-        pd: Pdn,
-        b: &Arc<SharedBuffer>,
-        off: usize,
-        len: usize,
-        a: Access,
-    ) -> Result<MrInfo> {
-        self.step("reg_mr")?;
-        self.inner.reg_mr(pd, b, off, len, a)
-    }
-    fn dereg_mr(&self, lkey: Lkey) -> Result<()> {
-        self.inner.dereg_mr(lkey)
-    }
-    fn create_cq(&self, cfg: CqConfig) -> Result<Cqn> {
-        self.step("create_cq")?;
-        self.inner.create_cq(cfg)
-    }
-    fn destroy_cq(&self, cq: Cqn) -> Result<()> {
-        self.inner.destroy_cq(cq)
-    }
-    fn create_qp(&self, cfg: QpConfig) -> Result<QpInfo> {
-        self.step("create_qp")?;
-        self.inner.create_qp(cfg)
-    }
-    fn destroy_qp(&self, qp: Qpn) -> Result<()> {
-        self.inner.destroy_qp(qp)
-    }
-    fn connect(&self, a: Qpn, b: Qpn) -> Result<()> {
-        self.step("connect")?;
-        self.inner.connect(a, b)
-    }
-    fn post_send(&self, qp: Qpn, wrs: &[WorkRequest]) -> Result<()> {
-        self.step("post_send")?;
-        self.inner.post_send(qp, wrs)
-    }
-    fn post_recv(&self, qp: Qpn, wr_id: u64, sgl: &[Sge]) -> Result<()> {
-        self.step("post_recv")?;
-        self.inner.post_recv(qp, wr_id, sgl)
-    }
-    fn ring_doorbell(&self, qp: Qpn, pi: u64) -> Result<()> {
-        self.step("ring_doorbell")?;
-        self.inner.ring_doorbell(qp, pi)
-    }
-    fn note_posted(&self, qp: Qpn, pi: u64, end: u64, wr_id: u64) -> Result<()> {
-        self.step("note_posted")?;
-        self.inner.note_posted(qp, pi, end, wr_id)
-    }
-    fn note_recvs_posted(&self, qp: Qpn, n: u64) -> Result<()> {
-        self.step("note_recvs_posted")?;
-        self.inner.note_recvs_posted(qp, n)
-    }
-    fn poll_cq(&self, cq: Cqn, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
-        self.inner.poll_cq(cq, max, out)
-    }
-    fn cq_produced(&self, cq: Cqn) -> Result<u64> {
-        self.inner.cq_produced(cq)
-    }
-    fn req_notify_cq(&self, cq: Cqn, channel: &CompChannel) -> Result<()> {
-        self.inner.req_notify_cq(cq, channel)
-    }
-    fn qp_state(&self, qp: Qpn) -> Result<QpState> {
-        self.inner.qp_state(qp)
-    }
-    fn set_qp_error(&self, qp: Qpn) -> Result<()> {
-        self.inner.set_qp_error(qp)
-    }
-    fn set_rate_limit(&self, qp: Qpn, limit: RateLimit) -> Result<()> {
-        self.step("set_rate_limit")?;
-        self.inner.set_rate_limit(qp, limit)
-    }
-    fn counters(&self, qp: Qpn) -> Result<QpCounters> {
-        self.inner.counters(qp)
-    }
-    fn sq_consumed(&self, qp: Qpn) -> Result<u64> {
-        self.inner.sq_consumed(qp)
-    }
-    fn objects(&self) -> ObjectCounts {
-        self.inner.objects()
-    }
-}
 
 fn me() -> PeerIdentity {
     PeerIdentity {
@@ -146,7 +25,7 @@ fn me() -> PeerIdentity {
     }
 }
 
-fn manager(nic: Arc<FailingNic>, wqes_per_invocation: u32, keep: bool) -> Manager {
+fn manager(nic: Arc<FailingNic<SoftNic>>, wqes_per_invocation: u32, keep: bool) -> Manager {
     let policy = redn_policy::parse_policy(
         &format!(
             "[[app]]\nname = \"kv\"\nuid = 1000\noffloads = [\"hash-get\", \"echo\"]\n\
@@ -173,12 +52,8 @@ fn manager(nic: Arc<FailingNic>, wqes_per_invocation: u32, keep: bool) -> Manage
     )
 }
 
-fn failing_nic() -> Arc<FailingNic> {
-    Arc::new(FailingNic {
-        inner: SoftNic::with_pus(1).unwrap(),
-        calls: AtomicUsize::new(0),
-        fail_at: AtomicUsize::new(usize::MAX),
-    })
+fn failing_nic() -> Arc<FailingNic<SoftNic>> {
+    Arc::new(FailingNic::new(SoftNic::with_pus(1).unwrap()))
 }
 
 /// A registered two-choice table and the hash-get request binding it.
@@ -187,11 +62,11 @@ fn table(m: &mut Manager, client: u64) -> (TwoChoiceTable, api::InstallOffload) 
     let fd = t.region().fd().try_clone_to_owned().unwrap();
     let r = m.register_region(client, fd).unwrap();
     let regions = t
-        .bindings()
+        .bindings(r.region)
         .iter()
-        .map(|&(name, offset, len)| api::Binding {
+        .map(|&(name, region, offset, len)| api::Binding {
             name: name.into(),
-            region: r.region,
+            region,
             offset,
             len,
         })

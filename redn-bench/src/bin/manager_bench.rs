@@ -190,15 +190,11 @@ fn run(runs: usize, idle: usize) {
 
     let mut client = Client::connect(&api_path).expect("client");
     let mut table = TwoChoiceTable::create(1024).expect("table");
-    let r = client
-        .register_region(table.region(), "kv")
-        .expect("register");
-    table.set_base(r.addr);
-    let bindings: Vec<(&str, u64, u64, u64)> = table
-        .bindings()
-        .iter()
-        .map(|&(n, o, l)| (n, r.region, o, l))
-        .collect();
+    let (r, first) = client
+        .install_table("hash-get", &mut table)
+        .expect("install");
+    client.uninstall(first.handle).expect("uninstall");
+    let bindings = table.bindings(r.region);
     let installs = (runs / 10).max(10);
     let mut v = Vec::with_capacity(installs);
     for _ in 0..installs {
