@@ -899,3 +899,71 @@ fn admissions_and_refusals_are_audit_records_on_syslog() {
         "{refuse}"
     );
 }
+
+#[test]
+fn regions_are_capped_per_uid_across_connections() {
+    let m = Manager::start(&policy("", ""), &["--limit", "regions-per-uid=1"]);
+    let mut first = m.client();
+    let mut second = m.client();
+    let a = redn_client::SealedRegion::create("a", 4096).unwrap();
+    first.register_region(&a, "a").unwrap();
+    let b = redn_client::SealedRegion::create("b", 4096).unwrap();
+    let e = refused(second.register_region(&b, "b").unwrap_err());
+    assert_eq!(
+        e,
+        ManagerError::QuotaExceeded {
+            resource: "regions-per-uid".into(),
+            limit: 1,
+            requested: 2
+        }
+    );
+    // The first connection's hang-up gives its region back to the uid.
+    drop(first);
+    let start = Instant::now();
+    loop {
+        match second.register_region(&b, "b") {
+            Ok(_) => break,
+            Err(e) => {
+                assert!(matches!(
+                    refused(e),
+                    ManagerError::QuotaExceeded { .. } | ManagerError::RateLimited { .. }
+                ));
+                assert!(
+                    start.elapsed() < DEADLINE,
+                    "the region was never given back"
+                );
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+#[test]
+fn sighup_reloads_the_policy() {
+    let m = Manager::start(&policy("", ""), &[]);
+    let mut c = m.client();
+    assert_eq!(c.info().unwrap().app, "tester");
+    std::fs::write(
+        m.dir.join("policy.toml"),
+        policy("", "").replace("\"tester\"", "\"after-hup\""),
+    )
+    .unwrap();
+    let pid = i32::try_from(m.child.as_ref().unwrap().id()).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    // The reload's audit record says when it happened.
+    let syslog = m.syslog.as_ref().unwrap();
+    let mut buf = [0u8; 1024];
+    loop {
+        let n = syslog
+            .recv(&mut buf)
+            .expect("a reload record within the deadline");
+        if String::from_utf8_lossy(&buf[..n]).contains("event=reload res=success apps=1") {
+            break;
+        }
+    }
+    assert_eq!(c.info().unwrap().app, "after-hup");
+}
