@@ -320,3 +320,38 @@ fn run(opts: &Options) -> anyhow::Result<()> {
     drop((api, admin));
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Result<Command, String> {
+        parse_args(&a.iter().map(ToString::to_string).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn options_parse_in_both_forms_and_bad_ones_are_named() {
+        let Ok(Command::Run(o)) = args(&["--config=/x/m.toml", "--check", "--limit", "nesting=8"])
+        else {
+            panic!("a run")
+        };
+        assert_eq!(o.config, PathBuf::from("/x/m.toml"));
+        assert!(o.check);
+        assert_eq!(o.limits.codec.max_depth, 8);
+        let Ok(Command::Run(o)) = args(&[]) else {
+            panic!("a run")
+        };
+        assert_eq!(o.config, PathBuf::from(DEFAULT_MANAGER_CONFIG_PATH));
+        assert!(matches!(args(&["--help"]), Ok(Command::Print(t)) if t.starts_with("Usage:")));
+        assert!(
+            matches!(args(&["--version"]), Ok(Command::Print(t)) if t.starts_with("redn-manager "))
+        );
+        assert_eq!(args(&["--config"]).unwrap_err(), "--config needs a value");
+        assert!(args(&["--frobnicate"])
+            .unwrap_err()
+            .contains("\"--frobnicate\""));
+        assert!(args(&["--limit", "nesting"])
+            .unwrap_err()
+            .contains("NAME=VALUE"));
+    }
+}

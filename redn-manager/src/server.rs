@@ -96,6 +96,8 @@ pub struct Server {
     procfs: Procfs,
     stop: bool,
     audit: Audit,
+    /// The receive buffer every read uses (one event loop, one read at a time).
+    scratch: Vec<u8>,
     /// What happened, for logs and tests.
     pub counters: Counters,
 }
@@ -147,6 +149,7 @@ impl Server {
             procfs: Procfs::default(),
             stop: false,
             audit,
+            scratch: vec![0u8; 64 << 10],
             counters: Counters::default(),
         })
     }
@@ -395,7 +398,12 @@ impl Server {
     }
 
     fn read(&mut self, token: usize) {
-        let mut buf = vec![0u8; 64 << 10];
+        let mut buf = std::mem::take(&mut self.scratch);
+        self.read_with(token, &mut buf);
+        self.scratch = buf;
+    }
+
+    fn read_with(&mut self, token: usize, buf: &mut [u8]) {
         let max_fds = self.manager.limits.codec.max_fds;
         for _ in 0..READS_PER_TURN {
             let Some(c) = self.conns.get_mut(&token) else {
@@ -404,7 +412,7 @@ impl Server {
             if c.close_after_flush {
                 return;
             }
-            let got = match recv_with_fds(c.stream.as_fd(), &mut buf) {
+            let got = match recv_with_fds(c.stream.as_fd(), buf) {
                 Ok(g) => g,
                 Err(redn_proto::Error::Io { source, .. })
                     if source.kind() == io::ErrorKind::WouldBlock =>

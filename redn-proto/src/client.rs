@@ -111,7 +111,13 @@ impl Connection {
     /// # Errors
     /// [`Error::Io`].
     pub fn send_bytes(&mut self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
-        let sent = send_with_fds(self.stream.as_fd(), bytes, fds)?;
+        let sent = loop {
+            match send_with_fds(self.stream.as_fd(), bytes, fds) {
+                Err(Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::Interrupted => {}
+                other => break other?,
+            }
+        };
         self.stream.write_all(&bytes[sent..]).map_err(io("write"))
     }
 
@@ -131,7 +137,18 @@ impl Connection {
                 self.stream.as_fd(),
                 self.stream.read_timeout().ok().flatten(),
             )?;
-            let got = recv_with_fds(self.stream.as_fd(), &mut buf)?;
+            let got = match recv_with_fds(self.stream.as_fd(), &mut buf) {
+                // A signal, or a wakeup with nothing to read yet (MSG_DONTWAIT).
+                Err(Error::Io { source, .. })
+                    if matches!(
+                        source.kind(),
+                        std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
+                    ) =>
+                {
+                    continue
+                }
+                other => other?,
+            };
             if got.len == 0 {
                 return Err(Error::Closed);
             }
