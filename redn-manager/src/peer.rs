@@ -250,6 +250,21 @@ mod tests {
     }
 
     #[test]
+    fn without_a_pidfd_the_start_time_tells_a_reused_pid() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let mut peer = Peer::identify(a.as_fd(), &Procfs::default()).unwrap();
+        // As on a kernel before 6.5: no pidfd, the start time alone.
+        peer.pidfd = None;
+        peer.still_same().unwrap();
+        peer.identity.start_time += 1;
+        let err = peer.still_same().unwrap_err().to_string();
+        assert!(err.contains("now belongs to another process"), "{err}");
+        peer.identity.pid = u32::try_from(i32::MAX).unwrap();
+        let err = peer.still_same().unwrap_err().to_string();
+        assert!(err.contains("has exited"), "{err}");
+    }
+
+    #[test]
     fn a_peer_that_exited_is_refused() {
         let dir = std::env::temp_dir().join(format!("redn-peer-{}", std::process::id()));
         let _ = fs::remove_file(&dir);
