@@ -158,9 +158,25 @@ struct Offload {
     app: String,
     program: Program,
     token: Token,
+    /// The app's data regions as bound (the response binding is per remote client).
+    data_bindings: HashMap<String, RegionBinding>,
+    /// The pacing of each of its queues.
+    limit: RateLimit,
     /// Dropped first: the program's queues go before the parking queue they talk to.
     installed: Installed<DynNic>,
     _parking: Parking,
+}
+
+/// What the data plane needs to serve a remote client of one installed offload (see
+/// [`Manager::remote_client_spec`]).
+#[derive(Debug)]
+pub struct RemoteClientSpec<'a> {
+    /// The offload's program.
+    pub program: &'a Program,
+    /// The app's data regions, bound as at install.
+    pub data_bindings: &'a HashMap<String, RegionBinding>,
+    /// How each of the client's queues is paced.
+    pub limit: RateLimit,
 }
 
 /// Everything the manager knows.
@@ -601,6 +617,7 @@ impl Manager {
         let token = random_token().map_err(|e| ManagerError::NoDevice {
             reason: format!("no random token: {e}"),
         })?;
+        let data_bindings = bindings.clone();
         let (parking, response) = self.parking_side()?;
         bindings.insert("response".to_owned(), response);
         let nic = Arc::clone(&self.nic);
@@ -628,6 +645,8 @@ impl Manager {
                 app: app_name,
                 program,
                 token,
+                data_bindings,
+                limit,
                 installed,
                 _parking: parking,
             },
@@ -731,11 +750,18 @@ impl Manager {
         Ok(api::StatsReply { offloads })
     }
 
-    /// Whether `token` is the token of offload `handle` (constant time), for the data plane.
-    pub fn token_matches(&self, handle: u64, token: &Token) -> bool {
-        self.installed
-            .get(&handle)
-            .is_some_and(|o| &o.token == token)
+    /// The seam for the data plane (remote clients, a later piece of work): what it needs to
+    /// install a remote client's own instance of offload `handle` — the program, the app's
+    /// data-region bindings (add the client's `response` binding and install with
+    /// `redn_sys::install::install`), and the pacing — if `token` is the offload's token
+    /// (compared in constant time). `None` for an unknown handle or a wrong token alike.
+    pub fn remote_client_spec(&self, handle: u64, token: &Token) -> Option<RemoteClientSpec<'_>> {
+        let o = self.installed.get(&handle)?;
+        (&o.token == token).then_some(RemoteClientSpec {
+            program: &o.program,
+            data_bindings: &o.data_bindings,
+            limit: o.limit,
+        })
     }
 
     /// `io.redn.Admin.ListClients`.

@@ -190,3 +190,28 @@ fn a_disconnect_keeps_or_releases_offloads_as_the_rule_says() {
         assert_eq!(nic.objects(), before, "keep = {keep}");
     }
 }
+
+#[test]
+fn the_data_plane_seam_answers_only_to_the_offloads_token() {
+    let nic = failing_nic();
+    let mut m = manager(Arc::clone(&nic), 64, true);
+    let client = m.connect(me());
+    let (_t, req) = table(&mut m, client);
+    let installed = m.install(client, req).unwrap();
+    let token: redn_policy::Token = installed.token.parse().unwrap();
+    let spec = m
+        .remote_client_spec(installed.handle, &token)
+        .expect("the right token");
+    assert_eq!(spec.program.name, "hash-get");
+    let mut names: Vec<&str> = spec.data_bindings.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["table", "values"]);
+    assert!(!spec.limit.is_unlimited());
+    let mut bytes = *token.as_bytes();
+    bytes[31] ^= 1;
+    let wrong = redn_policy::Token::from_bytes(bytes);
+    assert!(m.remote_client_spec(installed.handle, &wrong).is_none());
+    assert!(m
+        .remote_client_spec(installed.handle + 1000, &token)
+        .is_none());
+}
