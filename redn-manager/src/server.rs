@@ -348,6 +348,15 @@ impl Server {
             return;
         }
         let client = (kind == SocketKind::Api).then(|| self.manager.connect(peer.identity.clone()));
+        if let Some(id) = client {
+            let adopted = self.manager.adopt(id);
+            if adopted > 0 {
+                self.audit.record(
+                    Severity::Notice,
+                    &format!("event=adopt client={id} uid={uid} offloads={adopted}"),
+                );
+            }
+        }
         self.audit.record(
             Severity::Info,
             &format!(

@@ -294,7 +294,8 @@ impl Manager {
         id
     }
 
-    /// A new client for a connection from `identity`.
+    /// A new client for a connection from `identity`. The server then lets it take over
+    /// what earlier connections of the same app left serving ([`Manager::adopt`]).
     pub fn connect(&mut self, identity: PeerIdentity) -> u64 {
         let id = self.fresh_id();
         self.clients.insert(
@@ -307,6 +308,46 @@ impl Manager {
             },
         );
         id
+    }
+
+    /// Give `client` the regions and offloads of every closed connection of the same app:
+    /// the same uid, matched by the same app rule. An app that restarts can then see its
+    /// offloads' counters and uninstall them. Rights follow the policy's identity (uid and
+    /// rule), never a pid, and the adopted resources count against the new client's quotas.
+    /// Returns the offloads adopted.
+    pub fn adopt(&mut self, client: u64) -> usize {
+        let Some(me) = self.clients.get(&client) else {
+            return 0;
+        };
+        let uid = me.identity.uid;
+        let Some(rule) = self.policy.match_app(&me.identity).map(|a| a.name.clone()) else {
+            return 0;
+        };
+        let orphans: Vec<u64> = self
+            .clients
+            .values()
+            .filter(|c| !c.connected && c.identity.uid == uid)
+            .filter(|c| {
+                self.policy
+                    .match_app(&c.identity)
+                    .is_some_and(|a| a.name == rule)
+            })
+            .map(|c| c.id)
+            .collect();
+        let mut adopted = 0;
+        for old in orphans {
+            let Some(c) = self.clients.remove(&old) else {
+                continue;
+            };
+            if let Some(me) = self.clients.get_mut(&client) {
+                me.regions.extend(c.regions);
+            }
+            for o in self.installed.values_mut().filter(|o| o.client == old) {
+                o.client = client;
+                adopted += 1;
+            }
+        }
+        adopted
     }
 
     /// Its connection closed: its offloads keep serving if its app rule says so

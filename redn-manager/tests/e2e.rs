@@ -978,3 +978,25 @@ fn sighup_reloads_the_policy() {
     }
     assert_eq!(c.info().unwrap().app, "after-hup");
 }
+
+#[test]
+fn a_restarted_app_can_uninstall_what_it_left_serving() {
+    let m = Manager::start(&policy("", ""), &[]);
+    let lines = app_process("kv", &m.api());
+    let line = lines.iter().find(|l| l.starts_with("handle=")).unwrap();
+    let handle: u64 = line["handle=".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // This process is the same app by policy (same uid, same rule): it takes over.
+    let mut c = m.client();
+    let stats = c.stats().unwrap();
+    assert_eq!(stats.iter().map(|s| s.handle).collect::<Vec<_>>(), [handle]);
+    c.uninstall(handle).unwrap();
+    let list: api::InstalledList =
+        m.admin_call("io.redn.Admin.ListOffloads", serde_json::json!({}));
+    assert!(list.offloads.is_empty());
+    assert!(m.log().contains("event=adopt"));
+}

@@ -215,3 +215,32 @@ fn the_data_plane_seam_answers_only_to_the_offloads_token() {
         .remote_client_spec(installed.handle + 1000, &token)
         .is_none());
 }
+
+#[test]
+fn a_restarted_app_takes_over_what_its_closed_connection_left_serving() {
+    let nic = failing_nic();
+    let mut m = manager(Arc::clone(&nic), 64, true);
+    let before = nic.objects();
+    let first = m.connect(me());
+    let (_t, req) = table(&mut m, first);
+    let installed = m.install(first, req).unwrap();
+    assert_eq!(m.disconnect(first), 0, "kept serving");
+    // Another uid is another app: it sees nothing.
+    let stranger = m.connect(PeerIdentity { uid: 1001, ..me() });
+    assert!(m.uninstall(stranger, installed.handle).is_err());
+    let again = m.connect(PeerIdentity {
+        pid: me().pid + 1,
+        start_time: 2,
+        ..me()
+    });
+    assert_eq!(m.adopt(stranger), 0);
+    assert_eq!(m.adopt(again), 1);
+    let stats = m.stats(again).unwrap();
+    assert_eq!(stats.offloads.len(), 1);
+    assert_eq!(stats.offloads[0].handle, installed.handle);
+    assert_eq!(m.info(again).unwrap().regions, 1, "the region came along");
+    m.uninstall(again, installed.handle).unwrap();
+    m.disconnect(again);
+    m.disconnect(stranger);
+    assert_eq!(nic.objects(), before);
+}
