@@ -87,14 +87,44 @@ impl Manager {
 
     /// Start it and wait for READY=1 on a notify socket.
     fn start(policy_text: &str, args: &[&str]) -> Manager {
+        Manager::start_under(policy_text, args, &[])
+    }
+
+    /// Start it as `wrapper` (such as `setpriv --reuid ...`) runs it, in a temp dir any
+    /// user may write (the wrapper may drop to another user).
+    fn start_under_open(policy_text: &str, wrapper: &[&str]) -> Manager {
+        Manager::start_under(policy_text, &[], wrapper)
+    }
+
+    /// Start it as `wrapper` runs it.
+    fn start_under(policy_text: &str, args: &[&str], wrapper: &[&str]) -> Manager {
         let mut m = Manager::configure(policy_text);
+        if !wrapper.is_empty() {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&m.dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
         let syslog = UnixDatagram::bind(m.dir.join("log.sock")).unwrap();
         syslog.set_read_timeout(Some(DEADLINE)).unwrap();
         m.syslog = Some(syslog);
         let notify = UnixDatagram::bind(m.dir.join("notify")).unwrap();
         notify.set_read_timeout(Some(DEADLINE)).unwrap();
+        if !wrapper.is_empty() {
+            use std::os::unix::fs::PermissionsExt;
+            for f in ["notify", "log.sock"] {
+                let open = std::fs::Permissions::from_mode(0o777);
+                std::fs::set_permissions(m.dir.join(f), open).unwrap();
+            }
+        }
         let log = std::fs::File::create(m.dir.join("log")).unwrap();
-        let child = Command::new(MANAGER)
+        let mut command = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(MANAGER);
+                c
+            }
+            None => Command::new(MANAGER),
+        };
+        let child = command
             .arg("--config")
             .arg(m.config())
             .args(args)
@@ -999,4 +1029,28 @@ fn a_restarted_app_can_uninstall_what_it_left_serving() {
         m.admin_call("io.redn.Admin.ListOffloads", serde_json::json!({}));
     assert!(list.offloads.is_empty());
     assert!(m.log().contains("event=adopt"));
+}
+
+#[test]
+fn the_manager_runs_unprivileged_on_the_softnic() {
+    if !nix::unistd::getuid().is_root() {
+        // Already unprivileged: every other test shows it.
+        return skip("not root: the other tests already run the manager unprivileged");
+    }
+    let Some(setpriv) = which("setpriv") else {
+        return skip("setpriv (util-linux) is not installed");
+    };
+    let setpriv = setpriv.to_str().unwrap().to_owned();
+    let wrapper = [
+        setpriv.as_str(),
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+    ];
+    let m = Manager::start_under_open(&policy("", ""), &wrapper);
+    let info = m.client().info().unwrap();
+    assert_eq!(info.app, "tester");
+    assert!(m.log().contains("capabilities: none held"), "{}", m.log());
 }
