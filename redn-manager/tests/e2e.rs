@@ -851,6 +851,26 @@ fn pythons_varlink_client_talks_to_the_manager() {
         .map(|o| o["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["hash-get", "echo"]);
+    // Fds from a client written elsewhere: a sealed memfd passed with SCM_RIGHTS on the
+    // call's first byte, by index 0, as sd-varlink passes them.
+    let script = format!(
+        "import fcntl,json,os,socket\n\
+         fd=os.memfd_create('py',os.MFD_ALLOW_SEALING)\n\
+         os.ftruncate(fd,8192)\n\
+         fcntl.fcntl(fd,fcntl.F_ADD_SEALS,fcntl.F_SEAL_SHRINK|fcntl.F_SEAL_GROW)\n\
+         s=socket.socket(socket.AF_UNIX)\n\
+         s.connect({:?})\n\
+         call={{'method':'io.redn.Manager.RegisterRegion','parameters':{{'fd':0,'name':'py'}}}}\n\
+         socket.send_fds(s,[json.dumps(call).encode()+b'\\0'],[fd])\n\
+         print(s.recv(4096).rstrip(b'\\0').decode())\n",
+        m.api().to_str().unwrap()
+    );
+    let out = Command::new(&py).args(["-c", &script]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let reply: serde_json::Value =
+        serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(reply["parameters"]["size"], 8192, "{reply}");
+    assert!(reply.get("error").is_none(), "{reply}");
 }
 
 #[test]
