@@ -142,6 +142,16 @@ impl Manager {
         m
     }
 
+    /// Run the binary once on this config with `args`, to its exit.
+    fn run_once(&self, args: &[&str]) -> std::process::Output {
+        Command::new(MANAGER)
+            .arg("--config")
+            .arg(self.config())
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
     fn client(&self) -> Client {
         Client::connect(&self.api()).unwrap()
     }
@@ -191,9 +201,23 @@ fn refused(e: ClientError) -> ManagerError {
     }
 }
 
+/// Run `command` to its exit; its stdout. It must succeed and print nothing on stderr.
+fn stdout_of(command: &mut Command) -> String {
+    let out = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{command:?} failed: {stdout}\n{stderr}"
+    );
+    assert!(out.stderr.is_empty(), "{command:?}: {stderr}");
+    stdout
+}
+
 /// Run this test binary again as an app process doing `role`; its stdout lines.
 fn app_process(role: &str, socket: &Path) -> Vec<String> {
-    let out = Command::new(std::env::current_exe().unwrap())
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
         .args([
             "--exact",
             "app_process_entry",
@@ -203,15 +227,8 @@ fn app_process(role: &str, socket: &Path) -> Vec<String> {
         ])
         .env("REDN_E2E_APP", role)
         .env("REDN_MANAGER_SOCKET", socket)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "app process failed:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .stdin(Stdio::null());
+    let text = stdout_of(&mut command);
     text.lines()
         // libtest prints "test NAME ... " before the body runs, on the same line.
         .filter_map(|l| l.split_once("APP ").map(|(_, rest)| rest.to_owned()))
@@ -619,11 +636,7 @@ fn per_uid_connection_and_request_rate_caps_refuse_only_the_excess() {
 #[test]
 fn a_second_manager_on_the_same_paths_refuses_to_start() {
     let m = Manager::start(&policy("", ""), &[]);
-    let out = Command::new(MANAGER)
-        .arg("--config")
-        .arg(m.config())
-        .output()
-        .unwrap();
+    let out = m.run_once(&[]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("another redn-manager holds"), "{err}");
@@ -637,12 +650,7 @@ fn a_broken_config_is_refused_naming_file_line_and_key() {
         .unwrap()
         .replace("pus = 1", "pus = 0");
     std::fs::write(m.config(), text).unwrap();
-    let out = Command::new(MANAGER)
-        .arg("--config")
-        .arg(m.config())
-        .arg("--check")
-        .output()
-        .unwrap();
+    let out = m.run_once(&["--check"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     let want = format!("{}:8:", m.config().display());
@@ -655,12 +663,7 @@ fn check_verifies_every_allowed_offload_for_every_rule() {
     let m = Manager::configure(
         &policy("", "").replace("wqes_per_invocation = 64", "wqes_per_invocation = 2"),
     );
-    let out = Command::new(MANAGER)
-        .arg("--config")
-        .arg(m.config())
-        .arg("--check")
-        .output()
-        .unwrap();
+    let out = m.run_once(&["--check"]);
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -668,12 +671,7 @@ fn check_verifies_every_allowed_offload_for_every_rule() {
         "{text}"
     );
     let ok = Manager::configure(&policy("", ""));
-    let out = Command::new(MANAGER)
-        .arg("--config")
-        .arg(ok.config())
-        .arg("--check")
-        .output()
-        .unwrap();
+    let out = ok.run_once(&["--check"]);
     assert!(
         out.status.success(),
         "{}",
@@ -813,23 +811,10 @@ fn pythons_varlink_client_talks_to_the_manager() {
     };
     let m = Manager::start(&policy("", ""), &[]);
     let cli = |args: &[&str]| {
-        let out = Command::new(&py)
-            .args(["-m", "varlink.cli"])
-            .args(args)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{args:?}: {stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            out.stderr.is_empty(),
-            "{args:?}: error {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
+        let mut command = Command::new(&py);
+        command.args(["-m", "varlink.cli"]).args(args);
+        // The CLI prints an error reply on stderr and still exits 0.
+        stdout_of(&mut command)
     };
     let api = format!("unix:{}", m.api().display());
     let admin = format!("unix:{}", m.admin().display());
