@@ -1,15 +1,14 @@
 //! Command-line options and start-up.
 
 use crate::server::{Server, SocketKind};
-use crate::state::{grants_for, Limits, Manager};
+use crate::state::{grants_at_quota, Limits, Manager};
 use crate::system;
 use anyhow::{anyhow, bail, Context};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use redn_policy::config::DEFAULT_MANAGER_CONFIG_PATH;
 use redn_policy::{verify, Backend, ManagerConfig, Policy};
-use redn_program::program::{Program, RegionRole};
-use std::collections::HashMap;
+use redn_program::program::Program;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -195,13 +194,7 @@ pub fn check(loaded: &Loaded) -> Vec<String> {
                 ));
                 continue;
             };
-            let lens: HashMap<String, u64> = p
-                .regions
-                .iter()
-                .filter(|r| matches!(r.role, RegionRole::Data { .. }))
-                .map(|r| (r.name.clone(), app.quota.max_pinned.bytes().max(r.min_len)))
-                .collect();
-            let report = verify(p, &grants_for(app, p, &lens));
+            let report = verify(p, &grants_at_quota(app, p));
             if !report.accepted() {
                 problems.push(format!(
                     "app {:?}, offload {name:?}: the verifier refuses it:\n{}",

@@ -232,6 +232,19 @@ pub fn rate_limit((kbps, wqes): (KbitRate, WqeRate)) -> RateLimit {
     limit
 }
 
+/// The grants an app rule gives a program before any region is bound: each data region as
+/// large as the rule's pinned quota (the most an install could bind). What `--check` and
+/// `redn offload verify` judge a definition by.
+pub fn grants_at_quota(app: &AppRule, program: &Program) -> Grants {
+    let lens: HashMap<String, u64> = program
+        .regions
+        .iter()
+        .filter(|r| matches!(r.role, RegionRole::Data { .. }))
+        .map(|r| (r.name.clone(), app.quota.max_pinned.bytes().max(r.min_len)))
+        .collect();
+    grants_for(app, program, &lens)
+}
+
 /// The grants an app rule gives a program whose data regions are bound with `lens`.
 pub fn grants_for(app: &AppRule, program: &Program, lens: &HashMap<String, u64>) -> Grants {
     let mut g = Grants::new();
