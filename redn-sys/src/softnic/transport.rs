@@ -79,6 +79,9 @@ pub(crate) enum Nak {
     ReceiverNotReady,
     /// The peer is gone or in error: nothing answers.
     NoResponse,
+    /// The peer kept answering "receiver not ready" past the RNR retry count (a network
+    /// transport's requester; in-process peers wait for a receive instead).
+    RnrRetryExceeded,
 }
 
 impl Nak {
@@ -89,6 +92,7 @@ impl Nak {
             Nak::RemoteOperation => Syndrome::RemoteOperation,
             Nak::ReceiverNotReady => Syndrome::RnrRetryExceeded,
             Nak::NoResponse => Syndrome::TransportRetryExceeded,
+            Nak::RnrRetryExceeded => Syndrome::RnrRetryExceeded,
         }
     }
 }
