@@ -520,6 +520,10 @@ impl Memory for Glue<'_> {
         self.ip.write(self.keys, remote(va, rkey), data, imm)
     }
 
+    fn complete_imm(&mut self, len: u32, imm: u32) -> Result<(), Nak> {
+        self.ip.complete_write_imm(len as usize, imm)
+    }
+
     fn send(&mut self, data: &[u8], imm: Option<u32>) -> Result<(), Nak> {
         self.ip.send(self.keys, data, imm)
     }

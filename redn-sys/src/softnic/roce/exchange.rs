@@ -281,7 +281,12 @@ impl QpRecord {
     }
 }
 
-fn read_record(s: &mut TcpStream) -> Result<QpRecord, ExchangeError> {
+/// Read one record from `s` (its read timeout applies): the fixed header first, so a
+/// foreign or oversized count is refused before anything is sized from it.
+///
+/// # Errors
+/// I/O, or a record that does not check.
+pub fn read_record(s: &mut impl Read) -> Result<QpRecord, ExchangeError> {
     let mut head = [0u8; HEADER_LEN];
     s.read_exact(&mut head)?;
     // Check the fixed part before trusting its count to size a read.
@@ -303,6 +308,15 @@ fn read_record(s: &mut TcpStream) -> Result<QpRecord, ExchangeError> {
     QpRecord::decode(&all)
 }
 
+/// Write one record to `s`.
+///
+/// # Errors
+/// I/O, or a record with a field out of range.
+pub fn write_record(s: &mut impl Write, r: &QpRecord) -> Result<(), ExchangeError> {
+    s.write_all(&r.encode()?)?;
+    Ok(())
+}
+
 /// The client's side: send `ours`, then read and return the server's record. Waits at most
 /// `timeout` for each read.
 ///
@@ -314,7 +328,7 @@ pub fn exchange_client(
     timeout: Duration,
 ) -> Result<QpRecord, ExchangeError> {
     s.set_read_timeout(Some(timeout))?;
-    s.write_all(&ours.encode()?)?;
+    write_record(s, ours)?;
     read_record(s)
 }
 
@@ -331,7 +345,7 @@ pub fn exchange_server(
     s.set_read_timeout(Some(timeout))?;
     let theirs = read_record(s)?;
     let mine = ours(&theirs);
-    s.write_all(&mine.encode()?)?;
+    write_record(s, &mine)?;
     Ok((theirs, mine))
 }
 

@@ -23,6 +23,9 @@ mod requester;
 mod responder;
 
 pub use endpoint::{RoceConfig, RoceCounters, RoceEndpoint, ROCE_PORT};
-pub use exchange::{exchange_client, exchange_server, ExchangeError, QpRecord, RegionRecord};
+pub use exchange::{
+    exchange_client, exchange_server, read_record, write_record, ExchangeError, QpRecord,
+    RegionRecord,
+};
 pub use io::Faults;
 pub use packet::{DropCounters, DropReason};

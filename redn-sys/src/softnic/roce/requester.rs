@@ -352,6 +352,10 @@ impl Requester {
                         return Err(DropReason::UnexpectedResponse);
                     }
                     if matches!(f.msg, Message::Send { .. } | Message::Write { .. }) {
+                        if h.psn != f.una {
+                            // It acknowledges packets: progress restores the retries.
+                            f.retries = self.attrs.retry_cnt;
+                        }
                         f.una = h.psn;
                         if f.una == psn::add(last, 1) {
                             return Ok(self.finish(Progress::Done(0)));
@@ -589,6 +593,20 @@ mod tests {
             Ok(Progress::Failed(Nak::NoResponse)),
             "retry_cnt 2 allows two resends"
         );
+        // A NAK further on acknowledges packets: that progress restores the retries.
+        let mut r = Requester::new(attrs(), 7, 100);
+        r.start(Message::Send {
+            len: 256 * 5,
+            imm: None,
+        });
+        tx(&mut r, c.now());
+        for nak in [101, 101, 102, 102, 103, 103] {
+            assert_eq!(
+                r.on_response(&ack(opcode::ACKNOWLEDGE, nak, 0x60), &[], c.now(), &mut []),
+                Ok(Progress::Pending),
+                "NAK {nak}"
+            );
+        }
     }
 
     #[test]

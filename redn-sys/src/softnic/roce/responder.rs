@@ -24,6 +24,9 @@ pub trait Memory {
     fn check_write(&mut self, va: u64, rkey: u32, len: u32) -> Result<(), Nak>;
     /// Place WRITE bytes; with `imm`, consume a receive and complete it.
     fn write(&mut self, va: u64, rkey: u32, data: &[u8], imm: Option<u32>) -> Result<(), Nak>;
+    /// Consume a receive and complete it for a WRITE with immediate of `len` bytes whose
+    /// data is already placed.
+    fn complete_imm(&mut self, len: u32, imm: u32) -> Result<(), Nak>;
     /// Deliver a whole SEND into the next receive.
     fn send(&mut self, data: &[u8], imm: Option<u32>) -> Result<(), Nak>;
     /// Read `out.len()` bytes at `va`.
@@ -297,12 +300,11 @@ impl Responder {
                 if !ok {
                     return Err(Nak::RemoteInvalid);
                 }
-                let imm = if h.opcode == WRITE_LAST_IMM {
-                    h.imm
-                } else {
-                    None
-                };
-                mem.write(va.wrapping_add(u64::from(done)), rkey, p.payload, imm)?;
+                mem.write(va.wrapping_add(u64::from(done)), rkey, p.payload, None)?;
+                if h.opcode == WRITE_LAST_IMM {
+                    // After the data: a receive completed means the whole message is there.
+                    mem.complete_imm(len, h.imm.unwrap_or(0))?;
+                }
                 self.partial = if h.opcode == WRITE_MIDDLE {
                     Some(Partial::Write {
                         va,
@@ -542,6 +544,14 @@ mod tests {
             self.mem[off..off + data.len()].copy_from_slice(data);
             Ok(())
         }
+        fn complete_imm(&mut self, len: u32, imm: u32) -> Result<(), Nak> {
+            if self.recvs == 0 {
+                return Err(Nak::ReceiverNotReady);
+            }
+            self.recvs -= 1;
+            self.write_imms.push(imm ^ len);
+            Ok(())
+        }
         fn send(&mut self, data: &[u8], imm: Option<u32>) -> Result<(), Nak> {
             if self.recvs == 0 {
                 return Err(Nak::ReceiverNotReady);
@@ -691,7 +701,7 @@ mod tests {
         let (_, out) = run(&mut r, &mut m, last, &data[256..]);
         assert_eq!(syn(&out), [(opcode::ACKNOWLEDGE, 1, 0x1f)]);
         assert_eq!(&m.mem[0x10..0x10 + 300], &data[..]);
-        assert_eq!(m.write_imms, [77]);
+        assert_eq!(m.write_imms, [77 ^ 300], "completed with the whole length");
         // A WRITE whose whole range does not fit is refused before any byte lands.
         let mut m2 = Fake::new(0);
         let mut r2 = Responder::new(9, 256, 0, 4, 1);
