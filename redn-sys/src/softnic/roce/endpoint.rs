@@ -64,6 +64,10 @@ pub struct RoceCounters {
     pub dropped: u64,
 }
 
+/// Responses one QP's mailbox holds at most: a requester's window of READ responses and
+/// then some.
+const MAILBOX_CAP: usize = 1024;
+
 /// A response waiting for the requester that owns it.
 struct Response {
     header: Header,
@@ -79,11 +83,16 @@ struct Mailbox {
 }
 
 impl Mailbox {
-    fn push(&self, r: Response) {
-        self.queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(r);
+    /// Leave a response; false (and nothing left) if `MAILBOX_CAP` are already waiting,
+    /// so that a peer answering what was never asked cannot grow memory without bound.
+    fn push(&self, r: Response) -> bool {
+        {
+            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            if q.len() >= MAILBOX_CAP {
+                return false;
+            }
+            q.push_back(r);
+        }
         self.pending.fetch_add(1, Ordering::Release);
         if let Some(t) = self
             .waiter
@@ -93,6 +102,7 @@ impl Mailbox {
         {
             t.unpark();
         }
+        true
     }
 
     fn take(&self) -> Option<Response> {
@@ -470,10 +480,13 @@ fn dispatch(inner: &Inner, from: SocketAddrV4, d: &[u8], out: &mut Outbox) {
         return inner.drops.count(DropReason::QpInError);
     }
     if packet::is_response(p.header.opcode) {
-        conn.mailbox.push(Response {
+        let r = Response {
             header: p.header,
             payload: p.payload.to_vec(),
-        });
+        };
+        if !conn.mailbox.push(r) {
+            inner.drops.count(DropReason::UnexpectedResponse);
+        }
         return;
     }
     let mut guard = conn.responder.lock().unwrap_or_else(|e| e.into_inner());
