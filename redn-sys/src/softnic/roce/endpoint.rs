@@ -120,12 +120,15 @@ impl Mailbox {
         r
     }
 
-    /// The next response, spinning for `spin` and then sleeping until `until`.
+    /// The next response: for `spin`, `poll` the socket (the waiting thread takes what
+    /// arrives itself, with no hand-over from the receive thread), then sleep until `until`
+    /// while the receive thread delivers.
     fn wait(
         &self,
         spin: Duration,
         until: Option<Instant>,
         give_up: impl Fn() -> bool,
+        mut poll: impl FnMut(),
     ) -> Option<Response> {
         let start = Instant::now();
         loop {
@@ -137,7 +140,10 @@ impl Mailbox {
                 return None;
             }
             if now - start < spin {
-                std::hint::spin_loop();
+                poll();
+                // Yield between polls: on a machine whose cores the PUs, receive threads and
+                // hosts of both ends outnumber, a pure spin holds the core the answer needs.
+                std::thread::yield_now();
                 continue;
             }
             *self.waiter.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
@@ -332,6 +338,7 @@ impl RoceEndpoint {
             conn,
             inner: Arc::clone(&self.inner),
             req: Mutex::new(Requester::new(attrs, remote.qpn, local.psn)),
+            rx: Mutex::new(None),
         }));
         drop(peer);
         q.set_ready();
@@ -413,6 +420,34 @@ impl Outbox {
     }
 }
 
+/// Receive one batch (waiting up to `wait` for its first datagram), hand each datagram to
+/// its QP and send the replies; how many arrived.
+fn receive_once(
+    inner: &Inner,
+    batch: &mut RecvBatch,
+    out: &mut Outbox,
+    wait: Option<Duration>,
+) -> usize {
+    let n = match inner.io.recv(batch, wait) {
+        Ok(n) => n,
+        Err(_) => {
+            // A socket error is not the packets' fault; do not spin on it.
+            std::thread::sleep(Duration::from_millis(1));
+            0
+        }
+    };
+    if n == 0 {
+        return 0;
+    }
+    inner.received.fetch_add(n as u64, Ordering::Relaxed);
+    for i in 0..n {
+        let (d, from) = batch.get(i);
+        dispatch(inner, from, d, out);
+    }
+    out.flush(inner);
+    n
+}
+
 fn receive_loop(inner: &Arc<Inner>) {
     let mut batch = RecvBatch::default();
     let mut out = Outbox::default();
@@ -421,24 +456,11 @@ fn receive_loop(inner: &Arc<Inner>) {
         // Adaptive: poll without sleeping while traffic is recent, then block (briefly, to
         // notice shutdown).
         let wait = (last_busy.elapsed() > inner.spin).then_some(Duration::from_millis(10));
-        let n = match inner.io.recv(&mut batch, wait) {
-            Ok(n) => n,
-            Err(_) => {
-                std::thread::sleep(Duration::from_millis(1));
-                0
-            }
-        };
-        if n == 0 {
-            std::hint::spin_loop();
-            continue;
+        if receive_once(inner, &mut batch, &mut out, wait) == 0 {
+            std::thread::yield_now();
+        } else {
+            last_busy = Instant::now();
         }
-        last_busy = Instant::now();
-        inner.received.fetch_add(n as u64, Ordering::Relaxed);
-        for i in 0..n {
-            let (d, from) = batch.get(i);
-            dispatch(inner, from, d, &mut out);
-        }
-        out.flush(inner);
     }
 }
 
@@ -571,11 +593,16 @@ struct RoceTransport {
     conn: Arc<Conn>,
     inner: Arc<Inner>,
     req: Mutex<Requester>,
+    /// Buffers for taking packets off the socket while waiting (made at first use).
+    rx: Mutex<Option<Box<(RecvBatch, Outbox)>>>,
 }
 
 impl RoceTransport {
     fn run(&self, msg: Message, data: &[u8], read_out: &mut [u8]) -> Result<u64, Nak> {
         let mut req = self.req.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rx_guard = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        let rx =
+            rx_guard.get_or_insert_with(|| Box::new((RecvBatch::default(), Outbox::default())));
         req.start(msg);
         let local = self.inner.local;
         let route = Route {
@@ -613,21 +640,25 @@ impl RoceTransport {
                     .collect();
                 self.inner.send(&batch);
             }
-            let progress = match self
-                .conn
-                .mailbox
-                .wait(self.inner.spin, req.next_timer(), give_up)
-            {
-                Some(r) => match req.on_response(&r.header, &r.payload, Instant::now(), read_out) {
-                    Ok(p) => p,
-                    Err(why) => {
-                        self.inner.drops.count(why);
-                        Progress::Pending
+            let progress =
+                match self
+                    .conn
+                    .mailbox
+                    .wait(self.inner.spin, req.next_timer(), give_up, || {
+                        receive_once(&self.inner, &mut rx.0, &mut rx.1, None);
+                    }) {
+                    Some(r) => {
+                        match req.on_response(&r.header, &r.payload, Instant::now(), read_out) {
+                            Ok(p) => p,
+                            Err(why) => {
+                                self.inner.drops.count(why);
+                                Progress::Pending
+                            }
+                        }
                     }
-                },
-                None if give_up() => return Err(Nak::NoResponse),
-                None => req.on_timer(Instant::now()),
-            };
+                    None if give_up() => return Err(Nak::NoResponse),
+                    None => req.on_timer(Instant::now()),
+                };
             match progress {
                 Progress::Pending => {}
                 Progress::Done(v) => return Ok(v),
