@@ -354,9 +354,46 @@ fn udp_stream(c: &mut Control, size: usize, total: usize) -> f64 {
     got / secs
 }
 
+/// A softnic of one PU with its endpoint, 16 MiB of memory and one QP (room for 1,024
+/// receives); what both processes set up.
+struct Side {
+    nic: Arc<SoftNic>,
+    ep: RoceEndpoint,
+    buf: Arc<SharedBuffer>,
+    mr: MrInfo,
+    cq: Cqn,
+    qp: Qpn,
+}
+
+impl Side {
+    fn new(name: &str, spin: Duration) -> Side {
+        let nic = Arc::new(SoftNic::new(SoftNicConfig::new(name)).expect("softnic"));
+        let mut cfg = RoceConfig::new(Ipv4Addr::LOCALHOST);
+        cfg.bind.set_port(0);
+        cfg.spin = spin;
+        let ep = RoceEndpoint::start(&nic, &cfg).expect("endpoint");
+        let pd = nic.alloc_pd().expect("pd");
+        let buf = SharedBuffer::new(MEM);
+        let mr = nic.reg_mr(pd, &buf, 0, MEM, Access::ALL).expect("mr");
+        let cq = nic.create_cq(CqConfig::new(1 << 16)).expect("cq");
+        let mut qc = QpConfig::new(pd, cq);
+        qc.rq_slots = 1024;
+        qc.sq_bbs = 4096;
+        let qp = nic.create_qp(qc).expect("qp").qpn;
+        Side {
+            nic,
+            ep,
+            buf,
+            mr,
+            cq,
+            qp,
+        }
+    }
+}
+
 /// This side's softnic, connected to the peer's.
 struct Client {
-    nic: SoftNic,
+    nic: Arc<SoftNic>,
     ep: RoceEndpoint,
     qp: Qpn,
     cq: Cqn,
@@ -369,18 +406,14 @@ struct Client {
 impl Client {
     fn connect(c: &mut Control, spin: Duration) -> Client {
         c.say("softnic");
-        let nic = SoftNic::new(SoftNicConfig::new("client")).expect("softnic");
-        let mut cfg = RoceConfig::new(Ipv4Addr::LOCALHOST);
-        cfg.bind.set_port(0);
-        cfg.spin = spin;
-        let ep = RoceEndpoint::start(&nic, &cfg).expect("endpoint");
-        let pd = nic.alloc_pd().expect("pd");
-        let buf = SharedBuffer::new(MEM);
-        let mr = nic.reg_mr(pd, &buf, 0, MEM, Access::ALL).expect("mr");
-        let cq = nic.create_cq(CqConfig::new(1 << 16)).expect("cq");
-        let mut qc = QpConfig::new(pd, cq);
-        qc.sq_bbs = 4096;
-        let qp = nic.create_qp(qc).expect("qp").qpn;
+        let Side {
+            nic,
+            ep,
+            buf,
+            mr,
+            cq,
+            qp,
+        } = Side::new("client", spin);
         let mut ours = ep.record(qp, 1);
         ours.mtu = MTU;
         ours.regions.push(RegionRecord {
@@ -615,19 +648,14 @@ struct Server {
 }
 
 fn serve_softnic(c: &mut Control, spin: Duration) -> Server {
-    let nic = Arc::new(SoftNic::new(SoftNicConfig::new("server")).expect("softnic"));
-    let mut cfg = RoceConfig::new(Ipv4Addr::LOCALHOST);
-    cfg.bind.set_port(0);
-    cfg.spin = spin;
-    let ep = RoceEndpoint::start(&nic, &cfg).expect("endpoint");
-    let pd = nic.alloc_pd().expect("pd");
-    let buf = SharedBuffer::new(MEM);
-    let mr = nic.reg_mr(pd, &buf, 0, MEM, Access::ALL).expect("mr");
-    let cq = nic.create_cq(CqConfig::new(1 << 16)).expect("cq");
-    let mut qc = QpConfig::new(pd, cq);
-    qc.rq_slots = 1024;
-    qc.sq_bbs = 4096;
-    let qp = nic.create_qp(qc).expect("qp").qpn;
+    let Side {
+        nic,
+        ep,
+        buf,
+        mr,
+        cq,
+        qp,
+    } = Side::new("server", spin);
     for i in 0..1024u64 {
         nic.post_recv(qp, i, &[mr.sge(4 << 20, 4096)])
             .expect("recv");
