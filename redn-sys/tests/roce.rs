@@ -777,3 +777,126 @@ fn strangers_get_no_reply() {
     peer.finish();
     let _ = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0);
 }
+
+/// Two softnics of this process connected over loopback UDP (no peer process): for the
+/// failure statuses, which need the responder set up just so.
+fn pair(rnr_retry: u8, recv_room: u32) -> (Local, Local, Conn, Conn) {
+    let a = Local::new(None);
+    let b = Local::new(None);
+    let mk = |l: &Local| {
+        let cq = l.nic.create_cq(CqConfig::new(256)).unwrap();
+        let mut qc = QpConfig::new(l.pd, cq);
+        qc.rq_slots = 16;
+        (l.nic.create_qp(qc).unwrap().qpn, cq)
+    };
+    let (qa, cqa) = mk(&a);
+    let (qb, cqb) = mk(&b);
+    let mut ra = record(&a.ep, qa, 10, 1024);
+    ra.rnr_retry = rnr_retry;
+    ra.regions.push(region_record("mem", &a.buf));
+    let mut rb = record(&b.ep, qb, 20, 1024);
+    rb.regions.push(region_record("mem", &b.buf));
+    a.ep.connect(&ra, &rb).unwrap();
+    b.ep.connect(&rb, &ra).unwrap();
+    if recv_room > 0 {
+        b.nic
+            .post_recv(qb, 1, &[b.buf.mr.sge(0, recv_room)])
+            .unwrap();
+    }
+    (
+        a,
+        b,
+        Conn {
+            qp: qa,
+            cq: cqa,
+            remote: rb,
+        },
+        Conn {
+            qp: qb,
+            cq: cqb,
+            remote: ra,
+        },
+    )
+}
+
+#[test]
+fn failures_end_in_their_completion_status_with_the_qp_in_error() {
+    // No receive and rnr_retry 1: RNR NAKs until the count runs out.
+    let (a, _b, ca, _) = pair(1, 0);
+    let r = a.post(
+        &ca,
+        1,
+        WrOp::Send {
+            payload: Payload::Inline(vec![1; 8]),
+            imm: None,
+        },
+    );
+    assert_eq!(r.status, Err(Syndrome::RnrRetryExceeded));
+    assert_eq!(a.nic.qp_state(ca.qp).unwrap(), QpState::Error);
+
+    // A SEND longer than the receive: invalid request, and the responder's QP in error too.
+    let (a, b, ca, cb) = pair(7, 16);
+    let r = a.post(
+        &ca,
+        2,
+        WrOp::Send {
+            payload: Payload::Inline(vec![1; 64]),
+            imm: None,
+        },
+    );
+    assert_eq!(r.status, Err(Syndrome::RemoteInvalidRequest));
+    assert_eq!(a.nic.qp_state(ca.qp).unwrap(), QpState::Error);
+    wait_until("the responder's QP is in error", || {
+        b.nic.qp_state(cb.qp).unwrap() == QpState::Error
+    });
+
+    // A masked atomic has no RC opcode: refused before anything is sent.
+    let (a, _b, ca, _) = pair(7, 0);
+    let r = a.post(
+        &ca,
+        3,
+        WrOp::MaskedCompareSwap {
+            remote: remote_at(&ca.remote, 0),
+            compare: 0,
+            compare_mask: 0,
+            swap: 1,
+            swap_mask: 1,
+            result: Some(a.buf.mr.sge(64, 8)),
+        },
+    );
+    assert_eq!(r.status, Err(Syndrome::RemoteInvalidRequest));
+}
+
+#[test]
+fn a_send_waits_out_rnr_naks_until_a_receive_is_posted() {
+    let (a, b, ca, cb) = pair(7, 0);
+    a.buf.write(0, b"late receive");
+    a.nic
+        .post_send(
+            ca.qp,
+            &[wr(
+                5,
+                SIG,
+                WrOp::Send {
+                    payload: Payload::Sgl(vec![a.buf.mr.sge(0, 12)]),
+                    imm: Some(3),
+                },
+            )],
+        )
+        .unwrap();
+    // The SEND is refused (RNR) until the receive is there; then it lands once.
+    wait_until("an RNR NAK came back", || {
+        a.nic.counters(ca.qp).unwrap().bytes == 0 && a.ep.counters().received > 0
+    });
+    b.nic
+        .post_recv(cb.qp, 9, &[b.buf.mr.sge(4096, 64)])
+        .unwrap();
+    let got = wait_cqes(&a.nic, ca.cq, 1);
+    assert!(got[0].is_ok(), "{got:?}");
+    let recv = wait_cqes(&b.nic, cb.cq, 1);
+    assert_eq!(
+        (recv[0].wr_id, recv[0].byte_len, recv[0].imm),
+        (9, 12, Some(3))
+    );
+    assert_eq!(b.buf.read(4096, 12), b"late receive");
+}

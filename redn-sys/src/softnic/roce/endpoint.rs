@@ -758,3 +758,44 @@ impl Transport for RoceTransport {
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::softnic::roce::packet::{decode, Aeth};
+
+    fn ack(qp: u32, psn: u32, syndrome: u8) -> Header {
+        let mut h = Header::new(opcode::ACKNOWLEDGE, qp, psn);
+        h.aeth = Some(Aeth { syndrome, msn: 0 });
+        h
+    }
+
+    #[test]
+    fn a_batch_sends_only_the_newest_plain_ack_to_a_qp() {
+        let a = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1000);
+        let b = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 2000);
+        let mut out = Outbox::default();
+        out.push(a, b, &ack(7, 1, Syndrome::ACK), &[]);
+        out.push(a, b, &ack(7, 2, Syndrome::ACK), &[]);
+        out.push(a, b, &ack(7, 3, Syndrome::ACK), &[]);
+        assert_eq!(
+            out.frames.len(),
+            1,
+            "cumulative: the newest covers the others"
+        );
+        // Another QP's ACK, a NAK or a response between keeps what came before.
+        out.push(a, b, &ack(8, 9, Syndrome::ACK), &[]);
+        out.push(a, b, &ack(7, 4, Syndrome::NAK_SEQUENCE), &[]);
+        out.push(a, b, &ack(7, 5, Syndrome::ACK), &[]);
+        let route = Route { src: a, dst: b };
+        let psns: Vec<(u32, u32)> = out
+            .frames
+            .iter()
+            .map(|&(_, s, e)| {
+                let h = decode(&route, &out.bytes[s..e]).expect("valid").header;
+                (h.dest_qp, h.psn)
+            })
+            .collect();
+        assert_eq!(psns, [(7, 3), (8, 9), (7, 4), (7, 5)]);
+    }
+}
