@@ -781,6 +781,15 @@ fn strangers_get_no_reply() {
 /// Two softnics of this process connected over loopback UDP (no peer process): for the
 /// failure statuses, which need the responder set up just so.
 fn pair(rnr_retry: u8, recv_room: u32) -> (Local, Local, Conn, Conn) {
+    pair_with(rnr_retry, recv_room, |_, _| {})
+}
+
+/// [`pair`], with `adjust` changing the two records before they connect.
+fn pair_with(
+    rnr_retry: u8,
+    recv_room: u32,
+    adjust: impl Fn(&mut QpRecord, &mut QpRecord),
+) -> (Local, Local, Conn, Conn) {
     let a = Local::new(None);
     let b = Local::new(None);
     let mk = |l: &Local| {
@@ -796,6 +805,7 @@ fn pair(rnr_retry: u8, recv_room: u32) -> (Local, Local, Conn, Conn) {
     ra.regions.push(region_record("mem", &a.buf));
     let mut rb = record(&b.ep, qb, 20, 1024);
     rb.regions.push(region_record("mem", &b.buf));
+    adjust(&mut ra, &mut rb);
     a.ep.connect(&ra, &rb).unwrap();
     b.ep.connect(&rb, &ra).unwrap();
     if recv_room > 0 {
@@ -849,6 +859,39 @@ fn failures_end_in_their_completion_status_with_the_qp_in_error() {
     wait_until("the responder's QP is in error", || {
         b.nic.qp_state(cb.qp).unwrap() == QpState::Error
     });
+
+    // A receive whose own key is bad: the responder cannot place the SEND (remote
+    // operational error), and its QP goes to error with an error completion.
+    let (a, b, ca, cb) = pair(7, 0);
+    let bad = redn_program::wqe::Sge {
+        addr: redn_sys::VirtAddr(0x10),
+        len: 64,
+        lkey: redn_sys::Lkey(0xbad00),
+    };
+    b.nic.post_recv(cb.qp, 4, &[bad]).unwrap();
+    let r = a.post(
+        &ca,
+        4,
+        WrOp::Send {
+            payload: Payload::Inline(vec![1; 8]),
+            imm: None,
+        },
+    );
+    assert_eq!(r.status, Err(Syndrome::RemoteOperation));
+    let recv = wait_cqes(&b.nic, cb.cq, 1);
+    assert!(!recv[0].is_ok(), "{recv:?}");
+
+    // A peer that keeps no READ state (max_dest_rd_atomic 0): READs are not sent.
+    let (a, _b, ca, _) = pair_with(7, 0, |_, rb| rb.max_dest_rd_atomic = 0);
+    let r = a.post(
+        &ca,
+        5,
+        WrOp::Read {
+            remote: remote_at(&ca.remote, 0),
+            sgl: vec![a.buf.mr.sge(0, 8)],
+        },
+    );
+    assert_eq!(r.status, Err(Syndrome::RemoteInvalidRequest));
 
     // A masked atomic has no RC opcode: refused before anything is sent.
     let (a, _b, ca, _) = pair(7, 0);

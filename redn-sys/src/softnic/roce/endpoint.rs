@@ -375,6 +375,7 @@ impl RoceEndpoint {
             inner: Arc::clone(&self.inner),
             req: Mutex::new(Requester::new(attrs, remote.qpn, local.psn)),
             rx: Mutex::new(None),
+            reads_allowed: local.max_rd_atomic > 0 && remote.max_dest_rd_atomic > 0,
         }));
         drop(peer);
         q.set_ready();
@@ -638,6 +639,9 @@ struct RoceTransport {
     req: Mutex<Requester>,
     /// Buffers for taking packets off the socket while waiting (made at first use).
     rx: Mutex<Option<Box<(RecvBatch, Outbox)>>>,
+    /// READs and atomics may go out: this side's `max_rd_atomic` and the peer's
+    /// `max_dest_rd_atomic` are both at least 1 (one is ever outstanding: see `requester`).
+    reads_allowed: bool,
 }
 
 impl RoceTransport {
@@ -774,6 +778,9 @@ impl Transport for RoceTransport {
     }
 
     fn read(&self, _keys: &mut KeyCache, remote: RemoteAddr, out: &mut [u8]) -> Result<(), Nak> {
+        if !self.reads_allowed {
+            return Err(Nak::RemoteInvalid);
+        }
         let msg = Message::Read {
             va: remote.addr.0,
             rkey: remote.rkey.0,
@@ -783,6 +790,9 @@ impl Transport for RoceTransport {
     }
 
     fn atomic(&self, _keys: &mut KeyCache, remote: RemoteAddr, op: AtomicOp) -> Result<u64, Nak> {
+        if !self.reads_allowed {
+            return Err(Nak::RemoteInvalid);
+        }
         let (swap_add, compare) = match op {
             AtomicOp::CompareSwap { compare, swap } => (swap, Some(compare)),
             AtomicOp::FetchAdd { add } => (add, None),

@@ -110,7 +110,7 @@ impl Responder {
             nak_sent: false,
             partial: None,
             resources: VecDeque::new(),
-            max_resources: usize::from(max_dest_rd_atomic.max(1)),
+            max_resources: usize::from(max_dest_rd_atomic),
             scratch: Vec::new(),
         }
     }
@@ -132,7 +132,7 @@ impl Responder {
     }
 
     fn keep(&mut self, r: Resource) {
-        if self.resources.len() == self.max_resources {
+        if self.resources.len() >= self.max_resources {
             self.resources.pop_front();
         }
         self.resources.push_back(r);
@@ -318,6 +318,10 @@ impl Responder {
             }
             READ_REQUEST => {
                 let r = h.reth.ok_or(Nak::RemoteInvalid)?;
+                // No responder resources: this QP takes no READs (IBA: invalid request).
+                if self.max_resources == 0 {
+                    return Err(Nak::RemoteInvalid);
+                }
                 if r.len > MAX_DMA || u64::from(r.len) > crate::softnic::MAX_MESSAGE {
                     return Err(Nak::RemoteInvalid);
                 }
@@ -349,6 +353,9 @@ impl Responder {
             }
             COMPARE_SWAP | FETCH_ADD => {
                 let a = h.atomic.ok_or(Nak::RemoteInvalid)?;
+                if self.max_resources == 0 {
+                    return Err(Nak::RemoteInvalid);
+                }
                 if a.va % 8 != 0 {
                     return Err(Nak::RemoteInvalid);
                 }
@@ -847,6 +854,14 @@ mod tests {
             Err(DropReason::StaleDuplicate)
         );
         assert_eq!(m.atomics, 3);
+        // A QP with no responder resources takes no READs or atomics.
+        let mut r0 = Responder::new(9, 256, 0, 0, 1);
+        let mut m0 = Fake::new(0);
+        let mut fa0 = req(opcode::FETCH_ADD, 0, true);
+        fa0.atomic = fa.atomic;
+        let (_, out) = run(&mut r0, &mut m0, fa0, &[]);
+        assert_eq!(syn(&out), [(opcode::ACKNOWLEDGE, 0, 0x61)]);
+        assert_eq!(m0.atomics, 0);
         // Misaligned: invalid request.
         let mut bad = req(opcode::COMPARE_SWAP, 3, true);
         bad.atomic = Some(AtomicEth {
