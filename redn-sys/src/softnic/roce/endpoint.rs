@@ -120,18 +120,17 @@ impl Mailbox {
         r
     }
 
-    /// The next response: for `spin`, `poll(true)` the socket (the waiting thread takes what
-    /// arrives itself, with no hand-over from the receive thread), then `poll(false)` (done
-    /// polling) and sleep until `until` while the receive thread delivers.
+    /// The next response: for `spin`, `poll` the socket (the waiting thread takes what
+    /// arrives itself, with no hand-over from the receive thread), then sleep until `until`
+    /// while the receive thread delivers.
     fn wait(
         &self,
         spin: Duration,
         until: Option<Instant>,
         give_up: impl Fn() -> bool,
-        mut poll: impl FnMut(bool),
+        mut poll: impl FnMut(),
     ) -> Option<Response> {
         let start = Instant::now();
-        let mut polled = false;
         loop {
             if let Some(r) = self.take() {
                 return Some(r);
@@ -141,15 +140,11 @@ impl Mailbox {
                 return None;
             }
             if now - start < spin {
-                poll(true);
-                polled = true;
+                poll();
                 // Yield between polls: on a machine whose cores the PUs, receive threads and
                 // hosts of both ends outnumber, a pure spin holds the core the answer needs.
                 std::thread::yield_now();
                 continue;
-            }
-            if std::mem::take(&mut polled) {
-                poll(false);
             }
             *self.waiter.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
             if let Some(r) = self.take() {
@@ -185,32 +180,6 @@ struct Inner {
     received: AtomicU64,
     spin: Duration,
     shutdown: AtomicBool,
-    /// Requesters taking packets off the socket themselves right now: while there are any,
-    /// the receive thread sleeps rather than compete with them for the socket and the CPU.
-    pollers: AtomicU64,
-    /// The receive thread, to wake when the last poller stops.
-    rx_thread: std::sync::OnceLock<Thread>,
-}
-
-/// A requester's turn at polling the socket: counted while it lasts; the receive thread is
-/// woken when the last one ends.
-struct Polling<'a>(&'a Inner);
-
-impl<'a> Polling<'a> {
-    fn start(inner: &'a Inner) -> Polling<'a> {
-        inner.pollers.fetch_add(1, Ordering::AcqRel);
-        Polling(inner)
-    }
-}
-
-impl Drop for Polling<'_> {
-    fn drop(&mut self) {
-        if self.0.pollers.fetch_sub(1, Ordering::AcqRel) == 1 {
-            if let Some(t) = self.0.rx_thread.get() {
-                t.unpark();
-            }
-        }
-    }
 }
 
 impl Inner {
@@ -265,17 +234,12 @@ impl RoceEndpoint {
             received: AtomicU64::new(0),
             spin,
             shutdown: AtomicBool::new(false),
-            pollers: AtomicU64::new(0),
-            rx_thread: std::sync::OnceLock::new(),
         });
         let rx_inner = Arc::clone(&inner);
         let rx = std::thread::Builder::new()
             .name(format!("{}-roce-rx", nic.shared.config.name))
             .spawn(move || receive_loop(&rx_inner))
             .ok();
-        if let Some(t) = &rx {
-            let _ = inner.rx_thread.set(t.thread().clone());
-        }
         RoceEndpoint { inner, rx }
     }
 
@@ -490,13 +454,6 @@ fn receive_loop(inner: &Arc<Inner>) {
     let mut out = Outbox::default();
     let mut last_busy = Instant::now();
     while !inner.shutdown.load(Ordering::Acquire) {
-        if inner.pollers.load(Ordering::Acquire) > 0 {
-            // A requester polls the socket; the last to stop wakes us (the timeout only
-            // bounds a missed wake-up).
-            std::thread::park_timeout(Duration::from_millis(1));
-            last_busy = Instant::now();
-            continue;
-        }
         // Adaptive: poll without sleeping while traffic is recent, then block (briefly, to
         // notice shutdown).
         let wait = (last_busy.elapsed() > inner.spin).then_some(Duration::from_millis(10));
@@ -651,8 +608,6 @@ impl RoceTransport {
         let rx =
             rx_guard.get_or_insert_with(|| Box::new((RecvBatch::default(), Outbox::default())));
         req.start(msg);
-        // Counted while this requester polls the socket (see `Inner::pollers`).
-        let mut polling: Option<Polling<'_>> = None;
         let local = self.inner.local;
         let route = Route {
             src: local,
@@ -693,14 +648,7 @@ impl RoceTransport {
                 match self
                     .conn
                     .mailbox
-                    .wait(self.inner.spin, req.next_timer(), give_up, |go_on| {
-                        if !go_on {
-                            polling = None;
-                            return;
-                        }
-                        if polling.is_none() {
-                            polling = Some(Polling::start(&self.inner));
-                        }
+                    .wait(self.inner.spin, req.next_timer(), give_up, || {
                         receive_once(&self.inner, &mut rx.0, &mut rx.1, None);
                     }) {
                     Some(r) => {
