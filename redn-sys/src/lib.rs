@@ -98,6 +98,18 @@ pub enum Error {
     /// There is no RDMA device to open.
     #[error("no RDMA device: {0}")]
     NoDevice(String),
+    /// A RoCE endpoint's socket call failed.
+    #[error("cannot {what}")]
+    Roce {
+        /// What the endpoint was doing.
+        what: &'static str,
+        /// The system call's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The out-of-band connection exchange failed.
+    #[error("connection exchange failed")]
+    Exchange(#[from] softnic::roce::ExchangeError),
 }
 
 /// Result with the crate's error.
