@@ -417,6 +417,90 @@ mod tests {
         assert_eq!((r.value >> 56) & 0x0f, 0x04);
     }
 
+    /// A control word: opmod, opcode and ds where a CAS reads them, index and QPN zero.
+    fn ctrl(opmod: u8, opcode: Opcode, ds: u8) -> Word {
+        Word::exact(u64::from(opmod) | (u64::from(opcode as u8) << 24) | (u64::from(ds) << 56))
+    }
+
+    fn write_with(sges: usize) -> Op {
+        Op::Write {
+            remote: Addr::region("r", 0),
+            sgl: (0..sges).map(|_| Sge::new(Addr::region("r", 0), 8)).collect(),
+            imm: None,
+        }
+    }
+
+    #[test]
+    fn judge_allows_the_own_operation_and_a_nop_over_the_same_blocks_only() {
+        let write = write_with(2); // ds 4: one block
+        let own_ds = write.ds();
+        assert_eq!(own_ds, 4);
+        assert_eq!(judge(&write, own_ds, ctrl(0, Opcode::RdmaWrite, 4)), None);
+        // A NOP over the same block, with any ds that keeps the block count.
+        assert_eq!(judge(&write, own_ds, ctrl(0, Opcode::Nop, 1)), None);
+        assert_eq!(judge(&write, own_ds, ctrl(0, Opcode::Nop, 4)), None);
+        let refused = |w: Word| judge(&write, own_ds, w).is_some();
+        // ds 0, and a ds over another block count (5 segments: two blocks).
+        assert!(refused(ctrl(0, Opcode::Nop, 0)));
+        assert!(refused(ctrl(0, Opcode::RdmaWrite, 0)));
+        assert!(refused(ctrl(0, Opcode::Nop, 5)));
+        // Active: fewer segments than a WRITE needs, or more than the WQE holds.
+        assert!(refused(ctrl(0, Opcode::RdmaWrite, 1)));
+        let short = write_with(0); // ds 2 in a one-block WQE
+        assert!(judge(&short, 2, ctrl(0, Opcode::RdmaWrite, 3)).is_some());
+        assert_eq!(judge(&short, 2, ctrl(0, Opcode::RdmaWrite, 2)), None);
+        // A NOP WQE has no segments to check: any ds over its one block.
+        assert_eq!(judge(&Op::Nop, 1, ctrl(0, Opcode::Nop, 3)), None);
+        // Another opcode, or an unknown opcode or ds byte.
+        assert!(refused(ctrl(0, Opcode::RdmaRead, 4)));
+        let mut w = ctrl(0, Opcode::RdmaWrite, 4);
+        w.known &= !(0xff << 24);
+        assert!(refused(w));
+        let mut w = ctrl(0, Opcode::RdmaWrite, 4);
+        w.known &= !(0xff << 56);
+        assert!(refused(w));
+    }
+
+    #[test]
+    fn a_masked_cas_must_keep_its_width() {
+        let cas = Op::MaskedCas {
+            remote: Addr::region("r", 0),
+            compare: redn_program::program::Operand::Lit(0),
+            compare_mask: 0,
+            swap: redn_program::program::Operand::Lit(0),
+            swap_mask: 0,
+        };
+        let own_ds = cas.ds();
+        let w = |opmod| ctrl(opmod, Opcode::AtomicMaskedCs, own_ds);
+        assert_eq!(judge(&cas, own_ds, w(OPMOD_EXT_ATOMIC_8B)), None);
+        assert!(judge(&cas, own_ds, w(0x08)).is_some());
+        let mut unknown = w(OPMOD_EXT_ATOMIC_8B);
+        unknown.known &= !0xff;
+        assert!(judge(&cas, own_ds, unknown).is_some());
+        // As a NOP its opmod does not matter.
+        assert_eq!(judge(&cas, own_ds, ctrl(0x08, Opcode::Nop, own_ds)), None);
+    }
+
+    #[test]
+    fn exploration_gives_up_past_max_states() {
+        let write = write_with(2);
+        let start = ctrl(0, Opcode::RdmaWrite, 4).value;
+        // Each WRITE of a constant control word that differs only in its index bytes adds
+        // one value; with the start, `n` writes reach n + 1 values.
+        let sets = |n: u64| -> Vec<Transfer> {
+            (1..=n)
+                .map(|i| Transfer::Set {
+                    label: format!("w{i}"),
+                    value: start | (i << 8),
+                })
+                .collect()
+        };
+        let at_cap = sets(MAX_STATES as u64 - 1);
+        assert!(matches!(explore(&write, start, &at_cap), Ok(None)));
+        let over = sets(MAX_STATES as u64);
+        assert_eq!(explore(&write, start, &over).err(), Some(MAX_STATES + 1));
+    }
+
     #[test]
     fn a_clobber_forgets_its_bits_and_keeps_the_rest() {
         let t = Transfer::Clobber {
