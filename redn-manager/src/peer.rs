@@ -9,8 +9,9 @@
 //! that connected (systemd's `pidref_verify` recipe). Without a pidfd the start time from
 //! `/proc/PID/stat` (field 22) stands in: a reused pid has a later start time.
 //!
-//! An executable that cannot be read (the peer holds capabilities the manager dropped, so
-//! ptrace read access is denied) is left empty: no `exe` rule matches it.
+//! An executable that cannot be read (an unprivileged manager reading another user's
+//! process, so ptrace read access is denied; as root the manager keeps `CAP_SYS_PTRACE` for
+//! this) is left empty: no `exe` rule matches it.
 //!
 //! Before a request acts, [`Peer::still_same`] repeats the pidfd (or start-time) check, so
 //! a process that exited and whose pid was handed to another never passes on its rights.
@@ -159,9 +160,9 @@ impl Peer {
         };
         peer.check_pidfd(pid)?;
         let start_time = procfs.start_time(pid)?;
-        // Reading another process's exe needs ptrace read access: a peer with capabilities
-        // the manager dropped (a root shell, say) cannot be read. Its exe stays empty, so
-        // rules that match by exe fail closed for it while uid/gid/cgroup rules still work.
+        // Reading another process's exe needs ptrace read access (the manager keeps
+        // CAP_SYS_PTRACE for it when it has it). When it is denied the exe stays empty, so
+        // rules that match by exe fail closed for the peer while uid/gid/cgroup rules work.
         let exe = procfs.exe(pid).unwrap_or_default();
         let cgroup = procfs.cgroup(pid)?;
         let mut peer = peer;

@@ -258,31 +258,37 @@ pub fn notify(state: &str) {
     }
 }
 
-/// Keep only `CAP_IPC_LOCK` (pinning app memory beyond `RLIMIT_MEMLOCK`) in every set,
-/// bounding set first, as capabilities(7) requires; returns what was kept, for the log.
-/// Unprivileged (nothing permitted), there is nothing to drop.
+/// The capabilities the manager keeps: `CAP_IPC_LOCK` to pin app memory beyond
+/// `RLIMIT_MEMLOCK`, and `CAP_SYS_PTRACE` to read `/proc/PID/exe` of apps of other users
+/// (proc(5): the link needs ptrace read access), without which policy rules that match by
+/// executable could never match them. The systemd unit's bounding set says the same.
+pub const KEPT_CAPABILITIES: [Capability; 2] =
+    [Capability::CAP_IPC_LOCK, Capability::CAP_SYS_PTRACE];
+
+/// Keep only [`KEPT_CAPABILITIES`] in every set, bounding set first, as capabilities(7)
+/// requires; returns what was kept, for the log. Unprivileged (nothing permitted), there is
+/// nothing to drop.
 ///
 /// # Errors
 /// A message if a set cannot be changed.
 pub fn drop_capabilities() -> Result<Vec<String>, String> {
-    let keep = Capability::CAP_IPC_LOCK;
     let permitted = caps::read(None, CapSet::Permitted).map_err(|e| e.to_string())?;
     if permitted.is_empty() {
         return Ok(Vec::new());
     }
     if caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).unwrap_or(false) {
         for c in caps::all() {
-            if c != keep {
+            if !KEPT_CAPABILITIES.contains(&c) {
                 caps::drop(None, CapSet::Bounding, c).map_err(|e| format!("bounding {c}: {e}"))?;
             }
         }
     }
     caps::clear(None, CapSet::Ambient).map_err(|e| format!("ambient: {e}"))?;
     caps::clear(None, CapSet::Inheritable).map_err(|e| format!("inheritable: {e}"))?;
-    let mut kept = caps::CapsHashSet::new();
-    if permitted.contains(&keep) {
-        kept.insert(keep);
-    }
+    let kept: caps::CapsHashSet = KEPT_CAPABILITIES
+        .into_iter()
+        .filter(|c| permitted.contains(c))
+        .collect();
     // Effective before permitted: capset needs effective ⊆ permitted at every step.
     caps::set(None, CapSet::Effective, &kept).map_err(|e| format!("effective: {e}"))?;
     caps::set(None, CapSet::Permitted, &kept).map_err(|e| format!("permitted: {e}"))?;

@@ -101,18 +101,19 @@ fn the_service_is_hardened_without_breaking_rdma() {
     for family in ["AF_UNIX", "AF_NETLINK", "AF_INET"] {
         assert!(families.split(' ').any(|f| f == family), "{families}");
     }
-    // Only the capabilities the manager may keep (it drops the rest itself at start).
+    // Exactly the capabilities the manager keeps (it drops the rest itself at start).
     let caps: Vec<&str> = values(&s, "CapabilityBoundingSet")
         .iter()
         .flat_map(|v| v.split(' '))
         .collect();
-    assert!(caps.contains(&"CAP_IPC_LOCK"), "{caps:?}");
-    for cap in &caps {
-        assert!(
-            ["CAP_IPC_LOCK", "CAP_SYS_RESOURCE", "CAP_SYS_PTRACE"].contains(cap),
-            "capability {cap} is not one the manager keeps"
-        );
-    }
+    let mut kept: Vec<String> = redn_manager::system::KEPT_CAPABILITIES
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    kept.sort();
+    let mut caps: Vec<String> = caps.iter().map(|c| (*c).to_owned()).collect();
+    caps.sort();
+    assert_eq!(caps, kept, "the bounding set is not what the manager keeps");
     assert!(!values(&s, "ExecReload").is_empty(), "no reload on SIGHUP");
     // A RuntimeDirectory= would be removed, sockets and all, when the service stops.
     assert!(values(&s, "RuntimeDirectory").is_empty());
