@@ -11,12 +11,14 @@
 //! - `redn(7)`: the verifier's rule ids (`Rule::id` in redn-policy's `verifier.rs`) and the
 //!   methods and errors of `redn-proto/interfaces/io.redn.*.varlink`;
 //! - every page: `mandoc -T lint -W warning` and `man --warnings` (groff, as lintian runs
-//!   it) report nothing; `redn*` pages a page refers to exist.
+//!   it) report nothing; `redn*` pages a page refers to exist;
+//! - the units in `etc/systemd/` name only pages in `man/`, and `systemd-analyze verify
+//!   --man=yes` finds them with `MANPATH` pointing at a tree of these pages.
 //!
 //! A page documents a name by giving it a tagged paragraph (`.TP`/`.TQ`) in the section or
 //! subsection it belongs to; the checks read the roff source, with font escapes removed.
-//! mandoc and man come from Debian's `mandoc` and `man-db`: where one is missing the lint
-//! check fails when `CI` is set and is skipped, saying so, elsewhere.
+//! mandoc, man and systemd-analyze come from Debian's `mandoc`, `man-db` and `systemd`: where
+//! one is missing its check fails when `CI` is set and is skipped, saying so, elsewhere.
 
 #[allow(dead_code)] // the binary's parser and completions use the rest; the table is read here
 #[path = "../src/bin/redn/table.rs"]
@@ -326,9 +328,16 @@ fn accepted_keys(error: &str) -> Vec<String> {
 
 /// Check that every key a table accepts is documented under `heading`: by a tag there,
 /// or, for a key that is itself a table, by a subsection of its own (`[key]`, `[[key]]`,
-/// `[[parent.key]]`...).
-fn check_table(page: &Page, heading: &str, error: &str, missing: &mut Vec<String>) {
-    let keys = accepted_keys(error);
+/// `[[parent.key]]`...). `probed` is redn-policy's answer to a file with an unknown key in
+/// that table.
+fn check_table<T: std::fmt::Debug>(
+    page: &Page,
+    heading: &str,
+    probed: redn_policy::Result<T>,
+    missing: &mut Vec<String>,
+) {
+    let error = probed.expect_err("the probe key is refused").to_string();
+    let keys = accepted_keys(&error);
     assert!(!keys.is_empty(), "no keys read from: {error}");
     for key in keys {
         let own_subsection = page.sections.iter().any(|s| {
@@ -347,34 +356,20 @@ const PROBE: &str = "redn_man_page_probe = 1\n";
 fn redn_toml_5_describes_every_key_of_manager_toml_and_policy_toml() {
     let page = Page::read("redn.toml.5");
     let mut missing = Vec::new();
-    let manager = |text: &str| {
-        redn_policy::parse_manager_config(text, "manager.toml")
-            .expect_err("the probe key is refused")
-            .to_string()
-    };
-    check_table(&page, "MANAGER.TOML", &manager(PROBE), &mut missing);
+    let manager = |text: &str| redn_policy::parse_manager_config(text, "manager.toml");
+    check_table(&page, "MANAGER.TOML", manager(PROBE), &mut missing);
     for table in ["api", "admin", "backend", "dataplane", "audit"] {
-        let error = manager(&format!("[{table}]\n{PROBE}"));
-        check_table(&page, &format!("[{table}]"), &error, &mut missing);
+        let probed = manager(&format!("[{table}]\n{PROBE}"));
+        check_table(&page, &format!("[{table}]"), probed, &mut missing);
     }
-    let policy = |text: &str| {
-        redn_policy::parse_policy(text, "policy.toml")
-            .expect_err("the probe key is refused")
-            .to_string()
-    };
-    check_table(&page, "POLICY.TOML", &policy(PROBE), &mut missing);
-    check_table(
-        &page,
-        "[[app]]",
-        &policy(&format!("[[app]]\n{PROBE}")),
-        &mut missing,
-    );
-    check_table(
-        &page,
-        "[app.client]",
-        &policy(&format!("[[app]]\n[app.client]\n{PROBE}")),
-        &mut missing,
-    );
+    let policy = |text: &str| redn_policy::parse_policy(text, "policy.toml");
+    for (heading, probe) in [
+        ("POLICY.TOML", PROBE.to_owned()),
+        ("[[app]]", format!("[[app]]\n{PROBE}")),
+        ("[app.client]", format!("[[app]]\n[app.client]\n{PROBE}")),
+    ] {
+        check_table(&page, heading, policy(&probe), &mut missing);
+    }
     assert!(missing.is_empty(), "redn.toml(5) lacks: {missing:?}");
 }
 
@@ -382,11 +377,6 @@ fn redn_toml_5_describes_every_key_of_manager_toml_and_policy_toml() {
 fn redn_offload_5_describes_every_key_of_a_definition() {
     let page = Page::read("redn-offload.5");
     let mut missing = Vec::new();
-    let definition = |text: &str| {
-        redn_policy::parse_definition(text, "probe.toml")
-            .expect_err("the probe key is refused")
-            .to_string()
-    };
     for (heading, probe) in [
         ("TOP LEVEL", PROBE.to_owned()),
         (
@@ -407,7 +397,8 @@ fn redn_offload_5_describes_every_key_of_a_definition() {
         ),
         ("[[patch]]", format!("[[patch]]\n{PROBE}")),
     ] {
-        check_table(&page, heading, &definition(&probe), &mut missing);
+        let probed = redn_policy::parse_definition(&probe, "probe.toml");
+        check_table(&page, heading, probed, &mut missing);
     }
     assert!(missing.is_empty(), "redn-offload(5) lacks: {missing:?}");
 }
@@ -623,4 +614,71 @@ fn groff_prints_no_warning_for_any_page() {
             "man --warnings {file}:\n{warnings}"
         );
     }
+}
+
+/// A `MANPATH` tree (`man1/`, `man5/`, ...) of the pages in `man/`, under `dir`.
+fn staged_manpath(dir: &Path) -> PathBuf {
+    let root = dir.join("man");
+    for file in pages() {
+        let (_, section) = file.rsplit_once('.').unwrap();
+        let into = root.join(format!("man{section}"));
+        std::fs::create_dir_all(&into).unwrap();
+        std::fs::copy(repo().join("man").join(&file), into.join(&file)).unwrap();
+    }
+    root
+}
+
+#[test]
+fn the_units_name_only_pages_that_exist_and_systemd_finds_them() {
+    let units = repo().join("etc/systemd");
+    let all = pages();
+    let dir = std::env::temp_dir().join(format!("redn-man-units-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&units).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(&path).unwrap();
+        // `Documentation=man:redn-manager(8) man:redn(7)`.
+        for doc in text
+            .lines()
+            .filter_map(|l| l.strip_prefix("Documentation="))
+            .flat_map(str::split_whitespace)
+            .filter_map(|d| d.strip_prefix("man:"))
+        {
+            let (page, section) = doc
+                .trim_end_matches(')')
+                .split_once('(')
+                .unwrap_or_else(|| panic!("{name}: {doc} is not NAME(SECTION)"));
+            assert!(
+                all.contains(&format!("{page}.{section}")),
+                "{name} names {doc}, which is not in man/"
+            );
+        }
+        // verify refuses an ExecStart that does not exist: run the binary this build made.
+        let text = text.replace("/usr/sbin/redn-manager", REDN_MANAGER);
+        std::fs::write(dir.join(&name), text).unwrap();
+        names.push(format!("./{name}"));
+    }
+    assert!(!names.is_empty(), "no units in {}", units.display());
+    let manpath = staged_manpath(&dir);
+    // `verify --man=yes` runs `man` for each Documentation= page and fails if one is missing.
+    let out = match Command::new("systemd-analyze")
+        .current_dir(&dir)
+        .env("MANPATH", &manpath)
+        .args(["verify", "--man=yes"])
+        .args(&names)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            return skip(&format!(
+                "systemd-analyze cannot run ({e}): Debian package systemd"
+            ))
+        }
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let ours: Vec<&str> = stderr.lines().filter(|l| l.contains("redn")).collect();
+    assert!(out.status.success() && ours.is_empty(), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
