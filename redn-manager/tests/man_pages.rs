@@ -11,7 +11,7 @@
 //! - `redn(7)`: the verifier's rule ids (`Rule::id` in redn-policy's `verifier.rs`) and the
 //!   methods and errors of `redn-proto/interfaces/io.redn.*.varlink`;
 //! - every page: `mandoc -T lint -W warning` and `man --warnings` (groff, as lintian runs
-//!   it) report nothing; `redn*` pages a page refers to exist;
+//!   it) report nothing; `redn*` pages a page refers to exist; `.TH` names this version;
 //! - the units in `etc/systemd/` name only pages in `man/`, and `systemd-analyze verify
 //!   --man=yes` finds them with `MANPATH` pointing at a tree of these pages.
 //!
@@ -550,6 +550,17 @@ fn the_pages_refer_only_to_redn_pages_that_exist_and_the_readme_lists_them() {
                 "{file} refers to {name}({number}), which is not in man/"
             );
         }
+        // `.TH REDN 1 DATE "redn 0.1.0" ...`: the pages name the version they describe.
+        let th = page
+            .source
+            .lines()
+            .find(|l| l.starts_with(".TH "))
+            .unwrap_or_default();
+        let source = format!("\"redn {}\"", env!("CARGO_PKG_VERSION"));
+        assert!(
+            th.contains(&source),
+            "{file}: .TH does not name {source}: {th}"
+        );
         let (stem, number) = file.rsplit_once('.').unwrap();
         assert!(
             readme.contains(&format!("{stem}({number})")),
