@@ -3,7 +3,7 @@
 use crate::server::{Server, SocketKind};
 use crate::state::{grants_at_quota, Limits, Manager};
 use crate::system;
-use anyhow::{anyhow, bail, Context};
+use anyhow::{bail, Context};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use redn_policy::config::DEFAULT_MANAGER_CONFIG_PATH;
@@ -148,17 +148,17 @@ pub struct Loaded {
 /// The first file that does not load, naming file, line and key.
 pub fn load(config_path: &Path) -> anyhow::Result<Loaded> {
     let config = redn_policy::load_manager_config(config_path)
-        .map_err(|e| anyhow!("{e}"))
+        .map_err(anyhow::Error::new)
         .context("the manager config did not load")?;
     let dir = config_path.parent().unwrap_or(Path::new("."));
     let policy_path = dir.join("policy.toml");
     let policy = redn_policy::load_policy(&policy_path)
-        .map_err(|e| anyhow!("{e}"))
+        .map_err(anyhow::Error::new)
         .context("the policy did not load")?;
     let offloads_dir = dir.join("offloads.d");
     let offloads = if offloads_dir.is_dir() {
         redn_policy::load_offloads_dir(&offloads_dir)
-            .map_err(|e| anyhow!("{e}"))
+            .map_err(anyhow::Error::new)
             .context("an offload definition did not load")?
     } else {
         eprintln!(
@@ -166,7 +166,7 @@ pub fn load(config_path: &Path) -> anyhow::Result<Loaded> {
             offloads_dir.display()
         );
         redn_policy::shipped_offloads()
-            .map_err(|e| anyhow!("{e}"))?
+            .map_err(anyhow::Error::new)?
             .into_iter()
             .map(|s| s.program)
             .collect()

@@ -233,16 +233,19 @@ fn the_shipped_rules_start_the_manager_and_offer_the_fence() {
     };
     assert!(rules.iter().any(|r| has(r, "SUBSYSTEM", None, "==", "infiniband")
         && has(r, "ENV", Some("SYSTEMD_WANTS"), "+=", "redn-manager.service")));
+    // The fence makes the nodes root's only: not a group that apps are in (the api socket
+    // admits apps by group, so a group fence would let them around the manager).
     for node in ["uverbs*", "rdma_cm"] {
         assert!(
             rules.iter().any(|r| has(r, "KERNEL", None, "==", node)
-                && has(r, "GROUP", None, ":=", "redn")
-                && has(r, "MODE", None, ":=", "0660")),
+                && has(r, "OWNER", None, ":=", "root")
+                && has(r, "GROUP", None, ":=", "root")
+                && has(r, "MODE", None, ":=", "0600")),
             "no fence for {node}"
         );
     }
     // The fence ships disabled: enabling it is the admin's choice.
-    for line in text.lines().filter(|l| l.contains("GROUP:=")) {
+    for line in text.lines().filter(|l| l.contains("MODE:=")) {
         assert!(line.starts_with('#'), "fence enabled by default: {line}");
     }
 }
