@@ -13,12 +13,12 @@
 //! failure at any step, or an uninstall, releases all of them.
 //!
 //! **The client-facing side.** An install's client-facing queue must be connected and its
-//! response region bound to a remote client's buffer. Until the data plane (TCP hello,
-//! per-remote-client queues) exists, each install connects that queue to a *parking* queue
-//! pair the manager owns, with a manager-owned response buffer registered in a protection
+//! response region bound to a remote client's buffer. The app's own install has no remote
+//! client, so it connects that queue to a *parking* queue pair the manager owns, with a manager-owned response buffer registered in a protection
 //! domain of its own: the install is complete and counted, and nothing outside the manager
-//! can reach it. The data plane will replace the parking side with each remote client's
-//! own queues; `InstallOffload` returns `endpoint: null` until then.
+//! can reach it. Each remote client then gets an instance of its own from the data plane
+//! ([`crate::dataplane`], through [`Manager::remote_client_spec`]); `InstallOffload`
+//! reports the data plane's address as `endpoint` when one is configured.
 
 use redn_policy::{verify, AppRule, Grants, KbitRate, PeerIdentity, Policy, Token, WqeRate};
 use redn_program::program::{Program, RegionRole};
@@ -177,6 +177,10 @@ pub struct RemoteClientSpec<'a> {
     pub data_bindings: &'a HashMap<String, RegionBinding>,
     /// How each of the client's queues is paced.
     pub limit: RateLimit,
+    /// The app rule the offload was installed under.
+    pub app: &'a str,
+    /// The rule's `max_remote_clients` (0 if the rule is gone after a reload).
+    pub max_remote_clients: u32,
 }
 
 /// Everything the manager knows.
@@ -191,6 +195,8 @@ pub struct Manager {
     clients: BTreeMap<u64, Client>,
     installed: BTreeMap<u64, Offload>,
     next_id: u64,
+    /// What `InstallOffload` reports as `endpoint` (the data plane's address, if any).
+    dataplane_endpoint: Option<String>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -288,7 +294,19 @@ impl Manager {
             clients: BTreeMap::new(),
             installed: BTreeMap::new(),
             next_id: 1,
+            dataplane_endpoint: None,
         }
+    }
+
+    /// The data plane serves remote clients at `endpoint`; installs report it.
+    pub fn set_dataplane_endpoint(&mut self, endpoint: String) {
+        self.dataplane_endpoint = Some(endpoint);
+    }
+
+    /// Whether offload `handle` is installed (the data plane drops the remote clients of
+    /// one that is not any more).
+    pub fn has_offload(&self, handle: u64) -> bool {
+        self.installed.contains_key(&handle)
     }
 
     /// The NIC.
@@ -708,7 +726,7 @@ impl Manager {
         Ok(api::Installed {
             handle,
             token: hex,
-            endpoint: None,
+            endpoint: self.dataplane_endpoint.clone(),
         })
     }
 
@@ -804,17 +822,25 @@ impl Manager {
         Ok(api::StatsReply { offloads })
     }
 
-    /// The seam for the data plane (remote clients, a later piece of work): what it needs to
+    /// The seam for the data plane ([`crate::dataplane`]): what it needs to
     /// install a remote client's own instance of offload `handle` — the program, the app's
     /// data-region bindings (add the client's `response` binding and install with
     /// `redn_sys::install::install`), and the pacing — if `token` is the offload's token
     /// (compared in constant time). `None` for an unknown handle or a wrong token alike.
     pub fn remote_client_spec(&self, handle: u64, token: &Token) -> Option<RemoteClientSpec<'_>> {
         let o = self.installed.get(&handle)?;
+        let max_remote_clients = self
+            .policy
+            .apps()
+            .iter()
+            .find(|a| a.name == o.app)
+            .map_or(0, |a| a.quota.max_remote_clients);
         (&o.token == token).then_some(RemoteClientSpec {
             program: &o.program,
             data_bindings: &o.data_bindings,
             limit: o.limit,
+            app: &o.app,
+            max_remote_clients,
         })
     }
 
