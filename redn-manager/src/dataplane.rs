@@ -411,21 +411,21 @@ impl Dataplane {
         // A start PSN that differs between clients (a linear congruential step).
         self.psn_seed = self.psn_seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
         let psn = self.psn_seed & 0xff_ffff;
-        let nic = Arc::clone(&self.nic);
-        if !self.endpoints.contains_key(&local_ip) {
-            let mut cfg = RoceConfig::new(local_ip);
-            cfg.bind.set_port(0);
-            let ep = RoceEndpoint::start(&nic, &cfg).map_err(|e| {
-                refuse(
-                    Refusal::NoDevice,
-                    format!("no RoCE endpoint on {local_ip}: {e}"),
-                )
-            })?;
-            self.endpoints.insert(local_ip, ep);
-        }
-        let Some(ep) = self.endpoints.get(&local_ip) else {
-            return Err(refuse(Refusal::NoDevice, "no RoCE endpoint"));
+        let ep = match self.endpoints.entry(local_ip) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let mut cfg = RoceConfig::new(local_ip);
+                cfg.bind.set_port(0);
+                let ep = RoceEndpoint::start(&self.nic, &cfg).map_err(|e| {
+                    refuse(
+                        Refusal::NoDevice,
+                        format!("no RoCE endpoint on {local_ip}: {e}"),
+                    )
+                })?;
+                v.insert(ep)
+            }
         };
+        let ep: &RoceEndpoint = ep;
         let mut bindings = spec.data_bindings.clone();
         let mut regions: Vec<RegionRecord> = bindings
             .iter()
