@@ -90,6 +90,7 @@ pub struct RemoteClient {
     response_mr: MrInfo,
     session: Option<Session>,
     sessions_opened: u64,
+    triggers_sent: u64,
 }
 
 impl std::fmt::Debug for RemoteClient {
@@ -187,6 +188,7 @@ impl RemoteClient {
             response_mr,
             session: None,
             sessions_opened: 0,
+            triggers_sent: 0,
         };
         c.open(stream)?;
         Ok(c)
@@ -200,6 +202,11 @@ impl RemoteClient {
     /// Sessions opened so far (one per instance the manager installed for this client).
     pub fn sessions_opened(&self) -> u64 {
         self.sessions_opened
+    }
+
+    /// Triggers sent so far, over all sessions (a GET may take two).
+    pub fn triggers_sent(&self) -> u64 {
+        self.triggers_sent
     }
 
     /// Say hello on `stream` with a fresh queue pair and connect it to the manager's side.
@@ -320,6 +327,7 @@ impl RemoteClient {
         }
         let qp = s.qp;
         s.served += 1;
+        self.triggers_sent += 1;
         let send = WorkRequest {
             wr_id: 0,
             flags: WqeFlags::NONE,
@@ -476,10 +484,7 @@ impl RemoteClient {
             });
         }
         let head = self.region("list", &offload)?;
-        let trigger_len = self
-            .session
-            .as_ref()
-            .map_or(0, |s| s.accepted.trigger_len);
+        let trigger_len = self.session.as_ref().map_or(0, |s| s.accepted.trigger_len);
         let steps = usize::try_from(trigger_len.saturating_sub(8) / 6).unwrap_or(0);
         let mut msg = head.addr.to_be_bytes().to_vec();
         for _ in 0..steps {
@@ -525,7 +530,10 @@ mod tests {
         let hex = "0f".repeat(32);
         assert_eq!(parse_token(&hex).unwrap(), [0x0f; 32]);
         assert!(matches!(parse_token("0f"), Err(Error::BadToken)));
-        assert!(matches!(parse_token(&"zz".repeat(32)), Err(Error::BadToken)));
+        assert!(matches!(
+            parse_token(&"zz".repeat(32)),
+            Err(Error::BadToken)
+        ));
         assert!(matches!(parse_token(&"é".repeat(32)), Err(Error::BadToken)));
     }
 

@@ -49,11 +49,12 @@ const MAX_CONNECTIONS: usize = 4096;
 /// Remote rights bit for WRITE in an exchange record.
 const RIGHT_WRITE: u32 = 2;
 
-/// A remote client's instance of an offload. Dropping it releases the queues.
+/// Whose instance a connection holds. The instance itself (its queues, keys, code region)
+/// is the offload's record's in the manager ([`Manager::attach_remote`]), so that its
+/// counters show in `Stats` and it goes with an uninstall.
 struct RemoteInstance {
     handle: u64,
     app: String,
-    _installed: Installed<DynNic>,
 }
 
 struct Conn {
@@ -149,15 +150,15 @@ impl Dataplane {
         token: usize,
         readable: bool,
         writable: bool,
-        manager: &Manager,
+        manager: &mut Manager,
         audit: &mut Audit,
     ) {
         if token == FIRST_TOKEN {
-            self.accept_all(registry, audit);
+            self.accept_all(registry, manager, audit);
             return;
         }
         if writable {
-            self.flush(registry, token, audit);
+            self.flush(registry, token, manager, audit);
         }
         if readable {
             self.read(registry, token, manager, audit);
@@ -166,7 +167,7 @@ impl Dataplane {
 
     /// Release the instances of offloads no longer installed (uninstalled, or their app
     /// killed) and close those clients' connections.
-    pub fn reap(&mut self, registry: &Registry, manager: &Manager, audit: &mut Audit) {
+    pub fn reap(&mut self, registry: &Registry, manager: &mut Manager, audit: &mut Audit) {
         let gone: Vec<usize> = self
             .conns
             .iter()
@@ -178,19 +179,19 @@ impl Dataplane {
             .map(|(t, _)| *t)
             .collect();
         for t in gone {
-            self.close(registry, t, audit, "offload uninstalled");
+            self.close(registry, t, manager, audit, "offload uninstalled");
         }
     }
 
     /// Release every instance (shutdown).
-    pub fn shutdown(&mut self, registry: &Registry, audit: &mut Audit) {
+    pub fn shutdown(&mut self, registry: &Registry, manager: &mut Manager, audit: &mut Audit) {
         let all: Vec<usize> = self.conns.keys().copied().collect();
         for t in all {
-            self.close(registry, t, audit, "manager shutting down");
+            self.close(registry, t, manager, audit, "manager shutting down");
         }
     }
 
-    fn accept_all(&mut self, registry: &Registry, audit: &mut Audit) {
+    fn accept_all(&mut self, registry: &Registry, manager: &mut Manager, audit: &mut Audit) {
         loop {
             let (mut stream, peer) = match self.listener.accept() {
                 Ok(s) => s,
@@ -218,7 +219,13 @@ impl Dataplane {
                 .collect();
             if pending.len() >= MAX_PENDING {
                 if let Some(&(_, oldest)) = pending.iter().min() {
-                    self.close(registry, oldest, audit, "hello not finished in time");
+                    self.close(
+                        registry,
+                        oldest,
+                        manager,
+                        audit,
+                        "hello not finished in time",
+                    );
                 }
             }
             let local = match stream.local_addr() {
@@ -252,10 +259,18 @@ impl Dataplane {
         }
     }
 
-    fn close(&mut self, registry: &Registry, token: usize, audit: &mut Audit, why: &str) {
+    fn close(
+        &mut self,
+        registry: &Registry,
+        token: usize,
+        manager: &mut Manager,
+        audit: &mut Audit,
+        why: &str,
+    ) {
         if let Some(mut c) = self.conns.remove(&token) {
             let _ = registry.deregister(&mut c.stream);
             if let Some(i) = c.instance.take() {
+                manager.detach_remote(i.handle, token as u64);
                 audit.record(
                     Severity::Info,
                     &format!(
@@ -267,7 +282,13 @@ impl Dataplane {
         }
     }
 
-    fn read(&mut self, registry: &Registry, token: usize, manager: &Manager, audit: &mut Audit) {
+    fn read(
+        &mut self,
+        registry: &Registry,
+        token: usize,
+        manager: &mut Manager,
+        audit: &mut Audit,
+    ) {
         let mut buf = [0u8; 4096];
         loop {
             let Some(c) = self.conns.get_mut(&token) else {
@@ -275,12 +296,18 @@ impl Dataplane {
             };
             match c.stream.read(&mut buf) {
                 Ok(0) => {
-                    self.close(registry, token, audit, "client closed the connection");
+                    self.close(
+                        registry,
+                        token,
+                        manager,
+                        audit,
+                        "client closed the connection",
+                    );
                     return;
                 }
                 Ok(n) => {
                     if c.instance.is_some() || c.close_after_flush {
-                        self.close(registry, token, audit, "bytes after the hello");
+                        self.close(registry, token, manager, audit, "bytes after the hello");
                         return;
                     }
                     c.input.extend_from_slice(&buf[..n]);
@@ -289,7 +316,7 @@ impl Dataplane {
                         Ok(Some(len)) if c.input.len() < len => {}
                         Ok(Some(len)) if c.input.len() > len => {
                             let e = refuse(Refusal::InvalidHello, "bytes after the hello");
-                            self.answer(registry, token, Err(e), audit);
+                            self.answer(registry, token, Err(e), manager, audit);
                         }
                         Ok(Some(_)) => {
                             let input = std::mem::take(&mut c.input);
@@ -297,14 +324,14 @@ impl Dataplane {
                         }
                         Err(e) => {
                             let e = refuse(Refusal::InvalidHello, e.to_string());
-                            self.answer(registry, token, Err(e), audit);
+                            self.answer(registry, token, Err(e), manager, audit);
                         }
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => {
-                    self.close(registry, token, audit, "connection failed");
+                    self.close(registry, token, manager, audit, "connection failed");
                     return;
                 }
             }
@@ -316,10 +343,18 @@ impl Dataplane {
         registry: &Registry,
         token: usize,
         bytes: &[u8],
-        manager: &Manager,
+        manager: &mut Manager,
         audit: &mut Audit,
     ) {
-        let result = self.serve(token, bytes, manager);
+        let result = self
+            .serve(token, bytes, manager)
+            .and_then(|(instance, installed, a)| {
+                if manager.attach_remote(instance.handle, token as u64, installed) {
+                    Ok((instance, a))
+                } else {
+                    Err(refuse(Refusal::AccessDenied, "the offload was uninstalled"))
+                }
+            });
         let answer = match result {
             Ok((instance, accepted)) => {
                 if let Some(c) = self.conns.get_mut(&token) {
@@ -336,7 +371,7 @@ impl Dataplane {
             }
             Err(e) => Err(e),
         };
-        self.answer(registry, token, answer, audit);
+        self.answer(registry, token, answer, manager, audit);
     }
 
     /// Check the hello and install the client's instance.
@@ -345,7 +380,7 @@ impl Dataplane {
         token: usize,
         bytes: &[u8],
         manager: &Manager,
-    ) -> Result<(RemoteInstance, Accepted), (Refusal, String)> {
+    ) -> Result<(RemoteInstance, Installed<DynNic>, Accepted), (Refusal, String)> {
         let (peer, local) = match self.conns.get(&token) {
             Some(c) => (c.peer, c.local),
             None => return Err(refuse(Refusal::InvalidHello, "connection gone")),
@@ -373,7 +408,10 @@ impl Dataplane {
             ));
         }
         let response = theirs.region("response").ok_or_else(|| {
-            refuse(Refusal::InvalidHello, "record: no region named \"response\"")
+            refuse(
+                Refusal::InvalidHello,
+                "record: no region named \"response\"",
+            )
         })?;
         let min_len = spec
             .program
@@ -409,7 +447,10 @@ impl Dataplane {
             return Err(refuse(Refusal::NoDevice, "the hello came over IPv6"));
         };
         // A start PSN that differs between clients (a linear congruential step).
-        self.psn_seed = self.psn_seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        self.psn_seed = self
+            .psn_seed
+            .wrapping_mul(1_664_525)
+            .wrapping_add(1_013_904_223);
         let psn = self.psn_seed & 0xff_ffff;
         let ep = match self.endpoints.entry(local_ip) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -462,7 +503,12 @@ impl Dataplane {
             ours = Some(r);
             Ok(())
         })
-        .map_err(|e| refuse(Refusal::NoDevice, format!("installing for this client: {e}")))?;
+        .map_err(|e| {
+            refuse(
+                Refusal::NoDevice,
+                format!("installing for this client: {e}"),
+            )
+        })?;
         let ours = ours.ok_or_else(|| {
             refuse(
                 Refusal::NotServable,
@@ -488,8 +534,8 @@ impl Dataplane {
             RemoteInstance {
                 handle: hello.handle,
                 app: spec.app.to_owned(),
-                _installed: installed,
             },
+            installed,
             Accepted {
                 invocations,
                 trigger_len: spec.program.trigger_len,
@@ -504,6 +550,7 @@ impl Dataplane {
         registry: &Registry,
         token: usize,
         answer: Result<Accepted, (Refusal, String)>,
+        manager: &mut Manager,
         audit: &mut Audit,
     ) {
         let Some(c) = self.conns.get_mut(&token) else {
@@ -528,10 +575,16 @@ impl Dataplane {
             Ok(b) => c.output.extend_from_slice(&b),
             Err(_) => c.close_after_flush = true,
         }
-        self.flush(registry, token, audit);
+        self.flush(registry, token, manager, audit);
     }
 
-    fn flush(&mut self, registry: &Registry, token: usize, audit: &mut Audit) {
+    fn flush(
+        &mut self,
+        registry: &Registry,
+        token: usize,
+        manager: &mut Manager,
+        audit: &mut Audit,
+    ) {
         let Some(c) = self.conns.get_mut(&token) else {
             return;
         };
@@ -542,7 +595,7 @@ impl Dataplane {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => {
-                    self.close(registry, token, audit, "connection failed");
+                    self.close(registry, token, manager, audit, "connection failed");
                     return;
                 }
             }
@@ -552,7 +605,7 @@ impl Dataplane {
             c.output.clear();
             c.written = 0;
             if c.close_after_flush {
-                self.close(registry, token, audit, "refused");
+                self.close(registry, token, manager, audit, "refused");
                 return;
             }
         }

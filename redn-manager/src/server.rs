@@ -197,7 +197,7 @@ impl Server {
             ),
         );
         if let Some(dp) = &mut self.dataplane {
-            dp.shutdown(self.poll.registry(), &mut self.audit);
+            dp.shutdown(self.poll.registry(), &mut self.manager, &mut self.audit);
         }
         self.manager.shutdown();
         Ok(())
@@ -239,7 +239,14 @@ impl Server {
             } else if token >= crate::dataplane::FIRST_TOKEN {
                 if let Some(dp) = &mut self.dataplane {
                     let registry = self.poll.registry();
-                    dp.ready(registry, token, readable, writable, &self.manager, &mut self.audit);
+                    dp.ready(
+                        registry,
+                        token,
+                        readable,
+                        writable,
+                        &mut self.manager,
+                        &mut self.audit,
+                    );
                 }
             } else if token < FIRST_CONN {
                 self.accept_all(token - FIRST_LISTENER);
@@ -254,7 +261,7 @@ impl Server {
         }
         if let Some(dp) = &mut self.dataplane {
             // Remote clients of offloads uninstalled in this turn lose their instances.
-            dp.reap(self.poll.registry(), &self.manager, &mut self.audit);
+            dp.reap(self.poll.registry(), &mut self.manager, &mut self.audit);
         }
         Ok(())
     }

@@ -165,6 +165,11 @@ struct Offload {
     /// Dropped first: the program's queues go before the parking queue they talk to.
     installed: Installed<DynNic>,
     _parking: Parking,
+    /// The instances the data plane installed for remote clients, by the data plane's id
+    /// of each; released with the offload.
+    remote: BTreeMap<u64, Installed<DynNic>>,
+    /// Counters of remote instances released so far (triggers, WQEs, errors).
+    retired: (u64, u64, u64),
 }
 
 /// What the data plane needs to serve a remote client of one installed offload (see
@@ -721,6 +726,8 @@ impl Manager {
                 limit,
                 installed,
                 _parking: parking,
+                remote: BTreeMap::new(),
+                retired: (0, 0, 0),
             },
         );
         Ok(api::Installed {
@@ -778,15 +785,65 @@ impl Manager {
         }
     }
 
+    /// An offload's counters: its own instance's, its remote clients' and those of the
+    /// remote instances already released.
     fn stats_of(&self, o: &Offload) -> (u64, u64, u64) {
+        let (mut triggers, mut wqes, mut errors) = o.retired;
+        for i in std::iter::once(&o.installed).chain(o.remote.values()) {
+            let (t, w, e) = self.instance_counters(&o.program, i);
+            triggers += t;
+            wqes += w;
+            errors += e;
+        }
+        (triggers, wqes, errors)
+    }
+
+    /// Hand the instance installed for a remote client (`id`, the data plane's) to offload
+    /// `handle`, so that its counters show in `Stats` and it goes with the offload. False
+    /// (and the instance released) if the offload is gone.
+    pub fn attach_remote(&mut self, handle: u64, id: u64, instance: Installed<DynNic>) -> bool {
+        match self.installed.get_mut(&handle) {
+            Some(o) => {
+                o.remote.insert(id, instance);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Release remote client `id`'s instance of offload `handle`, keeping its counters.
+    pub fn detach_remote(&mut self, handle: u64, id: u64) {
+        let Some(instance) = self
+            .installed
+            .get_mut(&handle)
+            .and_then(|o| o.remote.remove(&id))
+        else {
+            return;
+        };
+        let Some(o) = self.installed.get(&handle) else {
+            return;
+        };
+        let (t, w, e) = self.instance_counters(&o.program, &instance);
+        if let Some(o) = self.installed.get_mut(&handle) {
+            o.retired.0 += t;
+            o.retired.1 += w;
+            o.retired.2 += e;
+        }
+    }
+
+    fn instance_counters(
+        &self,
+        program: &Program,
+        installed: &Installed<DynNic>,
+    ) -> (u64, u64, u64) {
         let mut triggers = 0;
         let mut wqes = 0;
         let mut errors = 0;
-        for (i, q) in o.installed.qps.iter().enumerate() {
+        for (i, q) in installed.qps.iter().enumerate() {
             if let Ok(c) = self.nic.counters(q.qpn) {
                 wqes += c.total_wqes();
                 errors += c.errors;
-                if o.program
+                if program
                     .queues
                     .get(i)
                     .is_some_and(|q| q.role == redn_program::program::QueueRole::Client)

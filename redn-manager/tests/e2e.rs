@@ -302,6 +302,9 @@ fn app_process_entry() {
             );
             let mut rest = Vec::new();
             let _ = std::io::stdin().read_to_end(&mut rest);
+            for s in c.stats().unwrap() {
+                println!("APP stats triggers={} errors={}", s.triggers, s.errors);
+            }
         }
         other => panic!("unknown role {other}"),
     }
@@ -1144,9 +1147,7 @@ fn remote_get_process() {
         var("REDN_E2E_DATAPLANE").parse().unwrap(),
         var("REDN_E2E_HANDLE").parse().unwrap(),
         &var("REDN_E2E_TOKEN"),
-        RemoteOptions {
-            timeout: DEADLINE,
-        },
+        RemoteOptions { timeout: DEADLINE },
     )
     .unwrap();
     for key in var("REDN_E2E_KEYS").split(',') {
@@ -1157,6 +1158,7 @@ fn remote_get_process() {
         }
     }
     println!("APP sessions {}", c.sessions_opened());
+    println!("APP triggers {}", c.triggers_sent());
 }
 
 fn remote(endpoint: &str, handle: u64, token: &str) -> Result<RemoteClient, ClientError> {
@@ -1164,9 +1166,7 @@ fn remote(endpoint: &str, handle: u64, token: &str) -> Result<RemoteClient, Clie
         endpoint.parse().unwrap(),
         handle,
         token,
-        RemoteOptions {
-            timeout: DEADLINE,
-        },
+        RemoteOptions { timeout: DEADLINE },
     )
 }
 
@@ -1224,11 +1224,28 @@ fn remote_gets_are_served_while_the_app_is_stopped() {
         .collect();
     assert_eq!(&got[..want.len()], &want[..], "{}", m.log());
     // hash-get serves 4 triggers per instance: 9 triggers took a fresh instance thrice.
-    assert_eq!(got[want.len()], "sessions 3");
+    let triggers: u64 = got[want.len() + 1]
+        .strip_prefix("triggers ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    // hash-get serves 4 triggers per instance; each instance used up took a fresh one.
+    assert!(triggers >= 7, "{got:?}");
+    assert_eq!(
+        got[want.len()],
+        format!("sessions {}", triggers.div_ceil(4))
+    );
     assert_eq!(cpu_ticks(app.id()), ticks, "the stopped app ran");
     signal(&app, nix::sys::signal::Signal::SIGCONT);
     drop(app.stdin.take());
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
     assert!(app.wait().unwrap().success());
+    // The app's Stats count what its remote clients' instances served.
+    assert_eq!(
+        app_lines(&rest),
+        vec![format!("stats triggers={triggers} errors=0")]
+    );
     let log = m.log();
     assert!(log.contains("event=remote-connect"), "{log}");
     assert!(log.contains("event=remote-exit"), "{log}");
@@ -1272,7 +1289,11 @@ fn a_remote_client_with_a_wrong_token_is_refused() {
     // The daemon goes on serving the right token.
     let mut c = remote(&endpoint, handle, &token).unwrap();
     assert_eq!(c.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
-    assert!(m.log().contains("io.redn.Dataplane.AccessDenied"), "{}", m.log());
+    assert!(
+        m.log().contains("io.redn.Dataplane.AccessDenied"),
+        "{}",
+        m.log()
+    );
 }
 
 #[test]
@@ -1293,7 +1314,13 @@ fn a_bad_request_kills_only_its_own_queues() {
     assert_eq!(good.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
     // A bucket address past the table: the offload's READ of it is refused by its narrow
     // key, the bad client's instance stops, and no answer comes.
-    let table = bad.session().unwrap().manager.region("table").unwrap().clone();
+    let table = bad
+        .session()
+        .unwrap()
+        .manager
+        .region("table")
+        .unwrap()
+        .clone();
     let mut msg = redn_program::program::catalog::trigger_key(0x2a).to_vec();
     msg.extend((table.addr + table.len + (1 << 20)).to_be_bytes());
     match bad.trigger(&msg, 1) {
@@ -1306,6 +1333,9 @@ fn a_bad_request_kills_only_its_own_queues() {
         assert_eq!(good.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
         assert_eq!(good.get(0x77).unwrap(), None);
     }
+    let list: api::InstalledList =
+        m.admin_call("io.redn.Admin.ListOffloads", serde_json::json!({}));
+    assert!(list.offloads[0].errors > 0, "{list:?}");
     // The bad client itself starts over with a fresh instance.
     assert_eq!(bad.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
     assert_eq!(bad.sessions_opened(), 2);
@@ -1338,4 +1368,43 @@ fn remote_clients_past_the_apps_limit_are_refused() {
         }
     };
     assert_eq!(second.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+}
+
+#[test]
+fn an_uninstall_takes_its_remote_clients_instances_with_it() {
+    let m = Manager::start_with_dataplane(&policy("", ""));
+    let mut app = m.client();
+    let (mut table, installed) = kv_install(&mut app);
+    table.set(0x2a, b"hello").unwrap();
+    let endpoint = installed.endpoint.clone().expect("an endpoint");
+    let mut c = RemoteClient::connect(
+        endpoint.parse().unwrap(),
+        installed.handle,
+        &installed.token,
+        RemoteOptions {
+            timeout: Duration::from_secs(1),
+        },
+    )
+    .unwrap();
+    assert_eq!(c.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    app.uninstall(installed.handle).unwrap();
+    // Its instance is gone: no answer on it, and no new one for that handle.
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        match c.get(0x2a) {
+            Err(ClientError::RemoteRefused { refusal, .. }) => {
+                assert_eq!(refusal, Refusal::AccessDenied);
+                break;
+            }
+            // The session's queue pair times out or its SEND finds no peer.
+            Err(ClientError::Timeout { .. } | ClientError::ResponseFailed { .. })
+                if Instant::now() < deadline => {}
+            other => panic!("served after the uninstall: {other:?}"),
+        }
+    }
+    assert!(
+        m.log().contains("reason=\"offload uninstalled\""),
+        "{}",
+        m.log()
+    );
 }

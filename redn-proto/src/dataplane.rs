@@ -96,14 +96,15 @@ fn check_header(b: &[u8], magic: [u8; 4]) -> Result<(), FrameError> {
     if b[..4] != magic {
         return Err(frame_err(
             "magic",
-            format!("{:02x?} is not {:?}", &b[..4], String::from_utf8_lossy(&magic)),
+            format!(
+                "{:02x?} is not {:?}",
+                &b[..4],
+                String::from_utf8_lossy(&magic)
+            ),
         ));
     }
     if b[4] != VERSION {
-        return Err(frame_err(
-            "version",
-            format!("{} is not {VERSION}", b[4]),
-        ));
+        return Err(frame_err("version", format!("{} is not {VERSION}", b[4])));
     }
     Ok(())
 }
@@ -299,7 +300,12 @@ impl Answer {
         let len = u16::try_from(body.len())
             .ok()
             .filter(|&l| usize::from(l) <= MAX_BODY_LEN)
-            .ok_or_else(|| frame_err("body length", format!("{} is over {MAX_BODY_LEN}", body.len())))?;
+            .ok_or_else(|| {
+                frame_err(
+                    "body length",
+                    format!("{} is over {MAX_BODY_LEN}", body.len()),
+                )
+            })?;
         let mut b = Vec::with_capacity(ANSWER_HEADER_LEN + body.len());
         b.extend_from_slice(&ANSWER_MAGIC);
         b.push(VERSION);
@@ -317,7 +323,10 @@ impl Answer {
         check_header(header, ANSWER_MAGIC)?;
         let len = usize::from(u16::from_be_bytes([header[6], header[7]]));
         if len > MAX_BODY_LEN {
-            return Err(frame_err("body length", format!("{len} is over {MAX_BODY_LEN}")));
+            return Err(frame_err(
+                "body length",
+                format!("{len} is over {MAX_BODY_LEN}"),
+            ));
         }
         Ok(len)
     }
@@ -334,12 +343,16 @@ impl Answer {
         if status != 0 {
             let r = Refusal::from_code(status)
                 .ok_or_else(|| frame_err("status", format!("unknown code {status}")))?;
-            return Ok(Answer::Refused(r, String::from_utf8_lossy(body).into_owned()));
+            return Ok(Answer::Refused(
+                r,
+                String::from_utf8_lossy(body).into_owned(),
+            ));
         }
         if body.len() < 9 {
             return Err(frame_err("body", format!("{} bytes, under 9", body.len())));
         }
-        let be32 = |at: usize| u32::from_be_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]);
+        let be32 =
+            |at: usize| u32::from_be_bytes([body[at], body[at + 1], body[at + 2], body[at + 3]]);
         let name_len = usize::from(body[8]);
         let name = body
             .get(9..9 + name_len)
@@ -378,7 +391,10 @@ mod tests {
         assert_eq!(Hello::frame_len(&b[..47]).unwrap(), None);
         assert_eq!(Hello::frame_len(&b[..48]).unwrap(), Some(b.len()));
         assert_eq!(Hello::decode(&b).unwrap(), hello());
-        assert!(!format!("{:?}", hello()).contains("7, 7"), "the token is not printed");
+        assert!(
+            !format!("{:?}", hello()).contains("7, 7"),
+            "the token is not printed"
+        );
     }
 
     #[test]
@@ -437,7 +453,9 @@ mod tests {
 
     #[test]
     fn bad_answers_are_refused() {
-        let b = Answer::Refused(Refusal::AccessDenied, String::new()).encode().unwrap();
+        let b = Answer::Refused(Refusal::AccessDenied, String::new())
+            .encode()
+            .unwrap();
         let (mut h, body) = split(&b);
         h[5] = 200;
         assert_eq!(Answer::decode(&h, body).unwrap_err().field, "status");
