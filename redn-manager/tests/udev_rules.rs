@@ -231,16 +231,8 @@ fn the_shipped_rules_start_the_manager_and_offer_the_fence() {
             p.key == key && p.attribute.as_deref() == attribute && p.op == op && p.value == value
         })
     };
-    assert!(rules
-        .iter()
-        .any(|r| has(r, "SUBSYSTEM", None, "==", "infiniband")
-            && has(
-                r,
-                "ENV",
-                Some("SYSTEMD_WANTS"),
-                "+=",
-                "redn-manager.service"
-            )));
+    assert!(rules.iter().any(|r| has(r, "SUBSYSTEM", None, "==", "infiniband")
+        && has(r, "ENV", Some("SYSTEMD_WANTS"), "+=", "redn-manager.service")));
     for node in ["uverbs*", "rdma_cm"] {
         assert!(
             rules.iter().any(|r| has(r, "KERNEL", None, "==", node)
@@ -284,8 +276,7 @@ fn the_checker_refuses_what_udev_refuses() {
         );
     }
     // Continued lines, escapes inside values, disabled rules and plain comments pass.
-    let good =
-        "# a comment\nKERNEL==\"a\\\"b\", \\\n  TAG+=\"systemd\", ENV{SYSTEMD_WANTS}+=\"x\"\n\
+    let good = "# a comment\nKERNEL==\"a\\\"b\", \\\n  TAG+=\"systemd\", ENV{SYSTEMD_WANTS}+=\"x\"\n\
                 #KERNEL==\"c\", MODE:=\"0600\"\nLABEL=\"end\"\n";
     assert_eq!(check_rules(good), Vec::<String>::new());
 }
