@@ -260,27 +260,27 @@ fn run(opts: &Options) -> anyhow::Result<()> {
         Err(e) => bail!("cannot drop capabilities: {e}"),
     }
     // The data plane's RoCEv2 endpoints are the softnic's own.
-    let (nic, backend, softnic): (Arc<crate::state::DynNic>, String, Option<Arc<_>>) =
-        match &loaded.config.backend {
-            Backend::SoftNic { pus, prefetch } => {
-                if let Some(p) = system::memlock_problem() {
-                    eprintln!("redn-manager: note (softnic pins nothing): {p}");
-                }
-                let mut cfg = redn_sys::softnic::SoftNicConfig::new("redn-manager");
-                cfg.pus = *pus;
-                cfg.prefetch = crate::backend::softnic_prefetch(*prefetch);
-                let nic =
-                    redn_sys::softnic::SoftNic::new(cfg).context("cannot start the softnic")?;
-                let nic = Arc::new(nic);
-                (Arc::clone(&nic) as _, "softnic".into(), Some(nic))
+    let softnic: Option<Arc<redn_sys::softnic::SoftNic>>;
+    let (nic, backend): (Arc<crate::state::DynNic>, String) = match &loaded.config.backend {
+        Backend::SoftNic { pus, prefetch } => {
+            if let Some(p) = system::memlock_problem() {
+                eprintln!("redn-manager: note (softnic pins nothing): {p}");
             }
-            Backend::Mlx5 { .. } => {
-                if let Some(p) = system::memlock_problem() {
-                    bail!("{p}");
-                }
-                bail!("backend kind \"mlx5\" is not built into this redn-manager; use \"softnic\"")
+            let mut cfg = redn_sys::softnic::SoftNicConfig::new("redn-manager");
+            cfg.pus = *pus;
+            cfg.prefetch = crate::backend::softnic_prefetch(*prefetch);
+            let nic = redn_sys::softnic::SoftNic::new(cfg).context("cannot start the softnic")?;
+            let nic = Arc::new(nic);
+            softnic = Some(Arc::clone(&nic));
+            (nic, "softnic".into())
+        }
+        Backend::Mlx5 { .. } => {
+            if let Some(p) = system::memlock_problem() {
+                bail!("{p}");
             }
-        };
+            bail!("backend kind \"mlx5\" is not built into this redn-manager; use \"softnic\"")
+        }
+    };
     let manager = Manager::new(
         loaded.policy_path.clone(),
         loaded.policy,
