@@ -10,7 +10,7 @@
 //! connected handle 2 offload hash-get invocations 4 trigger 14 bytes
 //! get 0x2a hit "hello"
 //! get 0x99 miss
-//! sessions 1
+//! sessions 1 triggers 3
 //! ```
 
 use redn_client::remote::{RemoteClient, RemoteOptions};
@@ -83,6 +83,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             None => println!("get {k:#x} miss"),
         }
     }
-    println!("sessions {}", client.sessions_opened());
+    println!(
+        "sessions {} triggers {}",
+        client.sessions_opened(),
+        client.triggers_sent()
+    );
     Ok(())
 }
