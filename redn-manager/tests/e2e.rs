@@ -1408,3 +1408,56 @@ fn an_uninstall_takes_its_remote_clients_instances_with_it() {
         m.log()
     );
 }
+
+#[test]
+fn find_and_raw_triggers_through_the_data_plane() {
+    let m = Manager::start_with_dataplane(
+        &policy("", "").replace("\"echo\"]", "\"echo\", \"list-find\"]"),
+    );
+    let mut app = m.client();
+    // Three nodes 64 bytes apart, values from 4 KiB; the last node points at itself.
+    let region = redn_client::SealedRegion::create("list", 8192).unwrap();
+    let reg = app.register_region(&region, "list").unwrap();
+    for i in 0..3u64 {
+        let value = format!("node-{i}");
+        let value_at = 4096 + 64 * i;
+        region.write_at(value_at, value.as_bytes()).unwrap();
+        let node = redn_program::program::catalog::node_bytes(
+            0x7000 + i,
+            u32::try_from(value.len()).unwrap(),
+            reg.addr + value_at,
+            reg.addr + 64 * (i + 1).min(2),
+        );
+        region.write_at(64 * i, &node).unwrap();
+    }
+    let list = app
+        .install(
+            "list-find",
+            &[("list", reg.region, 0, 4096), ("values", reg.region, 4096, 4096)],
+        )
+        .unwrap();
+    let endpoint = list.endpoint.clone().expect("an endpoint");
+    let mut finder = remote(&endpoint, list.handle, &list.token).unwrap();
+    for i in [1u64, 0, 2] {
+        let want = format!("node-{i}");
+        assert_eq!(
+            finder.find(0x7000 + i).unwrap().as_deref(),
+            Some(want.as_bytes())
+        );
+    }
+    assert_eq!(finder.find(0x7abc).unwrap(), None);
+    assert!(matches!(
+        finder.get(0x7001),
+        Err(ClientError::Unsupported { .. })
+    ));
+    // Any other offload takes raw triggers in its own format: echo sends them back.
+    let echo = app.install("echo", &[]).unwrap();
+    let mut echoer = remote(&endpoint, echo.handle, &echo.token).unwrap();
+    let payload: Vec<u8> = (0..64).collect();
+    let got = echoer.trigger(&payload, 1).unwrap();
+    assert_eq!(got[0].data, payload);
+    assert!(matches!(
+        echoer.trigger(&payload[..10], 1),
+        Err(ClientError::TriggerLength { got: 10, want: 64 })
+    ));
+}
