@@ -20,13 +20,7 @@ use std::time::Duration;
 
 fn main() {
     if let Err(e) = run() {
-        eprint!("kvclient: {e}");
-        let mut source = std::error::Error::source(&*e);
-        while let Some(s) = source {
-            eprint!(": {s}");
-            source = s.source();
-        }
-        eprintln!();
+        eprintln!("kvclient: {}", redn_client::error_chain(&*e));
         std::process::exit(1);
     }
 }

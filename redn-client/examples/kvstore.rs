@@ -23,13 +23,7 @@ use std::path::PathBuf;
 
 fn main() {
     if let Err(e) = run() {
-        eprint!("kvstore: {e}");
-        let mut source = std::error::Error::source(&*e);
-        while let Some(s) = source {
-            eprint!(": {s}");
-            source = s.source();
-        }
-        eprintln!();
+        eprintln!("kvstore: {}", redn_client::error_chain(&*e));
         std::process::exit(1);
     }
 }

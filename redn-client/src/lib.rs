@@ -161,6 +161,18 @@ impl From<redn_proto::Error> for Error {
 /// The crate's result type.
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// `e` and its sources as one line, `outer: inner: innermost` (what the examples print).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        line.push_str(": ");
+        line.push_str(&s.to_string());
+        source = s.source();
+    }
+    line
+}
+
 fn memfd_err(call: &'static str) -> impl Fn(nix::Error) -> Error {
     move |e| Error::Memfd {
         call,
@@ -398,5 +410,22 @@ impl Client {
     /// The raw connection, for calls this type has no method for.
     pub fn connection(&mut self) -> &mut Connection {
         &mut self.conn
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_chain_names_every_source_once() {
+        let e = Error::Dataplane {
+            what: "connecting to the data plane",
+            source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused"),
+        };
+        assert_eq!(
+            error_chain(&e),
+            "connecting to the data plane failed: refused"
+        );
     }
 }

@@ -1143,11 +1143,10 @@ fn installed_line(lines: &[String]) -> (u64, String, String) {
 /// the data plane at REDN_E2E_DATAPLANE, printing "APP get KEY hit VALUE" or "... miss".
 fn remote_get_process() {
     let var = |n: &str| std::env::var(n).unwrap();
-    let mut c = RemoteClient::connect(
-        var("REDN_E2E_DATAPLANE").parse().unwrap(),
+    let mut c = remote(
+        &var("REDN_E2E_DATAPLANE"),
         var("REDN_E2E_HANDLE").parse().unwrap(),
         &var("REDN_E2E_TOKEN"),
-        RemoteOptions { timeout: DEADLINE },
     )
     .unwrap();
     for key in var("REDN_E2E_KEYS").split(',') {
@@ -1162,12 +1161,18 @@ fn remote_get_process() {
 }
 
 fn remote(endpoint: &str, handle: u64, token: &str) -> Result<RemoteClient, ClientError> {
-    RemoteClient::connect(
-        endpoint.parse().unwrap(),
-        handle,
-        token,
-        RemoteOptions { timeout: DEADLINE },
-    )
+    remote_within(endpoint, handle, token, DEADLINE)
+}
+
+/// A remote client that waits at most `timeout` for anything.
+fn remote_within(
+    endpoint: &str,
+    handle: u64,
+    token: &str,
+    timeout: Duration,
+) -> Result<RemoteClient, ClientError> {
+    let options = RemoteOptions { timeout };
+    RemoteClient::connect(endpoint.parse().unwrap(), handle, token, options)
 }
 
 fn signal(child: &Child, sig: nix::sys::signal::Signal) {
@@ -1301,16 +1306,8 @@ fn a_bad_request_kills_only_its_own_queues() {
     let m = Manager::start_with_dataplane(&policy("", ""));
     let (handle, token, endpoint) = kv_app_left_serving(&m);
     let mut good = remote(&endpoint, handle, &token).unwrap();
-    let mut bad = RemoteClient::connect(
-        endpoint.parse().unwrap(),
-        handle,
-        &token,
-        RemoteOptions {
-            // What the bad client waits for never comes: it need not wait long.
-            timeout: Duration::from_secs(1),
-        },
-    )
-    .unwrap();
+    // What the bad client waits for never comes: it need not wait long.
+    let mut bad = remote_within(&endpoint, handle, &token, Duration::from_secs(1)).unwrap();
     assert_eq!(good.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
     // A bucket address past the table: the offload's READ of it is refused by its narrow
     // key, the bad client's instance stops, and no answer comes.
@@ -1377,15 +1374,8 @@ fn an_uninstall_takes_its_remote_clients_instances_with_it() {
     let (mut table, installed) = kv_install(&mut app);
     table.set(0x2a, b"hello").unwrap();
     let endpoint = installed.endpoint.clone().expect("an endpoint");
-    let mut c = RemoteClient::connect(
-        endpoint.parse().unwrap(),
-        installed.handle,
-        &installed.token,
-        RemoteOptions {
-            timeout: Duration::from_secs(1),
-        },
-    )
-    .unwrap();
+    let (handle, token) = (installed.handle, &installed.token);
+    let mut c = remote_within(&endpoint, handle, token, Duration::from_secs(1)).unwrap();
     assert_eq!(c.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
     app.uninstall(installed.handle).unwrap();
     // Its instance is gone: no answer on it, and no new one for that handle.
@@ -1433,7 +1423,10 @@ fn find_and_raw_triggers_through_the_data_plane() {
     let list = app
         .install(
             "list-find",
-            &[("list", reg.region, 0, 4096), ("values", reg.region, 4096, 4096)],
+            &[
+                ("list", reg.region, 0, 4096),
+                ("values", reg.region, 4096, 4096),
+            ],
         )
         .unwrap();
     let endpoint = list.endpoint.clone().expect("an endpoint");
