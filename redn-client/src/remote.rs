@@ -296,6 +296,16 @@ impl RemoteClient {
         Ok(())
     }
 
+    /// Start over: release the current instance (closing its connection) and say hello
+    /// for a new one.
+    ///
+    /// # Errors
+    /// As [`RemoteClient::connect`].
+    pub fn reconnect(&mut self) -> Result<()> {
+        self.close_session();
+        self.ready_session()
+    }
+
     fn close_session(&mut self) {
         if let Some(s) = self.session.take() {
             let _ = s.stream.shutdown(std::net::Shutdown::Both);
