@@ -5,7 +5,8 @@
 //! ([`crate::server`]); no thread per client. A remote client writes a
 //! [`redn_proto::dataplane::Hello`] (handle, token, its RoCEv2 exchange record); the hello
 //! is buffered up to its capped length and checked field by field, the token compared in
-//! constant time ([`Manager::remote_client_spec`]), the client's record checked (its RoCE
+//! constant time ([`Manager::remote_client_spec`]), the client's address checked against
+//! the app's `remote_sources` (if its rule has them), the client's record checked (its RoCE
 //! address must be the address the hello came from, so nobody can aim the manager's
 //! traffic at a third host; its `response` region must be large enough), and the app's
 //! `max_remote_clients` counted. Then the offload is installed once more for this client
@@ -397,6 +398,22 @@ impl Dataplane {
                     "no offload with that handle and token",
                 )
             })?;
+        let Some(rule) = spec.rule else {
+            return Err(refuse(
+                Refusal::AccessDenied,
+                format!("app rule {:?} is no longer in the policy", spec.app),
+            ));
+        };
+        if !rule.admits_source(peer.ip()) {
+            return Err(refuse(
+                Refusal::SourceNotAllowed,
+                format!(
+                    "app {:?} takes remote clients only from its remote_sources, not {}",
+                    spec.app,
+                    peer.ip()
+                ),
+            ));
+        }
         if IpAddr::V4(*theirs.addr.ip()) != peer.ip() {
             return Err(refuse(
                 Refusal::InvalidHello,
@@ -434,12 +451,13 @@ impl Dataplane {
             .values()
             .filter(|c| c.instance.as_ref().is_some_and(|i| i.app == spec.app))
             .count();
-        if serving as u64 >= u64::from(spec.max_remote_clients) {
+        let max = rule.quota.max_remote_clients;
+        if serving as u64 >= u64::from(max) {
             return Err(refuse(
                 Refusal::TooManyClients,
                 format!(
-                    "app {:?} has {serving} remote clients; its max_remote_clients is {}",
-                    spec.app, spec.max_remote_clients
+                    "app {:?} has {serving} remote clients; its max_remote_clients is {max}",
+                    spec.app
                 ),
             ));
         }

@@ -182,10 +182,11 @@ pub struct RemoteClientSpec<'a> {
     pub data_bindings: &'a HashMap<String, RegionBinding>,
     /// How each of the client's queues is paced.
     pub limit: RateLimit,
-    /// The app rule the offload was installed under.
+    /// The name of the app rule the offload was installed under.
     pub app: &'a str,
-    /// The rule's `max_remote_clients` (0 if the rule is gone after a reload).
-    pub max_remote_clients: u32,
+    /// That rule as the policy has it now (`max_remote_clients`, `remote_sources`); `None`
+    /// if a reload removed it.
+    pub rule: Option<&'a AppRule>,
 }
 
 /// Everything the manager knows.
@@ -886,18 +887,12 @@ impl Manager {
     /// (compared in constant time). `None` for an unknown handle or a wrong token alike.
     pub fn remote_client_spec(&self, handle: u64, token: &Token) -> Option<RemoteClientSpec<'_>> {
         let o = self.installed.get(&handle)?;
-        let max_remote_clients = self
-            .policy
-            .apps()
-            .iter()
-            .find(|a| a.name == o.app)
-            .map_or(0, |a| a.quota.max_remote_clients);
         (&o.token == token).then_some(RemoteClientSpec {
             program: &o.program,
             data_bindings: &o.data_bindings,
             limit: o.limit,
             app: &o.app,
-            max_remote_clients,
+            rule: self.policy.app(&o.app),
         })
     }
 

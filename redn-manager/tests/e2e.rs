@@ -1454,3 +1454,28 @@ fn find_and_raw_triggers_through_the_data_plane() {
         Err(ClientError::TriggerLength { got: 10, want: 64 })
     ));
 }
+
+#[test]
+fn remote_clients_from_outside_the_apps_sources_are_refused() {
+    let m = Manager::start_with_dataplane(&policy(
+        "remote_sources = [\"192.0.2.0/24\", \"2001:db8::/32\"]",
+        "",
+    ));
+    let (handle, token, endpoint) = kv_app_left_serving(&m);
+    match remote(&endpoint, handle, &token) {
+        Err(ClientError::RemoteRefused { refusal, reason }) => {
+            assert_eq!(refusal, Refusal::SourceNotAllowed, "{reason}");
+            assert!(reason.contains("127.0.0.1"), "{reason}");
+        }
+        other => panic!("expected SourceNotAllowed, got {other:?}"),
+    }
+    // A wrong token is refused as such, not for its source: nothing about the app leaks.
+    let wrong = "ab".repeat(32);
+    assert!(matches!(
+        remote(&endpoint, handle, &wrong),
+        Err(ClientError::RemoteRefused {
+            refusal: Refusal::AccessDenied,
+            ..
+        })
+    ));
+}
