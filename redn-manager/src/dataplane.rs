@@ -5,7 +5,8 @@
 //! ([`crate::server`]); no thread per client. A remote client writes a
 //! [`redn_proto::dataplane::Hello`] (handle, token, its RoCEv2 exchange record); the hello
 //! is buffered up to its capped length and checked field by field, the token compared in
-//! constant time ([`Manager::remote_client_spec`]), the client's address checked against
+//! constant time and its age against the app's `token_lifetime`
+//! ([`Manager::remote_client_spec`]), the client's address checked against
 //! the app's `remote_sources` (if its rule has them), the client's record checked (its RoCE
 //! address must be the address the hello came from, so nobody can aim the manager's
 //! traffic at a third host; its `response` region must be large enough), and the app's

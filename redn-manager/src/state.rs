@@ -20,7 +20,9 @@
 //! ([`crate::dataplane`], through [`Manager::remote_client_spec`]); `InstallOffload`
 //! reports the data plane's address as `endpoint` when one is configured.
 
-use redn_policy::{verify, AppRule, Grants, KbitRate, PeerIdentity, Policy, Token, WqeRate};
+use redn_policy::{
+    verify, AppRule, Grants, KbitRate, PeerIdentity, Policy, TimeSpan, Token, WqeRate,
+};
 use redn_program::program::{Program, RegionRole};
 use redn_program::Access;
 use redn_proto::api;
@@ -170,6 +172,8 @@ struct Offload {
     remote: BTreeMap<u64, Installed<DynNic>>,
     /// Counters of remote instances released so far (triggers, WQEs, errors).
     retired: (u64, u64, u64),
+    /// When the token was handed out (its app's `token_lifetime` runs from here).
+    token_issued: std::time::Instant,
 }
 
 /// What the data plane needs to serve a remote client of one installed offload (see
@@ -729,6 +733,7 @@ impl Manager {
                 _parking: parking,
                 remote: BTreeMap::new(),
                 retired: (0, 0, 0),
+                token_issued: std::time::Instant::now(),
             },
         );
         Ok(api::Installed {
@@ -884,15 +889,21 @@ impl Manager {
     /// install a remote client's own instance of offload `handle` — the program, the app's
     /// data-region bindings (add the client's `response` binding and install with
     /// `redn_sys::install::install`), and the pacing — if `token` is the offload's token
-    /// (compared in constant time). `None` for an unknown handle or a wrong token alike.
+    /// (compared in constant time) and younger than its app's `token_lifetime`. `None` for
+    /// an unknown handle, a wrong token and an expired one alike.
     pub fn remote_client_spec(&self, handle: u64, token: &Token) -> Option<RemoteClientSpec<'_>> {
         let o = self.installed.get(&handle)?;
-        (&o.token == token).then_some(RemoteClientSpec {
+        let rule = self.policy.app(&o.app);
+        let expired = rule.is_some_and(|r| match r.client.token_lifetime {
+            TimeSpan::Finite(d) => o.token_issued.elapsed() >= d,
+            TimeSpan::Infinite => false,
+        });
+        (&o.token == token && !expired).then_some(RemoteClientSpec {
             program: &o.program,
             data_bindings: &o.data_bindings,
             limit: o.limit,
             app: &o.app,
-            rule: self.policy.app(&o.app),
+            rule,
         })
     }
 

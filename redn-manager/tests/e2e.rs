@@ -1479,3 +1479,26 @@ fn remote_clients_from_outside_the_apps_sources_are_refused() {
         })
     ));
 }
+
+#[test]
+fn an_expired_token_admits_no_new_remote_client() {
+    let short = policy("", "token_lifetime = \"1s\"");
+    let m = Manager::start_with_dataplane(&short);
+    let (handle, token, endpoint) = kv_app_left_serving(&m);
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        match remote(&endpoint, handle, &token) {
+            Err(ClientError::RemoteRefused {
+                refusal: Refusal::AccessDenied,
+                ..
+            }) => break,
+            Ok(_) if Instant::now() < deadline => std::thread::yield_now(),
+            other => panic!("expected the token to expire, got {other:?}"),
+        }
+    }
+    // The lifetime is the policy's: with a longer one the same token is valid again.
+    std::fs::write(m.dir.join("policy.toml"), policy("", "")).unwrap();
+    let _: api::Reloaded = m.admin_call("io.redn.Admin.ReloadPolicy", serde_json::json!({}));
+    let mut c = remote(&endpoint, handle, &token).unwrap();
+    assert_eq!(c.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+}
