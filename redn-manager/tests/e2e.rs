@@ -1502,3 +1502,70 @@ fn an_expired_token_admits_no_new_remote_client() {
     let mut c = remote(&endpoint, handle, &token).unwrap();
     assert_eq!(c.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
 }
+
+/// Send `hello` on a fresh connection to the data plane; the manager's answer.
+fn raw_hello(endpoint: &str, hello: &dataplane::Hello) -> dataplane::Answer {
+    let mut raw = std::net::TcpStream::connect(endpoint).unwrap();
+    raw.set_read_timeout(Some(DEADLINE)).unwrap();
+    std::io::Write::write_all(&mut raw, &hello.encode().unwrap()).unwrap();
+    let mut header = [0u8; dataplane::ANSWER_HEADER_LEN];
+    raw.read_exact(&mut header).unwrap();
+    let mut body = vec![0u8; dataplane::Answer::body_len(&header).unwrap()];
+    raw.read_exact(&mut body).unwrap();
+    dataplane::Answer::decode(&header, &body).unwrap()
+}
+
+#[test]
+fn hello_records_are_checked_and_half_open_connections_capped() {
+    use redn_sys::softnic::roce::{QpRecord, RegionRecord};
+    let m = Manager::start_with_dataplane(&policy("", ""));
+    let (handle, token_hex, endpoint) = kv_app_left_serving(&m);
+    let token = redn_client::remote::parse_token(&token_hex).unwrap();
+    let response = RegionRecord {
+        name: "response".into(),
+        addr: 0x10_0000,
+        rkey: 7,
+        len: 4096,
+        rights: 2,
+    };
+    let hello = |addr: &str, regions: Vec<RegionRecord>| {
+        let mut r = QpRecord::new(0x42, 1, addr.parse().unwrap());
+        r.regions = regions;
+        dataplane::Hello {
+            handle,
+            token,
+            record: r.encode().unwrap(),
+        }
+    };
+    let refused = |answer: dataplane::Answer, why: &str| match answer {
+        dataplane::Answer::Refused(Refusal::InvalidHello, reason) => {
+            assert!(reason.contains(why), "{reason}");
+        }
+        other => panic!("expected InvalidHello ({why}), got {other:?}"),
+    };
+    // RoCE traffic may go only to the host the hello came from.
+    refused(
+        raw_hello(&endpoint, &hello("192.0.2.1:4791", vec![response.clone()])),
+        "not the address the hello came from",
+    );
+    refused(
+        raw_hello(&endpoint, &hello("127.0.0.1:4791", vec![])),
+        "no region named \"response\"",
+    );
+    let mut read_only = response.clone();
+    read_only.rights = 1;
+    refused(
+        raw_hello(&endpoint, &hello("127.0.0.1:4791", vec![read_only])),
+        "needs that many and WRITE",
+    );
+    // Connections that never finish a hello: past 64, the oldest goes.
+    let mut idle: Vec<std::net::TcpStream> = (0..65)
+        .map(|_| std::net::TcpStream::connect(&endpoint).unwrap())
+        .collect();
+    // Once the manager has seen the last, it has closed the first.
+    let mut client = remote(&endpoint, handle, &token_hex).unwrap();
+    idle[0].set_read_timeout(Some(DEADLINE)).unwrap();
+    let mut byte = [0u8; 1];
+    assert_eq!(idle[0].read(&mut byte).unwrap(), 0, "the oldest was closed");
+    assert_eq!(client.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+}
