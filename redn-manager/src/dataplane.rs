@@ -18,8 +18,8 @@
 //! address and length, without keys (only the offload reads them).
 //!
 //! The TCP connection stays open while the client is served: when it closes (or sends
-//! anything after its hello, or the app uninstalls the offload) the client's instance is
-//! released. A refusal is a named [`Refusal`] in the answer, the connection is closed after
+//! anything after its hello, or the app uninstalls the offload, or TCP keepalive finds the
+//! client's host gone) the client's instance is released. A refusal is a named [`Refusal`] in the answer, the connection is closed after
 //! it, and the loop goes on serving everyone else.
 //!
 //! The softnic's RoCEv2 endpoints (one per local IPv4 address clients come in on, bound to
@@ -50,6 +50,20 @@ const MAX_PENDING: usize = 64;
 const MAX_CONNECTIONS: usize = 4096;
 /// Remote rights bit for WRITE in an exchange record.
 const RIGHT_WRITE: u32 = 2;
+/// TCP keepalive: probes after this many idle seconds, this often, this many times, so the
+/// instance of a client whose host vanished is released within about two minutes.
+const KEEPALIVE: (u32, u32, u32) = (60, 10, 6);
+
+/// Turn TCP keepalive on for a client's connection (best effort: a failure leaves the
+/// connection to be closed by its client or an uninstall).
+fn keepalive(stream: &TcpStream) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let (idle, interval, count) = KEEPALIVE;
+    let _ = setsockopt(stream, sockopt::KeepAlive, &true)
+        .and_then(|()| setsockopt(stream, sockopt::TcpKeepIdle, &idle))
+        .and_then(|()| setsockopt(stream, sockopt::TcpKeepInterval, &interval))
+        .and_then(|()| setsockopt(stream, sockopt::TcpKeepCount, &count));
+}
 
 /// Whose instance a connection holds. The instance itself (its queues, keys, code region)
 /// is the offload's record's in the manager ([`Manager::attach_remote`]), so that its
@@ -243,6 +257,7 @@ impl Dataplane {
                 continue;
             }
             let _ = stream.set_nodelay(true);
+            keepalive(&stream);
             self.serial += 1;
             self.conns.insert(
                 token,
@@ -634,5 +649,30 @@ impl Dataplane {
             Interest::READABLE | Interest::WRITABLE
         };
         let _ = registry.reregister(&mut c.stream, Token(token), interest);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::socket::{getsockopt, sockopt};
+
+    #[test]
+    fn client_connections_get_tcp_keepalive() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        let stream = TcpStream::from_std(accepted);
+        assert!(!getsockopt(&stream, sockopt::KeepAlive).unwrap());
+        keepalive(&stream);
+        assert!(getsockopt(&stream, sockopt::KeepAlive).unwrap());
+        assert_eq!(
+            (
+                getsockopt(&stream, sockopt::TcpKeepIdle).unwrap(),
+                getsockopt(&stream, sockopt::TcpKeepInterval).unwrap(),
+                getsockopt(&stream, sockopt::TcpKeepCount).unwrap(),
+            ),
+            KEEPALIVE
+        );
     }
 }
