@@ -126,9 +126,10 @@ impl Dataplane {
         }
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
-        let psn_seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.subsec_nanos());
+        // Start PSNs an off-path sender cannot guess from the clock.
+        let mut seed = [0u8; 4];
+        std::fs::File::open("/dev/urandom")?.read_exact(&mut seed)?;
+        let psn_seed = u32::from_ne_bytes(seed);
         Ok(Dataplane {
             listener,
             addr,
