@@ -37,7 +37,7 @@ use redn_sys::install::{install, Installed, RegionBinding};
 use redn_sys::softnic::roce::{QpRecord, RegionRecord, RoceConfig, RoceEndpoint};
 use redn_sys::softnic::SoftNic;
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
@@ -623,17 +623,9 @@ impl Dataplane {
         let Some(c) = self.conns.get_mut(&token) else {
             return;
         };
-        while c.written < c.output.len() {
-            match c.stream.write(&c.output[c.written..]) {
-                Ok(0) => break,
-                Ok(n) => c.written += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    self.close(registry, token, manager, audit, "connection failed");
-                    return;
-                }
-            }
+        if crate::server::write_pending(&mut c.stream, &c.output, &mut c.written).is_err() {
+            self.close(registry, token, manager, audit, "connection failed");
+            return;
         }
         let done = c.written >= c.output.len();
         if done {

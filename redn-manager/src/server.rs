@@ -858,17 +858,9 @@ impl Server {
         let Some(c) = self.conns.get_mut(&token) else {
             return;
         };
-        while c.written < c.output.len() {
-            match c.stream.write(&c.output[c.written..]) {
-                Ok(0) => break,
-                Ok(n) => c.written += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    self.close(token);
-                    return;
-                }
-            }
+        if write_pending(&mut c.stream, &c.output, &mut c.written).is_err() {
+            self.close(token);
+            return;
         }
         let done = c.written == c.output.len();
         if done {
@@ -892,6 +884,25 @@ impl Server {
                 .reregister(&mut c.stream, Token(token), interest);
         }
     }
+}
+
+/// Write what of `output[*written..]` the non-blocking `stream` takes now, advancing
+/// `written`; an error means the connection failed.
+pub(crate) fn write_pending(
+    stream: &mut impl Write,
+    output: &[u8],
+    written: &mut usize,
+) -> io::Result<()> {
+    while *written < output.len() {
+        match stream.write(&output[*written..]) {
+            Ok(0) => break,
+            Ok(n) => *written += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn error_reply(w: &WireError) -> Vec<u8> {
