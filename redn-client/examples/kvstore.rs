@@ -1,14 +1,16 @@
 //! A key-value store whose GETs the NIC answers: it keeps a two-choice hash table in a
 //! sealed memfd, registers it with the RedN manager, installs `hash-get` over it, prints the
 //! handle and token its remote clients need, and then takes SETs itself (from stdin, one
-//! `SET KEY VALUE` per line, KEY in hex) while the NIC serves the GETs.
+//! `SET KEY VALUE` per line, KEY in hex) while the NIC serves the GETs of its remote
+//! clients (the `kvclient` example) through the manager's data plane; `endpoint` is `none`
+//! when the manager has none.
 //!
 //! Run (with a manager listening): `cargo run -p redn-client --example kvstore --
 //! [--socket PATH] [--buckets N] [--offload NAME]`. Lines it prints:
 //!
 //! ```text
 //! region 1 size 8192 addr 0x7f...
-//! installed hash-get handle 2 token 5c1e... endpoint none
+//! installed hash-get handle 2 token 5c1e... endpoint 127.0.0.1:7471
 //! table buckets 64 stride 32 base 0x7f...
 //! ready
 //! set 0x2a ok buckets 0x7f...,0x7f...
@@ -21,13 +23,7 @@ use std::path::PathBuf;
 
 fn main() {
     if let Err(e) = run() {
-        eprint!("kvstore: {e}");
-        let mut source = std::error::Error::source(&*e);
-        while let Some(s) = source {
-            eprint!(": {s}");
-            source = s.source();
-        }
-        eprintln!();
+        eprintln!("kvstore: {}", redn_client::error_chain(&*e));
         std::process::exit(1);
     }
 }

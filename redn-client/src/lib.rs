@@ -21,12 +21,14 @@
 //! # Ok::<(), redn_client::Error>(())
 //! ```
 //!
-//! The remote-client side (connecting to the manager's data plane with a handle and token,
-//! `get`/`find`) is not here yet: it needs the RoCEv2 transport.
+//! Remote clients of an app's offloads use [`remote::RemoteClient`]: connect to the
+//! manager's data plane with the handle and token, then `get`, `find` or raw triggers,
+//! answered by the NIC over RoCEv2 with no app CPU.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod kv;
+pub mod remote;
 
 pub use redn_proto::api::{Installed, ManagerInfo, Offload, OffloadStats, RegionRegistered};
 pub use redn_proto::errors::ManagerError;
@@ -66,6 +68,80 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A token is 64 hex digits, as `InstallOffload` returns it.
+    #[error("the token is not 64 hex digits")]
+    BadToken,
+    /// Keys have 48 bits and 0 marks empty buckets.
+    #[error("key {0:#x} is outside 1..=2^48-1")]
+    BadKey(u64),
+    /// The data plane's TCP connection failed.
+    #[error("{what} failed")]
+    Dataplane {
+        /// What was being done.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The data plane is reached over IPv4 only (the softnic's RoCEv2 speaks IPv4).
+    #[error("{0} is not an IPv4 address")]
+    Ipv6(std::net::SocketAddr),
+    /// The client's own softnic or RoCE endpoint failed.
+    #[error("{what} failed on the client's softnic")]
+    Softnic {
+        /// What was being done.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: redn_sys::Error,
+    },
+    /// The manager refused the hello.
+    #[error("the manager refused the remote client ({refusal}): {reason}")]
+    RemoteRefused {
+        /// Which refusal.
+        refusal: redn_proto::dataplane::Refusal,
+        /// The manager's reason.
+        reason: String,
+    },
+    /// The manager's answer did not parse.
+    #[error("malformed data-plane frame")]
+    Malformed(#[source] redn_proto::dataplane::FrameError),
+    /// An exchange record did not encode or parse.
+    #[error("bad exchange record")]
+    Exchange(#[source] redn_sys::softnic::roce::ExchangeError),
+    /// Nothing came in time; the session is closed (the next call opens a new one).
+    #[error("no {what} within {waited:?}")]
+    Timeout {
+        /// How long it waited.
+        waited: std::time::Duration,
+        /// What it waited for.
+        what: &'static str,
+    },
+    /// A response completed with an error; the session is closed.
+    #[error("a response failed: {detail}")]
+    ResponseFailed {
+        /// The completion's syndrome and opcode.
+        detail: String,
+    },
+    /// A raw trigger of the wrong length.
+    #[error("a trigger of {got} bytes where the offload takes {want}")]
+    TriggerLength {
+        /// Bytes given.
+        got: usize,
+        /// Bytes the offload takes.
+        want: u32,
+    },
+    /// The operation does not fit the offload the handle names.
+    #[error("offload {offload:?} does not serve {what}")]
+    Unsupported {
+        /// The offload.
+        offload: String,
+        /// What was asked, or what its answer lacks.
+        what: String,
+    },
+    /// No session could be opened.
+    #[error("no data-plane session")]
+    SessionLost,
 }
 
 impl From<redn_proto::Error> for Error {
@@ -84,6 +160,18 @@ impl From<redn_proto::Error> for Error {
 
 /// The crate's result type.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// `e` and its sources as one line, `outer: inner: innermost` (what the examples print).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        line.push_str(": ");
+        line.push_str(&s.to_string());
+        source = s.source();
+    }
+    line
+}
 
 fn memfd_err(call: &'static str) -> impl Fn(nix::Error) -> Error {
     move |e| Error::Memfd {
@@ -322,5 +410,22 @@ impl Client {
     /// The raw connection, for calls this type has no method for.
     pub fn connection(&mut self) -> &mut Connection {
         &mut self.conn
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_chain_names_every_source_once() {
+        let e = Error::Dataplane {
+            what: "connecting to the data plane",
+            source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused"),
+        };
+        assert_eq!(
+            error_chain(&e),
+            "connecting to the data plane failed: refused"
+        );
     }
 }

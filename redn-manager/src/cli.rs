@@ -259,6 +259,8 @@ fn run(opts: &Options) -> anyhow::Result<()> {
         Ok(kept) => eprintln!("redn-manager: capabilities: kept {}", kept.join(", ")),
         Err(e) => bail!("cannot drop capabilities: {e}"),
     }
+    // The data plane's RoCEv2 endpoints are the softnic's own.
+    let softnic: Option<Arc<redn_sys::softnic::SoftNic>>;
     let (nic, backend): (Arc<crate::state::DynNic>, String) = match &loaded.config.backend {
         Backend::SoftNic { pus, prefetch } => {
             if let Some(p) = system::memlock_problem() {
@@ -268,7 +270,9 @@ fn run(opts: &Options) -> anyhow::Result<()> {
             cfg.pus = *pus;
             cfg.prefetch = crate::backend::softnic_prefetch(*prefetch);
             let nic = redn_sys::softnic::SoftNic::new(cfg).context("cannot start the softnic")?;
-            (Arc::new(nic), "softnic".into())
+            let nic = Arc::new(nic);
+            softnic = Some(Arc::clone(&nic));
+            (nic, "softnic".into())
         }
         Backend::Mlx5 { .. } => {
             if let Some(p) = system::memlock_problem() {
@@ -298,6 +302,15 @@ fn run(opts: &Options) -> anyhow::Result<()> {
     let audit = crate::audit::Audit::new(loaded.config.audit.clone());
     let mut server =
         Server::new(manager, listeners, Some(signals), audit).context("cannot set up epoll")?;
+    if let (Some(listen), Some(nic)) = (loaded.config.dataplane.listen, softnic) {
+        let dp = crate::dataplane::Dataplane::bind(listen, nic)
+            .with_context(|| format!("cannot listen for remote clients at {listen}"))?;
+        eprintln!(
+            "redn-manager: serving remote clients on {}",
+            dp.local_addr()
+        );
+        server.set_dataplane(dp).context("cannot set up epoll")?;
+    }
     eprintln!(
         "redn-manager: serving io.redn.Manager on {} and io.redn.Admin on {}",
         api.path.display(),

@@ -8,12 +8,15 @@
 //! - [`region`]: sealed memfds, checked and mapped;
 //! - [`state`]: policy, offloads, the NIC, clients and installs; the method handlers;
 //! - [`server`]: the one event loop serving every connection;
+//! - [`dataplane`]: remote clients (TCP hello, an instance of the offload per client,
+//!   connected over RoCEv2), served from that loop;
 //! - [`cli`]: command-line options and start-up, shared by the binary and the tests.
 #![deny(unsafe_code)]
 
 pub mod audit;
 pub mod backend;
 pub mod cli;
+pub mod dataplane;
 pub mod peer;
 pub mod region;
 pub mod server;

@@ -10,6 +10,7 @@
 //! framing can no longer be trusted — and the loop goes on serving everyone else.
 
 use crate::audit::{Audit, Severity};
+use crate::dataplane::Dataplane;
 use crate::peer::{Peer, Procfs};
 use crate::state::Manager;
 use mio::net::{UnixListener, UnixStream};
@@ -100,6 +101,8 @@ pub struct Server {
     scratch: Vec<u8>,
     /// What happened, for logs and tests.
     pub counters: Counters,
+    /// Remote clients, when `[dataplane] listen` is set.
+    dataplane: Option<Dataplane>,
 }
 
 impl std::fmt::Debug for Server {
@@ -151,7 +154,20 @@ impl Server {
             audit,
             scratch: vec![0u8; 64 << 10],
             counters: Counters::default(),
+            dataplane: None,
         })
+    }
+
+    /// Serve remote clients from `dataplane` too; installs then report its address.
+    ///
+    /// # Errors
+    /// If epoll refuses its listener.
+    pub fn set_dataplane(&mut self, mut dataplane: Dataplane) -> io::Result<()> {
+        dataplane.register(self.poll.registry())?;
+        self.manager
+            .set_dataplane_endpoint(dataplane.local_addr().to_string());
+        self.dataplane = Some(dataplane);
+        Ok(())
     }
 
     /// The manager state.
@@ -180,6 +196,9 @@ impl Server {
                 self.manager.installed_count()
             ),
         );
+        if let Some(dp) = &mut self.dataplane {
+            dp.shutdown(self.poll.registry(), &mut self.manager, &mut self.audit);
+        }
         self.manager.shutdown();
         Ok(())
     }
@@ -217,6 +236,18 @@ impl Server {
         for (token, readable, writable) in ready {
             if token == SIGNALS.0 {
                 self.handle_signals();
+            } else if token >= crate::dataplane::FIRST_TOKEN {
+                if let Some(dp) = &mut self.dataplane {
+                    let registry = self.poll.registry();
+                    dp.ready(
+                        registry,
+                        token,
+                        readable,
+                        writable,
+                        &mut self.manager,
+                        &mut self.audit,
+                    );
+                }
             } else if token < FIRST_CONN {
                 self.accept_all(token - FIRST_LISTENER);
             } else {
@@ -227,6 +258,10 @@ impl Server {
                     self.read(token);
                 }
             }
+        }
+        if let Some(dp) = &mut self.dataplane {
+            // Remote clients of offloads uninstalled in this turn lose their instances.
+            dp.reap(self.poll.registry(), &mut self.manager, &mut self.audit);
         }
         Ok(())
     }
@@ -823,17 +858,9 @@ impl Server {
         let Some(c) = self.conns.get_mut(&token) else {
             return;
         };
-        while c.written < c.output.len() {
-            match c.stream.write(&c.output[c.written..]) {
-                Ok(0) => break,
-                Ok(n) => c.written += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    self.close(token);
-                    return;
-                }
-            }
+        if write_pending(&mut c.stream, &c.output, &mut c.written).is_err() {
+            self.close(token);
+            return;
         }
         let done = c.written == c.output.len();
         if done {
@@ -857,6 +884,25 @@ impl Server {
                 .reregister(&mut c.stream, Token(token), interest);
         }
     }
+}
+
+/// Write what of `output[*written..]` the non-blocking `stream` takes now, advancing
+/// `written`; an error means the connection failed.
+pub(crate) fn write_pending(
+    stream: &mut impl Write,
+    output: &[u8],
+    written: &mut usize,
+) -> io::Result<()> {
+    while *written < output.len() {
+        match stream.write(&output[*written..]) {
+            Ok(0) => break,
+            Ok(n) => *written += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn error_reply(w: &WireError) -> Vec<u8> {

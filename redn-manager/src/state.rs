@@ -13,14 +13,16 @@
 //! failure at any step, or an uninstall, releases all of them.
 //!
 //! **The client-facing side.** An install's client-facing queue must be connected and its
-//! response region bound to a remote client's buffer. Until the data plane (TCP hello,
-//! per-remote-client queues) exists, each install connects that queue to a *parking* queue
-//! pair the manager owns, with a manager-owned response buffer registered in a protection
+//! response region bound to a remote client's buffer. The app's own install has no remote
+//! client, so it connects that queue to a *parking* queue pair the manager owns, with a manager-owned response buffer registered in a protection
 //! domain of its own: the install is complete and counted, and nothing outside the manager
-//! can reach it. The data plane will replace the parking side with each remote client's
-//! own queues; `InstallOffload` returns `endpoint: null` until then.
+//! can reach it. Each remote client then gets an instance of its own from the data plane
+//! ([`crate::dataplane`], through [`Manager::remote_client_spec`]); `InstallOffload`
+//! reports the data plane's address as `endpoint` when one is configured.
 
-use redn_policy::{verify, AppRule, Grants, KbitRate, PeerIdentity, Policy, Token, WqeRate};
+use redn_policy::{
+    verify, AppRule, Grants, KbitRate, PeerIdentity, Policy, TimeSpan, Token, WqeRate,
+};
 use redn_program::program::{Program, RegionRole};
 use redn_program::Access;
 use redn_proto::api;
@@ -165,6 +167,13 @@ struct Offload {
     /// Dropped first: the program's queues go before the parking queue they talk to.
     installed: Installed<DynNic>,
     _parking: Parking,
+    /// The instances the data plane installed for remote clients, by the data plane's id
+    /// of each; released with the offload.
+    remote: BTreeMap<u64, Installed<DynNic>>,
+    /// Counters of remote instances released so far (triggers, WQEs, errors).
+    retired: (u64, u64, u64),
+    /// When the token was handed out (its app's `token_lifetime` runs from here).
+    token_issued: std::time::Instant,
 }
 
 /// What the data plane needs to serve a remote client of one installed offload (see
@@ -177,6 +186,11 @@ pub struct RemoteClientSpec<'a> {
     pub data_bindings: &'a HashMap<String, RegionBinding>,
     /// How each of the client's queues is paced.
     pub limit: RateLimit,
+    /// The name of the app rule the offload was installed under.
+    pub app: &'a str,
+    /// That rule as the policy has it now (`max_remote_clients`, `remote_sources`); `None`
+    /// if a reload removed it.
+    pub rule: Option<&'a AppRule>,
 }
 
 /// Everything the manager knows.
@@ -191,6 +205,8 @@ pub struct Manager {
     clients: BTreeMap<u64, Client>,
     installed: BTreeMap<u64, Offload>,
     next_id: u64,
+    /// What `InstallOffload` reports as `endpoint` (the data plane's address, if any).
+    dataplane_endpoint: Option<String>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -288,7 +304,19 @@ impl Manager {
             clients: BTreeMap::new(),
             installed: BTreeMap::new(),
             next_id: 1,
+            dataplane_endpoint: None,
         }
+    }
+
+    /// The data plane serves remote clients at `endpoint`; installs report it.
+    pub fn set_dataplane_endpoint(&mut self, endpoint: String) {
+        self.dataplane_endpoint = Some(endpoint);
+    }
+
+    /// Whether offload `handle` is installed (the data plane drops the remote clients of
+    /// one that is not any more).
+    pub fn has_offload(&self, handle: u64) -> bool {
+        self.installed.contains_key(&handle)
     }
 
     /// The NIC.
@@ -703,12 +731,15 @@ impl Manager {
                 limit,
                 installed,
                 _parking: parking,
+                remote: BTreeMap::new(),
+                retired: (0, 0, 0),
+                token_issued: std::time::Instant::now(),
             },
         );
         Ok(api::Installed {
             handle,
             token: hex,
-            endpoint: None,
+            endpoint: self.dataplane_endpoint.clone(),
         })
     }
 
@@ -760,15 +791,65 @@ impl Manager {
         }
     }
 
+    /// An offload's counters: its own instance's, its remote clients' and those of the
+    /// remote instances already released.
     fn stats_of(&self, o: &Offload) -> (u64, u64, u64) {
+        let (mut triggers, mut wqes, mut errors) = o.retired;
+        for i in std::iter::once(&o.installed).chain(o.remote.values()) {
+            let (t, w, e) = self.instance_counters(&o.program, i);
+            triggers += t;
+            wqes += w;
+            errors += e;
+        }
+        (triggers, wqes, errors)
+    }
+
+    /// Hand the instance installed for a remote client (`id`, the data plane's) to offload
+    /// `handle`, so that its counters show in `Stats` and it goes with the offload. False
+    /// (and the instance released) if the offload is gone.
+    pub fn attach_remote(&mut self, handle: u64, id: u64, instance: Installed<DynNic>) -> bool {
+        match self.installed.get_mut(&handle) {
+            Some(o) => {
+                o.remote.insert(id, instance);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Release remote client `id`'s instance of offload `handle`, keeping its counters.
+    pub fn detach_remote(&mut self, handle: u64, id: u64) {
+        let Some(instance) = self
+            .installed
+            .get_mut(&handle)
+            .and_then(|o| o.remote.remove(&id))
+        else {
+            return;
+        };
+        let Some(o) = self.installed.get(&handle) else {
+            return;
+        };
+        let (t, w, e) = self.instance_counters(&o.program, &instance);
+        if let Some(o) = self.installed.get_mut(&handle) {
+            o.retired.0 += t;
+            o.retired.1 += w;
+            o.retired.2 += e;
+        }
+    }
+
+    fn instance_counters(
+        &self,
+        program: &Program,
+        installed: &Installed<DynNic>,
+    ) -> (u64, u64, u64) {
         let mut triggers = 0;
         let mut wqes = 0;
         let mut errors = 0;
-        for (i, q) in o.installed.qps.iter().enumerate() {
+        for (i, q) in installed.qps.iter().enumerate() {
             if let Ok(c) = self.nic.counters(q.qpn) {
                 wqes += c.total_wqes();
                 errors += c.errors;
-                if o.program
+                if program
                     .queues
                     .get(i)
                     .is_some_and(|q| q.role == redn_program::program::QueueRole::Client)
@@ -804,17 +885,25 @@ impl Manager {
         Ok(api::StatsReply { offloads })
     }
 
-    /// The seam for the data plane (remote clients, a later piece of work): what it needs to
+    /// The seam for the data plane ([`crate::dataplane`]): what it needs to
     /// install a remote client's own instance of offload `handle` — the program, the app's
     /// data-region bindings (add the client's `response` binding and install with
     /// `redn_sys::install::install`), and the pacing — if `token` is the offload's token
-    /// (compared in constant time). `None` for an unknown handle or a wrong token alike.
+    /// (compared in constant time) and younger than its app's `token_lifetime`. `None` for
+    /// an unknown handle, a wrong token and an expired one alike.
     pub fn remote_client_spec(&self, handle: u64, token: &Token) -> Option<RemoteClientSpec<'_>> {
         let o = self.installed.get(&handle)?;
-        (&o.token == token).then_some(RemoteClientSpec {
+        let rule = self.policy.app(&o.app);
+        let expired = rule.is_some_and(|r| match r.client.token_lifetime {
+            TimeSpan::Finite(d) => o.token_issued.elapsed() >= d,
+            TimeSpan::Infinite => false,
+        });
+        (&o.token == token && !expired).then_some(RemoteClientSpec {
             program: &o.program,
             data_bindings: &o.data_bindings,
             limit: o.limit,
+            app: &o.app,
+            rule,
         })
     }
 

@@ -101,7 +101,9 @@ pub use definition::{
 };
 pub use error::{Error, Location, Result};
 pub use identity::{Matchers, PeerIdentity, Specificity, Token};
-pub use policy::{load_policy, parse_policy, AppRule, ClientLimits, OnViolation, Policy, Quota};
+pub use policy::{
+    load_policy, parse_policy, AppRule, ClientLimits, OnViolation, Policy, Quota, SourceNet,
+};
 pub use source::MAX_FILE_BYTES;
 pub use units::{ByteSize, KbitRate, TimeSpan, WqeRate};
 pub use verifier::{verify, Finding, Grants, RegionGrant, Report, Rule};

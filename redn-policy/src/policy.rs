@@ -11,6 +11,7 @@
 //! max_pinned = "1G"                  # bytes pinned at once, base-1024 suffixes, > 0
 //! max_queues = 16                    # queue pairs at once, >= 1
 //! max_remote_clients = 64            # clients holding a token at once, may be 0
+//! remote_sources = ["10.0.0.0/8"]    # default: any address
 //! keep_serving_after_exit = true     # default true
 //!
 //! [app.client]                       # limits on each remote client of this app
@@ -32,6 +33,9 @@
 //! - `max_regions`, `max_pinned`, `max_queues`, `max_remote_clients`: quotas over everything
 //!   the app holds at one time. They are charged by the manager, which owns every verbs
 //!   object (the rdma cgroup would charge the manager, not the app).
+//! - `remote_sources`: the addresses the app's remote clients may connect to the data plane
+//!   from, each an IPv4 or IPv6 address, alone or as `ADDRESS/PREFIX`; without the key,
+//!   any address (the token is still required). An empty list admits no remote client.
 //! - `keep_serving_after_exit`: whether the app's offloads keep serving its remote clients
 //!   after the app exits or crashes (the resources belong to the manager). `false` tears them
 //!   down when the app's connection closes.
@@ -57,6 +61,7 @@ use crate::units::{ByteSize, KbitRate, TimeSpan, WqeRate};
 use serde::de::{self, Deserializer};
 use serde::Deserialize;
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -113,11 +118,93 @@ pub struct AppRule {
     pub quota: Quota,
     /// Whether its offloads keep serving after the app exits (`keep_serving_after_exit`).
     pub keep_serving_after_exit: bool,
+    /// Where its remote clients may connect from (`remote_sources`); `None`: anywhere.
+    pub remote_sources: Option<Vec<SourceNet>>,
     /// Limits on each of its remote clients (`[app.client]`).
     pub client: ClientLimits,
 }
 
+/// One entry of `remote_sources`: an address and how many leading bits of it must match.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SourceNet {
+    /// The address (host bits past the prefix are zero).
+    pub addr: IpAddr,
+    /// Leading bits that must match: up to 32 for IPv4, 128 for IPv6.
+    pub prefix: u8,
+}
+
+impl SourceNet {
+    /// Whether `ip` lies in this network. An IPv4 client seen as an IPv4-mapped IPv6
+    /// address matches IPv4 entries.
+    #[must_use]
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 @ IpAddr::V4(_) => v4,
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(a)) => {
+                masked(u128::from(u32::from(a)), 32, self.prefix) == u128::from(u32::from(net))
+            }
+            (IpAddr::V6(net), IpAddr::V6(a)) => {
+                masked(u128::from(a), 128, self.prefix) == u128::from(net)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The `prefix` leading bits of a `width`-bit address.
+fn masked(addr: u128, width: u8, prefix: u8) -> u128 {
+    if prefix == 0 {
+        return 0;
+    }
+    let keep = u32::from(width.saturating_sub(prefix));
+    let mask = (u128::MAX >> (128 - u32::from(width))) >> keep << keep;
+    addr & mask
+}
+
+impl FromStr for SourceNet {
+    type Err = String;
+    fn from_str(text: &str) -> std::result::Result<SourceNet, String> {
+        let (addr, prefix) = match text.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (text, None),
+        };
+        let addr: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{text:?} is not an IPv4 or IPv6 address (no host names)"))?;
+        let width: u8 = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => width,
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|&p| p <= width)
+                .ok_or_else(|| format!("{text:?}: the prefix must be a number 0..={width}"))?,
+        };
+        let bits = match addr {
+            IpAddr::V4(a) => u128::from(u32::from(a)),
+            IpAddr::V6(a) => u128::from(a),
+        };
+        if masked(bits, width, prefix) != bits {
+            return Err(format!(
+                "{text:?} has host bits set past /{prefix}; write the network's first address"
+            ));
+        }
+        Ok(SourceNet { addr, prefix })
+    }
+}
+
 impl AppRule {
+    /// Whether a remote client of the app may connect from `ip` (`remote_sources`).
+    #[must_use]
+    pub fn admits_source(&self, ip: IpAddr) -> bool {
+        self.remote_sources
+            .as_ref()
+            .map_or(true, |nets| nets.iter().any(|n| n.contains(ip)))
+    }
+
     /// Whether the app may install the offload named `offload`.
     #[must_use]
     pub fn allows_offload(&self, offload: &str) -> bool {
@@ -204,6 +291,7 @@ struct RawApp {
     max_pinned: ByteSize,
     max_queues: u32,
     max_remote_clients: u32,
+    remote_sources: Option<Vec<String>>,
     #[serde(default = "yes")]
     keep_serving_after_exit: bool,
     client: RawClient,
@@ -378,12 +466,25 @@ impl RawApp {
             ));
         }
         let client = self.client.validate(&at.key("client"))?;
+        let remote_sources = match self.remote_sources {
+            None => None,
+            Some(list) => Some(
+                list.iter()
+                    .enumerate()
+                    .map(|(k, text)| {
+                        text.parse::<SourceNet>()
+                            .map_err(|e| invalid(at.key("remote_sources").index(k), e))
+                    })
+                    .collect::<Result<Vec<_>, Invalid>>()?,
+            ),
+        };
         Ok(AppRule {
             name: self.name.0,
             matchers,
             offloads,
             quota,
             keep_serving_after_exit: self.keep_serving_after_exit,
+            remote_sources,
             client,
         })
     }
@@ -500,6 +601,7 @@ token_lifetime = "1d"
                     max_remote_clients: 64,
                 },
                 keep_serving_after_exit: true,
+                remote_sources: None,
                 client: ClientLimits {
                     rate_limit_kbps: KbitRate::Limited(NonZeroU32::new(1_000_000).unwrap()),
                     wqes_per_second: WqeRate::Limited(NonZeroU64::new(2_000_000).unwrap()),
@@ -513,6 +615,56 @@ token_lifetime = "1d"
         assert!(kv.allows_offload("hash-get"));
         assert!(!kv.allows_offload("echo"));
         assert!(p.app("nope").is_none());
+    }
+
+    #[test]
+    fn remote_sources_admit_only_their_networks() {
+        let p = parse(&kv_with(
+            "max_remote_clients = 64\n",
+            "max_remote_clients = 64\nremote_sources = [\"10.1.0.0/16\", \"192.0.2.7\", \"2001:db8::/32\"]\n",
+        ))
+        .unwrap();
+        let kv = p.app("kv").unwrap();
+        for (ip, admitted) in [
+            ("10.1.200.3", true),
+            ("10.2.0.1", false),
+            ("192.0.2.7", true),
+            ("192.0.2.8", false),
+            ("2001:db8:5::1", true),
+            ("2001:db9::1", false),
+            ("::ffff:10.1.0.9", true),
+        ] {
+            assert_eq!(kv.admits_source(ip.parse().unwrap()), admitted, "{ip}");
+        }
+        let any = parse(KV).unwrap();
+        assert!(any
+            .app("kv")
+            .unwrap()
+            .admits_source("203.0.113.9".parse().unwrap()));
+        let none = parse(&kv_with(
+            "max_remote_clients = 64\n",
+            "max_remote_clients = 64\nremote_sources = []\n",
+        ))
+        .unwrap();
+        assert!(!none
+            .app("kv")
+            .unwrap()
+            .admits_source("10.1.0.1".parse().unwrap()));
+        let everywhere: SourceNet = "0.0.0.0/0".parse().unwrap();
+        assert!(everywhere.contains("8.8.8.8".parse().unwrap()));
+        for (bad, why) in [
+            ("\"10.0.0.1/33\"", "prefix must be a number 0..=32"),
+            ("\"10.0.0.1/8\"", "host bits set past /8"),
+            ("\"db.example\"", "not an IPv4 or IPv6 address"),
+        ] {
+            let e = parse(&kv_with(
+                "max_remote_clients = 64\n",
+                &format!("max_remote_clients = 64\nremote_sources = [\"10.0.0.0/8\", {bad}]\n"),
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("remote_sources[1]") && e.contains(why), "{e}");
+        }
     }
 
     #[test]

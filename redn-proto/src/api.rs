@@ -145,8 +145,8 @@ pub struct Installed {
     pub handle: u64,
     /// 64 hex digits (32 bytes): what the app's remote clients present.
     pub token: String,
-    /// Where remote clients connect (`IP:PORT`); `None` while the manager has no data plane
-    /// (the remote-client side is a separate piece of work).
+    /// Where remote clients connect (`IP:PORT`, the hello of [`crate::dataplane`]); `None`
+    /// when the manager has no data plane (`[dataplane] listen` unset).
     pub endpoint: Option<String>,
 }
 

@@ -51,6 +51,7 @@
 pub mod api;
 pub mod client;
 pub mod codec;
+pub mod dataplane;
 pub mod errors;
 pub mod fds;
 pub mod idl;

@@ -1,16 +1,20 @@
 //! manager_bench: the manager's control plane over its varlink socket: a call's round trip,
-//! InstallOffload's latency, and the memory an idle connection costs.
+//! InstallOffload's latency, and the memory an idle connection costs; and its data plane: a
+//! remote client's GET served over RoCEv2, and the hello that gives a client its instance.
 //!
 //! The manager's event loop runs on a thread of this process (the same loop the daemon
 //! runs, on the softnic), clients on the main thread over a real unix socket. Beside the
 //! round trip, in the same run: a plain unix-socket echo of the same size (the floor any
-//! request/reply over a socket pays).
+//! request/reply over a socket pays), and a UDP loopback echo of a GET's size (the floor a
+//! GET over RoCEv2 on this host pays).
 
 use redn_bench::opts::{parse_in, read_command_line};
 use redn_bench::report::verdict;
 use redn_bench::stats::{ns, stats};
 use redn_client::kv::TwoChoiceTable;
+use redn_client::remote::{RemoteClient, RemoteOptions};
 use redn_client::Client;
+use redn_manager::dataplane::Dataplane;
 use redn_manager::server::{Server, SocketKind};
 use redn_manager::state::{Limits, Manager};
 use redn_proto::api;
@@ -30,21 +34,24 @@ USAGE:
 
 OPTIONS:
     --quick     fewer runs (500 round trips, 50 installs, 1000 idle connections)
-    --runs N    round trips per row (installs: N / 10), 10..=1000000
+    --runs N    round trips per row (installs and hellos: N / 10), 10..=1000000
     --idle N    idle connections for the memory row (1..=4000)
     -h, --help  this text
 
 Goal (issue 20): InstallOffload of a catalog offload at most 1 ms at p50.
 ";
 
-fn start_manager(
-    dir: &Path,
-) -> (
+/// What `start_manager` hands back: the stop flag, the loop's thread, the two socket paths
+/// and the data plane's address.
+type Started = (
     Arc<AtomicBool>,
     std::thread::JoinHandle<()>,
     PathBuf,
     PathBuf,
-) {
+    std::net::SocketAddr,
+);
+
+fn start_manager(dir: &Path) -> Started {
     let api = dir.join("manager.sock");
     let admin = dir.join("admin.sock");
     let listeners = vec![
@@ -57,10 +64,11 @@ fn start_manager(
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = Arc::clone(&stop);
     let uid = nix::unistd::getuid().as_raw();
+    let (dataplane_tx, dataplane_rx) = std::sync::mpsc::channel();
     let handle = std::thread::spawn(move || {
         let policy = redn_policy::parse_policy(
             &format!(
-                "[[app]]\nname = \"bench\"\nuid = {uid}\noffloads = [\"hash-get\", \"echo\"]\n\
+                "[[app]]\nname = \"bench\"\nuid = {uid}\noffloads = [\"hash-get\", \"echo\", \"server-loop\"]\n\
                  max_regions = 8\nmax_pinned = \"64M\"\nmax_queues = 64\nmax_remote_clients = 4\n\
                  [app.client]\nrate_limit_kbps = \"infinity\"\nwqes_per_second = \"infinity\"\n\
                  wqes_per_invocation = 64\non_violation = \"terminate\"\n"
@@ -73,7 +81,8 @@ fn start_manager(
             .into_iter()
             .map(|s| s.program)
             .collect();
-        let nic = Arc::new(redn_sys::softnic::SoftNic::with_pus(1).expect("softnic"));
+        let softnic = Arc::new(redn_sys::softnic::SoftNic::with_pus(1).expect("softnic"));
+        let nic = Arc::clone(&softnic);
         let limits = Limits {
             requests_per_second: u32::MAX,
             max_connections_per_uid: 8192,
@@ -98,11 +107,15 @@ fn start_manager(
         .audit;
         let audit = redn_manager::audit::Audit::new(audit_config).quiet();
         let mut server = Server::new(m, listeners, None, audit).expect("server");
+        let dp = Dataplane::bind("127.0.0.1:0".parse().expect("addr"), softnic).expect("dataplane");
+        dataplane_tx.send(dp.local_addr()).expect("send");
+        server.set_dataplane(dp).expect("dataplane");
         while !stop2.load(Ordering::Relaxed) {
             server.turn(Some(Duration::from_millis(20))).expect("poll");
         }
     });
-    (stop, handle, api, admin)
+    let dataplane = dataplane_rx.recv().expect("the data plane's address");
+    (stop, handle, api, admin, dataplane)
 }
 
 fn rss_kib() -> u64 {
@@ -136,7 +149,7 @@ fn run(runs: usize, idle: usize) {
     let dir = std::env::temp_dir().join(format!("redn-manager-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let (stop, thread, api_path, _admin) = start_manager(&dir);
+    let (stop, thread, api_path, _admin, dataplane) = start_manager(&dir);
     println!("manager_bench: one event loop thread, softnic with 1 PU; times in µs");
     println!("{:<44} {:>10} {:>10}", "", "p50", "p99");
 
@@ -229,9 +242,93 @@ fn run(runs: usize, idle: usize) {
         kib_per(after.saturating_sub(before), idle)
     );
     drop(conns);
+
+    remote_rows(&mut client, dataplane, runs);
     stop.store(true, Ordering::Relaxed);
     let _ = thread.join();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A remote client's GETs: the floor (a UDP echo on loopback), a GET served by the
+/// recycled `server-loop` (one instance serves every GET), and the hello that installs and
+/// connects a client's instance (`hash-get`, bounded to 4 triggers an instance).
+fn remote_rows(client: &mut Client, dataplane: std::net::SocketAddr, runs: usize) {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+    let peer = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+    let to = peer.local_addr().expect("addr");
+    sock.connect(to).expect("connect");
+    peer.connect(sock.local_addr().expect("addr"))
+        .expect("connect");
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while let Ok(n) = peer.recv(&mut buf) {
+            if n == 0 || peer.send(&buf[..n]).is_err() {
+                break;
+            }
+        }
+    });
+    let mut v = Vec::with_capacity(runs);
+    let mut buf = [0u8; 64];
+    for _ in 0..runs {
+        let t = Instant::now();
+        sock.send(&buf[..14]).expect("send");
+        sock.recv(&mut buf).expect("recv");
+        v.push(ns(t.elapsed()) / 1000.0);
+    }
+    sock.send(&[]).expect("stop the echo");
+    let _ = echo.join();
+    let s = stats(&v);
+    println!(
+        "{:<44} {:>10.1} {:>10.1}",
+        "native: UDP loopback echo, 14 B", s.median, s.p99
+    );
+
+    let options = RemoteOptions {
+        timeout: Duration::from_secs(10),
+    };
+    let mut table = TwoChoiceTable::create(1024).expect("table");
+    let (_, looped) = client
+        .install_table("server-loop", &mut table)
+        .expect("install server-loop");
+    table
+        .set(0x2a, b"a value of 32 bytes, as a bench")
+        .expect("set");
+    let mut remote =
+        RemoteClient::connect(dataplane, looped.handle, &looped.token, options).expect("hello");
+    let mut v = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t = Instant::now();
+        let got = remote.get(0x2a).expect("get");
+        v.push(ns(t.elapsed()) / 1000.0);
+        assert!(got.is_some(), "the GET missed");
+    }
+    // Both are far below 2^52: exact as f64.
+    #[allow(clippy::cast_precision_loss)]
+    let per_get = remote.triggers_sent() as f64 / runs as f64;
+    drop(remote);
+    let s = stats(&v);
+    println!(
+        "{:<44} {:>10.1} {:>10.1}  ({per_get:.1} triggers a GET)",
+        "remote GET hit, server-loop over RoCEv2", s.median, s.p99
+    );
+
+    let (_, bounded) = client
+        .install_table("hash-get", &mut table)
+        .expect("install hash-get");
+    let mut remote =
+        RemoteClient::connect(dataplane, bounded.handle, &bounded.token, options).expect("hello");
+    let hellos = (runs / 10).max(10);
+    let mut v = Vec::with_capacity(hellos);
+    for _ in 0..hellos {
+        let t = Instant::now();
+        remote.reconnect().expect("hello");
+        v.push(ns(t.elapsed()) / 1000.0);
+    }
+    let s = stats(&v);
+    println!(
+        "{:<44} {:>10.1} {:>10.1}",
+        "remote hello: a new instance of hash-get", s.median, s.p99
+    );
 }
 
 /// Any reply, kept opaque.

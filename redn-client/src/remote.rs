@@ -1,0 +1,557 @@
+//! The remote-client side: a client of an app's offload, served by the NIC through the
+//! manager's data plane with no app CPU.
+//!
+//! [`RemoteClient::connect`] opens a TCP connection to the manager's `[dataplane] listen`
+//! address, starts a softnic of its own with a RoCEv2 endpoint on the local address of that
+//! connection, and sends a [`Hello`] (the offload's handle, the app's token, the exchange
+//! record of a fresh queue pair and of its response buffer). The manager installs the
+//! offload once more for this client alone (its own queues and protection domains, facing
+//! only this queue pair) and answers with its side; the queue pairs are then connected
+//! over RoCEv2. The TCP connection stays open: closing it releases the client's instance.
+//!
+//! Triggers go out as SENDs; each response comes back as an RDMA WRITE with immediate into
+//! the response buffer. An instance of a bounded offload serves as many triggers as its
+//! program has invocations ([`Session::invocations`]); the client then says hello again for
+//! a fresh instance, transparently. A response that does not come within the timeout, or a
+//! failed completion, ends the session (the next call starts a new one).
+
+use crate::kv::{bucket_indices, BUCKET_STRIDE, MAX_KEY};
+use crate::{Error, Result};
+use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
+use redn_proto::dataplane::{Accepted, Answer, Hello, ANSWER_HEADER_LEN, TOKEN_LEN};
+use redn_sys::mem::SharedBuffer;
+use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig};
+use redn_sys::softnic::roce::{QpRecord, RegionRecord, RoceConfig, RoceEndpoint};
+use redn_sys::softnic::{SoftNic, SoftNicConfig};
+use redn_sys::{Access, Cqn, Pdn, Qpn};
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Bytes of the response buffer (the catalog's responses are at most 64 bytes).
+const RESPONSE_LEN: usize = 4096;
+/// Receives kept posted for responses.
+const RECEIVES: u32 = 16;
+/// Remote rights of the response buffer in the exchange record: WRITE.
+const RIGHT_WRITE: u32 = 2;
+
+/// Settings of a remote client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteOptions {
+    /// How long a connection, a hello or a response may take.
+    pub timeout: Duration,
+}
+
+impl Default for RemoteOptions {
+    /// Two seconds for everything.
+    fn default() -> RemoteOptions {
+        RemoteOptions {
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// One response: the immediate (the invocation number) and the bytes written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Response {
+    /// The immediate.
+    pub imm: u32,
+    /// The bytes (none: "not found").
+    pub data: Vec<u8>,
+}
+
+/// The instance the manager serves to this client now.
+#[derive(Debug)]
+pub struct Session {
+    stream: TcpStream,
+    qp: Qpn,
+    /// What the manager said.
+    pub accepted: Accepted,
+    /// The manager's record: its QP and the app's data regions (address, length).
+    pub manager: QpRecord,
+    /// Triggers this instance serves; 0: until the client leaves.
+    pub invocations: u32,
+    /// Triggers sent on it.
+    pub served: u32,
+}
+
+/// A remote client of one installed offload.
+pub struct RemoteClient {
+    addr: SocketAddr,
+    handle: u64,
+    token: [u8; TOKEN_LEN],
+    options: RemoteOptions,
+    nic: SoftNic,
+    ep: RoceEndpoint,
+    cq: Cqn,
+    pd: Pdn,
+    response: Arc<SharedBuffer>,
+    response_mr: MrInfo,
+    session: Option<Session>,
+    sessions_opened: u64,
+    triggers_sent: u64,
+}
+
+impl std::fmt::Debug for RemoteClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteClient")
+            .field("addr", &self.addr)
+            .field("handle", &self.handle)
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A 64-digit hex token as `InstallOffload` returns it.
+///
+/// # Errors
+/// [`Error::BadToken`].
+pub fn parse_token(hex: &str) -> Result<[u8; TOKEN_LEN]> {
+    let hex = hex.trim();
+    if hex.len() != TOKEN_LEN * 2 || !hex.is_ascii() {
+        return Err(Error::BadToken);
+    }
+    let mut t = [0u8; TOKEN_LEN];
+    for (i, b) in t.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| Error::BadToken)?;
+    }
+    Ok(t)
+}
+
+fn sys(what: &'static str) -> impl Fn(redn_sys::Error) -> Error {
+    move |source| Error::Softnic { what, source }
+}
+
+fn io(what: &'static str) -> impl Fn(std::io::Error) -> Error {
+    move |source| Error::Dataplane { what, source }
+}
+
+/// A 24-bit start PSN that differs between sessions.
+fn fresh_psn(n: u64) -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    (nanos ^ redn_sys::conv::low32(n.wrapping_mul(0x9e37_79b9))) & 0xff_ffff
+}
+
+impl RemoteClient {
+    /// Connect to the data plane at `addr` as a client of offload `handle` with the app's
+    /// `token` (64 hex digits), and open the first session.
+    ///
+    /// # Errors
+    /// [`Error::BadToken`], [`Error::Dataplane`] (TCP), [`Error::Softnic`] (the local
+    /// softnic or its RoCE endpoint), [`Error::RemoteRefused`] with the manager's reason,
+    /// [`Error::Malformed`], [`Error::Timeout`].
+    pub fn connect(
+        addr: SocketAddr,
+        handle: u64,
+        token: &str,
+        options: RemoteOptions,
+    ) -> Result<RemoteClient> {
+        let token = parse_token(token)?;
+        let stream = TcpStream::connect_timeout(&addr, options.timeout)
+            .map_err(io("connecting to the data plane"))?;
+        let local = match stream.local_addr().map_err(io("local address"))?.ip() {
+            IpAddr::V4(ip) => ip,
+            IpAddr::V6(_) => return Err(Error::Ipv6(addr)),
+        };
+        let nic = SoftNic::new(SoftNicConfig::new("redn-remote-client"))
+            .map_err(sys("starting the softnic"))?;
+        let mut cfg = RoceConfig::new(local);
+        cfg.bind.set_port(0);
+        let ep = RoceEndpoint::start(&nic, &cfg).map_err(sys("starting the RoCE endpoint"))?;
+        let pd = nic.alloc_pd().map_err(sys("alloc_pd"))?;
+        let cq = nic
+            .create_cq(CqConfig::new(4 * RECEIVES))
+            .map_err(sys("create_cq"))?;
+        let response = SharedBuffer::new(RESPONSE_LEN);
+        let response_mr = nic
+            .reg_mr(
+                pd,
+                &response,
+                0,
+                RESPONSE_LEN,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            )
+            .map_err(sys("reg_mr"))?;
+        let mut c = RemoteClient {
+            addr,
+            handle,
+            token,
+            options,
+            nic,
+            ep,
+            cq,
+            pd,
+            response,
+            response_mr,
+            session: None,
+            sessions_opened: 0,
+            triggers_sent: 0,
+        };
+        c.open(stream)?;
+        Ok(c)
+    }
+
+    /// The current session (none after a failure, until the next call opens one).
+    pub fn session(&self) -> Option<&Session> {
+        self.session.as_ref()
+    }
+
+    /// Sessions opened so far (one per instance the manager installed for this client).
+    pub fn sessions_opened(&self) -> u64 {
+        self.sessions_opened
+    }
+
+    /// Triggers sent so far, over all sessions (a GET may take two).
+    pub fn triggers_sent(&self) -> u64 {
+        self.triggers_sent
+    }
+
+    /// Say hello on `stream` with a fresh queue pair and connect it to the manager's side.
+    fn open(&mut self, mut stream: TcpStream) -> Result<()> {
+        let timeout = Some(self.options.timeout);
+        stream
+            .set_read_timeout(timeout)
+            .and_then(|()| stream.set_write_timeout(timeout))
+            .and_then(|()| stream.set_nodelay(true))
+            .map_err(io("setting socket options"))?;
+        let mut qc = QpConfig::new(self.pd, self.cq);
+        qc.rq_slots = RECEIVES;
+        let qp = self.nic.create_qp(qc).map_err(sys("create_qp"))?.qpn;
+        let result = self.hello(&mut stream, qp);
+        match result {
+            Ok((accepted, manager)) => {
+                self.sessions_opened += 1;
+                self.session = Some(Session {
+                    stream,
+                    qp,
+                    invocations: accepted.invocations,
+                    accepted,
+                    manager,
+                    served: 0,
+                });
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.nic.destroy_qp(qp);
+                Err(e)
+            }
+        }
+    }
+
+    fn hello(&self, stream: &mut TcpStream, qp: Qpn) -> Result<(Accepted, QpRecord)> {
+        for i in 0..RECEIVES {
+            self.nic
+                .post_recv(qp, u64::from(i), &[])
+                .map_err(sys("post_recv"))?;
+        }
+        let mut ours = self.ep.record(qp, fresh_psn(self.sessions_opened));
+        ours.regions.push(RegionRecord {
+            name: "response".into(),
+            addr: self.response_mr.addr.0,
+            rkey: self.response_mr.lkey.0,
+            len: self.response_mr.len,
+            rights: RIGHT_WRITE,
+        });
+        let hello = Hello {
+            handle: self.handle,
+            token: self.token,
+            record: ours.encode().map_err(Error::Exchange)?,
+        };
+        stream
+            .write_all(&hello.encode().map_err(Error::Malformed)?)
+            .map_err(io("sending the hello"))?;
+        let mut header = [0u8; ANSWER_HEADER_LEN];
+        read_answer(stream, &mut header, self.options.timeout)?;
+        let mut body = vec![0u8; Answer::body_len(&header).map_err(Error::Malformed)?];
+        read_answer(stream, &mut body, self.options.timeout)?;
+        match Answer::decode(&header, &body).map_err(Error::Malformed)? {
+            Answer::Refused(refusal, reason) => Err(Error::RemoteRefused { refusal, reason }),
+            Answer::Accepted(a) => {
+                let theirs = QpRecord::decode(&a.record).map_err(Error::Exchange)?;
+                self.ep
+                    .connect(&ours, &theirs)
+                    .map_err(sys("connecting the queue pair"))?;
+                Ok((a, theirs))
+            }
+        }
+    }
+
+    /// The session to send on: the current one, or a new one if it is used up or gone.
+    fn ready_session(&mut self) -> Result<()> {
+        let used_up = self
+            .session
+            .as_ref()
+            .is_some_and(|s| s.invocations != 0 && s.served >= s.invocations);
+        if used_up {
+            self.close_session();
+        }
+        if self.session.is_none() {
+            let stream = TcpStream::connect_timeout(&self.addr, self.options.timeout)
+                .map_err(io("connecting to the data plane"))?;
+            self.open(stream)?;
+        }
+        Ok(())
+    }
+
+    /// Start over: release the current instance (closing its connection) and say hello
+    /// for a new one.
+    ///
+    /// # Errors
+    /// As [`RemoteClient::connect`].
+    pub fn reconnect(&mut self) -> Result<()> {
+        self.close_session();
+        self.ready_session()
+    }
+
+    fn close_session(&mut self) {
+        if let Some(s) = self.session.take() {
+            let _ = s.stream.shutdown(std::net::Shutdown::Both);
+            let _ = self.nic.destroy_qp(s.qp);
+        }
+    }
+
+    /// Send one raw trigger (`trigger_len` bytes, the offload's format) and collect
+    /// responses until `done` says the last one came.
+    ///
+    /// # Errors
+    /// [`Error::TriggerLength`], [`Error::Timeout`], [`Error::ResponseFailed`], and what
+    /// opening a session can fail with.
+    pub fn trigger_until(
+        &mut self,
+        msg: &[u8],
+        mut done: impl FnMut(&Response) -> bool,
+    ) -> Result<Vec<Response>> {
+        self.ready_session()?;
+        let Some(s) = self.session.as_mut() else {
+            return Err(Error::SessionLost);
+        };
+        let want = s.accepted.trigger_len;
+        if u32::try_from(msg.len()).ok() != Some(want) {
+            return Err(Error::TriggerLength {
+                got: msg.len(),
+                want,
+            });
+        }
+        let qp = s.qp;
+        s.served += 1;
+        self.triggers_sent += 1;
+        let send = WorkRequest {
+            wr_id: 0,
+            flags: WqeFlags::NONE,
+            op: WrOp::Send {
+                payload: Payload::Inline(msg.to_vec()),
+                imm: None,
+            },
+        };
+        if let Err(e) = self.nic.post_send(qp, &[send]) {
+            self.close_session();
+            return Err(sys("post_send")(e));
+        }
+        let deadline = Instant::now() + self.options.timeout;
+        let mut got = Vec::new();
+        let mut out: Vec<Completion> = Vec::new();
+        let mut idle = 0u32;
+        loop {
+            out.clear();
+            let polled = self.nic.poll_cq(self.cq, 4, &mut out);
+            if let Err(e) = polled {
+                self.close_session();
+                return Err(sys("poll_cq")(e));
+            }
+            for c in &out {
+                if c.qpn != qp {
+                    continue; // an earlier session's receives, flushed as it closed
+                }
+                if let Err(syndrome) = c.status {
+                    self.close_session();
+                    return Err(Error::ResponseFailed {
+                        detail: format!("{:?} on {:?}", syndrome, c.opcode),
+                    });
+                }
+                let _ = self.nic.post_recv(qp, c.wr_id, &[]);
+                let len = usize::try_from(c.byte_len)
+                    .unwrap_or(RESPONSE_LEN)
+                    .min(RESPONSE_LEN);
+                let mut data = vec![0u8; len];
+                self.response.read(0, &mut data);
+                let r = Response {
+                    imm: c.imm.unwrap_or(0),
+                    data,
+                };
+                let last = done(&r);
+                got.push(r);
+                if last {
+                    return Ok(got);
+                }
+            }
+            if out.is_empty() {
+                if Instant::now() >= deadline {
+                    self.close_session();
+                    return Err(Error::Timeout {
+                        waited: self.options.timeout,
+                        what: "a response",
+                    });
+                }
+                // Spin briefly, then yield the CPU more politely while the NIC works.
+                idle += 1;
+                if idle < 1000 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+        }
+    }
+
+    /// Send one raw trigger and wait for `responses` responses.
+    ///
+    /// # Errors
+    /// As [`RemoteClient::trigger_until`].
+    pub fn trigger(&mut self, msg: &[u8], responses: usize) -> Result<Vec<Response>> {
+        let mut n = 0;
+        self.trigger_until(msg, |_| {
+            n += 1;
+            n >= responses
+        })
+    }
+
+    /// The offload this client is served (after the first session).
+    fn offload(&mut self) -> Result<String> {
+        self.ready_session()?;
+        self.session
+            .as_ref()
+            .map(|s| s.accepted.offload.clone())
+            .ok_or(Error::SessionLost)
+    }
+
+    fn region(&self, name: &str, offload: &str) -> Result<RegionRecord> {
+        self.session
+            .as_ref()
+            .and_then(|s| s.manager.region(name).cloned())
+            .ok_or_else(|| Error::Unsupported {
+                offload: offload.to_owned(),
+                what: format!("no region {name:?} in the manager's answer"),
+            })
+    }
+
+    /// GET `key` from a two-choice hash table ([`crate::kv`]) served by `hash-get`,
+    /// `server-loop` (one bucket per trigger: the second is probed on a miss in the
+    /// first), `hash-get-seq` or `hash-get-par` (both in one trigger).
+    ///
+    /// # Errors
+    /// [`Error::BadKey`], [`Error::Unsupported`] for another offload, and as
+    /// [`RemoteClient::trigger_until`].
+    pub fn get(&mut self, key: u64) -> Result<Option<Vec<u8>>> {
+        if key == 0 || key > MAX_KEY {
+            return Err(Error::BadKey(key));
+        }
+        let offload = self.offload()?;
+        let table = self.region("table", &offload)?;
+        let buckets = table.len / BUCKET_STRIDE;
+        let [a, b] = bucket_indices(key, buckets).map(|i| table.addr + i * BUCKET_STRIDE);
+        let key_le = key_bytes(key);
+        match offload.as_str() {
+            "hash-get" | "server-loop" => {
+                for bucket in [a, b] {
+                    let msg = [&key_le[..], &bucket.to_be_bytes()].concat();
+                    let r = self.trigger(&msg, 1)?;
+                    if let Some(hit) = r.into_iter().find(|r| !r.data.is_empty()) {
+                        return Ok(Some(hit.data));
+                    }
+                }
+                Ok(None)
+            }
+            "hash-get-seq" | "hash-get-par" => {
+                let msg = [&key_le[..], &key_le, &a.to_be_bytes(), &b.to_be_bytes()].concat();
+                let r = self.trigger(&msg, 2)?;
+                Ok(r.into_iter().find(|r| !r.data.is_empty()).map(|r| r.data))
+            }
+            _ => Err(Error::Unsupported {
+                offload,
+                what: "get (a hash GET)".into(),
+            }),
+        }
+    }
+
+    /// Find `key` in the linked list served by `list-find` or `list-find-break`: the value
+    /// of the first node holding it.
+    ///
+    /// # Errors
+    /// [`Error::BadKey`], [`Error::Unsupported`] for another offload, and as
+    /// [`RemoteClient::trigger_until`].
+    pub fn find(&mut self, key: u64) -> Result<Option<Vec<u8>>> {
+        if key == 0 || key > MAX_KEY {
+            return Err(Error::BadKey(key));
+        }
+        let offload = self.offload()?;
+        if !offload.starts_with("list-find") {
+            return Err(Error::Unsupported {
+                offload,
+                what: "find (a list walk)".into(),
+            });
+        }
+        let head = self.region("list", &offload)?;
+        let trigger_len = self.session.as_ref().map_or(0, |s| s.accepted.trigger_len);
+        let steps = usize::try_from(trigger_len.saturating_sub(8) / 6).unwrap_or(0);
+        let mut msg = head.addr.to_be_bytes().to_vec();
+        for _ in 0..steps {
+            msg.extend(key_bytes(key));
+        }
+        // Values come first, then a zero-length end marker.
+        let r = self.trigger_until(&msg, |r| r.data.is_empty())?;
+        Ok(r.into_iter().find(|r| !r.data.is_empty()).map(|r| r.data))
+    }
+}
+
+impl Drop for RemoteClient {
+    fn drop(&mut self) {
+        self.close_session();
+    }
+}
+
+/// A key as triggers carry it: 6 bytes, little-endian.
+fn key_bytes(key: u64) -> [u8; 6] {
+    let b = key.to_le_bytes();
+    [b[0], b[1], b[2], b[3], b[4], b[5]]
+}
+
+fn read_answer(stream: &mut TcpStream, buf: &mut [u8], waited: Duration) -> Result<()> {
+    stream.read_exact(buf).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Timeout {
+            waited,
+            what: "the manager's answer",
+        },
+        _ => Error::Dataplane {
+            what: "reading the answer",
+            source: e,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_parse_from_hex_only() {
+        let hex = "0f".repeat(32);
+        assert_eq!(parse_token(&hex).unwrap(), [0x0f; 32]);
+        assert!(matches!(parse_token("0f"), Err(Error::BadToken)));
+        assert!(matches!(
+            parse_token(&"zz".repeat(32)),
+            Err(Error::BadToken)
+        ));
+        assert!(matches!(parse_token(&"é".repeat(32)), Err(Error::BadToken)));
+    }
+
+    #[test]
+    fn keys_go_out_little_endian_as_the_catalog_sends_them() {
+        assert_eq!(
+            key_bytes(0x0102_0304_0506),
+            redn_program::program::catalog::trigger_key(0x0102_0304_0506)
+        );
+    }
+}

@@ -1,0 +1,671 @@
+//! The data plane: remote clients of installed offloads, each served by the NIC on queues of
+//! its own.
+//!
+//! A TCP listener at `[dataplane] listen` is served from the manager's event loop
+//! ([`crate::server`]); no thread per client. A remote client writes a
+//! [`redn_proto::dataplane::Hello`] (handle, token, its RoCEv2 exchange record); the hello
+//! is buffered up to its capped length and checked field by field, the token compared in
+//! constant time and its age against the app's `token_lifetime`
+//! ([`Manager::remote_client_spec`]), the client's address checked against
+//! the app's `remote_sources` (if its rule has them), the client's record checked (its RoCE
+//! address must be the address the hello came from, so nobody can aim the manager's
+//! traffic at a third host; its `response` region must be large enough), and the app's
+//! `max_remote_clients` counted. Then the offload is installed once more for this client
+//! alone through `redn_sys::install::install`: its own managed queues, receive ring and
+//! code region, its own two protection domains, the client-facing queue connected over
+//! RoCEv2 to the client's queue pair and the response bound to the client's buffer. The
+//! answer carries the manager's record: its QP and the app's data regions by name,
+//! address and length, without keys (only the offload reads them).
+//!
+//! The TCP connection stays open while the client is served: when it closes (or sends
+//! anything after its hello, or the app uninstalls the offload, or TCP keepalive finds the
+//! client's host gone) the client's instance is released. A refusal is a named [`Refusal`] in the answer, the connection is closed after
+//! it, and the loop goes on serving everyone else.
+//!
+//! The softnic's RoCEv2 endpoints (one per local IPv4 address clients come in on, bound to
+//! an ephemeral UDP port that the records carry) run their own receive threads, as they
+//! always do.
+
+use crate::audit::{Audit, Severity};
+use crate::state::{DynNic, Manager};
+use mio::net::{TcpListener, TcpStream};
+use mio::{Interest, Registry, Token};
+use redn_policy::Token as OffloadToken;
+use redn_program::program::{Iterations, RegionRole};
+use redn_proto::dataplane::{Accepted, Answer, Hello, Refusal};
+use redn_sys::install::{install, Installed, RegionBinding};
+use redn_sys::softnic::roce::{QpRecord, RegionRecord, RoceConfig, RoceEndpoint};
+use redn_sys::softnic::SoftNic;
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+/// The listener's token; connections take the ones after it. Far above the tokens of the
+/// Unix-socket connections, so the two never meet.
+pub const FIRST_TOKEN: usize = usize::MAX / 2;
+/// Connections that have not finished their hello; past this, the oldest is dropped.
+const MAX_PENDING: usize = 64;
+/// Data-plane connections in all (pending and served).
+const MAX_CONNECTIONS: usize = 4096;
+/// Remote rights bit for WRITE in an exchange record.
+const RIGHT_WRITE: u32 = 2;
+/// TCP keepalive: probes after this many idle seconds, this often, this many times, so the
+/// instance of a client whose host vanished is released within about two minutes.
+const KEEPALIVE: (u32, u32, u32) = (60, 10, 6);
+
+/// Turn TCP keepalive on for a client's connection (best effort: a failure leaves the
+/// connection to be closed by its client or an uninstall).
+fn keepalive(stream: &TcpStream) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let (idle, interval, count) = KEEPALIVE;
+    let _ = setsockopt(stream, sockopt::KeepAlive, &true)
+        .and_then(|()| setsockopt(stream, sockopt::TcpKeepIdle, &idle))
+        .and_then(|()| setsockopt(stream, sockopt::TcpKeepInterval, &interval))
+        .and_then(|()| setsockopt(stream, sockopt::TcpKeepCount, &count));
+}
+
+/// Whose instance a connection holds. The instance itself (its queues, keys, code region)
+/// is the offload's record's in the manager ([`Manager::attach_remote`]), so that its
+/// counters show in `Stats` and it goes with an uninstall.
+struct RemoteInstance {
+    handle: u64,
+    app: String,
+}
+
+struct Conn {
+    stream: TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    input: Vec<u8>,
+    output: Vec<u8>,
+    written: usize,
+    close_after_flush: bool,
+    instance: Option<RemoteInstance>,
+    /// Accept order, to find the oldest pending connection.
+    serial: u64,
+}
+
+/// The data plane's listener, connections and RoCE endpoints.
+pub struct Dataplane {
+    listener: TcpListener,
+    addr: SocketAddr,
+    nic: Arc<SoftNic>,
+    endpoints: HashMap<Ipv4Addr, RoceEndpoint>,
+    conns: HashMap<usize, Conn>,
+    next_token: usize,
+    serial: u64,
+    psn_seed: u32,
+}
+
+impl std::fmt::Debug for Dataplane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dataplane")
+            .field("addr", &self.addr)
+            .field("connections", &self.conns.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn refuse(r: Refusal, reason: impl Into<String>) -> (Refusal, String) {
+    (r, reason.into())
+}
+
+impl Dataplane {
+    /// Listen at `addr` (IPv4: the softnic's RoCEv2 speaks IPv4) for remote clients of
+    /// offloads installed on `nic`.
+    ///
+    /// # Errors
+    /// An IPv6 address, or the bind failing.
+    pub fn bind(addr: SocketAddr, nic: Arc<SoftNic>) -> io::Result<Dataplane> {
+        if addr.is_ipv6() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the softnic's RoCEv2 speaks IPv4: give [dataplane] listen an IPv4 address",
+            ));
+        }
+        let listener = TcpListener::bind(addr)?;
+        let addr = listener.local_addr()?;
+        // Start PSNs an off-path sender cannot guess from the clock.
+        let mut seed = [0u8; 4];
+        std::fs::File::open("/dev/urandom")?.read_exact(&mut seed)?;
+        let psn_seed = u32::from_ne_bytes(seed);
+        Ok(Dataplane {
+            listener,
+            addr,
+            nic,
+            endpoints: HashMap::new(),
+            conns: HashMap::new(),
+            next_token: FIRST_TOKEN + 1,
+            serial: 0,
+            psn_seed,
+        })
+    }
+
+    /// The address it listens at (with the port the kernel chose for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Remote clients being served.
+    pub fn served(&self) -> usize {
+        self.conns.values().filter(|c| c.instance.is_some()).count()
+    }
+
+    /// Register the listener with the event loop.
+    ///
+    /// # Errors
+    /// If epoll refuses it.
+    pub fn register(&mut self, registry: &Registry) -> io::Result<()> {
+        registry.register(&mut self.listener, Token(FIRST_TOKEN), Interest::READABLE)
+    }
+
+    /// Handle readiness of `token` (the listener or a connection).
+    pub fn ready(
+        &mut self,
+        registry: &Registry,
+        token: usize,
+        readable: bool,
+        writable: bool,
+        manager: &mut Manager,
+        audit: &mut Audit,
+    ) {
+        if token == FIRST_TOKEN {
+            self.accept_all(registry, manager, audit);
+            return;
+        }
+        if writable {
+            self.flush(registry, token, manager, audit);
+        }
+        if readable {
+            self.read(registry, token, manager, audit);
+        }
+    }
+
+    /// Release the instances of offloads no longer installed (uninstalled, or their app
+    /// killed) and close those clients' connections.
+    pub fn reap(&mut self, registry: &Registry, manager: &mut Manager, audit: &mut Audit) {
+        let gone: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.instance
+                    .as_ref()
+                    .is_some_and(|i| !manager.has_offload(i.handle))
+            })
+            .map(|(t, _)| *t)
+            .collect();
+        for t in gone {
+            self.close(registry, t, manager, audit, "offload uninstalled");
+        }
+    }
+
+    /// Release every instance (shutdown).
+    pub fn shutdown(&mut self, registry: &Registry, manager: &mut Manager, audit: &mut Audit) {
+        let all: Vec<usize> = self.conns.keys().copied().collect();
+        for t in all {
+            self.close(registry, t, manager, audit, "manager shutting down");
+        }
+    }
+
+    fn accept_all(&mut self, registry: &Registry, manager: &mut Manager, audit: &mut Audit) {
+        loop {
+            let (mut stream, peer) = match self.listener.accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    audit.record(
+                        Severity::Warning,
+                        &format!("event=remote-accept res=failed error={e}"),
+                    );
+                    return;
+                }
+            };
+            if self.conns.len() >= MAX_CONNECTIONS {
+                audit.record(
+                    Severity::Warning,
+                    &format!("event=remote-refused peer={peer} reason=too-many-connections"),
+                );
+                continue; // dropping the stream closes it
+            }
+            let pending: Vec<(u64, usize)> = self
+                .conns
+                .iter()
+                .filter(|(_, c)| c.instance.is_none() && !c.close_after_flush)
+                .map(|(t, c)| (c.serial, *t))
+                .collect();
+            if pending.len() >= MAX_PENDING {
+                if let Some(&(_, oldest)) = pending.iter().min() {
+                    self.close(
+                        registry,
+                        oldest,
+                        manager,
+                        audit,
+                        "hello not finished in time",
+                    );
+                }
+            }
+            let local = match stream.local_addr() {
+                Ok(a) => a,
+                Err(_) => continue,
+            };
+            let token = self.next_token;
+            self.next_token += 1;
+            if registry
+                .register(&mut stream, Token(token), Interest::READABLE)
+                .is_err()
+            {
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            keepalive(&stream);
+            self.serial += 1;
+            self.conns.insert(
+                token,
+                Conn {
+                    stream,
+                    peer,
+                    local,
+                    input: Vec::new(),
+                    output: Vec::new(),
+                    written: 0,
+                    close_after_flush: false,
+                    instance: None,
+                    serial: self.serial,
+                },
+            );
+        }
+    }
+
+    fn close(
+        &mut self,
+        registry: &Registry,
+        token: usize,
+        manager: &mut Manager,
+        audit: &mut Audit,
+        why: &str,
+    ) {
+        if let Some(mut c) = self.conns.remove(&token) {
+            let _ = registry.deregister(&mut c.stream);
+            if let Some(i) = c.instance.take() {
+                manager.detach_remote(i.handle, token as u64);
+                audit.record(
+                    Severity::Info,
+                    &format!(
+                        "event=remote-exit handle={} app={} peer={} reason={why:?}",
+                        i.handle, i.app, c.peer
+                    ),
+                );
+            }
+        }
+    }
+
+    fn read(
+        &mut self,
+        registry: &Registry,
+        token: usize,
+        manager: &mut Manager,
+        audit: &mut Audit,
+    ) {
+        let mut buf = [0u8; 4096];
+        loop {
+            let Some(c) = self.conns.get_mut(&token) else {
+                return;
+            };
+            match c.stream.read(&mut buf) {
+                Ok(0) => {
+                    self.close(
+                        registry,
+                        token,
+                        manager,
+                        audit,
+                        "client closed the connection",
+                    );
+                    return;
+                }
+                Ok(n) => {
+                    if c.instance.is_some() || c.close_after_flush {
+                        self.close(registry, token, manager, audit, "bytes after the hello");
+                        return;
+                    }
+                    c.input.extend_from_slice(&buf[..n]);
+                    match Hello::frame_len(&c.input) {
+                        Ok(None) => {}
+                        Ok(Some(len)) if c.input.len() < len => {}
+                        Ok(Some(len)) if c.input.len() > len => {
+                            let e = refuse(Refusal::InvalidHello, "bytes after the hello");
+                            self.answer(registry, token, Err(e), manager, audit);
+                        }
+                        Ok(Some(_)) => {
+                            let input = std::mem::take(&mut c.input);
+                            self.hello(registry, token, &input, manager, audit);
+                        }
+                        Err(e) => {
+                            let e = refuse(Refusal::InvalidHello, e.to_string());
+                            self.answer(registry, token, Err(e), manager, audit);
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.close(registry, token, manager, audit, "connection failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn hello(
+        &mut self,
+        registry: &Registry,
+        token: usize,
+        bytes: &[u8],
+        manager: &mut Manager,
+        audit: &mut Audit,
+    ) {
+        let result = self
+            .serve(token, bytes, manager)
+            .and_then(|(instance, installed, a)| {
+                if manager.attach_remote(instance.handle, token as u64, installed) {
+                    Ok((instance, a))
+                } else {
+                    Err(refuse(Refusal::AccessDenied, "the offload was uninstalled"))
+                }
+            });
+        let answer = match result {
+            Ok((instance, accepted)) => {
+                if let Some(c) = self.conns.get_mut(&token) {
+                    audit.record(
+                        Severity::Notice,
+                        &format!(
+                            "event=remote-connect handle={} app={} offload={} peer={} res=success",
+                            instance.handle, instance.app, accepted.offload, c.peer
+                        ),
+                    );
+                    c.instance = Some(instance);
+                }
+                Ok(accepted)
+            }
+            Err(e) => Err(e),
+        };
+        self.answer(registry, token, answer, manager, audit);
+    }
+
+    /// Check the hello and install the client's instance.
+    fn serve(
+        &mut self,
+        token: usize,
+        bytes: &[u8],
+        manager: &Manager,
+    ) -> Result<(RemoteInstance, Installed<DynNic>, Accepted), (Refusal, String)> {
+        let (peer, local) = match self.conns.get(&token) {
+            Some(c) => (c.peer, c.local),
+            None => return Err(refuse(Refusal::InvalidHello, "connection gone")),
+        };
+        let hello =
+            Hello::decode(bytes).map_err(|e| refuse(Refusal::InvalidHello, e.to_string()))?;
+        let theirs = QpRecord::decode(&hello.record)
+            .map_err(|e| refuse(Refusal::InvalidHello, format!("record: {e}")))?;
+        let spec = manager
+            .remote_client_spec(hello.handle, &OffloadToken::from_bytes(hello.token))
+            .ok_or_else(|| {
+                refuse(
+                    Refusal::AccessDenied,
+                    "no offload with that handle and token",
+                )
+            })?;
+        let Some(rule) = spec.rule else {
+            return Err(refuse(
+                Refusal::AccessDenied,
+                format!("app rule {:?} is no longer in the policy", spec.app),
+            ));
+        };
+        if !rule.admits_source(peer.ip()) {
+            return Err(refuse(
+                Refusal::SourceNotAllowed,
+                format!(
+                    "app {:?} takes remote clients only from its remote_sources, not {}",
+                    spec.app,
+                    peer.ip()
+                ),
+            ));
+        }
+        if IpAddr::V4(*theirs.addr.ip()) != peer.ip() {
+            return Err(refuse(
+                Refusal::InvalidHello,
+                format!(
+                    "record addr: {} is not the address the hello came from ({})",
+                    theirs.addr.ip(),
+                    peer.ip()
+                ),
+            ));
+        }
+        let response = theirs.region("response").ok_or_else(|| {
+            refuse(
+                Refusal::InvalidHello,
+                "record: no region named \"response\"",
+            )
+        })?;
+        let min_len = spec
+            .program
+            .regions
+            .iter()
+            .find(|r| matches!(r.role, RegionRole::Response))
+            .map_or(0, |r| r.min_len);
+        if response.len < min_len || response.rights & RIGHT_WRITE == 0 {
+            return Err(refuse(
+                Refusal::InvalidHello,
+                format!(
+                    "record region \"response\": {} bytes with rights {:#x}; the offload \
+                     writes up to {min_len} bytes, so it needs that many and WRITE",
+                    response.len, response.rights
+                ),
+            ));
+        }
+        let serving = self
+            .conns
+            .values()
+            .filter(|c| c.instance.as_ref().is_some_and(|i| i.app == spec.app))
+            .count();
+        let max = rule.quota.max_remote_clients;
+        if serving as u64 >= u64::from(max) {
+            return Err(refuse(
+                Refusal::TooManyClients,
+                format!(
+                    "app {:?} has {serving} remote clients; its max_remote_clients is {max}",
+                    spec.app
+                ),
+            ));
+        }
+        let IpAddr::V4(local_ip) = local.ip() else {
+            return Err(refuse(Refusal::NoDevice, "the hello came over IPv6"));
+        };
+        // A start PSN that differs between clients (a linear congruential step).
+        self.psn_seed = self
+            .psn_seed
+            .wrapping_mul(1_664_525)
+            .wrapping_add(1_013_904_223);
+        let psn = self.psn_seed & 0xff_ffff;
+        let ep = match self.endpoints.entry(local_ip) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let mut cfg = RoceConfig::new(local_ip);
+                cfg.bind.set_port(0);
+                let ep = RoceEndpoint::start(&self.nic, &cfg).map_err(|e| {
+                    refuse(
+                        Refusal::NoDevice,
+                        format!("no RoCE endpoint on {local_ip}: {e}"),
+                    )
+                })?;
+                v.insert(ep)
+            }
+        };
+        let ep: &RoceEndpoint = ep;
+        let mut bindings = spec.data_bindings.clone();
+        let mut regions: Vec<RegionRecord> = bindings
+            .iter()
+            .filter_map(|(name, b)| match b {
+                RegionBinding::Local {
+                    buffer,
+                    offset,
+                    len,
+                    ..
+                } => Some(RegionRecord {
+                    name: name.clone(),
+                    addr: buffer.addr().0 + *offset as u64,
+                    rkey: 0,
+                    len: *len as u64,
+                    rights: 0,
+                }),
+                _ => None,
+            })
+            .collect();
+        regions.sort_by(|a, b| a.name.cmp(&b.name));
+        bindings.insert(
+            "response".to_owned(),
+            RegionBinding::Remote {
+                addr: redn_sys::VirtAddr(response.addr),
+                rkey: redn_sys::Rkey(response.rkey),
+                len: response.len,
+            },
+        );
+        let mut ours: Option<QpRecord> = None;
+        let installed = install(manager.nic(), spec.program, &bindings, &mut |q| {
+            let mut r = ep.record(q, psn);
+            r.regions.clone_from(&regions);
+            ep.connect(&r, &theirs)?;
+            ours = Some(r);
+            Ok(())
+        })
+        .map_err(|e| {
+            refuse(
+                Refusal::NoDevice,
+                format!("installing for this client: {e}"),
+            )
+        })?;
+        let ours = ours.ok_or_else(|| {
+            refuse(
+                Refusal::NotServable,
+                format!("offload {:?} has no client queue", spec.program.name),
+            )
+        })?;
+        if !spec.limit.is_unlimited() {
+            for q in &installed.qps {
+                manager
+                    .nic()
+                    .set_rate_limit(q.qpn, spec.limit)
+                    .map_err(|e| refuse(Refusal::NoDevice, format!("pacing: {e}")))?;
+            }
+        }
+        let record = ours
+            .encode()
+            .map_err(|e| refuse(Refusal::NoDevice, format!("our record: {e}")))?;
+        let invocations = match spec.program.iterations {
+            Iterations::Bounded { invocations, .. } => invocations,
+            Iterations::Recycled { .. } => 0,
+        };
+        Ok((
+            RemoteInstance {
+                handle: hello.handle,
+                app: spec.app.to_owned(),
+            },
+            installed,
+            Accepted {
+                invocations,
+                trigger_len: spec.program.trigger_len,
+                offload: spec.program.name.clone(),
+                record,
+            },
+        ))
+    }
+
+    fn answer(
+        &mut self,
+        registry: &Registry,
+        token: usize,
+        answer: Result<Accepted, (Refusal, String)>,
+        manager: &mut Manager,
+        audit: &mut Audit,
+    ) {
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let answer = match answer {
+            Ok(a) => Answer::Accepted(a),
+            Err((r, reason)) => {
+                audit.record(
+                    Severity::Warning,
+                    &format!(
+                        "event=remote-connect peer={} res=failed error={} reason={reason:?}",
+                        c.peer,
+                        r.name()
+                    ),
+                );
+                c.close_after_flush = true;
+                Answer::Refused(r, reason)
+            }
+        };
+        match answer.encode() {
+            Ok(b) => c.output.extend_from_slice(&b),
+            Err(_) => c.close_after_flush = true,
+        }
+        self.flush(registry, token, manager, audit);
+    }
+
+    fn flush(
+        &mut self,
+        registry: &Registry,
+        token: usize,
+        manager: &mut Manager,
+        audit: &mut Audit,
+    ) {
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if crate::server::write_pending(&mut c.stream, &c.output, &mut c.written).is_err() {
+            self.close(registry, token, manager, audit, "connection failed");
+            return;
+        }
+        let done = c.written >= c.output.len();
+        if done {
+            c.output.clear();
+            c.written = 0;
+            if c.close_after_flush {
+                self.close(registry, token, manager, audit, "refused");
+                return;
+            }
+        }
+        let interest = if done {
+            Interest::READABLE
+        } else {
+            Interest::READABLE | Interest::WRITABLE
+        };
+        let _ = registry.reregister(&mut c.stream, Token(token), interest);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::socket::{getsockopt, sockopt};
+
+    #[test]
+    fn client_connections_get_tcp_keepalive() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        let stream = TcpStream::from_std(accepted);
+        assert!(!getsockopt(&stream, sockopt::KeepAlive).unwrap());
+        keepalive(&stream);
+        assert!(getsockopt(&stream, sockopt::KeepAlive).unwrap());
+        assert_eq!(
+            (
+                getsockopt(&stream, sockopt::TcpKeepIdle).unwrap(),
+                getsockopt(&stream, sockopt::TcpKeepInterval).unwrap(),
+                getsockopt(&stream, sockopt::TcpKeepCount).unwrap(),
+            ),
+            KEEPALIVE
+        );
+    }
+}
