@@ -475,8 +475,12 @@ impl<'a> Checker<'a> {
             .patches
             .iter()
             .filter(|pp| {
-                matches!(pp.source, PatchSource::AtomicResult { .. })
-                    && pp.byte <= WAIT_PI_BYTE
+                // A recycled loop's counts: a FETCH_ADD's big-endian old value, or a READ of a
+                // counter (the byte-reversing READ of `Builder::advance_count`).
+                matches!(
+                    pp.source,
+                    PatchSource::AtomicResult { .. } | PatchSource::Read { .. }
+                ) && pp.byte <= WAIT_PI_BYTE
                     && u64::from(pp.byte) + u64::from(pp.len) > u64::from(WAIT_PI_BYTE)
             })
             .map(|pp| pp.label.as_str())

@@ -153,6 +153,13 @@ pub struct QpConfig {
     pub sq_placement: Option<RingPlacement>,
     /// Where the receive ring lives; `None` allocates one.
     pub rq_placement: Option<RingPlacement>,
+    /// Atomic replies (the old value a CAS or FETCH_ADD returns into its result entry)
+    /// big-endian instead of in host order. Off by default, as on upstream Linux: mlx5_core
+    /// sets the HCA's 8-byte atomic replies to host order when the device supports it (kernel
+    /// commit f91e6d8941bf, "net/mlx5_core: Add setting ATOMIC endian mode", v4.5). Only
+    /// MLNX_OFED offers big-endian replies, per QP (`IBV_EXP_QP_CREATE_ATOMIC_BE_REPLY`);
+    /// upstream rdma-core has no such flag, so a program that needs this runs only there.
+    pub atomic_be_reply: bool,
 }
 
 impl QpConfig {
@@ -171,6 +178,7 @@ impl QpConfig {
             pu: None,
             sq_placement: None,
             rq_placement: None,
+            atomic_be_reply: false,
         }
     }
 }

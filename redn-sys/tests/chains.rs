@@ -268,7 +268,9 @@ fn loop_re_arms_itself_with_wait_and_enable_and_runs_without_host_posts() {
     // B's enable of A; B waits for A's completion and advances A's enable of B. Every index
     // field is patched by the *other* queue while its own round is not yet enabled (doorbell
     // order), so the loop is correct under every prefetch mode. The patches are FETCH_ADDs on
-    // host-order counters whose old value lands big-endian in the WQE field.
+    // host-order counters whose old value lands big-endian in the WQE field: the queues ask
+    // for MLNX_OFED's big-endian atomic replies (`QpConfig::atomic_be_reply`); the catalog's
+    // loops, which must run on upstream Linux, use byte-reversing READs instead.
     for mode in MODES {
         let nic = nic(2, mode);
         let pd = nic.alloc_pd().unwrap();
@@ -280,6 +282,7 @@ fn loop_re_arms_itself_with_wait_and_enable_and_runs_without_host_posts() {
             c.sq_bbs = 4;
             c.managed_send = true;
             c.pu = Some(pu);
+            c.atomic_be_reply = true;
             nic.create_qp(c).unwrap()
         };
         let a = mk(cq_a, 0);

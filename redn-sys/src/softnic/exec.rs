@@ -1685,8 +1685,7 @@ impl Core {
             .atomic(&mut self.remote_keys, remote_of(w), atomic)
             .ok()?;
         if let Some(r) = result {
-            // ConnectX returns the old value big-endian (ATOMIC_BE_REPLY).
-            r.write(&Be64::new(old).to_bytes());
+            r.write(&atomic_reply(&self.qp, old));
         }
         self.qp.count_wqes(opcode, 1);
         bump(&self.qp.counters.bytes, 8);
@@ -1951,6 +1950,11 @@ impl Core {
         let w = &self.wqe;
         let lkey = Be32::read(w, seg + off::SEG_LKEY).get();
         let addr = VirtAddr(Be64::read(w, seg + off::SEG_ADDR).get());
+        self.write_local_at(lkey, addr, data);
+    }
+
+    /// Write `data` at `addr` through `lkey` (already checked for local write).
+    fn write_local_at(&mut self, lkey: u32, addr: VirtAddr, data: &[u8]) {
         if let Ok(span) = self
             .local_keys
             .get(&self.nic.keys, lkey)
@@ -2002,15 +2006,52 @@ impl Core {
             .map_err(Fail::from)?;
         let mut at = 0;
         let data = std::mem::take(&mut self.scratch);
-        for s in 2..ds {
-            let len = Be32::read(&self.wqe, s * SEG_SIZE).get() as usize;
-            if len != 0 {
-                self.write_local(s * SEG_SIZE, &data[at..at + len]);
-                at += len;
+        let mut s = 2;
+        while s < ds {
+            let seg = s * SEG_SIZE;
+            let len = Be32::read(&self.wqe, seg).get() as usize;
+            let run = if len == 1 { self.reversed_run(s, ds) } else { 1 };
+            if run > 1 {
+                // One-byte entries at descending addresses under one key (RedN's
+                // byte-reversing READ, `Builder::advance_count`): each byte was checked
+                // above, so the window they cover together is inside the same region; one
+                // write of the reversed bytes instead of a read-modify-write per byte.
+                let mut rev = [0u8; MAX_DS as usize];
+                for (k, b) in data[at..at + run].iter().enumerate() {
+                    rev[run - 1 - k] = *b;
+                }
+                let lkey = Be32::read(&self.wqe, seg + off::SEG_LKEY).get();
+                let last = Be64::read(&self.wqe, seg + off::SEG_ADDR).get() - (run as u64 - 1);
+                self.write_local_at(lkey, VirtAddr(last), &rev[..run]);
+            } else if len != 0 {
+                self.write_local(seg, &data[at..at + len]);
             }
+            at += if run > 1 { run } else { len };
+            s += run;
         }
         self.scratch = data;
         Ok(total as u64)
+    }
+
+    /// How many data segments from `s` on (of `ds`) are one-byte entries under the same key
+    /// at descending consecutive addresses (at least 1: the one at `s`, itself one byte).
+    fn reversed_run(&self, s: usize, ds: usize) -> usize {
+        let w = &self.wqe;
+        let seg = |i: usize| {
+            let at = i * SEG_SIZE;
+            (
+                Be32::read(w, at).get(),
+                Be32::read(w, at + off::SEG_LKEY).get(),
+                Be64::read(w, at + off::SEG_ADDR).get(),
+            )
+        };
+        let (_, lkey, addr) = seg(s);
+        let mut n = 1;
+        while s + n < ds && seg(s + n) == (1, lkey, addr.wrapping_sub(n as u64)) && addr >= n as u64
+        {
+            n += 1;
+        }
+        n
     }
 
     fn op_atomic(&mut self, opcode: Opcode, ds: usize) -> Result<u64, Fail> {
@@ -2028,8 +2069,8 @@ impl Core {
             .atomic(&mut self.remote_keys, remote, op)
             .map_err(Fail::from)?;
         if let Some(seg) = result {
-            // ConnectX returns the old value big-endian (ATOMIC_BE_REPLY); so do we.
-            self.write_local(seg, &Be64::new(old).to_bytes());
+            let reply = atomic_reply(&self.qp, old);
+            self.write_local(seg, &reply);
         }
         Ok(8)
     }
@@ -2227,6 +2268,18 @@ fn atomic_of(w: &[u8], opcode: Opcode) -> (AtomicOp, usize) {
             },
             3,
         ),
+    }
+}
+
+/// The bytes an atomic's old value lands as on queue `qp`: host order (little-endian), as
+/// upstream Linux configures ConnectX, or big-endian on a QP created with
+/// `QpConfig::atomic_be_reply` (MLNX_OFED's per-QP option).
+#[inline(always)]
+fn atomic_reply(qp: &QpShared, old: u64) -> [u8; 8] {
+    if qp.atomic_be_reply {
+        old.to_be_bytes()
+    } else {
+        old.to_le_bytes()
     }
 }
 

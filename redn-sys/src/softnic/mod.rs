@@ -418,6 +418,7 @@ impl Nic for SoftNic {
             Arc::clone(&self.shared.pus),
             cfg.managed_send,
             cfg.managed_recv,
+            cfg.atomic_be_reply,
             sq,
             rq,
             send_cq,
