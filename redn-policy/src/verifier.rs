@@ -1671,7 +1671,7 @@ impl Checker<'_> {
                         let hit = reads
                             .iter()
                             .any(|(a, n)| writes.iter().any(|(b, m)| may_overlap(a, *n, b, *m)));
-                        if hit && w.flags.fence_mode() == 0 {
+                        if hit && !w.flags.waits_for_responses() {
                             found.push((
                                 q.name.clone(),
                                 (pos, w.label.clone()),

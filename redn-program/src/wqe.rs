@@ -115,6 +115,16 @@ impl WqeFlags {
         self.0 >> 5
     }
 
+    /// True if the WQE waits for earlier RDMA READs and atomics of its queue to have landed
+    /// before it runs: fence mode FENCE (2) or SMALL_AND_FENCE (4, what libmlx5 sets for
+    /// `IBV_SEND_FENCE`), the kernel's `MLX5_FENCE_MODE_*`. Initiator-small (1) and strong
+    /// ordering (3) do not count: no public source says they order against READ responses,
+    /// so the stricter case is modelled.
+    #[must_use]
+    pub const fn waits_for_responses(self) -> bool {
+        matches!(self.0 >> 5, 2 | 4)
+    }
+
     /// Both flag sets together.
     #[must_use]
     pub const fn with(self, other: WqeFlags) -> WqeFlags {

@@ -349,3 +349,43 @@ fn server_loop_serves_200_gets_with_no_host_posts() {
         );
     }
 }
+
+/// `program` with every fence flag cleared.
+fn without_fences(mut program: redn_program::program::Program) -> redn_program::program::Program {
+    for q in &mut program.queues {
+        for w in &mut q.wqes {
+            w.flags = redn_program::wqe::WqeFlags(w.flags.0 & 0x1f);
+        }
+    }
+    program
+}
+
+#[test]
+fn hash_get_needs_its_fence_when_read_responses_land_late() {
+    // RedN fences the CAS that compares what the READ before it brought. With prefetch at
+    // execute, responses land at once and the fence changes nothing; in the adversarial
+    // setting a READ's response lands only when something waits for it, so the chain as
+    // shipped (fenced) still hits, and the same chain without its fences compares the bytes
+    // from before the READ and answers "not found".
+    let keys = [0x1111_2222_3333u64, 0xabcd_ef01_2345];
+    for mode in [Prefetch::AtExecute, Prefetch::Depth(8), Prefetch::Adversarial] {
+        for fenced in [true, false] {
+            let program = catalog::hash_get(HashVariant::Single, 8).unwrap();
+            let program = if fenced {
+                program
+            } else {
+                without_fences(program)
+            };
+            let mut rig = Rig::new(program, mode);
+            fill_table(&rig, &keys, 64);
+            let msg = trigger(&[&catalog::trigger_key(keys[1]), &bucket_addr(&rig, 1)]);
+            let r = rig.trigger(&msg, 1);
+            let hit = vec![(0, value(1, 64))];
+            if fenced || mode != Prefetch::Adversarial {
+                assert_eq!(r, hit, "{mode:?}, fenced {fenced}");
+            } else {
+                assert_eq!(r, vec![(0, vec![])], "{mode:?}, without fences");
+            }
+        }
+    }
+}

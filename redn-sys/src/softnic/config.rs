@@ -11,7 +11,9 @@ pub enum Prefetch {
     Depth(u32),
     /// Everything eligible is fetched as early as allowed ("snapshot at enable / doorbell"),
     /// up to [`Prefetch::MAX_DEPTH`] BBs ahead: the harshest setting, for testing that a
-    /// chain orders its patches correctly.
+    /// chain orders its patches correctly. In this setting the responses of unsignaled READs
+    /// and atomics also land as late as ConnectX may land them: after later unfenced WQEs of
+    /// the queue have run (a fenced WQE waits for them).
     Adversarial,
 }
 

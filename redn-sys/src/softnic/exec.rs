@@ -7,8 +7,10 @@
 //! - fetching stops at the doorbell (unmanaged) or enabled index (managed), and may run ahead of
 //!   execution by the configured prefetch depth: a WQE patched after it was prefetched runs as
 //!   it was fetched (stale), as on ConnectX;
-//! - operations of one queue complete in order before the next starts, so a FENCE is always
-//!   satisfied here (ConnectX needs it; programs must still set it, the verifier checks that).
+//! - operations of one queue run in order; with `Prefetch::Adversarial` the responses of
+//!   unsignaled READs and atomics land late (after later unfenced WQEs of the queue ran), and
+//!   a fenced WQE waits for them, as on ConnectX (see `Core::late`); otherwise they land at
+//!   once.
 
 use super::config::Prefetch;
 use super::cq::CqShared;
@@ -22,8 +24,8 @@ use crate::conv::{idx, low32, small32};
 use crate::mem::{KeyCache, KeyTable, SharedBuffer, Span};
 use crate::types::{Access, Cqn, Qpn, Rkey, VirtAddr, MAX_QPN};
 use crate::wqe::{
-    bbs_for_ds, off, wqe_index, CqeOpcode, Opcode, RemoteAddr, Syndrome, BB_SIZE, INLINE_FLAG,
-    MAX_DS, MAX_WQE_BYTES, SEG_SIZE,
+    bbs_for_ds, off, wqe_index, CqeOpcode, Opcode, RemoteAddr, Syndrome, WqeFlags, BB_SIZE,
+    INLINE_FLAG, MAX_DS, MAX_WQE_BYTES, SEG_SIZE,
 };
 use crate::QpState;
 use redn_program::endian::{Be16, Be32, Be64};
@@ -655,6 +657,13 @@ fn signaled(w: &[u8]) -> bool {
     w[off::FM_CE_SE] & 0x0c == 0x08
 }
 
+/// True if the control segment `w` is fenced: it waits for earlier READs and atomics of its
+/// queue (`WqeFlags::waits_for_responses`).
+#[inline(always)]
+fn fenced(w: &[u8]) -> bool {
+    WqeFlags(w[off::FM_CE_SE]).waits_for_responses()
+}
+
 /// True once a CQ that has produced `produced` completions satisfies a WAIT for `count`
 /// (32-bit counts compared with wrap-around, as the hardware's are).
 #[inline(always)]
@@ -785,6 +794,7 @@ impl SqExec {
             return RunOutcome::Idle;
         }
         let outcome = self.core.run(&mut self.fetcher, budget, siblings);
+        self.core.land_at_visit_end();
         self.quiet = matches!(outcome, RunOutcome::Idle);
         outcome
     }
@@ -795,6 +805,7 @@ impl SqExec {
     #[inline(always)]
     fn run_handed_over(&mut self, budget: usize) -> RunOutcome {
         let outcome = self.core.visit::<true>(&mut self.fetcher, budget, None);
+        self.core.land_at_visit_end();
         self.quiet = matches!(outcome, RunOutcome::Idle);
         outcome
     }
@@ -967,11 +978,22 @@ struct Core {
     wqe: [u8; MAX_WQE_BYTES],
     /// `SoftNicConfig::wqe_checks`, read once.
     wqe_checks: bool,
+    /// READ and atomic responses land late (`Prefetch::Adversarial`): see [`Core::late`].
+    late_landing: bool,
+    /// Responses of this queue's unsignaled READs and atomics that have not landed yet, in
+    /// order: (lkey, address, bytes), each already checked for local write. ConnectX may
+    /// run later WQEs of the queue before an RDMA READ's or atomic's response has landed
+    /// unless they carry the fence flag; with `late_landing` the softnic does so as late as
+    /// it may: they land before a fenced WQE runs, before any completion of this queue (a
+    /// completion says everything before it is done), before an error is reported, and at
+    /// the end of each visit (the response does arrive). Empty otherwise.
+    late: Vec<(u32, VirtAddr, Vec<u8>)>,
 }
 
 impl Core {
     fn new(qp: Arc<QpShared>, nic: Arc<Shared>) -> Core {
         let wqe_checks = nic.config.wqe_checks;
+        let late_landing = nic.config.prefetch == Prefetch::Adversarial;
         Core {
             qp,
             nic,
@@ -990,6 +1012,8 @@ impl Core {
             scratch: Vec::new(),
             wqe: [0u8; MAX_WQE_BYTES],
             wqe_checks,
+            late_landing,
+            late: Vec::new(),
         }
     }
 
@@ -1251,7 +1275,8 @@ impl Core {
         // `run_hot`'s small loop runs them (it returns at once if they are not).
         let mut hot_next = false;
         while ci < end {
-            if !LEAN && hot_next {
+            // Hot slots run without a look at their fence: not while a response is late.
+            if !LEAN && hot_next && self.late.is_empty() {
                 hot_next = false;
                 if let Some(peer) = direct {
                     let keys = (&self.local_keys, &*self.nic.keys, &self.remote_keys);
@@ -1272,6 +1297,7 @@ impl Core {
             let w = &e.bytes;
             let opcode = w[off::OPCODE];
             let signaled = signaled(w);
+            self.fence(w);
             // Each arm that runs its WQE counts it, completes it if signaled and goes on to
             // the next; a WQE that falls out of the match (a check refused it, or the fast
             // path does not run it) goes to `execute`, which reports any error.
@@ -1289,7 +1315,10 @@ impl Core {
                         ci += 1;
                         continue;
                     }
-                    OP_WRITE | OP_READ if !LEAN && ds == 3 => {
+                    // A READ whose response lands late goes to `execute`, which defers it.
+                    OP_WRITE | OP_READ
+                        if !LEAN && ds == 3 && !(self.late_landing && opcode == OP_READ) =>
+                    {
                         let write = opcode == OP_WRITE;
                         let was_hot = snap.hot(slot) != HOT_NONE;
                         if let Some(peer) = direct {
@@ -1310,6 +1339,7 @@ impl Core {
                     // The guard runs the atomic: a refused one falls through to `execute`.
                     OP_CAS | OP_FAA | OP_MASKED_CAS | OP_MASKED_FAA
                         if !LEAN
+                            && !self.late_landing
                             && ds >= if opcode == OP_MASKED_CAS { 4 } else { 3 }
                             && self.fast_atomic(direct, w).is_some() =>
                     {
@@ -1512,6 +1542,11 @@ impl Core {
     ) -> Option<u64> {
         let (mut ci, end, limit) = at;
         debug_assert_eq!(CHECKS, self.wqe_checks);
+        // Early rather than late: what runs here (WAITs, SEND_ENs) makes no response to wait
+        // for, and may be fenced.
+        if !self.late.is_empty() {
+            self.land();
+        }
         let (qpn, cqn) = self.enabled_here.take()?;
         let at = siblings.find(qpn, self.handoff_hint)?;
         self.handoff_hint = at;
@@ -1561,7 +1596,7 @@ impl Core {
             }
             if signaled(w) {
                 self.count_controls(start, &mut counted, ci + 1);
-                self.complete(ci, 1, OP_WAIT, 0);
+                self.complete_landed(ci, 1, OP_WAIT, 0);
             }
             ci += 1;
             // A SEND_EN of the same queue? (Destroyed, it is the fast path's to refuse.)
@@ -1581,7 +1616,7 @@ impl Core {
             let advanced = q_qp.enabled.advance_own(Be32::read(w, off::WAIT_PI).get());
             if signaled(w) {
                 self.count_controls(start, &mut counted, ci + 1);
-                self.complete(ci, 1, OP_SEND_EN, 0);
+                self.complete_landed(ci, 1, OP_SEND_EN, 0);
             }
             ci += 1;
             let Some(enabled) = advanced else {
@@ -1766,6 +1801,10 @@ impl Core {
         if self.wqe_checks && !self.wqe_is_ours(w, ci) {
             return Step::Fault(Syndrome::LocalQpOperation, bbs);
         }
+        if !self.late.is_empty() && fenced(w) {
+            self.land();
+        }
+        let w = &self.wqe;
         let need = match opcode {
             Opcode::Nop | Opcode::Send | Opcode::SendImm => 1,
             Opcode::AtomicCs | Opcode::AtomicFa | Opcode::AtomicMaskedFa => 3,
@@ -1838,11 +1877,49 @@ impl Core {
     /// Completion for the WQE of `bbs` BBs at `ci`.
     // Out of line: the fast path completes in four places, and one call keeps its loop small.
     #[inline(never)]
-    fn complete(&self, ci: u64, bbs: u64, opcode: u8, byte_cnt: u32) {
+    fn complete(&mut self, ci: u64, bbs: u64, opcode: u8, byte_cnt: u32) {
+        if !self.late.is_empty() {
+            self.land();
+        }
+        self.complete_landed(ci, bbs, opcode, byte_cnt);
+    }
+
+    /// [`Self::complete`] where nothing can be late (`late` is empty).
+    #[inline(always)]
+    fn complete_landed(&self, ci: u64, bbs: u64, opcode: u8, byte_cnt: u32) {
+        debug_assert!(self.late.is_empty());
         // WQEs are counted as they run, so whoever sees the completion sees the WQE counted;
         // `retire` frees its ring space first (a host reuses completed WQEs' slots at once).
         self.qp
             .retire(ci, ci + bbs, CqeOpcode::Req, opcode, byte_cnt, 0);
+    }
+
+    /// Land every late response (see [`Core::late`]), oldest first.
+    #[cold]
+    #[inline(never)]
+    fn land(&mut self) {
+        let mut late = std::mem::take(&mut self.late);
+        for (lkey, addr, data) in late.drain(..) {
+            self.write_local_at(lkey, addr, &data);
+        }
+        self.late = late;
+    }
+
+    /// At the end of a visit: land what is late (the responses do arrive; a queue that
+    /// stopped may not be visited again soon).
+    #[inline(always)]
+    fn land_at_visit_end(&mut self) {
+        if !self.late.is_empty() {
+            self.land();
+        }
+    }
+
+    /// Land late responses before a WQE whose control segment is `w` runs, if it is fenced.
+    #[inline(always)]
+    fn fence(&mut self, w: &[u8]) {
+        if !self.late.is_empty() && fenced(w) {
+            self.land();
+        }
     }
 
     /// Gather the payload described by data (or inline) segments `from..ds` into `scratch`.
@@ -1970,7 +2047,7 @@ impl Core {
         if total > MAX_MESSAGE {
             return Err(Fail::Syndrome(Syndrome::LocalLength));
         }
-        if ds == 3 {
+        if ds == 3 && !self.late_landing {
             // One scatter entry: copy region to region, no staging.
             let seg = 2 * SEG_SIZE;
             let lkey = Be32::read(&self.wqe, seg + off::SEG_LKEY).get();
@@ -2005,6 +2082,21 @@ impl Core {
         peer.read(&mut self.remote_keys, remote, &mut self.scratch[..total])
             .map_err(Fail::from)?;
         let mut at = 0;
+        if self.late_landing {
+            // Lands later (see `Core::late`), entry by entry as checked above.
+            for s in 2..ds {
+                let seg = s * SEG_SIZE;
+                let len = Be32::read(&self.wqe, seg).get() as usize;
+                if len != 0 {
+                    let lkey = Be32::read(&self.wqe, seg + off::SEG_LKEY).get();
+                    let addr = VirtAddr(Be64::read(&self.wqe, seg + off::SEG_ADDR).get());
+                    self.late
+                        .push((lkey, addr, self.scratch[at..at + len].to_vec()));
+                    at += len;
+                }
+            }
+            return Ok(total as u64);
+        }
         let data = std::mem::take(&mut self.scratch);
         let mut s = 2;
         while s < ds {
@@ -2070,7 +2162,14 @@ impl Core {
             .map_err(Fail::from)?;
         if let Some(seg) = result {
             let reply = atomic_reply(&self.qp, old);
-            self.write_local(seg, &reply);
+            if self.late_landing {
+                // Lands later (see `Core::late`).
+                let lkey = Be32::read(&self.wqe, seg + off::SEG_LKEY).get();
+                let addr = VirtAddr(Be64::read(&self.wqe, seg + off::SEG_ADDR).get());
+                self.late.push((lkey, addr, reply.to_vec()));
+            } else {
+                self.write_local(seg, &reply);
+            }
         }
         Ok(8)
     }
@@ -2158,6 +2257,9 @@ impl Core {
     /// The WQE at `ci` failed: error completion (always, signaled or not), QP to error, and
     /// flush everything behind it.
     fn fault(&mut self, f: &mut Fetcher, syndrome: Syndrome, bbs: u64) {
+        if !self.late.is_empty() {
+            self.land();
+        }
         let ci = self.ci;
         // Counted first: whoever sees the error completion or state sees the error counted.
         bump(&self.qp.counters.errors, 1);
@@ -2176,6 +2278,9 @@ impl Core {
 
     /// In the error state: complete every outstanding WQE with a flush error. True if any.
     fn flush(&mut self, f: &mut Fetcher) -> bool {
+        if !self.late.is_empty() {
+            self.land();
+        }
         let end = self
             .limit()
             .max(self.qp.posted.load(Ordering::Acquire))
