@@ -377,6 +377,27 @@ impl Completion {
     }
 }
 
+/// An asynchronous event: something that happened to a queue pair or CQ outside any work
+/// request's completion, as `ibv_get_async_event(3)` reports it. The owner of the object
+/// reads them with [`Nic::get_async_event`] (the manager polls it and handles the client
+/// whose object it names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AsyncEvent {
+    /// `IBV_EVENT_QP_ACCESS_ERR`: a request that reached this queue pair as responder broke
+    /// a key, PD, bounds or rights rule (mlx5: `MLX5_EVENT_TYPE_WQ_ACCESS_ERROR`). The queue
+    /// pair is in the error state and its posted receives were flushed.
+    QpAccessError(Qpn),
+    /// `IBV_EVENT_QP_REQ_ERR`: an invalid request reached this queue pair as responder (a
+    /// misaligned atomic, a message longer than the receive; mlx5:
+    /// `MLX5_EVENT_TYPE_WQ_INVAL_REQ_ERROR`). The queue pair is in the error state and its
+    /// posted receives were flushed.
+    QpRequestError(Qpn),
+    /// `IBV_EVENT_CQ_ERR`: the CQ overran (a completion found it full); it is in error and
+    /// takes no more completions (mlx5: `MLX5_EVENT_TYPE_CQ_ERROR`).
+    CqError(Cqn),
+}
+
 /// An RDMA NIC: the softnic or a ConnectX through rdma-core.
 pub trait Nic: Send + Sync {
     /// A name for logs ("softnic0", "mlx5_2").
@@ -446,6 +467,12 @@ pub trait Nic: Send + Sync {
     fn sq_consumed(&self, qp: Qpn) -> Result<u64>;
     /// How many objects of each kind the NIC holds now, whoever created them.
     fn objects(&self) -> ObjectCounts;
+    /// Take the oldest asynchronous event, if any (`ibv_get_async_event`, without
+    /// blocking; the caller polls). Events are kept in order, up to a cap: past it the newest
+    /// are dropped and [`Nic::async_events_lost`] counts them.
+    fn get_async_event(&self) -> Option<AsyncEvent>;
+    /// Asynchronous events dropped because nobody took them in time (the queue was full).
+    fn async_events_lost(&self) -> u64;
 }
 
 /// How many objects of each kind a NIC holds: what a leak check compares before and after.

@@ -189,20 +189,27 @@ fn bucket_address_outside_the_table_is_a_protection_error_not_an_answer() {
         )
         .unwrap();
     // The worker's READ faults: its QP goes to error with a remote access error; the client
-    // gets nothing back, and the secret stays put.
+    // gets nothing back, and the secret stays put. The worker is its own responder
+    // (loopback), so the refused READ also raises an access-error event on it.
     let worker = inst.qp(&program, "worker0").unwrap();
     let deadline = std::time::Instant::now() + patience(5);
-    while server.qp_state(worker).unwrap() != QpState::Error {
-        assert!(std::time::Instant::now() < deadline, "worker never faulted");
+    let mut out = Vec::new();
+    while !out.iter().any(|c: &redn_sys::nic::Completion| {
+        c.status == Err(redn_program::wqe::Syndrome::RemoteAccess)
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "worker never faulted: {out:?}"
+        );
+        server.poll_cq(inst.cqs[1], 8, &mut out).unwrap_or(0);
         std::thread::yield_now();
     }
+    assert_eq!(server.qp_state(worker).unwrap(), QpState::Error);
+    // The READ's error completion (the refusal as responder is the event's to report).
     assert_eq!(server.counters(worker).unwrap().errors, 1);
-    let mut out = Vec::new();
-    server.poll_cq(inst.cqs[1], 8, &mut out).unwrap_or(0);
-    assert!(
-        out.iter()
-            .any(|c| c.status == Err(redn_program::wqe::Syndrome::RemoteAccess)),
-        "{out:?}"
+    assert_eq!(
+        server.get_async_event(),
+        Some(redn_sys::nic::AsyncEvent::QpAccessError(worker))
     );
     let sent = wait_cqes(&client, ccq, 1);
     assert!(
@@ -368,7 +375,11 @@ fn hash_get_needs_its_fence_when_read_responses_land_late() {
     // shipped (fenced) still hits, and the same chain without its fences compares the bytes
     // from before the READ and answers "not found".
     let keys = [0x1111_2222_3333u64, 0xabcd_ef01_2345];
-    for mode in [Prefetch::AtExecute, Prefetch::Depth(8), Prefetch::Adversarial] {
+    for mode in [
+        Prefetch::AtExecute,
+        Prefetch::Depth(8),
+        Prefetch::Adversarial,
+    ] {
         for fenced in [true, false] {
             let program = catalog::hash_get(HashVariant::Single, 8).unwrap();
             let program = if fenced {

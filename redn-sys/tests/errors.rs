@@ -182,3 +182,90 @@ fn wqe_checks_refuse_a_foreign_qpn_that_redn_mode_runs() {
         }
     }
 }
+
+/// A client and a server softnic, one RC connection; the server has `recvs` receives posted
+/// and a region with only REMOTE_READ. Returns what the test drives.
+fn responder_rig(recvs: u64) -> (SoftNic, SoftNic, Endpoint, Endpoint, Region, Region) {
+    let server = nic(1, Prefetch::Depth(8));
+    let client = nic(1, Prefetch::Depth(8));
+    let spd = server.alloc_pd().unwrap();
+    let cpd = client.alloc_pd().unwrap();
+    let data = Region::new(
+        &server,
+        spd,
+        4096,
+        Access::REMOTE_READ | Access::LOCAL_WRITE,
+    );
+    let local = Region::new(&client, cpd, 4096, Access::ALL);
+    let s = endpoint(&server, spd, |_| {});
+    let c = endpoint(&client, cpd, |_| {});
+    SoftNic::connect_pair(&client, c.qp.qpn, &server, s.qp.qpn).unwrap();
+    for i in 0..recvs {
+        server
+            .post_recv(s.qp.qpn, 100 + i, &[data.mr.sge(i * 8, 8)])
+            .unwrap();
+    }
+    (server, client, s, c, data, local)
+}
+
+#[test]
+fn a_responder_error_moves_the_responder_to_error_flushes_its_receives_and_raises_an_event() {
+    use redn_program::wqe::Payload;
+    use redn_sys::nic::AsyncEvent;
+    use redn_sys::QpState;
+    // (request, the requester's status, the responder's event)
+    type Request = fn(&Region, &Region) -> WrOp;
+    type Event = fn(Qpn) -> AsyncEvent;
+    let cases: [(&str, Request, Syndrome, Event); 3] = [
+        (
+            "WRITE without REMOTE_WRITE",
+            |data, local| WrOp::Write {
+                remote: data.mr.remote(0),
+                payload: Payload::Sgl(vec![local.mr.sge(0, 8)]),
+                imm: None,
+            },
+            Syndrome::RemoteAccess,
+            AsyncEvent::QpAccessError,
+        ),
+        (
+            "misaligned atomic",
+            |data, local| WrOp::FetchAdd {
+                remote: data.mr.remote(4),
+                add: 1,
+                result: Some(local.mr.sge(0, 8)),
+            },
+            Syndrome::RemoteInvalidRequest,
+            AsyncEvent::QpRequestError,
+        ),
+        (
+            "SEND longer than the receive",
+            |_, local| WrOp::Send {
+                payload: Payload::Sgl(vec![local.mr.sge(0, 64)]),
+                imm: None,
+            },
+            Syndrome::RemoteInvalidRequest,
+            AsyncEvent::QpRequestError,
+        ),
+    ];
+    for (what, op, status, event) in cases {
+        let (server, client, s, c, data, local) = responder_rig(3);
+        client
+            .post_send(c.qp.qpn, &[wr(1, SIG, op(&data, &local))])
+            .unwrap();
+        assert_eq!(wait_cqes(&client, c.cq, 1)[0].status, Err(status), "{what}");
+        assert_eq!(server.qp_state(s.qp.qpn).unwrap(), QpState::Error, "{what}");
+        assert_eq!(server.get_async_event(), Some(event(s.qp.qpn)), "{what}");
+        assert_eq!(server.get_async_event(), None, "{what}: one event");
+        // Every receive completes: flushed, or (the SEND) the one it was too long for.
+        let done = wait_cqes(&server, s.cq, 3);
+        let flushed = done
+            .iter()
+            .filter(|c| c.status == Err(Syndrome::WrFlush))
+            .count();
+        let consumed = usize::from(what.starts_with("SEND"));
+        assert_eq!(flushed, 3 - consumed, "{what}: {done:?}");
+        // The requester's queue is in error too (its WQE failed), and nothing reaches the
+        // responder any more.
+        assert_eq!(client.qp_state(c.qp.qpn).unwrap(), QpState::Error, "{what}");
+    }
+}

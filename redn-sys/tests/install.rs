@@ -156,6 +156,12 @@ impl Nic for FailingNic {
     fn objects(&self) -> ObjectCounts {
         self.inner.objects()
     }
+    fn get_async_event(&self) -> Option<redn_sys::nic::AsyncEvent> {
+        self.inner.get_async_event()
+    }
+    fn async_events_lost(&self) -> u64 {
+        self.inner.async_events_lost()
+    }
 }
 
 const DATA_LEN: usize = 1 << 16;

@@ -1320,7 +1320,8 @@ fn tp_verify(nic: &SoftNic, op: TOp, qps: &[TpQp], expected_per_qp: u64) -> Resu
                     let off = wd * 64;
                     let v = q.src.buf.load_u64(off);
                     total += v;
-                    let got = u64::from_le_bytes(dst[off..off + 8].try_into().expect("eight bytes"));
+                    let got =
+                        u64::from_le_bytes(dst[off..off + 8].try_into().expect("eight bytes"));
                     let want = if op == TOp::Cas { 0 } else { v.wrapping_sub(1) };
                     if got != want {
                         return Err(format!(

@@ -408,7 +408,13 @@ impl Builder {
             add: step,
             result: None,
         };
-        self.push(on, &format!("{label}.add"), add, WqeFlags::NONE, Form::Active);
+        self.push(
+            on,
+            &format!("{label}.add"),
+            add,
+            WqeFlags::NONE,
+            Form::Active,
+        );
     }
 
     /// Change the count of an already pushed WAIT, SEND_EN or RECV_EN (for counts that are

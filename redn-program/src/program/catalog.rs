@@ -757,7 +757,13 @@ pub fn server_loop() -> Result<Program, ProgramError> {
         queue: worker,
         count: W + 2,
     };
-    b.push(h, "rearm.worker", rearm_worker, WqeFlags::FENCE, Form::Active);
+    b.push(
+        h,
+        "rearm.worker",
+        rearm_worker,
+        WqeFlags::FENCE,
+        Form::Active,
+    );
     debug_assert!(b.pos(h) <= H, "the re-arm round fits its ring");
     while b.pos(h) < H {
         let l = format!("rpad{}", b.pos(h));

@@ -1336,18 +1336,28 @@ impl Core {
                             }
                         }
                     }
-                    // The guard runs the atomic: a refused one falls through to `execute`.
+                    // A local refusal falls through to `execute`; the responder's refusal is
+                    // final (it has acted on it: its queue pair went to error).
                     OP_CAS | OP_FAA | OP_MASKED_CAS | OP_MASKED_FAA
                         if !LEAN
                             && !self.late_landing
-                            && ds >= if opcode == OP_MASKED_CAS { 4 } else { 3 }
-                            && self.fast_atomic(direct, w).is_some() =>
+                            && ds >= if opcode == OP_MASKED_CAS { 4 } else { 3 } =>
                     {
-                        if signaled {
-                            self.complete(ci, 1, opcode, 8);
+                        match self.fast_atomic(direct, w) {
+                            Some(Ok(())) => {
+                                if signaled {
+                                    self.complete(ci, 1, opcode, 8);
+                                }
+                                ci += 1;
+                                continue;
+                            }
+                            Some(Err(syndrome)) => {
+                                self.wqe[..BB_SIZE].copy_from_slice(w);
+                                fault = Some((syndrome, 1));
+                                break;
+                            }
+                            None => {}
                         }
-                        ci += 1;
-                        continue;
                     }
                     OP_WAIT | OP_SEND_EN | OP_RECV_EN if ds >= 2 => {
                         if !LEAN
@@ -1697,9 +1707,15 @@ impl Core {
         Some(slot)
     }
 
-    /// The fast path's one-BB atomic to an in-process peer, counted; None if `execute` must.
+    /// The fast path's one-BB atomic to an in-process peer, counted; None if `execute` must
+    /// run it (nothing was asked of the peer), `Some(Err)` with the syndrome of the
+    /// responder's refusal.
     #[inline(never)]
-    fn fast_atomic(&mut self, peer: Option<&InProcess>, w: &[u8; BB_SIZE]) -> Option<()> {
+    fn fast_atomic(
+        &mut self,
+        peer: Option<&InProcess>,
+        w: &[u8; BB_SIZE],
+    ) -> Option<Result<(), Syndrome>> {
         let peer = peer?;
         let opcode = w[off::OPCODE];
         let ds = usize::from(w[off::DS] & MAX_DS);
@@ -1716,15 +1732,17 @@ impl Core {
         } else {
             None
         };
-        let old = peer
-            .atomic(&mut self.remote_keys, remote_of(w), atomic)
-            .ok()?;
+        let old = match peer.atomic(&mut self.remote_keys, remote_of(w), atomic) {
+            Ok(old) => old,
+            // An atomic is never "receiver not ready".
+            Err(nak) => return Some(Err(nak.syndrome())),
+        };
         if let Some(r) = result {
             r.write(&atomic_reply(&self.qp, old));
         }
         self.qp.count_wqes(opcode, 1);
         bump(&self.qp.counters.bytes, 8);
-        Some(())
+        Some(Ok(()))
     }
 
     /// The fast path's WAIT, SEND_EN or RECV_EN at `ci`, counted if it ran.
@@ -2102,7 +2120,11 @@ impl Core {
         while s < ds {
             let seg = s * SEG_SIZE;
             let len = Be32::read(&self.wqe, seg).get() as usize;
-            let run = if len == 1 { self.reversed_run(s, ds) } else { 1 };
+            let run = if len == 1 {
+                self.reversed_run(s, ds)
+            } else {
+                1
+            };
             if run > 1 {
                 // One-byte entries at descending addresses under one key (RedN's
                 // byte-reversing READ, `Builder::advance_count`): each byte was checked

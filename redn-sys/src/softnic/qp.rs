@@ -1,6 +1,7 @@
 //! Shared state of a queue pair: what the host, the owning PU and peers all touch.
 
 use super::cq::CqShared;
+use super::events::AsyncEvents;
 use super::transport::Transport;
 use super::wake::PuSet;
 use crate::conv::{self, idx, low32};
@@ -143,6 +144,8 @@ pub(crate) struct QpShared {
     pub(crate) managed_recv: bool,
     /// `QpConfig::atomic_be_reply`: atomic replies land big-endian (MLNX_OFED only).
     pub(crate) atomic_be_reply: bool,
+    /// The softnic's asynchronous event queue, where a responder error is reported.
+    pub(crate) events: Arc<AsyncEvents>,
     state: AtomicU8,
     pub(crate) destroyed: AtomicBool,
     pub(crate) sq: Ring,
@@ -219,6 +222,7 @@ impl QpShared {
         managed_send: bool,
         managed_recv: bool,
         atomic_be_reply: bool,
+        events: Arc<AsyncEvents>,
         sq: Ring,
         rq: Ring,
         send_cq: Arc<CqShared>,
@@ -233,6 +237,7 @@ impl QpShared {
             managed_send,
             managed_recv,
             atomic_be_reply,
+            events,
             state: AtomicU8::new(QpState::Init as u8),
             destroyed: AtomicBool::new(false),
             sq_wr_ids: atomics(sq.entries),
@@ -275,12 +280,14 @@ impl QpShared {
 
     /// Move to the error state (once): flush the receive queue here, and wake the PU, which
     /// flushes the send queue (it owns the send queue's consumer index).
-    pub(crate) fn enter_error(&self) {
+    /// True if this call moved it (it was not in error already).
+    pub(crate) fn enter_error(&self) -> bool {
         if self.state.swap(QpState::Error as u8, Ordering::AcqRel) == QpState::Error as u8 {
-            return;
+            return false;
         }
         self.flush_recv();
         self.pus.notify(self.pu);
+        true
     }
 
     /// Complete every posted, unconsumed receive with a flush error.
