@@ -664,11 +664,18 @@ fn fenced(w: &[u8]) -> bool {
     WqeFlags(w[off::FM_CE_SE]).waits_for_responses()
 }
 
-/// True once a CQ that has produced `produced` completions satisfies a WAIT for `count`
-/// (32-bit counts compared with wrap-around, as the hardware's are).
+/// Bits of a CQ index that WAIT compares: ConnectX compares CQ indices modulo 2^24 (DPDK's
+/// `MLX5_CQ_INDEX_WIDTH`; its rearm queue's WAIT targets wrap at 24 bits).
+const CQ_INDEX_BITS: u32 = 24;
+
+/// True once a CQ that has produced `produced` completions satisfies a WAIT for `count`:
+/// more than `count` completions, read modulo 2^24 ([`CQ_INDEX_BITS`]) as a count up to
+/// 2^23 behind or ahead, as the hardware compares them.
 #[inline(always)]
 fn wait_passed(produced: u64, count: u32) -> bool {
-    low32(produced).wrapping_sub(count) as i32 > 0
+    let mask = (1u32 << CQ_INDEX_BITS) - 1;
+    let d = low32(produced).wrapping_sub(count) & mask;
+    d != 0 && d <= mask >> 1
 }
 
 const OP_NOP: u8 = Opcode::Nop as u8;
@@ -2418,4 +2425,30 @@ fn payload_len(w: &[u8], from: usize, ds: usize) -> u64 {
     (from..ds)
         .map(|s| u64::from(Be32::read(w, s * SEG_SIZE).get()))
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_compares_cq_indices_modulo_2_pow_24() {
+        // More than `count` completions, within 2^23 either way.
+        assert!(!wait_passed(5, 5));
+        assert!(wait_passed(6, 5));
+        assert!(!wait_passed(4, 5));
+        // Only the low 24 bits of either side count.
+        assert!(wait_passed((1 << 24) + 6, 5));
+        assert!(wait_passed(6, 0xff00_0005));
+        assert!(!wait_passed(1 << 24, 0));
+        // Past the CQ index's wrap: produced 2^24 + 3 satisfies a WAIT for 2^24 - 2.
+        assert!(wait_passed((1 << 24) + 3, (1 << 24) - 2));
+        assert!(
+            !wait_passed((1 << 24) - 2, 3),
+            "ahead of the count, across the wrap"
+        );
+        // Half the range: 2^23 - 1 ahead passes, 2^23 reads as behind.
+        assert!(wait_passed((1 << 23) - 1, 0));
+        assert!(!wait_passed(1 << 23, 0));
+    }
 }
