@@ -375,6 +375,13 @@ impl Completion {
     pub fn is_ok(&self) -> bool {
         self.status.is_ok()
     }
+
+    /// The vendor syndrome of an error completion (`ibv_wc.vendor_err`: byte 54 of the error
+    /// CQE, kept as the NIC wrote it), 0 otherwise.
+    #[must_use]
+    pub fn vendor_err(&self) -> u8 {
+        self.cqe.vendor_syndrome
+    }
 }
 
 /// An asynchronous event: something that happened to a queue pair or CQ outside any work

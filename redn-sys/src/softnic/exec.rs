@@ -651,10 +651,10 @@ struct Parked {
 }
 
 /// True if the control segment's completion-mode bits (byte `FM_CE_SE` of `w`) ask for a
-/// completion (CE = 2: always).
+/// completion (`WqeFlags::signaled`: CE 2, always, or 3, CQE and EQE).
 #[inline(always)]
 fn signaled(w: &[u8]) -> bool {
-    w[off::FM_CE_SE] & 0x0c == 0x08
+    WqeFlags(w[off::FM_CE_SE]).signaled()
 }
 
 /// True if the control segment `w` is fenced: it waits for earlier READs and atomics of its
@@ -1880,7 +1880,7 @@ impl Core {
                 if bytes != 0 {
                     bump(&self.qp.counters.bytes, bytes);
                 }
-                if flags & 0x0c == 0x08 {
+                if WqeFlags(flags).signaled() {
                     let byte_cnt = match opcode {
                         // At most MAX_MESSAGE (16 MiB).
                         Opcode::RdmaRead => small32(idx(bytes)),

@@ -348,6 +348,7 @@ impl Nic for SoftNic {
             cfg.depth,
             cfg.ignore_overrun,
             Arc::clone(&self.shared.pus),
+            Arc::clone(&self.shared.events),
         ));
         self.shared
             .cqs
