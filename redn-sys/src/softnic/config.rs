@@ -45,6 +45,12 @@ pub struct SoftNicConfig {
     /// Check that each WQE's QPN and index match its queue and slot (ConnectX's "WQE checks").
     /// RedN needs them off, because its chains keep operands in those fields; off by default.
     pub wqe_checks: bool,
+    /// Run the executor's fast paths (the one-BB loop, the hot re-run loop, the doorbell
+    /// hand-over). On by default. Off, every WQE goes through the general executor, which is
+    /// the definition of what a WQE does: the fast paths are optimisations of it, and the
+    /// differential test (`tests/differential.rs`) runs the same programs both ways and
+    /// requires the same memory, completions, counters and states.
+    pub fast_paths: bool,
 }
 
 impl SoftNicConfig {
@@ -56,6 +62,7 @@ impl SoftNicConfig {
             pus: 1,
             prefetch: Prefetch::Depth(8),
             wqe_checks: false,
+            fast_paths: true,
         }
     }
 }

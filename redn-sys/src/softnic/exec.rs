@@ -987,13 +987,19 @@ struct Core {
     wqe_checks: bool,
     /// READ and atomic responses land late (`Prefetch::Adversarial`): see [`Core::late`].
     late_landing: bool,
+    /// `SoftNicConfig::fast_paths`, read once: off, every WQE runs through `step`.
+    fast_paths: bool,
     /// Responses of this queue's unsignaled READs and atomics that have not landed yet, in
     /// order: (lkey, address, bytes), each already checked for local write. ConnectX may
     /// run later WQEs of the queue before an RDMA READ's or atomic's response has landed
-    /// unless they carry the fence flag; with `late_landing` the softnic does so as late as
-    /// it may: they land before a fenced WQE runs, before any completion of this queue (a
-    /// completion says everything before it is done), before an error is reported, and at
-    /// the end of each visit (the response does arrive). Empty otherwise.
+    /// unless they carry the fence flag; with `late_landing` the softnic lands them late:
+    /// before a fenced WQE runs, before any completion of this queue (a completion says
+    /// everything before it is done), before an error is reported, and when the queue stops
+    /// (before a WAIT, which may block; at a SEND with no receive; with nothing more
+    /// enabled or posted): the response does arrive. Each of those is a point in the
+    /// queue's own WQE sequence, so where responses land does not depend on how the
+    /// executor split the queue's run into visits, or on which path ran it. Empty
+    /// otherwise.
     late: Vec<(u32, VirtAddr, Vec<u8>)>,
 }
 
@@ -1001,6 +1007,7 @@ impl Core {
     fn new(qp: Arc<QpShared>, nic: Arc<Shared>) -> Core {
         let wqe_checks = nic.config.wqe_checks;
         let late_landing = nic.config.prefetch == Prefetch::Adversarial;
+        let fast_paths = nic.config.fast_paths;
         Core {
             qp,
             nic,
@@ -1021,6 +1028,7 @@ impl Core {
             wqe_checks,
             late_landing,
             late: Vec::new(),
+            fast_paths,
         }
     }
 
@@ -1132,8 +1140,9 @@ impl Core {
             return RunOutcome::Idle;
         }
         self.refresh(f);
-        // A rate-limited queue takes the general path, which admits each WQE.
-        if self.limiter.is_active() {
+        // A rate-limited queue takes the general path, which admits each WQE; so does every
+        // queue with the fast paths off.
+        if self.limiter.is_active() || !self.fast_paths {
             return self.run_general(f, budget, 0, siblings);
         }
         let (done, blocked) = self.run_fast::<LEAN>(f, limit, budget, siblings.as_deref_mut());
@@ -1197,7 +1206,7 @@ impl Core {
     ) -> RunOutcome {
         let mut limit = self.limit();
         let mut outcome = RunOutcome::Idle;
-        let fast = !self.limiter.is_active();
+        let fast = self.fast_paths && !self.limiter.is_active();
         while done < budget {
             if self.ci >= limit {
                 limit = self.limit();
@@ -1304,7 +1313,7 @@ impl Core {
             let w = &e.bytes;
             let opcode = w[off::OPCODE];
             let signaled = signaled(w);
-            self.fence(w);
+            self.land_before(w);
             // Each arm that runs its WQE counts it, completes it if signaled and goes on to
             // the next; a WQE that falls out of the match (a check refused it, or the fast
             // path does not run it) goes to `execute`, which reports any error.
@@ -1826,7 +1835,7 @@ impl Core {
         if self.wqe_checks && !self.wqe_is_ours(w, ci) {
             return Step::Fault(Syndrome::LocalQpOperation, bbs);
         }
-        if !self.late.is_empty() && fenced(w) {
+        if !self.late.is_empty() && (fenced(w) || opcode == Opcode::Wait) {
             self.land();
         }
         let w = &self.wqe;
@@ -1893,6 +1902,10 @@ impl Core {
             }
             Err(Fail::NotReady) => {
                 bump(&self.qp.counters.rnr_waits, 1);
+                if !self.late.is_empty() {
+                    // Stopped until a receive is posted (see `late`).
+                    self.land();
+                }
                 Step::Blocked
             }
             Err(Fail::Syndrome(s)) => Step::Fault(s, bbs),
@@ -1930,19 +1943,20 @@ impl Core {
         self.late = late;
     }
 
-    /// At the end of a visit: land what is late (the responses do arrive; a queue that
-    /// stopped may not be visited again soon).
+    /// At the end of a visit: land what is late if the queue stopped with nothing more
+    /// enabled or posted (a visit that ended on its budget goes on in the next one).
     #[inline(always)]
     fn land_at_visit_end(&mut self) {
-        if !self.late.is_empty() {
+        if !self.late.is_empty() && self.ci >= self.limit() {
             self.land();
         }
     }
 
-    /// Land late responses before a WQE whose control segment is `w` runs, if it is fenced.
+    /// Land late responses before a WQE whose control segment is `w` runs, if it is fenced
+    /// or a WAIT (see [`Core::late`]).
     #[inline(always)]
-    fn fence(&mut self, w: &[u8]) {
-        if !self.late.is_empty() && fenced(w) {
+    fn land_before(&mut self, w: &[u8]) {
+        if !self.late.is_empty() && (fenced(w) || w[off::OPCODE] == OP_WAIT) {
             self.land();
         }
     }
