@@ -154,34 +154,7 @@ fn random_op(rng: &mut Rng, mr: &redn_sys::nic::MrInfo) -> WrOp {
             let word = |rng: &mut Rng| rng.below(Q_AREA / 8) * 8;
             let remote = mr.remote(word(rng));
             let result = (rng.below(3) != 0).then(|| mr.sge(word(rng), 8));
-            let (compare, mask) = (rng.below(4), rng.next() | 0xff);
-            match rng.below(4) {
-                0 => WrOp::CompareSwap {
-                    remote,
-                    compare,
-                    swap: rng.next(),
-                    result,
-                },
-                1 => WrOp::FetchAdd {
-                    remote,
-                    add: rng.next(),
-                    result,
-                },
-                2 => WrOp::MaskedCompareSwap {
-                    remote,
-                    compare,
-                    compare_mask: 0x3,
-                    swap: rng.next(),
-                    swap_mask: mask,
-                    result,
-                },
-                _ => WrOp::MaskedFetchAdd {
-                    remote,
-                    add: rng.next(),
-                    field_boundary: mask,
-                    result,
-                },
-            }
+            random_atomic(rng, remote, result)
         }
     }
 }
