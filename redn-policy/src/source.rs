@@ -172,7 +172,9 @@ impl<'a> Document<'a> {
             Some(p) if !p.is_empty() => Some(self.render(&p)),
             Some(_) => None,
             None => span.as_ref().and_then(|s| self.textual_key(s.start)),
-        };
+        }
+        // A key the parser recovered as empty (`= 1`) names nothing.
+        .filter(|k| !k.trim().is_empty());
         Error::Invalid {
             origin: self.origin.to_owned(),
             location: span.map(|s| self.location(s.start)),
@@ -338,11 +340,19 @@ impl<'a> Document<'a> {
             .find('\n')
             .map_or(self.text.len(), |i| offset + i);
         let line = self.text[line_start..line_end].trim();
+        // The dotted key between a header's brackets, whatever follows them
+        // (`[[app]] junk` names `app`, `[ a . b ]` names `a.b`).
         let header = |l: &str| -> Option<String> {
-            let l = l.trim();
-            l.starts_with('[')
-                .then(|| l.split('#').next().unwrap_or("").trim())
-                .map(|h| h.trim_matches(|c| c == '[' || c == ']').trim().to_owned())
+            let inner = l.trim().strip_prefix('[')?;
+            let inner = inner.strip_prefix('[').unwrap_or(inner);
+            let inner = inner.split(']').next().unwrap_or("");
+            Some(
+                inner
+                    .split('.')
+                    .map(str::trim)
+                    .collect::<Vec<_>>()
+                    .join("."),
+            )
         };
         if let Some(h) = header(line) {
             return Some(h).filter(|h| !h.is_empty());
@@ -561,5 +571,19 @@ mod tests {
         assert_eq!(e, "t.toml:3:2: key with no value, expected `=`");
         let e = err("a = [\n[\n1]\n]\nb = = 1\n");
         assert!(e.starts_with("t.toml:5:5: b: "), "{e}");
+        // Text after a header names the header's key, not the rest of the line.
+        let e = err("[[app]] junk\n");
+        assert!(e.starts_with("t.toml:1:9: app: "), "{e}");
+        let e = err("[ app . client ] x\n");
+        assert!(e.starts_with("t.toml:1:18: app.client: "), "{e}");
+    }
+
+    #[test]
+    fn an_empty_key_is_not_named() {
+        let e = err("= 1\n");
+        assert!(
+            e.starts_with("t.toml:1:1: unquoted keys cannot be empty"),
+            "{e}"
+        );
     }
 }

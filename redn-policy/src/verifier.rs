@@ -40,10 +40,10 @@ mod bounds;
 mod control;
 
 use redn_program::program::{
-    Addr, Form, Iterations, Op, Operand, PatchSource, Program, QueueRole, RegionRole, Resolver,
-    Sge, Slots, WqePos,
+    Addr, CodeLayout, Form, Iterations, Op, Operand, PatchSource, Program, QueueRole, RegionRole,
+    Resolver, Sge, Slots, WqePos,
 };
-use redn_program::wqe::{off, Opcode, SEG_SIZE};
+use redn_program::wqe::{off, Opcode, BB_SIZE, SEG_SIZE};
 use redn_program::Access;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -343,6 +343,9 @@ struct Checker<'a> {
     /// The program's patch points by the WQE they patch, built once: a large program has
     /// thousands, and each write into a WQE looks at that WQE's only.
     patches: HashMap<&'a str, Vec<&'a redn_program::program::PatchPoint>>,
+    /// Where each ring lies in the code region, to name the bytes a refused write would
+    /// need a key over (`None` if the program cannot be laid out; another pass says why).
+    layout: Option<CodeLayout>,
     out: Vec<Finding>,
 }
 
@@ -824,10 +827,33 @@ impl<'a> Checker<'a> {
                 field,
                 Rule::UndeclaredPatch,
                 format!(
-                    "writes {label}@{b}..{e} outside every patch point declared for {}",
-                    source_name(source)
+                    "writes {label}@{b}..{e} outside every patch point declared for {}{}: \
+                     the installer grants no key over them",
+                    source_name(source),
+                    self.code_bytes(label, b, e)
                 ),
             );
+        }
+    }
+
+    /// `, code bytes X..Y`: where bytes `from..to` of WQE `label` lie in the code region,
+    /// which a key would have to cover to write them.
+    fn code_bytes(&self, label: &str, from: u64, to: u64) -> String {
+        let Some(layout) = &self.layout else {
+            return String::new();
+        };
+        let Some(&pos) = self.idx.at.get(label) else {
+            return String::new();
+        };
+        let at = layout.sq.get(pos.queue).and_then(|&sq| {
+            let wqe = u64::try_from(sq)
+                .ok()?
+                .checked_add(pos.bb.checked_mul(BB_SIZE as u64)?)?;
+            Some((wqe.checked_add(from)?, wqe.checked_add(to)?))
+        });
+        match at {
+            Some((x, y)) => format!(" (code bytes {x}..{y})"),
+            None => String::new(),
         }
     }
 
@@ -1255,8 +1281,12 @@ impl<'a> Checker<'a> {
                         &field,
                         Rule::ProtectedField,
                         format!(
-                            "{} may rewrite the {name} (bytes {b}..{e})",
-                            source_name(&pp.source)
+                            "{} may rewrite the {name} (bytes {b}..{e}) through the key over \
+                             its patch point {}@{}..{end}{}",
+                            source_name(&pp.source),
+                            pp.label,
+                            pp.byte,
+                            self.code_bytes(&pp.label, u64::from(pp.byte), u64::from(end))
                         ),
                     );
                 }
@@ -1789,6 +1819,7 @@ pub fn verify(program: &Program, grants: &Grants) -> Report {
         g: grants,
         idx: Index::new(program),
         patches: program.patches_by_wqe(),
+        layout: program.layout().ok(),
         out: Vec::new(),
     };
     c.structure();

@@ -934,8 +934,10 @@ fn a_read_scatter_running_past_its_patch_point_is_refused() {
             assert_eq!(
                 f.detail,
                 format!(
-                    "writes 0.r0@{from}..{} outside every patch point declared for READ \"0.b0.read\"",
-                    from + len
+                    "writes 0.r0@{from}..{end} outside every patch point declared for READ \
+                     \"0.b0.read\" (code bytes {from}..{end}): the installer grants no key over \
+                     them",
+                    end = from + len
                 )
             );
             // Still inside the patch point: accepted.
@@ -1016,8 +1018,9 @@ fn a_write_running_past_its_patch_point_is_refused() {
         assert_eq!(
             f.detail,
             format!(
-                "writes 0.r0@32..{} outside every patch point declared for WRITE \"patcher\"",
-                32 + len
+                "writes 0.r0@32..{end} outside every patch point declared for WRITE \
+                 \"patcher\" (code bytes 32..{end}): the installer grants no key over them",
+                end = 32 + len
             )
         );
     }
@@ -1073,4 +1076,44 @@ fn patches_straddling_a_cas_operand_slot_are_refused() {
             "{label} {byte}+{len}"
         );
     }
+}
+
+/// A refused write names the WQE that could make it, the patch point whose key it would go
+/// through, and where those bytes lie in the code region.
+#[test]
+fn a_refused_write_names_its_writer_key_and_code_bytes() {
+    let mut p = base();
+    if let Op::Read { sgl, .. } = &mut wqe_mut(&mut p, "0.b0.read").op {
+        sgl.push(Sge::new(Addr::wqe("0.b0.if", 24), 4));
+    }
+    patch(&mut p, "0.b0.if", 24, 4, read_source());
+    // Where 0.b0.if starts: its queue's ring, plus the blocks of the WQEs before it.
+    let layout = p.layout().unwrap();
+    let (qi, q) = p
+        .queues
+        .iter()
+        .enumerate()
+        .find(|(_, q)| q.wqes.iter().any(|w| w.label == "0.b0.if"))
+        .unwrap();
+    let before: u64 = q
+        .wqes
+        .iter()
+        .take_while(|w| w.label != "0.b0.if")
+        .map(|w| w.op.bbs())
+        .sum();
+    let at = layout.sq[qi] + usize::try_from(before).unwrap() * 64 + 24;
+    let r = verify(&p, &grants());
+    let f = r
+        .findings
+        .iter()
+        .find(|f| f.rule == Rule::ProtectedField)
+        .unwrap_or_else(|| panic!("{}", r.log()));
+    assert_eq!(
+        f.detail,
+        format!(
+            "READ \"0.b0.read\" may rewrite the rkey (bytes 24..28) through the key over its \
+             patch point 0.b0.if@24..28 (code bytes {at}..{})",
+            at + 4
+        )
+    );
 }

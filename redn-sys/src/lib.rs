@@ -9,6 +9,7 @@
 //! - [`conv`]: the integer conversions between the NIC's 64-bit numbers and memory
 //!   offsets, for 64-bit hosts (the only ones the crate builds for);
 //! - [`handle`]: owned NIC objects that release themselves when dropped;
+//! - [`fault`]: a NIC wrapper that fails a chosen call, for all-or-nothing tests;
 //! - [`install`]: installing one client's instance of a program on any [`Nic`](nic::Nic);
 //! - [`softnic`]: the software RDMA NIC that executes mlx5 WQE bytes from ring memory, the
 //!   default backend.
@@ -17,6 +18,7 @@
 
 pub mod clock;
 pub mod conv;
+pub mod fault;
 pub mod handle;
 pub mod install;
 pub mod mem;
@@ -96,6 +98,18 @@ pub enum Error {
     /// There is no RDMA device to open.
     #[error("no RDMA device: {0}")]
     NoDevice(String),
+    /// A RoCE endpoint's socket call failed.
+    #[error("cannot {what}")]
+    Roce {
+        /// What the endpoint was doing.
+        what: &'static str,
+        /// The system call's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The out-of-band connection exchange failed.
+    #[error("connection exchange failed")]
+    Exchange(#[from] softnic::roce::ExchangeError),
 }
 
 /// Result with the crate's error.

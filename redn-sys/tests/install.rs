@@ -1,168 +1,20 @@
 //! The installer is all or nothing: a failure at any step leaves the NIC holding exactly the
 //! objects it held before, and a removed or dropped offload releases everything it made.
 //!
-//! `FailingNic` wraps a softnic and fails the Nth call that creates or changes something
-//! (releases are never failed: they are what is being checked).
+//! `redn_sys::fault::FailingNic` wraps a softnic and fails the Nth call that creates or
+//! changes something (releases are never failed: they are what is being checked).
 
 use redn_program::program::catalog::{self, HashVariant};
 use redn_program::program::Program;
 use redn_program::program::{QueueRole, RegionRole};
-use redn_program::wqe::{Sge, WorkRequest};
+use redn_sys::fault::{FailingNic, Released};
 use redn_sys::install::{install, RegionBinding};
 use redn_sys::mem::SharedBuffer;
-use redn_sys::nic::{
-    CompChannel, Completion, CqConfig, MrInfo, Nic, ObjectCounts, QpConfig, QpCounters, QpInfo,
-    RateLimit,
-};
+use redn_sys::nic::Nic;
 use redn_sys::softnic::SoftNic;
-use redn_sys::{Access, Cqn, Error, Lkey, Pdn, QpState, Qpn, Result, Rkey, VirtAddr};
+use redn_sys::{Access, Rkey, VirtAddr};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-
-/// A softnic whose `fail_at`-th creating or changing call (counted from 0) fails.
-struct FailingNic {
-    inner: SoftNic,
-    calls: AtomicUsize,
-    fail_at: AtomicUsize,
-    /// Every release, in order.
-    released: Mutex<Vec<Released>>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Released {
-    Pd(Pdn),
-    Region(Lkey),
-    Cq(Cqn),
-    Qp(Qpn),
-}
-
-impl FailingNic {
-    fn step(&self, what: &'static str) -> Result<()> {
-        if self.calls.fetch_add(1, Ordering::Relaxed) == self.fail_at.load(Ordering::Relaxed) {
-            return Err(Error::InvalidConfig {
-                what,
-                detail: "injected failure".into(),
-            });
-        }
-        Ok(())
-    }
-
-    fn log(&self, r: Released) {
-        self.released.lock().unwrap().push(r);
-    }
-
-    /// Count calls from zero again and fail the `n`-th (`usize::MAX`: none).
-    fn arm(&self, n: usize) {
-        self.calls.store(0, Ordering::Relaxed);
-        self.fail_at.store(n, Ordering::Relaxed);
-    }
-}
-
-impl Nic for FailingNic {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn alloc_pd(&self) -> Result<Pdn> {
-        self.step("alloc_pd")?;
-        self.inner.alloc_pd()
-    }
-    fn dealloc_pd(&self, pd: Pdn) -> Result<()> {
-        self.log(Released::Pd(pd));
-        self.inner.dealloc_pd(pd)
-    }
-    fn reg_mr(
-        &self,
-        pd: Pdn,
-        buffer: &Arc<SharedBuffer>,
-        offset: usize,
-        len: usize,
-        access: Access,
-    ) -> Result<MrInfo> {
-        self.step("reg_mr")?;
-        self.inner.reg_mr(pd, buffer, offset, len, access)
-    }
-    fn dereg_mr(&self, lkey: Lkey) -> Result<()> {
-        self.log(Released::Region(lkey));
-        self.inner.dereg_mr(lkey)
-    }
-    fn create_cq(&self, cfg: CqConfig) -> Result<Cqn> {
-        self.step("create_cq")?;
-        self.inner.create_cq(cfg)
-    }
-    fn destroy_cq(&self, cq: Cqn) -> Result<()> {
-        self.log(Released::Cq(cq));
-        self.inner.destroy_cq(cq)
-    }
-    fn create_qp(&self, cfg: QpConfig) -> Result<QpInfo> {
-        self.step("create_qp")?;
-        self.inner.create_qp(cfg)
-    }
-    fn destroy_qp(&self, qp: Qpn) -> Result<()> {
-        self.log(Released::Qp(qp));
-        self.inner.destroy_qp(qp)
-    }
-    fn connect(&self, a: Qpn, b: Qpn) -> Result<()> {
-        self.step("connect")?;
-        self.inner.connect(a, b)
-    }
-    fn post_send(&self, qp: Qpn, wrs: &[WorkRequest]) -> Result<()> {
-        self.step("post_send")?;
-        self.inner.post_send(qp, wrs)
-    }
-    fn post_recv(&self, qp: Qpn, wr_id: u64, sgl: &[Sge]) -> Result<()> {
-        self.step("post_recv")?;
-        self.inner.post_recv(qp, wr_id, sgl)
-    }
-    fn ring_doorbell(&self, qp: Qpn, pi: u64) -> Result<()> {
-        self.step("ring_doorbell")?;
-        self.inner.ring_doorbell(qp, pi)
-    }
-    fn note_posted(&self, qp: Qpn, pi: u64, end: u64, wr_id: u64) -> Result<()> {
-        self.step("note_posted")?;
-        self.inner.note_posted(qp, pi, end, wr_id)
-    }
-    fn note_recvs_posted(&self, qp: Qpn, n: u64) -> Result<()> {
-        self.step("note_recvs_posted")?;
-        self.inner.note_recvs_posted(qp, n)
-    }
-    fn poll_cq(&self, cq: Cqn, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
-        self.inner.poll_cq(cq, max, out)
-    }
-    fn cq_produced(&self, cq: Cqn) -> Result<u64> {
-        self.inner.cq_produced(cq)
-    }
-    fn req_notify_cq(&self, cq: Cqn, channel: &CompChannel) -> Result<()> {
-        self.step("req_notify_cq")?;
-        self.inner.req_notify_cq(cq, channel)
-    }
-    fn qp_state(&self, qp: Qpn) -> Result<QpState> {
-        self.inner.qp_state(qp)
-    }
-    fn set_qp_error(&self, qp: Qpn) -> Result<()> {
-        self.step("set_qp_error")?;
-        self.inner.set_qp_error(qp)
-    }
-    fn set_rate_limit(&self, qp: Qpn, limit: RateLimit) -> Result<()> {
-        self.step("set_rate_limit")?;
-        self.inner.set_rate_limit(qp, limit)
-    }
-    fn counters(&self, qp: Qpn) -> Result<QpCounters> {
-        self.inner.counters(qp)
-    }
-    fn sq_consumed(&self, qp: Qpn) -> Result<u64> {
-        self.inner.sq_consumed(qp)
-    }
-    fn objects(&self) -> ObjectCounts {
-        self.inner.objects()
-    }
-    fn get_async_event(&self) -> Option<redn_sys::nic::AsyncEvent> {
-        self.inner.get_async_event()
-    }
-    fn async_events_lost(&self) -> u64 {
-        self.inner.async_events_lost()
-    }
-}
+use std::sync::Arc;
 
 const DATA_LEN: usize = 1 << 16;
 
@@ -171,13 +23,8 @@ type Bindings = HashMap<String, RegionBinding>;
 
 /// A failing NIC, and bindings for every region name the catalog uses: server memory for
 /// the data regions, a stand-in for a client's buffer as the response region.
-fn setup() -> (Arc<FailingNic>, Bindings) {
-    let nic = Arc::new(FailingNic {
-        inner: SoftNic::with_pus(1).unwrap(),
-        calls: AtomicUsize::new(0),
-        fail_at: AtomicUsize::new(usize::MAX),
-        released: Mutex::new(Vec::new()),
-    });
+fn setup() -> (Arc<FailingNic<SoftNic>>, Bindings) {
+    let nic = Arc::new(FailingNic::new(SoftNic::with_pus(1).unwrap()));
     let data = SharedBuffer::new(DATA_LEN);
     let mut regions: Bindings = ["table", "list", "values"]
         .into_iter()
@@ -234,7 +81,7 @@ fn a_failure_at_any_step_of_an_install_leaves_nothing_behind() {
         let mut failures = 0;
         for fail_at in 0.. {
             nic.arm(fail_at);
-            nic.released.lock().unwrap().clear();
+            let _ = nic.take_released();
             // The client-facing queue is connected to itself: that call can fail too.
             let connect_nic = Arc::clone(&nic);
             let result = install(&nic, &program, &regions, &mut |q| connect_nic.connect(q, q));
@@ -251,13 +98,13 @@ fn a_failure_at_any_step_of_an_install_leaves_nothing_behind() {
                         "{}: objects left behind by a failure at step {fail_at}",
                         program.name
                     );
-                    let released = nic.released.lock().unwrap().clone();
+                    let released = nic.take_released();
                     assert_reverse_order(&released, &program.name);
                     failures += 1;
                 }
                 Ok(installed) => {
                     assert_eq!(
-                        nic.calls.load(Ordering::Relaxed),
+                        nic.calls(),
                         fail_at,
                         "{}: the install succeeded with step {fail_at} failing",
                         program.name
@@ -286,12 +133,12 @@ fn a_failure_at_any_step_of_an_install_leaves_nothing_behind() {
                     let first_window = installed.code_keys[0].1.lkey;
                     let pds = [QueueRole::Client, QueueRole::Worker]
                         .map(|side| Released::Pd(installed.pd(side).pdn()));
-                    nic.released.lock().unwrap().clear();
+                    let _ = nic.take_released();
                     installed.remove().unwrap();
                     assert_eq!(nic.objects(), before, "{}: after remove", program.name);
                     // Newest first: the master queue (made last); the first code window
                     // (made first) after every queue; the domains after everything in them.
-                    let released = nic.released.lock().unwrap().clone();
+                    let released = nic.take_released();
                     assert_reverse_order(&released, &program.name);
                     let n = released.len();
                     assert_eq!(released[0], Released::Qp(master), "{released:?}");
@@ -319,10 +166,10 @@ fn a_dropped_offload_releases_everything_newest_first() {
     let installed = install(&nic, &program, &regions, &mut |q| nic.connect(q, q)).unwrap();
     let master = installed.master;
     let worker_pd = installed.pd(QueueRole::Worker).pdn();
-    nic.released.lock().unwrap().clear();
+    let _ = nic.take_released();
     drop(installed);
     assert_eq!(nic.objects(), before);
-    let released = nic.released.lock().unwrap().clone();
+    let released = nic.take_released();
     assert_reverse_order(&released, "hash-get");
     assert_eq!(released.first(), Some(&Released::Qp(master)));
     assert_eq!(released.last(), Some(&Released::Pd(worker_pd)));
@@ -349,7 +196,7 @@ fn a_refused_binding_creates_nothing() {
     nic.arm(usize::MAX);
     let e = install(&nic, &program, &regions, &mut |q| nic.connect(q, q)).unwrap_err();
     assert!(e.to_string().contains("needs region \"table\""), "{e}");
-    assert_eq!(nic.calls.load(Ordering::Relaxed), 0);
+    assert_eq!(nic.calls(), 0);
     assert_eq!(nic.objects(), before);
 }
 
@@ -363,6 +210,6 @@ fn a_program_asking_for_gigabytes_of_rings_is_refused_before_anything_is_made() 
     nic.arm(usize::MAX);
     let e = install(&nic, &program, &regions, &mut |q| nic.connect(q, q)).unwrap_err();
     assert!(e.to_string().contains("the code region would need"), "{e}");
-    assert_eq!(nic.calls.load(Ordering::Relaxed), 0);
+    assert_eq!(nic.calls(), 0);
     assert_eq!(nic.objects(), before);
 }

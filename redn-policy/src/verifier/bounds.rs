@@ -12,6 +12,13 @@
 //! runs (0: at install, with no trigger at all; `None`: never), as a fixpoint from "never"
 //! down. The WQEs that run for one trigger are those whose time is that trigger; the
 //! verifier bounds the worst trigger, not the average.
+//!
+//! The times assume no queue fails. A queue that fails flushes what it holds, and each
+//! flush is a completion a WAIT counts, so chains of later triggers may then run early:
+//! one trigger may run up to the whole program. Even then no WQE of a bounded program runs
+//! twice (its counts are static and stay inside its rings), so the program's WQE count
+//! bounds any run with failures, and the soundness test checks exactly that. Telling the
+//! client's failures apart from the work it paid for is the manager's auditor's job.
 
 use redn_program::program::{Op, Program, QueueRole};
 use std::cmp::Reverse;
@@ -23,6 +30,13 @@ const NEVER: u64 = u64::MAX;
 /// Each WQE's trigger time, by queue and WQE index (`None`: it never runs), or `Err` with
 /// the passes made if the fixpoint did not settle (the program is refused as unbounded).
 pub(super) fn trigger_times(p: &Program) -> Result<Vec<Vec<Option<u64>>>, usize> {
+    // Each pass can only lower times, and a time is a trigger count no larger than the
+    // client's receives, so passes are bounded; a cap guards against a mistake here.
+    trigger_times_within(p, 4 * (p.wqe_count() + p.queues.len()) + 8)
+}
+
+/// [`trigger_times`] in at most `max_passes` passes over the program.
+fn trigger_times_within(p: &Program, max_passes: usize) -> Result<Vec<Vec<Option<u64>>>, usize> {
     let n = p.queues.len();
     let by_name: std::collections::HashMap<&str, usize> = p
         .queues
@@ -32,9 +46,6 @@ pub(super) fn trigger_times(p: &Program) -> Result<Vec<Vec<Option<u64>>>, usize>
         .collect();
     let index = |name: &str| by_name.get(name).copied();
     let mut wqe_t: Vec<Vec<u64>> = p.queues.iter().map(|q| vec![NEVER; q.wqes.len()]).collect();
-    // Each pass can only lower times, and a time is a trigger count no larger than the
-    // client's receives, so passes are bounded; a cap guards against a mistake here.
-    let max_passes = 4 * (p.wqe_count() + n) + 8;
     for pass in 0..max_passes {
         // Enables, by target queue: (count, time) from the entry and from SEND_EN/RECV_EN.
         let mut send_en: Vec<Vec<(u64, u64)>> = vec![Vec::new(); n];
@@ -231,6 +242,290 @@ pub(super) fn responds(op: &Op) -> bool {
 mod tests {
     use super::*;
     use redn_program::program::catalog::{self, HashVariant};
+    use redn_program::program::{Addr, Form, Iterations, Queue, Recv, Wqe};
+    use redn_program::wqe::WqeFlags;
+
+    fn wqe(label: &str, op: Op, signaled: bool) -> Wqe {
+        Wqe {
+            label: label.into(),
+            op,
+            flags: if signaled {
+                WqeFlags::SIGNALED
+            } else {
+                WqeFlags::NONE
+            },
+            form: Form::Active,
+        }
+    }
+
+    fn wait(queue: &str, count: u32) -> Op {
+        Op::Wait {
+            queue: queue.into(),
+            count,
+        }
+    }
+
+    fn send_en(queue: &str, count: u32) -> Op {
+        Op::SendEn {
+            queue: queue.into(),
+            count,
+        }
+    }
+
+    fn write_imm() -> Op {
+        Op::Write {
+            remote: Addr::region("r", 0),
+            sgl: Vec::new(),
+            imm: Some(1),
+        }
+    }
+
+    fn queue(
+        name: &str,
+        role: QueueRole,
+        managed: (bool, bool),
+        wqes: Vec<Wqe>,
+        recvs: usize,
+    ) -> Queue {
+        Queue {
+            name: name.into(),
+            role,
+            managed_send: managed.0,
+            managed_recv: managed.1,
+            pu: None,
+            sq_bbs: 64,
+            rq_slots: 16,
+            rq_sges: 1,
+            wqes,
+            recvs: (0..recvs).map(|_| Recv { sgl: Vec::new() }).collect(),
+        }
+    }
+
+    fn program(queues: Vec<Queue>, entry: &[(&str, u32)], recv_entry: &[(&str, u32)]) -> Program {
+        let mut p = catalog::echo(16, 1).unwrap();
+        p.queues = queues;
+        p.entry = entry.iter().map(|(q, n)| ((*q).into(), *n)).collect();
+        p.recv_entry = recv_entry.iter().map(|(q, n)| ((*q).into(), *n)).collect();
+        p.patches.clear();
+        p.iterations = Iterations::Bounded {
+            invocations: 2,
+            wqes_per_invocation: 64,
+        };
+        p
+    }
+
+    /// The client-facing queue `c` with `n` receives and no WQEs: its k-th receive
+    /// completes with trigger k + 1.
+    fn client(n: usize) -> Queue {
+        queue("c", QueueRole::Client, (false, false), Vec::new(), n)
+    }
+
+    #[test]
+    fn nth_of_merged_takes_the_nth_smallest_of_both_lists() {
+        let (a, b) = ([1, 4, 6], [2, 3, 9]);
+        let got: Vec<u64> = (0..7).map(|n| nth_of_merged(&a, &b, n)).collect();
+        assert_eq!(got, [1, 2, 3, 4, 6, 9, NEVER]);
+        assert_eq!(nth_of_merged(&[5], &[], 0), 5);
+        assert_eq!(nth_of_merged(&[], &[5], 0), 5);
+        assert_eq!(nth_of_merged(&[], &[5, 7], 1), 7);
+        assert_eq!(nth_of_merged(&[2, 2], &[2], 2), 2);
+        assert_eq!(nth_of_merged(&[], &[], 0), NEVER);
+    }
+
+    #[test]
+    fn only_writes_respond_and_only_writes_with_immediate_consume_a_receive() {
+        let write = Op::Write {
+            remote: Addr::region("r", 0),
+            sgl: Vec::new(),
+            imm: None,
+        };
+        assert!(responds(&write) && responds(&write_imm()));
+        assert!(!responds(&Op::Nop) && !responds(&wait("c", 0)));
+        assert!(consumes_receive(&write_imm()));
+        assert!(!consumes_receive(&write) && !consumes_receive(&Op::Nop));
+    }
+
+    #[test]
+    fn a_queue_runs_only_as_far_as_its_own_enables_reach() {
+        // Managed queue m, entry enables 2 blocks; its first WQE enables 4 blocks of m
+        // itself. The WAIT at block 2 runs on trigger 1; blocks 3 and 4 follow it, block 4
+        // is past every enable and never runs.
+        let m = queue(
+            "m",
+            QueueRole::Worker,
+            (true, false),
+            vec![
+                wqe("m0", send_en("m", 4), false),
+                wqe("m1", Op::Nop, false),
+                wqe("m2", wait("c", 0), false),
+                wqe("m3", Op::Nop, false),
+                wqe("m4", Op::Nop, false),
+            ],
+            0,
+        );
+        let p = program(vec![client(1), m], &[("m", 2)], &[]);
+        let t = trigger_times(&p).unwrap();
+        assert_eq!(t[1], [Some(0), Some(0), Some(1), Some(1), None]);
+    }
+
+    #[test]
+    fn an_enable_of_another_queue_does_not_enable_its_own() {
+        // a's SEND_EN reaches queue b only: a's second WQE is past a's entry and never runs;
+        // b's first two blocks run at install.
+        let a = queue(
+            "a",
+            QueueRole::Worker,
+            (true, false),
+            vec![wqe("a0", send_en("b", 2), false), wqe("a1", Op::Nop, false)],
+            0,
+        );
+        let b = queue(
+            "b",
+            QueueRole::Worker,
+            (true, false),
+            vec![
+                wqe("b0", Op::Nop, false),
+                wqe("b1", Op::Nop, false),
+                wqe("b2", Op::Nop, false),
+            ],
+            0,
+        );
+        let p = program(vec![client(1), a, b], &[("a", 1)], &[]);
+        let t = trigger_times(&p).unwrap();
+        assert_eq!(t[1], [Some(0), None]);
+        assert_eq!(t[2], [Some(0), Some(0), None]);
+    }
+
+    #[test]
+    fn a_worker_receive_completes_when_a_write_with_immediate_arrives_and_is_enabled() {
+        // Worker w (managed receives, entry enables none) writes to itself with immediate
+        // twice at install; its receives are enabled by c's RECV_ENs on triggers 1 and 2.
+        // Queue x waits for each receive's completion on w's CQ.
+        let c = queue(
+            "c",
+            QueueRole::Client,
+            (false, false),
+            vec![
+                wqe("c0", wait("c", 0), false),
+                wqe(
+                    "c1",
+                    Op::RecvEn {
+                        queue: "w".into(),
+                        count: 1,
+                    },
+                    false,
+                ),
+                wqe("c2", wait("c", 1), false),
+                wqe(
+                    "c3",
+                    Op::RecvEn {
+                        queue: "w".into(),
+                        count: 2,
+                    },
+                    false,
+                ),
+            ],
+            2,
+        );
+        let w = queue(
+            "w",
+            QueueRole::Worker,
+            (false, true),
+            vec![wqe("w0", write_imm(), false), wqe("w1", write_imm(), false)],
+            2,
+        );
+        let x = queue(
+            "x",
+            QueueRole::Worker,
+            (false, false),
+            vec![
+                wqe("x0", wait("w", 0), false),
+                wqe("x1", wait("w", 1), false),
+            ],
+            0,
+        );
+        let p = program(vec![c, w, x], &[("c", 8), ("w", 8), ("x", 8)], &[]);
+        let t = trigger_times(&p).unwrap();
+        assert_eq!(t[0], [Some(1), Some(1), Some(2), Some(2)]);
+        assert_eq!(t[1], [Some(0), Some(0)]);
+        assert_eq!(t[2], [Some(1), Some(2)]);
+    }
+
+    #[test]
+    fn a_chain_on_one_queue_settles_in_one_pass_and_a_confirming_one() {
+        // Forty links of self-enables (each SEND_EN reaches one block further) and forty of
+        // WAITs on the queue's own completions: followed as the scan meets them, so two
+        // passes settle them (the second finds nothing to lower). Without that, each link
+        // would take a pass of its own.
+        let mut wqes = Vec::new();
+        for k in 0..40u32 {
+            wqes.push(wqe(&format!("e{k}"), send_en("m", k + 2), false));
+        }
+        for k in 0..40u32 {
+            wqes.push(wqe(&format!("n{k}"), Op::Nop, true));
+            wqes.push(wqe(&format!("w{k}"), wait("m", k), false));
+        }
+        let m = queue("m", QueueRole::Worker, (true, false), wqes, 0);
+        let p = program(vec![client(1), m], &[("m", 1)], &[]);
+        let t = trigger_times_within(&p, 2).unwrap();
+        // Forty enables reach 41 blocks: the enables and the first NOP; the rest wait for an
+        // enable that never comes.
+        assert!(t[1][..41].iter().all(|t| *t == Some(0)), "{:?}", t[1]);
+        assert!(t[1][41..].iter().all(Option::is_none), "{:?}", t[1]);
+        let mut p = p;
+        p.entry = vec![("m".into(), 200)];
+        let t = trigger_times_within(&p, 2).unwrap();
+        assert!(t[1].iter().all(|t| *t == Some(0)), "{:?}", t[1]);
+    }
+
+    #[test]
+    fn the_pass_cap_lets_a_chain_across_queues_settle() {
+        // Queues a and b wait on each other's completions in turn, 30 times: each hop to the
+        // other queue takes a pass, and the default cap must allow them all.
+        let hops = 30u32;
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        for k in 0..hops {
+            a.push(wqe(&format!("a{k}"), wait("b", k), true));
+            b.push(wqe(&format!("b{k}"), wait("a", k), true));
+        }
+        b.insert(0, wqe("start", wait("c", 0), true));
+        let a = queue("a", QueueRole::Worker, (false, false), a, 0);
+        let b = queue("b", QueueRole::Worker, (false, false), b, 0);
+        let p = program(vec![client(1), a, b], &[("a", 64), ("b", 64)], &[]);
+        assert!(trigger_times_within(&p, 8).is_err(), "settled in 8 passes");
+        let t = trigger_times(&p).unwrap();
+        assert!(t[1].iter().chain(&t[2]).all(|t| *t == Some(1)), "{t:?}");
+    }
+
+    #[test]
+    fn a_worker_receive_waits_for_the_write_with_immediate_that_fills_it() {
+        // w reaches its WRITE with immediate only after trigger 1; the NOP before it does not
+        // fill the receive, so x's WAIT on w's first completion runs on trigger 1, not at
+        // install.
+        let w = queue(
+            "w",
+            QueueRole::Worker,
+            (false, false),
+            vec![
+                wqe("w0", Op::Nop, false),
+                wqe("w1", wait("c", 0), false),
+                wqe("w2", write_imm(), false),
+            ],
+            1,
+        );
+        let x = queue(
+            "x",
+            QueueRole::Worker,
+            (false, false),
+            vec![wqe("x0", wait("w", 0), false)],
+            0,
+        );
+        let p = program(vec![client(1), w, x], &[("w", 8), ("x", 8)], &[]);
+        let t = trigger_times(&p).unwrap();
+        assert_eq!(t[1], [Some(0), Some(1), Some(1)]);
+        assert_eq!(t[2], [Some(1)]);
+    }
 
     /// WQEs per trigger time.
     fn per_trigger(p: &Program) -> Vec<usize> {

@@ -391,6 +391,50 @@ mod tests {
     }
 
     #[test]
+    fn a_swap_keeps_what_is_unknown_outside_its_mask_and_unknown_swap_bits_inside() {
+        // The word's opcode byte is unknown; the swap replaces the ds byte only.
+        let word = Word {
+            value: 0x3300_0000_0000_0011,
+            known: !0x0000_0000_ff00_0000,
+        };
+        let t = Transfer::Cas {
+            label: "x".into(),
+            compare: Word::exact(0x11),
+            compare_mask: 0xff,
+            swap: Word {
+                value: 0x0400_0000_0000_0000,
+                // Bits outside the mask are known in the swap too: they must not leak.
+                known: 0x0f00_0000_ffff_ffff,
+            },
+            swap_mask: 0xff00_0000_0000_0000,
+        };
+        let r = t.apply(word).unwrap();
+        // Outside the mask: the word's own bits, known where they were known.
+        assert_eq!(r.known & 0x00ff_ffff_ffff_ffff, word.known & 0x00ff_ffff_ffff_ffff);
+        assert_eq!(r.value & 0x00ff_ffff_ffff_ffff, 0x11);
+        // Inside it: the swap's bits, known only where the swap's are.
+        assert_eq!(r.known >> 56, 0x0f);
+        assert_eq!((r.value >> 56) & 0x0f, 0x04);
+    }
+
+    #[test]
+    fn a_clobber_forgets_its_bits_and_keeps_the_rest() {
+        let t = Transfer::Clobber {
+            source: "trigger".into(),
+            bits: 0x0000_0000_ffff_ff00,
+        };
+        let r = t.apply(Word::exact(0x0102_0304_0506_0708)).unwrap();
+        assert_eq!(r.known, !0x0000_0000_ffff_ff00);
+        assert_eq!(r.value & r.known, 0x0102_0304_0000_0008);
+        assert_eq!(r.render(), "08 ?? ?? ?? 04 03 02 01");
+        let t = Transfer::Set {
+            label: "w".into(),
+            value: 7,
+        };
+        assert_eq!(t.apply(r), Some(Word::exact(7)));
+    }
+
+    #[test]
     fn operand_bytes_map_to_the_value_big_endian() {
         // Byte 40 (first of a compare at 40) is the value's most significant byte.
         assert_eq!(operand_bits(40, 41, 40), 0xff << 56);

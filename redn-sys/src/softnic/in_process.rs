@@ -110,6 +110,16 @@ impl InProcess {
     }
 }
 
+impl InProcess {
+    /// Complete a WRITE with immediate of `len` bytes whose data is already placed (a
+    /// network responder places a long WRITE packet by packet): consume a receive and
+    /// complete it, as `write` does after placing.
+    pub(crate) fn complete_write_imm(&self, len: usize, imm: u32) -> Result<(), Nak> {
+        let t = self.live()?;
+        self.place_write(t, len, Some(imm), || {})
+    }
+}
+
 impl Transport for InProcess {
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
         self

@@ -21,6 +21,7 @@ mod in_process;
 mod pu;
 mod qp;
 mod rate;
+pub mod roce;
 mod shared;
 mod spin;
 mod transport;

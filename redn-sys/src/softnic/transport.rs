@@ -3,8 +3,9 @@
 //! A [`Transport`] carries one request of an RC connection to the peer and brings back its
 //! answer; what a requester asks ([`AtomicOp`]) and how a responder refuses ([`Nak`]) are
 //! defined here too. Queue pairs of one softnic, and of two softnic instances in one
-//! process, use `in_process::InProcess`; a network transport (RoCEv2) will call the same
-//! responder functions when its packets arrive.
+//! process, use `in_process::InProcess`; QPs connected over RoCEv2 use the `roce`
+//! endpoint's transport, whose receive side calls the same responder functions when packets
+//! arrive.
 
 use crate::mem::{AccessFault, KeyCache, Span};
 use crate::wqe::{RemoteAddr, Syndrome};
@@ -79,6 +80,9 @@ pub(crate) enum Nak {
     ReceiverNotReady,
     /// The peer is gone or in error: nothing answers.
     NoResponse,
+    /// The peer kept answering "receiver not ready" past the RNR retry count (a network
+    /// transport's requester; in-process peers wait for a receive instead).
+    RnrRetryExceeded,
 }
 
 impl Nak {
@@ -89,6 +93,7 @@ impl Nak {
             Nak::RemoteOperation => Syndrome::RemoteOperation,
             Nak::ReceiverNotReady => Syndrome::RnrRetryExceeded,
             Nak::NoResponse => Syndrome::TransportRetryExceeded,
+            Nak::RnrRetryExceeded => Syndrome::RnrRetryExceeded,
         }
     }
 }

@@ -1,0 +1,734 @@
+//! roce_bench: the softnic's RoCEv2 transport between two processes on loopback, next to
+//! raw UDP measured in the same run between the same two processes.
+//!
+//! The benchmark starts itself again as the peer (`--peer`) and steers it over a TCP
+//! control connection. Tables: (1) 64 B round trips: raw UDP ping-pong with both ends
+//! busy-polling and both blocking, then the softnic's SEND, WRITE, READ and CAS (each a
+//! request and its ACK or response) and a WRITE with immediate answered by a WRITE (the
+//! peer's host polls its CQ and answers; this side spins on the answer's word); (2) WRITE
+//! bandwidth by message size next to a raw UDP stream of datagrams of the same size (at most
+//! 4 KiB, the path MTU).
+
+use redn_bench::opts::{parse_in, read_command_line};
+use redn_bench::report::{size_name, us, verdict};
+use redn_bench::stats::{ns, stats};
+use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
+use redn_sys::mem::SharedBuffer;
+use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig};
+use redn_sys::softnic::roce::io::{DatagramIo, RecvBatch, UdpIo};
+use redn_sys::softnic::roce::{
+    read_record, write_record, QpRecord, RegionRecord, RoceConfig, RoceEndpoint,
+};
+use redn_sys::softnic::{SoftNic, SoftNicConfig};
+use redn_sys::{Access, Cqn, Qpn, Rkey, VirtAddr};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "\
+roce_bench: the softnic's RoCEv2 transport between two processes on loopback, next to raw UDP
+
+USAGE:
+    cargo run --release -p redn-bench --bin roce_bench -- [--quick] [--spin-us N]
+
+OPTIONS:
+    --quick      fewer round trips and bytes (a few seconds)
+    --spin-us N  how long the endpoints' receive threads and waiting requesters spin before
+                 they sleep (default 50)
+    -h, --help   this text
+
+Targets (issue 19): a 64 B WRITE-with-immediate round trip answered by a WRITE at most 1.3x
+the raw UDP busy-polling ping-pong's p50; WRITE bandwidth at 64 KiB messages at least 50 % of
+the raw UDP stream's.
+";
+
+const MEM: usize = 16 << 20;
+const MTU: u16 = 4096;
+/// Where on the client the peer's answers land, and its first word the sequence number.
+const PONG_AT: u64 = 8 << 20;
+
+fn main() {
+    let (mut quick, mut spin_us, mut peer) = (false, 50u64, false);
+    read_command_line("roce_bench", USAGE, &mut |name, value| {
+        match name {
+            "--quick" => quick = true,
+            "--spin-us" => spin_us = parse_in("--spin-us", value(), 0..=1_000_000)?,
+            "--peer" => peer = true,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    });
+    let spin = Duration::from_micros(spin_us);
+    if peer {
+        return serve(spin);
+    }
+    println!(
+        "roce_bench: RoCEv2 between two processes on loopback, beside raw UDP in the same run"
+    );
+    println!(
+        "   {} cores, softnics of 1 PU each, MTU {MTU}, spin {spin_us} us, {}{}",
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        if quick { "quick run" } else { "full run" },
+        if cfg!(debug_assertions) {
+            "  !! debug build: numbers are meaningless, use --release"
+        } else {
+            ""
+        }
+    );
+    let started = Instant::now();
+    let mut child = Command::new(std::env::current_exe().expect("own path"))
+        .args(["--peer", "--spin-us", &spin_us.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the peer");
+    let mut lines = BufReader::new(child.stdout.take().expect("peer stdout")).lines();
+    let port: u16 = lines
+        .next()
+        .and_then(Result::ok)
+        .and_then(|l| l.strip_prefix("PORT ").and_then(|p| p.parse().ok()))
+        .expect("the peer's control port");
+    let ctl = TcpStream::connect(("127.0.0.1", port)).expect("connect to the peer");
+    ctl.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let mut c = Control {
+        reader: BufReader::new(ctl.try_clone().expect("clone")),
+        writer: ctl,
+    };
+    let pings = if quick { 2_000 } else { 20_000 };
+
+    println!("\n64 B round trips, {pings} each (us)");
+    println!("   {:<44} {:>9} {:>9}", "", "p50", "p99");
+    let spin_p50 = udp_ping(&mut c, "spin", pings);
+    udp_ping(&mut c, "block", pings);
+    let mut client = Client::connect(&mut c, spin);
+    let n = if quick { 1_000 } else { 10_000 };
+    for what in ["SEND", "WRITE", "READ", "CAS"] {
+        let s = stats(&client.latencies(what, n));
+        println!(
+            "   {:<44} {:>9} {:>9}",
+            format!("softnic {what} (to its completion)"),
+            us(s.median),
+            us(s.p99)
+        );
+    }
+    let s = stats(&client.write_imm_round_trips(n));
+    println!(
+        "   {:<44} {:>9} {:>9}",
+        "softnic WRITE_IMM answered by WRITE",
+        us(s.median),
+        us(s.p99)
+    );
+    let ratio = s.median / spin_p50;
+    println!(
+        "   target: WRITE_IMM round trip <= 1.3x raw UDP busy-poll p50: {ratio:.2}x, {}",
+        verdict(ratio <= 1.3)
+    );
+
+    println!("\nWRITE bandwidth by message size (MB/s; raw UDP: datagrams of min(size, 4 KiB))");
+    println!(
+        "   {:>8} {:>12} {:>12} {:>8}",
+        "size", "raw UDP", "softnic", "ratio"
+    );
+    let total = if quick { 16 << 20 } else { 128 << 20 };
+    let mut at_64k = f64::NAN;
+    for size in [64usize, 1024, 4096, 16 << 10, 64 << 10, 256 << 10, 1 << 20] {
+        let raw = udp_stream(&mut c, size, total);
+        let soft = client.write_bandwidth(size, total / 4);
+        let r = soft / raw;
+        if size == 64 << 10 {
+            at_64k = r;
+        }
+        println!(
+            "   {:>8} {:>12.0} {:>12.0} {:>8.2}",
+            size_name(size),
+            raw / 1e6,
+            soft / 1e6,
+            r
+        );
+    }
+    println!(
+        "   target: 64 KiB WRITE >= 50% of the raw UDP stream: {:.0}%, {}",
+        at_64k * 100.0,
+        verdict(at_64k >= 0.5)
+    );
+    where_time_goes(quick);
+    let d = client.ep.drops().snapshot();
+    let dropped: Vec<String> = d
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(r, n)| format!("{} {n}", r.name()))
+        .collect();
+    println!(
+        "\nthis side's endpoint: {:?}; drops: {}",
+        client.ep.counters(),
+        if dropped.is_empty() {
+            "none".into()
+        } else {
+            dropped.join(", ")
+        }
+    );
+    c.say("done");
+    let _ = child.wait();
+    println!("total run time {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// What one packet costs to build and to check (ICRC included), and what handing work to
+/// another thread costs: a softnic round trip is a UDP round trip plus these.
+fn where_time_goes(quick: bool) {
+    use redn_sys::softnic::roce::packet::{decode, encode, opcode, Header, Reth, Route};
+    println!("\nwhere time goes (ns, p50)");
+    let route = Route {
+        src: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 5000),
+        dst: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 4791),
+    };
+    let n = if quick { 20_000 } else { 200_000 };
+    for size in [64usize, 4096] {
+        let payload = vec![5u8; size];
+        let mut h = Header::new(opcode::WRITE_ONLY, 0x42, 7);
+        h.reth = Some(Reth {
+            va: 0x1000,
+            rkey: 3,
+            len: u32::try_from(size).expect("small"),
+        });
+        let mut out = Vec::with_capacity(size + 64);
+        let (mut enc, mut dec) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for _ in 0..n {
+            out.clear();
+            let t = Instant::now();
+            encode(&mut out, &route, &h, &payload);
+            enc.push(ns(t.elapsed()));
+            let t = Instant::now();
+            let ok = decode(&route, std::hint::black_box(&out)).is_ok();
+            dec.push(ns(t.elapsed()));
+            assert!(ok);
+        }
+        println!(
+            "   {:<44} {:>9.0}\n   {:<44} {:>9.0}",
+            format!("build a {} WRITE packet with its ICRC", size_name(size)),
+            stats(&enc).median,
+            format!("check and decode it"),
+            stats(&dec).median
+        );
+    }
+    // A hand-over: one thread unparks another, which answers by unparking the first.
+    let rounds = if quick { 2_000 } else { 20_000 };
+    let main = std::thread::current();
+    let flag = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let f2 = Arc::clone(&flag);
+    let other = std::thread::spawn(move || {
+        for i in 1..=rounds {
+            while f2.load(std::sync::atomic::Ordering::Acquire) != 2 * i - 1 {
+                std::thread::park();
+            }
+            f2.store(2 * i, std::sync::atomic::Ordering::Release);
+            main.unpark();
+        }
+    });
+    let mut v = Vec::with_capacity(redn_sys::conv::idx(rounds));
+    for i in 1..=rounds {
+        let t = Instant::now();
+        flag.store(2 * i - 1, std::sync::atomic::Ordering::Release);
+        other.thread().unpark();
+        while flag.load(std::sync::atomic::Ordering::Acquire) != 2 * i {
+            std::thread::park();
+        }
+        v.push(ns(t.elapsed()) / 2.0);
+    }
+    let _ = other.join();
+    println!(
+        "   {:<44} {:>9.0}",
+        "wake a parked thread (half a park/unpark round trip)",
+        stats(&v).median
+    );
+    println!(
+        "   a softnic round trip wakes the PU (host post), the peer's receive thread, and this\n   \
+         side's waiting requester or receive thread: about three wake-ups a raw UDP ping-pong\n   \
+         does not pay; a WRITE waits for its ACK before the next goes (one message in flight)"
+    );
+}
+
+/// The control connection.
+struct Control {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Control {
+    fn say(&mut self, line: &str) {
+        writeln!(self.writer, "{line}").expect("control write");
+    }
+
+    fn hear(&mut self) -> String {
+        let mut l = String::new();
+        self.reader.read_line(&mut l).expect("control read");
+        l.trim().to_string()
+    }
+}
+
+fn udp_socket() -> (UdpSocket, SocketAddrV4) {
+    let s = UdpSocket::bind("127.0.0.1:0").expect("bind UDP");
+    let a = match s.local_addr().expect("addr") {
+        std::net::SocketAddr::V4(a) => a,
+        std::net::SocketAddr::V6(_) => unreachable!("bound IPv4"),
+    };
+    (s, a)
+}
+
+/// Raw UDP ping-pong of 64 B: both ends busy-polling ("spin") or blocking; prints a row and
+/// returns the p50 in ns.
+fn udp_ping(c: &mut Control, mode: &str, n: usize) -> f64 {
+    c.say(&format!("echo {mode}"));
+    let port: u16 = c
+        .hear()
+        .strip_prefix("port ")
+        .and_then(|p| p.parse().ok())
+        .expect("echo port");
+    let (s, _) = udp_socket();
+    s.connect(("127.0.0.1", port)).expect("connect UDP");
+    s.set_nonblocking(mode == "spin").expect("mode");
+    let mut buf = [0u8; 64];
+    let mut v = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        buf[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        let t = Instant::now();
+        s.send(&buf).expect("send");
+        loop {
+            match s.recv(&mut buf) {
+                Ok(_) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => panic!("recv: {e}"),
+            }
+        }
+        if i >= n / 10 {
+            v.push(ns(t.elapsed()));
+        }
+    }
+    s.send(&[0]).expect("end");
+    assert_eq!(c.hear(), "ok");
+    let st = stats(&v);
+    let name = if mode == "spin" {
+        "raw UDP ping-pong, both ends busy-polling"
+    } else {
+        "raw UDP ping-pong, both ends blocking"
+    };
+    println!("   {:<44} {:>9} {:>9}", name, us(st.median), us(st.p99));
+    st.median
+}
+
+/// A raw UDP stream of `total` bytes in datagrams of min(size, 4 KiB), sent in batches as
+/// the softnic sends; bytes per second the peer received.
+fn udp_stream(c: &mut Control, size: usize, total: usize) -> f64 {
+    c.say("sink");
+    let port: u16 = c
+        .hear()
+        .strip_prefix("port ")
+        .and_then(|p| p.parse().ok())
+        .expect("sink port");
+    let io = UdpIo::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let to = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
+    let dg = size.min(4096);
+    let data = vec![7u8; dg];
+    let batch: Vec<(SocketAddrV4, &[u8])> = (0..64).map(|_| (to, &data[..])).collect();
+    let t = Instant::now();
+    let mut sent = 0;
+    while sent < total {
+        io.send(&batch).expect("send");
+        sent += 64 * dg;
+    }
+    for _ in 0..3 {
+        io.send(&[(to, &[0u8][..])]).expect("end");
+    }
+    let got: f64 = c
+        .hear()
+        .strip_prefix("bytes ")
+        .and_then(|b| b.parse().ok())
+        .expect("sink bytes");
+    let secs: f64 = c
+        .hear()
+        .strip_prefix("secs ")
+        .and_then(|b| b.parse().ok())
+        .expect("sink time");
+    let _ = t;
+    got / secs
+}
+
+/// A softnic of one PU with its endpoint, 16 MiB of memory and one QP (room for 1,024
+/// receives); what both processes set up.
+struct Side {
+    nic: Arc<SoftNic>,
+    ep: RoceEndpoint,
+    buf: Arc<SharedBuffer>,
+    mr: MrInfo,
+    cq: Cqn,
+    qp: Qpn,
+}
+
+impl Side {
+    fn new(name: &str, spin: Duration) -> Side {
+        let nic = Arc::new(SoftNic::new(SoftNicConfig::new(name)).expect("softnic"));
+        let mut cfg = RoceConfig::new(Ipv4Addr::LOCALHOST);
+        cfg.bind.set_port(0);
+        cfg.spin = spin;
+        let ep = RoceEndpoint::start(&nic, &cfg).expect("endpoint");
+        let pd = nic.alloc_pd().expect("pd");
+        let buf = SharedBuffer::new(MEM);
+        let mr = nic.reg_mr(pd, &buf, 0, MEM, Access::ALL).expect("mr");
+        let cq = nic.create_cq(CqConfig::new(1 << 16)).expect("cq");
+        let mut qc = QpConfig::new(pd, cq);
+        qc.rq_slots = 1024;
+        qc.sq_bbs = 4096;
+        let qp = nic.create_qp(qc).expect("qp").qpn;
+        Side {
+            nic,
+            ep,
+            buf,
+            mr,
+            cq,
+            qp,
+        }
+    }
+}
+
+/// This side's softnic, connected to the peer's.
+struct Client {
+    nic: Arc<SoftNic>,
+    ep: RoceEndpoint,
+    qp: Qpn,
+    cq: Cqn,
+    buf: Arc<SharedBuffer>,
+    mr: MrInfo,
+    remote: RegionRecord,
+    out: Vec<Completion>,
+}
+
+impl Client {
+    fn connect(c: &mut Control, spin: Duration) -> Client {
+        c.say("softnic");
+        let Side {
+            nic,
+            ep,
+            buf,
+            mr,
+            cq,
+            qp,
+        } = Side::new("client", spin);
+        let mut ours = ep.record(qp, 1);
+        ours.mtu = MTU;
+        ours.regions.push(RegionRecord {
+            name: "pong".into(),
+            addr: mr.addr.0 + PONG_AT,
+            rkey: mr.lkey.0,
+            len: 4096,
+            rights: 2,
+        });
+        write_record(&mut c.writer, &ours).expect("record");
+        let theirs = read_record(&mut c.reader).expect("peer record");
+        ep.connect(&ours, &theirs).expect("connect");
+        let remote = theirs.region("mem").expect("peer memory").clone();
+        Client {
+            nic,
+            ep,
+            qp,
+            cq,
+            buf,
+            mr,
+            remote,
+            out: Vec::new(),
+        }
+    }
+
+    fn op(&self, what: &str, wr_id: u64, len: u32) -> WrOp {
+        let remote = redn_program::wqe::RemoteAddr {
+            addr: VirtAddr(self.remote.addr),
+            rkey: Rkey(self.remote.rkey),
+        };
+        let sge = self.mr.sge(0, len);
+        match what {
+            "SEND" => WrOp::Send {
+                payload: Payload::Sgl(vec![sge]),
+                imm: None,
+            },
+            "WRITE" => WrOp::Write {
+                remote,
+                payload: Payload::Sgl(vec![sge]),
+                imm: None,
+            },
+            "WRITE_IMM" => WrOp::Write {
+                remote,
+                payload: Payload::Sgl(vec![sge]),
+                imm: Some(redn_sys::conv::low32(wr_id)),
+            },
+            "READ" => WrOp::Read {
+                remote,
+                sgl: vec![self.mr.sge(1 << 20, len)],
+            },
+            _ => WrOp::CompareSwap {
+                remote,
+                compare: 0,
+                swap: 0,
+                result: Some(self.mr.sge(2 << 20, 8)),
+            },
+        }
+    }
+
+    fn post(&self, wr_id: u64, op: WrOp, flags: WqeFlags) {
+        self.nic
+            .post_send(self.qp, &[WorkRequest { wr_id, flags, op }])
+            .expect("post");
+    }
+
+    fn wait(&mut self, n: usize) {
+        let mut got = 0;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while got < n {
+            self.out.clear();
+            got += self
+                .nic
+                .poll_cq(self.cq, n - got, &mut self.out)
+                .expect("poll");
+            for c in &self.out {
+                assert!(c.is_ok(), "completion failed: {c:?}");
+            }
+            if self.out.is_empty() {
+                std::thread::yield_now();
+            }
+            assert!(Instant::now() < deadline, "the softnic stopped answering");
+        }
+    }
+
+    /// Post-to-completion times of `n` 64 B operations.
+    fn latencies(&mut self, what: &str, n: usize) -> Vec<f64> {
+        let mut v = Vec::with_capacity(n);
+        for i in 0..n + n / 10 {
+            let op = self.op(what, i as u64, 64);
+            let t = Instant::now();
+            self.post(i as u64, op, WqeFlags::SIGNALED);
+            self.wait(1);
+            if i >= n / 10 {
+                v.push(ns(t.elapsed()));
+            }
+        }
+        v
+    }
+
+    /// WRITE_IMM of 64 B, answered by the peer's host with a WRITE of 64 B whose first word
+    /// is the immediate: post to seeing that word.
+    fn write_imm_round_trips(&mut self, n: usize) -> Vec<f64> {
+        let mut v = Vec::with_capacity(n);
+        let pong = redn_sys::conv::idx(PONG_AT);
+        for i in 1..=(n + n / 10) as u64 {
+            let op = self.op("WRITE_IMM", i, 64);
+            let t = Instant::now();
+            // Unsignaled: a send queue error still completes, and the answer is what counts.
+            self.post(
+                i,
+                op,
+                if i % 256 == 0 {
+                    WqeFlags::SIGNALED
+                } else {
+                    WqeFlags::NONE
+                },
+            );
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while self.buf.load_u64(pong) != i {
+                assert!(Instant::now() < deadline, "no answer to WRITE_IMM {i}");
+                std::thread::yield_now();
+            }
+            if i > (n / 10) as u64 {
+                v.push(ns(t.elapsed()));
+            }
+            if i % 256 == 0 {
+                self.wait(1);
+            }
+        }
+        v
+    }
+
+    /// Bytes per second WRITEs of `size` reach, `total` bytes in all (at least 64 WRITEs).
+    fn write_bandwidth(&mut self, size: usize, total: usize) -> f64 {
+        let count = (total / size).max(64);
+        let len = u32::try_from(size).expect("sizes up to 1 MiB");
+        let window = 256;
+        let t = Instant::now();
+        let mut posted = 0;
+        let mut done = 0;
+        while done < count {
+            while posted < count && posted - done < window {
+                let op = self.op("WRITE", posted as u64, len);
+                self.post(posted as u64, op, WqeFlags::SIGNALED);
+                posted += 1;
+            }
+            self.wait(1);
+            done += 1;
+        }
+        (count * size) as f64 / t.elapsed().as_secs_f64()
+    }
+}
+
+/// The peer: serve the control connection's commands until "done".
+fn serve(spin: Duration) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind control");
+    println!("PORT {}", l.local_addr().expect("addr").port());
+    std::io::stdout().flush().expect("stdout");
+    let (s, _) = l.accept().expect("accept");
+    let mut c = Control {
+        reader: BufReader::new(s.try_clone().expect("clone")),
+        writer: s,
+    };
+    let mut softnic: Option<Server> = None;
+    loop {
+        let cmd = c.hear();
+        match cmd.as_str() {
+            "echo spin" | "echo block" => {
+                let (u, a) = udp_socket();
+                u.set_nonblocking(cmd == "echo spin").expect("mode");
+                c.say(&format!("port {}", a.port()));
+                let mut buf = [0u8; 2048];
+                loop {
+                    match u.recv_from(&mut buf) {
+                        Ok((1, _)) => break,
+                        Ok((n, from)) => {
+                            u.send_to(&buf[..n], from).expect("echo");
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::hint::spin_loop()
+                        }
+                        Err(e) => panic!("echo recv: {e}"),
+                    }
+                }
+                c.say("ok");
+            }
+            "sink" => {
+                let io = UdpIo::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).expect("bind");
+                c.say(&format!("port {}", io.local_addr().port()));
+                let mut batch = RecvBatch::default();
+                let (mut bytes, mut first, mut last) = (0usize, None, Instant::now());
+                'outer: loop {
+                    let n = io
+                        .recv(&mut batch, Some(Duration::from_millis(200)))
+                        .expect("recv");
+                    if n == 0 && first.is_some() {
+                        break; // the end marker was lost
+                    }
+                    for i in 0..n {
+                        let (d, _) = batch.get(i);
+                        if d.len() == 1 {
+                            break 'outer;
+                        }
+                        first.get_or_insert_with(Instant::now);
+                        last = Instant::now();
+                        bytes += d.len();
+                    }
+                }
+                let secs = first.map_or(1.0, |f: Instant| (last - f).as_secs_f64().max(1e-9));
+                c.say(&format!("bytes {bytes}"));
+                c.say(&format!("secs {secs}"));
+            }
+            "softnic" => softnic = Some(serve_softnic(&mut c, spin)),
+            _ => break,
+        }
+    }
+    if let Some(Server { answers, stop, .. }) = softnic {
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        let _ = answers.join();
+    }
+}
+
+/// The peer's softnic: memory for the client's operations, receives for its SENDs and
+/// WRITE_IMMs, and a host thread that answers each WRITE_IMM with a WRITE of 64 B whose
+/// first word is the immediate.
+/// The peer's softnic, kept alive until the end, and its answering thread.
+struct Server {
+    _nic: Arc<SoftNic>,
+    _ep: RoceEndpoint,
+    answers: std::thread::JoinHandle<()>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+fn serve_softnic(c: &mut Control, spin: Duration) -> Server {
+    let Side {
+        nic,
+        ep,
+        buf,
+        mr,
+        cq,
+        qp,
+    } = Side::new("server", spin);
+    for i in 0..1024u64 {
+        nic.post_recv(qp, i, &[mr.sge(4 << 20, 4096)])
+            .expect("recv");
+    }
+    let theirs: QpRecord = read_record(&mut c.reader).expect("client record");
+    let mut ours = ep.record(qp, 0xfff000);
+    ours.mtu = MTU;
+    ours.regions.push(RegionRecord {
+        name: "mem".into(),
+        addr: mr.addr.0,
+        rkey: mr.lkey.0,
+        len: 4 << 20,
+        rights: 7,
+    });
+    ep.connect(&ours, &theirs).expect("connect");
+    write_record(&mut c.writer, &ours).expect("record");
+    let pong = theirs.region("pong").expect("pong region").clone();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = Arc::clone(&stop);
+    let nic2 = Arc::clone(&nic);
+    let t = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let mut answered = 0u64;
+        while !stop2.load(std::sync::atomic::Ordering::Acquire) {
+            out.clear();
+            nic2.poll_cq(cq, 64, &mut out).expect("poll");
+            for comp in &out {
+                if comp.opcode == redn_program::wqe::CqeOpcode::Req || !comp.is_ok() {
+                    continue;
+                }
+                nic2.post_recv(qp, comp.wr_id, &[mr.sge(4 << 20, 4096)])
+                    .expect("recv");
+                if let Some(imm) = comp
+                    .imm
+                    .filter(|_| comp.opcode == redn_program::wqe::CqeOpcode::RespWriteImm)
+                {
+                    answered += 1;
+                    let at = 6 << 20;
+                    buf.store_u64(at, u64::from(imm));
+                    let op = WrOp::Write {
+                        remote: redn_program::wqe::RemoteAddr {
+                            addr: VirtAddr(pong.addr),
+                            rkey: Rkey(pong.rkey),
+                        },
+                        payload: Payload::Sgl(vec![mr.sge(at as u64, 64)]),
+                        imm: None,
+                    };
+                    let flags = if answered % 256 == 0 {
+                        WqeFlags::SIGNALED
+                    } else {
+                        WqeFlags::NONE
+                    };
+                    nic2.post_send(
+                        qp,
+                        &[WorkRequest {
+                            wr_id: answered,
+                            flags,
+                            op,
+                        }],
+                    )
+                    .expect("answer");
+                }
+            }
+            if out.is_empty() {
+                // Two cores carry both processes' PUs and receive threads: give them the CPU.
+                std::thread::yield_now();
+            }
+        }
+    });
+    Server {
+        _nic: nic,
+        _ep: ep,
+        answers: t,
+        stop,
+    }
+}

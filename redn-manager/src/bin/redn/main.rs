@@ -1,0 +1,491 @@
+//! `redn`: inspect and manage the RedN offload manager, shaped like `rdma` and `bpftool`:
+//! `redn [-j] [-p] [-d] OBJECT {COMMAND | help}`. It talks to the manager's admin socket
+//! (varlink, `io.redn.Admin`); `redn offload verify` works without a manager. `redn help`
+//! lists everything; `table.rs` is the one list of commands that parsing, help and the
+//! shell completions are made from.
+
+mod table;
+
+use anyhow::{anyhow, bail, Context, Result};
+use redn_manager::state::grants_at_quota;
+use redn_policy::config::{DEFAULT_ADMIN_SOCKET, DEFAULT_MANAGER_CONFIG_PATH};
+use redn_policy::{load_definition, load_manager_config, load_policy, verify};
+use redn_proto::api::ADMIN;
+use redn_proto::client::Connection;
+use serde_json::{json, Map, Value};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Where policy.toml is when `offload verify` is not told.
+const DEFAULT_POLICY_PATH: &str = "/etc/redn/policy.toml";
+/// How long a call to the manager may take before `redn` gives up.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The global options.
+#[derive(Debug, Default)]
+struct Options {
+    json: bool,
+    pretty: bool,
+    details: bool,
+    socket: Option<PathBuf>,
+    config: Option<PathBuf>,
+}
+
+/// What a command produced.
+enum Output {
+    /// Rows of flat objects; text mode shows `columns` (every key with `-d`).
+    Rows {
+        rows: Vec<Map<String, Value>>,
+        columns: &'static [&'static str],
+    },
+    /// Text for people, and the same as JSON.
+    Text { text: String, json: Value },
+}
+
+/// A command's failure that is not an error of `redn` itself: printed as it is, exit 1.
+#[derive(Debug)]
+struct Refused(Output);
+
+impl std::fmt::Debug for Output {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Output")
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("refused")
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// A usage error: exit 2.
+#[derive(Debug)]
+struct Usage(String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+fn usage_error(message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Usage(message.into()))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut opts = Options::default();
+    let result = parse_options(&args, &mut opts).and_then(|rest| run(&opts, &rest));
+    match result {
+        Ok(out) => {
+            print_output(&opts, &out);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            if let Some(Refused(out)) = e.downcast_ref::<Refused>() {
+                print_output(&opts, out);
+                return ExitCode::from(1);
+            }
+            let message = format!("{e:#}");
+            if opts.json {
+                println!("{}", json!({ "error": message }));
+            } else {
+                eprintln!("Error: {message}");
+            }
+            if e.downcast_ref::<Usage>().is_some() {
+                if !opts.json {
+                    eprintln!("Try `redn help`.");
+                }
+                ExitCode::from(2)
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}
+
+/// Take the global options (before the object, as `rdma` and `bpftool` do, or anywhere
+/// after it); return the rest.
+fn parse_options(args: &[String], opts: &mut Options) -> Result<Vec<String>> {
+    let mut rest = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| usage_error(format!("{name} needs a value")))
+        };
+        match a.as_str() {
+            "-j" | "--json" => opts.json = true,
+            "-p" | "--pretty" => opts.pretty = true,
+            "-d" | "--details" => opts.details = true,
+            "-s" | "--socket" => opts.socket = Some(value(a)?.into()),
+            "-c" | "--config" => opts.config = Some(value(a)?.into()),
+            "-h" | "--help" => rest = vec!["help".to_owned()],
+            "-V" | "--version" => rest = vec!["version".to_owned()],
+            // Options of one command (`--policy`, `--app`) stay with it.
+            "--policy" | "--app" => {
+                rest.push(a.clone());
+                rest.push(value(a)?);
+            }
+            s if s.starts_with('-') && s.len() > 1 => {
+                return Err(usage_error(format!("unknown option {s}")))
+            }
+            _ => rest.push(a.clone()),
+        }
+        if rest.first().is_some_and(|r| r == "help" || r == "version") && a.starts_with('-') {
+            break;
+        }
+    }
+    Ok(rest)
+}
+
+fn run(opts: &Options, args: &[String]) -> Result<Output> {
+    let text = |s: String| Output::Text {
+        json: json!({ "help": s }),
+        text: s,
+    };
+    let Some(object) = args.first() else {
+        return Ok(text(table::usage()));
+    };
+    match object.as_str() {
+        "help" => return Ok(text(table::usage())),
+        "version" => {
+            let v = env!("CARGO_PKG_VERSION");
+            return Ok(Output::Text {
+                text: format!("redn {v}"),
+                json: json!({ "version": v }),
+            });
+        }
+        _ => {}
+    }
+    let object = table::resolve(object, &table::objects(), "object").map_err(usage_error)?;
+    let names: Vec<&str> = table::commands(object).map(|c| c.name).collect();
+    let command = match args.get(1).map(String::as_str) {
+        None => names[0],
+        Some("help") => return Ok(text(table::object_usage(object))),
+        Some(c) => table::resolve(c, &names, "command").map_err(usage_error)?,
+    };
+    let rest = args.get(2..).unwrap_or(&[]);
+    let no_args = || {
+        if rest.is_empty() {
+            Ok(())
+        } else {
+            Err(usage_error(format!(
+                "redn {object} {command} takes no arguments (got {})",
+                rest.join(" ")
+            )))
+        }
+    };
+    match (object, command) {
+        ("completion", shell) => {
+            no_args()?;
+            let script = table::completion(shell).ok_or_else(|| anyhow!("no {shell} script"))?;
+            Ok(Output::Text {
+                json: json!({ "shell": shell, "script": script }),
+                text: script,
+            })
+        }
+        ("offload", "verify") => offload_verify(rest),
+        ("client", "show") => {
+            no_args()?;
+            let rows = list(opts, "ListClients", "clients", &[("pinned", "pinned_bytes")])?;
+            Ok(Output::Rows {
+                rows,
+                columns: &["id", "app", "uid", "pid", "connected", "offloads"],
+            })
+        }
+        ("client", "kill") => {
+            let id = one_number(rest, "ID", object, command)?;
+            let reply = admin_call(opts, "KillClient", json!({ "client": id }))?;
+            let n = reply.get("uninstalled").and_then(Value::as_u64).unwrap_or(0);
+            Ok(Output::Text {
+                text: format!("client {id} killed, {n} offload(s) uninstalled"),
+                json: json!([{ "client": id, "uninstalled": n }]),
+            })
+        }
+        ("offload", "show") => {
+            no_args()?;
+            let rows = list(opts, "ListOffloads", "offloads", &[])?;
+            Ok(Output::Rows {
+                rows,
+                columns: &["handle", "client", "app", "offload", "queues", "code_bytes"],
+            })
+        }
+        ("stat", "show") => {
+            no_args()?;
+            let rows = list(opts, "ListOffloads", "offloads", &[])?;
+            Ok(Output::Rows {
+                rows,
+                columns: &["handle", "offload", "triggers", "wqes", "errors"],
+            })
+        }
+        ("region", "show") => {
+            no_args()?;
+            let rows = list(opts, "ListClients", "clients", &[("pinned", "pinned_bytes")])?;
+            Ok(Output::Rows {
+                rows,
+                columns: &["id", "app", "regions", "pinned_bytes"],
+            })
+        }
+        ("offload", "dump") => {
+            let handle = one_number(rest, "HANDLE", object, command)?;
+            let reply = admin_call(opts, "Dump", json!({ "handle": handle }))?;
+            let listing = reply.get("listing").and_then(Value::as_str).unwrap_or("");
+            let addr = reply.get("code_addr").and_then(Value::as_u64).unwrap_or(0);
+            let wqes: Vec<&str> = reply
+                .get("wqes")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let mut text = format!("offload {handle}: code region at {addr:#x}\n{listing}");
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str("\nWQE blocks as laid out:\n");
+            for w in &wqes {
+                text.push_str(w);
+                text.push('\n');
+            }
+            Ok(Output::Text {
+                text: text.trim_end().to_owned(),
+                json: json!([{ "handle": handle, "code_addr": addr, "listing": listing, "wqes": wqes }]),
+            })
+        }
+        ("policy", "reload") => {
+            no_args()?;
+            let reply = admin_call(opts, "ReloadPolicy", json!({}))?;
+            let apps = reply.get("apps").and_then(Value::as_u64).unwrap_or(0);
+            Ok(Output::Text {
+                text: format!("policy reloaded: {apps} app rule(s)"),
+                json: json!([{ "apps": apps }]),
+            })
+        }
+        (o, c) => Err(anyhow!("redn {o} {c}: not implemented")),
+    }
+}
+
+/// The single number argument of `object command`.
+fn one_number(rest: &[String], name: &str, object: &str, command: &str) -> Result<u64> {
+    match rest {
+        [one] => one
+            .parse()
+            .map_err(|_| usage_error(format!("{name} must be a number, not {one:?}"))),
+        [] => Err(usage_error(format!("redn {object} {command} needs {name}"))),
+        _ => Err(usage_error(format!(
+            "redn {object} {command} takes one {name} (got {})",
+            rest.join(" ")
+        ))),
+    }
+}
+
+/// The admin socket: `-s`, else the config's `[admin] socket` (when `-c` names a config or
+/// the default one exists), else the default path.
+fn admin_socket(opts: &Options) -> Result<PathBuf> {
+    if let Some(s) = &opts.socket {
+        return Ok(s.clone());
+    }
+    let config = opts
+        .config
+        .clone()
+        .or_else(|| Some(PathBuf::from(DEFAULT_MANAGER_CONFIG_PATH)).filter(|p| p.exists()));
+    match config {
+        Some(path) => Ok(load_manager_config(&path)?.admin.path),
+        None => Ok(PathBuf::from(DEFAULT_ADMIN_SOCKET)),
+    }
+}
+
+/// Call `io.redn.Admin.METHOD`; a named error from the manager becomes the error text.
+fn admin_call(opts: &Options, method: &str, parameters: Value) -> Result<Map<String, Value>> {
+    let path = admin_socket(opts)?;
+    let mut conn = Connection::connect(&path, CALL_TIMEOUT)
+        .with_context(|| format!("cannot reach the manager at {}", path.display()))?;
+    let Value::Object(parameters) = parameters else {
+        bail!("parameters must be an object");
+    };
+    conn.call_raw(&format!("{ADMIN}.{method}"), parameters, &[])
+        .with_context(|| format!("{ADMIN}.{method}"))
+}
+
+/// The array `key` of a list method's reply as rows, with keys renamed so that units are in
+/// their names.
+fn list(
+    opts: &Options,
+    method: &str,
+    key: &str,
+    renames: &[(&str, &str)],
+) -> Result<Vec<Map<String, Value>>> {
+    let reply = admin_call(opts, method, json!({}))?;
+    let items = reply
+        .get(key)
+        .and_then(Value::as_array)
+        .ok_or_else(|| anyhow!("{method}: the reply has no {key} array"))?;
+    items
+        .iter()
+        .map(|item| {
+            let Value::Object(fields) = item else {
+                bail!("{method}: an entry of {key} is not an object");
+            };
+            Ok(fields
+                .iter()
+                .map(|(k, v)| {
+                    let name = renames
+                        .iter()
+                        .find(|(from, _)| from == k)
+                        .map_or(k.as_str(), |(_, to)| to);
+                    (name.to_owned(), v.clone())
+                })
+                .collect())
+        })
+        .collect()
+}
+
+/// `redn offload verify FILE [--policy PATH] [--app NAME]`: the verifier, offline, for
+/// every app rule that may install the offload (or the one named), with data regions as
+/// large as the rule's pinned quota, as `redn-manager --check` judges them.
+fn offload_verify(args: &[String]) -> Result<Output> {
+    let mut file = None;
+    let mut policy_path = PathBuf::from(DEFAULT_POLICY_PATH);
+    let mut app_name = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--policy" => policy_path = it.next().map(PathBuf::from).unwrap_or_default(),
+            "--app" => app_name = it.next().cloned(),
+            _ if file.is_none() => file = Some(PathBuf::from(a)),
+            _ => return Err(usage_error(format!("unexpected argument {a:?}"))),
+        }
+    }
+    let file = file.ok_or_else(|| usage_error("redn offload verify needs FILE"))?;
+    let program = load_definition(&file)?;
+    let policy = load_policy(&policy_path)?;
+    let apps: Vec<_> = match &app_name {
+        Some(name) => vec![policy
+            .app(name)
+            .ok_or_else(|| anyhow!("{}: no app rule {name:?}", policy_path.display()))?],
+        None => policy
+            .apps()
+            .iter()
+            .filter(|a| a.allows_offload(&program.name))
+            .collect(),
+    };
+    if apps.is_empty() {
+        bail!(
+            "{}: no app rule may install offload {:?}",
+            policy_path.display(),
+            program.name
+        );
+    }
+    let mut rows = Vec::new();
+    let mut text = String::new();
+    let mut refused = false;
+    for app in apps {
+        let report = verify(&program, &grants_at_quota(app, &program));
+        let accepted = report.accepted() && app.allows_offload(&program.name);
+        refused |= !accepted;
+        let verdict = if !app.allows_offload(&program.name) {
+            "refused: the app rule does not list this offload"
+        } else if accepted {
+            "accepted"
+        } else {
+            "refused"
+        };
+        text.push_str(&format!(
+            "offload {:?} for app {:?}: {verdict}\n{}\n",
+            program.name,
+            app.name,
+            report.log().trim_end()
+        ));
+        let mut row = Map::new();
+        row.insert("offload".into(), json!(program.name));
+        row.insert("app".into(), json!(app.name));
+        row.insert("accepted".into(), json!(accepted));
+        row.insert("findings".into(), json!(report.findings.len()));
+        row.insert(
+            "rules".into(),
+            json!(report
+                .findings
+                .iter()
+                .map(|f| f.rule.id())
+                .collect::<Vec<_>>()
+                .join(",")),
+        );
+        row.insert("log".into(), json!(report.log()));
+        rows.push(row);
+    }
+    let out = Output::Text {
+        text: text.trim_end().to_owned(),
+        json: Value::Array(rows.into_iter().map(Value::Object).collect()),
+    };
+    if refused {
+        Err(anyhow::Error::new(Refused(out)))
+    } else {
+        Ok(out)
+    }
+}
+
+fn print_output(opts: &Options, out: &Output) {
+    let print_json = |v: &Value| {
+        if opts.pretty {
+            println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+        } else {
+            println!("{v}");
+        }
+    };
+    match out {
+        Output::Rows { rows, .. } if opts.json => {
+            print_json(&Value::Array(rows.iter().cloned().map(Value::Object).collect()));
+        }
+        Output::Text { json, .. } if opts.json => print_json(json),
+        Output::Text { text, .. } => println!("{text}"),
+        Output::Rows { rows, columns } => print!("{}", table_text(rows, columns, opts.details)),
+    }
+}
+
+/// Rows as aligned columns with a header; every field with `details`.
+fn table_text(rows: &[Map<String, Value>], columns: &[&str], details: bool) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    let keys: Vec<String> = if details {
+        rows[0].keys().cloned().collect()
+    } else {
+        columns.iter().map(|c| (*c).to_owned()).collect()
+    };
+    let cell = |row: &Map<String, Value>, k: &str| match row.get(k) {
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => v.to_string(),
+        None => "-".to_owned(),
+    };
+    let widths: Vec<usize> = keys
+        .iter()
+        .map(|k| {
+            rows.iter()
+                .map(|r| cell(r, k).len())
+                .chain([k.len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: Vec<String>| {
+        let mut s = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ");
+        s.truncate(s.trim_end().len());
+        s.push('\n');
+        s
+    };
+    let mut out = line(keys.iter().map(|k| k.to_uppercase()).collect());
+    for r in rows {
+        out.push_str(&line(keys.iter().map(|k| cell(r, k)).collect()));
+    }
+    out
+}

@@ -1,0 +1,1008 @@
+//! The manager's state: policy, offload definitions, the NIC, clients, their regions and
+//! installed offloads; and the method handlers of `io.redn.Manager` and `io.redn.Admin`.
+//!
+//! Handlers are plain functions of the state and a request: the event loop
+//! ([`crate::server`]) decodes, re-checks the peer and encodes; nothing here touches a
+//! socket, so the install path is tested without one.
+//!
+//! **Install path** ([`Manager::install`]): the app rule (policy) → the offload's
+//! definition → the bindings (each data region bound to a registered region, in bounds) →
+//! the queue quota → the verifier, with the client's grants → the transactional install of
+//! `redn_sys::install` (narrow keys, two protection domains, managed queues, code region) →
+//! a handle and a 32-byte token. Every NIC object is owned by the offload's record, so a
+//! failure at any step, or an uninstall, releases all of them.
+//!
+//! **The client-facing side.** An install's client-facing queue must be connected and its
+//! response region bound to a remote client's buffer. Until the data plane (TCP hello,
+//! per-remote-client queues) exists, each install connects that queue to a *parking* queue
+//! pair the manager owns, with a manager-owned response buffer registered in a protection
+//! domain of its own: the install is complete and counted, and nothing outside the manager
+//! can reach it. The data plane will replace the parking side with each remote client's
+//! own queues; `InstallOffload` returns `endpoint: null` until then.
+
+use redn_policy::{verify, AppRule, Grants, KbitRate, PeerIdentity, Policy, Token, WqeRate};
+use redn_program::program::{Program, RegionRole};
+use redn_program::Access;
+use redn_proto::api;
+use redn_proto::errors::{AdminError, ManagerError};
+use redn_sys::handle::{CompletionQueue, ProtectionDomain, QueuePair, RegisteredRegion};
+use redn_sys::install::{install, Installed, RegionBinding};
+use redn_sys::mem::SharedBuffer;
+use redn_sys::nic::{CqConfig, Nic, QpConfig, RateLimit};
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The NIC as the manager holds it.
+pub type DynNic = dyn Nic;
+
+/// Size of the parking response buffer (the catalog's responses are at most 64 bytes).
+const PARKING_RESPONSE_LEN: usize = 4096;
+
+/// Limits the manager enforces besides the policy's quotas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Message caps per connection.
+    pub codec: redn_proto::codec::Limits,
+    /// Requests one connection may make per second.
+    pub requests_per_second: u32,
+    /// Open connections in all.
+    pub max_connections: usize,
+    /// Open connections per uid.
+    pub max_connections_per_uid: usize,
+    /// Registered regions per uid, over all its connections.
+    pub max_regions_per_uid: usize,
+    /// Registered bytes per uid, over all its connections.
+    pub max_bytes_per_uid: u64,
+    /// Bytes of replies queued for one connection that does not read them.
+    pub max_pending_output: usize,
+}
+
+impl Default for Limits {
+    /// sd-varlink's connection limits (4096, 1024 per uid), 1000 requests/s, 64 regions and
+    /// 64 GiB per uid (the policy's per-app quotas are usually tighter), 4 MiB of unread
+    /// replies.
+    fn default() -> Limits {
+        Limits {
+            codec: redn_proto::codec::Limits::default(),
+            requests_per_second: 1000,
+            max_connections: 4096,
+            max_connections_per_uid: 1024,
+            max_regions_per_uid: 64,
+            max_bytes_per_uid: 64 << 30,
+            max_pending_output: 4 << 20,
+        }
+    }
+}
+
+impl Limits {
+    /// Set the limit called `name` (as `--limit NAME=VALUE` names it).
+    ///
+    /// # Errors
+    /// A message naming the limits there are, or why the value is wrong.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let n: u64 = value
+            .parse()
+            .map_err(|_| format!("--limit {name}={value}: not a whole number"))?;
+        let small = |n: u64| usize::try_from(n).map_err(|_| format!("{name}: too large"));
+        if n == 0 {
+            return Err(format!("--limit {name}: 0 would refuse everything"));
+        }
+        match name {
+            "message-bytes" => self.codec.max_message = small(n)?,
+            "fds-per-message" => {
+                self.codec.max_fds = small(n)?.min(redn_proto::fds::SCM_MAX_FD);
+            }
+            "nesting" => self.codec.max_depth = small(n)?,
+            "requests-per-second" => {
+                self.requests_per_second =
+                    u32::try_from(n).map_err(|_| format!("{name}: too large"))?;
+            }
+            "connections" => self.max_connections = small(n)?,
+            "connections-per-uid" => self.max_connections_per_uid = small(n)?,
+            "regions-per-uid" => self.max_regions_per_uid = small(n)?,
+            "bytes-per-uid" => self.max_bytes_per_uid = n,
+            "pending-output-bytes" => self.max_pending_output = small(n)?,
+            _ => {
+                return Err(format!(
+                    "unknown limit {name:?}; limits: message-bytes, fds-per-message, nesting, \
+                     requests-per-second, connections, connections-per-uid, regions-per-uid, \
+                     bytes-per-uid, pending-output-bytes"
+                ))
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A region an app registered.
+#[derive(Debug)]
+struct Region {
+    buffer: Arc<SharedBuffer>,
+    size: u64,
+}
+
+/// An app connection and what it holds.
+#[derive(Debug)]
+pub struct Client {
+    /// Its id.
+    pub id: u64,
+    /// Who it is.
+    pub identity: PeerIdentity,
+    /// Its connection is open.
+    pub connected: bool,
+    regions: BTreeMap<u64, Region>,
+}
+
+impl Client {
+    fn pinned(&self) -> u64 {
+        self.regions.values().map(|r| r.size).sum()
+    }
+}
+
+/// The manager-owned queue an install's client-facing queue is connected to until the
+/// data plane connects a remote client (see the module docs). Fields drop in order: the
+/// queue pair and key before the CQ and protection domain.
+struct Parking {
+    _qp: QueuePair<DynNic>,
+    _key: RegisteredRegion<DynNic>,
+    _cq: Arc<CompletionQueue<DynNic>>,
+    _pd: Arc<ProtectionDomain<DynNic>>,
+}
+
+/// An installed offload.
+struct Offload {
+    client: u64,
+    app: String,
+    program: Program,
+    token: Token,
+    /// The app's data regions as bound (the response binding is per remote client).
+    data_bindings: HashMap<String, RegionBinding>,
+    /// The pacing of each of its queues.
+    limit: RateLimit,
+    /// Dropped first: the program's queues go before the parking queue they talk to.
+    installed: Installed<DynNic>,
+    _parking: Parking,
+}
+
+/// What the data plane needs to serve a remote client of one installed offload (see
+/// [`Manager::remote_client_spec`]).
+#[derive(Debug)]
+pub struct RemoteClientSpec<'a> {
+    /// The offload's program.
+    pub program: &'a Program,
+    /// The app's data regions, bound as at install.
+    pub data_bindings: &'a HashMap<String, RegionBinding>,
+    /// How each of the client's queues is paced.
+    pub limit: RateLimit,
+}
+
+/// Everything the manager knows.
+pub struct Manager {
+    policy_path: PathBuf,
+    policy: Policy,
+    offloads: BTreeMap<String, Program>,
+    nic: Arc<DynNic>,
+    backend: String,
+    /// The manager's limits.
+    pub limits: Limits,
+    clients: BTreeMap<u64, Client>,
+    installed: BTreeMap<u64, Offload>,
+    next_id: u64,
+}
+
+impl std::fmt::Debug for Manager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Manager")
+            .field("backend", &self.backend)
+            .field("clients", &self.clients.len())
+            .field("installed", &self.installed.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn policy_denied(reason: String) -> ManagerError {
+    ManagerError::PolicyDenied { reason }
+}
+
+fn no_device(e: &redn_sys::Error) -> ManagerError {
+    ManagerError::NoDevice {
+        reason: e.to_string(),
+    }
+}
+
+/// 32 bytes from the kernel's CSPRNG.
+fn random_token() -> std::io::Result<Token> {
+    let mut bytes = [0u8; Token::BYTES];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(Token::from_bytes(bytes))
+}
+
+/// The softnic/NIC pacing for an app's `rate_limit_kbps` and `wqes_per_second`.
+pub fn rate_limit((kbps, wqes): (KbitRate, WqeRate)) -> RateLimit {
+    let mut limit = RateLimit::default();
+    if let KbitRate::Limited(k) = kbps {
+        limit = limit.with_bytes(u64::from(k.get()) * 1000 / 8);
+    }
+    if let WqeRate::Limited(n) = wqes {
+        limit = limit.with_wqes(n.get());
+    }
+    limit
+}
+
+/// The grants an app rule gives a program before any region is bound: each data region as
+/// large as the rule's pinned quota (the most an install could bind). What `--check` and
+/// `redn offload verify` judge a definition by.
+pub fn grants_at_quota(app: &AppRule, program: &Program) -> Grants {
+    let lens: HashMap<String, u64> = program
+        .regions
+        .iter()
+        .filter(|r| matches!(r.role, RegionRole::Data { .. }))
+        .map(|r| (r.name.clone(), app.quota.max_pinned.bytes().max(r.min_len)))
+        .collect();
+    grants_for(app, program, &lens)
+}
+
+/// The grants an app rule gives a program whose data regions are bound with `lens`.
+pub fn grants_for(app: &AppRule, program: &Program, lens: &HashMap<String, u64>) -> Grants {
+    let mut g = Grants::new();
+    for decl in &program.regions {
+        let len = lens.get(&decl.name).copied().unwrap_or(decl.min_len);
+        g = match decl.role {
+            RegionRole::Data { access } => g.with_region(&decl.name, access, len),
+            RegionRole::Response => g.with_region(
+                &decl.name,
+                Access::REMOTE_WRITE,
+                PARKING_RESPONSE_LEN as u64,
+            ),
+        };
+    }
+    g.max_wqes_per_invocation = app.client.wqes_per_invocation.get();
+    g.max_queues = usize::try_from(app.quota.max_queues.get()).unwrap_or(usize::MAX);
+    g.loop_budget = match app.client.wqes_per_second {
+        WqeRate::Limited(n) => Some(n.get()),
+        WqeRate::Unlimited => Some(u64::MAX),
+    };
+    g
+}
+
+impl Manager {
+    /// A manager with `policy` (from `policy_path`), `offloads` and `nic`.
+    pub fn new(
+        policy_path: PathBuf,
+        policy: Policy,
+        offloads: Vec<Program>,
+        nic: Arc<DynNic>,
+        backend: String,
+        limits: Limits,
+    ) -> Manager {
+        Manager {
+            policy_path,
+            policy,
+            offloads: offloads.into_iter().map(|p| (p.name.clone(), p)).collect(),
+            nic,
+            backend,
+            limits,
+            clients: BTreeMap::new(),
+            installed: BTreeMap::new(),
+            next_id: 1,
+        }
+    }
+
+    /// The NIC.
+    pub fn nic(&self) -> &Arc<DynNic> {
+        &self.nic
+    }
+
+    /// Installed offloads.
+    pub fn installed_count(&self) -> usize {
+        self.installed.len()
+    }
+
+    fn fresh_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// A new client for a connection from `identity`. The server then lets it take over
+    /// what earlier connections of the same app left serving ([`Manager::adopt`]).
+    pub fn connect(&mut self, identity: PeerIdentity) -> u64 {
+        let id = self.fresh_id();
+        self.clients.insert(
+            id,
+            Client {
+                id,
+                identity,
+                connected: true,
+                regions: BTreeMap::new(),
+            },
+        );
+        id
+    }
+
+    /// Give `client` the regions and offloads of every closed connection of the same app:
+    /// the same uid, matched by the same app rule. An app that restarts can then see its
+    /// offloads' counters and uninstall them. Rights follow the policy's identity (uid and
+    /// rule), never a pid, and the adopted resources count against the new client's quotas.
+    /// Returns the offloads adopted.
+    pub fn adopt(&mut self, client: u64) -> usize {
+        let Some(me) = self.clients.get(&client) else {
+            return 0;
+        };
+        let uid = me.identity.uid;
+        let Some(rule) = self.policy.match_app(&me.identity).map(|a| a.name.clone()) else {
+            return 0;
+        };
+        let orphans: Vec<u64> = self
+            .clients
+            .values()
+            .filter(|c| !c.connected && c.identity.uid == uid)
+            .filter(|c| {
+                self.policy
+                    .match_app(&c.identity)
+                    .is_some_and(|a| a.name == rule)
+            })
+            .map(|c| c.id)
+            .collect();
+        let mut adopted = 0;
+        for old in orphans {
+            let Some(c) = self.clients.remove(&old) else {
+                continue;
+            };
+            if let Some(me) = self.clients.get_mut(&client) {
+                me.regions.extend(c.regions);
+            }
+            for o in self.installed.values_mut().filter(|o| o.client == old) {
+                o.client = client;
+                adopted += 1;
+            }
+        }
+        adopted
+    }
+
+    /// Its connection closed: its offloads keep serving if its app rule says so
+    /// (`keep_serving_after_exit`, the default), else they are uninstalled; a client
+    /// with no offloads left is forgotten. Returns the offloads uninstalled.
+    pub fn disconnect(&mut self, client: u64) -> usize {
+        let keep = self
+            .clients
+            .get(&client)
+            .and_then(|c| self.policy.match_app(&c.identity))
+            .is_some_and(|a| a.keep_serving_after_exit);
+        let mut removed = 0;
+        if !keep {
+            removed = self.uninstall_all(client);
+        }
+        let holds = self.installed.values().any(|o| o.client == client);
+        if holds {
+            if let Some(c) = self.clients.get_mut(&client) {
+                c.connected = false;
+            }
+        } else {
+            self.clients.remove(&client);
+        }
+        removed
+    }
+
+    fn uninstall_all(&mut self, client: u64) -> usize {
+        let handles: Vec<u64> = self
+            .installed
+            .iter()
+            .filter(|(_, o)| o.client == client)
+            .map(|(h, _)| *h)
+            .collect();
+        for h in &handles {
+            self.remove_offload(*h);
+        }
+        handles.len()
+    }
+
+    fn remove_offload(&mut self, handle: u64) -> bool {
+        match self.installed.remove(&handle) {
+            Some(o) => {
+                if let Err(e) = o.installed.remove() {
+                    eprintln!(
+                        "redn-manager: event=uninstall handle={handle} res=partial error={e}"
+                    );
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Uninstall everything (shutdown).
+    pub fn shutdown(&mut self) {
+        let handles: Vec<u64> = self.installed.keys().copied().collect();
+        for h in handles {
+            self.remove_offload(h);
+        }
+        self.clients.clear();
+    }
+
+    fn client(&self, id: u64) -> Result<&Client, ManagerError> {
+        self.clients
+            .get(&id)
+            .ok_or_else(|| ManagerError::PeerChanged {
+                reason: "the client is no longer known".into(),
+            })
+    }
+
+    fn app_of(&self, client: &Client) -> Result<&AppRule, ManagerError> {
+        let p = &client.identity;
+        self.policy.match_app(p).ok_or_else(|| {
+            policy_denied(format!(
+                "no app rule in {} matches uid={} gid={} exe={} cgroup={}",
+                self.policy_path.display(),
+                p.uid,
+                p.gid,
+                p.exe.display(),
+                p.cgroup
+            ))
+        })
+    }
+
+    fn uid_usage(&self, uid: u32) -> (usize, u64) {
+        self.clients
+            .values()
+            .filter(|c| c.identity.uid == uid)
+            .fold((0, 0), |(n, b), c| (n + c.regions.len(), b + c.pinned()))
+    }
+
+    /// `io.redn.Manager.GetInfo`.
+    ///
+    /// # Errors
+    /// `PolicyDenied` for a caller no rule matches.
+    pub fn info(&self, client: u64) -> Result<api::ManagerInfo, ManagerError> {
+        let c = self.client(client)?;
+        let app = self.app_of(c)?;
+        Ok(api::ManagerInfo {
+            version: env!("CARGO_PKG_VERSION").into(),
+            backend: self.backend.clone(),
+            app: app.name.clone(),
+            uid: c.identity.uid,
+            pid: i32::try_from(c.identity.pid).unwrap_or(-1),
+            max_regions: app.quota.max_regions.get(),
+            max_pinned: app.quota.max_pinned.bytes(),
+            regions: u32::try_from(c.regions.len()).unwrap_or(u32::MAX),
+            pinned: c.pinned(),
+            offloads: u32::try_from(
+                self.installed
+                    .values()
+                    .filter(|o| o.client == client)
+                    .count(),
+            )
+            .unwrap_or(u32::MAX),
+        })
+    }
+
+    /// `io.redn.Manager.ListOffloads`: what the caller may install.
+    ///
+    /// # Errors
+    /// `PolicyDenied` for a caller no rule matches.
+    pub fn list_offloads(&self, client: u64) -> Result<api::OffloadList, ManagerError> {
+        let app = self.app_of(self.client(client)?)?;
+        let offloads = app
+            .offloads
+            .iter()
+            .filter_map(|n| self.offloads.get(n))
+            .map(describe)
+            .collect();
+        Ok(api::OffloadList { offloads })
+    }
+
+    /// `io.redn.Manager.RegisterRegion` with the fd already taken from the message.
+    ///
+    /// # Errors
+    /// `PolicyDenied`, `QuotaExceeded` (`regions`, `bytes`), `NotSealed`, `InvalidParameter`.
+    pub fn register_region(
+        &mut self,
+        client: u64,
+        fd: OwnedFd,
+    ) -> Result<api::RegionRegistered, ManagerError> {
+        let c = self.client(client)?;
+        let app = self.app_of(c)?;
+        let max_regions = u64::from(app.quota.max_regions.get());
+        let held = c.regions.len() as u64;
+        if held >= max_regions {
+            return Err(ManagerError::QuotaExceeded {
+                resource: "regions".into(),
+                limit: max_regions,
+                requested: held + 1,
+            });
+        }
+        let (uid_regions, uid_bytes) = self.uid_usage(c.identity.uid);
+        if uid_regions >= self.limits.max_regions_per_uid {
+            return Err(ManagerError::QuotaExceeded {
+                resource: "regions-per-uid".into(),
+                limit: self.limits.max_regions_per_uid as u64,
+                requested: uid_regions as u64 + 1,
+            });
+        }
+        let room = app
+            .quota
+            .max_pinned
+            .bytes()
+            .saturating_sub(c.pinned())
+            .min(self.limits.max_bytes_per_uid.saturating_sub(uid_bytes));
+        let buffer = crate::region::map_sealed(fd, room)?;
+        let size = buffer.len() as u64;
+        let addr = buffer.addr().0;
+        let id = self.fresh_id();
+        if let Some(c) = self.clients.get_mut(&client) {
+            c.regions.insert(id, Region { buffer, size });
+        }
+        Ok(api::RegionRegistered {
+            region: id,
+            size,
+            addr,
+        })
+    }
+
+    /// `io.redn.Manager.InstallOffload`: the install path of the module docs.
+    ///
+    /// # Errors
+    /// `NoSuchOffload`, `PolicyDenied`, `InvalidParameter`, `NoSuchRegion`,
+    /// `QuotaExceeded` (`queues`), `VerifierRefused`, `NoDevice`.
+    pub fn install(
+        &mut self,
+        client: u64,
+        req: api::InstallOffload,
+    ) -> Result<api::Installed, ManagerError> {
+        let c = self.client(client)?;
+        let app = self.app_of(c)?;
+        let program =
+            self.offloads
+                .get(&req.offload)
+                .ok_or_else(|| ManagerError::NoSuchOffload {
+                    offload: req.offload.clone(),
+                })?;
+        if !app.allows_offload(&req.offload) {
+            return Err(policy_denied(format!(
+                "app {:?} may not install {:?} (policy allows: {})",
+                app.name,
+                req.offload,
+                app.offloads.join(", ")
+            )));
+        }
+        if let Some(k) = req.parameters.as_ref().and_then(|p| p.keys().next()) {
+            return Err(ManagerError::InvalidParameter {
+                parameter: format!("parameters.{k}"),
+                reason: format!(
+                    "offload {:?} takes no install-time parameters",
+                    program.name
+                ),
+            });
+        }
+        let mut bindings = HashMap::new();
+        let mut lens = HashMap::new();
+        for b in &req.regions {
+            let bad = |reason: String| ManagerError::InvalidParameter {
+                parameter: format!("regions[{}]", b.name),
+                reason,
+            };
+            let decl = program
+                .regions
+                .iter()
+                .find(|d| d.name == b.name)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "offload {:?} has no region of that name",
+                        program.name
+                    ))
+                })?;
+            if !matches!(decl.role, RegionRole::Data { .. }) {
+                return Err(bad(
+                    "the response region is the remote client's, not bound by the app".into(),
+                ));
+            }
+            let region = c
+                .regions
+                .get(&b.region)
+                .ok_or(ManagerError::NoSuchRegion { region: b.region })?;
+            let end = b.offset.checked_add(b.len).filter(|&e| e <= region.size);
+            if end.is_none() || b.len < decl.min_len {
+                return Err(bad(format!(
+                    "offset {} + len {} must lie inside region {} ({} bytes) and len be at least {}",
+                    b.offset, b.len, b.region, region.size, decl.min_len
+                )));
+            }
+            let (offset, len) = (
+                usize::try_from(b.offset).map_err(|_| bad("offset too large".into()))?,
+                usize::try_from(b.len).map_err(|_| bad("len too large".into()))?,
+            );
+            if bindings
+                .insert(
+                    b.name.clone(),
+                    RegionBinding::Local {
+                        buffer: Arc::clone(&region.buffer),
+                        offset,
+                        len,
+                        access: Access::ALL,
+                    },
+                )
+                .is_some()
+            {
+                return Err(bad("bound twice".into()));
+            }
+            lens.insert(b.name.clone(), b.len);
+        }
+        if let Some(missing) = program
+            .regions
+            .iter()
+            .find(|d| matches!(d.role, RegionRole::Data { .. }) && !bindings.contains_key(&d.name))
+        {
+            return Err(ManagerError::InvalidParameter {
+                parameter: "regions".into(),
+                reason: format!(
+                    "region {:?} of {:?} is not bound",
+                    missing.name, program.name
+                ),
+            });
+        }
+        let queues_held: usize = self
+            .installed
+            .values()
+            .filter(|o| o.client == client)
+            .map(|o| o.installed.qps.len() + 1)
+            .sum();
+        let wanted = program.queues.len() + 1;
+        let max_queues = u64::from(app.quota.max_queues.get());
+        if (queues_held + wanted) as u64 > max_queues {
+            return Err(ManagerError::QuotaExceeded {
+                resource: "queues".into(),
+                limit: max_queues,
+                requested: (queues_held + wanted) as u64,
+            });
+        }
+        let report = verify(program, &grants_for(app, program, &lens));
+        if !report.accepted() {
+            return Err(ManagerError::VerifierRefused {
+                offload: program.name.clone(),
+                log: report.log(),
+            });
+        }
+        let program = program.clone();
+        let app_name = app.name.clone();
+        let app_limits = (app.client.rate_limit_kbps, app.client.wqes_per_second);
+        let token = random_token().map_err(|e| ManagerError::NoDevice {
+            reason: format!("no random token: {e}"),
+        })?;
+        let data_bindings = bindings.clone();
+        let (parking, response) = self.parking_side()?;
+        bindings.insert("response".to_owned(), response);
+        let nic = Arc::clone(&self.nic);
+        let parked = parking._qp.qpn();
+        let installed = install(&self.nic, &program, &bindings, &mut |q| {
+            nic.connect(q, parked)
+        })
+        .map_err(|e| no_device(&e))?;
+        // Each of the install's queues is paced to the app's per-client limits; a failure
+        // drops `installed`, which releases everything.
+        let limit = rate_limit(app_limits);
+        if !limit.is_unlimited() {
+            for q in &installed.qps {
+                self.nic
+                    .set_rate_limit(q.qpn, limit)
+                    .map_err(|e| no_device(&e))?;
+            }
+        }
+        let handle = self.fresh_id();
+        let hex = token.to_hex();
+        self.installed.insert(
+            handle,
+            Offload {
+                client,
+                app: app_name,
+                program,
+                token,
+                data_bindings,
+                limit,
+                installed,
+                _parking: parking,
+            },
+        );
+        Ok(api::Installed {
+            handle,
+            token: hex,
+            endpoint: None,
+        })
+    }
+
+    /// A parking queue pair with a response buffer, each object released if a later one
+    /// fails (the handles drop).
+    fn parking_side(&self) -> Result<(Parking, RegionBinding), ManagerError> {
+        let pd = ProtectionDomain::alloc(&self.nic).map_err(|e| no_device(&e))?;
+        let buffer = SharedBuffer::new(PARKING_RESPONSE_LEN);
+        let key = RegisteredRegion::register(
+            &pd,
+            &buffer,
+            0,
+            PARKING_RESPONSE_LEN,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .map_err(|e| no_device(&e))?;
+        let cq =
+            CompletionQueue::create(&self.nic, CqConfig::counted(64)).map_err(|e| no_device(&e))?;
+        let qp = QueuePair::create(&pd, &cq, &cq, QpConfig::new(pd.pdn(), cq.cqn()))
+            .map_err(|e| no_device(&e))?;
+        let info = key.info();
+        let binding = RegionBinding::Remote {
+            addr: info.addr,
+            rkey: redn_program::Rkey(info.lkey.0),
+            len: info.len,
+        };
+        Ok((
+            Parking {
+                _qp: qp,
+                _key: key,
+                _cq: cq,
+                _pd: pd,
+            },
+            binding,
+        ))
+    }
+
+    /// `io.redn.Manager.Uninstall`.
+    ///
+    /// # Errors
+    /// `NoSuchHandle` if the caller holds no such offload.
+    pub fn uninstall(&mut self, client: u64, handle: u64) -> Result<(), ManagerError> {
+        match self.installed.get(&handle) {
+            Some(o) if o.client == client => {
+                self.remove_offload(handle);
+                Ok(())
+            }
+            _ => Err(ManagerError::NoSuchHandle { handle }),
+        }
+    }
+
+    fn stats_of(&self, o: &Offload) -> (u64, u64, u64) {
+        let mut triggers = 0;
+        let mut wqes = 0;
+        let mut errors = 0;
+        for (i, q) in o.installed.qps.iter().enumerate() {
+            if let Ok(c) = self.nic.counters(q.qpn) {
+                wqes += c.total_wqes();
+                errors += c.errors;
+                if o.program
+                    .queues
+                    .get(i)
+                    .is_some_and(|q| q.role == redn_program::program::QueueRole::Client)
+                {
+                    triggers += c.recvs;
+                }
+            }
+        }
+        (triggers, wqes, errors)
+    }
+
+    /// `io.redn.Manager.Stats`.
+    ///
+    /// # Errors
+    /// `PeerChanged` for an unknown client.
+    pub fn stats(&self, client: u64) -> Result<api::StatsReply, ManagerError> {
+        self.client(client)?;
+        let offloads = self
+            .installed
+            .iter()
+            .filter(|(_, o)| o.client == client)
+            .map(|(h, o)| {
+                let (triggers, wqes, errors) = self.stats_of(o);
+                api::OffloadStats {
+                    handle: *h,
+                    offload: o.program.name.clone(),
+                    triggers,
+                    wqes,
+                    errors,
+                }
+            })
+            .collect();
+        Ok(api::StatsReply { offloads })
+    }
+
+    /// The seam for the data plane (remote clients, a later piece of work): what it needs to
+    /// install a remote client's own instance of offload `handle` — the program, the app's
+    /// data-region bindings (add the client's `response` binding and install with
+    /// `redn_sys::install::install`), and the pacing — if `token` is the offload's token
+    /// (compared in constant time). `None` for an unknown handle or a wrong token alike.
+    pub fn remote_client_spec(&self, handle: u64, token: &Token) -> Option<RemoteClientSpec<'_>> {
+        let o = self.installed.get(&handle)?;
+        (&o.token == token).then_some(RemoteClientSpec {
+            program: &o.program,
+            data_bindings: &o.data_bindings,
+            limit: o.limit,
+        })
+    }
+
+    /// `io.redn.Admin.ListClients`.
+    pub fn admin_clients(&self) -> api::ClientList {
+        let clients = self
+            .clients
+            .values()
+            .map(|c| api::ClientEntry {
+                id: c.id,
+                app: self
+                    .policy
+                    .match_app(&c.identity)
+                    .map_or_else(String::new, |a| a.name.clone()),
+                uid: c.identity.uid,
+                gid: c.identity.gid,
+                pid: i32::try_from(c.identity.pid).unwrap_or(-1),
+                exe: c.identity.exe.display().to_string(),
+                cgroup: c.identity.cgroup.clone(),
+                connected: c.connected,
+                regions: u32::try_from(c.regions.len()).unwrap_or(u32::MAX),
+                pinned: c.pinned(),
+                offloads: u32::try_from(
+                    self.installed.values().filter(|o| o.client == c.id).count(),
+                )
+                .unwrap_or(u32::MAX),
+            })
+            .collect();
+        api::ClientList { clients }
+    }
+
+    /// `io.redn.Admin.ListOffloads`.
+    pub fn admin_offloads(&self) -> api::InstalledList {
+        let offloads = self
+            .installed
+            .iter()
+            .map(|(h, o)| {
+                let (triggers, wqes, errors) = self.stats_of(o);
+                api::InstalledEntry {
+                    handle: *h,
+                    client: o.client,
+                    app: o.app.clone(),
+                    offload: o.program.name.clone(),
+                    queues: u32::try_from(o.installed.qps.len()).unwrap_or(u32::MAX),
+                    keys: u32::try_from(o.installed.code_keys.len()).unwrap_or(u32::MAX),
+                    code_bytes: o.installed.code.len() as u64,
+                    triggers,
+                    wqes,
+                    errors,
+                }
+            })
+            .collect();
+        api::InstalledList { offloads }
+    }
+
+    /// `io.redn.Admin.Dump`: the listing and every non-zero 64-byte block of the code
+    /// region.
+    ///
+    /// # Errors
+    /// `NoSuchOffload`.
+    pub fn admin_dump(&self, handle: u64) -> Result<api::DumpReply, AdminError> {
+        let o = self
+            .installed
+            .get(&handle)
+            .ok_or(AdminError::NoSuchOffload { handle })?;
+        let code = &o.installed.code;
+        let mut wqes = Vec::new();
+        let mut block = [0u8; 64];
+        for off in (0..code.len()).step_by(64) {
+            if off + 64 > code.len() {
+                break;
+            }
+            code.read_block(off, &mut block);
+            if block.iter().any(|&b| b != 0) {
+                let hex: String = block.iter().map(|b| format!("{b:02x}")).collect();
+                wqes.push(format!("{off:06x}: {hex}"));
+            }
+        }
+        Ok(api::DumpReply {
+            listing: o.program.listing(),
+            code_addr: o.installed.code_addr.0,
+            wqes,
+        })
+    }
+
+    /// `io.redn.Admin.KillClient`: uninstall its offloads and forget it; the server closes
+    /// its connection.
+    ///
+    /// # Errors
+    /// `NoSuchClient`.
+    pub fn admin_kill(&mut self, client: u64) -> Result<api::Killed, AdminError> {
+        if !self.clients.contains_key(&client) {
+            return Err(AdminError::NoSuchClient { client });
+        }
+        let n = self.uninstall_all(client);
+        self.clients.remove(&client);
+        Ok(api::Killed {
+            uninstalled: u32::try_from(n).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// `io.redn.Admin.ReloadPolicy` (and SIGHUP): load policy.toml again, all or nothing.
+    ///
+    /// # Errors
+    /// `ReloadFailed` naming the file, line and key; the old policy stays.
+    pub fn reload_policy(&mut self) -> Result<api::Reloaded, AdminError> {
+        let policy =
+            redn_policy::load_policy(&self.policy_path).map_err(|e| AdminError::ReloadFailed {
+                reason: e.to_string(),
+            })?;
+        let apps = u32::try_from(policy.apps().len()).unwrap_or(u32::MAX);
+        self.policy = policy;
+        Ok(api::Reloaded { apps })
+    }
+
+    /// Whether `client` is known (a killed client is not).
+    pub fn has_client(&self, client: u64) -> bool {
+        self.clients.contains_key(&client)
+    }
+}
+
+/// An offload as `ListOffloads` shows it.
+pub fn describe(p: &Program) -> api::Offload {
+    api::Offload {
+        name: p.name.clone(),
+        summary: p.summary.clone(),
+        response: p.response_doc.clone(),
+        trigger_len: p.trigger_len,
+        params: p
+            .params
+            .iter()
+            .map(|q| api::Param {
+                name: q.name.clone(),
+                offset: q.offset,
+                len: q.len,
+                doc: q.doc.clone(),
+            })
+            .collect(),
+        regions: p
+            .regions
+            .iter()
+            .map(|r| api::RegionSpec {
+                name: r.name.clone(),
+                role: match r.role {
+                    RegionRole::Data { .. } => "data".into(),
+                    RegionRole::Response => "response".into(),
+                },
+                access: match r.role {
+                    RegionRole::Data { access } => access.to_string(),
+                    RegionRole::Response => Access::REMOTE_WRITE.to_string(),
+                },
+                min_len: r.min_len,
+                doc: r.doc.clone(),
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::{NonZeroU32, NonZeroU64};
+
+    #[test]
+    fn app_rates_become_nic_pacing() {
+        let limited = rate_limit((
+            KbitRate::Limited(NonZeroU32::new(8000).unwrap()),
+            WqeRate::Limited(NonZeroU64::new(2_000_000).unwrap()),
+        ));
+        assert_eq!(limited, RateLimit::bytes(1_000_000).with_wqes(2_000_000));
+        assert!(rate_limit((KbitRate::Unlimited, WqeRate::Unlimited)).is_unlimited());
+    }
+
+    #[test]
+    fn limits_are_set_by_name_and_refuse_nonsense() {
+        let mut l = Limits::default();
+        l.set("fds-per-message", "1000").unwrap();
+        assert_eq!(l.codec.max_fds, redn_proto::fds::SCM_MAX_FD);
+        l.set("connections-per-uid", "3").unwrap();
+        assert_eq!(l.max_connections_per_uid, 3);
+        assert!(l
+            .set("connections", "0")
+            .unwrap_err()
+            .contains("refuse everything"));
+        assert!(l.set("colour", "1").unwrap_err().contains("unknown limit"));
+        assert!(l
+            .set("nesting", "deep")
+            .unwrap_err()
+            .contains("not a whole number"));
+    }
+}

@@ -1,0 +1,270 @@
+//! The parameters and replies of every method, as the IDL files declare them.
+//!
+//! Requests refuse unknown fields (the spec's `InvalidParameter`); replies are read
+//! leniently by clients (serde ignores unknown fields by default), so the manager may add
+//! optional reply fields without breaking them.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Interface names.
+pub const SERVICE: &str = "org.varlink.service";
+/// The apps' interface.
+pub const MANAGER: &str = "io.redn.Manager";
+/// The admins' interface.
+pub const ADMIN: &str = "io.redn.Admin";
+
+/// `org.varlink.service.GetInfo` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct ServiceInfo {
+    pub vendor: String,
+    pub product: String,
+    pub version: String,
+    pub url: String,
+    pub interfaces: Vec<String>,
+}
+
+/// `org.varlink.service.GetInterfaceDescription` parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DescribeInterface {
+    /// The interface's name.
+    pub interface: String,
+}
+
+/// `io.redn.Manager.GetInfo` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct ManagerInfo {
+    pub version: String,
+    pub backend: String,
+    pub app: String,
+    pub uid: u32,
+    pub pid: i32,
+    pub max_regions: u32,
+    pub max_pinned: u64,
+    pub regions: u32,
+    pub pinned: u64,
+    pub offloads: u32,
+}
+
+/// One trigger parameter of an offload.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct Param {
+    pub name: String,
+    pub offset: u32,
+    pub len: u32,
+    pub doc: String,
+}
+
+/// One region an offload binds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct RegionSpec {
+    pub name: String,
+    pub role: String,
+    pub access: String,
+    pub min_len: u64,
+    pub doc: String,
+}
+
+/// An offload the caller may install.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct Offload {
+    pub name: String,
+    pub summary: String,
+    pub response: String,
+    pub trigger_len: u32,
+    pub params: Vec<Param>,
+    pub regions: Vec<RegionSpec>,
+}
+
+/// `ListOffloads` reply (both interfaces' shapes differ; this is the apps').
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OffloadList {
+    /// The offloads.
+    pub offloads: Vec<Offload>,
+}
+
+/// `RegisterRegion` parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterRegion {
+    /// Index of the fd among those passed with the call.
+    pub fd: u32,
+    /// A name for listings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// `RegisterRegion` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RegionRegistered {
+    /// The region's id, for bindings.
+    pub region: u64,
+    /// Its size in bytes.
+    pub size: u64,
+    /// The address offload WQEs use for its first byte.
+    pub addr: u64,
+}
+
+/// A data region of an offload bound to part of a registered region.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Binding {
+    /// The offload's region name.
+    pub name: String,
+    /// The registered region's id.
+    pub region: u64,
+    /// First byte bound.
+    pub offset: u64,
+    /// Bytes bound.
+    pub len: u64,
+}
+
+/// `InstallOffload` parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstallOffload {
+    /// The offload's name.
+    pub offload: String,
+    /// Its data regions' bindings.
+    pub regions: Vec<Binding>,
+    /// Install-time settings the offload declares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<BTreeMap<String, i64>>,
+}
+
+/// `InstallOffload` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Installed {
+    /// The installed offload's handle.
+    pub handle: u64,
+    /// 64 hex digits (32 bytes): what the app's remote clients present.
+    pub token: String,
+    /// Where remote clients connect (`IP:PORT`); `None` while the manager has no data plane
+    /// (the remote-client side is a separate piece of work).
+    pub endpoint: Option<String>,
+}
+
+/// `Uninstall` parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Uninstall {
+    /// The handle `InstallOffload` returned.
+    pub handle: u64,
+}
+
+/// What one installed offload has done.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct OffloadStats {
+    pub handle: u64,
+    pub offload: String,
+    pub triggers: u64,
+    pub wqes: u64,
+    pub errors: u64,
+}
+
+/// `Stats` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StatsReply {
+    /// The caller's offloads.
+    pub offloads: Vec<OffloadStats>,
+}
+
+/// `io.redn.Admin` client entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct ClientEntry {
+    pub id: u64,
+    pub app: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: i32,
+    pub exe: String,
+    pub cgroup: String,
+    pub connected: bool,
+    pub regions: u32,
+    pub pinned: u64,
+    pub offloads: u32,
+}
+
+/// `io.redn.Admin.ListClients` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClientList {
+    /// The clients.
+    pub clients: Vec<ClientEntry>,
+}
+
+/// `io.redn.Admin` installed offload entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct InstalledEntry {
+    pub handle: u64,
+    pub client: u64,
+    pub app: String,
+    pub offload: String,
+    pub queues: u32,
+    pub keys: u32,
+    pub code_bytes: u64,
+    pub triggers: u64,
+    pub wqes: u64,
+    pub errors: u64,
+}
+
+/// `io.redn.Admin.ListOffloads` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InstalledList {
+    /// The installed offloads.
+    pub offloads: Vec<InstalledEntry>,
+}
+
+/// `io.redn.Admin.Dump` parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Dump {
+    /// The installed offload.
+    pub handle: u64,
+}
+
+/// `io.redn.Admin.Dump` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DumpReply {
+    /// The program listing.
+    pub listing: String,
+    /// The code region's first address.
+    pub code_addr: u64,
+    /// Each 64-byte block of the code region that holds anything, as
+    /// `OFFSET: HEX`.
+    pub wqes: Vec<String>,
+}
+
+/// `io.redn.Admin.KillClient` parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KillClient {
+    /// The client's id.
+    pub client: u64,
+}
+
+/// `io.redn.Admin.KillClient` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Killed {
+    /// Offloads uninstalled.
+    pub uninstalled: u32,
+}
+
+/// `io.redn.Admin.ReloadPolicy` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reloaded {
+    /// App rules in the new policy.
+    pub apps: u32,
+}
+
+/// A reply (or parameters) with no fields.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Empty {}

@@ -1,0 +1,186 @@
+//! A blocking varlink client connection: one call at a time, each answered before the next
+//! is sent, so fds always ride a call no earlier call is still waiting behind (see
+//! [`crate::fds`]).
+
+use crate::codec::{Call, Limits, MessageBuffer, Reply};
+use crate::errors::WireError;
+use crate::fds::{recv_with_fds, send_with_fds};
+use crate::{Error, Result};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{Map, Value};
+use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+/// A connection to a varlink service on a unix socket.
+#[derive(Debug)]
+pub struct Connection {
+    stream: UnixStream,
+    incoming: MessageBuffer,
+    limits: Limits,
+}
+
+fn io(call: &'static str) -> impl Fn(std::io::Error) -> Error {
+    move |source| Error::Io { call, source }
+}
+
+impl Connection {
+    /// Connect to the socket at `path`; every read waits at most `timeout`.
+    ///
+    /// # Errors
+    /// [`Error::Io`] (`connect`).
+    pub fn connect(path: &Path, timeout: Duration) -> Result<Connection> {
+        let stream = UnixStream::connect(path).map_err(io("connect"))?;
+        stream
+            .set_read_timeout(Some(timeout))
+            .map_err(io("setsockopt"))?;
+        Ok(Connection::from_stream(stream))
+    }
+
+    /// Use an already connected stream.
+    pub fn from_stream(stream: UnixStream) -> Connection {
+        let limits = Limits {
+            // Replies (listings, dumps) may be larger than what we send.
+            max_message: 16 << 20,
+            max_fds: 0,
+            max_depth: 32,
+        };
+        Connection {
+            stream,
+            incoming: MessageBuffer::new(limits),
+            limits,
+        }
+    }
+
+    /// The socket, for tests that want to misbehave on it.
+    pub fn stream(&self) -> &UnixStream {
+        &self.stream
+    }
+
+    /// Call `method` with `parameters` (a JSON object) and `fds`; the reply's parameters,
+    /// or the named error it carried as [`Error::Remote`].
+    ///
+    /// # Errors
+    /// [`Error::Io`], [`Error::Closed`], [`Error::Protocol`], [`Error::Remote`].
+    pub fn call_raw(
+        &mut self,
+        method: &str,
+        parameters: Map<String, Value>,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<Map<String, Value>> {
+        let bytes = Call::new(method, parameters).encode();
+        self.send_bytes(&bytes, fds)?;
+        let reply = self.read_reply()?;
+        match reply.error {
+            Some(name) => Err(Error::Remote(WireError {
+                name,
+                parameters: reply.parameters,
+            })),
+            None => Ok(reply.parameters),
+        }
+    }
+
+    /// Call with typed parameters and reply.
+    ///
+    /// # Errors
+    /// As [`Connection::call_raw`], and [`Error::Reply`] if the reply has another shape.
+    pub fn call<P: Serialize, R: DeserializeOwned>(
+        &mut self,
+        method: &str,
+        parameters: &P,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<R> {
+        let shape = |reason: String| Error::Reply {
+            method: method.to_owned(),
+            reason,
+        };
+        let params = match serde_json::to_value(parameters).map_err(|e| shape(e.to_string()))? {
+            Value::Object(m) => m,
+            Value::Null => Map::new(),
+            _ => return Err(shape("parameters must serialise as an object".into())),
+        };
+        let reply = self.call_raw(method, params, fds)?;
+        serde_json::from_value(Value::Object(reply)).map_err(|e| shape(e.to_string()))
+    }
+
+    /// Send raw bytes (with fds on the first byte) as they are: for tests of malformed input.
+    ///
+    /// # Errors
+    /// [`Error::Io`].
+    pub fn send_bytes(&mut self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+        let sent = loop {
+            match send_with_fds(self.stream.as_fd(), bytes, fds) {
+                Err(Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::Interrupted => {}
+                other => break other?,
+            }
+        };
+        self.stream.write_all(&bytes[sent..]).map_err(io("write"))
+    }
+
+    /// Read the next reply.
+    ///
+    /// # Errors
+    /// [`Error::Io`] (including a timeout), [`Error::Closed`], [`Error::Protocol`].
+    pub fn read_reply(&mut self) -> Result<Reply> {
+        let mut buf = [0u8; 16 << 10];
+        loop {
+            if let Some(msg) = self.incoming.next_message() {
+                return Reply::parse(&msg?, &self.limits);
+            }
+            // Blocking read (the socket is blocking; the timeout bounds it). recvmsg with
+            // MSG_DONTWAIT would spin, so wait for readability first.
+            wait_readable(
+                self.stream.as_fd(),
+                self.stream.read_timeout().ok().flatten(),
+            )?;
+            let got = match recv_with_fds(self.stream.as_fd(), &mut buf) {
+                // A signal, or a wakeup with nothing to read yet (MSG_DONTWAIT).
+                Err(Error::Io { source, .. })
+                    if matches!(
+                        source.kind(),
+                        std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
+                    ) =>
+                {
+                    continue
+                }
+                other => other?,
+            };
+            if got.len == 0 {
+                return Err(Error::Closed);
+            }
+            // A reply never carries fds in this API; any that came are closed here.
+            drop(got.fds);
+            self.incoming.extend(&buf[..got.len]);
+        }
+    }
+}
+
+fn wait_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<()> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let ms = timeout.map_or(PollTimeout::NONE, |t| {
+        PollTimeout::try_from(t).unwrap_or(PollTimeout::MAX)
+    });
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    loop {
+        match poll(&mut fds, ms) {
+            Ok(0) => {
+                return Err(Error::Io {
+                    call: "poll",
+                    source: std::io::Error::new(std::io::ErrorKind::TimedOut, "no reply in time"),
+                })
+            }
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => {
+                return Err(Error::Io {
+                    call: "poll",
+                    source: e.into(),
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,815 @@
+//! A softnic's RoCEv2 endpoint: one UDP socket, a receive thread that checks every datagram
+//! and hands requests to the responder of the QP they name and responses to its requester,
+//! and the [`Transport`] a connected QP's PU sends through.
+
+use super::exchange::QpRecord;
+use super::io::{DatagramIo, Faults, LossyIo, RecvBatch, UdpIo};
+use super::packet::{self, opcode, DropCounters, DropReason, Header, Route, Syndrome};
+use super::requester::{Message, Progress, Requester, RequesterAttrs};
+use super::responder::{Memory, Responder};
+use crate::mem::{KeyCache, Span};
+use crate::softnic::in_process::InProcess;
+use crate::softnic::qp::QpShared;
+use crate::softnic::shared::Shared;
+use crate::softnic::transport::{AtomicOp, Nak, Transport};
+use crate::softnic::SoftNic;
+use crate::types::{Access, Qpn, Rkey, VirtAddr};
+use crate::wqe::RemoteAddr;
+use crate::{Error, QpState, Result};
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+/// The UDP port RoCEv2 uses (IANA "roce").
+pub const ROCE_PORT: u16 = 4791;
+
+/// Settings of one endpoint.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct RoceConfig {
+    /// Address and UDP port to bind: a specific IPv4 address; port [`ROCE_PORT`] by
+    /// default, another so that several softnics share a host (0: any free port).
+    pub bind: SocketAddrV4,
+    /// How long an idle receive thread or a waiting requester spins before it sleeps: a busy
+    /// connection pays no wake-up per packet, an idle one no CPU.
+    pub spin: Duration,
+    /// Faults to inject on what this endpoint sends (tests).
+    pub faults: Option<Faults>,
+}
+
+impl RoceConfig {
+    /// Bind `ip` on port 4791, spin 50 µs, no faults.
+    #[must_use]
+    pub fn new(ip: Ipv4Addr) -> RoceConfig {
+        RoceConfig {
+            bind: SocketAddrV4::new(ip, ROCE_PORT),
+            spin: Duration::from_micros(50),
+            faults: None,
+        }
+    }
+}
+
+/// Packets moved by an endpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoceCounters {
+    /// Datagrams sent.
+    pub sent: u64,
+    /// Datagrams received.
+    pub received: u64,
+    /// Datagrams dropped (any reason; see [`RoceEndpoint::drops`]).
+    pub dropped: u64,
+}
+
+/// Responses one QP's mailbox holds at most: a requester's window of READ responses and
+/// then some.
+const MAILBOX_CAP: usize = 1024;
+
+/// A response waiting for the requester that owns it.
+struct Response {
+    header: Header,
+    payload: Vec<u8>,
+}
+
+/// Where the receive thread leaves responses for a requester, and how it wakes it.
+#[derive(Default)]
+struct Mailbox {
+    queue: Mutex<VecDeque<Response>>,
+    pending: AtomicU64,
+    waiter: Mutex<Option<Thread>>,
+}
+
+impl Mailbox {
+    /// Leave a response; false (and nothing left) if `MAILBOX_CAP` are already waiting,
+    /// so that a peer answering what was never asked cannot grow memory without bound.
+    fn push(&self, r: Response) -> bool {
+        {
+            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            if q.len() >= MAILBOX_CAP {
+                return false;
+            }
+            q.push_back(r);
+        }
+        self.pending.fetch_add(1, Ordering::Release);
+        if let Some(t) = self
+            .waiter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            t.unpark();
+        }
+        true
+    }
+
+    fn take(&self) -> Option<Response> {
+        if self.pending.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let r = self
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front();
+        if r.is_some() {
+            self.pending.fetch_sub(1, Ordering::Release);
+        }
+        r
+    }
+
+    /// The next response: for `spin`, `poll` the socket (the waiting thread takes what
+    /// arrives itself, with no hand-over from the receive thread), then sleep until `until`
+    /// while the receive thread delivers.
+    fn wait(
+        &self,
+        spin: Duration,
+        until: Option<Instant>,
+        give_up: impl Fn() -> bool,
+        mut poll: impl FnMut(),
+    ) -> Option<Response> {
+        let start = Instant::now();
+        loop {
+            if let Some(r) = self.take() {
+                return Some(r);
+            }
+            let now = Instant::now();
+            if until.is_some_and(|u| now >= u) || give_up() {
+                return None;
+            }
+            if now - start < spin {
+                poll();
+                // Yield between polls: on a machine whose cores the PUs, receive threads and
+                // hosts of both ends outnumber, a pure spin holds the core the answer needs.
+                std::thread::yield_now();
+                continue;
+            }
+            *self.waiter.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
+            if let Some(r) = self.take() {
+                return Some(r);
+            }
+            // Wake at least every 10 ms to notice a QP put in error or a shutdown.
+            let nap = until
+                .map_or(Duration::from_millis(10), |u| {
+                    u.saturating_duration_since(now)
+                })
+                .min(Duration::from_millis(10));
+            std::thread::park_timeout(nap);
+        }
+    }
+}
+
+/// One connected QP.
+struct Conn {
+    remote: SocketAddrV4,
+    local: InProcess,
+    responder: Mutex<(Responder, KeyCache)>,
+    mailbox: Mailbox,
+}
+
+/// What the receive thread and the transports share.
+struct Inner {
+    io: Box<dyn DatagramIo>,
+    local: SocketAddrV4,
+    nic: Arc<Shared>,
+    conns: RwLock<HashMap<u32, Arc<Conn>>>,
+    drops: DropCounters,
+    sent: AtomicU64,
+    received: AtomicU64,
+    spin: Duration,
+    shutdown: AtomicBool,
+}
+
+impl Inner {
+    fn send(&self, batch: &[(SocketAddrV4, &[u8])]) {
+        self.sent.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        // A failed send is a lost packet: the requester's timer recovers it.
+        let _ = self.io.send(batch);
+    }
+}
+
+/// A softnic's RoCEv2 endpoint. Dropping it stops its receive thread; QPs connected through
+/// it then get no answers (their requests end in "retry exceeded").
+pub struct RoceEndpoint {
+    inner: Arc<Inner>,
+    rx: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for RoceEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoceEndpoint")
+            .field("local", &self.inner.local)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RoceEndpoint {
+    /// Bind `cfg.bind` for `nic` and start the receive thread.
+    ///
+    /// # Errors
+    /// [`Error::Roce`] if the socket cannot be bound or configured.
+    pub fn start(nic: &SoftNic, cfg: &RoceConfig) -> Result<RoceEndpoint> {
+        let udp = UdpIo::bind(cfg.bind).map_err(|source| Error::Roce {
+            what: "bind the RoCE UDP socket",
+            source,
+        })?;
+        let io: Box<dyn DatagramIo> = match cfg.faults {
+            Some(f) => Box::new(LossyIo::new(udp, f)),
+            None => Box::new(udp),
+        };
+        Ok(Self::with_io(nic, io, cfg.spin))
+    }
+
+    /// An endpoint on any [`DatagramIo`] (tests and fuzzing feed their own datagrams).
+    pub fn with_io(nic: &SoftNic, io: Box<dyn DatagramIo>, spin: Duration) -> RoceEndpoint {
+        let inner = Arc::new(Inner {
+            local: io.local_addr(),
+            io,
+            nic: Arc::clone(&nic.shared),
+            conns: RwLock::new(HashMap::new()),
+            drops: DropCounters::default(),
+            sent: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            spin,
+            shutdown: AtomicBool::new(false),
+        });
+        let rx_inner = Arc::clone(&inner);
+        let rx = std::thread::Builder::new()
+            .name(format!("{}-roce-rx", nic.shared.config.name))
+            .spawn(move || receive_loop(&rx_inner))
+            .ok();
+        RoceEndpoint { inner, rx }
+    }
+
+    /// The address and port this endpoint is bound to.
+    #[must_use]
+    pub fn local_addr(&self) -> SocketAddrV4 {
+        self.inner.local
+    }
+
+    /// Datagrams dropped, per reason.
+    #[must_use]
+    pub fn drops(&self) -> &DropCounters {
+        &self.inner.drops
+    }
+
+    /// Packets moved so far.
+    #[must_use]
+    pub fn counters(&self) -> RoceCounters {
+        RoceCounters {
+            sent: self.inner.sent.load(Ordering::Relaxed),
+            received: self.inner.received.load(Ordering::Relaxed),
+            dropped: self.inner.drops.total(),
+        }
+    }
+
+    /// The record a peer needs to connect to local QP `qpn` (start PSN `psn`), with this
+    /// endpoint's address and default attributes; add regions before sending it.
+    #[must_use]
+    pub fn record(&self, qpn: Qpn, psn: u32) -> QpRecord {
+        QpRecord::new(qpn.0, psn, self.inner.local)
+    }
+
+    /// Connect local QP `local.qpn` (in INIT, not yet connected) to the remote QP `remote`
+    /// describes: requests go out from `local.psn`, the peer's are expected from
+    /// `remote.psn`, at the smaller of the two MTUs, with `local`'s timers and retry counts.
+    ///
+    /// # Errors
+    /// No such QP, a QP already connected or past INIT, or attributes out of range.
+    pub fn connect(&self, local: &QpRecord, remote: &QpRecord) -> Result<()> {
+        let qpn = Qpn(local.qpn);
+        let q = self.inner.nic.qp(qpn)?;
+        if q.state() != QpState::Init {
+            return Err(Error::QpState {
+                qpn,
+                state: q.state(),
+                what: "RoCE connect",
+                needed: "INIT",
+            });
+        }
+        let mtu = u32::from(local.mtu.min(remote.mtu));
+        if !(256..=4096).contains(&mtu) || !mtu.is_power_of_two() {
+            return Err(Error::InvalidConfig {
+                what: "path MTU",
+                detail: format!("{mtu} is not one of 256, 512, 1024, 2048, 4096"),
+            });
+        }
+        let mut peer = q.peer.lock().unwrap_or_else(|e| e.into_inner());
+        if peer.is_some() {
+            return Err(Error::QpState {
+                qpn,
+                state: q.state(),
+                what: "RoCE connect",
+                needed: "an unconnected QP",
+            });
+        }
+        let conn = Arc::new(Conn {
+            remote: remote.addr,
+            local: InProcess {
+                target: Arc::clone(&q),
+                keys: Arc::clone(&self.inner.nic.keys),
+            },
+            responder: Mutex::new((
+                Responder::new(
+                    remote.qpn,
+                    mtu,
+                    remote.psn,
+                    local.max_dest_rd_atomic,
+                    local.min_rnr_timer,
+                ),
+                KeyCache::new(),
+            )),
+            mailbox: Mailbox::default(),
+        });
+        let attrs = RequesterAttrs {
+            mtu,
+            timeout: local.timeout,
+            retry_cnt: local.retry_cnt.min(7),
+            rnr_retry: local.rnr_retry.min(7),
+        };
+        self.inner
+            .conns
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(qpn.0, Arc::clone(&conn));
+        *peer = Some(Arc::new(RoceTransport {
+            conn,
+            inner: Arc::clone(&self.inner),
+            req: Mutex::new(Requester::new(attrs, remote.qpn, local.psn)),
+            rx: Mutex::new(None),
+            reads_allowed: local.max_rd_atomic > 0 && remote.max_dest_rd_atomic > 0,
+        }));
+        drop(peer);
+        q.set_ready();
+        q.pus.notify(q.pu);
+        Ok(())
+    }
+
+    /// Handle one datagram as if it had arrived from `from` (the fuzz target's entry: the
+    /// same checks and state machines as the receive thread's).
+    pub fn inject(&self, from: SocketAddrV4, datagram: &[u8]) {
+        let mut out = Outbox::default();
+        dispatch(&self.inner, from, datagram, &mut out);
+        out.flush(&self.inner);
+    }
+}
+
+impl Drop for RoceEndpoint {
+    fn drop(&mut self) {
+        self.inner.shutdown.store(true, Ordering::Release);
+        if let Some(t) = self.rx.take() {
+            let _ = t.join();
+        }
+        // Break the QP -> transport -> connection -> QP cycles.
+        self.inner
+            .conns
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+}
+
+/// Replies gathered from one batch of received datagrams, sent in one call.
+#[derive(Default)]
+struct Outbox {
+    bytes: Vec<u8>,
+    /// (destination, start, end) of each encoded reply.
+    frames: Vec<(SocketAddrV4, usize, usize)>,
+    /// The last reply is a plain ACK to this QP: a later one to it replaces it (ACKs are
+    /// cumulative, so only the newest of a batch needs to go).
+    last_ack: Option<u32>,
+}
+
+impl Outbox {
+    fn push(&mut self, local: SocketAddrV4, to: SocketAddrV4, h: &Header, payload: &[u8]) {
+        let plain_ack = h.opcode == opcode::ACKNOWLEDGE
+            && h.aeth
+                .is_some_and(|a| Syndrome::of(a.syndrome) == Syndrome::Ack);
+        if plain_ack && self.last_ack == Some(h.dest_qp) {
+            if let Some((_, start, _)) = self.frames.pop() {
+                self.bytes.truncate(start);
+            }
+        }
+        let start = self.bytes.len();
+        packet::encode(
+            &mut self.bytes,
+            &Route {
+                src: local,
+                dst: to,
+            },
+            h,
+            payload,
+        );
+        self.frames.push((to, start, self.bytes.len()));
+        self.last_ack = plain_ack.then_some(h.dest_qp);
+    }
+
+    fn flush(&mut self, inner: &Inner) {
+        if !self.frames.is_empty() {
+            let batch: Vec<(SocketAddrV4, &[u8])> = self
+                .frames
+                .iter()
+                .map(|&(a, s, e)| (a, &self.bytes[s..e]))
+                .collect();
+            inner.send(&batch);
+        }
+        self.bytes.clear();
+        self.frames.clear();
+        self.last_ack = None;
+    }
+}
+
+/// Receive one batch (waiting up to `wait` for its first datagram), hand each datagram to
+/// its QP and send the replies; how many arrived.
+fn receive_once(
+    inner: &Inner,
+    batch: &mut RecvBatch,
+    out: &mut Outbox,
+    wait: Option<Duration>,
+) -> usize {
+    let n = match inner.io.recv(batch, wait) {
+        Ok(n) => n,
+        Err(_) => {
+            // A socket error is not the packets' fault; do not spin on it.
+            std::thread::sleep(Duration::from_millis(1));
+            0
+        }
+    };
+    if n == 0 {
+        return 0;
+    }
+    inner.received.fetch_add(n as u64, Ordering::Relaxed);
+    for i in 0..n {
+        let (d, from) = batch.get(i);
+        dispatch(inner, from, d, out);
+    }
+    out.flush(inner);
+    n
+}
+
+fn receive_loop(inner: &Arc<Inner>) {
+    let mut batch = RecvBatch::default();
+    let mut out = Outbox::default();
+    let mut last_busy = Instant::now();
+    while !inner.shutdown.load(Ordering::Acquire) {
+        // Adaptive: poll without sleeping while traffic is recent, then block (briefly, to
+        // notice shutdown).
+        let wait = (last_busy.elapsed() > inner.spin).then_some(Duration::from_millis(10));
+        if receive_once(inner, &mut batch, &mut out, wait) == 0 {
+            std::thread::yield_now();
+        } else {
+            last_busy = Instant::now();
+        }
+    }
+}
+
+/// Check one datagram and hand it to the QP it names.
+fn dispatch(inner: &Inner, from: SocketAddrV4, d: &[u8], out: &mut Outbox) {
+    let p = match packet::decode(
+        &Route {
+            src: from,
+            dst: inner.local,
+        },
+        d,
+    ) {
+        Ok(p) => p,
+        Err(why) => return inner.drops.count(why),
+    };
+    let conn = inner
+        .conns
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&p.header.dest_qp)
+        .cloned();
+    // Unknown QPs get no reply: nothing about which QPs exist leaks.
+    let Some(conn) = conn else {
+        return inner.drops.count(DropReason::UnknownQp);
+    };
+    if conn.remote != from {
+        return inner.drops.count(DropReason::WrongSource);
+    }
+    let t = &conn.local.target;
+    if t.destroyed.load(Ordering::Acquire) {
+        inner
+            .conns
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&p.header.dest_qp);
+        return inner.drops.count(DropReason::UnknownQp);
+    }
+    if t.state() == QpState::Error {
+        return inner.drops.count(DropReason::QpInError);
+    }
+    if packet::is_response(p.header.opcode) {
+        let r = Response {
+            header: p.header,
+            payload: p.payload.to_vec(),
+        };
+        if !conn.mailbox.push(r) {
+            inner.drops.count(DropReason::UnexpectedResponse);
+        }
+        return;
+    }
+    let mut guard = conn.responder.lock().unwrap_or_else(|e| e.into_inner());
+    let (responder, keys) = &mut *guard;
+    let mut mem = Glue {
+        ip: &conn.local,
+        keys,
+    };
+    let (local, remote) = (inner.local, conn.remote);
+    if let Err(why) = responder.handle(&p, &mut mem, &mut |h: &Header, payload: &[u8]| {
+        out.push(local, remote, h, payload)
+    }) {
+        inner.drops.count(why);
+    }
+}
+
+/// The responder's memory: the softnic's own responder functions (those the in-process
+/// transport runs), with this connection's cache of the local key table.
+struct Glue<'a> {
+    ip: &'a InProcess,
+    keys: &'a mut KeyCache,
+}
+
+fn remote(va: u64, rkey: u32) -> RemoteAddr {
+    RemoteAddr {
+        addr: VirtAddr(va),
+        rkey: Rkey(rkey),
+    }
+}
+
+impl Memory for Glue<'_> {
+    fn check_write(&mut self, va: u64, rkey: u32, len: u32) -> Result<(), Nak> {
+        let t = &self.ip.target;
+        self.keys
+            .get(&self.ip.keys, rkey)
+            .and_then(|r| {
+                r.check(t.pd, VirtAddr(va), u64::from(len), Access::REMOTE_WRITE)
+                    .map(|_| ())
+            })
+            .map_err(Nak::RemoteAccess)
+    }
+
+    fn write(&mut self, va: u64, rkey: u32, data: &[u8], imm: Option<u32>) -> Result<(), Nak> {
+        self.ip.write(self.keys, remote(va, rkey), data, imm)
+    }
+
+    fn complete_imm(&mut self, len: u32, imm: u32) -> Result<(), Nak> {
+        self.ip.complete_write_imm(len as usize, imm)
+    }
+
+    fn send(&mut self, data: &[u8], imm: Option<u32>) -> Result<(), Nak> {
+        self.ip.send(self.keys, data, imm)
+    }
+
+    fn read(&mut self, va: u64, rkey: u32, out: &mut [u8]) -> Result<(), Nak> {
+        self.ip.read(self.keys, remote(va, rkey), out)
+    }
+
+    fn atomic(&mut self, va: u64, rkey: u32, op: AtomicOp) -> Result<u64, Nak> {
+        self.ip.atomic(self.keys, remote(va, rkey), op)
+    }
+
+    fn recv_ready(&mut self) -> bool {
+        let t: &QpShared = &self.ip.target;
+        let consumed = *t.rq.consumer.lock().unwrap_or_else(|e| e.into_inner());
+        let limit = if t.managed_recv {
+            t.rq.enabled.load(Ordering::Acquire)
+        } else {
+            t.rq.posted.load(Ordering::Acquire)
+        };
+        consumed < limit
+    }
+
+    fn fail(&mut self, nak: Nak) {
+        // An access error or invalid request: to error with the QP's asynchronous event
+        // (nothing more if the in-process responder function already refused it); any
+        // other class C error: to error.
+        crate::softnic::in_process::refuse(&self.ip.target, nak);
+        self.ip.target.enter_error();
+    }
+}
+
+/// How a QP connected over RoCE reaches its peer: its PU runs one message at a time through
+/// the requester and waits (spinning, then sleeping) for the answer.
+struct RoceTransport {
+    conn: Arc<Conn>,
+    inner: Arc<Inner>,
+    req: Mutex<Requester>,
+    /// Buffers for taking packets off the socket while waiting (made at first use).
+    rx: Mutex<Option<Box<(RecvBatch, Outbox)>>>,
+    /// READs and atomics may go out: this side's `max_rd_atomic` and the peer's
+    /// `max_dest_rd_atomic` are both at least 1 (one is ever outstanding: see `requester`).
+    reads_allowed: bool,
+}
+
+impl RoceTransport {
+    fn run(&self, msg: Message, data: &[u8], read_out: &mut [u8]) -> Result<u64, Nak> {
+        let mut req = self.req.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rx_guard = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        let rx =
+            rx_guard.get_or_insert_with(|| Box::new((RecvBatch::default(), Outbox::default())));
+        req.start(msg);
+        let local = self.inner.local;
+        let route = Route {
+            src: local,
+            dst: self.conn.remote,
+        };
+        let mut pkts = Vec::new();
+        let mut bytes = Vec::new();
+        let t = &self.conn.local.target;
+        let give_up = || {
+            t.destroyed.load(Ordering::Acquire)
+                || t.state() == QpState::Error
+                || self.inner.shutdown.load(Ordering::Acquire)
+                || t.pus.shutdown.load(Ordering::Acquire)
+        };
+        loop {
+            pkts.clear();
+            req.transmit(Instant::now(), &mut pkts);
+            if !pkts.is_empty() {
+                bytes.clear();
+                let mut frames = Vec::with_capacity(pkts.len());
+                for (h, range) in &pkts {
+                    let start = bytes.len();
+                    packet::encode(
+                        &mut bytes,
+                        &route,
+                        h,
+                        data.get(range.clone()).unwrap_or(&[]),
+                    );
+                    frames.push((start, bytes.len()));
+                }
+                let batch: Vec<(SocketAddrV4, &[u8])> = frames
+                    .iter()
+                    .map(|&(s, e)| (self.conn.remote, &bytes[s..e]))
+                    .collect();
+                self.inner.send(&batch);
+            }
+            let progress =
+                match self
+                    .conn
+                    .mailbox
+                    .wait(self.inner.spin, req.next_timer(), give_up, || {
+                        receive_once(&self.inner, &mut rx.0, &mut rx.1, None);
+                    }) {
+                    Some(r) => {
+                        match req.on_response(&r.header, &r.payload, Instant::now(), read_out) {
+                            Ok(p) => p,
+                            Err(why) => {
+                                self.inner.drops.count(why);
+                                Progress::Pending
+                            }
+                        }
+                    }
+                    None if give_up() => return Err(Nak::NoResponse),
+                    None => req.on_timer(Instant::now()),
+                };
+            match progress {
+                Progress::Pending => {}
+                Progress::Done(v) => return Ok(v),
+                Progress::Failed(nak) => return Err(nak),
+            }
+        }
+    }
+
+    fn len32(n: usize) -> Result<u32, Nak> {
+        u32::try_from(n).map_err(|_| Nak::RemoteInvalid)
+    }
+}
+
+impl Transport for RoceTransport {
+    fn write(
+        &self,
+        _keys: &mut KeyCache,
+        remote: RemoteAddr,
+        data: &[u8],
+        imm: Option<u32>,
+    ) -> Result<(), Nak> {
+        let msg = Message::Write {
+            va: remote.addr.0,
+            rkey: remote.rkey.0,
+            len: Self::len32(data.len())?,
+            imm,
+        };
+        self.run(msg, data, &mut []).map(|_| ())
+    }
+
+    fn write_from(
+        &self,
+        keys: &mut KeyCache,
+        remote: RemoteAddr,
+        src: &Span<'_>,
+        imm: Option<u32>,
+    ) -> Result<(), Nak> {
+        let mut data = vec![0u8; src.len];
+        src.read(&mut data);
+        self.write(keys, remote, &data, imm)
+    }
+
+    fn read_into(
+        &self,
+        keys: &mut KeyCache,
+        remote: RemoteAddr,
+        dst: &Span<'_>,
+    ) -> Result<(), Nak> {
+        let mut data = vec![0u8; dst.len];
+        self.read(keys, remote, &mut data)?;
+        dst.write(&data);
+        Ok(())
+    }
+
+    fn send(&self, _keys: &mut KeyCache, data: &[u8], imm: Option<u32>) -> Result<(), Nak> {
+        let msg = Message::Send {
+            len: Self::len32(data.len())?,
+            imm,
+        };
+        self.run(msg, data, &mut []).map(|_| ())
+    }
+
+    fn read(&self, _keys: &mut KeyCache, remote: RemoteAddr, out: &mut [u8]) -> Result<(), Nak> {
+        if !self.reads_allowed {
+            return Err(Nak::RemoteInvalid);
+        }
+        let msg = Message::Read {
+            va: remote.addr.0,
+            rkey: remote.rkey.0,
+            len: Self::len32(out.len())?,
+        };
+        self.run(msg, &[], out).map(|_| ())
+    }
+
+    fn atomic(&self, _keys: &mut KeyCache, remote: RemoteAddr, op: AtomicOp) -> Result<u64, Nak> {
+        if !self.reads_allowed {
+            return Err(Nak::RemoteInvalid);
+        }
+        let (swap_add, compare) = match op {
+            AtomicOp::CompareSwap { compare, swap } => (swap, Some(compare)),
+            AtomicOp::FetchAdd { add } => (add, None),
+            // RC has no masked atomics on the wire (ConnectX's are a vendor extension).
+            AtomicOp::MaskedCompareSwap { .. } | AtomicOp::MaskedFetchAdd { .. } => {
+                return Err(Nak::RemoteInvalid)
+            }
+        };
+        if remote.addr.0 % 8 != 0 {
+            return Err(Nak::RemoteInvalid);
+        }
+        self.run(
+            Message::Atomic {
+                va: remote.addr.0,
+                rkey: remote.rkey.0,
+                swap_add,
+                compare,
+            },
+            &[],
+            &mut [],
+        )
+    }
+
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::softnic::roce::packet::{decode, Aeth};
+
+    fn ack(qp: u32, psn: u32, syndrome: u8) -> Header {
+        let mut h = Header::new(opcode::ACKNOWLEDGE, qp, psn);
+        h.aeth = Some(Aeth { syndrome, msn: 0 });
+        h
+    }
+
+    #[test]
+    fn a_batch_sends_only_the_newest_plain_ack_to_a_qp() {
+        let a = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1000);
+        let b = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 2000);
+        let mut out = Outbox::default();
+        out.push(a, b, &ack(7, 1, Syndrome::ACK), &[]);
+        out.push(a, b, &ack(7, 2, Syndrome::ACK), &[]);
+        out.push(a, b, &ack(7, 3, Syndrome::ACK), &[]);
+        assert_eq!(
+            out.frames.len(),
+            1,
+            "cumulative: the newest covers the others"
+        );
+        // Another QP's ACK, a NAK or a response between keeps what came before.
+        out.push(a, b, &ack(8, 9, Syndrome::ACK), &[]);
+        out.push(a, b, &ack(7, 4, Syndrome::NAK_SEQUENCE), &[]);
+        out.push(a, b, &ack(7, 5, Syndrome::ACK), &[]);
+        let route = Route { src: a, dst: b };
+        let psns: Vec<(u32, u32)> = out
+            .frames
+            .iter()
+            .map(|&(_, s, e)| {
+                let h = decode(&route, &out.bytes[s..e]).expect("valid").header;
+                (h.dest_qp, h.psn)
+            })
+            .collect();
+        assert_eq!(psns, [(7, 3), (8, 9), (7, 4), (7, 5)]);
+    }
+}

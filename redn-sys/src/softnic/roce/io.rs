@@ -1,0 +1,429 @@
+//! Datagram I/O for the RoCEv2 endpoint: a UDP socket that sends and receives in batches
+//! (`sendmmsg` / `recvmmsg`, one system call for many packets), and a wrapper that loses,
+//! duplicates and reorders datagrams on purpose, for tests.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::packet::{MAX_MTU, MAX_OVERHEAD};
+
+/// Datagrams one system call moves at most.
+pub const BATCH: usize = 64;
+/// [`BATCH`] as the system call takes it.
+const BATCH_U32: u32 = 64;
+const _: () = assert!(BATCH_U32 as usize == BATCH);
+/// Bytes a receive buffer holds: the largest packet plus room to notice one larger.
+const RECV_BUF: usize = MAX_MTU + MAX_OVERHEAD + 64;
+
+/// Received datagrams: buffers, lengths and senders.
+#[derive(Debug)]
+pub struct RecvBatch {
+    bufs: Vec<Box<[u8]>>,
+    lens: Vec<usize>,
+    from: Vec<SocketAddrV4>,
+}
+
+impl Default for RecvBatch {
+    fn default() -> Self {
+        RecvBatch {
+            bufs: (0..BATCH)
+                .map(|_| vec![0u8; RECV_BUF].into_boxed_slice())
+                .collect(),
+            lens: vec![0; BATCH],
+            from: vec![SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0); BATCH],
+        }
+    }
+}
+
+impl RecvBatch {
+    /// Datagram `i` of the last receive and its sender. A datagram longer than the buffer
+    /// is cut to it (and then fails its length or ICRC check).
+    #[must_use]
+    pub fn get(&self, i: usize) -> (&[u8], SocketAddrV4) {
+        (&self.bufs[i][..self.lens[i].min(RECV_BUF)], self.from[i])
+    }
+
+    /// Put a datagram in slot `i` (for wrappers and tests that make their own).
+    pub fn set(&mut self, i: usize, data: &[u8], from: SocketAddrV4) {
+        let n = data.len().min(RECV_BUF);
+        self.bufs[i][..n].copy_from_slice(&data[..n]);
+        self.lens[i] = n;
+        self.from[i] = from;
+    }
+}
+
+/// How an endpoint moves datagrams.
+pub trait DatagramIo: Send + Sync {
+    /// Send every datagram to its address (blocking while the socket's buffer is full).
+    fn send(&self, batch: &[(SocketAddrV4, &[u8])]) -> io::Result<()>;
+    /// Receive up to [`BATCH`] datagrams; wait up to `wait` for the first (`None`: do not
+    /// wait). Returns how many arrived.
+    fn recv(&self, batch: &mut RecvBatch, wait: Option<Duration>) -> io::Result<usize>;
+    /// The address datagrams are sent from and received at.
+    fn local_addr(&self) -> SocketAddrV4;
+}
+
+/// A UDP socket with batched system calls.
+#[derive(Debug)]
+pub struct UdpIo {
+    socket: UdpSocket,
+    local: SocketAddrV4,
+}
+
+fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
+    // SAFETY: `value` is a live i32 and the length passed is its size; the kernel copies it.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            std::ptr::from_ref(&value).cast(),
+            // size_of::<i32>() is 4.
+            4,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn sockaddr_of(a: SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::sa_family_t::try_from(libc::AF_INET).unwrap_or(2),
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*a.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
+impl UdpIo {
+    /// Bind a socket at `addr` (a specific IPv4 address: the ICRC covers both addresses, so
+    /// the receiver must know which of its own a datagram came to). Datagrams go out with
+    /// DF set, so the kernel writes IP identification 0, as the ICRC assumes.
+    ///
+    /// # Errors
+    /// The socket's bind or option calls.
+    pub fn bind(addr: SocketAddrV4) -> io::Result<UdpIo> {
+        if addr.ip().is_unspecified() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a RoCE endpoint binds a specific IPv4 address, not 0.0.0.0",
+            ));
+        }
+        let socket = UdpSocket::bind(addr)?;
+        let fd = socket.as_raw_fd();
+        setsockopt_int(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        )?;
+        // Room for a window of full packets on every connection; FORCE needs CAP_NET_ADMIN,
+        // the plain option is capped by net.core.[rw]mem_max.
+        for (force, plain) in [
+            (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+            (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+        ] {
+            if setsockopt_int(fd, libc::SOL_SOCKET, force, 8 << 20).is_err() {
+                setsockopt_int(fd, libc::SOL_SOCKET, plain, 8 << 20)?;
+            }
+        }
+        let local = match socket.local_addr()? {
+            std::net::SocketAddr::V4(a) => a,
+            std::net::SocketAddr::V6(_) => return Err(io::Error::other("bound an IPv6 address")),
+        };
+        Ok(UdpIo { socket, local })
+    }
+}
+
+impl DatagramIo for UdpIo {
+    fn send(&self, batch: &[(SocketAddrV4, &[u8])]) -> io::Result<()> {
+        let fd = self.socket.as_raw_fd();
+        for chunk in batch.chunks(BATCH) {
+            let mut addrs: Vec<libc::sockaddr_in> =
+                chunk.iter().map(|(a, _)| sockaddr_of(*a)).collect();
+            let mut iovs: Vec<libc::iovec> = chunk
+                .iter()
+                .map(|(_, d)| libc::iovec {
+                    iov_base: d.as_ptr().cast_mut().cast(),
+                    iov_len: d.len(),
+                })
+                .collect();
+            // SAFETY: all-zero is a valid mmsghdr (null pointers, zero lengths).
+            let mut msgs: Vec<libc::mmsghdr> = (0..chunk.len())
+                .map(|_| unsafe { std::mem::zeroed() })
+                .collect();
+            for (i, m) in msgs.iter_mut().enumerate() {
+                m.msg_hdr.msg_name = std::ptr::from_mut(&mut addrs[i]).cast();
+                m.msg_hdr.msg_namelen =
+                    libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_in>())
+                        .unwrap_or(16);
+                m.msg_hdr.msg_iov = std::ptr::from_mut(&mut iovs[i]);
+                m.msg_hdr.msg_iovlen = 1;
+            }
+            let mut done = 0;
+            while done < msgs.len() {
+                let left = u32::try_from(msgs.len() - done).unwrap_or(u32::MAX);
+                let first = msgs[done..].as_mut_ptr();
+                // SAFETY: `first` points at msgs[done..], initialised headers whose name and
+                // iovec pointers point into `addrs`, `iovs` and the caller's slices, all
+                // alive for this call; `left` is the number of headers from `done` on.
+                let n = unsafe { libc::sendmmsg(fd, first, left, 0) };
+                if n < 0 {
+                    let e = io::Error::last_os_error();
+                    match e.kind() {
+                        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock => continue,
+                        // A peer's port with nobody bound (an ICMP error from an earlier
+                        // datagram): that packet is lost, like any other; go on.
+                        io::ErrorKind::ConnectionRefused => {
+                            done += 1;
+                            continue;
+                        }
+                        _ => return Err(e),
+                    }
+                }
+                // n >= 0 checked above.
+                done += n.unsigned_abs() as usize;
+            }
+        }
+        Ok(())
+    }
+
+    fn recv(&self, batch: &mut RecvBatch, wait: Option<Duration>) -> io::Result<usize> {
+        let fd = self.socket.as_raw_fd();
+        if let Some(w) = wait {
+            let mut pfd = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = i32::try_from(w.as_millis().max(1)).unwrap_or(i32::MAX);
+            // SAFETY: one valid pollfd, count 1.
+            let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if r <= 0 {
+                return Ok(0);
+            }
+        }
+        // SAFETY: all-zero is a valid sockaddr_in.
+        let mut addrs: Vec<libc::sockaddr_in> =
+            (0..BATCH).map(|_| unsafe { std::mem::zeroed() }).collect();
+        let mut iovs: Vec<libc::iovec> = batch
+            .bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect();
+        // SAFETY: all-zero is a valid mmsghdr.
+        let mut msgs: Vec<libc::mmsghdr> =
+            (0..BATCH).map(|_| unsafe { std::mem::zeroed() }).collect();
+        for (i, m) in msgs.iter_mut().enumerate() {
+            m.msg_hdr.msg_name = std::ptr::from_mut(&mut addrs[i]).cast();
+            m.msg_hdr.msg_namelen =
+                libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_in>()).unwrap_or(16);
+            m.msg_hdr.msg_iov = std::ptr::from_mut(&mut iovs[i]);
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        // SAFETY: BATCH initialised headers pointing into `addrs`, `iovs` and the batch's
+        // buffers (each iovec's length is its buffer's), all alive for this call.
+        let n = unsafe {
+            libc::recvmmsg(
+                fd,
+                msgs.as_mut_ptr(),
+                BATCH_U32,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock
+                | io::ErrorKind::Interrupted
+                | io::ErrorKind::ConnectionRefused => Ok(0),
+                _ => Err(e),
+            };
+        }
+        // 0 <= n <= BATCH.
+        let n = n.unsigned_abs() as usize;
+        for i in 0..n {
+            batch.lens[i] = msgs[i].msg_len as usize;
+            let a = addrs[i];
+            batch.from[i] = SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                u16::from_be(a.sin_port),
+            );
+        }
+        Ok(n)
+    }
+
+    fn local_addr(&self) -> SocketAddrV4 {
+        self.local
+    }
+}
+
+/// Faults to inject on the datagrams an endpoint sends, each in parts per thousand, from a
+/// seeded generator (so a test's run is repeatable in what it decides, if not in timing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Seed of the generator.
+    pub seed: u64,
+    /// Datagrams dropped.
+    pub drop: u16,
+    /// Datagrams sent twice.
+    pub duplicate: u16,
+    /// Datagrams held back and sent after the next one.
+    pub reorder: u16,
+}
+
+/// A datagram and where it goes.
+type Held = (SocketAddrV4, Vec<u8>);
+
+/// A [`DatagramIo`] that loses, duplicates and reorders what it sends.
+#[derive(Debug)]
+pub struct LossyIo<I> {
+    inner: I,
+    faults: Faults,
+    /// The generator and the datagram held back to go after the next one.
+    state: Mutex<(u64, Option<Held>)>,
+}
+
+impl<I: DatagramIo> LossyIo<I> {
+    /// Wrap `inner`.
+    pub fn new(inner: I, faults: Faults) -> LossyIo<I> {
+        LossyIo {
+            inner,
+            faults,
+            state: Mutex::new((faults.seed | 1, None)),
+        }
+    }
+}
+
+fn per_mille(rng: &mut u64) -> u16 {
+    // xorshift64: small, seeded, good enough to pick which packets suffer.
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    u16::try_from(*rng % 1000).unwrap_or(0)
+}
+
+impl<I: DatagramIo> DatagramIo for LossyIo<I> {
+    fn send(&self, batch: &[(SocketAddrV4, &[u8])]) -> io::Result<()> {
+        let mut out: Vec<(SocketAddrV4, Vec<u8>)> = Vec::with_capacity(batch.len() + 2);
+        {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let (rng, held) = &mut *st;
+            for (a, d) in batch {
+                if per_mille(rng) < self.faults.drop {
+                    continue;
+                }
+                if held.is_none() && per_mille(rng) < self.faults.reorder {
+                    *held = Some((*a, d.to_vec()));
+                    continue;
+                }
+                out.push((*a, d.to_vec()));
+                if let Some(h) = held.take() {
+                    out.push(h);
+                }
+                if per_mille(rng) < self.faults.duplicate {
+                    out.push((*a, d.to_vec()));
+                }
+            }
+        }
+        let refs: Vec<(SocketAddrV4, &[u8])> = out.iter().map(|(a, d)| (*a, &d[..])).collect();
+        self.inner.send(&refs)
+    }
+
+    fn recv(&self, batch: &mut RecvBatch, wait: Option<Duration>) -> io::Result<usize> {
+        self.inner.recv(batch, wait)
+    }
+
+    fn local_addr(&self) -> SocketAddrV4 {
+        self.inner.local_addr()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_cross_a_loopback_socket() {
+        let a = UdpIo::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let b = UdpIo::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let msgs: Vec<Vec<u8>> = (0..100u8).map(|i| vec![i; usize::from(i) + 1]).collect();
+        let batch: Vec<_> = msgs.iter().map(|m| (b.local_addr(), &m[..])).collect();
+        a.send(&batch).unwrap();
+        let mut got = Vec::new();
+        let mut rb = RecvBatch::default();
+        while got.len() < 100 {
+            let n = b.recv(&mut rb, Some(Duration::from_secs(10))).unwrap();
+            assert!(n > 0, "datagrams arrive within the deadline");
+            for i in 0..n {
+                let (d, from) = rb.get(i);
+                assert_eq!(from, a.local_addr());
+                got.push(d.to_vec());
+            }
+        }
+        assert_eq!(got, msgs);
+        assert!(UdpIo::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)).is_err());
+    }
+
+    /// Records what it is asked to send.
+    struct Sink(Mutex<Vec<Vec<u8>>>);
+    impl DatagramIo for Sink {
+        fn send(&self, batch: &[(SocketAddrV4, &[u8])]) -> io::Result<()> {
+            self.0
+                .lock()
+                .unwrap()
+                .extend(batch.iter().map(|(_, d)| d.to_vec()));
+            Ok(())
+        }
+        fn recv(&self, _: &mut RecvBatch, _: Option<Duration>) -> io::Result<usize> {
+            Ok(0)
+        }
+        fn local_addr(&self) -> SocketAddrV4 {
+            SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1)
+        }
+    }
+
+    #[test]
+    fn the_lossy_wrapper_drops_duplicates_and_reorders() {
+        let to = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 2);
+        let l = LossyIo::new(
+            Sink(Mutex::new(vec![])),
+            Faults {
+                seed: 42,
+                drop: 100,
+                duplicate: 100,
+                reorder: 100,
+            },
+        );
+        for i in 0..1000u32 {
+            l.send(&[(to, &i.to_be_bytes()[..])]).unwrap();
+        }
+        let got: Vec<u32> = l
+            .inner
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|d| u32::from_be_bytes(d[..4].try_into().unwrap()))
+            .collect();
+        let distinct: std::collections::BTreeSet<_> = got.iter().collect();
+        assert!(
+            distinct.len() < 1000 && distinct.len() > 800,
+            "about a tenth dropped"
+        );
+        assert!(got.len() > distinct.len(), "some sent twice");
+        assert!(got.windows(2).any(|w| w[1] < w[0]), "some out of order");
+    }
+}

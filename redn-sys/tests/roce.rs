@@ -1,0 +1,946 @@
+//! RoCEv2 between softnic instances in separate processes over loopback.
+//!
+//! The test binary re-executes itself as the peer: `roce_peer` does nothing in a normal run,
+//! and serves a scenario when `REDN_ROCE_PEER` names one. The peer prints its TCP port, runs
+//! the connection exchange with the test, serves until the test says "done" (answering with
+//! what it counted) or its stream closes, and exits. Faults to inject on what the peer sends
+//! come in `REDN_ROCE_FAULTS` ("seed,drop,duplicate,reorder", per mille).
+
+// Lengths and offsets here are constants below 16 MiB, indices below 2^20, and byte
+// patterns narrow on purpose: no cast in this file can lose a bit that matters.
+#![allow(clippy::cast_possible_truncation)]
+
+mod common;
+use common::*;
+use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
+use redn_program::wqe::{CqeOpcode, Payload, Syndrome, WrOp};
+use redn_sys::install::{self, RegionBinding};
+use redn_sys::nic::{CqConfig, Nic, QpConfig};
+use redn_sys::softnic::roce::{
+    read_record, write_record, DropReason, Faults, QpRecord, RegionRecord, RoceConfig, RoceEndpoint,
+};
+use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
+use redn_sys::{Cqn, QpState, Qpn};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const PEER_ENV: &str = "REDN_ROCE_PEER";
+const FAULTS_ENV: &str = "REDN_ROCE_FAULTS";
+/// The peer's memory: receives land at RECV_AT (64 KiB each), its receive log at LOG_AT.
+const MEM_LEN: usize = 8 << 20;
+const RECV_AT: usize = 4 << 20;
+const RECV_SLOT: usize = 64 << 10;
+const RECVS: usize = 32;
+const LOG_AT: usize = 7 << 20;
+
+fn softnic(name: &str, pus: usize) -> SoftNic {
+    let mut cfg = SoftNicConfig::new(name);
+    cfg.pus = pus;
+    cfg.prefetch = Prefetch::Depth(8);
+    SoftNic::new(cfg).unwrap()
+}
+
+fn endpoint_for(nic: &SoftNic, faults: Option<Faults>) -> RoceEndpoint {
+    let mut cfg = RoceConfig::new(Ipv4Addr::LOCALHOST);
+    cfg.bind.set_port(0);
+    cfg.faults = faults;
+    RoceEndpoint::start(nic, &cfg).unwrap()
+}
+
+/// A record with an ACK timeout of 67 ms and 7 retries: a dead peer is found in half a
+/// second, and a peer descheduled on a busy machine for less is not taken for dead.
+fn record(ep: &RoceEndpoint, qp: Qpn, psn: u32, mtu: u16) -> QpRecord {
+    let mut r = ep.record(qp, psn);
+    r.mtu = mtu;
+    r.timeout = 14;
+    r.retry_cnt = 7;
+    r
+}
+
+fn region_record(name: &str, r: &Region) -> RegionRecord {
+    RegionRecord {
+        name: name.into(),
+        addr: r.mr.addr.0,
+        rkey: r.mr.lkey.0,
+        len: r.mr.len,
+        rights: 7,
+    }
+}
+
+fn faults_from_env() -> Option<Faults> {
+    let v = std::env::var(FAULTS_ENV).ok()?;
+    let n: Vec<u64> = v.split(',').map(|x| x.parse().unwrap()).collect();
+    let pm = |i: usize| u16::try_from(n[i]).unwrap();
+    Some(Faults {
+        seed: n[0],
+        drop: pm(1),
+        duplicate: pm(2),
+        reorder: pm(3),
+    })
+}
+
+/// The peer's entry: a no-op unless this process was started as a peer.
+#[test]
+fn roce_peer() {
+    let Ok(scenario) = std::env::var(PEER_ENV) else {
+        return;
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    println!("REDN_PEER_PORT {}", listener.local_addr().unwrap().port());
+    std::io::stdout().flush().unwrap();
+    let (stream, _) = listener.accept().unwrap();
+    stream.set_read_timeout(Some(patience(50))).unwrap();
+    match scenario.as_str() {
+        "memory" => memory_peer(stream),
+        offload => offload_peer(stream, offload),
+    }
+}
+
+/// Serve a memory region: READ, WRITE and atomics land in it; SENDs and WRITE_IMMs consume
+/// receives, each logged (opcode, length, immediate) at LOG_AT for the test to READ.
+fn memory_peer(mut stream: TcpStream) {
+    let nic = softnic("peer", 1);
+    let ep = endpoint_for(&nic, faults_from_env());
+    let pd = nic.alloc_pd().unwrap();
+    let mem = Region::new(&nic, pd, MEM_LEN, ALL);
+    let cq = nic.create_cq(CqConfig::new(4096)).unwrap();
+    let mut qc = QpConfig::new(pd, cq);
+    qc.rq_slots = 64;
+    let qp = nic.create_qp(qc).unwrap().qpn;
+    for i in 0..RECVS {
+        let sge = mem
+            .mr
+            .sge((RECV_AT + i * RECV_SLOT) as u64, RECV_SLOT as u32);
+        nic.post_recv(qp, i as u64, &[sge]).unwrap();
+    }
+    let theirs = read_record(&mut stream).unwrap();
+    let mut ours = record(&ep, qp, 0xff_fff0, 4096);
+    ours.regions.push(region_record("mem", &mem));
+    ep.connect(&ours, &theirs).unwrap();
+    write_record(&mut stream, &ours).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut n = 0usize;
+            let mut out = Vec::new();
+            while !stop.load(Ordering::Acquire) {
+                out.clear();
+                nic.poll_cq(cq, 16, &mut out).unwrap();
+                for c in &out {
+                    let mut entry = [0u8; 16];
+                    entry[0] = c.opcode as u8;
+                    entry[1] = u8::from(c.is_ok());
+                    entry[4..8].copy_from_slice(&c.byte_len.to_be_bytes());
+                    entry[8..12].copy_from_slice(&c.imm.unwrap_or(0).to_be_bytes());
+                    entry[12..16].copy_from_slice(&u32::try_from(c.wr_id).unwrap().to_be_bytes());
+                    // The entry's first byte is written last: 0 means "not yet".
+                    mem.write(LOG_AT + n * 16 + 1, &entry[1..]);
+                    mem.write(LOG_AT + n * 16, &entry[..1]);
+                    n += 1;
+                }
+                std::thread::yield_now();
+            }
+        });
+        let mut line = String::new();
+        let _ = BufReader::new(&stream).read_line(&mut line);
+        stop.store(true, Ordering::Release);
+    });
+    let c = ep.counters();
+    let _ = writeln!(
+        stream,
+        "sent {} received {} dropped {} state {}",
+        c.sent,
+        c.received,
+        c.dropped,
+        nic.qp_state(qp).unwrap()
+    );
+}
+
+/// Fill `n` buckets of the hash table at 0; bucket i holds key 0x5000 + i and value(i).
+const VALUES_AT: usize = 512 << 10;
+
+fn value(i: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|b| (i as usize * 31 + b).to_le_bytes()[0])
+        .collect()
+}
+
+/// Serve a catalog offload ("offload:hash-get", "offload:list-find", "offload:server-loop")
+/// to the test's QP, over a table of 16 keys 0x5000.. (values of 48 bytes) or a list of 6.
+fn offload_peer(mut stream: TcpStream, scenario: &str) {
+    let nic = Arc::new(softnic("server", 2));
+    let ep = endpoint_for(&nic, faults_from_env());
+    let pd = nic.alloc_pd().unwrap();
+    let data = Region::new(&nic, pd, 1 << 20, ALL);
+    let base = data.mr.addr.0;
+    let program = match scenario {
+        "offload:hash-get" => catalog::hash_get(HashVariant::Single, 64).unwrap(),
+        "offload:server-loop" => catalog::server_loop().unwrap(),
+        "offload:list-find" => catalog::list_find(6, false, 8).unwrap(),
+        other => panic!("unknown scenario {other}"),
+    };
+    if scenario == "offload:list-find" {
+        for i in 0..6usize {
+            data.write(VALUES_AT + i * 4096, &value(i as u64, 32));
+            let next = base + 64 * (i as u64 + 1).min(5);
+            let b = catalog::node_bytes(
+                0x7000 + i as u64,
+                32,
+                base + (VALUES_AT + i * 4096) as u64,
+                next,
+            );
+            data.write(64 * i, &b);
+        }
+    } else {
+        for i in 0..16usize {
+            data.write(VALUES_AT + i * 4096, &value(i as u64, 48));
+            let b =
+                catalog::bucket_bytes(0x5000 + i as u64, 48, base + (VALUES_AT + i * 4096) as u64);
+            data.write(i * BUCKET_STRIDE as usize, &b);
+        }
+    }
+    let client = read_record(&mut stream).unwrap();
+    let resp = client.region("response").unwrap();
+    let mut regions = HashMap::new();
+    for name in ["table", "list", "values"] {
+        regions.insert(
+            name.to_string(),
+            RegionBinding::Local {
+                buffer: Arc::clone(&data.buf),
+                offset: 0,
+                len: 1 << 20,
+                access: ALL,
+            },
+        );
+    }
+    regions.insert(
+        "response".to_string(),
+        RegionBinding::Remote {
+            addr: redn_sys::VirtAddr(resp.addr),
+            rkey: redn_sys::Rkey(resp.rkey),
+            len: resp.len,
+        },
+    );
+    let installed = install::install(&nic, &program, &regions, &mut |q| {
+        let mut ours = record(&ep, q, 0x123, 4096);
+        ours.regions.push(region_record("data", &data));
+        ep.connect(&ours, &client)?;
+        write_record(&mut stream, &ours)?;
+        Ok(())
+    })
+    .unwrap();
+    let posts = || -> u64 {
+        installed
+            .qps
+            .iter()
+            .map(|q| q.qpn)
+            .chain([installed.master])
+            .map(|q| nic.counters(q).unwrap().host_posts)
+            .sum()
+    };
+    let before = posts();
+    let mut line = String::new();
+    let _ = BufReader::new(&stream).read_line(&mut line);
+    let _ = writeln!(stream, "host_posts {}", posts() - before);
+}
+
+/// A peer process and the TCP stream to it.
+struct Peer {
+    child: Child,
+    stream: TcpStream,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Peer {
+    fn spawn(scenario: &str, faults: Option<&str>) -> Peer {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["roce_peer", "--exact", "--nocapture", "--test-threads", "1"])
+            .env(PEER_ENV, scenario)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if let Some(f) = faults {
+            cmd.env(FAULTS_ENV, f);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let out = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(out).lines();
+        let port: u16 = loop {
+            let line = lines.next().expect("the peer printed its port").unwrap();
+            // libtest may have written "test roce_peer ... " on the same line.
+            if let Some(at) = line.find("REDN_PEER_PORT ") {
+                break line[at + 15..].trim().parse().unwrap();
+            }
+        };
+        // Keep draining the peer's stdout so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream.set_read_timeout(Some(patience(30))).unwrap();
+        Peer { child, stream }
+    }
+
+    /// Tell the peer the test is done; its answer line.
+    fn finish(&mut self) -> String {
+        writeln!(self.stream, "done").unwrap();
+        let mut line = String::new();
+        BufReader::new(&self.stream).read_line(&mut line).unwrap();
+        line
+    }
+}
+
+/// This process's side: a softnic, its endpoint and QPs connected to peers.
+struct Local {
+    nic: SoftNic,
+    ep: RoceEndpoint,
+    pd: redn_sys::Pdn,
+    buf: Region,
+}
+
+struct Conn {
+    qp: Qpn,
+    cq: Cqn,
+    remote: QpRecord,
+}
+
+impl Local {
+    fn new(faults: Option<Faults>) -> Local {
+        let nic = softnic("client", 1);
+        let ep = endpoint_for(&nic, faults);
+        let pd = nic.alloc_pd().unwrap();
+        let buf = Region::new(&nic, pd, 4 << 20, ALL);
+        Local { nic, ep, pd, buf }
+    }
+
+    fn connect(&self, peer: &mut Peer, mtu: u16, regions: Vec<RegionRecord>) -> Conn {
+        let cq = self.nic.create_cq(CqConfig::new(4096)).unwrap();
+        let mut qc = QpConfig::new(self.pd, cq);
+        qc.rq_slots = 4096;
+        let qp = self.nic.create_qp(qc).unwrap().qpn;
+        let mut ours = record(&self.ep, qp, 0xff_ff00, mtu);
+        ours.regions = regions;
+        write_record(&mut peer.stream, &ours).unwrap();
+        let remote = read_record(&mut peer.stream).unwrap();
+        self.ep.connect(&ours, &remote).unwrap();
+        Conn { qp, cq, remote }
+    }
+
+    fn post(&self, c: &Conn, wr_id: u64, op: WrOp) -> redn_sys::nic::Completion {
+        self.nic.post_send(c.qp, &[wr(wr_id, SIG, op)]).unwrap();
+        let got = wait_cqes(&self.nic, c.cq, 1).remove(0);
+        assert_eq!(got.wr_id, wr_id);
+        got
+    }
+
+    fn write(&self, c: &Conn, off: u64, data: &[u8], imm: Option<u32>) {
+        self.buf.write(0, data);
+        let r = self.post(
+            c,
+            1,
+            WrOp::Write {
+                remote: remote_at(&c.remote, off),
+                payload: Payload::Sgl(vec![self.buf.mr.sge(0, data.len() as u32)]),
+                imm,
+            },
+        );
+        assert!(r.is_ok(), "write: {r:?}");
+    }
+
+    fn read(&self, c: &Conn, off: u64, len: usize) -> Vec<u8> {
+        let at = 2 << 20;
+        let r = self.post(
+            c,
+            2,
+            WrOp::Read {
+                remote: remote_at(&c.remote, off),
+                sgl: vec![self.buf.mr.sge(at, len as u32)],
+            },
+        );
+        assert!(r.is_ok(), "read: {r:?}");
+        self.buf.read(at as usize, len)
+    }
+
+    fn fetch_add(&self, c: &Conn, off: u64, add: u64) -> u64 {
+        let r = self.post(
+            c,
+            3,
+            WrOp::FetchAdd {
+                remote: remote_at(&c.remote, off),
+                add,
+                result: Some(self.buf.mr.sge(3 << 20, 8)),
+            },
+        );
+        assert!(r.is_ok(), "fetch-add: {r:?}");
+        // The old value lands in host order, as upstream Linux sets ConnectX's replies.
+        u64::from_le_bytes(self.buf.read(3 << 20, 8).try_into().unwrap())
+    }
+
+    fn cas(&self, c: &Conn, off: u64, compare: u64, swap: u64) -> u64 {
+        let r = self.post(
+            c,
+            4,
+            WrOp::CompareSwap {
+                remote: remote_at(&c.remote, off),
+                compare,
+                swap,
+                result: Some(self.buf.mr.sge(3 << 20, 8)),
+            },
+        );
+        assert!(r.is_ok(), "cas: {r:?}");
+        u64::from_le_bytes(self.buf.read(3 << 20, 8).try_into().unwrap())
+    }
+
+    fn send(&self, c: &Conn, data: &[u8], imm: Option<u32>) {
+        self.buf.write(0, data);
+        let r = self.post(
+            c,
+            5,
+            WrOp::Send {
+                payload: Payload::Sgl(vec![self.buf.mr.sge(0, data.len() as u32)]),
+                imm,
+            },
+        );
+        assert!(r.is_ok(), "send: {r:?}");
+    }
+
+    /// The memory peer's log entry `n` (opcode, ok, length, immediate), once it is written.
+    fn log_entry(&self, c: &Conn, n: usize) -> (u8, bool, u32, u32) {
+        let deadline = Instant::now() + patience(10);
+        loop {
+            let e = self.read(c, (LOG_AT + n * 16) as u64, 16);
+            if e[0] != 0 {
+                let be = |at: usize| u32::from_be_bytes(e[at..at + 4].try_into().unwrap());
+                return (e[0], e[1] == 1, be(4), be(8));
+            }
+            assert!(Instant::now() < deadline, "the peer logged no receive {n}");
+        }
+    }
+}
+
+fn remote_at(r: &QpRecord, off: u64) -> redn_program::wqe::RemoteAddr {
+    let m = r.region("mem").or_else(|| r.region("data")).unwrap();
+    redn_program::wqe::RemoteAddr {
+        addr: redn_sys::VirtAddr(m.addr + off),
+        rkey: redn_sys::Rkey(m.rkey),
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Every operation against a peer process, with messages of many packets; the peer's
+/// receive log shows each SEND and WRITE-with-immediate delivered once, in order.
+fn every_opcode(local: &Local, peer: &mut Peer, mtu: u16) {
+    let c = local.connect(peer, mtu, vec![]);
+    // WRITE and READ, one packet and many (1 MiB + 123 bytes at the path MTU).
+    local.write(&c, 100, b"hello over RoCE", None);
+    assert_eq!(local.read(&c, 100, 15), b"hello over RoCE");
+    let big = pattern((1 << 20) + 123, 7);
+    local.write(&c, 4096, &big, None);
+    assert_eq!(local.read(&c, 4096, big.len()), big);
+    assert_eq!(local.read(&c, 4096 + 1000, 0), b"", "zero-length READ");
+    // WRITE with immediate: the data lands and a receive completes with the immediate.
+    let w = pattern(3 * usize::from(mtu) + 5, 9);
+    local.write(&c, 2 << 20, &w, Some(0xdead_beef));
+    assert_eq!(
+        local.log_entry(&c, 0),
+        (
+            CqeOpcode::RespWriteImm as u8,
+            true,
+            w.len() as u32,
+            0xdead_beef
+        )
+    );
+    assert_eq!(local.read(&c, 2 << 20, w.len()), w);
+    // SENDs: one packet, several, with immediate, empty.
+    let s1 = pattern(40, 1);
+    let s2 = pattern(5 * usize::from(mtu) + 1, 2);
+    local.send(&c, &s1, None);
+    local.send(&c, &s2, Some(77));
+    local.send(&c, &[], None);
+    assert_eq!(
+        local.log_entry(&c, 1),
+        (CqeOpcode::RespSend as u8, true, 40, 0)
+    );
+    assert_eq!(
+        local.log_entry(&c, 2),
+        (CqeOpcode::RespSendImm as u8, true, s2.len() as u32, 77)
+    );
+    assert_eq!(
+        local.log_entry(&c, 3),
+        (CqeOpcode::RespSend as u8, true, 0, 0)
+    );
+    assert_eq!(local.read(&c, (RECV_AT + RECV_SLOT) as u64, 40), s1);
+    assert_eq!(
+        local.read(&c, (RECV_AT + 2 * RECV_SLOT) as u64, s2.len()),
+        s2
+    );
+    // Atomics: the target is a little-endian word; the old value comes back.
+    local.write(&c, 3 << 20, &10u64.to_le_bytes(), None);
+    assert_eq!(local.fetch_add(&c, 3 << 20, 5), 10);
+    assert_eq!(local.cas(&c, 3 << 20, 15, 99), 15);
+    assert_eq!(local.cas(&c, 3 << 20, 15, 1), 99, "no match, no swap");
+    assert_eq!(local.read(&c, 3 << 20, 8), 99u64.to_le_bytes());
+    // A key the peer never gave: remote access error, and this QP is in error.
+    let r = local.post(
+        &c,
+        9,
+        WrOp::Write {
+            remote: redn_program::wqe::RemoteAddr {
+                addr: redn_sys::VirtAddr(0x10),
+                rkey: redn_sys::Rkey(0xdead00),
+            },
+            payload: Payload::Inline(vec![1; 8]),
+            imm: None,
+        },
+    );
+    assert_eq!(r.status, Err(Syndrome::RemoteAccess));
+    assert_eq!(local.nic.qp_state(c.qp).unwrap(), QpState::Error);
+}
+
+#[test]
+fn every_opcode_between_processes() {
+    let local = Local::new(None);
+    let mut peer = Peer::spawn("memory", None);
+    every_opcode(&local, &mut peer, 1024);
+    let report = peer.finish();
+    assert!(
+        report.ends_with("state ERR\n"),
+        "the peer's QP went to error on the bad key: {report}"
+    );
+    assert_eq!(local.ep.drops().get(DropReason::BadIcrc), 0);
+}
+
+#[test]
+fn loss_reordering_and_duplication_leave_results_exact() {
+    let faults = Faults {
+        seed: 7,
+        drop: 30,
+        duplicate: 30,
+        reorder: 30,
+    };
+    let local = Local::new(Some(faults));
+    let mut peer = Peer::spawn("memory", Some("11,30,30,30"));
+    let c = local.connect(&mut peer, 1024, vec![]);
+    for round in 0..3u8 {
+        let big = pattern(300_000 + usize::from(round), round);
+        local.write(&c, 8192, &big, None);
+        assert_eq!(local.read(&c, 8192, big.len()), big, "round {round}");
+    }
+    // Each FETCH_ADD runs once however often its request or answer is lost or repeated.
+    local.write(&c, 3 << 20, &0u64.to_le_bytes(), None);
+    for i in 0..200u64 {
+        assert_eq!(local.fetch_add(&c, 3 << 20, 1), i);
+    }
+    assert_eq!(local.read(&c, 3 << 20, 8), 200u64.to_le_bytes());
+    // Each SEND is delivered once, in order.
+    for i in 0..20u32 {
+        local.send(&c, &pattern(2000, i as u8), Some(i));
+    }
+    for i in 0..20u32 {
+        assert_eq!(
+            local.log_entry(&c, i as usize),
+            (CqeOpcode::RespSendImm as u8, true, 2000, i)
+        );
+    }
+    assert_eq!(
+        local.read(&c, (RECV_AT + 19 * RECV_SLOT) as u64, 2000),
+        pattern(2000, 19)
+    );
+    let report = peer.finish();
+    assert!(report.ends_with("state RTS\n"), "{report}");
+    let d = local.ep.drops();
+    assert!(
+        d.get(DropReason::OutOfSequence) + d.get(DropReason::UnexpectedResponse) > 0,
+        "the faults were felt: {:?}",
+        d.snapshot()
+    );
+}
+
+#[test]
+fn a_dead_peer_fails_its_qp_with_retry_exceeded_and_others_go_on() {
+    let local = Local::new(None);
+    let mut doomed = Peer::spawn("memory", None);
+    let mut alive = Peer::spawn("memory", None);
+    let c_doomed = local.connect(&mut doomed, 4096, vec![]);
+    let c_alive = local.connect(&mut alive, 4096, vec![]);
+    local.write(&c_doomed, 0, b"before", None);
+    // A stream of WRITEs; the peer dies under it.
+    let n = 64u64;
+    let data = pattern(64 << 10, 3);
+    local.buf.write(0, &data);
+    for i in 0..n {
+        local
+            .nic
+            .post_send(
+                c_doomed.qp,
+                &[wr(
+                    i,
+                    SIG,
+                    WrOp::Write {
+                        remote: remote_at(&c_doomed.remote, 0),
+                        payload: Payload::Sgl(vec![local.buf.mr.sge(0, data.len() as u32)]),
+                        imm: None,
+                    },
+                )],
+            )
+            .unwrap();
+        if i == 8 {
+            doomed.child.kill().unwrap();
+            doomed.child.wait().unwrap();
+        }
+    }
+    let all = wait_cqes(&local.nic, c_doomed.cq, n as usize);
+    let first_bad = all
+        .iter()
+        .position(|c| !c.is_ok())
+        .expect("some WRITE failed");
+    assert_eq!(
+        all[first_bad].status,
+        Err(Syndrome::TransportRetryExceeded),
+        "{:?}",
+        all[first_bad]
+    );
+    assert!(all[first_bad + 1..]
+        .iter()
+        .all(|c| c.status == Err(Syndrome::WrFlush)));
+    assert_eq!(local.nic.qp_state(c_doomed.qp).unwrap(), QpState::Error);
+    // The same softnic and endpoint go on serving the other peer.
+    local.write(&c_alive, 64, b"still here", None);
+    assert_eq!(local.read(&c_alive, 64, 10), b"still here");
+    assert!(alive.finish().ends_with("state RTS\n"));
+}
+
+/// The client side of an offload: triggers go out as SENDs; each response is a WRITE with
+/// immediate into `resp`.
+fn offload_rig(scenario: &str) -> (Local, Peer, Conn) {
+    let local = Local::new(None);
+    let mut peer = Peer::spawn(scenario, None);
+    let resp = RegionRecord {
+        name: "response".into(),
+        addr: local.buf.mr.addr.0,
+        rkey: local.buf.mr.lkey.0,
+        len: 128 << 10,
+        rights: 7,
+    };
+    let c = local.connect(&mut peer, 4096, vec![resp]);
+    (local, peer, c)
+}
+
+fn trigger(local: &Local, c: &Conn, msg: &[u8], responses: usize) -> Vec<(u32, Vec<u8>)> {
+    for i in 0..responses {
+        local.nic.post_recv(c.qp, i as u64, &[]).unwrap();
+    }
+    local
+        .nic
+        .post_send(
+            c.qp,
+            &[wr(
+                0,
+                redn_program::wqe::WqeFlags::NONE,
+                WrOp::Send {
+                    payload: Payload::Inline(msg.to_vec()),
+                    imm: None,
+                },
+            )],
+        )
+        .unwrap();
+    wait_cqes(&local.nic, c.cq, responses)
+        .iter()
+        .map(|r| {
+            assert!(r.is_ok(), "response failed: {r:?}");
+            (
+                r.imm.unwrap_or(u32::MAX),
+                local.buf.read(0, r.byte_len as usize),
+            )
+        })
+        .collect()
+}
+
+fn bucket(c: &Conn, i: u64) -> [u8; 8] {
+    (c.remote.region("data").unwrap().addr + i * BUCKET_STRIDE).to_be_bytes()
+}
+
+fn host_posts(report: &str) -> u64 {
+    report
+        .trim()
+        .strip_prefix("host_posts ")
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn hash_get_served_to_another_process_with_no_server_posts() {
+    let (local, mut peer, c) = offload_rig("offload:hash-get");
+    for (n, (key, b)) in [(0x5003u64, 3u64), (0x42, 3), (0x500a, 10)]
+        .into_iter()
+        .enumerate()
+    {
+        let msg = [&catalog::trigger_key(key)[..], &bucket(&c, b)].concat();
+        let expect = if key == 0x42 { vec![] } else { value(b, 48) };
+        assert_eq!(
+            trigger(&local, &c, &msg, 1),
+            vec![(n as u32, expect)],
+            "GET {key:#x}"
+        );
+    }
+    assert_eq!(host_posts(&peer.finish()), 0);
+}
+
+#[test]
+fn server_loop_served_to_another_process_with_no_server_posts() {
+    let (local, mut peer, c) = offload_rig("offload:server-loop");
+    for i in 0..40u64 {
+        let b = i % 17;
+        let key = if b < 16 { 0x5000 + b } else { 0x1 };
+        let msg = [&catalog::trigger_key(key)[..], &bucket(&c, b % 16)].concat();
+        let expect = if b < 16 { value(b, 48) } else { vec![] };
+        assert_eq!(trigger(&local, &c, &msg, 1), vec![(0, expect)], "GET {i}");
+    }
+    assert_eq!(host_posts(&peer.finish()), 0);
+}
+
+#[test]
+fn list_find_served_to_another_process_with_no_server_posts() {
+    let (local, mut peer, c) = offload_rig("offload:list-find");
+    let head = c.remote.region("data").unwrap().addr;
+    let msg = |key: u64| {
+        let mut m = head.to_be_bytes().to_vec();
+        for _ in 0..6 {
+            m.extend(catalog::trigger_key(key));
+        }
+        m
+    };
+    // Found at position 2: the value, then the end-of-walk answer; not found: only that.
+    let got = trigger(&local, &c, &msg(0x7002), 2);
+    assert_eq!(got, vec![(0, value(2, 32)), (0, vec![])]);
+    let got = trigger(&local, &c, &msg(0xdead), 1);
+    assert_eq!(got, vec![(1, vec![])]);
+    assert_eq!(host_posts(&peer.finish()), 0);
+}
+
+/// Unknown QPs and forged sources get no answer, whatever they send.
+#[test]
+fn strangers_get_no_reply() {
+    let local = Local::new(None);
+    let mut peer = Peer::spawn("memory", None);
+    let c = local.connect(&mut peer, 1024, vec![]);
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let from = match sock.local_addr().unwrap() {
+        std::net::SocketAddr::V4(a) => a,
+        std::net::SocketAddr::V6(_) => unreachable!(),
+    };
+    let to = local.ep.local_addr();
+    let route = redn_sys::softnic::roce::packet::Route { src: from, dst: to };
+    let mut h = redn_sys::softnic::roce::packet::Header::new(
+        redn_sys::softnic::roce::packet::opcode::SEND_ONLY,
+        c.qp.0 + 100,
+        0,
+    );
+    h.ack_req = true;
+    let mut d = Vec::new();
+    redn_sys::softnic::roce::packet::encode(&mut d, &route, &h, b"hi");
+    sock.send_to(&d, to).unwrap();
+    h.dest_qp = c.qp.0;
+    d.clear();
+    redn_sys::softnic::roce::packet::encode(&mut d, &route, &h, b"hi");
+    sock.send_to(&d, to).unwrap();
+    let deadline = Instant::now() + patience(10);
+    while local.ep.drops().get(DropReason::WrongSource) == 0
+        || local.ep.drops().get(DropReason::UnknownQp) == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            local.ep.drops().snapshot()
+        );
+        std::thread::yield_now();
+    }
+    let mut buf = [0u8; 64];
+    assert!(sock.recv(&mut buf).is_err(), "no reply to a stranger");
+    // The real peer is still served.
+    local.write(&c, 0, b"ok", None);
+    peer.finish();
+    let _ = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0);
+}
+
+/// Two softnics of this process connected over loopback UDP (no peer process): for the
+/// failure statuses, which need the responder set up just so.
+fn pair(rnr_retry: u8, recv_room: u32) -> (Local, Local, Conn, Conn) {
+    pair_with(rnr_retry, recv_room, |_, _| {})
+}
+
+/// [`pair`], with `adjust` changing the two records before they connect.
+fn pair_with(
+    rnr_retry: u8,
+    recv_room: u32,
+    adjust: impl Fn(&mut QpRecord, &mut QpRecord),
+) -> (Local, Local, Conn, Conn) {
+    let a = Local::new(None);
+    let b = Local::new(None);
+    let mk = |l: &Local| {
+        let cq = l.nic.create_cq(CqConfig::new(256)).unwrap();
+        let mut qc = QpConfig::new(l.pd, cq);
+        qc.rq_slots = 16;
+        (l.nic.create_qp(qc).unwrap().qpn, cq)
+    };
+    let (qa, cqa) = mk(&a);
+    let (qb, cqb) = mk(&b);
+    let mut ra = record(&a.ep, qa, 10, 1024);
+    ra.rnr_retry = rnr_retry;
+    ra.regions.push(region_record("mem", &a.buf));
+    let mut rb = record(&b.ep, qb, 20, 1024);
+    rb.regions.push(region_record("mem", &b.buf));
+    adjust(&mut ra, &mut rb);
+    a.ep.connect(&ra, &rb).unwrap();
+    b.ep.connect(&rb, &ra).unwrap();
+    if recv_room > 0 {
+        b.nic
+            .post_recv(qb, 1, &[b.buf.mr.sge(0, recv_room)])
+            .unwrap();
+    }
+    (
+        a,
+        b,
+        Conn {
+            qp: qa,
+            cq: cqa,
+            remote: rb,
+        },
+        Conn {
+            qp: qb,
+            cq: cqb,
+            remote: ra,
+        },
+    )
+}
+
+#[test]
+fn failures_end_in_their_completion_status_with_the_qp_in_error() {
+    // No receive and rnr_retry 1: RNR NAKs until the count runs out.
+    let (a, _b, ca, _) = pair(1, 0);
+    let r = a.post(
+        &ca,
+        1,
+        WrOp::Send {
+            payload: Payload::Inline(vec![1; 8]),
+            imm: None,
+        },
+    );
+    assert_eq!(r.status, Err(Syndrome::RnrRetryExceeded));
+    assert_eq!(a.nic.qp_state(ca.qp).unwrap(), QpState::Error);
+
+    // A SEND longer than the receive: invalid request, and the responder's QP in error too.
+    let (a, b, ca, cb) = pair(7, 16);
+    let r = a.post(
+        &ca,
+        2,
+        WrOp::Send {
+            payload: Payload::Inline(vec![1; 64]),
+            imm: None,
+        },
+    );
+    assert_eq!(r.status, Err(Syndrome::RemoteInvalidRequest));
+    assert_eq!(a.nic.qp_state(ca.qp).unwrap(), QpState::Error);
+    wait_until("the responder's QP is in error", || {
+        b.nic.qp_state(cb.qp).unwrap() == QpState::Error
+    });
+
+    // A receive whose own key is bad: the responder cannot place the SEND (remote
+    // operational error), and its QP goes to error with an error completion.
+    let (a, b, ca, cb) = pair(7, 0);
+    let bad = redn_program::wqe::Sge {
+        addr: redn_sys::VirtAddr(0x10),
+        len: 64,
+        lkey: redn_sys::Lkey(0xbad00),
+    };
+    b.nic.post_recv(cb.qp, 4, &[bad]).unwrap();
+    let r = a.post(
+        &ca,
+        4,
+        WrOp::Send {
+            payload: Payload::Inline(vec![1; 8]),
+            imm: None,
+        },
+    );
+    assert_eq!(r.status, Err(Syndrome::RemoteOperation));
+    let recv = wait_cqes(&b.nic, cb.cq, 1);
+    assert!(!recv[0].is_ok(), "{recv:?}");
+
+    // A peer that keeps no READ state (max_dest_rd_atomic 0): READs are not sent.
+    let (a, _b, ca, _) = pair_with(7, 0, |_, rb| rb.max_dest_rd_atomic = 0);
+    let r = a.post(
+        &ca,
+        5,
+        WrOp::Read {
+            remote: remote_at(&ca.remote, 0),
+            sgl: vec![a.buf.mr.sge(0, 8)],
+        },
+    );
+    assert_eq!(r.status, Err(Syndrome::RemoteInvalidRequest));
+
+    // A masked atomic has no RC opcode: refused before anything is sent.
+    let (a, _b, ca, _) = pair(7, 0);
+    let r = a.post(
+        &ca,
+        3,
+        WrOp::MaskedCompareSwap {
+            remote: remote_at(&ca.remote, 0),
+            compare: 0,
+            compare_mask: 0,
+            swap: 1,
+            swap_mask: 1,
+            result: Some(a.buf.mr.sge(64, 8)),
+        },
+    );
+    assert_eq!(r.status, Err(Syndrome::RemoteInvalidRequest));
+}
+
+#[test]
+fn a_send_waits_out_rnr_naks_until_a_receive_is_posted() {
+    let (a, b, ca, cb) = pair(7, 0);
+    a.buf.write(0, b"late receive");
+    a.nic
+        .post_send(
+            ca.qp,
+            &[wr(
+                5,
+                SIG,
+                WrOp::Send {
+                    payload: Payload::Sgl(vec![a.buf.mr.sge(0, 12)]),
+                    imm: Some(3),
+                },
+            )],
+        )
+        .unwrap();
+    // The SEND is refused (RNR) until the receive is there; then it lands once.
+    wait_until("an RNR NAK came back", || {
+        a.nic.counters(ca.qp).unwrap().bytes == 0 && a.ep.counters().received > 0
+    });
+    b.nic
+        .post_recv(cb.qp, 9, &[b.buf.mr.sge(4096, 64)])
+        .unwrap();
+    let got = wait_cqes(&a.nic, ca.cq, 1);
+    assert!(got[0].is_ok(), "{got:?}");
+    let recv = wait_cqes(&b.nic, cb.cq, 1);
+    assert_eq!(
+        (recv[0].wr_id, recv[0].byte_len, recv[0].imm),
+        (9, 12, Some(3))
+    );
+    assert_eq!(b.buf.read(4096, 12), b"late receive");
+}
