@@ -314,7 +314,9 @@ fn loop_re_arms_itself_with_wait_and_enable_and_runs_without_host_posts() {
             faa(0, 1, scratch, SIG),                      // A0: the loop body
             faa(8, 4, slot(&ring_b, 3), WqeFlags::NONE),  // A1: B3's enable of A
             faa(16, 1, slot(&ring_b, 0), WqeFlags::NONE), // A2: B0's WAIT count
-            wr(0, WqeFlags::NONE, WrOp::SendEnable { qp: b.qpn, pi: 4 }), // A3
+            // Fenced: A1's and A2's replies may land late (adversarial), and B must not be
+            // enabled before its counts have.
+            wr(0, WqeFlags::FENCE, WrOp::SendEnable { qp: b.qpn, pi: 4 }), // A3
         ];
         let b_wqes: Vec<WorkRequest> = vec![
             wr(0, WqeFlags::NONE, WrOp::Wait { cq: cq_a, count: 0 }), // B0
@@ -326,7 +328,7 @@ fn loop_re_arms_itself_with_wait_and_enable_and_runs_without_host_posts() {
                     raw_segments: vec![],
                 },
             ), // B2
-            wr(0, WqeFlags::NONE, WrOp::SendEnable { qp: a.qpn, pi: 8 }), // B3
+            wr(0, WqeFlags::FENCE, WrOp::SendEnable { qp: a.qpn, pi: 8 }), // B3 (fenced: B1)
         ];
         nic.post_send(a.qpn, &a_wqes).unwrap();
         nic.post_send(b.qpn, &b_wqes).unwrap();
