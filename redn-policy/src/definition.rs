@@ -462,8 +462,10 @@ with no host post after setup.
 Trigger:  key0 (6 bytes, little-endian) · bucket0 (8 bytes, big-endian bucket
           address), as for hash-get.
 Response: the value, or zero bytes; immediate 0. One trigger at a time.
-Each round's WAIT/ENABLE counts are advanced by FETCH_ADDs on the counters in the
-static blocks c.*, whose old values land big-endian in the next round's WQEs.
+Each round's WAIT/ENABLE counts are copied from the host-order counters in the
+static blocks c.* by READs that reverse their bytes into the next round's WQEs,
+then advanced by FETCH_ADDs (no atomic reply is used: upstream Linux returns them
+in host order).
 Recycled: it needs a loop budget in the policy, which the manager's auditor
 enforces.",
         },

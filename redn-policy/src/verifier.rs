@@ -478,8 +478,12 @@ impl<'a> Checker<'a> {
             .patches
             .iter()
             .filter(|pp| {
-                matches!(pp.source, PatchSource::AtomicResult { .. })
-                    && pp.byte <= WAIT_PI_BYTE
+                // A recycled loop's counts: a FETCH_ADD's big-endian old value, or a READ of a
+                // counter (the byte-reversing READ of `Builder::advance_count`).
+                matches!(
+                    pp.source,
+                    PatchSource::AtomicResult { .. } | PatchSource::Read { .. }
+                ) && pp.byte <= WAIT_PI_BYTE
                     && u64::from(pp.byte) + u64::from(pp.len) > u64::from(WAIT_PI_BYTE)
             })
             .map(|pp| pp.label.as_str())
@@ -1697,7 +1701,7 @@ impl Checker<'_> {
                         let hit = reads
                             .iter()
                             .any(|(a, n)| writes.iter().any(|(b, m)| may_overlap(a, *n, b, *m)));
-                        if hit && w.flags.fence_mode() == 0 {
+                        if hit && !w.flags.waits_for_responses() {
                             found.push((
                                 q.name.clone(),
                                 (pos, w.label.clone()),

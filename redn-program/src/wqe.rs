@@ -104,15 +104,27 @@ impl WqeFlags {
     /// Small-and-fence: wait for earlier READs and atomics on this queue (`IBV_SEND_FENCE`).
     pub const FENCE: WqeFlags = WqeFlags(0x80);
 
-    /// True if a CQE is generated on success.
+    /// True if a CQE is generated on success: completion mode (bits 3:2) 2, "CQE always"
+    /// (`MLX5_WQE_CTRL_CQ_UPDATE`), or 3, "CQE and EQE" (`MLX5_WQE_CTRL_CQ_UPDATE_AND_EQE`),
+    /// which writes the same CQE and also raises an event.
     #[must_use]
     pub const fn signaled(self) -> bool {
-        self.0 & 0x0c == 0x08
+        self.0 & 0x08 != 0
     }
 
     /// The fence mode bits (7:5), nonzero if the WQE waits for earlier READs/atomics.
     pub const fn fence_mode(self) -> u8 {
         self.0 >> 5
+    }
+
+    /// True if the WQE waits for earlier RDMA READs and atomics of its queue to have landed
+    /// before it runs: fence mode FENCE (2) or SMALL_AND_FENCE (4, what libmlx5 sets for
+    /// `IBV_SEND_FENCE`), the kernel's `MLX5_FENCE_MODE_*`. Initiator-small (1) and strong
+    /// ordering (3) do not count: no public source says they order against READ responses,
+    /// so the stricter case is modelled.
+    #[must_use]
+    pub const fn waits_for_responses(self) -> bool {
+        matches!(self.0 >> 5, 2 | 4)
     }
 
     /// Both flag sets together.
@@ -1035,6 +1047,8 @@ pub enum Syndrome {
     LocalProtection = 0x04,
     /// Work request flushed because the QP is in the error state.
     WrFlush = 0x05,
+    /// Memory window bind error (`MLX5_CQE_SYNDROME_MW_BIND_ERR`, `IBV_WC_MW_BIND_ERR`).
+    MwBind = 0x06,
     /// Bad response from the peer.
     BadResponse = 0x10,
     /// Local access error.
@@ -1050,6 +1064,9 @@ pub enum Syndrome {
     TransportRetryExceeded = 0x15,
     /// RNR retries exhausted.
     RnrRetryExceeded = 0x16,
+    /// The peer aborted the operation (`MLX5_CQE_SYNDROME_REMOTE_ABORTED_ERR`,
+    /// `IBV_WC_REM_ABORT_ERR`).
+    RemoteAborted = 0x22,
 }
 
 impl Syndrome {
@@ -1060,6 +1077,7 @@ impl Syndrome {
             0x02 => Syndrome::LocalQpOperation,
             0x04 => Syndrome::LocalProtection,
             0x05 => Syndrome::WrFlush,
+            0x06 => Syndrome::MwBind,
             0x10 => Syndrome::BadResponse,
             0x11 => Syndrome::LocalAccess,
             0x12 => Syndrome::RemoteInvalidRequest,
@@ -1067,6 +1085,7 @@ impl Syndrome {
             0x14 => Syndrome::RemoteOperation,
             0x15 => Syndrome::TransportRetryExceeded,
             0x16 => Syndrome::RnrRetryExceeded,
+            0x22 => Syndrome::RemoteAborted,
             _ => return None,
         })
     }
@@ -1078,6 +1097,7 @@ impl Syndrome {
             Syndrome::LocalQpOperation => "local QP operation error",
             Syndrome::LocalProtection => "local protection error",
             Syndrome::WrFlush => "work request flushed",
+            Syndrome::MwBind => "memory window bind error",
             Syndrome::BadResponse => "bad response",
             Syndrome::LocalAccess => "local access error",
             Syndrome::RemoteInvalidRequest => "remote invalid request",
@@ -1085,6 +1105,7 @@ impl Syndrome {
             Syndrome::RemoteOperation => "remote operation error",
             Syndrome::TransportRetryExceeded => "transport retry exceeded",
             Syndrome::RnrRetryExceeded => "RNR retry exceeded",
+            Syndrome::RemoteAborted => "remote aborted",
         }
     }
 }

@@ -393,6 +393,7 @@ static void body(void)
 	VAL(MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
 	VAL(MLX5_CQE_SYNDROME_LOCAL_PROT_ERR);
 	VAL(MLX5_CQE_SYNDROME_WR_FLUSH_ERR);
+	VAL(MLX5_CQE_SYNDROME_MW_BIND_ERR);
 	VAL(MLX5_CQE_SYNDROME_BAD_RESP_ERR);
 	VAL(MLX5_CQE_SYNDROME_LOCAL_ACCESS_ERR);
 	VAL(MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR);
@@ -400,6 +401,7 @@ static void body(void)
 	VAL(MLX5_CQE_SYNDROME_REMOTE_OP_ERR);
 	VAL(MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR);
 	VAL(MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR);
+	VAL(MLX5_CQE_SYNDROME_REMOTE_ABORTED_ERR);
 
 	/*
 	 * Whole WQEs, laid out as libmlx5 does: ctrl, then raddr, atomic and data or inline
@@ -911,6 +913,7 @@ fn cqe_opcodes_and_syndromes_match() {
         (Syndrome::LocalQpOperation, "LOCAL_QP_OP_ERR"),
         (Syndrome::LocalProtection, "LOCAL_PROT_ERR"),
         (Syndrome::WrFlush, "WR_FLUSH_ERR"),
+        (Syndrome::MwBind, "MW_BIND_ERR"),
         (Syndrome::BadResponse, "BAD_RESP_ERR"),
         (Syndrome::LocalAccess, "LOCAL_ACCESS_ERR"),
         (Syndrome::RemoteInvalidRequest, "REMOTE_INVAL_REQ_ERR"),
@@ -918,6 +921,7 @@ fn cqe_opcodes_and_syndromes_match() {
         (Syndrome::RemoteOperation, "REMOTE_OP_ERR"),
         (Syndrome::TransportRetryExceeded, "TRANSPORT_RETRY_EXC_ERR"),
         (Syndrome::RnrRetryExceeded, "RNR_RETRY_EXC_ERR"),
+        (Syndrome::RemoteAborted, "REMOTE_ABORTED_ERR"),
     ];
     for (s, suffix) in syndromes {
         let name = format!("MLX5_CQE_SYNDROME_{suffix}");

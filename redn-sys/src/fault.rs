@@ -187,4 +187,10 @@ impl<N: Nic> Nic for FailingNic<N> {
     fn objects(&self) -> ObjectCounts {
         self.inner.objects()
     }
+    fn get_async_event(&self) -> Option<crate::nic::AsyncEvent> {
+        self.inner.get_async_event()
+    }
+    fn async_events_lost(&self) -> u64 {
+        self.inner.async_events_lost()
+    }
 }

@@ -528,6 +528,13 @@ pub enum RegisterError {
     /// The 24-bit key index space is exhausted.
     #[error("key table full")]
     Full,
+    /// Remote write or remote atomic rights asked for without local write, which
+    /// `ibv_reg_mr(3)` requires with either (the NIC writes the memory for them).
+    #[error("rights {access} include remote write or atomic but not local write")]
+    RemoteWithoutLocalWrite {
+        /// The rights asked for.
+        access: Access,
+    },
 }
 
 impl KeyTable {
@@ -547,6 +554,11 @@ impl KeyTable {
     ) -> Result<Arc<MemoryRegion>, RegisterError> {
         if len == 0 {
             return Err(RegisterError::Empty);
+        }
+        if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+            && !access.contains(Access::LOCAL_WRITE)
+        {
+            return Err(RegisterError::RemoteWithoutLocalWrite { access });
         }
         if !buffer.contains(off, len) {
             return Err(RegisterError::OutsideBuffer {

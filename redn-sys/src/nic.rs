@@ -153,6 +153,13 @@ pub struct QpConfig {
     pub sq_placement: Option<RingPlacement>,
     /// Where the receive ring lives; `None` allocates one.
     pub rq_placement: Option<RingPlacement>,
+    /// Atomic replies (the old value a CAS or FETCH_ADD returns into its result entry)
+    /// big-endian instead of in host order. Off by default, as on upstream Linux: mlx5_core
+    /// sets the HCA's 8-byte atomic replies to host order when the device supports it (kernel
+    /// commit f91e6d8941bf, "net/mlx5_core: Add setting ATOMIC endian mode", v4.5). Only
+    /// MLNX_OFED offers big-endian replies, per QP (`IBV_EXP_QP_CREATE_ATOMIC_BE_REPLY`);
+    /// upstream rdma-core has no such flag, so a program that needs this runs only there.
+    pub atomic_be_reply: bool,
 }
 
 impl QpConfig {
@@ -171,6 +178,7 @@ impl QpConfig {
             pu: None,
             sq_placement: None,
             rq_placement: None,
+            atomic_be_reply: false,
         }
     }
 }
@@ -367,6 +375,34 @@ impl Completion {
     pub fn is_ok(&self) -> bool {
         self.status.is_ok()
     }
+
+    /// The vendor syndrome of an error completion (`ibv_wc.vendor_err`: byte 54 of the error
+    /// CQE, kept as the NIC wrote it), 0 otherwise.
+    #[must_use]
+    pub fn vendor_err(&self) -> u8 {
+        self.cqe.vendor_syndrome
+    }
+}
+
+/// An asynchronous event: something that happened to a queue pair or CQ outside any work
+/// request's completion, as `ibv_get_async_event(3)` reports it. The owner of the object
+/// reads them with [`Nic::get_async_event`] (the manager polls it and handles the client
+/// whose object it names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AsyncEvent {
+    /// `IBV_EVENT_QP_ACCESS_ERR`: a request that reached this queue pair as responder broke
+    /// a key, PD, bounds or rights rule (mlx5: `MLX5_EVENT_TYPE_WQ_ACCESS_ERROR`). The queue
+    /// pair is in the error state and its posted receives were flushed.
+    QpAccessError(Qpn),
+    /// `IBV_EVENT_QP_REQ_ERR`: an invalid request reached this queue pair as responder (a
+    /// misaligned atomic, a message longer than the receive; mlx5:
+    /// `MLX5_EVENT_TYPE_WQ_INVAL_REQ_ERROR`). The queue pair is in the error state and its
+    /// posted receives were flushed.
+    QpRequestError(Qpn),
+    /// `IBV_EVENT_CQ_ERR`: the CQ overran (a completion found it full); it is in error and
+    /// takes no more completions (mlx5: `MLX5_EVENT_TYPE_CQ_ERROR`).
+    CqError(Cqn),
 }
 
 /// An RDMA NIC: the softnic or a ConnectX through rdma-core.
@@ -438,6 +474,12 @@ pub trait Nic: Send + Sync {
     fn sq_consumed(&self, qp: Qpn) -> Result<u64>;
     /// How many objects of each kind the NIC holds now, whoever created them.
     fn objects(&self) -> ObjectCounts;
+    /// Take the oldest asynchronous event, if any (`ibv_get_async_event`, without
+    /// blocking; the caller polls). Events are kept in order, up to a cap: past it the newest
+    /// are dropped and [`Nic::async_events_lost`] counts them.
+    fn get_async_event(&self) -> Option<AsyncEvent>;
+    /// Asynchronous events dropped because nobody took them in time (the queue was full).
+    fn async_events_lost(&self) -> u64;
 }
 
 /// How many objects of each kind a NIC holds: what a leak check compares before and after.

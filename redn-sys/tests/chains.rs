@@ -268,7 +268,9 @@ fn loop_re_arms_itself_with_wait_and_enable_and_runs_without_host_posts() {
     // B's enable of A; B waits for A's completion and advances A's enable of B. Every index
     // field is patched by the *other* queue while its own round is not yet enabled (doorbell
     // order), so the loop is correct under every prefetch mode. The patches are FETCH_ADDs on
-    // host-order counters whose old value lands big-endian in the WQE field.
+    // host-order counters whose old value lands big-endian in the WQE field: the queues ask
+    // for MLNX_OFED's big-endian atomic replies (`QpConfig::atomic_be_reply`); the catalog's
+    // loops, which must run on upstream Linux, use byte-reversing READs instead.
     for mode in MODES {
         let nic = nic(2, mode);
         let pd = nic.alloc_pd().unwrap();
@@ -280,6 +282,7 @@ fn loop_re_arms_itself_with_wait_and_enable_and_runs_without_host_posts() {
             c.sq_bbs = 4;
             c.managed_send = true;
             c.pu = Some(pu);
+            c.atomic_be_reply = true;
             nic.create_qp(c).unwrap()
         };
         let a = mk(cq_a, 0);
@@ -311,7 +314,9 @@ fn loop_re_arms_itself_with_wait_and_enable_and_runs_without_host_posts() {
             faa(0, 1, scratch, SIG),                      // A0: the loop body
             faa(8, 4, slot(&ring_b, 3), WqeFlags::NONE),  // A1: B3's enable of A
             faa(16, 1, slot(&ring_b, 0), WqeFlags::NONE), // A2: B0's WAIT count
-            wr(0, WqeFlags::NONE, WrOp::SendEnable { qp: b.qpn, pi: 4 }), // A3
+            // Fenced: A1's and A2's replies may land late (adversarial), and B must not be
+            // enabled before its counts have.
+            wr(0, WqeFlags::FENCE, WrOp::SendEnable { qp: b.qpn, pi: 4 }), // A3
         ];
         let b_wqes: Vec<WorkRequest> = vec![
             wr(0, WqeFlags::NONE, WrOp::Wait { cq: cq_a, count: 0 }), // B0
@@ -323,7 +328,7 @@ fn loop_re_arms_itself_with_wait_and_enable_and_runs_without_host_posts() {
                     raw_segments: vec![],
                 },
             ), // B2
-            wr(0, WqeFlags::NONE, WrOp::SendEnable { qp: a.qpn, pi: 8 }), // B3
+            wr(0, WqeFlags::FENCE, WrOp::SendEnable { qp: a.qpn, pi: 8 }), // B3 (fenced: B1)
         ];
         nic.post_send(a.qpn, &a_wqes).unwrap();
         nic.post_send(b.qpn, &b_wqes).unwrap();
@@ -742,5 +747,85 @@ fn a_doorbell_chain_that_breaks_its_pattern_runs_every_wqe_in_order() {
             "{mode:?}: the enabled queue's WQEs"
         );
         assert_eq!(mc.wait_stalls, 0, "{mode:?}: a WAIT stalled");
+    }
+}
+
+/// SEND_EN targets advanced per rearm pair: each pair enables this many more runs of the
+/// clock queue's one NOP (DPDK's `MLX5_TXPP_REARM`, 2^16 / 4).
+const REARM: u64 = 1 << 14;
+
+#[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "2^24 completions take about a second optimised, minutes in a debug build: \
+              scripts/test runs it (release)"
+)]
+fn a_rearm_ring_runs_past_2_16_enables_and_2_24_completions_with_its_counts_unchanged() {
+    // DPDK's packet-pacing rearm queue (mlx5_txpp.c): an unmanaged ring of SEND_EN / WAIT
+    // pairs, written once, whose counts wrap (SEND_EN at 16 bits, WAIT at 24): pair p
+    // enables a managed one-slot "clock" queue up to (p + 1) * 2^14 and waits for that many
+    // completions of its one signaled NOP. 1024 pairs advance both by 2^24, which is 0 modulo
+    // either width, so the ring re-runs unchanged; doorbelled one lap and four pairs on, the
+    // clock queue runs 2^24 + 2^16 NOPs and every count has wrapped. Compared 32 bits wide,
+    // the fourth pair's SEND_EN (target 0) would already be behind and the ring would stall.
+    if cfg!(miri) {
+        return; // 2^24 completions take too long interpreted.
+    }
+    const PAIRS: u64 = (1 << 24) / REARM;
+    for clock_pu in [0, 1] {
+        let nic = nic(2, Prefetch::Depth(8));
+        let pd = nic.alloc_pd().unwrap();
+        let clock_cq = nic.create_cq(CqConfig::counted(64)).unwrap();
+        let mut c = QpConfig::new(pd, clock_cq);
+        c.sq_bbs = 1;
+        c.managed_send = true;
+        c.pu = Some(clock_pu);
+        let clock = nic.create_qp(c).unwrap().qpn;
+        nic.connect(clock, clock).unwrap();
+        let nop = WrOp::Nop {
+            raw_segments: vec![],
+        };
+        nic.post_send(clock, &[wr(0, SIG, nop)]).unwrap();
+        let rearm_cq = nic.create_cq(CqConfig::counted(64)).unwrap();
+        let mut c = QpConfig::new(pd, rearm_cq);
+        c.sq_bbs = u32::try_from(2 * PAIRS).unwrap();
+        c.pu = Some(0);
+        let rearm = nic.create_qp(c).unwrap().qpn;
+        nic.connect(rearm, rearm).unwrap();
+        let mut ring = Vec::new();
+        for p in 0..PAIRS {
+            let enabled = (p + 1) * REARM;
+            let en = WrOp::SendEnable {
+                qp: clock,
+                pi: u32::try_from(enabled % (1 << 16)).unwrap(),
+            };
+            let wait = WrOp::Wait {
+                cq: clock_cq,
+                count: u32::try_from((enabled - 1) % (1 << 24)).unwrap(),
+            };
+            ring.push(wr(0, WqeFlags::NONE, en));
+            ring.push(wr(0, WqeFlags::NONE, wait));
+        }
+        nic.post_send(rearm, &ring).unwrap();
+        // One lap and four pairs: the ring's first pairs run again, unchanged.
+        let end = 2 * PAIRS + 8;
+        nic.ring_doorbell(rearm, end).unwrap();
+        let deadline = std::time::Instant::now() + patience(40);
+        while nic.sq_consumed(rearm).unwrap() < end {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "clock on PU {clock_pu}: stalled at WQE {} of {end}, {} completions",
+                nic.sq_consumed(rearm).unwrap(),
+                nic.cq_produced(clock_cq).unwrap()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(
+            nic.cq_produced(clock_cq).unwrap(),
+            (PAIRS + 4) * REARM,
+            "clock on PU {clock_pu}"
+        );
+        assert_eq!(nic.counters(rearm).unwrap().errors, 0);
+        assert_eq!(nic.counters(clock).unwrap().errors, 0);
     }
 }

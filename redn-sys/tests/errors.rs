@@ -112,6 +112,9 @@ fn connecting_twice_and_overfilling_queues_are_refused() {
 
 #[test]
 fn cq_overrun_is_reported_unless_ignored() {
+    // A polled CQ that overruns goes to error (ibv_get_async_event(3): IBV_EVENT_CQ_ERR):
+    // the poller learns of it once, the owner by an event, and no later completion is
+    // written or counted. A CQ created to be only waited on keeps counting and wraps.
     let nic = nic(1, Prefetch::Depth(8));
     let pd = nic.alloc_pd().unwrap();
     for ignore in [false, true] {
@@ -128,20 +131,30 @@ fn cq_overrun_is_reported_unless_ignored() {
         nic.connect(qp, qp).unwrap();
         let six: Vec<_> = (0..6).map(|i| wr(i, SIG, nop())).collect();
         nic.post_send(qp, &six).unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while nic.cq_produced(cq).unwrap() < 6 {
-            assert!(std::time::Instant::now() < deadline);
-            std::thread::yield_now();
-        }
+        let ran = |n: u64| {
+            let deadline = std::time::Instant::now() + patience(5);
+            while nic.sq_consumed(qp).unwrap() < n {
+                assert!(std::time::Instant::now() < deadline, "only {n} ran");
+                std::thread::yield_now();
+            }
+        };
+        ran(6);
         let mut out = Vec::new();
         if ignore {
+            assert_eq!(nic.cq_produced(cq).unwrap(), 6);
             // The ring wrapped: the 4 newest completions remain.
             nic.poll_cq(cq, 16, &mut out).unwrap();
             assert_eq!(
                 out.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
                 [2, 3, 4, 5]
             );
+            assert_eq!(nic.get_async_event(), None);
         } else {
+            assert_eq!(nic.cq_produced(cq).unwrap(), 4, "the fifth overran");
+            assert_eq!(
+                nic.get_async_event(),
+                Some(redn_sys::nic::AsyncEvent::CqError(cq))
+            );
             assert!(matches!(
                 nic.poll_cq(cq, 16, &mut out),
                 Err(Error::CqOverrun(c)) if c == cq
@@ -153,7 +166,67 @@ fn cq_overrun_is_reported_unless_ignored() {
                 [0, 1, 2, 3]
             );
         }
+        // With room again, more completions: only the only-waited-on CQ takes them.
+        out.clear();
+        let two: Vec<_> = (6..8).map(|i| wr(i, SIG, nop())).collect();
+        nic.post_send(qp, &two).unwrap();
+        ran(8);
+        nic.poll_cq(cq, 16, &mut out).unwrap();
+        if ignore {
+            assert_eq!(nic.cq_produced(cq).unwrap(), 8);
+            assert_eq!(out.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [6, 7]);
+        } else {
+            assert_eq!(nic.cq_produced(cq).unwrap(), 4, "in error: nothing counts");
+            assert!(out.is_empty(), "in error: nothing is written: {out:?}");
+            assert_eq!(nic.get_async_event(), None, "one event");
+        }
     }
+}
+
+#[test]
+fn completion_mode_3_writes_a_cqe_and_mode_1_does_not() {
+    // The control segment's CE bits: 2 "CQE always", 3 "CQE and EQE" (the same CQE, and an
+    // event), 0 and 1 a CQE only on error.
+    let nic = nic(1, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    let ep = endpoint(&nic, pd, |_| {});
+    nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
+    let ce = |bits: u8| redn_program::wqe::WqeFlags(bits << 2);
+    nic.post_send(
+        ep.qp.qpn,
+        &[
+            wr(1, ce(1), nop()),
+            wr(2, ce(3), nop()),
+            wr(3, ce(0), nop()),
+            wr(4, ce(2), nop()),
+        ],
+    )
+    .unwrap();
+    let got = wait_cqes(&nic, ep.cq, 2);
+    assert_eq!(got.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [2, 4]);
+    assert_eq!(nic.cq_produced(ep.cq).unwrap(), 2);
+}
+
+#[test]
+fn reg_mr_refuses_remote_write_or_atomic_without_local_write() {
+    // ibv_reg_mr(3): "If IBV_ACCESS_REMOTE_WRITE or IBV_ACCESS_REMOTE_ATOMIC is set, then
+    // IBV_ACCESS_LOCAL_WRITE must be set too."
+    let nic = nic(1, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    let buf = SharedBuffer::new(4096);
+    for remote in [Access::REMOTE_WRITE, Access::REMOTE_ATOMIC] {
+        let e = nic.reg_mr(pd, &buf, 0, 64, remote).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Register(redn_sys::mem::RegisterError::RemoteWithoutLocalWrite { .. })
+            ),
+            "{remote}: {e:?}"
+        );
+        nic.reg_mr(pd, &buf, 0, 64, remote | Access::LOCAL_WRITE)
+            .unwrap();
+    }
+    nic.reg_mr(pd, &buf, 0, 64, Access::REMOTE_READ).unwrap();
 }
 
 #[test]
@@ -180,5 +253,92 @@ fn wqe_checks_refuse_a_foreign_qpn_that_redn_mode_runs() {
         } else {
             assert!(c[1].is_ok(), "{c:?}");
         }
+    }
+}
+
+/// A client and a server softnic, one RC connection; the server has `recvs` receives posted
+/// and a region with only REMOTE_READ. Returns what the test drives.
+fn responder_rig(recvs: u64) -> (SoftNic, SoftNic, Endpoint, Endpoint, Region, Region) {
+    let server = nic(1, Prefetch::Depth(8));
+    let client = nic(1, Prefetch::Depth(8));
+    let spd = server.alloc_pd().unwrap();
+    let cpd = client.alloc_pd().unwrap();
+    let data = Region::new(
+        &server,
+        spd,
+        4096,
+        Access::REMOTE_READ | Access::LOCAL_WRITE,
+    );
+    let local = Region::new(&client, cpd, 4096, Access::ALL);
+    let s = endpoint(&server, spd, |_| {});
+    let c = endpoint(&client, cpd, |_| {});
+    SoftNic::connect_pair(&client, c.qp.qpn, &server, s.qp.qpn).unwrap();
+    for i in 0..recvs {
+        server
+            .post_recv(s.qp.qpn, 100 + i, &[data.mr.sge(i * 8, 8)])
+            .unwrap();
+    }
+    (server, client, s, c, data, local)
+}
+
+#[test]
+fn a_responder_error_moves_the_responder_to_error_flushes_its_receives_and_raises_an_event() {
+    use redn_program::wqe::Payload;
+    use redn_sys::nic::AsyncEvent;
+    use redn_sys::QpState;
+    // (request, the requester's status, the responder's event)
+    type Request = fn(&Region, &Region) -> WrOp;
+    type Event = fn(Qpn) -> AsyncEvent;
+    let cases: [(&str, Request, Syndrome, Event); 3] = [
+        (
+            "WRITE without REMOTE_WRITE",
+            |data, local| WrOp::Write {
+                remote: data.mr.remote(0),
+                payload: Payload::Sgl(vec![local.mr.sge(0, 8)]),
+                imm: None,
+            },
+            Syndrome::RemoteAccess,
+            AsyncEvent::QpAccessError,
+        ),
+        (
+            "misaligned atomic",
+            |data, local| WrOp::FetchAdd {
+                remote: data.mr.remote(4),
+                add: 1,
+                result: Some(local.mr.sge(0, 8)),
+            },
+            Syndrome::RemoteInvalidRequest,
+            AsyncEvent::QpRequestError,
+        ),
+        (
+            "SEND longer than the receive",
+            |_, local| WrOp::Send {
+                payload: Payload::Sgl(vec![local.mr.sge(0, 64)]),
+                imm: None,
+            },
+            Syndrome::RemoteInvalidRequest,
+            AsyncEvent::QpRequestError,
+        ),
+    ];
+    for (what, op, status, event) in cases {
+        let (server, client, s, c, data, local) = responder_rig(3);
+        client
+            .post_send(c.qp.qpn, &[wr(1, SIG, op(&data, &local))])
+            .unwrap();
+        assert_eq!(wait_cqes(&client, c.cq, 1)[0].status, Err(status), "{what}");
+        assert_eq!(server.qp_state(s.qp.qpn).unwrap(), QpState::Error, "{what}");
+        assert_eq!(server.get_async_event(), Some(event(s.qp.qpn)), "{what}");
+        assert_eq!(server.get_async_event(), None, "{what}: one event");
+        // Every receive completes: flushed, or (the SEND) the one it was too long for.
+        let done = wait_cqes(&server, s.cq, 3);
+        let flushed = done
+            .iter()
+            .filter(|c| c.status == Err(Syndrome::WrFlush))
+            .count();
+        let consumed = usize::from(what.starts_with("SEND"));
+        assert_eq!(flushed, 3 - consumed, "{what}: {done:?}");
+        // The requester's queue is in error too (its WQE failed), and nothing reaches the
+        // responder any more.
+        assert_eq!(client.qp_state(c.qp.qpn).unwrap(), QpState::Error, "{what}");
     }
 }

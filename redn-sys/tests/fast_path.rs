@@ -85,35 +85,7 @@ fn random_wr(rng: &mut Rng, i: u64, local: &Region, remote: &Region, cq: Cqn, fa
             // With and without a result segment (a masked CAS with one takes two BBs).
             let result =
                 (rng.below(3) != 0).then(|| local.mr.sge(rng.below(LEN as u64 / 8) * 8, 8));
-            // Small operands, so compares match now and then.
-            let (compare, mask) = (rng.below(4), rng.next() | 0xff);
-            match rng.below(4) {
-                0 => WrOp::CompareSwap {
-                    remote: at,
-                    compare,
-                    swap: rng.next(),
-                    result,
-                },
-                1 => WrOp::FetchAdd {
-                    remote: at,
-                    add: rng.next(),
-                    result,
-                },
-                2 => WrOp::MaskedCompareSwap {
-                    remote: at,
-                    compare,
-                    compare_mask: 0x3,
-                    swap: rng.next(),
-                    swap_mask: mask,
-                    result,
-                },
-                _ => WrOp::MaskedFetchAdd {
-                    remote: at,
-                    add: rng.next(),
-                    field_boundary: mask,
-                    result,
-                },
-            }
+            random_atomic(rng, at, result)
         }
         _ if i > 0 => WrOp::Wait {
             cq,

@@ -80,7 +80,7 @@ fn read_scatters_at_any_alignment() {
 }
 
 #[test]
-fn cas_compares_host_order_and_returns_old_value_big_endian() {
+fn cas_compares_host_order_and_returns_old_value_in_host_order() {
     let l = setup();
     l.b.write(64, &0x1122_3344_5566_7788u64.to_le_bytes());
     // Mismatch: success completion, target unchanged, old value returned.
@@ -94,7 +94,8 @@ fn cas_compares_host_order_and_returns_old_value_big_endian() {
         },
     );
     assert_eq!(l.b.read(64, 8), 0x1122_3344_5566_7788u64.to_le_bytes());
-    assert_eq!(l.a.read(0, 8), 0x1122_3344_5566_7788u64.to_be_bytes());
+    // Upstream Linux sets ConnectX's atomic replies to host order (kernel f91e6d8941bf).
+    assert_eq!(l.a.read(0, 8), 0x1122_3344_5566_7788u64.to_le_bytes());
     // Match.
     run(
         &l,
@@ -106,6 +107,34 @@ fn cas_compares_host_order_and_returns_old_value_big_endian() {
         },
     );
     assert_eq!(l.b.read(64, 8), 42u64.to_le_bytes());
+}
+
+#[test]
+fn atomic_replies_land_big_endian_only_on_a_qp_that_asks_for_it() {
+    // MLNX_OFED's per-QP ATOMIC_BE_REPLY: the old value lands big-endian, for CAS and
+    // FETCH_ADD alike.
+    let nic = nic(1, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    let a = Region::new(&nic, pd, 4096, ALL);
+    let ep = endpoint(&nic, pd, |c| c.atomic_be_reply = true);
+    nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
+    a.write(64, &0x0102_0304_0506_0708u64.to_le_bytes());
+    let faa = WrOp::FetchAdd {
+        remote: a.mr.remote(64),
+        add: 1,
+        result: Some(a.mr.sge(0, 8)),
+    };
+    let cas = WrOp::CompareSwap {
+        remote: a.mr.remote(64),
+        compare: 0,
+        swap: 0,
+        result: Some(a.mr.sge(8, 8)),
+    };
+    nic.post_send(ep.qp.qpn, &[wr(1, SIG, faa), wr(2, SIG, cas)])
+        .unwrap();
+    assert!(wait_cqes(&nic, ep.cq, 2).iter().all(|c| c.is_ok()));
+    assert_eq!(a.read(0, 8), 0x0102_0304_0506_0708u64.to_be_bytes());
+    assert_eq!(a.read(8, 8), 0x0102_0304_0506_0709u64.to_be_bytes());
 }
 
 #[test]
@@ -141,7 +170,7 @@ fn fetch_add_and_masked_atomics() {
         },
     );
     assert_eq!(l.b.read(0, 8), 15u64.to_le_bytes());
-    assert_eq!(l.a.read(8, 8), 10u64.to_be_bytes());
+    assert_eq!(l.a.read(8, 8), 10u64.to_le_bytes());
 
     l.b.write(16, &0xab11u64.to_le_bytes());
     run(
@@ -175,7 +204,7 @@ fn fetch_add_and_masked_atomics() {
 }
 
 /// Masked CAS on 8 bytes at b+64 (b+56..64 and b+72..80 hold a guard pattern), returning
-/// the old value big-endian at a+0; the word afterwards must be `after` and the guards intact.
+/// the old value in host order at a+0; the word afterwards must be `after` and the guards intact.
 #[allow(clippy::too_many_arguments)]
 fn masked_cas_case(
     l: &Loop,
@@ -215,7 +244,7 @@ fn masked_cas_case(
     assert_eq!(l.b.read(72, 8), guard, "{what}");
     assert_eq!(
         l.a.read(0, 8),
-        old.to_be_bytes(),
+        old.to_le_bytes(),
         "{what}: old value returned"
     );
 }

@@ -380,7 +380,8 @@ impl Local {
             },
         );
         assert!(r.is_ok(), "fetch-add: {r:?}");
-        u64::from_be_bytes(self.buf.read(3 << 20, 8).try_into().unwrap())
+        // The old value lands in host order, as upstream Linux sets ConnectX's replies.
+        u64::from_le_bytes(self.buf.read(3 << 20, 8).try_into().unwrap())
     }
 
     fn cas(&self, c: &Conn, off: u64, compare: u64, swap: u64) -> u64 {
@@ -395,7 +396,7 @@ impl Local {
             },
         );
         assert!(r.is_ok(), "cas: {r:?}");
-        u64::from_be_bytes(self.buf.read(3 << 20, 8).try_into().unwrap())
+        u64::from_le_bytes(self.buf.read(3 << 20, 8).try_into().unwrap())
     }
 
     fn send(&self, c: &Conn, data: &[u8], imm: Option<u32>) {

@@ -92,8 +92,9 @@ Section 1 (Table 3, construct throughput; median over reps, ops/s):
   while, unrolled   list-find without break over an 8-node list, key absent (every
                 iteration runs), triggers pipelined: iterations/s.
   while, recycled   a minimal recycled loop built with the Builder: two managed queues that
-                re-arm each other; each round, each queue runs FETCH_ADD (advance_count,
-                patching the other's SEND_EN count) + SEND_EN (fenced); no host involvement
+                re-arm each other; each round, each queue runs a byte-reversing READ and a
+                FETCH_ADD (advance_count, patching the other's SEND_EN count with host-order
+                atomic replies) + SEND_EN (fenced); no host involvement
                 after setup: rounds/s from the WQE counters over a time window.
   while, recycled (server-loop)   the catalog's server-loop serving pipelined GET triggers
                 (it enables one receive per round, so the client's SENDs wait for it).
@@ -954,45 +955,46 @@ fn if_program(n: u32) -> Result<Program, ProgramError> {
     b.build()
 }
 
-/// A minimal recycled `while`: managed queues `w` and `h` (one round each, 2 BBs) re-arm each
-/// other forever. Each round, each queue FETCH_ADDs a counter whose old value lands in the
-/// other queue's SEND_EN count (the other is not enabled, so the patch is never stale), then
-/// SEND_ENs (fenced) the other queue for its next round.
+/// A minimal recycled `while`: managed queues `w` and `h` (one round each, 4 BBs) re-arm each
+/// other forever. Each round, each queue advances a counter into the other queue's SEND_EN
+/// count (`advance_count`: a byte-reversing READ, then a FETCH_ADD; the other is not enabled,
+/// so the patch is never stale), then SEND_ENs (fenced, so the READ has landed) the other
+/// queue for its next round.
 fn loop_program() -> Result<Program, ProgramError> {
     let mut b = Builder::new(
         "bench-while",
         "a recycled loop: two queues re-arming each other",
     );
-    let w = b.queue("w", QueueRole::Worker, true, false, Some(0), 2, 1, 1);
-    let h = b.queue("h", QueueRole::Worker, true, false, Some(0), 2, 1, 1);
-    // Round r: w enables h up to 2(r+1); h enables w up to 2(r+2).
-    b.static_block("c.h", 4u64.to_le_bytes().to_vec()); // h.en in h's round r: 2(r+2)
-    b.static_block("c.w", 4u64.to_le_bytes().to_vec()); // w.en in w's round r+1: 2(r+2)
-    b.advance_count(w, "w.adv", "c.h", 2, "h.en");
+    let w = b.queue("w", QueueRole::Worker, true, false, Some(0), 4, 1, 1);
+    let h = b.queue("h", QueueRole::Worker, true, false, Some(0), 4, 1, 1);
+    // Round r: w enables h up to 4(r+1); h enables w up to 4(r+2).
+    b.static_block("c.h", 8u64.to_le_bytes().to_vec()); // h.en in h's round r: 4(r+2)
+    b.static_block("c.w", 8u64.to_le_bytes().to_vec()); // w.en in w's round r+1: 4(r+2)
+    b.advance_count(w, "w.adv", "c.h", 4, "h.en");
     let fence = WqeFlags::FENCE;
     b.push(
         w,
         "w.en",
         Op::SendEn {
             queue: "h".into(),
-            count: 2,
-        },
-        fence,
-        Form::Active,
-    );
-    b.advance_count(h, "h.adv", "c.w", 2, "w.en");
-    b.push(
-        h,
-        "h.en",
-        Op::SendEn {
-            queue: "w".into(),
             count: 4,
         },
         fence,
         Form::Active,
     );
-    b.entry(w, 2);
-    b.finish(Iterations::Recycled { wqes_per_round: 4 }, "none");
+    b.advance_count(h, "h.adv", "c.w", 4, "w.en");
+    b.push(
+        h,
+        "h.en",
+        Op::SendEn {
+            queue: "w".into(),
+            count: 8,
+        },
+        fence,
+        Form::Active,
+    );
+    b.entry(w, 4);
+    b.finish(Iterations::Recycled { wqes_per_round: 6 }, "none");
     b.build()
 }
 
@@ -1555,7 +1557,7 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
     for &p in &pu_sets {
         let r = repeated(0, o.reps, || loop_run(env, &lp, p, window)).map(|rates| TpRow {
             rates,
-            wqes_per_op: 4.0,
+            wqes_per_op: 6.0,
             native: native(p, &native_loop),
         });
         // Counted over a window between two clock reads: no detection delay, no marker.

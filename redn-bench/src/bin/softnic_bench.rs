@@ -21,7 +21,6 @@ use redn_bench::wait::{
     wait_produced, Backoff, TimedOut, WaitMode, SPIN_BEFORE_YIELD, WAIT_TIMEOUT,
 };
 use redn_bench::Ctx;
-use redn_program::endian::Be64;
 use redn_program::wqe::{
     encode_wqe, wqe_index, Opcode, Payload, WorkRequest, WqeFlags, WrOp, BB_SIZE,
 };
@@ -1246,12 +1245,12 @@ fn native_worker(op: TOp, q: &TpQp, count: usize) -> (Instant, Instant, Vec<f64>
         TOp::Cas => native_chunks(count, |s| {
             let off = idx(slot_data_off(s));
             let old = src.atomic_update(off, |v| (v == 0).then_some(0));
-            dst.write(off, &old.to_be_bytes());
+            dst.write(off, &old.to_le_bytes());
         }),
         TOp::Faa => native_chunks(count, |s| {
             let off = idx(slot_data_off(s));
             let old = src.atomic_update(off, |v| Some(v.wrapping_add(1)));
-            dst.write(off, &old.to_be_bytes());
+            dst.write(off, &old.to_le_bytes());
         }),
     };
     (start, Instant::now(), iv)
@@ -1321,7 +1320,8 @@ fn tp_verify(nic: &SoftNic, op: TOp, qps: &[TpQp], expected_per_qp: u64) -> Resu
                     let off = wd * 64;
                     let v = q.src.buf.load_u64(off);
                     total += v;
-                    let got = Be64::read(&dst, off).get();
+                    let got =
+                        u64::from_le_bytes(dst[off..off + 8].try_into().expect("eight bytes"));
                     let want = if op == TOp::Cas { 0 } else { v.wrapping_sub(1) };
                     if got != want {
                         return Err(format!(

@@ -9,8 +9,8 @@
 //! - [`Builder::break_if_eq`]: a CAS that turns an enabling WQE (the SEND_EN that starts the
 //!   next iteration) into a NOP when its operand matches: later iterations are never enabled.
 //! - unrolled `while`: the catalog emits one copy of the body per iteration with a static trip
-//!   count; recycled `while`: the body re-arms itself with WAIT/ENABLE whose counts FETCH_ADDs
-//!   advance each round ([`Builder::advance_count`]).
+//!   count; recycled `while`: the body re-arms itself with WAIT/ENABLE whose counts a
+//!   byte-reversing READ and a FETCH_ADD advance each round ([`Builder::advance_count`]).
 //! - [`Builder::gate`]: WAIT then SEND_EN, the doorbell-order barrier between a patch and the
 //!   WQE it patches.
 
@@ -109,6 +109,11 @@ impl Builder {
     /// Next WQE position (BB index) on `q`.
     pub fn pos(&self, q: QueueHandle) -> u32 {
         self.bbs[q.0]
+    }
+
+    /// WQEs pushed on `q` so far.
+    pub fn wqe_count(&self, q: QueueHandle) -> u32 {
+        u32::try_from(self.p.queues[q.0].wqes.len()).unwrap_or(u32::MAX)
     }
 
     /// Signaled send WQEs pushed on `q` so far.
@@ -359,9 +364,20 @@ impl Builder {
         }
     }
 
-    /// Recycled `while`: a FETCH_ADD on counter `counter` (a static block holding a
-    /// host-order u64) whose old value lands big-endian in the 32-bit count of WAIT/ENABLE
-    /// `target`; adding `step` each round advances that count by `step` per round.
+    /// Recycled `while`: advance the 32-bit count of WAIT/ENABLE `target` by `step` each
+    /// round, from counter `counter` (a static block holding a host-order u64: the value the
+    /// count takes in the round this runs in).
+    ///
+    /// Two WQEs on `on`: an RDMA READ of the counter's low four bytes whose scatter list is
+    /// four one-byte entries at descending addresses (the count's bytes 27, 26, 25, 24), so
+    /// the little-endian counter lands big-endian in the count; then a FETCH_ADD of `step`
+    /// on the counter, with no result. Why not the FETCH_ADD's reply: upstream Linux sets the
+    /// HCA's 8-byte atomic replies to host order (commit f91e6d8941bf), so the old value
+    /// would land byte-reversed; only MLNX_OFED offers big-endian replies. The byte-reversing
+    /// READ is RedN's own `IBV_CONVERT_ENDIAN_ASYNC` trick. The responder runs the two in
+    /// order, so the READ sees the count before the add. `target` must not be enabled (and
+    /// so fetchable) before the READ has landed: the WQE that enables it carries the fence
+    /// flag (a READ's data may land after later unfenced WQEs ran).
     pub fn advance_count(
         &mut self,
         on: QueueHandle,
@@ -370,20 +386,34 @@ impl Builder {
         step: u64,
         target: &str,
     ) {
-        let at = off::WAIT_PI - 4;
-        let op = Op::Faa {
+        let pi = off::WAIT_PI;
+        let sgl = (0..4)
+            .map(|i| Sge::new(Addr::wqe(target, pi + 3 - i), 1))
+            .collect();
+        let read = Op::Read {
             remote: Addr::static_(counter, 0),
-            add: step,
-            result: Some(Sge::new(Addr::wqe(target, at), 8)),
+            sgl,
         };
-        self.push(on, label, op, WqeFlags::NONE, Form::Active);
+        self.push(on, label, read, WqeFlags::NONE, Form::Active);
         self.patch(
             target,
-            wqe_byte(at),
-            8,
-            PatchSource::AtomicResult {
+            wqe_byte(pi),
+            4,
+            PatchSource::Read {
                 label: label.into(),
             },
+        );
+        let add = Op::Faa {
+            remote: Addr::static_(counter, 0),
+            add: step,
+            result: None,
+        };
+        self.push(
+            on,
+            &format!("{label}.add"),
+            add,
+            WqeFlags::NONE,
+            Form::Active,
         );
     }
 

@@ -629,10 +629,12 @@ pub fn list_find(steps: u32, with_break: bool, invocations: u32) -> Result<Progr
 /// `server-loop`: a recycled hash GET (one bucket) that serves triggers forever with no host
 /// post after setup.
 ///
-/// Each round's WAIT/ENABLE counts are advanced by FETCH_ADDs on host-order counters whose old
-/// values land big-endian in the next round's WQEs. A WQE is never patched once it may have
-/// been fetched: the worker and the re-arm queue patch each other's re-arming WQEs while the
-/// other is not enabled, and the probe (patched by each trigger) is enabled only after the
+/// Each round's WAIT/ENABLE counts are advanced from host-order counters by a byte-reversing
+/// READ into the next round's WQEs and a FETCH_ADD (`Builder::advance_count`), so the loop
+/// runs with the host-order atomic replies of upstream Linux. A WQE is never patched once it
+/// may have been fetched: the worker and the re-arm queue patch each other's re-arming WQEs
+/// while the other is not enabled (the SEND_EN that enables the other is fenced, so the
+/// READs have landed), and the probe (patched by each trigger) is enabled only after the
 /// trigger arrived.
 pub fn server_loop() -> Result<Program, ProgramError> {
     let mut b = Builder::new(
@@ -650,8 +652,8 @@ pub fn server_loop() -> Result<Program, ProgramError> {
         8,
         "address of the bucket in the table, big-endian",
     );
-    const W: u32 = 16; // worker ring: one round
-    const H: u32 = 8; // re-arm ring: one round
+    const W: u32 = 32; // worker ring: one round
+    const H: u32 = 32; // re-arm ring: one round
     let client = b.queue("client", QueueRole::Client, true, true, Some(0), 1, 1, 4);
     let w = b.queue("worker", QueueRole::Worker, true, false, Some(0), W, 1, 1);
     let h = b.queue("rearm", QueueRole::Worker, true, false, Some(0), H, 1, 1);
@@ -716,7 +718,13 @@ pub fn server_loop() -> Result<Program, ProgramError> {
         step("c.worker"),
         "rearm.worker",
     );
-    enable(&mut b, w, "to.rearm", h, H);
+    let rearm = b.name(h);
+    let to_rearm = Op::SendEn {
+        queue: rearm,
+        count: H,
+    };
+    b.push(w, "to.rearm", to_rearm, WqeFlags::FENCE, Form::Active);
+    debug_assert!(b.pos(w) <= W, "the worker's round fits its ring");
     while b.pos(w) < W {
         let l = format!("pad{}", b.pos(w));
         b.push(w, &l, Op::Nop, NONE, Form::Active);
@@ -744,14 +752,29 @@ pub fn server_loop() -> Result<Program, ProgramError> {
         NONE,
         Form::Active,
     );
-    enable(&mut b, h, "rearm.worker", w, W + 2);
+    let worker = b.name(w);
+    let rearm_worker = Op::SendEn {
+        queue: worker,
+        count: W + 2,
+    };
+    b.push(
+        h,
+        "rearm.worker",
+        rearm_worker,
+        WqeFlags::FENCE,
+        Form::Active,
+    );
+    debug_assert!(b.pos(h) <= H, "the re-arm round fits its ring");
+    while b.pos(h) < H {
+        let l = format!("rpad{}", b.pos(h));
+        b.push(h, &l, Op::Nop, NONE, Form::Active);
+    }
     b.recv_entry(client, 1);
     b.entry(w, 2);
+    // Every WQE of both rings and the response run once a round.
+    let wqes_per_round = b.wqe_count(w) + b.wqe_count(h) + 1;
     b.finish(
-        // 15 worker WQEs (the READ takes two BBs), 8 re-arm WQEs, the response.
-        Iterations::Recycled {
-            wqes_per_round: W - 1 + H + 1,
-        },
+        Iterations::Recycled { wqes_per_round },
         "the value, or zero bytes (immediate 0); one trigger at a time",
     );
     b.build()

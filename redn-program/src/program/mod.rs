@@ -321,7 +321,8 @@ pub enum Op {
         compare: Operand,
         /// Swap value.
         swap: Operand,
-        /// Where the old value lands (big-endian).
+        /// Where the old value lands (host order; big-endian on a QP that asks for
+        /// MLNX_OFED's big-endian replies).
         result: Option<Sge>,
     },
     /// Masked compare and swap.
@@ -337,7 +338,7 @@ pub enum Op {
         /// Bits the swap replaces.
         swap_mask: u64,
     },
-    /// Fetch and add; the old value lands big-endian at `result`.
+    /// Fetch and add; the old value lands at `result` (host order, as for `Cas`).
     Faa {
         /// 8-byte aligned target.
         remote: Addr,

@@ -11,7 +11,9 @@ pub enum Prefetch {
     Depth(u32),
     /// Everything eligible is fetched as early as allowed ("snapshot at enable / doorbell"),
     /// up to [`Prefetch::MAX_DEPTH`] BBs ahead: the harshest setting, for testing that a
-    /// chain orders its patches correctly.
+    /// chain orders its patches correctly. In this setting the responses of unsignaled READs
+    /// and atomics also land as late as ConnectX may land them: after later unfenced WQEs of
+    /// the queue have run (a fenced WQE waits for them).
     Adversarial,
 }
 
@@ -43,6 +45,12 @@ pub struct SoftNicConfig {
     /// Check that each WQE's QPN and index match its queue and slot (ConnectX's "WQE checks").
     /// RedN needs them off, because its chains keep operands in those fields; off by default.
     pub wqe_checks: bool,
+    /// Run the executor's fast paths (the one-BB loop, the hot re-run loop, the doorbell
+    /// hand-over). On by default. Off, every WQE goes through the general executor, which is
+    /// the definition of what a WQE does: the fast paths are optimisations of it, and the
+    /// differential test (`tests/differential.rs`) runs the same programs both ways and
+    /// requires the same memory, completions, counters and states.
+    pub fast_paths: bool,
 }
 
 impl SoftNicConfig {
@@ -54,6 +62,7 @@ impl SoftNicConfig {
             pus: 1,
             prefetch: Prefetch::Depth(8),
             wqe_checks: false,
+            fast_paths: true,
         }
     }
 }

@@ -1,10 +1,11 @@
 //! Completion queues: a ring of mlx5 CQE64 entries plus the running count WAIT compares with.
 
 use super::cache_line::CacheLine;
+use super::events::AsyncEvents;
 use super::spin::SpinLock;
 use super::wake::PuSet;
 use crate::conv::idx;
-use crate::nic::{CompChannel, Completion};
+use crate::nic::{AsyncEvent, CompChannel, Completion};
 use crate::types::Cqn;
 use crate::wqe::{Cqe, CqeOpcode, Syndrome, CQE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,6 +20,8 @@ struct Producer {
     consumed_seen: u64,
     /// Armed by `req_notify`: the next push signals this channel and disarms.
     notify: Option<CompChannel>,
+    /// The CQ overran and is in error: no completion is written or counted any more.
+    failed: bool,
 }
 
 /// One CQE64 in the ring, as eight words: the producer writes the word that holds the
@@ -91,12 +94,20 @@ pub(crate) struct CqShared {
     /// Bit i set: a queue on PU i has waited on this CQ, so PU i is told of new completions.
     waiters: AtomicU64,
     pus: Arc<PuSet>,
+    /// The softnic's asynchronous event queue, where an overrun is reported.
+    events: Arc<AsyncEvents>,
     /// Queue pairs using this CQ (destroy refuses while nonzero).
     pub(crate) users: AtomicU64,
 }
 
 impl CqShared {
-    pub(crate) fn new(cqn: Cqn, depth: u32, ignore_overrun: bool, pus: Arc<PuSet>) -> CqShared {
+    pub(crate) fn new(
+        cqn: Cqn,
+        depth: u32,
+        ignore_overrun: bool,
+        pus: Arc<PuSet>,
+        events: Arc<AsyncEvents>,
+    ) -> CqShared {
         let depth = u64::from(depth.max(1).next_power_of_two());
         CqShared {
             cqn,
@@ -106,6 +117,7 @@ impl CqShared {
                 produced: 0,
                 consumed_seen: 0,
                 notify: None,
+                failed: false,
             })),
             consumer: CacheLine(SpinLock::new(())),
             cqes: (0..depth)
@@ -125,6 +137,7 @@ impl CqShared {
             lapped: CacheLine(AtomicBool::new(false)),
             waiters: AtomicU64::new(0),
             pus,
+            events,
             users: AtomicU64::new(0),
         }
     }
@@ -173,8 +186,12 @@ impl CqShared {
     // it encodes them straight into the ring instead of through a struct in memory.
     #[inline(always)]
     pub(crate) fn push_from(&self, mut cqe: Cqe, wr_id: u64, from: Option<(&PuSet, &usize)>) {
-        let notify = {
+        let notify = 'push: {
             let mut p = self.producer.0.lock();
+            if p.failed {
+                // In error after an overrun: nothing more is written or counted.
+                break 'push None;
+            }
             let mut full = p.produced - p.consumed_seen >= self.depth;
             // An only-waited-on CQ that has already lapped its poller overwrites without
             // asking how far the poller got (it has not polled since, or the flag would be
@@ -187,8 +204,13 @@ impl CqShared {
                 full = p.produced - p.consumed_seen >= self.depth;
             }
             if full && !self.ignore_overrun {
-                // The entry is lost, as on hardware; the poller learns of it.
+                // The CQ goes to error, as on hardware (`ibv_get_async_event(3)`,
+                // IBV_EVENT_CQ_ERR): this entry and every later one are lost and not
+                // counted; the poller learns of it once, the owner by the event.
+                p.failed = true;
                 self.overrun.store(true, Ordering::Release);
+                self.events.raise(AsyncEvent::CqError(self.cqn));
+                break 'push None;
             } else {
                 if full && !self.lapped.0.load(Ordering::Relaxed) {
                     // Only waited on: the oldest entry gives way, and the poller is told.
@@ -211,8 +233,8 @@ impl CqShared {
                 slot.words[OP_OWN_WORD].store(word(&b[OP_OWN_WORD * 8..]), Ordering::Release);
                 p.produced += 1;
             }
-            // Every completion counts for WAIT, whether or not the ring had room for it.
-            // Counted after its entry (or the overrun) is published, so whoever sees the
+            // Every completion written counts for WAIT (an only-waited-on CQ writes every
+            // one, over the oldest). Counted after its entry (or the overrun) is published, so whoever sees the
             // count can poll what it counts; a poller that takes the entry may see the
             // count reach it a moment later.
             let total = self.produced.0.load(Ordering::Relaxed) + 1;
@@ -344,14 +366,20 @@ fn completion_of(cqe: Cqe, wr_id: u64) -> Completion {
 
 #[cfg(test)]
 mod tests {
-    use super::{CqShared, PuSet};
+    use super::{AsyncEvent, AsyncEvents, CqShared, PuSet};
     use crate::types::{Cqn, Qpn};
     use crate::wqe::{Cqe, CqeOpcode};
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
 
     fn cq(depth: u32, ignore_overrun: bool) -> CqShared {
-        CqShared::new(Cqn(1), depth, ignore_overrun, Arc::new(PuSet::new(1)))
+        CqShared::new(
+            Cqn(1),
+            depth,
+            ignore_overrun,
+            Arc::new(PuSet::new(1)),
+            Arc::default(),
+        )
     }
 
     fn push(cq: &CqShared, i: u64) {
@@ -410,16 +438,27 @@ mod tests {
         assert_eq!(q.produced(), next);
     }
 
-    /// A ring that fills loses what does not fit, says so once, and keeps what it had.
+    /// A ring that fills goes to error: it loses what does not fit and everything after,
+    /// counts none of it, says so once, raises one event and keeps what it had.
     #[test]
     fn overrun_is_reported_once_and_keeps_the_entries() {
-        let q = cq(4, false);
+        let events = Arc::new(AsyncEvents::default());
+        let q = CqShared::new(
+            Cqn(1),
+            4,
+            false,
+            Arc::new(PuSet::new(1)),
+            Arc::clone(&events),
+        );
         push_all(&q, 0..6);
-        assert_eq!(q.produced(), 6, "every completion counts for WAIT");
+        assert_eq!(q.produced(), 4, "the overrun and what follows do not count");
+        assert_eq!(events.take(), Some(AsyncEvent::CqError(Cqn(1))));
         assert_eq!(poll(&q, 8), Err(()));
         assert_eq!(poll(&q, 8), Ok(vec![0, 1, 2, 3]));
         push(&q, 6);
-        assert_eq!(poll(&q, 8), Ok(vec![6]));
+        assert_eq!(poll(&q, 8), Ok(vec![]), "in error");
+        assert_eq!(q.produced(), 4);
+        assert_eq!(events.take(), None);
     }
 
     /// A CQ that is only waited on overwrites its oldest entries; a poll then takes the

@@ -6,6 +6,7 @@ use super::qp::QpShared;
 use super::transport::{AtomicOp, Nak, Transport};
 use crate::conv::{self, small32};
 use crate::mem::{KeyCache, KeyTable, Span};
+use crate::nic::AsyncEvent;
 use crate::types::Access;
 use crate::wqe::{wqe_index, Cqe, CqeOpcode, RemoteAddr, Syndrome};
 use crate::QpState;
@@ -44,7 +45,7 @@ impl InProcess {
         let span = keys
             .get(&self.keys, remote.rkey.0)
             .and_then(|r| r.check(t.pd, remote.addr, len, need))
-            .map_err(Nak::RemoteAccess)?;
+            .map_err(|fault| refuse(t, Nak::RemoteAccess(fault)))?;
         Ok((t, span))
     }
 
@@ -184,12 +185,32 @@ impl Transport for InProcess {
     #[inline]
     fn atomic(&self, keys: &mut KeyCache, remote: RemoteAddr, op: AtomicOp) -> Result<u64, Nak> {
         if remote.addr.0 % 8 != 0 {
-            self.live()?;
-            return Err(Nak::RemoteInvalid);
+            let t = self.live()?;
+            return Err(refuse(t, Nak::RemoteInvalid));
         }
         let (_, span) = self.remote_span(keys, remote, 8, Access::REMOTE_ATOMIC)?;
         Ok(span.buffer.atomic_update(span.off, |old| op.apply(old)))
     }
+}
+
+/// The responder `t` refuses a one-sided request with `nak`; returns the NAK for the
+/// requester. A remote access error or an invalid request moves the responder's queue pair to
+/// error, flushing its posted receives, and raises an asynchronous event its owner reads
+/// (`IBV_EVENT_QP_ACCESS_ERR`, `IBV_EVENT_QP_REQ_ERR`), as on ConnectX (mlx5's
+/// `MLX5_EVENT_TYPE_WQ_ACCESS_ERROR` / `WQ_INVAL_REQ_ERROR` events on the QP) and in Linux rxe
+/// (`rxe_resp.c`: an RC responder that NAKs an access or invalid request moves its QP to
+/// error). Every transport's responder calls this for such refusals (the RoCEv2 one too).
+pub(crate) fn refuse(t: &QpShared, nak: Nak) -> Nak {
+    let event = match nak {
+        Nak::RemoteAccess(_) => AsyncEvent::QpAccessError(t.qpn),
+        Nak::RemoteInvalid => AsyncEvent::QpRequestError(t.qpn),
+        _ => return nak,
+    };
+    // Not counted in the QP's `errors` (no WQE of its own failed): the event reports it.
+    if t.enter_error() {
+        t.events.raise(event);
+    }
+    nak
 }
 
 /// Take the next receive of `t` (if one is posted and enabled), let `place` put the data,
@@ -231,6 +252,11 @@ fn consume_recv(
         t.counters.responder_errors.fetch_add(1, Ordering::Relaxed);
         push_recv_cqe(t, CqeOpcode::RespErr, idx, 0, 0, syndrome as u8);
         t.enter_error();
+        if nak == Nak::RemoteInvalid {
+            // Longer than the receive: an invalid request (the receive's own bad keys are
+            // its error completion's to report).
+            t.events.raise(AsyncEvent::QpRequestError(t.qpn));
+        }
         return Err(nak);
     }
     Ok(idx)

@@ -15,6 +15,7 @@
 mod cache_line;
 mod config;
 mod cq;
+mod events;
 mod exec;
 mod in_process;
 mod pu;
@@ -32,8 +33,8 @@ pub use exec::MAX_MESSAGE;
 use crate::conv::idx;
 use crate::mem::{KeyTable, SharedBuffer};
 use crate::nic::{
-    CompChannel, Completion, CqConfig, MrInfo, Nic, ObjectCounts, QpConfig, QpCounters, QpInfo,
-    RateLimit, RingInfo, RingPlacement,
+    AsyncEvent, CompChannel, Completion, CqConfig, MrInfo, Nic, ObjectCounts, QpConfig, QpCounters,
+    QpInfo, RateLimit, RingInfo, RingPlacement,
 };
 use crate::types::{Access, Cqn, Lkey, Pdn, Qpn, MAX_QPN};
 use crate::wqe::{
@@ -43,6 +44,7 @@ use crate::wqe::{
 use crate::{Error, QpState, Result};
 use cache_line::CacheLine;
 use cq::CqShared;
+use events::AsyncEvents;
 use in_process::InProcess;
 use qp::{QpShared, Ring};
 use shared::Shared;
@@ -108,6 +110,7 @@ impl SoftNic {
             next_cqn: AtomicU32::new(0x80),
             incoming: (0..pus.len()).map(|_| Mutex::new(Vec::new())).collect(),
             pus: Arc::clone(&pus),
+            events: Arc::new(AsyncEvents::default()),
         });
         let mut threads = Vec::new();
         for i in 0..pus.len() {
@@ -346,6 +349,7 @@ impl Nic for SoftNic {
             cfg.depth,
             cfg.ignore_overrun,
             Arc::clone(&self.shared.pus),
+            Arc::clone(&self.shared.events),
         ));
         self.shared
             .cqs
@@ -419,6 +423,8 @@ impl Nic for SoftNic {
             Arc::clone(&self.shared.pus),
             cfg.managed_send,
             cfg.managed_recv,
+            cfg.atomic_be_reply,
+            Arc::clone(&self.shared.events),
             sq,
             rq,
             send_cq,
@@ -601,6 +607,14 @@ impl Nic for SoftNic {
 
     fn qp_state(&self, qp: Qpn) -> Result<QpState> {
         self.shared.with_qp(qp, |q| q.state())
+    }
+
+    fn get_async_event(&self) -> Option<AsyncEvent> {
+        self.shared.events.take()
+    }
+
+    fn async_events_lost(&self) -> u64 {
+        self.shared.events.lost()
     }
 
     fn set_qp_error(&self, qp: Qpn) -> Result<()> {

@@ -1,6 +1,7 @@
 //! Shared state of a queue pair: what the host, the owning PU and peers all touch.
 
 use super::cq::CqShared;
+use super::events::AsyncEvents;
 use super::transport::Transport;
 use super::wake::PuSet;
 use crate::conv::{self, idx, low32};
@@ -102,8 +103,8 @@ impl EnabledIndex {
             .max(self.own.load(Ordering::Acquire))
     }
 
-    /// SEND_EN: advance to the 32-bit absolute `pi` if that moves the index forward (read
-    /// relative to where it is now, as [`QpShared::advance`] reads it). `own_pu`: the
+    /// SEND_EN: advance to the absolute `pi` if that moves the index forward (read modulo
+    /// 2^16 relative to where it is now, as [`QpShared::advance`] reads it). `own_pu`: the
     /// caller is the PU thread that runs the queue, the only one that may pass true.
     #[inline(always)]
     pub(crate) fn advance(&self, pi: u32, own_pu: bool) -> bool {
@@ -125,13 +126,20 @@ impl EnabledIndex {
     }
 }
 
-/// Where a 64-bit index at `cur` moves for the 32-bit absolute `pi`, which names a point up
-/// to 2^31 - 1 ahead of it; None if `pi` is not ahead (indices on the wire are 32 bits and
-/// wrap; ours are 64 bits and never do).
+/// Bits of a work-queue index that SEND_EN and RECV_EN compare: ConnectX compares queue
+/// indices modulo 2^16 (DPDK's `MLX5_WQ_INDEX_WIDTH`, which its packet-pacing rearm queue
+/// relies on: its SEN targets wrap at 16 bits and are never rewritten).
+pub(crate) const WQ_INDEX_BITS: u32 = 16;
+
+/// Where a 64-bit index at `cur` moves for the absolute `pi`, read modulo 2^16
+/// ([`WQ_INDEX_BITS`]) as a point up to 2^15 - 1 ahead of it; None if `pi` is not ahead
+/// (indices on the wire wrap at 16 bits, whatever the field's width; ours are 64 bits and
+/// never do). So an enable may move a queue at most 2^15 - 1 WQE BBs at once.
 #[inline(always)]
 fn forward(cur: u64, pi: u32) -> Option<u64> {
-    let delta = pi.wrapping_sub(low32(cur));
-    (delta as i32 > 0).then(|| cur + u64::from(delta))
+    let mask = (1u32 << WQ_INDEX_BITS) - 1;
+    let delta = pi.wrapping_sub(low32(cur)) & mask;
+    (delta != 0 && delta <= mask >> 1).then(|| cur + u64::from(delta))
 }
 
 pub(crate) struct QpShared {
@@ -141,6 +149,10 @@ pub(crate) struct QpShared {
     pub(crate) pus: Arc<PuSet>,
     pub(crate) managed_send: bool,
     pub(crate) managed_recv: bool,
+    /// `QpConfig::atomic_be_reply`: atomic replies land big-endian (MLNX_OFED only).
+    pub(crate) atomic_be_reply: bool,
+    /// The softnic's asynchronous event queue, where a responder error is reported.
+    pub(crate) events: Arc<AsyncEvents>,
     state: AtomicU8,
     pub(crate) destroyed: AtomicBool,
     pub(crate) sq: Ring,
@@ -216,6 +228,8 @@ impl QpShared {
         pus: Arc<PuSet>,
         managed_send: bool,
         managed_recv: bool,
+        atomic_be_reply: bool,
+        events: Arc<AsyncEvents>,
         sq: Ring,
         rq: Ring,
         send_cq: Arc<CqShared>,
@@ -229,6 +243,8 @@ impl QpShared {
             pus,
             managed_send,
             managed_recv,
+            atomic_be_reply,
+            events,
             state: AtomicU8::new(QpState::Init as u8),
             destroyed: AtomicBool::new(false),
             sq_wr_ids: atomics(sq.entries),
@@ -271,12 +287,14 @@ impl QpShared {
 
     /// Move to the error state (once): flush the receive queue here, and wake the PU, which
     /// flushes the send queue (it owns the send queue's consumer index).
-    pub(crate) fn enter_error(&self) {
+    /// True if this call moved it (it was not in error already).
+    pub(crate) fn enter_error(&self) -> bool {
         if self.state.swap(QpState::Error as u8, Ordering::AcqRel) == QpState::Error as u8 {
-            return;
+            return false;
         }
         self.flush_recv();
         self.pus.notify(self.pu);
+        true
     }
 
     /// Complete every posted, unconsumed receive with a flush error.
@@ -308,8 +326,8 @@ impl QpShared {
         }
     }
 
-    /// Advance a managed index to the 32-bit absolute `pi` if that moves it forward (indices
-    /// on the wire are 32 bits and wrap; ours are 64 bits and never do).
+    /// Advance a managed index to the absolute `pi` (read modulo 2^16, see [`forward`]) if
+    /// that moves it forward.
     pub(crate) fn advance(index: &AtomicU64, pi: u32) -> bool {
         Self::advance_from(index, 0, pi)
     }
@@ -356,21 +374,37 @@ mod tests {
         assert!(!e.advance(5, true), "behind the shared half: no move");
         assert!(e.advance(8, true));
         assert_eq!(e.get(), 8);
-        // 32-bit indices wrap; ours keep counting.
+        // Indices on the wire are compared modulo 2^16 and wrap; ours keep counting.
         let e = EnabledIndex::default();
-        assert!(e.advance(0x7fff_fff0, true));
-        assert!(e.advance(0xffff_ffe0, false));
-        assert!(
-            !e.advance(0x7fff_ffe0, true),
-            "half the range ahead is behind"
-        );
+        assert!(e.advance(0x7ff0, true));
+        assert!(e.advance(0xffe0, false));
+        assert!(!e.advance(0x7fe0, true), "half the range ahead is behind");
         assert!(e.advance(0x10, true));
-        assert_eq!(e.get(), 0x1_0000_0010);
+        assert_eq!(e.get(), 0x1_0010);
         assert!(
-            !e.advance(0xffff_fff8, false),
+            !e.advance(0xfff8, false),
             "a wrapped index behind is behind"
         );
-        assert_eq!(e.get(), 0x1_0000_0010);
+        assert_eq!(e.get(), 0x1_0010);
+        // Only the low 16 bits count, whatever the 32-bit field holds.
+        assert!(e.advance(0xabcd_0020, true));
+        assert_eq!(e.get(), 0x1_0020);
+        assert!(
+            !e.advance(0x0001_0020, false),
+            "the same index, other high bits"
+        );
+        assert!(e.advance(0x8000, false), "0x7fe0 ahead");
+        assert_eq!(e.get(), 0x1_8000);
+    }
+
+    #[test]
+    fn an_enable_moves_at_most_half_the_16_bit_range() {
+        let e = EnabledIndex::default();
+        assert!(e.advance(0x7fff, true), "2^15 - 1 ahead");
+        let e = EnabledIndex::default();
+        assert!(!e.advance(0x8000, true), "2^15 ahead reads as behind");
+        assert!(!e.advance(0x1_0000, false), "2^16 ahead is where it is");
+        assert_eq!(e.get(), 0);
     }
 
     #[test]
@@ -391,13 +425,13 @@ mod tests {
         assert_eq!(e.advance_own(9), None);
         assert_eq!(e.get(), 9);
         let e = EnabledIndex::default();
-        assert!(e.advance(0x7fff_fff0, true));
-        assert!(e.advance(0xffff_ffe0, false));
+        assert!(e.advance(0x7ff0, true));
+        assert!(e.advance(0xffe0, false));
         assert!(e.advance(0x10, true));
-        assert_eq!(e.get(), 0x1_0000_0010);
+        assert_eq!(e.get(), 0x1_0010);
         assert!(!e.advance(0x10, true));
         assert!(!e.advance(0x10, false));
-        assert_eq!(e.get(), 0x1_0000_0010);
+        assert_eq!(e.get(), 0x1_0010);
         // A receive queue's index (RECV_EN) likewise.
         let r = AtomicU64::new(0);
         assert!(!QpShared::advance(&r, 0));

@@ -3,6 +3,7 @@
 use super::cache_line::CacheLine;
 use super::config::SoftNicConfig;
 use super::cq::CqShared;
+use super::events::AsyncEvents;
 use super::qp::QpShared;
 use super::wake::PuSet;
 use crate::mem::KeyTable;
@@ -28,6 +29,8 @@ pub(crate) struct Shared {
     pub(crate) pus: Arc<PuSet>,
     /// Per PU, the queues created for it that it has not taken into its list yet.
     pub(crate) incoming: Box<[Mutex<Vec<Arc<QpShared>>>]>,
+    /// Asynchronous events for the owner (`Nic::get_async_event`).
+    pub(crate) events: Arc<AsyncEvents>,
 }
 
 impl Shared {

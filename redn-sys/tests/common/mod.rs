@@ -366,3 +366,40 @@ pub fn doorbell_master(q: &Endpoint, steps: u32) -> Vec<WorkRequest> {
     }
     master
 }
+
+/// A random atomic on `remote` (CAS, FETCH_ADD or their masked forms) with small compare
+/// operands, so that compares match now and then; its old value lands at `result`.
+pub fn random_atomic(
+    rng: &mut Rng,
+    remote: redn_program::wqe::RemoteAddr,
+    result: Option<redn_program::wqe::Sge>,
+) -> WrOp {
+    let (compare, mask) = (rng.below(4), rng.next() | 0xff);
+    match rng.below(4) {
+        0 => WrOp::CompareSwap {
+            remote,
+            compare,
+            swap: rng.next(),
+            result,
+        },
+        1 => WrOp::FetchAdd {
+            remote,
+            add: rng.next(),
+            result,
+        },
+        2 => WrOp::MaskedCompareSwap {
+            remote,
+            compare,
+            compare_mask: 0x3,
+            swap: rng.next(),
+            swap_mask: mask,
+            result,
+        },
+        _ => WrOp::MaskedFetchAdd {
+            remote,
+            add: rng.next(),
+            field_boundary: mask,
+            result,
+        },
+    }
+}

@@ -583,7 +583,11 @@ impl Memory for Glue<'_> {
         consumed < limit
     }
 
-    fn fail(&mut self) {
+    fn fail(&mut self, nak: Nak) {
+        // An access error or invalid request: to error with the QP's asynchronous event
+        // (nothing more if the in-process responder function already refused it); any
+        // other class C error: to error.
+        crate::softnic::in_process::refuse(&self.ip.target, nak);
         self.ip.target.enter_error();
     }
 }

@@ -35,8 +35,10 @@ pub trait Memory {
     fn atomic(&mut self, va: u64, rkey: u32, op: AtomicOp) -> Result<u64, Nak>;
     /// True if a receive is posted (and enabled) for a SEND or WRITE-with-immediate.
     fn recv_ready(&mut self) -> bool;
-    /// Move the QP to the error state (a class C error was NAKed).
-    fn fail(&mut self);
+    /// Move the QP to the error state: a class C error was NAKed with `nak` (an access
+    /// error or an invalid request also raises the QP's asynchronous event, as
+    /// `in_process::refuse` does for every transport).
+    fn fail(&mut self, nak: Nak);
 }
 
 /// A READ or atomic kept for answering its duplicates.
@@ -175,7 +177,7 @@ impl Responder {
                 };
                 emit(&self.ack(h.psn, code), &[]);
                 self.partial = None;
-                mem.fail();
+                mem.fail(nak);
                 Ok(())
             }
         }
@@ -584,7 +586,7 @@ mod tests {
         fn recv_ready(&mut self) -> bool {
             self.recvs > 0
         }
-        fn fail(&mut self) {
+        fn fail(&mut self, _nak: Nak) {
             self.failed = true;
         }
     }

@@ -1,0 +1,362 @@
+//! The one-BB fast path: `Core::run_fast` runs consecutive one-BB WQEs (NOPs, WAITs,
+//! enables, one-segment WRITEs and READs and atomics to an in-process peer) inline, with the
+//! same fetches, prefetches, checks, effects, counters and completions as the reference
+//! (`reference`), and hands anything else to `Core::execute`.
+//!
+//! Invariants: for every WQE it accepts, its effect is `execute`'s; it reports no error of
+//! its own (a refused WQE goes to `execute`, which reports it; only an atomic the responder
+//! already refused is reported here, with the responder's status, as `execute` would); it
+//! stops at the first WQE of more than one BB.
+
+use super::*;
+
+impl Core {
+    /// The fast path: runs consecutive one-BB WQEs with the same fetch, prefetch, checks,
+    /// effects, counters and completions as [`Self::step`]. NOPs, WAITs, SEND_ENs, RECV_ENs,
+    /// and RDMA WRITEs and READs with one data segment and atomics to an in-process peer run
+    /// inline; any other one-BB WQE, and any of those that a check refuses, goes through
+    /// [`Self::execute`] (so every error is produced in one place). It stops at the first
+    /// multi-BB WQE, leaving it to `step`. Returns how many WQEs ran (or failed), and true if
+    /// the queue cannot go on now (a WAIT not reached, a receiver not ready, a fault).
+    ///
+    /// Why: this is most of what RedN chains and the host's data path execute, and the
+    /// general path's staging, dispatch and dynamic transport call cost more than the
+    /// operation itself (see docs/architecture.md, "Softnic fast path"). Inlined into `visit`:
+    /// one stack frame for both saves ~60 instructions a call, which a chain that switches
+    /// queues every WQE or two pays each time.
+    ///
+    /// `LEAN`: see [`Self::visit`].
+    #[inline(always)]
+    pub(super) fn run_fast<const LEAN: bool>(
+        &mut self,
+        f: &mut Fetcher,
+        limit: u64,
+        budget: usize,
+        mut siblings: Option<&mut Siblings>,
+    ) -> (usize, bool) {
+        let wqe_checks = self.wqe_checks;
+        let start = self.ci;
+        let mut ci = start;
+        // Every WQE here is one BB, so the budget is a bound on the index.
+        let end = limit.min(start + budget as u64);
+        let mut stop = false;
+        let mut fault = None;
+        let geo = &f.geo;
+        // The fetcher's parts, borrowed apart, and its index in a local, so the loop keeps
+        // them in registers; the index is written back below.
+        let words = f.geo.ring(f.ring.words());
+        let snap = &mut f.snap;
+        let direct = f.direct.as_deref();
+        let mut fetched = f.fetched;
+        // Set after a WQE that ran from a hot slot: the ones after it are likely hot too, and
+        // `run_hot`'s small loop runs them (it returns at once if they are not).
+        let mut hot_next = false;
+        while ci < end {
+            // Hot slots run without a look at their fence: not while a response is late.
+            if !LEAN && hot_next && self.late.is_empty() {
+                hot_next = false;
+                if let Some(peer) = direct {
+                    let keys = (&self.local_keys, &*self.nic.keys, &self.remote_keys);
+                    let (next, n) =
+                        run_hot(words, *geo, snap, &mut fetched, peer, keys, ci, end, limit);
+                    ci = next;
+                    self.add_fast_counts(n);
+                    if ci >= end {
+                        break;
+                    }
+                }
+            }
+            let Some(slot) = fetch_one_bb(words, geo, snap, &mut fetched, ci, limit) else {
+                break;
+            };
+            let e = &snap[slot];
+            let ds = e.bytes[off::DS] & MAX_DS;
+            let w = &e.bytes;
+            let opcode = w[off::OPCODE];
+            let signaled = signaled(w);
+            self.land_before(w);
+            // Each arm that runs its WQE counts it, completes it if signaled and goes on to
+            // the next; a WQE that falls out of the match (a check refused it, or the fast
+            // path does not run it) goes to `execute`, which reports any error.
+            if !wqe_checks || self.wqe_is_ours(w, ci) {
+                match opcode {
+                    OP_NOP if ds >= 1 => {
+                        self.qp.count_wqes(OP_NOP, 1);
+                        if signaled {
+                            self.complete(ci, 1, opcode, 0);
+                        } else if snap.hot(slot) != HOT_NONE {
+                            hot_next = true;
+                        } else if !wqe_checks {
+                            snap.set_derived(slot, HOT_NOP);
+                        }
+                        ci += 1;
+                        continue;
+                    }
+                    // A READ whose response lands late goes to `execute`, which defers it.
+                    OP_WRITE | OP_READ
+                        if !LEAN && ds == 3 && !(self.late_landing && opcode == OP_READ) =>
+                    {
+                        let write = opcode == OP_WRITE;
+                        let was_hot = snap.hot(slot) != HOT_NONE;
+                        if let Some(peer) = direct {
+                            let (e, flags) = snap.parts(slot);
+                            if let Some(len) = self.fast_move(peer, e, flags, write, signaled) {
+                                if signaled {
+                                    // At most MAX_MESSAGE (16 MiB).
+                                    let byte_cnt = if write { 0 } else { small32(idx(len)) };
+                                    self.complete(ci, 1, opcode, byte_cnt);
+                                } else {
+                                    hot_next = was_hot;
+                                }
+                                ci += 1;
+                                continue;
+                            }
+                        }
+                    }
+                    // A local refusal falls through to `execute`; the responder's refusal is
+                    // final (it has acted on it: its queue pair went to error).
+                    OP_CAS | OP_FAA | OP_MASKED_CAS | OP_MASKED_FAA
+                        if !LEAN
+                            && !self.late_landing
+                            && ds >= if opcode == OP_MASKED_CAS { 4 } else { 3 } =>
+                    {
+                        match self.fast_atomic(direct, w) {
+                            Some(Ok(())) => {
+                                if signaled {
+                                    self.complete(ci, 1, opcode, 8);
+                                }
+                                ci += 1;
+                                continue;
+                            }
+                            Some(Err(syndrome)) => {
+                                self.wqe[..BB_SIZE].copy_from_slice(w);
+                                fault = Some((syndrome, 1));
+                                break;
+                            }
+                            None => {}
+                        }
+                    }
+                    OP_WAIT | OP_SEND_EN | OP_RECV_EN if ds >= 2 => {
+                        if !LEAN
+                            && opcode == OP_WAIT
+                            && self
+                                .enabled_here
+                                .is_some_and(|(_, cq)| cq.0 == Be32::read(w, off::WAIT_OBJ).get())
+                        {
+                            if let Some(s) = siblings.as_deref_mut() {
+                                let (f, at) = (&mut fetched, (ci, end, limit));
+                                let next = if wqe_checks {
+                                    self.run_doorbell_steps::<true>(s, words, geo, snap, f, at)
+                                } else {
+                                    self.run_doorbell_steps::<false>(s, words, geo, snap, f, at)
+                                };
+                                if let Some(next) = next {
+                                    ci = next;
+                                    continue;
+                                }
+                            }
+                        }
+                        // Not handed over, or the WAIT still does not pass: as any other.
+                        match self.fast_control(&snap[slot].bytes, ci) {
+                            Control::Ran => {
+                                if signaled {
+                                    self.complete(ci, 1, opcode, 0);
+                                }
+                                ci += 1;
+                                continue;
+                            }
+                            Control::Refused => {}
+                            Control::Blocked => {
+                                stop = true;
+                                break;
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if LEAN {
+                // Left to the queue's ordinary visit (see `visit`).
+                break;
+            }
+            // The general path's decoder, checks and operations, on this WQE.
+            self.wqe[..BB_SIZE].copy_from_slice(&snap[slot].bytes);
+            match self.execute(ci, 1) {
+                Step::Done(_) => {}
+                Step::Blocked => {
+                    stop = true;
+                    break;
+                }
+                // Only a rate-limited queue is retried, and those do not come here.
+                Step::Retry(_) => break,
+                Step::Fault(syndrome, bbs) => {
+                    fault = Some((syndrome, bbs));
+                    break;
+                }
+            }
+            ci += 1;
+        }
+        // A queue enabled and not handed over runs in the PU's round, as any other.
+        self.enabled_here = None;
+        f.fetched = fetched;
+        self.ci = ci;
+        let done = idx(ci - start);
+        if let Some((syndrome, bbs)) = fault {
+            self.fault(f, syndrome, bbs);
+            return (done + 1, true);
+        }
+        (done, stop)
+    }
+
+    /// The fast path's one-segment WRITE or READ to an in-process peer, from its snapshot
+    /// `e` (`flags`, its [`Snaps::flags`]): through what was resolved from these bytes if
+    /// that still holds, else checked and resolved (and kept in `e`, hot if unsignaled and
+    /// WQE checks are off). Returns the bytes moved, or None if `execute` must run it (it
+    /// reports the refusal).
+    // Out of line: a hot slot's repeats run in `run_hot`, and kept out, this arm no longer
+    // weighs on the register allocation of the fast path's loop (control chains run there).
+    #[inline(never)]
+    pub(super) fn fast_move(
+        &mut self,
+        peer: &InProcess,
+        e: &mut Snapshot,
+        flags: &mut u8,
+        write: bool,
+        signaled: bool,
+    ) -> Option<u64> {
+        let keys = &self.nic.keys;
+        if *flags & DERIVED != 0
+            && e.local_epoch == self.local_keys.current_epoch(keys)
+            && e.remote_epoch == peer.live_epoch(&self.remote_keys)
+        {
+            if let Some((l, r)) = e.move_buffers(&self.local_keys, &self.remote_keys) {
+                e.replay_move(l, r, write);
+                self.count_move(write, e.len as u64);
+                return Some(e.len as u64);
+            }
+        }
+        let w = &e.bytes;
+        let seg = 2 * SEG_SIZE;
+        let len = Be32::read(w, seg + off::SEG_BYTE_COUNT).get();
+        if len & INLINE_FLAG != 0 || u64::from(len) > MAX_MESSAGE {
+            return None;
+        }
+        let len = u64::from(len);
+        let lkey = Be32::read(w, seg + off::SEG_LKEY).get();
+        let addr = VirtAddr(Be64::read(w, seg + off::SEG_ADDR).get());
+        let remote = remote_of(w);
+        let (local_need, remote_need) = if write {
+            (Access::NONE, Access::REMOTE_WRITE)
+        } else {
+            (Access::LOCAL_WRITE, Access::REMOTE_READ)
+        };
+        let local_region = self.local_keys.find(keys, lkey).ok()?;
+        let local = self
+            .local_keys
+            .region_at(local_region)?
+            .window(self.qp.pd, addr, len, local_need)?;
+        let (remote_region, far) =
+            peer.remote_window(&mut self.remote_keys, remote, len, remote_need)?;
+        if write {
+            far.copy_from(&local);
+        } else {
+            local.copy_from(&far);
+        }
+        let (local_off, remote_off) = (local.off, far.off);
+        let local_epoch = self.local_keys.current_epoch(keys);
+        let remote_epoch = peer.live_epoch(&self.remote_keys);
+        // Resolved under caches that were current: keep it for next time.
+        if local_epoch != KeyCache::STALE && remote_epoch != KeyCache::STALE {
+            let hot = match (signaled || self.wqe_checks, write) {
+                (true, _) => HOT_NONE,
+                (false, true) => HOT_WRITE,
+                (false, false) => HOT_READ,
+            };
+            *flags = derived_flags(hot);
+            *e = Snapshot {
+                bytes: e.bytes,
+                local_epoch,
+                remote_epoch,
+                // Entries of key caches, which hold 8.
+                local_region: small32(local_region),
+                remote_region: small32(remote_region),
+                local_off,
+                remote_off,
+                len: idx(len),
+                line: len == 64 && (local_off | remote_off) % 8 == 0,
+            };
+        }
+        self.count_move(write, len);
+        Some(len)
+    }
+
+    /// The fast path's one-BB atomic to an in-process peer, counted; None if `execute` must
+    /// run it (nothing was asked of the peer), `Some(Err)` with the syndrome of the
+    /// responder's refusal.
+    #[inline(never)]
+    pub(super) fn fast_atomic(
+        &mut self,
+        peer: Option<&InProcess>,
+        w: &[u8; BB_SIZE],
+    ) -> Option<Result<(), Syndrome>> {
+        let peer = peer?;
+        let opcode = w[off::OPCODE];
+        let ds = usize::from(w[off::DS] & MAX_DS);
+        let op = Opcode::from_u8(opcode)?;
+        let (atomic, result_seg) = atomic_of(w, op);
+        // The result's local window is checked before the remote atomic, as the general path
+        // does, so a refusal leaves the target untouched.
+        let result = if ds > result_seg {
+            let seg = result_seg * SEG_SIZE;
+            let lkey = Be32::read(w, seg + off::SEG_LKEY).get();
+            let addr = VirtAddr(Be64::read(w, seg + off::SEG_ADDR).get());
+            let region = self.local_keys.get(&self.nic.keys, lkey).ok()?;
+            Some(region.window(self.qp.pd, addr, 8, Access::LOCAL_WRITE)?)
+        } else {
+            None
+        };
+        let old = match peer.atomic(&mut self.remote_keys, remote_of(w), atomic) {
+            Ok(old) => old,
+            // An atomic is never "receiver not ready".
+            Err(nak) => return Some(Err(nak.syndrome())),
+        };
+        if let Some(r) = result {
+            r.write(&atomic_reply(&self.qp, old));
+        }
+        self.qp.count_wqes(opcode, 1);
+        bump(&self.qp.counters.bytes, 8);
+        Some(Ok(()))
+    }
+
+    /// The fast path's WAIT, SEND_EN or RECV_EN at `ci`, counted if it ran.
+    #[inline(always)]
+    pub(super) fn fast_control(&mut self, w: &[u8; BB_SIZE], ci: u64) -> Control {
+        let opcode = w[off::OPCODE];
+        let obj = Be32::read(w, off::WAIT_OBJ).get();
+        let pi = Be32::read(w, off::WAIT_PI).get();
+        let ran = if opcode == OP_WAIT {
+            match self.wait(ci, Cqn(obj), pi) {
+                Ok(true) => true,
+                Ok(false) => return Control::Blocked,
+                Err(_) => false,
+            }
+        } else {
+            let target = Qpn(obj & MAX_QPN);
+            self.enable(opcode == OP_SEND_EN, target, pi).is_ok()
+        };
+        if ran {
+            self.qp.count_wqes(opcode, 1);
+            Control::Ran
+        } else {
+            Control::Refused
+        }
+    }
+
+    /// Count a WRITE (`write`) or READ of `len` bytes.
+    #[inline(always)]
+    pub(super) fn count_move(&mut self, write: bool, len: u64) {
+        self.qp
+            .count_wqes(if write { OP_WRITE } else { OP_READ }, 1);
+        bump(&self.qp.counters.bytes, len);
+    }
+}

@@ -1,0 +1,678 @@
+//! Reference semantics: the general executor. `Core::step` fetches one WQE, `Core::execute`
+//! decodes, checks and runs it (every opcode's effect, its counters and completion), and
+//! `fault`/`flush` report errors. This is the definition of what a WQE does: every fast path
+//! is an optimisation of it, and `tests/differential.rs` requires programs to end
+//! byte-for-byte the same with the fast paths off (`SoftNicConfig::fast_paths`) and on.
+//!
+//! Invariants: one WQE at a time, from `Core::wqe` (a copy of its snapshot); every error
+//! completion is produced here (the fast paths hand a WQE they refuse to `execute`); late
+//! READ and atomic responses (`Core::late`) land at points of the queue's own WQE sequence.
+
+use super::*;
+
+pub(super) fn remote_of(w: &[u8]) -> RemoteAddr {
+    RemoteAddr {
+        addr: VirtAddr(Be64::read(w, off::RADDR).get()),
+        rkey: Rkey(Be32::read(w, off::RKEY).get()),
+    }
+}
+
+/// The atomic a WQE asks for (operands big-endian at mlx5's offsets) and the data segment
+/// that receives the old value, if `ds` reaches it.
+#[inline]
+pub(super) fn atomic_of(w: &[u8], opcode: Opcode) -> (AtomicOp, usize) {
+    match opcode {
+        Opcode::AtomicCs => (
+            AtomicOp::CompareSwap {
+                swap: Be64::read(w, off::SWAP_ADD).get(),
+                compare: Be64::read(w, off::COMPARE).get(),
+            },
+            3,
+        ),
+        Opcode::AtomicFa => (
+            AtomicOp::FetchAdd {
+                add: Be64::read(w, off::SWAP_ADD).get(),
+            },
+            3,
+        ),
+        Opcode::AtomicMaskedCs => (
+            AtomicOp::MaskedCompareSwap {
+                swap: Be64::read(w, 32).get(),
+                compare: Be64::read(w, 40).get(),
+                swap_mask: Be64::read(w, 48).get(),
+                compare_mask: Be64::read(w, 56).get(),
+            },
+            4,
+        ),
+        _ => (
+            AtomicOp::MaskedFetchAdd {
+                add: Be64::read(w, 32).get(),
+                field_boundary: Be64::read(w, 40).get(),
+            },
+            3,
+        ),
+    }
+}
+
+/// The bytes an atomic's old value lands as on queue `qp`: host order (little-endian), as
+/// upstream Linux configures ConnectX, or big-endian on a QP created with
+/// `QpConfig::atomic_be_reply` (MLNX_OFED's per-QP option).
+#[inline(always)]
+pub(super) fn atomic_reply(qp: &QpShared, old: u64) -> [u8; 8] {
+    if qp.atomic_be_reply {
+        old.to_be_bytes()
+    } else {
+        old.to_le_bytes()
+    }
+}
+
+/// Sum of the byte counts of data segments `from..ds` (or the inline length).
+pub(super) fn payload_len(w: &[u8], from: usize, ds: usize) -> u64 {
+    if from < ds && Be32::read(w, from * SEG_SIZE).get() & INLINE_FLAG != 0 {
+        return u64::from(Be32::read(w, from * SEG_SIZE).get() & !INLINE_FLAG);
+    }
+    (from..ds)
+        .map(|s| u64::from(Be32::read(w, s * SEG_SIZE).get()))
+        .sum()
+}
+
+impl Core {
+    /// The rest of a visit that has run `done` WQEs: WQE by WQE through [`Self::step`] (multi-BB
+    /// WQEs, and every WQE of a rate-limited queue, which `step` admits one by one), and
+    /// through the fast path again between them.
+    #[inline(never)]
+    pub(super) fn run_general(
+        &mut self,
+        f: &mut Fetcher,
+        budget: usize,
+        mut done: usize,
+        mut siblings: Option<&mut Siblings>,
+    ) -> RunOutcome {
+        let mut limit = self.limit();
+        let mut outcome = RunOutcome::Idle;
+        let fast = self.fast_paths && !self.limiter.is_active();
+        while done < budget {
+            if self.ci >= limit {
+                limit = self.limit();
+                if self.ci >= limit {
+                    break;
+                }
+            }
+            match self.step(f, limit) {
+                Step::Done(bbs) => {
+                    self.ci += bbs;
+                    done += 1;
+                }
+                Step::Blocked => break,
+                Step::Retry(t) => {
+                    outcome = RunOutcome::RetryAt(t);
+                    break;
+                }
+                Step::Fault(syndrome, bbs) => {
+                    self.fault(f, syndrome, bbs);
+                    done += 1;
+                    break;
+                }
+            }
+            if fast && done < budget && self.ci < limit {
+                let (n, blocked) =
+                    self.run_fast::<false>(f, limit, budget - done, siblings.as_deref_mut());
+                done += n;
+                if blocked {
+                    break;
+                }
+            }
+        }
+        self.ran(done, outcome)
+    }
+
+    /// True if the control segment names this queue and this index (the check ConnectX makes
+    /// unless told otherwise; RedN's chains need it off, see `SoftNicConfig::wqe_checks`).
+    #[inline]
+    pub(super) fn wqe_is_ours(&self, w: &[u8], ci: u64) -> bool {
+        Be32::read(w, off::QPN).get() >> 8 == self.qp.qpn.0
+            && Be16::read(w, off::WQE_INDEX).get() == wqe_index(ci)
+    }
+
+    /// Fetch (as far as allowed) and run the WQE at `ci`.
+    // Out of line: inlined into `run` it costs every call the set-up of its copy loop.
+    #[inline(never)]
+    pub(super) fn step(&mut self, f: &mut Fetcher, limit: u64) -> Step {
+        let ci = self.ci;
+        f.fetch_current(ci);
+        let bbs = bbs_for_ds(f.block(ci)[off::DS]) as u64;
+        if ci + bbs > limit {
+            return Step::Blocked;
+        }
+        f.fetch_ahead(ci, ci + bbs, limit);
+        for i in 0..bbs {
+            let at = idx(i) * BB_SIZE;
+            self.wqe[at..at + BB_SIZE].copy_from_slice(f.block(ci + i));
+        }
+        self.execute(ci, bbs)
+    }
+
+    pub(super) fn execute(&mut self, ci: u64, bbs: u64) -> Step {
+        let w = &self.wqe;
+        let opcode_byte = w[off::OPCODE];
+        let ds = usize::from(w[off::DS] & 0x3f);
+        let flags = w[off::FM_CE_SE];
+        let Some(opcode) = Opcode::from_u8(opcode_byte) else {
+            return Step::Fault(Syndrome::LocalQpOperation, bbs);
+        };
+        if self.wqe_checks && !self.wqe_is_ours(w, ci) {
+            return Step::Fault(Syndrome::LocalQpOperation, bbs);
+        }
+        if !self.late.is_empty() && (fenced(w) || opcode == Opcode::Wait) {
+            self.land();
+        }
+        let w = &self.wqe;
+        let need = match opcode {
+            Opcode::Nop | Opcode::Send | Opcode::SendImm => 1,
+            Opcode::AtomicCs | Opcode::AtomicFa | Opcode::AtomicMaskedFa => 3,
+            Opcode::AtomicMaskedCs => 4,
+            _ => 2,
+        };
+        if ds < need {
+            return Step::Fault(Syndrome::LocalQpOperation, bbs);
+        }
+
+        if self.limiter.is_active() {
+            let bytes = match opcode {
+                Opcode::RdmaWrite | Opcode::RdmaWriteImm | Opcode::RdmaRead => {
+                    payload_len(w, 2, ds)
+                }
+                Opcode::Send | Opcode::SendImm => payload_len(w, 1, ds),
+                o if o.is_atomic() => 8,
+                _ => 0,
+            };
+            if let Err(t) = self.limiter.admit(bytes, SystemClock) {
+                if self.delayed_at != ci {
+                    self.delayed_at = ci;
+                    bump(&self.qp.counters.rate_limit_delays, 1);
+                }
+                return Step::Retry(t);
+            }
+        }
+
+        let result = match opcode {
+            Opcode::Nop => Ok(0),
+            Opcode::RdmaWrite | Opcode::RdmaWriteImm => self.op_write(opcode, ds),
+            Opcode::Send | Opcode::SendImm => self.op_send(opcode, ds),
+            Opcode::RdmaRead => self.op_read(ds),
+            Opcode::AtomicCs
+            | Opcode::AtomicFa
+            | Opcode::AtomicMaskedCs
+            | Opcode::AtomicMaskedFa => self.op_atomic(opcode, ds),
+            Opcode::Wait => match self.op_wait(ci) {
+                Ok(true) => Ok(0),
+                Ok(false) => return Step::Blocked,
+                Err(s) => Err(s),
+            },
+            Opcode::SendEn | Opcode::RecvEn => self.op_enable(opcode),
+        };
+        match result {
+            Ok(bytes) => {
+                self.qp.count_wqes(opcode_byte, 1);
+                if bytes != 0 {
+                    bump(&self.qp.counters.bytes, bytes);
+                }
+                if WqeFlags(flags).signaled() {
+                    let byte_cnt = match opcode {
+                        // At most MAX_MESSAGE (16 MiB).
+                        Opcode::RdmaRead => small32(idx(bytes)),
+                        o if o.is_atomic() => 8,
+                        _ => 0,
+                    };
+                    self.complete(ci, bbs, opcode_byte, byte_cnt);
+                }
+                Step::Done(bbs)
+            }
+            Err(Fail::NotReady) => {
+                bump(&self.qp.counters.rnr_waits, 1);
+                if !self.late.is_empty() {
+                    // Stopped until a receive is posted (see `late`).
+                    self.land();
+                }
+                Step::Blocked
+            }
+            Err(Fail::Syndrome(s)) => Step::Fault(s, bbs),
+        }
+    }
+
+    /// Completion for the WQE of `bbs` BBs at `ci`.
+    // Out of line: the fast path completes in four places, and one call keeps its loop small.
+    #[inline(never)]
+    pub(super) fn complete(&mut self, ci: u64, bbs: u64, opcode: u8, byte_cnt: u32) {
+        if !self.late.is_empty() {
+            self.land();
+        }
+        self.complete_landed(ci, bbs, opcode, byte_cnt);
+    }
+
+    /// [`Self::complete`] where nothing can be late (`late` is empty).
+    #[inline(always)]
+    pub(super) fn complete_landed(&self, ci: u64, bbs: u64, opcode: u8, byte_cnt: u32) {
+        debug_assert!(self.late.is_empty());
+        // WQEs are counted as they run, so whoever sees the completion sees the WQE counted;
+        // `retire` frees its ring space first (a host reuses completed WQEs' slots at once).
+        self.qp
+            .retire(ci, ci + bbs, CqeOpcode::Req, opcode, byte_cnt, 0);
+    }
+
+    /// Land every late response (see [`Core::late`]), oldest first.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn land(&mut self) {
+        let mut late = std::mem::take(&mut self.late);
+        for (lkey, addr, data) in late.drain(..) {
+            self.write_local_at(lkey, addr, &data);
+        }
+        self.late = late;
+    }
+
+    /// At the end of a visit: land what is late if the queue stopped with nothing more
+    /// enabled or posted (a visit that ended on its budget goes on in the next one).
+    #[inline(always)]
+    pub(super) fn land_at_visit_end(&mut self) {
+        if !self.late.is_empty() && self.ci >= self.limit() {
+            self.land();
+        }
+    }
+
+    /// Land late responses before a WQE whose control segment is `w` runs, if it is fenced
+    /// or a WAIT (see [`Core::late`]).
+    #[inline(always)]
+    pub(super) fn land_before(&mut self, w: &[u8]) {
+        if !self.late.is_empty() && (fenced(w) || w[off::OPCODE] == OP_WAIT) {
+            self.land();
+        }
+    }
+
+    /// Gather the payload described by data (or inline) segments `from..ds` into `scratch`.
+    pub(super) fn gather(&mut self, from: usize, ds: usize) -> Result<usize, Fail> {
+        let w = &self.wqe;
+        if from < ds && Be32::read(w, from * SEG_SIZE).get() & INLINE_FLAG != 0 {
+            let len = (Be32::read(w, from * SEG_SIZE).get() & !INLINE_FLAG) as usize;
+            let at = from * SEG_SIZE + 4;
+            if at + len > ds * SEG_SIZE {
+                return Err(Fail::Syndrome(Syndrome::LocalLength));
+            }
+            if self.scratch.len() < len {
+                self.scratch.resize(len, 0);
+            }
+            self.scratch[..len].copy_from_slice(&w[at..at + len]);
+            return Ok(len);
+        }
+        let total = payload_len(w, from, ds);
+        if total > MAX_MESSAGE {
+            return Err(Fail::Syndrome(Syndrome::LocalLength));
+        }
+        if self.scratch.len() < idx(total) {
+            self.scratch.resize(idx(total), 0);
+        }
+        let mut at = 0usize;
+        for s in from..ds {
+            let seg = s * SEG_SIZE;
+            let len = Be32::read(w, seg + off::SEG_BYTE_COUNT).get() as usize;
+            if len == 0 {
+                continue;
+            }
+            let lkey = Be32::read(w, seg + off::SEG_LKEY).get();
+            let addr = VirtAddr(Be64::read(w, seg + off::SEG_ADDR).get());
+            let span = self
+                .local_keys
+                .get(&self.nic.keys, lkey)
+                .and_then(|r| r.check(self.qp.pd, addr, len as u64, Access::NONE))
+                .map_err(|_| Fail::Syndrome(Syndrome::LocalProtection))?;
+            span.read(&mut self.scratch[at..at + len]);
+            at += len;
+        }
+        Ok(at)
+    }
+
+    pub(super) fn op_write(&mut self, opcode: Opcode, ds: usize) -> Result<u64, Fail> {
+        let remote = remote_of(&self.wqe);
+        let imm = (opcode == Opcode::RdmaWriteImm).then(|| Be32::read(&self.wqe, off::IMM).get());
+        if ds == 3 && Be32::read(&self.wqe, 2 * SEG_SIZE).get() & INLINE_FLAG == 0 {
+            // One data segment: copy region to region, no staging.
+            let seg = 2 * SEG_SIZE;
+            let len = u64::from(Be32::read(&self.wqe, seg + off::SEG_BYTE_COUNT).get());
+            let lkey = Be32::read(&self.wqe, seg + off::SEG_LKEY).get();
+            let addr = VirtAddr(Be64::read(&self.wqe, seg + off::SEG_ADDR).get());
+            if len > MAX_MESSAGE {
+                return Err(Fail::Syndrome(Syndrome::LocalLength));
+            }
+            let src = self
+                .local_keys
+                .get(&self.nic.keys, lkey)
+                .and_then(|r| r.check(self.qp.pd, addr, len, Access::NONE))
+                .map_err(|_| Fail::Syndrome(Syndrome::LocalProtection))?;
+            let peer = self
+                .peer
+                .as_ref()
+                .ok_or(Fail::Syndrome(Syndrome::TransportRetryExceeded))?;
+            peer.write_from(&mut self.remote_keys, remote, &src, imm)
+                .map_err(Fail::from)?;
+            return Ok(len);
+        }
+        let len = self.gather(2, ds)?;
+        let peer = self
+            .peer
+            .as_ref()
+            .ok_or(Fail::Syndrome(Syndrome::TransportRetryExceeded))?;
+        peer.write(&mut self.remote_keys, remote, &self.scratch[..len], imm)
+            .map_err(Fail::from)?;
+        Ok(len as u64)
+    }
+
+    pub(super) fn op_send(&mut self, opcode: Opcode, ds: usize) -> Result<u64, Fail> {
+        let imm = (opcode == Opcode::SendImm).then(|| Be32::read(&self.wqe, off::IMM).get());
+        let len = self.gather(1, ds)?;
+        let peer = self
+            .peer
+            .as_ref()
+            .ok_or(Fail::Syndrome(Syndrome::TransportRetryExceeded))?;
+        peer.send(&mut self.remote_keys, &self.scratch[..len], imm)
+            .map_err(Fail::from)?;
+        Ok(len as u64)
+    }
+
+    /// Check that the local segment `seg` may receive `len` bytes.
+    pub(super) fn check_local_write(&mut self, seg: usize, len: u64) -> Result<(), Fail> {
+        let w = &self.wqe;
+        let lkey = Be32::read(w, seg + off::SEG_LKEY).get();
+        let addr = VirtAddr(Be64::read(w, seg + off::SEG_ADDR).get());
+        self.local_keys
+            .get(&self.nic.keys, lkey)
+            .and_then(|r| r.check(self.qp.pd, addr, len, Access::LOCAL_WRITE))
+            .map(|_| ())
+            .map_err(|_| Fail::Syndrome(Syndrome::LocalProtection))
+    }
+
+    pub(super) fn write_local(&mut self, seg: usize, data: &[u8]) {
+        let w = &self.wqe;
+        let lkey = Be32::read(w, seg + off::SEG_LKEY).get();
+        let addr = VirtAddr(Be64::read(w, seg + off::SEG_ADDR).get());
+        self.write_local_at(lkey, addr, data);
+    }
+
+    /// Write `data` at `addr` through `lkey` (already checked for local write).
+    pub(super) fn write_local_at(&mut self, lkey: u32, addr: VirtAddr, data: &[u8]) {
+        if let Ok(span) = self
+            .local_keys
+            .get(&self.nic.keys, lkey)
+            .and_then(|r| r.check(self.qp.pd, addr, data.len() as u64, Access::LOCAL_WRITE))
+        {
+            span.write(data);
+        }
+    }
+
+    pub(super) fn op_read(&mut self, ds: usize) -> Result<u64, Fail> {
+        let remote = remote_of(&self.wqe);
+        let total = payload_len(&self.wqe, 2, ds);
+        if total > MAX_MESSAGE {
+            return Err(Fail::Syndrome(Syndrome::LocalLength));
+        }
+        if ds == 3 && !self.late_landing {
+            // One scatter entry: copy region to region, no staging.
+            let seg = 2 * SEG_SIZE;
+            let lkey = Be32::read(&self.wqe, seg + off::SEG_LKEY).get();
+            let addr = VirtAddr(Be64::read(&self.wqe, seg + off::SEG_ADDR).get());
+            let dst = self
+                .local_keys
+                .get(&self.nic.keys, lkey)
+                .and_then(|r| r.check(self.qp.pd, addr, total, Access::LOCAL_WRITE))
+                .map_err(|_| Fail::Syndrome(Syndrome::LocalProtection))?;
+            let peer = self
+                .peer
+                .as_ref()
+                .ok_or(Fail::Syndrome(Syndrome::TransportRetryExceeded))?;
+            peer.read_into(&mut self.remote_keys, remote, &dst)
+                .map_err(Fail::from)?;
+            return Ok(total);
+        }
+        for s in 2..ds {
+            let len = u64::from(Be32::read(&self.wqe, s * SEG_SIZE).get());
+            if len != 0 {
+                self.check_local_write(s * SEG_SIZE, len)?;
+            }
+        }
+        let total = idx(total);
+        if self.scratch.len() < total {
+            self.scratch.resize(total, 0);
+        }
+        let peer = self
+            .peer
+            .as_ref()
+            .ok_or(Fail::Syndrome(Syndrome::TransportRetryExceeded))?;
+        peer.read(&mut self.remote_keys, remote, &mut self.scratch[..total])
+            .map_err(Fail::from)?;
+        let mut at = 0;
+        if self.late_landing {
+            // Lands later (see `Core::late`), entry by entry as checked above.
+            for s in 2..ds {
+                let seg = s * SEG_SIZE;
+                let len = Be32::read(&self.wqe, seg).get() as usize;
+                if len != 0 {
+                    let lkey = Be32::read(&self.wqe, seg + off::SEG_LKEY).get();
+                    let addr = VirtAddr(Be64::read(&self.wqe, seg + off::SEG_ADDR).get());
+                    self.late
+                        .push((lkey, addr, self.scratch[at..at + len].to_vec()));
+                    at += len;
+                }
+            }
+            return Ok(total as u64);
+        }
+        let data = std::mem::take(&mut self.scratch);
+        let mut s = 2;
+        while s < ds {
+            let seg = s * SEG_SIZE;
+            let len = Be32::read(&self.wqe, seg).get() as usize;
+            let run = if len == 1 {
+                self.reversed_run(s, ds)
+            } else {
+                1
+            };
+            if run > 1 {
+                // One-byte entries at descending addresses under one key (RedN's
+                // byte-reversing READ, `Builder::advance_count`): each byte was checked
+                // above, so the window they cover together is inside the same region; one
+                // write of the reversed bytes instead of a read-modify-write per byte.
+                let mut rev = [0u8; MAX_DS as usize];
+                for (k, b) in data[at..at + run].iter().enumerate() {
+                    rev[run - 1 - k] = *b;
+                }
+                let lkey = Be32::read(&self.wqe, seg + off::SEG_LKEY).get();
+                let last = Be64::read(&self.wqe, seg + off::SEG_ADDR).get() - (run as u64 - 1);
+                self.write_local_at(lkey, VirtAddr(last), &rev[..run]);
+            } else if len != 0 {
+                self.write_local(seg, &data[at..at + len]);
+            }
+            at += if run > 1 { run } else { len };
+            s += run;
+        }
+        self.scratch = data;
+        Ok(total as u64)
+    }
+
+    /// How many data segments from `s` on (of `ds`) are one-byte entries under the same key
+    /// at descending consecutive addresses (at least 1: the one at `s`, itself one byte).
+    pub(super) fn reversed_run(&self, s: usize, ds: usize) -> usize {
+        let w = &self.wqe;
+        let seg = |i: usize| {
+            let at = i * SEG_SIZE;
+            (
+                Be32::read(w, at).get(),
+                Be32::read(w, at + off::SEG_LKEY).get(),
+                Be64::read(w, at + off::SEG_ADDR).get(),
+            )
+        };
+        let (_, lkey, addr) = seg(s);
+        let mut n = 1;
+        while s + n < ds && seg(s + n) == (1, lkey, addr.wrapping_sub(n as u64)) && addr >= n as u64
+        {
+            n += 1;
+        }
+        n
+    }
+
+    pub(super) fn op_atomic(&mut self, opcode: Opcode, ds: usize) -> Result<u64, Fail> {
+        let remote = remote_of(&self.wqe);
+        let (op, result_seg) = atomic_of(&self.wqe, opcode);
+        let result = (ds > result_seg).then_some(result_seg * SEG_SIZE);
+        if let Some(seg) = result {
+            self.check_local_write(seg, 8)?;
+        }
+        let peer = self
+            .peer
+            .as_ref()
+            .ok_or(Fail::Syndrome(Syndrome::TransportRetryExceeded))?;
+        let old = peer
+            .atomic(&mut self.remote_keys, remote, op)
+            .map_err(Fail::from)?;
+        if let Some(seg) = result {
+            let reply = atomic_reply(&self.qp, old);
+            if self.late_landing {
+                // Lands later (see `Core::late`).
+                let lkey = Be32::read(&self.wqe, seg + off::SEG_LKEY).get();
+                let addr = VirtAddr(Be64::read(&self.wqe, seg + off::SEG_ADDR).get());
+                self.late.push((lkey, addr, reply.to_vec()));
+            } else {
+                self.write_local(seg, &reply);
+            }
+        }
+        Ok(8)
+    }
+
+    /// True if the WAIT is satisfied.
+    pub(super) fn op_wait(&mut self, ci: u64) -> Result<bool, Fail> {
+        let cqn = Cqn(Be32::read(&self.wqe, off::WAIT_OBJ).get());
+        let pi = Be32::read(&self.wqe, off::WAIT_PI).get();
+        self.wait(ci, cqn, pi)
+    }
+
+    /// WAIT(cqn, pi) at `ci`: true if the CQ has produced more than `pi` completions; if not,
+    /// registers this PU to be told of the next one and counts the stall (once per WQE).
+    #[inline(always)]
+    pub(super) fn wait(&mut self, ci: u64, cqn: Cqn, pi: u32) -> Result<bool, Fail> {
+        let pu = self.qp.pu;
+        let (cq_index, cq) = self
+            .objs
+            .cq(&self.nic, cqn)
+            .ok_or(Fail::Syndrome(Syndrome::LocalQpOperation))?;
+        if wait_passed(cq.produced(), pi) {
+            return Ok(true);
+        }
+        cq.add_waiter(pu);
+        if wait_passed(cq.produced(), pi) {
+            return Ok(true);
+        }
+        if self.stalled_at != ci {
+            self.stalled_at = ci;
+            bump(&self.qp.counters.wait_stalls, 1);
+        } else {
+            // Found blocked here a second time: likely to stay so (an idle client, not a
+            // chain step that the next round finds done), so park on it.
+            self.parked = Some(Parked {
+                ci,
+                cq_index,
+                cqn,
+                count: pi,
+            });
+        }
+        Ok(false)
+    }
+
+    pub(super) fn op_enable(&mut self, opcode: Opcode) -> Result<u64, Fail> {
+        let target = Qpn(Be32::read(&self.wqe, off::WAIT_OBJ).get() & MAX_QPN);
+        let pi = Be32::read(&self.wqe, off::WAIT_PI).get();
+        let r = self.enable(opcode == Opcode::SendEn, target, pi);
+        // The general path does not hand over: the queue runs in the PU's next round.
+        self.enabled_here = None;
+        r
+    }
+
+    /// SEND_EN (`send`) or RECV_EN: move the managed queue's enabled index to `pi` (it only
+    /// moves forward) and wake whoever runs it.
+    #[inline(always)]
+    pub(super) fn enable(&mut self, send: bool, target: Qpn, pi: u32) -> Result<u64, Fail> {
+        let t = self
+            .objs
+            .qp(&self.nic, target)
+            .ok_or(Fail::Syndrome(Syndrome::LocalQpOperation))?;
+        if send {
+            if !t.managed_send {
+                return Err(Fail::Syndrome(Syndrome::LocalQpOperation));
+            }
+            let here = t.pu == self.qp.pu && Arc::ptr_eq(&t.pus, &self.qp.pus);
+            if t.enabled.advance(pi, here) {
+                if here {
+                    // This PU: no notice needed, and the fast path may hand over to it.
+                    self.enabled_here = Some((t.qpn, t.send_cq.cqn));
+                } else {
+                    t.pus.notify_from(t.pu, &self.qp.pus, self.qp.pu);
+                }
+            }
+        } else {
+            if !t.managed_recv {
+                return Err(Fail::Syndrome(Syndrome::LocalQpOperation));
+            }
+            if QpShared::advance(&t.rq.enabled, pi) {
+                t.wake_requester();
+            }
+        }
+        Ok(0)
+    }
+
+    /// The WQE at `ci` failed: error completion (always, signaled or not), QP to error, and
+    /// flush everything behind it.
+    pub(super) fn fault(&mut self, f: &mut Fetcher, syndrome: Syndrome, bbs: u64) {
+        if !self.late.is_empty() {
+            self.land();
+        }
+        let ci = self.ci;
+        // Counted first: whoever sees the error completion or state sees the error counted.
+        bump(&self.qp.counters.errors, 1);
+        self.qp.retire(
+            ci,
+            ci + bbs,
+            CqeOpcode::ReqErr,
+            self.wqe[off::OPCODE],
+            0,
+            syndrome as u8,
+        );
+        self.ci += bbs;
+        self.qp.enter_error();
+        self.flush(f);
+    }
+
+    /// In the error state: complete every outstanding WQE with a flush error. True if any.
+    pub(super) fn flush(&mut self, f: &mut Fetcher) -> bool {
+        if !self.late.is_empty() {
+            self.land();
+        }
+        let end = self
+            .limit()
+            .max(self.qp.posted.load(Ordering::Acquire))
+            .min(self.ci + self.qp.sq.entries);
+        let mut any = false;
+        let mut ctrl = [0u8; SEG_SIZE];
+        while self.ci < end {
+            let ci = self.ci;
+            self.qp.sq.buffer.read(self.qp.sq.entry_off(ci), &mut ctrl);
+            self.ci += bbs_for_ds(ctrl[off::DS]) as u64;
+            self.qp.retire(
+                ci,
+                self.ci,
+                CqeOpcode::ReqErr,
+                ctrl[off::OPCODE],
+                0,
+                Syndrome::WrFlush as u8,
+            );
+            any = true;
+        }
+        f.fetched = self.ci;
+        any
+    }
+}
