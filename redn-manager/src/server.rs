@@ -9,7 +9,8 @@
 //! answered with a named error on that connection — closed after the reply when its
 //! framing can no longer be trusted — and the loop goes on serving everyone else.
 
-use crate::audit::{Audit, Severity};
+use crate::audit::{Audit, Record, Severity};
+use crate::auditor::Auditor;
 use crate::peer::{Peer, Procfs};
 use crate::state::Manager;
 use mio::net::{UnixListener, UnixStream};
@@ -49,6 +50,12 @@ impl SocketKind {
 }
 
 const SIGNALS: Token = Token(0);
+/// Set in the token of a connection's pidfd (the rest is the connection's token).
+const PIDFD_FLAG: usize = 1 << (usize::BITS - 2);
+/// How long the audit trail may take to drain at exit.
+const AUDIT_DRAIN: Duration = Duration::from_secs(2);
+/// How soon the loop retries records a stalled syslog daemon did not take.
+const AUDIT_RETRY: Duration = Duration::from_millis(10);
 const FIRST_LISTENER: usize = 1;
 const FIRST_CONN: usize = 16;
 /// Reads one connection may do per wakeup before others get a turn.
@@ -100,6 +107,10 @@ pub struct Server {
     scratch: Vec<u8>,
     /// What happened, for logs and tests.
     pub counters: Counters,
+    /// Run-time budgets (see [`crate::auditor`]).
+    pub auditor: Auditor,
+    /// The listeners were closed: stopping, nothing more is admitted.
+    closed: bool,
 }
 
 impl std::fmt::Debug for Server {
@@ -151,6 +162,8 @@ impl Server {
             audit,
             scratch: vec![0u8; 64 << 10],
             counters: Counters::default(),
+            auditor: Auditor::new(crate::auditor::DEFAULT_INTERVAL),
+            closed: false,
         })
     }
 
@@ -164,24 +177,68 @@ impl Server {
         self.conns.len()
     }
 
-    /// Serve until SIGTERM or SIGINT; then uninstall everything.
+    /// The audit trail.
+    pub fn audit(&mut self) -> &mut Audit {
+        &mut self.audit
+    }
+
+    /// Serve until SIGTERM or SIGINT; then stop admitting, tear everything down (a
+    /// `teardown` record each), record `stop` and drain the audit trail.
     ///
     /// # Errors
     /// If polling fails.
     pub fn run(&mut self) -> io::Result<()> {
+        self.audit.event(
+            &Record::new("start", Severity::Notice)
+                .field("pid", std::process::id())
+                .field("backend", self.manager.backend())
+                .field("version", env!("CARGO_PKG_VERSION"))
+                .res(true),
+        );
         while !self.stop {
             self.turn(None)?;
         }
-        self.audit.record(
-            Severity::Notice,
-            &format!(
-                "event=shutdown connections={} offloads={}",
-                self.conns.len(),
-                self.manager.installed_count()
-            ),
-        );
-        self.manager.shutdown();
+        self.shutdown();
         Ok(())
+    }
+
+    /// Stop admitting, hang up on everyone, tear everything down, drain the audit trail.
+    pub fn shutdown(&mut self) {
+        for (l, _) in &mut self.listeners {
+            let _ = self.poll.registry().deregister(l);
+        }
+        self.listeners.clear();
+        self.closed = true;
+        let (conns, offloads) = (self.conns.len(), self.manager.installed_count());
+        let tokens: Vec<usize> = self.conns.keys().copied().collect();
+        for t in tokens {
+            if let Some(c) = self.conns.get_mut(&t) {
+                // Torn down below, with the rest.
+                c.client = None;
+            }
+            self.close(t);
+        }
+        self.manager.shutdown();
+        self.drain_manager_records();
+        let objects = self.manager.nic().objects();
+        self.audit.event(
+            &Record::new("stop", Severity::Notice)
+                .field("connections", conns)
+                .field("offloads", offloads)
+                .field(
+                    "objects_left",
+                    objects.pds + objects.regions + objects.cqs + objects.qps,
+                )
+                .field("audit_dropped", self.audit.dropped)
+                .res(true),
+        );
+        self.audit.drain(Instant::now() + AUDIT_DRAIN);
+    }
+
+    fn drain_manager_records(&mut self) {
+        for r in self.manager.take_records() {
+            self.audit.event(&r);
+        }
     }
 
     /// One round of the loop: wait at most `timeout` for events (not at all if a
@@ -191,11 +248,17 @@ impl Server {
     /// If polling fails.
     pub fn turn(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         let mut events = Events::with_capacity(256);
-        let timeout = if self.unfinished.is_empty() {
+        let mut timeout = if self.unfinished.is_empty() {
             timeout
         } else {
             Some(Duration::ZERO)
         };
+        // The auditor's next round, and records a stalled receiver left queued.
+        let mut wake = self.auditor.until_due(redn_sys::clock::SystemClock);
+        if self.audit.queued() > 0 {
+            wake = wake.min(AUDIT_RETRY);
+        }
+        timeout = Some(timeout.map_or(wake, |t| t.min(wake)));
         match self.poll.poll(&mut events, timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
@@ -217,6 +280,8 @@ impl Server {
         for (token, readable, writable) in ready {
             if token == SIGNALS.0 {
                 self.handle_signals();
+            } else if token & PIDFD_FLAG != 0 {
+                self.app_exited(token & !PIDFD_FLAG);
             } else if token < FIRST_CONN {
                 self.accept_all(token - FIRST_LISTENER);
             } else {
@@ -228,7 +293,36 @@ impl Server {
                 }
             }
         }
+        self.audit_round();
         Ok(())
+    }
+
+    /// An auditor round if one is due, then the records of what the manager did.
+    fn audit_round(&mut self) {
+        let clock = redn_sys::clock::SystemClock;
+        if self.auditor.due(clock) {
+            self.manager.audit_round(&mut self.auditor, clock);
+        }
+        self.drain_manager_records();
+        self.audit.flush();
+    }
+
+    /// The process behind connection `token` exited (its pidfd became readable): apply its
+    /// rule's `keep_serving_after_exit` and record `app-exit`. The connection stays open if
+    /// another process still holds the socket: its next call gets `PeerChanged`.
+    fn app_exited(&mut self, token: usize) {
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if let Some(fd) = &c.peer.pidfd {
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut SourceFd(&fd.as_raw_fd()));
+        }
+        if let Some(client) = c.client.take() {
+            self.manager.app_exited(client);
+        }
     }
 
     fn handle_signals(&mut self) {
@@ -242,20 +336,55 @@ impl Server {
                 .ok()
                 .and_then(|s| Signal::try_from(s).ok())
             {
-                Some(Signal::SIGHUP) => match self.manager.reload_policy() {
-                    Ok(r) => self.audit.record(
-                        Severity::Notice,
-                        &format!("event=reload res=success apps={}", r.apps),
-                    ),
-                    Err(e) => self.audit.record(
-                        Severity::Warning,
-                        &format!("event=reload res=failed {}", e.to_wire()),
-                    ),
-                },
-                Some(Signal::SIGTERM | Signal::SIGINT) => self.stop = true,
+                Some(Signal::SIGHUP) => {
+                    let _ = self.reload("SIGHUP");
+                }
+                Some(s @ (Signal::SIGTERM | Signal::SIGINT)) => {
+                    self.audit.event(
+                        &Record::new("stop-requested", Severity::Notice)
+                            .field("signal", s.as_str())
+                            .res(true),
+                    );
+                    self.stop = true;
+                }
                 _ => {}
             }
         }
+    }
+
+    /// Reload policy and definitions (SIGHUP or `ReloadPolicy`), recording `reload` and the
+    /// teardowns it causes.
+    fn reload(&mut self, by: &str) -> Result<api::Reloaded, AdminError> {
+        let r = self.manager.reload_policy();
+        match &r {
+            Ok(ok) => {
+                let records = self.manager.take_records();
+                self.audit.event(
+                    &Record::new("reload", Severity::Notice)
+                        .field("by", by)
+                        .field("apps", ok.apps)
+                        .field("torn_down", records.len())
+                        .res(true),
+                );
+                for rec in records {
+                    self.audit.event(&rec);
+                }
+            }
+            Err(e) => {
+                let reason = match e {
+                    AdminError::ReloadFailed { reason } => reason.clone(),
+                    other => other.to_wire().name,
+                };
+                self.audit.event(
+                    &Record::new("reload", Severity::Warning)
+                        .field("by", by)
+                        .field("kept", "old-policy")
+                        .field("reason", reason)
+                        .res(false),
+                );
+            }
+        }
+        r
     }
 
     fn accept_all(&mut self, index: usize) {
@@ -270,9 +399,10 @@ impl Server {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // EMFILE and the like: leave the rest in the backlog for now.
-                    self.audit.record(
-                        Severity::Warning,
-                        &format!("event=accept res=failed error={e}"),
+                    self.audit.event(
+                        &Record::new("refuse", Severity::Warning)
+                            .field("reason", format!("accept: {e}"))
+                            .res(false),
                     );
                     return;
                 }
@@ -291,9 +421,11 @@ impl Server {
                     reason: e.to_string(),
                 };
                 let _ = stream.write(&error_reply(&err.to_wire()));
-                self.audit.record(
-                    Severity::Warning,
-                    &format!("event=connect res=refused reason=\"{e}\""),
+                self.audit.event(
+                    &Record::new("refuse", Severity::Warning)
+                        .field("socket", format!("{kind:?}"))
+                        .field("reason", e)
+                        .res(false),
                 );
                 return;
             }
@@ -325,12 +457,12 @@ impl Server {
             };
             // Best effort: a fresh socket's buffer takes one short reply.
             let _ = stream.write(&error_reply(&err.to_wire()));
-            self.audit.record(
-                Severity::Warning,
-                &format!(
-                    "event=connect res=refused uid={uid} pid={} reason={resource}",
-                    peer.identity.pid
-                ),
+            self.audit.event(
+                &Record::new("refuse", Severity::Warning)
+                    .field("socket", format!("{kind:?}"))
+                    .peer(&peer.identity)
+                    .field("reason", resource)
+                    .res(false),
             );
             return;
         }
@@ -341,30 +473,42 @@ impl Server {
             .registry()
             .register(&mut stream, Token(token), Interest::READABLE)
         {
-            self.audit.record(
-                Severity::Warning,
-                &format!("event=connect res=failed error={e}"),
+            self.audit.event(
+                &Record::new("refuse", Severity::Warning)
+                    .peer(&peer.identity)
+                    .field("reason", format!("epoll: {e}"))
+                    .res(false),
             );
             return;
+        }
+        // The app's exit is noticed through its pidfd, even while another process still
+        // holds its socket.
+        if let (SocketKind::Api, Some(fd)) = (kind, &peer.pidfd) {
+            let _ = self.poll.registry().register(
+                &mut SourceFd(&fd.as_raw_fd()),
+                Token(token | PIDFD_FLAG),
+                Interest::READABLE,
+            );
         }
         let client = (kind == SocketKind::Api).then(|| self.manager.connect(peer.identity.clone()));
         if let Some(id) = client {
             let adopted = self.manager.adopt(id);
             if adopted > 0 {
-                self.audit.record(
-                    Severity::Notice,
-                    &format!("event=adopt client={id} uid={uid} offloads={adopted}"),
+                self.audit.event(
+                    &Record::new("adopt", Severity::Notice)
+                        .field("client", id)
+                        .peer(&peer.identity)
+                        .field("offloads", adopted)
+                        .res(true),
                 );
             }
         }
-        self.audit.record(
-            Severity::Info,
-            &format!(
-                "event=connect socket={kind:?} client={} uid={uid} pid={} exe={}",
-                client.unwrap_or(0),
-                peer.identity.pid,
-                peer.exe().display()
-            ),
+        self.audit.event(
+            &Record::new("connect", Severity::Info)
+                .field("socket", format!("{kind:?}"))
+                .field("client", client.unwrap_or(0))
+                .peer(&peer.identity)
+                .res(true),
         );
         self.counters.accepted += 1;
         self.conns.insert(
@@ -392,15 +536,27 @@ impl Server {
     fn close(&mut self, token: usize) {
         if let Some(mut c) = self.conns.remove(&token) {
             let _ = self.poll.registry().deregister(&mut c.stream);
+            if let Some(fd) = &c.peer.pidfd {
+                let _ = self
+                    .poll
+                    .registry()
+                    .deregister(&mut SourceFd(&fd.as_raw_fd()));
+            }
             if let Some(client) = c.client {
-                let removed = self.manager.disconnect(client);
-                self.audit.record(
-                    Severity::Info,
-                    &format!(
-                        "event=disconnect client={client} pid={} uninstalled={removed}",
-                        c.peer.identity.pid
-                    ),
-                );
+                if c.peer.still_same().is_err() || exited(&c.peer) {
+                    // The hang-up is the app's exit (its pidfd may not have been read yet).
+                    self.manager.app_exited(client);
+                } else {
+                    let removed = self.manager.disconnect(client);
+                    self.audit.event(
+                        &Record::new("disconnect", Severity::Info)
+                            .field("client", client)
+                            .peer(&c.peer.identity)
+                            .field("uninstalled", removed)
+                            .res(true),
+                    );
+                }
+                self.drain_manager_records();
             }
         }
         self.unfinished.remove(&token);
@@ -501,9 +657,11 @@ impl Server {
 
     /// Answer a protocol violation; close after the reply if `fatal`.
     fn violation(&mut self, token: usize, limit: &str, reason: String, fatal: bool) {
-        self.audit.record(
-            Severity::Warning,
-            &format!("event=protocol-violation limit={limit} reason=\"{reason}\""),
+        self.audit.event(
+            &Record::new("protocol-violation", Severity::Warning)
+                .field("limit", limit)
+                .field("reason", &reason)
+                .res(false),
         );
         let err = ManagerError::ProtocolViolation {
             limit: limit.into(),
@@ -681,14 +839,13 @@ impl Server {
                 }
                 let fd = fds.swap_remove(index);
                 let r = m.register_region(client, fd).map_err(wire)?;
-                self.audit.record(
-                    Severity::Notice,
-                    &format!(
-                        "event=region-register client={client} region={} name={:?} size={}",
-                        r.region,
-                        p.name.unwrap_or_default(),
-                        r.size
-                    ),
+                self.audit.event(
+                    &Record::new("region-register", Severity::Notice)
+                        .field("client", client)
+                        .field("region", r.region)
+                        .field("name", p.name.unwrap_or_default())
+                        .field("size", r.size)
+                        .res(true),
                 );
                 encode(&r)
             }
@@ -697,18 +854,33 @@ impl Server {
                 let name = p.offload.clone();
                 match m.install(client, p) {
                     Ok(r) => {
-                        self.audit.record(Severity::Notice, &format!("event=offload-admit client={client} offload={name} handle={} res=success", r.handle));
+                        self.audit.event(
+                            &Record::new("offload-admit", Severity::Notice)
+                                .field("client", client)
+                                .field("offload", name)
+                                .field("handle", r.handle)
+                                .res(true),
+                        );
                         encode(&r)
                     }
                     Err(e) => {
+                        let rule = m.take_refused_rules();
                         let w = e.to_wire();
-                        self.audit.record(
-                            Severity::Warning,
-                            &format!(
-                                "event=offload-refuse client={client} offload={name} error={}",
-                                w.name
-                            ),
-                        );
+                        let reason = match &e {
+                            ManagerError::PolicyDenied { reason } => reason.clone(),
+                            _ => String::new(),
+                        };
+                        let mut rec = Record::new("offload-refuse", Severity::Warning)
+                            .field("client", client)
+                            .field("offload", name)
+                            .field("error", w.name.rsplit('.').next().unwrap_or_default());
+                        if !rule.is_empty() {
+                            rec = rec.field("rule", rule);
+                        }
+                        if !reason.is_empty() {
+                            rec = rec.field("reason", reason);
+                        }
+                        self.audit.event(&rec.res(false));
                         Err(w)
                     }
                 }
@@ -716,12 +888,12 @@ impl Server {
             "Uninstall" => {
                 let p: api::Uninstall = decode(call)?;
                 m.uninstall(client, p.handle).map_err(wire)?;
-                self.audit.record(
-                    Severity::Notice,
-                    &format!(
-                        "event=offload-uninstall client={client} handle={}",
-                        p.handle
-                    ),
+                self.audit.event(
+                    &Record::new("teardown", Severity::Notice)
+                        .field("client", client)
+                        .field("handle", p.handle)
+                        .field("reason", "uninstall")
+                        .res(true),
                 );
                 Ok(Map::new())
             }
@@ -749,12 +921,11 @@ impl Server {
             "KillClient" => match decode::<api::KillClient>(call) {
                 Ok(p) => match m.admin_kill(p.client) {
                     Ok(r) => {
-                        self.audit.record(
-                            Severity::Warning,
-                            &format!(
-                                "event=kill client={} uninstalled={}",
-                                p.client, r.uninstalled
-                            ),
+                        self.audit.event(
+                            &Record::new("kill", Severity::Warning)
+                                .field("client", p.client)
+                                .field("uninstalled", r.uninstalled)
+                                .res(true),
                         );
                         let victims: Vec<usize> = self
                             .conns
@@ -775,22 +946,23 @@ impl Server {
                 },
                 Err(e) => Err(e),
             },
-            "ReloadPolicy" => match self.manager.reload_policy() {
-                Ok(r) => {
-                    self.audit.record(
-                        Severity::Notice,
-                        &format!("event=reload res=success apps={}", r.apps),
-                    );
-                    encode(&r)
-                }
-                Err(e) => {
-                    self.audit.record(
-                        Severity::Warning,
-                        &format!("event=reload res=failed {}", e.to_wire()),
-                    );
-                    Err(wire(e))
-                }
+            "ReloadPolicy" => match self.reload("ReloadPolicy") {
+                Ok(r) => encode(&r),
+                Err(e) => Err(wire(e)),
             },
+            "TestRun" => decode::<api::TestRun>(call).and_then(|p| {
+                let trigger = parse_hex(&p.trigger).ok_or_else(|| {
+                    ServiceError::InvalidParameter {
+                        parameter: "trigger".into(),
+                    }
+                    .to_wire()
+                })?;
+                let r = self
+                    .manager
+                    .test_run(p.handle, &trigger, p.count)
+                    .map_err(wire)?;
+                encode(&r)
+            }),
             _ => Err(ServiceError::MethodNotFound {
                 method: call.method.clone(),
             }
@@ -806,13 +978,11 @@ impl Server {
         };
         c.output.extend_from_slice(&bytes);
         if c.output.len() - c.written > max {
-            self.audit.record(
-                Severity::Warning,
-                &format!(
-                    "event=disconnect reason=unread-replies pid={}",
-                    c.peer.identity.pid
-                ),
-            );
+            let r = Record::new("disconnect", Severity::Warning)
+                .peer(&c.peer.identity)
+                .field("reason", "unread-replies")
+                .res(false);
+            self.audit.event(&r);
             self.close(token);
             return;
         }
@@ -857,6 +1027,26 @@ impl Server {
                 .reregister(&mut c.stream, Token(token), interest);
         }
     }
+}
+
+/// Whether the peer's process has exited (its pidfd polls readable).
+fn exited(peer: &Peer) -> bool {
+    let Some(fd) = &peer.pidfd else {
+        return false;
+    };
+    let mut fds = [nix::poll::PollFd::new(fd.as_fd(), nix::poll::PollFlags::POLLIN)];
+    matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
+/// Bytes from hex (an even number of digits), at most 4096 bytes.
+fn parse_hex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 || text.len() > 8192 {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 fn error_reply(w: &WireError) -> Vec<u8> {

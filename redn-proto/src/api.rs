@@ -169,11 +169,24 @@ pub struct OffloadStats {
     pub errors: u64,
 }
 
+/// An offload the auditor terminated.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct TerminatedOffload {
+    pub handle: u64,
+    pub offload: String,
+    pub rule: String,
+    pub banned: bool,
+}
+
 /// `Stats` reply.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StatsReply {
     /// The caller's offloads.
     pub offloads: Vec<OffloadStats>,
+    /// Its offloads the auditor terminated since it last asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminated: Option<Vec<TerminatedOffload>>,
 }
 
 /// `io.redn.Admin` client entry.
@@ -256,6 +269,25 @@ pub struct KillClient {
 pub struct Killed {
     /// Offloads uninstalled.
     pub uninstalled: u32,
+}
+
+/// `io.redn.Admin.TestRun` parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TestRun {
+    /// The installed offload.
+    pub handle: u64,
+    /// The trigger, in hex.
+    pub trigger: String,
+    /// Copies to send.
+    pub count: u32,
+}
+
+/// `io.redn.Admin.TestRun` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TestRunReply {
+    /// Triggers sent.
+    pub sent: u32,
 }
 
 /// `io.redn.Admin.ReloadPolicy` reply.

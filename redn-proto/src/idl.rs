@@ -500,7 +500,8 @@ mod tests {
                 "ListOffloads",
                 "Dump",
                 "KillClient",
-                "ReloadPolicy"
+                "ReloadPolicy",
+                "TestRun"
             ]
         );
     }
