@@ -1,0 +1,268 @@
+//! auditor_bench: how fast the manager's auditor stops a runaway recycled loop, and what
+//! auditing costs while offloads run.
+//!
+//! In process, on the softnic (2 PUs), with the manager's state and its auditor driven the
+//! way the event loop drives them (a round every interval). Rows:
+//! - **budget broken → terminated**: a runaway server-loop (24 WQEs a round against a budget
+//!   of 16 per trigger) is fed triggers; from the moment its counters break the budget (as
+//!   an observer polling them between rounds sees it) until the auditor has moved its queues
+//!   to error and freed it. The sampling interval bounds the detection part. Also from its
+//!   first trigger (the loop needs three rounds to break its budget).
+//! - **terminating round**: the auditor round that found and terminated it (detection plus
+//!   teardown, the manager's own work).
+//! - **auditor CPU share**: the time audit rounds take over wall time, while N well-behaved
+//!   server-loops serve triggers; next to the same run's native floor, a round that only
+//!   reads the NIC's counters of every queue (what any sampling must pay).
+
+use redn_bench::opts::{parse_in, read_command_line};
+use redn_bench::report::verdict;
+use redn_bench::stats::{ns, stats};
+use redn_client::SealedRegion;
+use redn_manager::auditor::Auditor;
+use redn_manager::state::{Limits, Manager};
+use redn_policy::PeerIdentity;
+use redn_proto::api;
+use redn_sys::clock::SystemClock;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "\
+auditor_bench: the auditor's detection-to-termination latency and CPU share
+
+USAGE:
+    cargo run --release -p redn-bench --bin auditor_bench -- [--quick] [--runs N] [--offloads N]
+
+OPTIONS:
+    --quick        fewer runs (50 terminations, 1 s of load)
+    --runs N       runaway loops to terminate (10..=10000)
+    --offloads N   well-behaved offloads under load for the CPU row (1..=64)
+    -h, --help     this text
+
+Goals (issue 21): onset to termination <= 10 ms at p99; the auditor's CPU share <= 1 %.
+";
+
+fn manager(wqes_per_invocation: u32) -> (Manager, u64) {
+    let uid = nix::unistd::getuid().as_raw();
+    let policy = redn_policy::parse_policy(
+        &format!(
+            "[[app]]\nname = \"bench\"\nuid = {uid}\noffloads = [\"server-loop\"]\n\
+             max_regions = 64\nmax_pinned = \"1G\"\nmax_queues = 1024\nmax_remote_clients = 4\n\
+             [app.client]\nrate_limit_kbps = \"infinity\"\nwqes_per_second = \"infinity\"\n\
+             wqes_per_invocation = {wqes_per_invocation}\non_violation = \"terminate\"\n"
+        ),
+        "policy.toml",
+    )
+    .expect("policy");
+    let offloads = redn_policy::shipped_offloads()
+        .expect("catalog")
+        .into_iter()
+        .map(|s| s.program)
+        .collect();
+    let nic = Arc::new(redn_sys::softnic::SoftNic::with_pus(2).expect("softnic"));
+    let mut m = Manager::new(
+        "policy.toml".into(),
+        policy,
+        offloads,
+        nic,
+        "softnic".into(),
+        Limits::default(),
+    );
+    let client = m.connect(PeerIdentity {
+        uid,
+        gid: 0,
+        pid: std::process::id(),
+        exe: "/bench".into(),
+        cgroup: "/".into(),
+        start_time: 0,
+    });
+    (m, client)
+}
+
+/// A region for the tables (the manager keeps its own mapping).
+fn region(m: &mut Manager, client: u64) -> api::RegionRegistered {
+    let region = SealedRegion::create("table", 1 << 16).expect("region");
+    let fd = region.fd().as_fd().try_clone_to_owned().expect("dup");
+    m.register_region(client, fd).expect("register")
+}
+
+/// Install server-loop over region `r`: its handle and a trigger for bucket 0.
+fn install(m: &mut Manager, client: u64, r: &api::RegionRegistered) -> (u64, Vec<u8>) {
+    let bind = |name: &str, offset: u64| api::Binding {
+        name: name.into(),
+        region: r.region,
+        offset,
+        len: 4096,
+    };
+    let i = m
+        .install(
+            client,
+            api::InstallOffload {
+                offload: "server-loop".into(),
+                regions: vec![bind("table", 0), bind("values", 4096)],
+                parameters: None,
+            },
+        )
+        .expect("install");
+    let mut trigger = vec![0x2a, 0, 0, 0, 0, 0];
+    trigger.extend_from_slice(&r.addr.to_be_bytes());
+    (i.handle, trigger)
+}
+
+fn main() {
+    let mut runs = 200usize;
+    let mut load = Duration::from_secs(3);
+    let mut n_offloads = 16usize;
+    let whole = |n: u64| usize::try_from(n).map_err(|e| e.to_string());
+    read_command_line("auditor_bench", USAGE, &mut |name, value| {
+        match name {
+            "--quick" => {
+                runs = 50;
+                load = Duration::from_secs(1);
+            }
+            "--runs" => runs = whole(parse_in("--runs", value(), 10..=10_000)?)?,
+            "--offloads" => n_offloads = whole(parse_in("--offloads", value(), 1..=64)?)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    });
+    let interval = redn_manager::auditor::DEFAULT_INTERVAL;
+    println!(
+        "auditor_bench: softnic with 2 PUs, auditor round every {} µs; times in µs",
+        interval.as_micros()
+    );
+    println!("{:<52} {:>10} {:>10}", "", "p50", "p99");
+    termination(runs, interval);
+    cpu_share(n_offloads, load, interval);
+}
+
+fn termination(runs: usize, interval: Duration) {
+    let (mut m, client) = manager(16);
+    let mut auditor = Auditor::new(interval);
+    let r = region(&mut m, client);
+    let mut onset = Vec::with_capacity(runs);
+    let mut detect = Vec::with_capacity(runs);
+    let mut round = Vec::with_capacity(runs);
+    let counts = |m: &Manager| {
+        let o = m.admin_offloads().offloads;
+        o.first().map_or((0, 0), |o| (o.wqes, o.triggers))
+    };
+    for _ in 0..runs {
+        let (handle, trigger) = install(&mut m, client, &r);
+        // The baseline sample, as the loop takes it right after an install.
+        m.audit_round(&mut auditor, SystemClock);
+        let (base, _) = counts(&m);
+        let t0 = Instant::now();
+        m.test_run(handle, &trigger, 64).expect("test run");
+        let deadline = t0 + Duration::from_secs(10);
+        // When the counters first break the budget, as an observer polling them between
+        // rounds sees it.
+        let mut broken: Option<Instant> = None;
+        loop {
+            while !auditor.due(SystemClock) {
+                if broken.is_none() {
+                    let (wqes, triggers) = counts(&m);
+                    if wqes - base > (triggers + 1) * 16 {
+                        broken = Some(Instant::now());
+                    }
+                }
+                std::hint::spin_loop();
+            }
+            let r0 = Instant::now();
+            m.audit_round(&mut auditor, SystemClock);
+            if m.installed_count() == 0 {
+                let end = Instant::now();
+                round.push(ns(end - r0) / 1000.0);
+                onset.push(ns(end - t0) / 1000.0);
+                detect.push(ns(end - broken.unwrap_or(r0)) / 1000.0);
+                break;
+            }
+            assert!(Instant::now() < deadline, "the runaway was never stopped");
+        }
+        let _ = m.take_records();
+    }
+    let s = stats(&detect);
+    println!(
+        "{:<52} {:>10.1} {:>10.1}  goal p99 <= 10000: {}",
+        "runaway server-loop: budget broken -> terminated",
+        s.median,
+        s.p99,
+        verdict(s.p99 <= 10_000.0)
+    );
+    let s = stats(&onset);
+    println!(
+        "{:<52} {:>10.1} {:>10.1}",
+        "  from its first trigger (3 rounds to break it)", s.median, s.p99
+    );
+    let s = stats(&round);
+    println!(
+        "{:<52} {:>10.1} {:>10.1}",
+        "  the terminating round (detect + tear down)", s.median, s.p99
+    );
+}
+
+fn cpu_share(n: usize, load: Duration, interval: Duration) {
+    // 32 WQEs per trigger: server-loop's 24 stay within budget.
+    let (mut m, client) = manager(32);
+    let mut auditor = Auditor::new(interval);
+    let r = region(&mut m, client);
+    let offloads: Vec<(u64, Vec<u8>)> = (0..n).map(|_| install(&mut m, client, &r)).collect();
+    let nic = Arc::clone(m.nic());
+    let qpns: Vec<redn_sys::Qpn> = {
+        let list = m.admin_offloads();
+        assert_eq!(list.offloads.len(), n);
+        // Every queue the NIC has: the floor reads all of them, as a round does.
+        (0..4096u32)
+            .map(redn_sys::Qpn)
+            .filter(|q| nic.counters(*q).is_ok())
+            .collect()
+    };
+    let mut spent = Duration::ZERO;
+    let mut floor = Duration::ZERO;
+    let mut rounds = 0u64;
+    let mut served_before = 0u64;
+    for o in m.admin_offloads().offloads {
+        served_before += o.triggers;
+    }
+    let start = Instant::now();
+    while start.elapsed() < load {
+        for (h, t) in &offloads {
+            let _ = m.test_run(*h, t, 64);
+        }
+        if auditor.due(SystemClock) {
+            let r0 = Instant::now();
+            m.audit_round(&mut auditor, SystemClock);
+            spent += r0.elapsed();
+            let f0 = Instant::now();
+            let mut sum = 0u64;
+            for q in &qpns {
+                if let Ok(c) = nic.counters(*q) {
+                    sum = sum.wrapping_add(c.total_wqes());
+                }
+            }
+            std::hint::black_box(sum);
+            floor += f0.elapsed();
+            rounds += 1;
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    let wall = start.elapsed();
+    let mut served = 0u64;
+    for o in m.admin_offloads().offloads {
+        served += o.triggers;
+    }
+    assert_eq!(m.installed_count(), n, "a well-behaved offload was terminated");
+    let share = spent.as_secs_f64() / wall.as_secs_f64() * 100.0;
+    let floor_share = floor.as_secs_f64() / wall.as_secs_f64() * 100.0;
+    let completions = (served - served_before) as f64 * 24.0 / wall.as_secs_f64();
+    println!(
+        "auditor CPU share, {n} server-loops serving ({:.2} M WQEs/s, {rounds} rounds): \
+         {share:.3} % of one core  goal <= 1 %: {}",
+        completions / 1e6,
+        verdict(share <= 1.0)
+    );
+    println!(
+        "  native floor, reading every queue's counters each round: {floor_share:.3} %"
+    );
+}
