@@ -264,6 +264,23 @@ impl Record {
     }
 }
 
+/// The `remote-client-attach` record, for the data plane: a remote client at `remote` (its
+/// address) attached to offload `handle`, or was refused for `refusal`. Never the token.
+pub fn remote_client_attach(handle: u64, remote: &str, refusal: Option<&str>) -> Record {
+    let severity = if refusal.is_some() {
+        Severity::Warning
+    } else {
+        Severity::Notice
+    };
+    let r = Record::new("remote-client-attach", severity)
+        .field("handle", handle)
+        .field("remote", remote);
+    match refusal {
+        Some(reason) => r.field("reason", reason).res(false),
+        None => r.res(true),
+    }
+}
+
 fn quote_into(out: &mut String, v: &str) {
     let bare = !v.is_empty()
         && v
@@ -364,6 +381,17 @@ mod tests {
         );
         assert_eq!(&got[4 + 15..], tail, "{got}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn remote_client_attach_records_name_the_handle_and_address() {
+        assert_eq!(
+            remote_client_attach(4, "192.0.2.7:4791", None).body(),
+            "event=remote-client-attach handle=4 remote=192.0.2.7:4791 res=success"
+        );
+        let refused = remote_client_attach(4, "192.0.2.7:4791", Some("bad token"));
+        assert_eq!(refused.severity(), Severity::Warning);
+        assert!(refused.body().ends_with("reason=\"bad token\" res=failed"));
     }
 
     #[test]

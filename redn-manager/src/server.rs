@@ -56,6 +56,16 @@ const PIDFD_FLAG: usize = 1 << (usize::BITS - 2);
 const AUDIT_DRAIN: Duration = Duration::from_secs(2);
 /// How soon the loop retries records a stalled syslog daemon did not take.
 const AUDIT_RETRY: Duration = Duration::from_millis(10);
+/// How long a hang-up waits for its process's pidfd before it counts as a plain disconnect:
+/// a dying process's sockets close just before its pidfd turns readable.
+const HANGUP_GRACE: Duration = Duration::from_millis(50);
+
+/// An app connection that hung up while its process still seemed alive.
+struct Hangup {
+    client: u64,
+    peer: Peer,
+    since: Instant,
+}
 const FIRST_LISTENER: usize = 1;
 const FIRST_CONN: usize = 16;
 /// Reads one connection may do per wakeup before others get a turn.
@@ -111,6 +121,8 @@ pub struct Server {
     pub auditor: Auditor,
     /// The listeners were closed: stopping, nothing more is admitted.
     closed: bool,
+    /// Hang-ups waiting to be told apart: the app exiting, or only its connection closing.
+    hangups: HashMap<usize, Hangup>,
 }
 
 impl std::fmt::Debug for Server {
@@ -164,6 +176,7 @@ impl Server {
             counters: Counters::default(),
             auditor: Auditor::new(crate::auditor::DEFAULT_INTERVAL),
             closed: false,
+            hangups: HashMap::new(),
         })
     }
 
@@ -218,6 +231,7 @@ impl Server {
             }
             self.close(t);
         }
+        self.resolve_hangups(true);
         self.manager.shutdown();
         self.drain_manager_records();
         let objects = self.manager.nic().objects();
@@ -255,7 +269,7 @@ impl Server {
         };
         // The auditor's next round, and records a stalled receiver left queued.
         let mut wake = self.auditor.until_due(redn_sys::clock::SystemClock);
-        if self.audit.queued() > 0 {
+        if self.audit.queued() > 0 || !self.hangups.is_empty() {
             wake = wake.min(AUDIT_RETRY);
         }
         timeout = Some(timeout.map_or(wake, |t| t.min(wake)));
@@ -277,6 +291,8 @@ impl Server {
         for t in std::mem::take(&mut self.unfinished) {
             ready.push((t, true, false));
         }
+        // Before any request: an app whose exit is now visible is not served as alive.
+        self.resolve_hangups(false);
         for (token, readable, writable) in ready {
             if token == SIGNALS.0 {
                 self.handle_signals();
@@ -536,30 +552,80 @@ impl Server {
     fn close(&mut self, token: usize) {
         if let Some(mut c) = self.conns.remove(&token) {
             let _ = self.poll.registry().deregister(&mut c.stream);
-            if let Some(fd) = &c.peer.pidfd {
-                let _ = self
-                    .poll
-                    .registry()
-                    .deregister(&mut SourceFd(&fd.as_raw_fd()));
-            }
-            if let Some(client) = c.client {
-                if c.peer.still_same().is_err() || exited(&c.peer) {
+            match c.client {
+                Some(client) if c.peer.still_same().is_err() || exited(&c.peer) => {
                     // The hang-up is the app's exit (its pidfd may not have been read yet).
+                    self.forget_pidfd(&c.peer);
                     self.manager.app_exited(client);
-                } else {
-                    let removed = self.manager.disconnect(client);
-                    self.audit.event(
-                        &Record::new("disconnect", Severity::Info)
-                            .field("client", client)
-                            .peer(&c.peer.identity)
-                            .field("uninstalled", removed)
-                            .res(true),
+                }
+                Some(client) if c.peer.pidfd.is_some() && !self.closed => {
+                    // Its process may be dying: wait briefly for the pidfd (still
+                    // registered) to tell.
+                    self.hangups.insert(
+                        token,
+                        Hangup {
+                            client,
+                            peer: c.peer,
+                            since: Instant::now(),
+                        },
                     );
                 }
-                self.drain_manager_records();
+                Some(client) => {
+                    self.forget_pidfd(&c.peer);
+                    self.disconnected(client, &c.peer);
+                }
+                None => self.forget_pidfd(&c.peer),
             }
+            self.drain_manager_records();
         }
         self.unfinished.remove(&token);
+    }
+
+    fn forget_pidfd(&self, peer: &Peer) {
+        if let Some(fd) = &peer.pidfd {
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut SourceFd(&fd.as_raw_fd()));
+        }
+    }
+
+    /// A client's connection closed while its process lives on.
+    fn disconnected(&mut self, client: u64, peer: &Peer) {
+        let removed = self.manager.disconnect(client);
+        self.audit.event(
+            &Record::new("disconnect", Severity::Info)
+                .field("client", client)
+                .peer(&peer.identity)
+                .field("uninstalled", removed)
+                .res(true),
+        );
+    }
+
+    /// Settle hang-ups: an exited process is an app exit; one alive after the grace period
+    /// (or, with `all`, now) only closed its connection.
+    fn resolve_hangups(&mut self, all: bool) {
+        if self.hangups.is_empty() {
+            return;
+        }
+        let settled: Vec<usize> = self
+            .hangups
+            .iter()
+            .filter(|(_, h)| all || exited(&h.peer) || h.since.elapsed() >= HANGUP_GRACE)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in settled {
+            let Some(h) = self.hangups.remove(&t) else {
+                continue;
+            };
+            self.forget_pidfd(&h.peer);
+            if exited(&h.peer) || h.peer.still_same().is_err() {
+                self.manager.app_exited(h.client);
+            } else {
+                self.disconnected(h.client, &h.peer);
+            }
+        }
+        self.drain_manager_records();
     }
 
     fn read(&mut self, token: usize) {

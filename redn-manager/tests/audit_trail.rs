@@ -237,6 +237,42 @@ fn manager_pid(m: &Manager) -> nix::unistd::Pid {
 }
 
 #[test]
+fn two_runaway_loops_at_once_are_terminated_and_a_third_client_is_unaffected() {
+    let Some(syslog) = Rsyslog::start() else {
+        return;
+    };
+    let policy = app_policy(
+        "tester",
+        "\"server-loop\", \"echo\"",
+        "",
+        "wqes_per_second = \"infinity\"\nwqes_per_invocation = 16\non_violation = \"terminate\"",
+    );
+    let m = Manager::start_logging_to(&policy, &syslog.socket(), &[]);
+    let (mut a, mut b, mut third) = (m.client(), m.client(), m.client());
+    let (ra, ta) = install_server_loop(&mut a).unwrap();
+    let (rb, tb) = install_server_loop(&mut b).unwrap();
+    let echo = third.install("echo", &[]).unwrap().handle;
+    assert!(test_run(&m, ra, &ta, 64) > 0);
+    assert!(test_run(&m, rb, &tb, 64) > 0);
+    for h in [ra, rb] {
+        let t = syslog.find("terminate", |r| r.get("handle") == h.to_string());
+        assert_eq!(t.get("rule"), "loop-budget");
+    }
+    assert_eq!(test_run(&m, echo, &hex(&[9u8; 64]), 3), 3);
+    wait_until("the third client's triggers served", || {
+        offloads(&m)
+            .iter()
+            .any(|o| o.handle == echo && o.triggers == 3 && o.errors == 0)
+    });
+    let stats: api::StatsReply = third
+        .connection()
+        .call("io.redn.Manager.Stats", &serde_json::json!({}), &[])
+        .unwrap();
+    assert_eq!(stats.terminated, None, "nothing of the third client's was touched");
+    assert_eq!(offloads(&m).len(), 1);
+}
+
+#[test]
 fn a_runaway_loop_is_terminated_while_a_neighbour_keeps_serving() {
     let Some(syslog) = Rsyslog::start() else {
         return;

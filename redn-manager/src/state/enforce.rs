@@ -352,3 +352,135 @@ impl Manager {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auditor::Auditor;
+    use crate::state::Limits;
+    use redn_policy::PeerIdentity;
+    use redn_sys::clock::SystemClock;
+    use std::os::fd::AsFd;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    fn manager(client_keys: &str) -> (Manager, u64) {
+        let uid = nix::unistd::getuid().as_raw();
+        let policy = redn_policy::parse_policy(
+            &format!(
+                "[[app]]\nname = \"t\"\nuid = {uid}\noffloads = [\"server-loop\", \"echo\"]\n\
+                 max_regions = 4\nmax_pinned = \"16M\"\nmax_queues = 32\n\
+                 max_remote_clients = 4\n[app.client]\nrate_limit_kbps = \"infinity\"\n\
+                 wqes_per_second = \"infinity\"\nwqes_per_invocation = 16\n{client_keys}\n"
+            ),
+            "policy.toml",
+        )
+        .unwrap();
+        let offloads = redn_policy::shipped_offloads()
+            .unwrap()
+            .into_iter()
+            .map(|s| s.program)
+            .collect();
+        let nic = Arc::new(redn_sys::softnic::SoftNic::with_pus(1).unwrap());
+        let mut m = Manager::new(
+            "policy.toml".into(),
+            policy,
+            offloads,
+            nic,
+            "softnic".into(),
+            Limits::default(),
+        );
+        let client = m.connect(PeerIdentity {
+            uid,
+            gid: 0,
+            pid: std::process::id(),
+            exe: "/t".into(),
+            cgroup: "/".into(),
+            start_time: 0,
+        });
+        (m, client)
+    }
+
+    fn install_server_loop(
+        m: &mut Manager,
+        client: u64,
+    ) -> Result<(u64, Vec<u8>), redn_proto::errors::ManagerError> {
+        let region = redn_client::SealedRegion::create("t", 1 << 16).unwrap();
+        let fd = region.fd().as_fd().try_clone_to_owned().unwrap();
+        let r = m.register_region(client, fd)?;
+        let bind = |name: &str, offset: u64| api::Binding {
+            name: name.into(),
+            region: r.region,
+            offset,
+            len: 4096,
+        };
+        let i = m.install(
+            client,
+            api::InstallOffload {
+                offload: "server-loop".into(),
+                regions: vec![bind("table", 0), bind("values", 4096)],
+                parameters: None,
+            },
+        )?;
+        let mut trigger = vec![0x2a, 0, 0, 0, 0, 0];
+        trigger.extend_from_slice(&r.addr.to_be_bytes());
+        Ok((i.handle, trigger))
+    }
+
+    #[test]
+    fn a_banned_runaway_is_freed_entirely_told_and_refused_again() {
+        let (mut m, client) = manager("on_violation = \"ban\"\nban_duration = \"1h\"");
+        let before = m.nic().objects();
+        let (handle, trigger) = install_server_loop(&mut m, client).unwrap();
+        assert_ne!(m.nic().objects(), before);
+        let mut auditor = Auditor::new(Duration::ZERO);
+        m.audit_round(&mut auditor, SystemClock);
+        assert_eq!(m.test_run(handle, &trigger, 32).unwrap().sent, 32);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while m.installed_count() > 0 {
+            assert!(Instant::now() < deadline, "the runaway was never stopped");
+            m.audit_round(&mut auditor, SystemClock);
+            std::thread::yield_now();
+        }
+        // Every queue, key, CQ and domain of the install and its parking side is gone.
+        assert_eq!(m.nic().objects(), before);
+        let bodies: Vec<String> = m.take_records().iter().map(|r| r.body()).collect();
+        assert!(bodies.iter().any(|b| b.starts_with("event=terminate ")
+            && b.contains(&format!("handle={handle} rule=loop-budget"))));
+        assert!(bodies
+            .iter()
+            .any(|b| b.starts_with("event=ban ") && b.contains("duration=3600s")));
+        let notes = m.stats(client).unwrap().terminated.unwrap();
+        assert_eq!((notes[0].handle, notes[0].banned), (handle, true));
+        let e = install_server_loop(&mut m, client).unwrap_err();
+        assert!(
+            matches!(&e, redn_proto::errors::ManagerError::PolicyDenied { reason } if reason.contains("banned")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn app_exit_keeps_or_tears_down_by_rule_and_unknown_handles_are_named() {
+        let (mut m, client) = manager("on_violation = \"terminate\"");
+        let (handle, _) = install_server_loop(&mut m, client).unwrap();
+        assert_eq!(
+            m.test_run(handle + 100, &[0; 14], 1).unwrap_err(),
+            AdminError::NoSuchOffload {
+                handle: handle + 100
+            }
+        );
+        assert!(matches!(
+            m.test_run(handle, &[0; 3], 1),
+            Err(AdminError::TestRunFailed { reason }) if reason.contains("14-byte")
+        ));
+        // keep_serving_after_exit defaults to true.
+        assert_eq!(m.app_exited(client), (1, 0));
+        assert_eq!(m.installed_count(), 1);
+        let body = m.take_records()[0].body();
+        assert!(
+            body.starts_with(&format!("event=app-exit client={client} uid="))
+                && body.ends_with("policy=keep kept=1 torn_down=0 res=success"),
+            "{body}"
+        );
+    }
+}
