@@ -46,6 +46,8 @@ pub struct Audit {
     unreported: u64,
     /// Records sent.
     pub sent: u64,
+    /// A copy of each record's body for `Monitor` subscribers, while some are listening.
+    tap: Option<Vec<String>>,
 }
 
 impl Audit {
@@ -61,6 +63,7 @@ impl Audit {
             dropped: 0,
             unreported: 0,
             sent: 0,
+            tap: None,
         };
         a.reconnect();
         a
@@ -100,6 +103,12 @@ impl Audit {
         if self.echo {
             eprintln!("{}: {message}", self.config.identifier);
         }
+        if let Some(tap) = &mut self.tap {
+            // Bounded like the queue: the loop drains it every turn.
+            if tap.len() < QUEUE_CAP {
+                tap.push(message.to_owned());
+            }
+        }
         if self.queue.len() >= QUEUE_CAP {
             self.dropped += 1;
             self.unreported += 1;
@@ -113,6 +122,18 @@ impl Audit {
     /// Record an event.
     pub fn event(&mut self, record: &Record) {
         self.record(record.severity, &record.body());
+    }
+
+    /// Copy record bodies for [`Audit::take_tapped`] (`on`), or stop.
+    pub fn set_tap(&mut self, on: bool) {
+        if on != self.tap.is_some() {
+            self.tap = on.then(Vec::new);
+        }
+    }
+
+    /// The record bodies copied since the last call.
+    pub fn take_tapped(&mut self) -> Vec<String> {
+        self.tap.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Records waiting for the receiver.

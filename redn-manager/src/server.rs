@@ -123,6 +123,8 @@ pub struct Server {
     closed: bool,
     /// Hang-ups waiting to be told apart: the app exiting, or only its connection closing.
     hangups: HashMap<usize, Hangup>,
+    /// Admin connections streaming `Monitor`, and when they last got the counters.
+    monitors: HashMap<usize, Instant>,
 }
 
 impl std::fmt::Debug for Server {
@@ -177,6 +179,7 @@ impl Server {
             auditor: Auditor::new(crate::auditor::DEFAULT_INTERVAL),
             closed: false,
             hangups: HashMap::new(),
+            monitors: HashMap::new(),
         })
     }
 
@@ -321,6 +324,60 @@ impl Server {
         }
         self.drain_manager_records();
         self.audit.flush();
+        self.feed_monitors();
+    }
+
+    /// What `Monitor` reports once a second.
+    fn monitor_counters(&self) -> api::MonitorCounters {
+        let a = self.auditor.counters;
+        api::MonitorCounters {
+            connections: self.conns.len() as u64,
+            offloads: self.manager.installed_count() as u64,
+            auditor_rounds: a.rounds,
+            auditor_samples: a.samples,
+            throttles: a.throttles,
+            terminations: a.terminations,
+            audit_sent: self.audit.sent,
+            audit_dropped: self.audit.dropped,
+        }
+    }
+
+    /// Send each `Monitor` subscriber the records since the last turn, and the counters
+    /// once a second.
+    fn feed_monitors(&mut self) {
+        self.monitors.retain(|t, _| self.conns.contains_key(t));
+        self.audit.set_tap(!self.monitors.is_empty());
+        if self.monitors.is_empty() {
+            return;
+        }
+        let records = self.audit.take_tapped();
+        let counters = self.monitor_counters();
+        let now = Instant::now();
+        let tokens: Vec<usize> = self.monitors.keys().copied().collect();
+        for t in tokens {
+            let mut bytes = Vec::new();
+            for r in &records {
+                bytes.extend(stream_reply(&api::MonitorReply {
+                    record: Some(r.clone()),
+                    counters: None,
+                }));
+            }
+            let due = self
+                .monitors
+                .get(&t)
+                .is_some_and(|last| now.duration_since(*last) >= Duration::from_secs(1));
+            if due {
+                self.monitors.insert(t, now);
+                bytes.extend(stream_reply(&api::MonitorReply {
+                    record: None,
+                    counters: Some(counters),
+                }));
+            }
+            if !bytes.is_empty() {
+                // A monitor that does not read is dropped by the pending-output cap.
+                self.send(t, bytes);
+            }
+        }
     }
 
     /// The process behind connection `token` exited (its pidfd became readable): apply its
@@ -782,6 +839,10 @@ impl Server {
             return;
         }
         self.counters.requests += 1;
+        if call.method == format!("{ADMIN}.Monitor") && !call.oneway {
+            self.monitor(token, &call);
+            return;
+        }
         let (result, close) = self.dispatch(token, &call, fds);
         if !call.oneway {
             let bytes = match result {
@@ -1037,6 +1098,44 @@ impl Server {
         (r, false)
     }
 
+    /// `io.redn.Admin.Monitor`: with `more`, subscribe the connection (records and counters
+    /// follow as replies with `continues`); without, `ExpectedMore`.
+    fn monitor(&mut self, token: usize, call: &Call) {
+        let admin = self
+            .conns
+            .get(&token)
+            .is_some_and(|c| c.kind == SocketKind::Admin);
+        let err = if !admin {
+            Some(ServiceError::MethodNotFound {
+                method: call.method.clone(),
+            }
+            .to_wire())
+        } else if !call.more {
+            Some(ServiceError::ExpectedMore {}.to_wire())
+        } else if !call.parameters.is_empty() {
+            Some(
+                ServiceError::InvalidParameter {
+                    parameter: call.parameters.keys().next().cloned().unwrap_or_default(),
+                }
+                .to_wire(),
+            )
+        } else {
+            None
+        };
+        if let Some(e) = err {
+            self.send(token, error_reply(&e));
+            return;
+        }
+        // The counters at once, then every second.
+        self.monitors.insert(token, Instant::now());
+        self.audit.set_tap(true);
+        let first = stream_reply(&api::MonitorReply {
+            record: None,
+            counters: Some(self.monitor_counters()),
+        });
+        self.send(token, first);
+    }
+
     fn send(&mut self, token: usize, bytes: Vec<u8>) {
         let max = self.manager.limits.max_pending_output;
         let Some(c) = self.conns.get_mut(&token) else {
@@ -1113,6 +1212,17 @@ fn parse_hex(text: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
         .collect()
+}
+
+/// One reply of a `more` stream.
+fn stream_reply<T: Serialize>(value: &T) -> Vec<u8> {
+    let parameters = encode(value).unwrap_or_default();
+    Reply {
+        error: None,
+        parameters,
+        continues: true,
+    }
+    .encode()
 }
 
 fn error_reply(w: &WireError) -> Vec<u8> {

@@ -542,3 +542,41 @@ fn audit_bodies_parse_by_the_documented_grammar() {
     assert_eq!(f["c"], "q\"\\\n");
     assert_eq!(f["res"], "success");
 }
+
+#[test]
+fn monitor_streams_records_and_counters_until_the_admin_hangs_up() {
+    let m = Manager::start(&common::policy("", ""), &[]);
+    let mut mon = m.raw(&m.admin());
+    mon.send_bytes(b"{\"method\":\"io.redn.Admin.Monitor\",\"more\":true}\0", &[])
+        .unwrap();
+    let first = mon.read_reply().unwrap();
+    assert!(first.continues && first.error.is_none(), "{first:?}");
+    let first: api::MonitorReply =
+        serde_json::from_value(serde_json::Value::Object(first.parameters)).unwrap();
+    assert_eq!(first.counters.unwrap().offloads, 0);
+    let mut c = m.client();
+    let handle = c.install("echo", &[]).unwrap().handle;
+    let start = Instant::now();
+    let (mut admitted, mut counted) = (false, false);
+    while !(admitted && counted) {
+        assert!(start.elapsed() < DEADLINE, "no record or counters streamed");
+        let r = mon.read_reply().unwrap();
+        assert!(r.continues);
+        let r: api::MonitorReply =
+            serde_json::from_value(serde_json::Value::Object(r.parameters)).unwrap();
+        if let Some(rec) = r.record {
+            let f = parse_body(&rec).unwrap();
+            admitted |= f["event"] == "offload-admit" && f["handle"] == handle.to_string();
+        }
+        if let Some(k) = r.counters {
+            counted |= k.offloads == 1 && k.auditor_rounds > 0;
+        }
+    }
+    // Without `more` it is refused by name.
+    let mut plain = m.raw(&m.admin());
+    plain
+        .send_bytes(b"{\"method\":\"io.redn.Admin.Monitor\"}\0", &[])
+        .unwrap();
+    let r = plain.read_reply().unwrap();
+    assert_eq!(r.error.as_deref(), Some("org.varlink.service.ExpectedMore"));
+}

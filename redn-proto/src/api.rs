@@ -290,6 +290,31 @@ pub struct TestRunReply {
     pub sent: u32,
 }
 
+/// `io.redn.Admin.Monitor` counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct MonitorCounters {
+    pub connections: u64,
+    pub offloads: u64,
+    pub auditor_rounds: u64,
+    pub auditor_samples: u64,
+    pub throttles: u64,
+    pub terminations: u64,
+    pub audit_sent: u64,
+    pub audit_dropped: u64,
+}
+
+/// One `io.redn.Admin.Monitor` reply: a record, or the counters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MonitorReply {
+    /// An audit record's body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<String>,
+    /// The counters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters: Option<MonitorCounters>,
+}
+
 /// `io.redn.Admin.ReloadPolicy` reply.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Reloaded {

@@ -501,7 +501,8 @@ mod tests {
                 "Dump",
                 "KillClient",
                 "ReloadPolicy",
-                "TestRun"
+                "TestRun",
+                "Monitor"
             ]
         );
     }
