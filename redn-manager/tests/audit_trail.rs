@@ -580,3 +580,37 @@ fn monitor_streams_records_and_counters_until_the_admin_hangs_up() {
     let r = plain.read_reply().unwrap();
     assert_eq!(r.error.as_deref(), Some("org.varlink.service.ExpectedMore"));
 }
+
+#[test]
+fn redn_monitor_prints_json_lines_of_records_and_counters() {
+    let m = Manager::start(&common::policy("", ""), &[]);
+    let mut redn = Command::new(env!("CARGO_BIN_EXE_redn"))
+        .args(["-j", "-s"])
+        .arg(m.admin())
+        .arg("monitor")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(redn.stdout.take().unwrap()).lines();
+    // The counters come first: the subscription is in place before the install.
+    let first: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(first["offloads"], 0, "{first}");
+    let handle = m.client().install("echo", &[]).unwrap().handle;
+    let (mut admitted, mut counted) = (false, false);
+    for line in lines.by_ref() {
+        let v: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+        assert!(v.is_object(), "{v}");
+        if let Some(r) = v["record"].as_str() {
+            let f = parse_body(r).unwrap();
+            admitted |= f["event"] == "offload-admit" && f["handle"] == handle.to_string();
+        } else {
+            counted |= v["offloads"] == 1;
+        }
+        if admitted && counted {
+            break;
+        }
+    }
+    assert!(admitted && counted);
+    redn.kill().unwrap();
+    let _ = redn.wait();
+}
