@@ -36,7 +36,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 mod enforce;
-pub use enforce::{Teardown, MAX_TEST_RUN};
+pub use enforce::{server_loop_over, Teardown, MAX_TEST_RUN};
 
 /// The NIC as the manager holds it.
 pub type DynNic = dyn Nic;
@@ -405,12 +405,7 @@ impl Manager {
     }
 
     fn uninstall_all(&mut self, client: u64) -> usize {
-        let handles: Vec<u64> = self
-            .installed
-            .iter()
-            .filter(|(_, o)| o.client == client)
-            .map(|(h, _)| *h)
-            .collect();
+        let handles = self.handles_of(client);
         for h in &handles {
             self.remove_offload(*h);
         }

@@ -236,18 +236,34 @@ fn manager_pid(m: &Manager) -> nix::unistd::Pid {
     nix::unistd::Pid::from_raw(i32::try_from(m.child.as_ref().unwrap().id()).unwrap())
 }
 
-#[test]
-fn two_runaway_loops_at_once_are_terminated_and_a_third_client_is_unaffected() {
-    let Some(syslog) = Rsyslog::start() else {
-        return;
-    };
+/// A manager logging to `syslog` whose app may install server-loop and echo with 16 WQEs
+/// per trigger: server-loop spends 24 a round, so driving it runs over budget.
+fn runaway_manager(syslog: &Rsyslog) -> Manager {
     let policy = app_policy(
         "tester",
         "\"server-loop\", \"echo\"",
         "",
         "wqes_per_second = \"infinity\"\nwqes_per_invocation = 16\non_violation = \"terminate\"",
     );
-    let m = Manager::start_logging_to(&policy, &syslog.socket(), &[]);
+    Manager::start_logging_to(&policy, &syslog.socket(), &[])
+}
+
+/// Send `n` triggers to echo `handle` and wait until it has served exactly `n`, cleanly.
+fn echo_serves(m: &Manager, handle: u64, n: u32) {
+    assert_eq!(test_run(m, handle, &hex(&[9u8; 64]), n), n);
+    wait_until("the echo's triggers served", || {
+        offloads(m)
+            .iter()
+            .any(|o| o.handle == handle && o.triggers == u64::from(n) && o.errors == 0)
+    });
+}
+
+#[test]
+fn two_runaway_loops_at_once_are_terminated_and_a_third_client_is_unaffected() {
+    let Some(syslog) = Rsyslog::start() else {
+        return;
+    };
+    let m = runaway_manager(&syslog);
     let (mut a, mut b, mut third) = (m.client(), m.client(), m.client());
     let (ra, ta) = install_server_loop(&mut a).unwrap();
     let (rb, tb) = install_server_loop(&mut b).unwrap();
@@ -258,12 +274,7 @@ fn two_runaway_loops_at_once_are_terminated_and_a_third_client_is_unaffected() {
         let t = syslog.find("terminate", |r| r.get("handle") == h.to_string());
         assert_eq!(t.get("rule"), "loop-budget");
     }
-    assert_eq!(test_run(&m, echo, &hex(&[9u8; 64]), 3), 3);
-    wait_until("the third client's triggers served", || {
-        offloads(&m)
-            .iter()
-            .any(|o| o.handle == echo && o.triggers == 3 && o.errors == 0)
-    });
+    echo_serves(&m, echo, 3);
     let stats: api::StatsReply = third
         .connection()
         .call("io.redn.Manager.Stats", &serde_json::json!({}), &[])
@@ -277,14 +288,7 @@ fn a_runaway_loop_is_terminated_while_a_neighbour_keeps_serving() {
     let Some(syslog) = Rsyslog::start() else {
         return;
     };
-    // 16 WQEs per trigger: server-loop spends 24 a round, so driving it runs over budget.
-    let policy = app_policy(
-        "tester",
-        "\"server-loop\", \"echo\"",
-        "",
-        "wqes_per_second = \"infinity\"\nwqes_per_invocation = 16\non_violation = \"terminate\"",
-    );
-    let m = Manager::start_logging_to(&policy, &syslog.socket(), &[]);
+    let m = runaway_manager(&syslog);
     let mut c = m.client();
     let echo = c.install("echo", &[]).unwrap().handle;
     let (runaway, trigger) = install_server_loop(&mut c).unwrap();
@@ -311,12 +315,7 @@ fn a_runaway_loop_is_terminated_while_a_neighbour_keeps_serving() {
         stats.offloads.iter().map(|o| o.handle).collect::<Vec<_>>(),
         [echo]
     );
-    assert_eq!(test_run(&m, echo, &hex(&[7u8; 64]), 2), 2);
-    wait_until("the echo's two triggers served", || {
-        offloads(&m)
-            .iter()
-            .any(|o| o.handle == echo && o.triggers == 2 && o.errors == 0)
-    });
+    echo_serves(&m, echo, 2);
 }
 
 #[test]

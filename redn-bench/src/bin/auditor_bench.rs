@@ -19,7 +19,7 @@ use redn_bench::report::verdict;
 use redn_bench::stats::{ns, stats};
 use redn_client::SealedRegion;
 use redn_manager::auditor::Auditor;
-use redn_manager::state::{Limits, Manager};
+use redn_manager::state::{server_loop_over, Manager};
 use redn_policy::PeerIdentity;
 use redn_proto::api;
 use redn_sys::clock::SystemClock;
@@ -54,20 +54,8 @@ fn manager(wqes_per_invocation: u32) -> (Manager, u64) {
         "policy.toml",
     )
     .expect("policy");
-    let offloads = redn_policy::shipped_offloads()
-        .expect("catalog")
-        .into_iter()
-        .map(|s| s.program)
-        .collect();
     let nic = Arc::new(redn_sys::softnic::SoftNic::with_pus(2).expect("softnic"));
-    let mut m = Manager::new(
-        "policy.toml".into(),
-        policy,
-        offloads,
-        nic,
-        "softnic".into(),
-        Limits::default(),
-    );
+    let mut m = Manager::with_catalog(policy, nic, "softnic").expect("catalog");
     let client = m.connect(PeerIdentity {
         uid,
         gid: 0,
@@ -88,25 +76,8 @@ fn region(m: &mut Manager, client: u64) -> api::RegionRegistered {
 
 /// Install server-loop over region `r`: its handle and a trigger for bucket 0.
 fn install(m: &mut Manager, client: u64, r: &api::RegionRegistered) -> (u64, Vec<u8>) {
-    let bind = |name: &str, offset: u64| api::Binding {
-        name: name.into(),
-        region: r.region,
-        offset,
-        len: 4096,
-    };
-    let i = m
-        .install(
-            client,
-            api::InstallOffload {
-                offload: "server-loop".into(),
-                regions: vec![bind("table", 0), bind("values", 4096)],
-                parameters: None,
-            },
-        )
-        .expect("install");
-    let mut trigger = vec![0x2a, 0, 0, 0, 0, 0];
-    trigger.extend_from_slice(&r.addr.to_be_bytes());
-    (i.handle, trigger)
+    let (request, trigger) = server_loop_over(r);
+    (m.install(client, request).expect("install").handle, trigger)
 }
 
 fn main() {

@@ -40,7 +40,60 @@ impl Teardown {
     }
 }
 
+/// The `InstallOffload` request for the catalog's server-loop over `region` (its table at
+/// offset 0, its values at 4096, 4 KiB each), and a trigger for key 0x2a in the table's first
+/// bucket: what the auditor's benchmark and tests drive.
+pub fn server_loop_over(region: &api::RegionRegistered) -> (api::InstallOffload, Vec<u8>) {
+    let bind = |name: &str, offset: u64| api::Binding {
+        name: name.into(),
+        region: region.region,
+        offset,
+        len: 4096,
+    };
+    let request = api::InstallOffload {
+        offload: "server-loop".into(),
+        regions: vec![bind("table", 0), bind("values", 4096)],
+        parameters: None,
+    };
+    // key0 (6 bytes, little-endian) · bucket0 (8 bytes, big-endian address).
+    let mut trigger = vec![0x2a, 0, 0, 0, 0, 0];
+    trigger.extend_from_slice(&region.addr.to_be_bytes());
+    (request, trigger)
+}
+
 impl Manager {
+    /// A manager with `policy` over the built-in offload catalog, with default limits.
+    ///
+    /// # Errors
+    /// If the catalog does not load.
+    pub fn with_catalog(
+        policy: redn_policy::Policy,
+        nic: std::sync::Arc<super::DynNic>,
+        backend: &str,
+    ) -> Result<Manager, redn_program::program::ProgramError> {
+        let offloads = redn_policy::shipped_offloads()?
+            .into_iter()
+            .map(|s| s.program)
+            .collect();
+        Ok(Manager::new(
+            "policy.toml".into(),
+            policy,
+            offloads,
+            nic,
+            backend.into(),
+            super::Limits::default(),
+        ))
+    }
+
+    /// The handles of `client`'s offloads.
+    pub(super) fn handles_of(&self, client: u64) -> Vec<u64> {
+        self.installed
+            .iter()
+            .filter(|(_, o)| o.client == client)
+            .map(|(h, _)| *h)
+            .collect()
+    }
+
     /// Audit records the manager's own actions left since the last call.
     pub fn take_records(&mut self) -> Vec<Record> {
         std::mem::take(&mut self.outbox)
@@ -268,12 +321,7 @@ impl Manager {
             .policy
             .match_app(&identity)
             .is_some_and(|a| a.keep_serving_after_exit);
-        let handles: Vec<u64> = self
-            .installed
-            .iter()
-            .filter(|(_, o)| o.client == client)
-            .map(|(h, _)| *h)
-            .collect();
+        let handles = self.handles_of(client);
         let mut record = Record::new("app-exit", Severity::Notice)
             .field("client", client)
             .peer(&identity)
@@ -357,7 +405,6 @@ impl Manager {
 mod tests {
     use super::*;
     use crate::auditor::Auditor;
-    use crate::state::Limits;
     use redn_policy::PeerIdentity;
     use redn_sys::clock::SystemClock;
     use std::os::fd::AsFd;
@@ -376,20 +423,8 @@ mod tests {
             "policy.toml",
         )
         .unwrap();
-        let offloads = redn_policy::shipped_offloads()
-            .unwrap()
-            .into_iter()
-            .map(|s| s.program)
-            .collect();
         let nic = Arc::new(redn_sys::softnic::SoftNic::with_pus(1).unwrap());
-        let mut m = Manager::new(
-            "policy.toml".into(),
-            policy,
-            offloads,
-            nic,
-            "softnic".into(),
-            Limits::default(),
-        );
+        let mut m = Manager::with_catalog(policy, nic, "softnic").unwrap();
         let client = m.connect(PeerIdentity {
             uid,
             gid: 0,
@@ -408,23 +443,8 @@ mod tests {
         let region = redn_client::SealedRegion::create("t", 1 << 16).unwrap();
         let fd = region.fd().as_fd().try_clone_to_owned().unwrap();
         let r = m.register_region(client, fd)?;
-        let bind = |name: &str, offset: u64| api::Binding {
-            name: name.into(),
-            region: r.region,
-            offset,
-            len: 4096,
-        };
-        let i = m.install(
-            client,
-            api::InstallOffload {
-                offload: "server-loop".into(),
-                regions: vec![bind("table", 0), bind("values", 4096)],
-                parameters: None,
-            },
-        )?;
-        let mut trigger = vec![0x2a, 0, 0, 0, 0, 0];
-        trigger.extend_from_slice(&r.addr.to_be_bytes());
-        Ok((i.handle, trigger))
+        let (request, trigger) = server_loop_over(&r);
+        Ok((m.install(client, request)?.handle, trigger))
     }
 
     #[test]
