@@ -613,3 +613,35 @@ fn redn_monitor_prints_json_lines_of_records_and_counters() {
     redn.kill().unwrap();
     let _ = redn.wait();
 }
+
+#[test]
+fn sighup_tears_down_an_offload_whose_definition_was_removed() {
+    let Some(syslog) = Rsyslog::start() else {
+        return;
+    };
+    let client = "wqes_per_second = \"infinity\"\nwqes_per_invocation = 32\non_violation = \"terminate\"";
+    let echo_toml = include_str!("../../etc/redn/offloads.d/echo.toml");
+    let loop_toml = include_str!("../../etc/redn/offloads.d/server-loop.toml");
+    let m = Manager::start_logging_to(
+        &app_policy("tester", "\"echo\", \"server-loop\"", "", client),
+        &syslog.socket(),
+        &[("echo", echo_toml), ("server-loop", loop_toml)],
+    );
+    let mut c = m.client();
+    let echo = c.install("echo", &[]).unwrap().handle;
+    let (lp, _) = install_server_loop(&mut c).unwrap();
+    // A broken definition: nothing changes, and the record says which file.
+    let defs = m.dir.join("offloads.d");
+    std::fs::write(defs.join("echo.toml"), "name = \"echo\"\nbogus = 1\n").unwrap();
+    nix::sys::signal::kill(manager_pid(&m), nix::sys::signal::Signal::SIGHUP).unwrap();
+    let r = syslog.find("reload", |r| r.get("res") == "failed");
+    assert!(r.get("reason").contains("echo.toml"), "{r:?}");
+    assert_eq!(offloads(&m).len(), 2);
+    // The definition removed: its installed offload goes; the other stays.
+    std::fs::remove_file(defs.join("echo.toml")).unwrap();
+    nix::sys::signal::kill(manager_pid(&m), nix::sys::signal::Signal::SIGHUP).unwrap();
+    let t = syslog.find("teardown", |r| r.get("handle") == echo.to_string());
+    assert_eq!(t.get("reason"), "policy-reload");
+    let left: Vec<u64> = offloads(&m).iter().map(|o| o.handle).collect();
+    assert_eq!(left, [lp]);
+}
