@@ -124,6 +124,15 @@ impl Audit {
         self.record(record.severity, &record.body());
     }
 
+    /// Send later records by `config` (a reload changed `[audit]`): a new socket, facility
+    /// or identifier. Records already queued go to the new socket as they were formatted.
+    pub fn reconfigure(&mut self, config: AuditConfig) {
+        if config != self.config {
+            self.config = config;
+            self.reconnect();
+        }
+    }
+
     /// Copy record bodies for [`Audit::take_tapped`] (`on`), or stop.
     pub fn set_tap(&mut self, on: bool) {
         if on != self.tap.is_some() {

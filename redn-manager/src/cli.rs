@@ -298,6 +298,7 @@ fn run(opts: &Options) -> anyhow::Result<()> {
     let audit = crate::audit::Audit::new(loaded.config.audit.clone());
     let mut server =
         Server::new(manager, listeners, Some(signals), audit).context("cannot set up epoll")?;
+    server.reload_config_from(opts.config.clone(), loaded.config.clone());
     eprintln!(
         "redn-manager: serving io.redn.Manager on {} and io.redn.Admin on {}",
         api.path.display(),

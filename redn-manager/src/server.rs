@@ -125,6 +125,8 @@ pub struct Server {
     hangups: HashMap<usize, Hangup>,
     /// Admin connections streaming `Monitor`, and when they last got the counters.
     monitors: HashMap<usize, Instant>,
+    /// `manager.toml` as loaded, and where, for reloads.
+    config: Option<(std::path::PathBuf, redn_policy::ManagerConfig)>,
 }
 
 impl std::fmt::Debug for Server {
@@ -180,6 +182,7 @@ impl Server {
             closed: false,
             hangups: HashMap::new(),
             monitors: HashMap::new(),
+            config: None,
         })
     }
 
@@ -191,6 +194,12 @@ impl Server {
     /// Open connections.
     pub fn connections(&self) -> usize {
         self.conns.len()
+    }
+
+    /// Reload `manager.toml` from `path` too (it was loaded as `config`): its `[audit]`
+    /// section takes effect at once; the sockets, backend and data plane need a restart.
+    pub fn reload_config_from(&mut self, path: std::path::PathBuf, config: redn_policy::ManagerConfig) {
+        self.config = Some((path, config));
     }
 
     /// The audit trail.
@@ -428,36 +437,74 @@ impl Server {
     /// Reload policy and definitions (SIGHUP or `ReloadPolicy`), recording `reload` and the
     /// teardowns it causes.
     fn reload(&mut self, by: &str) -> Result<api::Reloaded, AdminError> {
+        // manager.toml first: if it is broken, nothing changes.
+        let loaded = self
+            .config
+            .as_ref()
+            .map(|(path, _)| redn_policy::load_manager_config(path));
+        let config = match loaded {
+            Some(Err(e)) => {
+                let e = AdminError::ReloadFailed {
+                    reason: e.to_string(),
+                };
+                return Err(self.reload_failed(by, e));
+            }
+            Some(Ok(c)) => Some(c),
+            None => None,
+        };
         let r = self.manager.reload_policy();
         match &r {
             Ok(ok) => {
+                let mut restart = Vec::new();
+                if let (Some(new), Some((_, old))) = (config, &mut self.config) {
+                    for (part, changed) in [
+                        ("api", new.api != old.api),
+                        ("admin", new.admin != old.admin),
+                        ("backend", new.backend != old.backend),
+                        ("dataplane", new.dataplane != old.dataplane),
+                    ] {
+                        if changed {
+                            restart.push(part);
+                        }
+                    }
+                    self.audit.reconfigure(new.audit.clone());
+                    *old = new;
+                }
                 let records = self.manager.take_records();
-                self.audit.event(
-                    &Record::new("reload", Severity::Notice)
-                        .field("by", by)
-                        .field("apps", ok.apps)
-                        .field("torn_down", records.len())
-                        .res(true),
-                );
+                let mut rec = Record::new("reload", Severity::Notice)
+                    .field("by", by)
+                    .field("apps", ok.apps)
+                    .field("torn_down", records.len());
+                if !restart.is_empty() {
+                    // Changed, but only a restart applies them (sockets, the NIC).
+                    rec = rec.field("restart_needed", restart.join(","));
+                }
+                self.audit.event(&rec.res(true));
                 for rec in records {
                     self.audit.event(&rec);
                 }
             }
             Err(e) => {
-                let reason = match e {
-                    AdminError::ReloadFailed { reason } => reason.clone(),
-                    other => other.to_wire().name,
-                };
-                self.audit.event(
-                    &Record::new("reload", Severity::Warning)
-                        .field("by", by)
-                        .field("kept", "old-policy")
-                        .field("reason", reason)
-                        .res(false),
-                );
+                self.reload_failed(by, e.clone());
             }
         }
         r
+    }
+
+    /// Record a failed reload; `e` back.
+    fn reload_failed(&mut self, by: &str, e: AdminError) -> AdminError {
+        let reason = match &e {
+            AdminError::ReloadFailed { reason } => reason.clone(),
+            other => other.to_wire().name,
+        };
+        self.audit.event(
+            &Record::new("reload", Severity::Warning)
+                .field("by", by)
+                .field("kept", "old-policy")
+                .field("reason", reason)
+                .res(false),
+        );
+        e
     }
 
     fn accept_all(&mut self, index: usize) {

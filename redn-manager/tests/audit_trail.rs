@@ -136,7 +136,7 @@ impl Rsyslog {
                 let (prio, rest) = l.split_once(' ')?;
                 let (facility, severity) = prio.split_once('.')?;
                 let (tag, body) = rest.split_once(": ")?;
-                tag.starts_with("redn-manager[").then_some(())?;
+                tag.ends_with(']').then_some(())?;
                 Some(AuditRecord {
                     facility: facility.into(),
                     severity: severity.into(),
@@ -644,4 +644,28 @@ fn sighup_tears_down_an_offload_whose_definition_was_removed() {
     assert_eq!(t.get("reason"), "policy-reload");
     let left: Vec<u64> = offloads(&m).iter().map(|o| o.handle).collect();
     assert_eq!(left, [lp]);
+}
+
+#[test]
+fn sighup_reloads_manager_toml_audit_settings_and_refuses_a_broken_one() {
+    let Some(syslog) = Rsyslog::start() else {
+        return;
+    };
+    let client = "wqes_per_second = \"infinity\"\nwqes_per_invocation = 32\non_violation = \"terminate\"";
+    let m = Manager::start_logging_to(&app_policy("tester", "\"echo\"", "", client), &syslog.socket(), &[]);
+    let good = std::fs::read_to_string(m.config()).unwrap();
+    std::fs::write(m.config(), format!("{good}colour = \"blue\"\n")).unwrap();
+    nix::sys::signal::kill(manager_pid(&m), nix::sys::signal::Signal::SIGHUP).unwrap();
+    let r = syslog.find("reload", |r| r.get("res") == "failed");
+    assert!(r.get("reason").contains("manager.toml"), "{r:?}");
+    // A new identifier takes effect at once; a new socket mode needs a restart, and says so.
+    let renamed = good
+        .replace("[audit]\n", "[audit]\nidentifier = \"redn-audit\"\n")
+        .replace("mode = \"0660\"", "mode = \"0600\"");
+    assert_ne!(renamed, good);
+    std::fs::write(m.config(), renamed).unwrap();
+    nix::sys::signal::kill(manager_pid(&m), nix::sys::signal::Signal::SIGHUP).unwrap();
+    let r = syslog.find("reload", |r| r.get("res") == "success");
+    assert!(r.tag.starts_with("redn-audit["), "{r:?}");
+    assert_eq!(r.get("restart_needed"), "api");
 }
