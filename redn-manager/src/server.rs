@@ -279,12 +279,16 @@ impl Server {
         } else {
             Some(Duration::ZERO)
         };
-        // The auditor's next round, and records a stalled receiver left queued.
-        let mut wake = self.auditor.until_due(redn_sys::clock::SystemClock);
-        if self.audit.queued() > 0 || !self.hangups.is_empty() {
-            wake = wake.min(AUDIT_RETRY);
+        // The auditor's next round (none while nothing is installed: an idle manager sleeps),
+        // and records a stalled receiver left queued.
+        let mut wake = (self.manager.installed_count() > 0)
+            .then(|| self.auditor.until_due(redn_sys::clock::SystemClock));
+        if self.audit.queued() > 0 || !self.hangups.is_empty() || !self.monitors.is_empty() {
+            wake = Some(wake.map_or(AUDIT_RETRY, |w| w.min(AUDIT_RETRY)));
         }
-        timeout = Some(timeout.map_or(wake, |t| t.min(wake)));
+        if let Some(w) = wake {
+            timeout = Some(timeout.map_or(w, |t| t.min(w)));
+        }
         match self.poll.poll(&mut events, timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),

@@ -372,6 +372,9 @@ impl Manager {
             if let Some(me) = self.clients.get_mut(&client) {
                 me.regions.extend(c.regions);
             }
+            if let Some(notes) = self.notes.remove(&old) {
+                self.notes.entry(client).or_default().extend(notes);
+            }
             for o in self.installed.values_mut().filter(|o| o.client == old) {
                 o.client = client;
                 adopted += 1;
