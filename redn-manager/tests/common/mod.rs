@@ -94,16 +94,7 @@ impl Manager {
 
     /// Start it as `wrapper` runs it.
     pub fn start_under(policy_text: &str, args: &[&str], wrapper: &[&str]) -> Manager {
-        let mut m = Manager::configure(policy_text);
-        if !wrapper.is_empty() {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&m.dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-        }
-        let syslog = UnixDatagram::bind(m.dir.join("log.sock")).unwrap();
-        syslog.set_read_timeout(Some(DEADLINE)).unwrap();
-        m.syslog = Some(syslog);
-        m.launch(args, wrapper);
-        m
+        Manager::configure(policy_text).launch(args, wrapper)
     }
 
     /// Start it with its audit records going to the syslog socket at `audit_socket` (a real
@@ -114,7 +105,7 @@ impl Manager {
         audit_socket: &Path,
         offloads: &[(&str, &str)],
     ) -> Manager {
-        let mut m = Manager::configure(policy_text);
+        let m = Manager::configure(policy_text);
         let config = std::fs::read_to_string(m.config()).unwrap();
         let ours = m.dir.join("log.sock").display().to_string();
         std::fs::write(
@@ -129,12 +120,19 @@ impl Manager {
                 std::fs::write(dir.join(format!("{name}.toml")), text).unwrap();
             }
         }
-        m.launch(&[], &[]);
-        m
+        m.launch(&[], &[])
     }
 
-    fn launch(&mut self, args: &[&str], wrapper: &[&str]) {
-        let m = self;
+    /// Run the configured manager with `args` as `wrapper` runs it; wait for READY=1.
+    pub fn launch(self, args: &[&str], wrapper: &[&str]) -> Manager {
+        let mut m = self;
+        if !wrapper.is_empty() {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&m.dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
+        let syslog = UnixDatagram::bind(m.dir.join("log.sock")).unwrap();
+        syslog.set_read_timeout(Some(DEADLINE)).unwrap();
+        m.syslog = Some(syslog);
         let notify = UnixDatagram::bind(m.dir.join("notify")).unwrap();
         notify.set_read_timeout(Some(DEADLINE)).unwrap();
         if !wrapper.is_empty() {
@@ -168,6 +166,7 @@ impl Manager {
         let msg = String::from_utf8_lossy(&buf[..n]);
         assert!(msg.contains("READY=1"), "{msg}");
         assert!(msg.contains("STATUS="), "{msg}");
+        m
     }
 
     /// Run the binary once on this config with `args`, to its exit.
