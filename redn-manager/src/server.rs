@@ -50,8 +50,16 @@ impl SocketKind {
 }
 
 const SIGNALS: Token = Token(0);
-/// Set in the token of a connection's pidfd (the rest is the connection's token).
-const PIDFD_FLAG: usize = 1 << (usize::BITS - 2);
+/// A connection's pidfd has this plus the connection's token as its token: a range of its
+/// own, below the data plane's tokens (from `usize::MAX / 2`).
+const PIDFD_BASE: usize = usize::MAX / 4;
+
+/// The connection whose pidfd has `token`, if it is a pidfd's.
+fn pidfd_conn(token: usize) -> Option<usize> {
+    (PIDFD_BASE..2 * PIDFD_BASE)
+        .contains(&token)
+        .then(|| token - PIDFD_BASE)
+}
 /// How long the audit trail may take to drain at exit.
 const AUDIT_DRAIN: Duration = Duration::from_secs(2);
 /// How soon the loop retries records a stalled syslog daemon did not take.
@@ -312,8 +320,8 @@ impl Server {
         for (token, readable, writable) in ready {
             if token == SIGNALS.0 {
                 self.handle_signals();
-            } else if token & PIDFD_FLAG != 0 {
-                self.app_exited(token & !PIDFD_FLAG);
+            } else if let Some(conn) = pidfd_conn(token) {
+                self.app_exited(conn);
             } else if token < FIRST_CONN {
                 self.accept_all(token - FIRST_LISTENER);
             } else {
@@ -610,7 +618,7 @@ impl Server {
         if let (SocketKind::Api, Some(fd)) = (kind, &peer.pidfd) {
             let _ = self.poll.registry().register(
                 &mut SourceFd(&fd.as_raw_fd()),
-                Token(token | PIDFD_FLAG),
+                Token(PIDFD_BASE + token),
                 Interest::READABLE,
             );
         }
@@ -1309,4 +1317,29 @@ fn decode<T: DeserializeOwned>(call: &Call) -> Result<T, WireError> {
         };
         ServiceError::InvalidParameter { parameter }.to_wire()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pidfd_tokens_have_a_range_of_their_own() {
+        assert_eq!(pidfd_conn(PIDFD_BASE + FIRST_CONN), Some(FIRST_CONN));
+        assert_eq!(pidfd_conn(FIRST_CONN), None, "a connection");
+        assert_eq!(pidfd_conn(SIGNALS.0), None);
+        // The data plane's tokens start at usize::MAX / 2.
+        assert_eq!(pidfd_conn(usize::MAX / 2), None);
+        assert_eq!(pidfd_conn(usize::MAX / 2 + 1), None);
+    }
+
+    #[test]
+    fn test_run_triggers_are_even_hex() {
+        assert_eq!(parse_hex("2a00ff"), Some(vec![0x2a, 0, 0xff]));
+        assert_eq!(parse_hex(""), Some(vec![]));
+        assert_eq!(parse_hex("2a0"), None, "odd length");
+        assert_eq!(parse_hex("zz"), None);
+        assert_eq!(parse_hex("é"), None, "not ASCII");
+        assert_eq!(parse_hex(&"00".repeat(4097)), None, "over 4096 bytes");
+    }
 }
