@@ -13,6 +13,9 @@
 //! - **auditor CPU share**: the time audit rounds take over wall time, while N well-behaved
 //!   server-loops serve triggers; next to the same run's native floor, a round that only
 //!   reads the NIC's counters of every queue (what any sampling must pay).
+//! - **a well-behaved neighbour**: one GET's latency through a server-loop (trigger posted
+//!   to the round's WQEs run), with an idle neighbour and with a neighbour flooding its own
+//!   server-loop, which the auditor throttles to its budget.
 
 use redn_bench::opts::{parse_in, read_command_line};
 use redn_bench::report::verdict;
@@ -39,7 +42,8 @@ OPTIONS:
     --offloads N   well-behaved offloads under load for the CPU row (1..=64)
     -h, --help     this text
 
-Goals (issue 21): onset to termination <= 10 ms at p99; the auditor's CPU share <= 1 %.
+Goals (issue 21): onset to termination <= 10 ms at p99; the auditor's CPU share <= 1 %;
+a well-behaved client's p99 with a flooding neighbour within 2x its idle p99.
 ";
 
 fn manager(wqes_per_invocation: u32) -> (Manager, u64) {
@@ -56,15 +60,20 @@ fn manager(wqes_per_invocation: u32) -> (Manager, u64) {
     .expect("policy");
     let nic = Arc::new(redn_sys::softnic::SoftNic::with_pus(2).expect("softnic"));
     let mut m = Manager::with_catalog(policy, nic, "softnic").expect("catalog");
-    let client = m.connect(PeerIdentity {
+    let client = m.connect(identity(uid));
+    (m, client)
+}
+
+/// This process as an app of uid `uid`.
+fn identity(uid: u32) -> PeerIdentity {
+    PeerIdentity {
         uid,
         gid: 0,
         pid: std::process::id(),
         exe: "/bench".into(),
         cgroup: "/".into(),
         start_time: 0,
-    });
-    (m, client)
+    }
 }
 
 /// A region for the tables (the manager keeps its own mapping).
@@ -105,6 +114,85 @@ fn main() {
     println!("{:<52} {:>10} {:>10}", "", "p50", "p99");
     termination(runs, interval);
     cpu_share(n_offloads, load, interval);
+    neighbour(runs, interval);
+}
+
+/// One GET through a well-behaved server-loop: from posting its trigger until the offload
+/// has run the round's WQEs (the response is the round's last WQE), in µs.
+fn one_get(m: &mut Manager, auditor: &mut Auditor, handle: u64, trigger: &[u8]) -> f64 {
+    let wqes = |m: &Manager| {
+        m.admin_offloads()
+            .offloads
+            .iter()
+            .find(|o| o.handle == handle)
+            .map_or(0, |o| o.wqes)
+    };
+    let before = wqes(m);
+    let t0 = Instant::now();
+    m.test_run(handle, trigger, 1).expect("test run");
+    let deadline = t0 + Duration::from_secs(10);
+    while wqes(m) < before + 24 {
+        if auditor.due(SystemClock) {
+            m.audit_round(auditor, SystemClock);
+        }
+        assert!(Instant::now() < deadline, "the GET was never served");
+        std::hint::spin_loop();
+    }
+    ns(t0.elapsed()) / 1000.0
+}
+
+/// A well-behaved client's GET latency, idle and while a neighbour floods (throttled by the
+/// auditor to its 100k WQEs/s budget).
+fn neighbour(runs: usize, interval: Duration) {
+    let uid = nix::unistd::getuid().as_raw();
+    let policy = redn_policy::parse_policy(
+        &format!(
+            "[[app]]\nname = \"bench\"\nuid = {uid}\noffloads = [\"server-loop\"]\n\
+             max_regions = 4\nmax_pinned = \"1G\"\nmax_queues = 64\nmax_remote_clients = 4\n\
+             [app.client]\nrate_limit_kbps = \"infinity\"\nwqes_per_second = \"100k\"\n\
+             wqes_per_invocation = 32\non_violation = \"throttle\"\n"
+        ),
+        "policy.toml",
+    )
+    .expect("policy");
+    let nic = Arc::new(redn_sys::softnic::SoftNic::with_pus(2).expect("softnic"));
+    let mut m = Manager::with_catalog(policy, nic, "softnic").expect("catalog");
+    let client = m.connect(identity(uid));
+    let mut auditor = Auditor::new(interval);
+    let r = region(&mut m, client);
+    let (calm, calm_trigger) = install(&mut m, client, &r);
+    let (flood, flood_trigger) = install(&mut m, client, &r);
+    m.audit_round(&mut auditor, SystemClock);
+    let idle: Vec<f64> = (0..runs)
+        .map(|_| one_get(&mut m, &mut auditor, calm, &calm_trigger))
+        .collect();
+    let mut loaded = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let _ = m.test_run(flood, &flood_trigger, 4096);
+        loaded.push(one_get(&mut m, &mut auditor, calm, &calm_trigger));
+    }
+    let throttled = auditor.is_throttled(flood);
+    let (i, l) = (stats(&idle), stats(&loaded));
+    println!(
+        "{:<52} {:>10.1} {:>10.1}",
+        "well-behaved GET, idle neighbour", i.median, i.p99
+    );
+    println!(
+        "{:<52} {:>10.1} {:>10.1}  goal p99 <= 2x idle: {}",
+        "well-behaved GET, neighbour flooding",
+        l.median,
+        l.p99,
+        verdict(l.p99 <= 2.0 * i.p99)
+    );
+    println!(
+        "  the flooding neighbour was {}throttled; the well-behaved one {}",
+        if throttled { "" } else { "NOT " },
+        if auditor.is_throttled(calm) {
+            "was throttled too"
+        } else {
+            "was left alone"
+        }
+    );
 }
 
 fn termination(runs: usize, interval: Duration) {
