@@ -45,6 +45,8 @@ pub const RATE_WINDOW: Duration = Duration::from_millis(100);
 pub const RATE_TOLERANCE: f64 = 1.25;
 /// Pacer hold-backs in one window that show a throttled client is still pushing.
 pub const PRESSING_DELAYS: u64 = 16;
+/// Windows in a row without a single pacer hold-back after which a throttle is lifted.
+pub const CALM_WINDOWS: u32 = 10;
 
 /// What an offload may spend, from its app's rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +77,12 @@ impl Budget {
             },
             on_violation: c.on_violation,
         }
+    }
+
+    /// The pacing every client has from install on: its bandwidth only.
+    pub fn install_limit(&self) -> RateLimit {
+        self.bytes_per_second
+            .map_or_else(RateLimit::default, RateLimit::bytes)
     }
 
     /// The pacing a throttled client gets: its budgets, enforced by the NIC.
@@ -184,6 +192,8 @@ impl Violation {
 pub enum Verdict {
     /// Pace its queues at this limit.
     Throttle(Violation, RateLimit),
+    /// It stopped pressing against its throttle: pace it as at install again.
+    Unthrottle(RateLimit),
     /// Move its queues to error, revoke its keys, free it.
     Terminate(Violation),
     /// Terminate it and refuse its app's installs for this long (`None`: forever).
@@ -199,6 +209,8 @@ struct Track {
     window_start: Instant,
     window_base: Sample,
     throttled: bool,
+    /// Windows in a row a throttled offload did not touch its pacer.
+    calm_windows: u32,
     /// A queue in error was already reported.
     error_reported: bool,
 }
@@ -212,6 +224,8 @@ pub struct AuditorCounters {
     pub samples: u64,
     /// Throttles ordered.
     pub throttles: u64,
+    /// Throttles lifted.
+    pub unthrottles: u64,
     /// Terminations ordered (bans included).
     pub terminations: u64,
 }
@@ -292,6 +306,7 @@ impl Auditor {
             window_start: now,
             window_base: sample,
             throttled: false,
+            calm_windows: 0,
             error_reported: false,
         });
         // A reload may have changed the budget.
@@ -303,6 +318,10 @@ impl Auditor {
             Some(Verdict::Throttle(..)) => {
                 t.throttled = true;
                 self.counters.throttles += 1;
+            }
+            Some(Verdict::Unthrottle(_)) => {
+                t.throttled = false;
+                self.counters.unthrottles += 1;
             }
             Some(Verdict::Terminate(_) | Verdict::Ban(..)) => {
                 self.counters.terminations += 1;
@@ -323,14 +342,17 @@ fn judge(t: &mut Track, s: Sample, now: Instant) -> Option<Verdict> {
         .saturating_add(1)
         .saturating_mul(b.wqes_per_trigger);
     if wqes > allowed {
-        return Some(apply(
-            t,
-            Violation::LoopBudget {
-                wqes,
-                triggers,
-                allowed,
-            },
-        ));
+        let v = Violation::LoopBudget {
+            wqes,
+            triggers,
+            allowed,
+        };
+        if t.throttled && b.on_violation == OnViolation::Throttle {
+            // Already paced, as far as this policy goes: nothing new to do or record.
+            t.calm_windows = 0;
+            return None;
+        }
+        return Some(apply(t, v));
     }
     let elapsed = now.saturating_duration_since(t.window_start);
     if elapsed < RATE_WINDOW {
@@ -344,10 +366,16 @@ fn judge(t: &mut Track, s: Sample, now: Instant) -> Option<Verdict> {
     if t.throttled {
         let delays = s.rate_limit_delays.saturating_sub(w.rate_limit_delays);
         if delays >= PRESSING_DELAYS {
+            t.calm_windows = 0;
             return match b.on_violation {
                 OnViolation::Throttle => None,
                 _ => Some(apply(t, Violation::StillFlooding { delays })),
             };
+        }
+        t.calm_windows = if delays == 0 { t.calm_windows + 1 } else { 0 };
+        if t.calm_windows >= CALM_WINDOWS {
+            t.calm_windows = 0;
+            return Some(Verdict::Unthrottle(b.install_limit()));
         }
         return None;
     }
@@ -582,6 +610,41 @@ mod tests {
     }
 
     #[test]
+    fn a_throttle_is_lifted_after_calm_windows_and_not_before() {
+        let clock = ManualClock::new();
+        let mut a = Auditor::new(DEFAULT_INTERVAL);
+        let b = Budget {
+            wqes_per_trigger: 2,
+            ..budget(OnViolation::Terminate)
+        };
+        let mut s = sample(0, 0);
+        a.observe(3, b, s, &clock);
+        clock.advance(RATE_WINDOW);
+        s = sample(2_000, 1_000);
+        assert!(matches!(a.observe(3, b, s, &clock).0, Some(Verdict::Throttle(..))));
+        // Nine calm windows, then one hold-back: the count starts again.
+        for _ in 0..CALM_WINDOWS - 1 {
+            clock.advance(RATE_WINDOW);
+            assert_eq!(a.observe(3, b, s, &clock).0, None);
+        }
+        clock.advance(RATE_WINDOW);
+        s.rate_limit_delays += 1;
+        assert_eq!(a.observe(3, b, s, &clock).0, None);
+        for _ in 0..CALM_WINDOWS - 1 {
+            clock.advance(RATE_WINDOW);
+            assert_eq!(a.observe(3, b, s, &clock).0, None);
+            assert!(a.is_throttled(3));
+        }
+        clock.advance(RATE_WINDOW);
+        assert_eq!(
+            a.observe(3, b, s, &clock).0,
+            Some(Verdict::Unthrottle(RateLimit::bytes(1_000_000)))
+        );
+        assert!(!a.is_throttled(3));
+        assert_eq!((a.counters.throttles, a.counters.unthrottles), (1, 1));
+    }
+
+    #[test]
     fn under_throttle_policy_nobody_is_terminated() {
         let clock = ManualClock::new();
         let mut a = Auditor::new(DEFAULT_INTERVAL);
@@ -599,8 +662,12 @@ mod tests {
             ..sample(3_000, 1_500)
         };
         assert_eq!(a.observe(3, b, s, &clock).0, None);
-        // Even a runaway loop is only paced.
-        let (v, _) = a.observe(3, b, sample(100_000, 1_500), &clock);
+        // A runaway loop that is already paced is not throttled again every round.
+        assert_eq!(a.observe(3, b, sample(100_000, 1_500), &clock).0, None);
+        assert_eq!(a.counters.throttles, 1);
+        // One that is not yet paced is only paced.
+        a.observe(4, b, sample(0, 0), &clock);
+        let (v, _) = a.observe(4, b, sample(100_000, 0), &clock);
         assert!(matches!(
             v,
             Some(Verdict::Throttle(Violation::LoopBudget { .. }, _))

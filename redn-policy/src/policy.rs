@@ -45,7 +45,7 @@
 //! - `wqes_per_invocation`: work requests one invocation may execute (the verifier's bound
 //!   for unrolled chains, the auditor's budget per trigger for recycled loops);
 //! - `on_violation`: what a client over a limit gets: `throttle` (its queues paced at its
-//!   budgets), `terminate` (its queues go to error, its keys are revoked and its resources
+//!   budgets until it stops pressing against them), `terminate` (its queues go to error, its keys are revoked and its resources
 //!   freed), `ban` (terminated, and the app's installs refused for `ban_duration`). A rate
 //!   violation is throttled first whatever this says; see the manager's `docs/audit.md`;
 //! - `token_lifetime`: how long a token handed to a client stays valid.

@@ -177,7 +177,8 @@ impl Manager {
                         .res(false);
                     self.outbox.push(r);
                 }
-                Some(Verdict::Throttle(v, limit)) => self.throttle(handle, &v, limit),
+                Some(Verdict::Throttle(v, limit)) => self.throttle(handle, Some(&v), limit),
+                Some(Verdict::Unthrottle(limit)) => self.throttle(handle, None, limit),
                 Some(Verdict::Terminate(v)) => self.terminate(handle, &v, None),
                 Some(Verdict::Ban(v, span)) => self.terminate(handle, &v, Some(span)),
             }
@@ -187,7 +188,9 @@ impl Manager {
         sampled
     }
 
-    fn throttle(&mut self, handle: u64, v: &Violation, limit: redn_sys::nic::RateLimit) {
+    /// Pace `handle`'s queues at `limit`: a throttle for violation `v`, or with `None` the
+    /// lifting of one.
+    fn throttle(&mut self, handle: u64, v: Option<&Violation>, limit: redn_sys::nic::RateLimit) {
         let Some(o) = self.installed.get_mut(&handle) else {
             return;
         };
@@ -197,10 +200,14 @@ impl Manager {
         }
         // Remote clients installed later are paced the same way.
         o.limit = limit;
-        let r = self
-            .offload_record("throttle", Severity::Warning, handle)
-            .field("rule", v.rule())
-            .fields(v.details())
+        let r = match v {
+            Some(v) => self
+                .offload_record("throttle", Severity::Warning, handle)
+                .field("rule", v.rule())
+                .fields(v.details()),
+            None => self.offload_record("unthrottle", Severity::Notice, handle),
+        };
+        let r = r
             .field("paced_wqes_per_s", limit.wqes_per_sec)
             .field("paced_bytes_per_s", limit.bytes_per_sec)
             .res(ok);
