@@ -565,20 +565,25 @@ mod tests {
         assert_eq!(bans.banned("kv", 1000, &clock), Some(None));
     }
 
-    #[test]
-    fn a_flood_is_throttled_then_terminated_if_it_keeps_pushing() {
-        let clock = ManualClock::new();
+    /// An auditor that has seen offload 3 (2 WQEs per trigger, under `on`) flood at
+    /// 13_000 WQEs/s for one window, over 10_000 × 1.25; its verdict and last sample.
+    fn flooded(clock: &ManualClock, on: OnViolation) -> (Auditor, Budget, Sample, Option<Verdict>) {
         let mut a = Auditor::new(DEFAULT_INTERVAL);
         let b = Budget {
             wqes_per_trigger: 2,
-            ..budget(OnViolation::Terminate)
+            ..budget(on)
         };
-        let mut s = sample(0, 0);
-        a.observe(3, b, s, &clock);
-        // 1_300 WQEs (650 triggers) in 100 ms = 13_000/s: over 10_000 × 1.25.
+        a.observe(3, b, sample(0, 0), clock);
         clock.advance(RATE_WINDOW);
-        s = sample(1_300, 650);
-        let (v, _) = a.observe(3, b, s, &clock);
+        let s = sample(1_300, 650);
+        let (v, _) = a.observe(3, b, s, clock);
+        (a, b, s, v)
+    }
+
+    #[test]
+    fn a_flood_is_throttled_then_terminated_if_it_keeps_pushing() {
+        let clock = ManualClock::new();
+        let (mut a, b, mut s, v) = flooded(&clock, OnViolation::Terminate);
         assert_eq!(
             v,
             Some(Verdict::Throttle(
@@ -612,16 +617,8 @@ mod tests {
     #[test]
     fn a_throttle_is_lifted_after_calm_windows_and_not_before() {
         let clock = ManualClock::new();
-        let mut a = Auditor::new(DEFAULT_INTERVAL);
-        let b = Budget {
-            wqes_per_trigger: 2,
-            ..budget(OnViolation::Terminate)
-        };
-        let mut s = sample(0, 0);
-        a.observe(3, b, s, &clock);
-        clock.advance(RATE_WINDOW);
-        s = sample(2_000, 1_000);
-        assert!(matches!(a.observe(3, b, s, &clock).0, Some(Verdict::Throttle(..))));
+        let (mut a, b, mut s, v) = flooded(&clock, OnViolation::Terminate);
+        assert!(matches!(v, Some(Verdict::Throttle(..))));
         // Nine calm windows, then one hold-back: the count starts again.
         for _ in 0..CALM_WINDOWS - 1 {
             clock.advance(RATE_WINDOW);
@@ -647,14 +644,7 @@ mod tests {
     #[test]
     fn under_throttle_policy_nobody_is_terminated() {
         let clock = ManualClock::new();
-        let mut a = Auditor::new(DEFAULT_INTERVAL);
-        let b = Budget {
-            wqes_per_trigger: 2,
-            ..budget(OnViolation::Throttle)
-        };
-        a.observe(3, b, sample(0, 0), &clock);
-        clock.advance(RATE_WINDOW);
-        let (v, _) = a.observe(3, b, sample(2_000, 1_000), &clock);
+        let (mut a, b, _, v) = flooded(&clock, OnViolation::Throttle);
         assert!(matches!(v, Some(Verdict::Throttle(..))));
         clock.advance(RATE_WINDOW);
         let s = Sample {
