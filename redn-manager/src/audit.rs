@@ -313,8 +313,7 @@ pub fn remote_client_attach(handle: u64, remote: &str, refusal: Option<&str>) ->
 
 fn quote_into(out: &mut String, v: &str) {
     let bare = !v.is_empty()
-        && v
-            .chars()
+        && v.chars()
             .all(|c| c.is_ascii_alphanumeric() || "._/:@+,-".contains(c));
     if bare {
         out.push_str(v);
@@ -400,7 +399,9 @@ mod tests {
         audit.record(Severity::Notice, "event=offload-admit client=3");
         let mut buf = [0u8; 512];
         let n = rx.recv(&mut buf).unwrap();
-        assert!(std::str::from_utf8(&buf[..n]).unwrap().ends_with("event=early"));
+        assert!(std::str::from_utf8(&buf[..n])
+            .unwrap()
+            .ends_with("event=early"));
         let n = rx.recv(&mut buf).unwrap();
         let got = std::str::from_utf8(&buf[..n]).unwrap();
         // authpriv (10) * 8 + notice (5) = 85; no hostname before the tag.
@@ -454,7 +455,10 @@ mod tests {
         assert_eq!(audit.queued(), QUEUE_CAP);
         let sent = audit.sent;
         assert!(sent > 0, "the socket took some before it stalled");
-        assert!(sent < 2000, "a datagram socket holds far fewer than 2000 records");
+        assert!(
+            sent < 2000,
+            "a datagram socket holds far fewer than 2000 records"
+        );
         assert_eq!(audit.dropped, 2000 - sent);
         let dropped = audit.dropped;
         assert!(dropped > 0);
@@ -463,7 +467,10 @@ mod tests {
         let mut buf = [0u8; 512];
         let mut got = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !got.last().is_some_and(|l: &String| l.contains("event=audit-drop")) {
+        while !got
+            .last()
+            .is_some_and(|l: &String| l.contains("event=audit-drop"))
+        {
             assert!(Instant::now() < deadline, "no drop report");
             match rx.recv(&mut buf) {
                 Ok(n) => got.push(String::from_utf8_lossy(&buf[..n]).into_owned()),

@@ -176,7 +176,8 @@ impl Violation {
                 ("triggers", triggers.to_string()),
                 ("allowed", allowed.to_string()),
             ],
-            Violation::WqeRate { per_second, limit } | Violation::ByteRate { per_second, limit } => {
+            Violation::WqeRate { per_second, limit }
+            | Violation::ByteRate { per_second, limit } => {
                 vec![
                     ("measured_per_s", per_second.to_string()),
                     ("limit_per_s", limit.to_string()),
@@ -379,9 +380,8 @@ fn judge(t: &mut Track, s: Sample, now: Instant) -> Option<Verdict> {
         }
         return None;
     }
-    let over = |measured: f64, limit: Option<u64>| {
-        limit.filter(|&l| measured > l as f64 * RATE_TOLERANCE)
-    };
+    let over =
+        |measured: f64, limit: Option<u64>| limit.filter(|&l| measured > l as f64 * RATE_TOLERANCE);
     let wqe_rate = rate(s.wqes, w.wqes);
     if let Some(limit) = over(wqe_rate, b.wqes_per_second) {
         return Some(throttle(
@@ -542,7 +542,9 @@ mod tests {
         let b = budget(OnViolation::Ban(span));
         a.observe(1, b, sample(0, 0), &clock);
         let (v, _) = a.observe(1, b, sample(100, 0), &clock);
-        assert!(matches!(v, Some(Verdict::Ban(Violation::LoopBudget { .. }, Some(d))) if d == Duration::from_secs(60)));
+        assert!(
+            matches!(v, Some(Verdict::Ban(Violation::LoopBudget { .. }, Some(d))) if d == Duration::from_secs(60))
+        );
         let mut bans = Bans::default();
         bans.ban("kv", 1000, Some(Duration::from_secs(60)), &clock);
         assert_eq!(

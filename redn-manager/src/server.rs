@@ -206,7 +206,11 @@ impl Server {
 
     /// Reload `manager.toml` from `path` too (it was loaded as `config`): its `[audit]`
     /// section takes effect at once; the sockets, backend and data plane need a restart.
-    pub fn reload_config_from(&mut self, path: std::path::PathBuf, config: redn_policy::ManagerConfig) {
+    pub fn reload_config_from(
+        &mut self,
+        path: std::path::PathBuf,
+        config: redn_policy::ManagerConfig,
+    ) {
         self.config = Some((path, config));
     }
 
@@ -1165,10 +1169,12 @@ impl Server {
             .get(&token)
             .is_some_and(|c| c.kind == SocketKind::Admin);
         let err = if !admin {
-            Some(ServiceError::MethodNotFound {
-                method: call.method.clone(),
-            }
-            .to_wire())
+            Some(
+                ServiceError::MethodNotFound {
+                    method: call.method.clone(),
+                }
+                .to_wire(),
+            )
         } else if !call.more {
             Some(ServiceError::ExpectedMore {}.to_wire())
         } else if !call.parameters.is_empty() {
@@ -1258,7 +1264,10 @@ fn exited(peer: &Peer) -> bool {
     let Some(fd) = &peer.pidfd else {
         return false;
     };
-    let mut fds = [nix::poll::PollFd::new(fd.as_fd(), nix::poll::PollFlags::POLLIN)];
+    let mut fds = [nix::poll::PollFd::new(
+        fd.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
     matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
 }
 

@@ -207,7 +207,10 @@ fn install_server_loop(c: &mut Client) -> Result<(u64, String), redn_client::Err
     let r = c.register_region(&region, "table")?;
     let i = c.install(
         "server-loop",
-        &[("table", r.region, 0, 4096), ("values", r.region, 4096, 4096)],
+        &[
+            ("table", r.region, 0, 4096),
+            ("values", r.region, 4096, 4096),
+        ],
     )?;
     // key0 (6 bytes LE) · bucket0 (8 bytes BE): the table's first bucket.
     let mut trigger = vec![0x2a, 0, 0, 0, 0, 0];
@@ -279,7 +282,10 @@ fn two_runaway_loops_at_once_are_terminated_and_a_third_client_is_unaffected() {
         .connection()
         .call("io.redn.Manager.Stats", &serde_json::json!({}), &[])
         .unwrap();
-    assert_eq!(stats.terminated, None, "nothing of the third client's was touched");
+    assert_eq!(
+        stats.terminated, None,
+        "nothing of the third client's was touched"
+    );
     assert_eq!(offloads(&m).len(), 1);
 }
 
@@ -294,7 +300,10 @@ fn a_runaway_loop_is_terminated_while_a_neighbour_keeps_serving() {
     let (runaway, trigger) = install_server_loop(&mut c).unwrap();
     assert!(test_run(&m, runaway, &trigger, 64) > 0);
     let t = syslog.find("terminate", |r| r.get("handle") == runaway.to_string());
-    assert_eq!((t.facility.as_str(), t.severity.as_str()), ("authpriv", "warning"));
+    assert_eq!(
+        (t.facility.as_str(), t.severity.as_str()),
+        ("authpriv", "warning")
+    );
     assert_eq!(t.get("rule"), "loop-budget");
     assert_eq!(t.get("offload"), "server-loop");
     assert_eq!(t.get("uid"), uid().to_string());
@@ -384,7 +393,13 @@ fn held_app_entry() {
 /// Start an app process that installs echo and waits to be killed: it and its handle.
 fn held_app(m: &Manager) -> (Child, u64) {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "held_app_entry", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "held_app_entry",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("REDN_AUDIT_APP", m.api())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -394,9 +409,18 @@ fn held_app(m: &Manager) -> (Child, u64) {
     let mut line = String::new();
     while !line.contains("APP handle=") {
         line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "the app exited early");
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the app exited early"
+        );
     }
-    let handle = line.split("APP handle=").nth(1).unwrap().trim().parse().unwrap();
+    let handle = line
+        .split("APP handle=")
+        .nth(1)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     (child, handle)
 }
 
@@ -424,7 +448,9 @@ fn sigkill_app(keep: bool) {
         // Still serving from the still-mapped memory: a trigger is answered.
         assert_eq!(test_run(&m, handle, &hex(&[1u8; 64]), 1), 1);
         wait_until("the kept offload serves a trigger", || {
-            offloads(&m).iter().any(|o| o.handle == handle && o.triggers == 1)
+            offloads(&m)
+                .iter()
+                .any(|o| o.handle == handle && o.triggers == 1)
         });
     } else {
         let t = syslog.find("teardown", |r| r.get("handle") == handle.to_string());
@@ -469,7 +495,11 @@ fn sigterm_releases_everything_records_it_and_exits_zero() {
     }
     let stop = syslog.find("stop", |_| true);
     assert_eq!(
-        (stop.get("offloads"), stop.get("objects_left"), stop.get("res")),
+        (
+            stop.get("offloads"),
+            stop.get("objects_left"),
+            stop.get("res")
+        ),
         ("2", "0", "success")
     );
     syslog.find("stop-requested", |r| r.get("signal") == "SIGTERM");
@@ -481,8 +511,13 @@ fn sighup_with_a_broken_policy_keeps_the_old_one() {
     let Some(syslog) = Rsyslog::start() else {
         return;
     };
-    let client = "wqes_per_second = \"infinity\"\nwqes_per_invocation = 16\non_violation = \"terminate\"";
-    let m = Manager::start_logging_to(&app_policy("tester", "\"echo\"", "", client), &syslog.socket(), &[]);
+    let client =
+        "wqes_per_second = \"infinity\"\nwqes_per_invocation = 16\non_violation = \"terminate\"";
+    let m = Manager::start_logging_to(
+        &app_policy("tester", "\"echo\"", "", client),
+        &syslog.socket(),
+        &[],
+    );
     let mut c = m.client();
     let first = c.install("echo", &[]).unwrap().handle;
     std::fs::write(
@@ -508,7 +543,8 @@ fn sighup_with_a_stricter_policy_tears_down_what_it_no_longer_allows() {
     let Some(syslog) = Rsyslog::start() else {
         return;
     };
-    let client = "wqes_per_second = \"infinity\"\nwqes_per_invocation = 32\non_violation = \"terminate\"";
+    let client =
+        "wqes_per_second = \"infinity\"\nwqes_per_invocation = 32\non_violation = \"terminate\"";
     let m = Manager::start_logging_to(
         &app_policy("tester", "\"echo\", \"server-loop\"", "", client),
         &syslog.socket(),
@@ -526,11 +562,17 @@ fn sighup_with_a_stricter_policy_tears_down_what_it_no_longer_allows() {
     let r = syslog.find("reload", |r| r.get("res") == "success");
     assert_eq!(r.get("torn_down"), "1");
     let t = syslog.find("teardown", |r| r.get("handle") == echo.to_string());
-    assert_eq!((t.get("reason"), t.get("offload")), ("policy-reload", "echo"));
+    assert_eq!(
+        (t.get("reason"), t.get("offload")),
+        ("policy-reload", "echo")
+    );
     let left: Vec<u64> = offloads(&m).iter().map(|o| o.handle).collect();
     assert_eq!(left, [lp]);
     let e = c.install("echo", &[]).unwrap_err();
-    assert!(matches!(e, redn_client::Error::Refused(ManagerError::PolicyDenied { .. })));
+    assert!(matches!(
+        e,
+        redn_client::Error::Refused(ManagerError::PolicyDenied { .. })
+    ));
 }
 
 #[test]
@@ -546,8 +588,11 @@ fn audit_bodies_parse_by_the_documented_grammar() {
 fn monitor_streams_records_and_counters_until_the_admin_hangs_up() {
     let m = Manager::start(&common::policy("", ""), &[]);
     let mut mon = m.raw(&m.admin());
-    mon.send_bytes(b"{\"method\":\"io.redn.Admin.Monitor\",\"more\":true}\0", &[])
-        .unwrap();
+    mon.send_bytes(
+        b"{\"method\":\"io.redn.Admin.Monitor\",\"more\":true}\0",
+        &[],
+    )
+    .unwrap();
     let first = mon.read_reply().unwrap();
     assert!(first.continues && first.error.is_none(), "{first:?}");
     let first: api::MonitorReply =
@@ -619,7 +664,8 @@ fn sighup_tears_down_an_offload_whose_definition_was_removed() {
     let Some(syslog) = Rsyslog::start() else {
         return;
     };
-    let client = "wqes_per_second = \"infinity\"\nwqes_per_invocation = 32\non_violation = \"terminate\"";
+    let client =
+        "wqes_per_second = \"infinity\"\nwqes_per_invocation = 32\non_violation = \"terminate\"";
     let echo_toml = include_str!("../../etc/redn/offloads.d/echo.toml");
     let loop_toml = include_str!("../../etc/redn/offloads.d/server-loop.toml");
     let m = Manager::start_logging_to(
@@ -651,8 +697,13 @@ fn sighup_reloads_manager_toml_audit_settings_and_refuses_a_broken_one() {
     let Some(syslog) = Rsyslog::start() else {
         return;
     };
-    let client = "wqes_per_second = \"infinity\"\nwqes_per_invocation = 32\non_violation = \"terminate\"";
-    let m = Manager::start_logging_to(&app_policy("tester", "\"echo\"", "", client), &syslog.socket(), &[]);
+    let client =
+        "wqes_per_second = \"infinity\"\nwqes_per_invocation = 32\non_violation = \"terminate\"";
+    let m = Manager::start_logging_to(
+        &app_policy("tester", "\"echo\"", "", client),
+        &syslog.socket(),
+        &[],
+    );
     let good = std::fs::read_to_string(m.config()).unwrap();
     std::fs::write(m.config(), format!("{good}colour = \"blue\"\n")).unwrap();
     nix::sys::signal::kill(manager_pid(&m), nix::sys::signal::Signal::SIGHUP).unwrap();

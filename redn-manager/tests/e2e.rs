@@ -522,7 +522,6 @@ fn sockets_have_their_modes_and_go_away_at_shutdown() {
     assert!(m.log().contains("event=stop "));
 }
 
-
 #[test]
 fn socket_activation_with_systemd_socket_activate() {
     let Some(activate) = which("systemd-socket-activate") else {

@@ -311,7 +311,11 @@ fn cpu_share(n: usize, load: Duration, interval: Duration) {
     for o in m.admin_offloads().offloads {
         served += o.triggers;
     }
-    assert_eq!(m.installed_count(), n, "a well-behaved offload was terminated");
+    assert_eq!(
+        m.installed_count(),
+        n,
+        "a well-behaved offload was terminated"
+    );
     let share = spent.as_secs_f64() / wall.as_secs_f64() * 100.0;
     let floor_share = floor.as_secs_f64() / wall.as_secs_f64() * 100.0;
     let completions = (served - served_before) as f64 * 24.0 / wall.as_secs_f64();
@@ -321,7 +325,5 @@ fn cpu_share(n: usize, load: Duration, interval: Duration) {
         completions / 1e6,
         verdict(share <= 1.0)
     );
-    println!(
-        "  native floor, reading every queue's counters each round: {floor_share:.3} %"
-    );
+    println!("  native floor, reading every queue's counters each round: {floor_share:.3} %");
 }

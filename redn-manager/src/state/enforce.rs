@@ -134,7 +134,11 @@ impl Manager {
                 s.bytes += c.bytes;
                 s.errors += c.errors;
                 s.rate_limit_delays += c.rate_limit_delays;
-                if o.program.queues.get(i).is_some_and(|d| d.role == QueueRole::Client) {
+                if o.program
+                    .queues
+                    .get(i)
+                    .is_some_and(|d| d.role == QueueRole::Client)
+                {
                     s.triggers += c.recvs;
                 }
             }
@@ -267,9 +271,7 @@ impl Manager {
 
     /// Why app `app` run by `uid` may not install now, if it is banned.
     pub(super) fn ban_refusal(&self, app: &str, uid: u32) -> Option<String> {
-        let left = self
-            .bans
-            .banned(app, uid, redn_sys::clock::SystemClock)?;
+        let left = self.bans.banned(app, uid, redn_sys::clock::SystemClock)?;
         Some(format!(
             "app {app:?} (uid {uid}) is banned by the auditor for {} more",
             describe_span(left.map(|d| d + std::time::Duration::from_secs(1)))

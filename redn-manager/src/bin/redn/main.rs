@@ -321,7 +321,11 @@ fn monitor(opts: &Options) -> Result<Output> {
             continue;
         };
         // A closed stdout (`redn monitor | head`) ends the stream.
-        if out.write_all(line.as_bytes()).and_then(|()| out.flush()).is_err() {
+        if out
+            .write_all(line.as_bytes())
+            .and_then(|()| out.flush())
+            .is_err()
+        {
             return Ok(Output::Text {
                 text: String::new(),
                 json: json!([]),
