@@ -1,16 +1,24 @@
 //! Audit records: one RFC 3164 datagram per event on the local syslog socket, tagged with
 //! the configured identifier and our pid and without a hostname (journald then sets
 //! `SYSLOG_IDENTIFIER`), so `journalctl -t redn-manager` finds them. Each record's message
-//! is `key=value` fields an admin can grep, such as `event=offload-admit client=3 ...`.
+//! is an auditd-style body built by [`Record`]: `event=KIND key=value … res=success|failed`;
+//! the grammar (every event and its keys) is in `docs/audit.md`.
 //!
-//! The socket is non-blocking: a stalled syslog daemon must never stall the event loop, so
-//! a record that cannot be sent is counted as dropped. A receiver that restarted
-//! (`ECONNREFUSED`) or appeared late is reconnected, at most once a second. Every record is
-//! also written to stderr (the service's journal stream when run by systemd).
+//! Records go through a bounded queue ([`QUEUE_CAP`]) drained on a non-blocking socket: a
+//! stalled syslog daemon never stalls the event loop. A record that finds the queue full is
+//! dropped and counted, and once the queue drains an `event=audit-drop dropped=N` record says
+//! how many were lost. A receiver that restarted (`ECONNREFUSED`) or appeared late is
+//! reconnected, at most once a second. Every record is also written to stderr (the
+//! service's journal stream when run by systemd).
 
-use redn_policy::AuditConfig;
+use redn_policy::{AuditConfig, PeerIdentity};
+use std::collections::VecDeque;
+use std::fmt::Display;
 use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Records waiting for the receiver, at most.
+pub const QUEUE_CAP: usize = 4096;
 
 /// Severity of a record (syslog(3)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,8 +39,15 @@ pub struct Audit {
     last_attempt: Option<Instant>,
     pid: u32,
     echo: bool,
-    /// Records that could not be sent.
+    queue: VecDeque<String>,
+    /// Records lost (queue full, or no receiver at all).
     pub dropped: u64,
+    /// Drops not yet reported by an `audit-drop` record.
+    unreported: u64,
+    /// Records sent.
+    pub sent: u64,
+    /// A copy of each record's body for `Monitor` subscribers, while some are listening.
+    tap: Option<Vec<String>>,
 }
 
 impl Audit {
@@ -44,7 +59,11 @@ impl Audit {
             last_attempt: None,
             pid: std::process::id(),
             echo: true,
+            queue: VecDeque::new(),
             dropped: 0,
+            unreported: 0,
+            sent: 0,
+            tap: None,
         };
         a.reconnect();
         a
@@ -79,35 +98,241 @@ impl Audit {
         )
     }
 
-    /// Record `message`.
+    /// Record `message` (a body [`Record::body`] built).
     pub fn record(&mut self, severity: Severity, message: &str) {
         if self.echo {
             eprintln!("{}: {message}", self.config.identifier);
         }
+        if let Some(tap) = &mut self.tap {
+            // Bounded like the queue: the loop drains it every turn.
+            if tap.len() < QUEUE_CAP {
+                tap.push(message.to_owned());
+            }
+        }
+        if self.queue.len() >= QUEUE_CAP {
+            self.dropped += 1;
+            self.unreported += 1;
+            return;
+        }
         let line = self.format(severity, message, SystemTime::now());
+        self.queue.push_back(line);
+        self.flush();
+    }
+
+    /// Record an event.
+    pub fn event(&mut self, record: &Record) {
+        self.record(record.severity, &record.body());
+    }
+
+    /// Send later records by `config` (a reload changed `[audit]`): a new socket, facility
+    /// or identifier. Records already queued go to the new socket as they were formatted.
+    pub fn reconfigure(&mut self, config: AuditConfig) {
+        if config != self.config {
+            self.config = config;
+            self.reconnect();
+        }
+    }
+
+    /// Copy record bodies for [`Audit::take_tapped`] (`on`), or stop.
+    pub fn set_tap(&mut self, on: bool) {
+        if on != self.tap.is_some() {
+            self.tap = on.then(Vec::new);
+        }
+    }
+
+    /// The record bodies copied since the last call.
+    pub fn take_tapped(&mut self) -> Vec<String> {
+        self.tap.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Records waiting for the receiver.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Send what the receiver takes now, without blocking; then report drops once the queue
+    /// has drained.
+    pub fn flush(&mut self) {
         let retry_due = self
             .last_attempt
             .map_or(true, |t| t.elapsed() >= Duration::from_secs(1));
         if self.socket.is_none() && retry_due {
             self.reconnect();
         }
-        let Some(s) = &self.socket else {
-            self.dropped += 1;
-            return;
-        };
-        match s.send(line.as_bytes()) {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => self.dropped += 1,
-            Err(_) => {
-                // The receiver went away (restarted): try a fresh socket once.
-                self.reconnect();
-                let sent = self.socket.as_ref().map(|s| s.send(line.as_bytes()));
-                if !matches!(sent, Some(Ok(_))) {
+        while let Some(line) = self.queue.front() {
+            let Some(s) = &self.socket else {
+                // No receiver: what is queued stays until one appears or the queue fills.
+                return;
+            };
+            match s.send(line.as_bytes()) {
+                Ok(_) => {
+                    self.sent += 1;
+                    self.queue.pop_front();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.raw_os_error() == Some(nix::libc::EMSGSIZE) => {
+                    // Never sendable: drop it rather than block the queue behind it.
+                    self.queue.pop_front();
                     self.dropped += 1;
+                    self.unreported += 1;
+                }
+                Err(_) => {
+                    // The receiver went away (restarted): a fresh socket, tried again later.
+                    self.socket = None;
+                    if retry_due {
+                        self.reconnect();
+                    }
+                    if self.socket.is_none() {
+                        return;
+                    }
                 }
             }
         }
+        if self.unreported > 0 {
+            let n = std::mem::take(&mut self.unreported);
+            let body = Record::new("audit-drop", Severity::Warning)
+                .field("dropped", n)
+                .field("dropped_total", self.dropped)
+                .res(false)
+                .body();
+            if self.echo {
+                eprintln!("{}: {body}", self.config.identifier);
+            }
+            let line = self.format(Severity::Warning, &body, SystemTime::now());
+            self.queue.push_back(line);
+            self.flush();
+        }
     }
+
+    /// At exit: keep flushing until the queue is empty or `deadline` passes; the records
+    /// still queued then are counted as dropped.
+    pub fn drain(&mut self, deadline: Instant) {
+        loop {
+            self.flush();
+            if self.queue.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            // The receiver is behind: give it a moment (exit path only, never the loop).
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.dropped += self.queue.len() as u64;
+        self.queue.clear();
+    }
+}
+
+/// One audit record: `event=KIND`, then `key=value` fields in the order added, then
+/// `res=success|failed` if given. Values made only of letters, digits and `._/:@+,-` are
+/// written bare; anything else is double-quoted, with `"` and `\` escaped by a backslash and
+/// control characters as `\xNN`, so a value can never forge another key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    severity: Severity,
+    kind: &'static str,
+    fields: Vec<(&'static str, String)>,
+    res: Option<bool>,
+}
+
+impl Record {
+    /// A record of event `kind`.
+    pub fn new(kind: &'static str, severity: Severity) -> Record {
+        Record {
+            severity,
+            kind,
+            fields: Vec::new(),
+            res: None,
+        }
+    }
+
+    /// Add `key=value`.
+    #[must_use]
+    pub fn field(mut self, key: &'static str, value: impl Display) -> Record {
+        self.fields.push((key, value.to_string()));
+        self
+    }
+
+    /// Add the peer's `uid`, `pid`, `exe` and `cgroup`.
+    #[must_use]
+    pub fn peer(self, p: &PeerIdentity) -> Record {
+        self.field("uid", p.uid)
+            .field("pid", p.pid)
+            .field("exe", p.exe.display())
+            .field("cgroup", &p.cgroup)
+    }
+
+    /// Add every `(key, value)`.
+    #[must_use]
+    pub fn fields(mut self, kv: Vec<(&'static str, String)>) -> Record {
+        self.fields.extend(kv);
+        self
+    }
+
+    /// End with `res=success` or `res=failed`.
+    #[must_use]
+    pub fn res(mut self, ok: bool) -> Record {
+        self.res = Some(ok);
+        self
+    }
+
+    /// Its severity.
+    pub fn severity(&self) -> Severity {
+        self.severity
+    }
+
+    /// The message body.
+    pub fn body(&self) -> String {
+        let mut out = format!("event={}", self.kind);
+        for (k, v) in &self.fields {
+            out.push(' ');
+            out.push_str(k);
+            out.push('=');
+            quote_into(&mut out, v);
+        }
+        if let Some(ok) = self.res {
+            out.push_str(if ok { " res=success" } else { " res=failed" });
+        }
+        out
+    }
+}
+
+/// The `remote-client-attach` record, for the data plane: a remote client at `remote` (its
+/// address) attached to offload `handle`, or was refused for `refusal`. Never the token.
+pub fn remote_client_attach(handle: u64, remote: &str, refusal: Option<&str>) -> Record {
+    let severity = if refusal.is_some() {
+        Severity::Warning
+    } else {
+        Severity::Notice
+    };
+    let r = Record::new("remote-client-attach", severity)
+        .field("handle", handle)
+        .field("remote", remote);
+    match refusal {
+        Some(reason) => r.field("reason", reason).res(false),
+        None => r.res(true),
+    }
+}
+
+fn quote_into(out: &mut String, v: &str) {
+    let bare = !v.is_empty()
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._/:@+,-".contains(c));
+    if bare {
+        out.push_str(v);
+        return;
+    }
+    out.push('"');
+    for c in v.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_control() => {
+                out.push_str(&format!("\\x{:02x}", u32::from(c)));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
 }
 
 /// `Mmm dd hh:mm:ss` in UTC, as RFC 3164 writes it (day space-padded).
@@ -168,11 +393,15 @@ mod tests {
         let path = dir.join("log.sock");
         let mut audit = Audit::new(config(&path));
         audit.record(Severity::Notice, "event=early");
-        assert_eq!(audit.dropped, 1, "no receiver yet");
+        assert_eq!(audit.queued(), 1, "no receiver yet: held");
         let rx = UnixDatagram::bind(&path).unwrap();
         audit.last_attempt = None; // as if a second had passed
         audit.record(Severity::Notice, "event=offload-admit client=3");
         let mut buf = [0u8; 512];
+        let n = rx.recv(&mut buf).unwrap();
+        assert!(std::str::from_utf8(&buf[..n])
+            .unwrap()
+            .ends_with("event=early"));
         let n = rx.recv(&mut buf).unwrap();
         let got = std::str::from_utf8(&buf[..n]).unwrap();
         // authpriv (10) * 8 + notice (5) = 85; no hostname before the tag.
@@ -182,6 +411,76 @@ mod tests {
             std::process::id()
         );
         assert_eq!(&got[4 + 15..], tail, "{got}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn remote_client_attach_records_name_the_handle_and_address() {
+        assert_eq!(
+            remote_client_attach(4, "192.0.2.7:4791", None).body(),
+            "event=remote-client-attach handle=4 remote=192.0.2.7:4791 res=success"
+        );
+        let refused = remote_client_attach(4, "192.0.2.7:4791", Some("bad token"));
+        assert_eq!(refused.severity(), Severity::Warning);
+        assert!(refused.body().ends_with("reason=\"bad token\" res=failed"));
+    }
+
+    #[test]
+    fn record_bodies_quote_what_could_forge_a_key() {
+        let r = Record::new("terminate", Severity::Warning)
+            .field("offload", "server-loop")
+            .field("reason", "loop budget")
+            .field("exe", "/x/a\"b c=d\n")
+            .field("empty", "")
+            .res(true);
+        assert_eq!(
+            r.body(),
+            "event=terminate offload=server-loop reason=\"loop budget\" \
+             exe=\"/x/a\\\"b c=d\\x0a\" empty=\"\" res=success"
+        );
+    }
+
+    #[test]
+    fn a_stalled_receiver_costs_drops_that_are_counted_and_reported() {
+        let dir = std::env::temp_dir().join(format!("redn-audit-q-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("log.sock");
+        let rx = UnixDatagram::bind(&path).unwrap();
+        let mut audit = Audit::new(config(&path)).quiet();
+        // Nobody reads: the socket fills, then the queue, then records are dropped.
+        for i in 0..QUEUE_CAP + 2000 {
+            audit.record(Severity::Notice, &format!("event=x n={i}"));
+        }
+        assert_eq!(audit.queued(), QUEUE_CAP);
+        let sent = audit.sent;
+        assert!(sent > 0, "the socket took some before it stalled");
+        assert!(
+            sent < 2000,
+            "a datagram socket holds far fewer than 2000 records"
+        );
+        assert_eq!(audit.dropped, 2000 - sent);
+        let dropped = audit.dropped;
+        assert!(dropped > 0);
+        // The receiver catches up: everything queued arrives in order, then the drop report.
+        rx.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 512];
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !got
+            .last()
+            .is_some_and(|l: &String| l.contains("event=audit-drop"))
+        {
+            assert!(Instant::now() < deadline, "no drop report");
+            match rx.recv(&mut buf) {
+                Ok(n) => got.push(String::from_utf8_lossy(&buf[..n]).into_owned()),
+                Err(_) => audit.flush(),
+            }
+        }
+        assert_eq!(got.len() as u64, sent + QUEUE_CAP as u64 + 1);
+        assert!(got.last().unwrap().ends_with(&format!(
+            "event=audit-drop dropped={dropped} dropped_total={dropped} res=failed"
+        )));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

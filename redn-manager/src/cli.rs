@@ -311,6 +311,7 @@ fn run(opts: &Options) -> anyhow::Result<()> {
         );
         server.set_dataplane(dp).context("cannot set up epoll")?;
     }
+    server.reload_config_from(opts.config.clone(), loaded.config.clone());
     eprintln!(
         "redn-manager: serving io.redn.Manager on {} and io.redn.Admin on {}",
         api.path.display(),

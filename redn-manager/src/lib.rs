@@ -1,6 +1,7 @@
 //! The RedN offload manager daemon, as a library so its tests and benchmarks can drive it.
 //!
 //! - [`audit`]: audit records to syslog;
+//! - [`auditor`]: run-time budgets judged from the NIC's counters;
 //! - [`system`]: sockets (bound under a lock, or from socket activation), capabilities,
 //!   memlock, sd_notify;
 //! - [`peer`]: who is on a connection (`SO_PEERCRED`, `SO_PEERPIDFD`, procfs), re-checked
@@ -14,6 +15,7 @@
 #![deny(unsafe_code)]
 
 pub mod audit;
+pub mod auditor;
 pub mod backend;
 pub mod cli;
 pub mod dataplane;

@@ -9,7 +9,8 @@
 //! answered with a named error on that connection — closed after the reply when its
 //! framing can no longer be trusted — and the loop goes on serving everyone else.
 
-use crate::audit::{Audit, Severity};
+use crate::audit::{Audit, Record, Severity};
+use crate::auditor::Auditor;
 use crate::dataplane::Dataplane;
 use crate::peer::{Peer, Procfs};
 use crate::state::Manager;
@@ -50,6 +51,30 @@ impl SocketKind {
 }
 
 const SIGNALS: Token = Token(0);
+/// A connection's pidfd has this plus the connection's token as its token: a range of its
+/// own, below the data plane's tokens (from `usize::MAX / 2`).
+const PIDFD_BASE: usize = usize::MAX / 4;
+
+/// The connection whose pidfd has `token`, if it is a pidfd's.
+fn pidfd_conn(token: usize) -> Option<usize> {
+    (PIDFD_BASE..2 * PIDFD_BASE)
+        .contains(&token)
+        .then(|| token - PIDFD_BASE)
+}
+/// How long the audit trail may take to drain at exit.
+const AUDIT_DRAIN: Duration = Duration::from_secs(2);
+/// How soon the loop retries records a stalled syslog daemon did not take.
+const AUDIT_RETRY: Duration = Duration::from_millis(10);
+/// How long a hang-up waits for its process's pidfd before it counts as a plain disconnect:
+/// a dying process's sockets close just before its pidfd turns readable.
+const HANGUP_GRACE: Duration = Duration::from_millis(50);
+
+/// An app connection that hung up while its process still seemed alive.
+struct Hangup {
+    client: u64,
+    peer: Peer,
+    since: Instant,
+}
 const FIRST_LISTENER: usize = 1;
 const FIRST_CONN: usize = 16;
 /// Reads one connection may do per wakeup before others get a turn.
@@ -103,6 +128,16 @@ pub struct Server {
     pub counters: Counters,
     /// Remote clients, when `[dataplane] listen` is set.
     dataplane: Option<Dataplane>,
+    /// Run-time budgets (see [`crate::auditor`]).
+    pub auditor: Auditor,
+    /// The listeners were closed: stopping, nothing more is admitted.
+    closed: bool,
+    /// Hang-ups waiting to be told apart: the app exiting, or only its connection closing.
+    hangups: HashMap<usize, Hangup>,
+    /// Admin connections streaming `Monitor`, and when they last got the counters.
+    monitors: HashMap<usize, Instant>,
+    /// `manager.toml` as loaded, and where, for reloads.
+    config: Option<(std::path::PathBuf, redn_policy::ManagerConfig)>,
 }
 
 impl std::fmt::Debug for Server {
@@ -155,6 +190,11 @@ impl Server {
             scratch: vec![0u8; 64 << 10],
             counters: Counters::default(),
             dataplane: None,
+            auditor: Auditor::new(crate::auditor::DEFAULT_INTERVAL),
+            closed: false,
+            hangups: HashMap::new(),
+            monitors: HashMap::new(),
+            config: None,
         })
     }
 
@@ -180,27 +220,82 @@ impl Server {
         self.conns.len()
     }
 
-    /// Serve until SIGTERM or SIGINT; then uninstall everything.
+    /// Reload `manager.toml` from `path` too (it was loaded as `config`): its `[audit]`
+    /// section takes effect at once; the sockets, backend and data plane need a restart.
+    pub fn reload_config_from(
+        &mut self,
+        path: std::path::PathBuf,
+        config: redn_policy::ManagerConfig,
+    ) {
+        self.config = Some((path, config));
+    }
+
+    /// The audit trail.
+    pub fn audit(&mut self) -> &mut Audit {
+        &mut self.audit
+    }
+
+    /// Serve until SIGTERM or SIGINT; then stop admitting, tear everything down (a
+    /// `teardown` record each), record `stop` and drain the audit trail.
     ///
     /// # Errors
     /// If polling fails.
     pub fn run(&mut self) -> io::Result<()> {
+        self.audit.event(
+            &Record::new("start", Severity::Notice)
+                .field("pid", std::process::id())
+                .field("backend", self.manager.backend())
+                .field("version", env!("CARGO_PKG_VERSION"))
+                .res(true),
+        );
         while !self.stop {
             self.turn(None)?;
         }
-        self.audit.record(
-            Severity::Notice,
-            &format!(
-                "event=shutdown connections={} offloads={}",
-                self.conns.len(),
-                self.manager.installed_count()
-            ),
-        );
+        self.shutdown();
+        Ok(())
+    }
+
+    /// Stop admitting, hang up on everyone, tear everything down, drain the audit trail.
+    pub fn shutdown(&mut self) {
+        for (l, _) in &mut self.listeners {
+            let _ = self.poll.registry().deregister(l);
+        }
+        self.listeners.clear();
+        self.closed = true;
+        let (conns, offloads) = (self.conns.len(), self.manager.installed_count());
+        let tokens: Vec<usize> = self.conns.keys().copied().collect();
+        for t in tokens {
+            if let Some(c) = self.conns.get_mut(&t) {
+                // Torn down below, with the rest.
+                c.client = None;
+            }
+            self.close(t);
+        }
+        self.resolve_hangups(true);
         if let Some(dp) = &mut self.dataplane {
             dp.shutdown(self.poll.registry(), &mut self.manager, &mut self.audit);
         }
         self.manager.shutdown();
-        Ok(())
+        self.drain_manager_records();
+        let objects = self.manager.nic().objects();
+        self.audit.event(
+            &Record::new("stop", Severity::Notice)
+                .field("connections", conns)
+                .field("offloads", offloads)
+                .field(
+                    "objects_left",
+                    objects.pds + objects.regions + objects.cqs + objects.qps,
+                )
+                .field("audit_dropped", self.audit.dropped)
+                .res(true),
+        );
+        self.audit.drain(Instant::now() + AUDIT_DRAIN);
+    }
+
+    fn drain_manager_records(&mut self) {
+        for r in self.manager.take_records() {
+            self.audit.event(&r);
+        }
     }
 
     /// One round of the loop: wait at most `timeout` for events (not at all if a
@@ -210,11 +305,21 @@ impl Server {
     /// If polling fails.
     pub fn turn(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         let mut events = Events::with_capacity(256);
-        let timeout = if self.unfinished.is_empty() {
+        let mut timeout = if self.unfinished.is_empty() {
             timeout
         } else {
             Some(Duration::ZERO)
         };
+        // The auditor's next round (none while nothing is installed: an idle manager sleeps),
+        // and records a stalled receiver left queued.
+        let mut wake = (self.manager.installed_count() > 0)
+            .then(|| self.auditor.until_due(redn_sys::clock::SystemClock));
+        if self.audit.queued() > 0 || !self.hangups.is_empty() || !self.monitors.is_empty() {
+            wake = Some(wake.map_or(AUDIT_RETRY, |w| w.min(AUDIT_RETRY)));
+        }
+        if let Some(w) = wake {
+            timeout = Some(timeout.map_or(w, |t| t.min(w)));
+        }
         match self.poll.poll(&mut events, timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
@@ -233,6 +338,8 @@ impl Server {
         for t in std::mem::take(&mut self.unfinished) {
             ready.push((t, true, false));
         }
+        // Before any request: an app whose exit is now visible is not served as alive.
+        self.resolve_hangups(false);
         for (token, readable, writable) in ready {
             if token == SIGNALS.0 {
                 self.handle_signals();
@@ -248,6 +355,8 @@ impl Server {
                         &mut self.audit,
                     );
                 }
+            } else if let Some(conn) = pidfd_conn(token) {
+                self.app_exited(conn);
             } else if token < FIRST_CONN {
                 self.accept_all(token - FIRST_LISTENER);
             } else {
@@ -263,7 +372,90 @@ impl Server {
             // Remote clients of offloads uninstalled in this turn lose their instances.
             dp.reap(self.poll.registry(), &mut self.manager, &mut self.audit);
         }
+        self.audit_round();
         Ok(())
+    }
+
+    /// An auditor round if one is due, then the records of what the manager did.
+    fn audit_round(&mut self) {
+        let clock = redn_sys::clock::SystemClock;
+        if self.auditor.due(clock) {
+            self.manager.audit_round(&mut self.auditor, clock);
+        }
+        self.drain_manager_records();
+        self.audit.flush();
+        self.feed_monitors();
+    }
+
+    /// What `Monitor` reports once a second.
+    fn monitor_counters(&self) -> api::MonitorCounters {
+        let a = self.auditor.counters;
+        api::MonitorCounters {
+            connections: self.conns.len() as u64,
+            offloads: self.manager.installed_count() as u64,
+            auditor_rounds: a.rounds,
+            auditor_samples: a.samples,
+            throttles: a.throttles,
+            terminations: a.terminations,
+            audit_sent: self.audit.sent,
+            audit_dropped: self.audit.dropped,
+        }
+    }
+
+    /// Send each `Monitor` subscriber the records since the last turn, and the counters
+    /// once a second.
+    fn feed_monitors(&mut self) {
+        self.monitors.retain(|t, _| self.conns.contains_key(t));
+        self.audit.set_tap(!self.monitors.is_empty());
+        if self.monitors.is_empty() {
+            return;
+        }
+        let records = self.audit.take_tapped();
+        let counters = self.monitor_counters();
+        let now = Instant::now();
+        let tokens: Vec<usize> = self.monitors.keys().copied().collect();
+        for t in tokens {
+            let mut bytes = Vec::new();
+            for r in &records {
+                bytes.extend(stream_reply(&api::MonitorReply {
+                    record: Some(r.clone()),
+                    counters: None,
+                }));
+            }
+            let due = self
+                .monitors
+                .get(&t)
+                .is_some_and(|last| now.duration_since(*last) >= Duration::from_secs(1));
+            if due {
+                self.monitors.insert(t, now);
+                bytes.extend(stream_reply(&api::MonitorReply {
+                    record: None,
+                    counters: Some(counters),
+                }));
+            }
+            if !bytes.is_empty() {
+                // A monitor that does not read is dropped by the pending-output cap.
+                self.send(t, bytes);
+            }
+        }
+    }
+
+    /// The process behind connection `token` exited (its pidfd became readable): apply its
+    /// rule's `keep_serving_after_exit` and record `app-exit`. The connection stays open if
+    /// another process still holds the socket: its next call gets `PeerChanged`.
+    fn app_exited(&mut self, token: usize) {
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if let Some(fd) = &c.peer.pidfd {
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut SourceFd(&fd.as_raw_fd()));
+        }
+        if let Some(client) = c.client.take() {
+            self.manager.app_exited(client);
+        }
     }
 
     fn handle_signals(&mut self) {
@@ -277,20 +469,93 @@ impl Server {
                 .ok()
                 .and_then(|s| Signal::try_from(s).ok())
             {
-                Some(Signal::SIGHUP) => match self.manager.reload_policy() {
-                    Ok(r) => self.audit.record(
-                        Severity::Notice,
-                        &format!("event=reload res=success apps={}", r.apps),
-                    ),
-                    Err(e) => self.audit.record(
-                        Severity::Warning,
-                        &format!("event=reload res=failed {}", e.to_wire()),
-                    ),
-                },
-                Some(Signal::SIGTERM | Signal::SIGINT) => self.stop = true,
+                Some(Signal::SIGHUP) => {
+                    let _ = self.reload("SIGHUP");
+                }
+                Some(s @ (Signal::SIGTERM | Signal::SIGINT)) => {
+                    self.audit.event(
+                        &Record::new("stop-requested", Severity::Notice)
+                            .field("signal", s.as_str())
+                            .res(true),
+                    );
+                    self.stop = true;
+                }
                 _ => {}
             }
         }
+    }
+
+    /// Reload policy and definitions (SIGHUP or `ReloadPolicy`), recording `reload` and the
+    /// teardowns it causes.
+    fn reload(&mut self, by: &str) -> Result<api::Reloaded, AdminError> {
+        // manager.toml first: if it is broken, nothing changes.
+        let loaded = self
+            .config
+            .as_ref()
+            .map(|(path, _)| redn_policy::load_manager_config(path));
+        let config = match loaded {
+            Some(Err(e)) => {
+                let e = AdminError::ReloadFailed {
+                    reason: e.to_string(),
+                };
+                return Err(self.reload_failed(by, e));
+            }
+            Some(Ok(c)) => Some(c),
+            None => None,
+        };
+        let r = self.manager.reload_policy();
+        match &r {
+            Ok(ok) => {
+                let mut restart = Vec::new();
+                if let (Some(new), Some((_, old))) = (config, &mut self.config) {
+                    for (part, changed) in [
+                        ("api", new.api != old.api),
+                        ("admin", new.admin != old.admin),
+                        ("backend", new.backend != old.backend),
+                        ("dataplane", new.dataplane != old.dataplane),
+                    ] {
+                        if changed {
+                            restart.push(part);
+                        }
+                    }
+                    self.audit.reconfigure(new.audit.clone());
+                    *old = new;
+                }
+                let records = self.manager.take_records();
+                let mut rec = Record::new("reload", Severity::Notice)
+                    .field("by", by)
+                    .field("apps", ok.apps)
+                    .field("torn_down", records.len());
+                if !restart.is_empty() {
+                    // Changed, but only a restart applies them (sockets, the NIC).
+                    rec = rec.field("restart_needed", restart.join(","));
+                }
+                self.audit.event(&rec.res(true));
+                for rec in records {
+                    self.audit.event(&rec);
+                }
+            }
+            Err(e) => {
+                self.reload_failed(by, e.clone());
+            }
+        }
+        r
+    }
+
+    /// Record a failed reload; `e` back.
+    fn reload_failed(&mut self, by: &str, e: AdminError) -> AdminError {
+        let reason = match &e {
+            AdminError::ReloadFailed { reason } => reason.clone(),
+            other => other.to_wire().name,
+        };
+        self.audit.event(
+            &Record::new("reload", Severity::Warning)
+                .field("by", by)
+                .field("kept", "old-policy")
+                .field("reason", reason)
+                .res(false),
+        );
+        e
     }
 
     fn accept_all(&mut self, index: usize) {
@@ -305,9 +570,10 @@ impl Server {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // EMFILE and the like: leave the rest in the backlog for now.
-                    self.audit.record(
-                        Severity::Warning,
-                        &format!("event=accept res=failed error={e}"),
+                    self.audit.event(
+                        &Record::new("refuse", Severity::Warning)
+                            .field("reason", format!("accept: {e}"))
+                            .res(false),
                     );
                     return;
                 }
@@ -326,9 +592,11 @@ impl Server {
                     reason: e.to_string(),
                 };
                 let _ = stream.write(&error_reply(&err.to_wire()));
-                self.audit.record(
-                    Severity::Warning,
-                    &format!("event=connect res=refused reason=\"{e}\""),
+                self.audit.event(
+                    &Record::new("refuse", Severity::Warning)
+                        .field("socket", format!("{kind:?}"))
+                        .field("reason", e)
+                        .res(false),
                 );
                 return;
             }
@@ -360,12 +628,12 @@ impl Server {
             };
             // Best effort: a fresh socket's buffer takes one short reply.
             let _ = stream.write(&error_reply(&err.to_wire()));
-            self.audit.record(
-                Severity::Warning,
-                &format!(
-                    "event=connect res=refused uid={uid} pid={} reason={resource}",
-                    peer.identity.pid
-                ),
+            self.audit.event(
+                &Record::new("refuse", Severity::Warning)
+                    .field("socket", format!("{kind:?}"))
+                    .peer(&peer.identity)
+                    .field("reason", resource)
+                    .res(false),
             );
             return;
         }
@@ -376,30 +644,42 @@ impl Server {
             .registry()
             .register(&mut stream, Token(token), Interest::READABLE)
         {
-            self.audit.record(
-                Severity::Warning,
-                &format!("event=connect res=failed error={e}"),
+            self.audit.event(
+                &Record::new("refuse", Severity::Warning)
+                    .peer(&peer.identity)
+                    .field("reason", format!("epoll: {e}"))
+                    .res(false),
             );
             return;
+        }
+        // The app's exit is noticed through its pidfd, even while another process still
+        // holds its socket.
+        if let (SocketKind::Api, Some(fd)) = (kind, &peer.pidfd) {
+            let _ = self.poll.registry().register(
+                &mut SourceFd(&fd.as_raw_fd()),
+                Token(PIDFD_BASE + token),
+                Interest::READABLE,
+            );
         }
         let client = (kind == SocketKind::Api).then(|| self.manager.connect(peer.identity.clone()));
         if let Some(id) = client {
             let adopted = self.manager.adopt(id);
             if adopted > 0 {
-                self.audit.record(
-                    Severity::Notice,
-                    &format!("event=adopt client={id} uid={uid} offloads={adopted}"),
+                self.audit.event(
+                    &Record::new("adopt", Severity::Notice)
+                        .field("client", id)
+                        .peer(&peer.identity)
+                        .field("offloads", adopted)
+                        .res(true),
                 );
             }
         }
-        self.audit.record(
-            Severity::Info,
-            &format!(
-                "event=connect socket={kind:?} client={} uid={uid} pid={} exe={}",
-                client.unwrap_or(0),
-                peer.identity.pid,
-                peer.exe().display()
-            ),
+        self.audit.event(
+            &Record::new("connect", Severity::Info)
+                .field("socket", format!("{kind:?}"))
+                .field("client", client.unwrap_or(0))
+                .peer(&peer.identity)
+                .res(true),
         );
         self.counters.accepted += 1;
         self.conns.insert(
@@ -427,18 +707,80 @@ impl Server {
     fn close(&mut self, token: usize) {
         if let Some(mut c) = self.conns.remove(&token) {
             let _ = self.poll.registry().deregister(&mut c.stream);
-            if let Some(client) = c.client {
-                let removed = self.manager.disconnect(client);
-                self.audit.record(
-                    Severity::Info,
-                    &format!(
-                        "event=disconnect client={client} pid={} uninstalled={removed}",
-                        c.peer.identity.pid
-                    ),
-                );
+            match c.client {
+                Some(client) if c.peer.still_same().is_err() || exited(&c.peer) => {
+                    // The hang-up is the app's exit (its pidfd may not have been read yet).
+                    self.forget_pidfd(&c.peer);
+                    self.manager.app_exited(client);
+                }
+                Some(client) if c.peer.pidfd.is_some() && !self.closed => {
+                    // Its process may be dying: wait briefly for the pidfd (still
+                    // registered) to tell.
+                    self.hangups.insert(
+                        token,
+                        Hangup {
+                            client,
+                            peer: c.peer,
+                            since: Instant::now(),
+                        },
+                    );
+                }
+                Some(client) => {
+                    self.forget_pidfd(&c.peer);
+                    self.disconnected(client, &c.peer);
+                }
+                None => self.forget_pidfd(&c.peer),
             }
+            self.drain_manager_records();
         }
         self.unfinished.remove(&token);
+    }
+
+    fn forget_pidfd(&self, peer: &Peer) {
+        if let Some(fd) = &peer.pidfd {
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut SourceFd(&fd.as_raw_fd()));
+        }
+    }
+
+    /// A client's connection closed while its process lives on.
+    fn disconnected(&mut self, client: u64, peer: &Peer) {
+        let removed = self.manager.disconnect(client);
+        self.audit.event(
+            &Record::new("disconnect", Severity::Info)
+                .field("client", client)
+                .peer(&peer.identity)
+                .field("uninstalled", removed)
+                .res(true),
+        );
+    }
+
+    /// Settle hang-ups: an exited process is an app exit; one alive after the grace period
+    /// (or, with `all`, now) only closed its connection.
+    fn resolve_hangups(&mut self, all: bool) {
+        if self.hangups.is_empty() {
+            return;
+        }
+        let settled: Vec<usize> = self
+            .hangups
+            .iter()
+            .filter(|(_, h)| all || exited(&h.peer) || h.since.elapsed() >= HANGUP_GRACE)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in settled {
+            let Some(h) = self.hangups.remove(&t) else {
+                continue;
+            };
+            self.forget_pidfd(&h.peer);
+            if exited(&h.peer) || h.peer.still_same().is_err() {
+                self.manager.app_exited(h.client);
+            } else {
+                self.disconnected(h.client, &h.peer);
+            }
+        }
+        self.drain_manager_records();
     }
 
     fn read(&mut self, token: usize) {
@@ -536,9 +878,11 @@ impl Server {
 
     /// Answer a protocol violation; close after the reply if `fatal`.
     fn violation(&mut self, token: usize, limit: &str, reason: String, fatal: bool) {
-        self.audit.record(
-            Severity::Warning,
-            &format!("event=protocol-violation limit={limit} reason=\"{reason}\""),
+        self.audit.event(
+            &Record::new("protocol-violation", Severity::Warning)
+                .field("limit", limit)
+                .field("reason", &reason)
+                .res(false),
         );
         let err = ManagerError::ProtocolViolation {
             limit: limit.into(),
@@ -593,6 +937,10 @@ impl Server {
             return;
         }
         self.counters.requests += 1;
+        if call.method == format!("{ADMIN}.Monitor") && !call.oneway {
+            self.monitor(token, &call);
+            return;
+        }
         let (result, close) = self.dispatch(token, &call, fds);
         if !call.oneway {
             let bytes = match result {
@@ -716,14 +1064,13 @@ impl Server {
                 }
                 let fd = fds.swap_remove(index);
                 let r = m.register_region(client, fd).map_err(wire)?;
-                self.audit.record(
-                    Severity::Notice,
-                    &format!(
-                        "event=region-register client={client} region={} name={:?} size={}",
-                        r.region,
-                        p.name.unwrap_or_default(),
-                        r.size
-                    ),
+                self.audit.event(
+                    &Record::new("region-register", Severity::Notice)
+                        .field("client", client)
+                        .field("region", r.region)
+                        .field("name", p.name.unwrap_or_default())
+                        .field("size", r.size)
+                        .res(true),
                 );
                 encode(&r)
             }
@@ -732,18 +1079,33 @@ impl Server {
                 let name = p.offload.clone();
                 match m.install(client, p) {
                     Ok(r) => {
-                        self.audit.record(Severity::Notice, &format!("event=offload-admit client={client} offload={name} handle={} res=success", r.handle));
+                        self.audit.event(
+                            &Record::new("offload-admit", Severity::Notice)
+                                .field("client", client)
+                                .field("offload", name)
+                                .field("handle", r.handle)
+                                .res(true),
+                        );
                         encode(&r)
                     }
                     Err(e) => {
+                        let rule = m.take_refused_rules();
                         let w = e.to_wire();
-                        self.audit.record(
-                            Severity::Warning,
-                            &format!(
-                                "event=offload-refuse client={client} offload={name} error={}",
-                                w.name
-                            ),
-                        );
+                        let reason = match &e {
+                            ManagerError::PolicyDenied { reason } => reason.clone(),
+                            _ => String::new(),
+                        };
+                        let mut rec = Record::new("offload-refuse", Severity::Warning)
+                            .field("client", client)
+                            .field("offload", name)
+                            .field("error", w.name.rsplit('.').next().unwrap_or_default());
+                        if !rule.is_empty() {
+                            rec = rec.field("rule", rule);
+                        }
+                        if !reason.is_empty() {
+                            rec = rec.field("reason", reason);
+                        }
+                        self.audit.event(&rec.res(false));
                         Err(w)
                     }
                 }
@@ -751,12 +1113,12 @@ impl Server {
             "Uninstall" => {
                 let p: api::Uninstall = decode(call)?;
                 m.uninstall(client, p.handle).map_err(wire)?;
-                self.audit.record(
-                    Severity::Notice,
-                    &format!(
-                        "event=offload-uninstall client={client} handle={}",
-                        p.handle
-                    ),
+                self.audit.event(
+                    &Record::new("teardown", Severity::Notice)
+                        .field("client", client)
+                        .field("handle", p.handle)
+                        .field("reason", "uninstall")
+                        .res(true),
                 );
                 Ok(Map::new())
             }
@@ -784,12 +1146,11 @@ impl Server {
             "KillClient" => match decode::<api::KillClient>(call) {
                 Ok(p) => match m.admin_kill(p.client) {
                     Ok(r) => {
-                        self.audit.record(
-                            Severity::Warning,
-                            &format!(
-                                "event=kill client={} uninstalled={}",
-                                p.client, r.uninstalled
-                            ),
+                        self.audit.event(
+                            &Record::new("kill", Severity::Warning)
+                                .field("client", p.client)
+                                .field("uninstalled", r.uninstalled)
+                                .res(true),
                         );
                         let victims: Vec<usize> = self
                             .conns
@@ -810,28 +1171,69 @@ impl Server {
                 },
                 Err(e) => Err(e),
             },
-            "ReloadPolicy" => match self.manager.reload_policy() {
-                Ok(r) => {
-                    self.audit.record(
-                        Severity::Notice,
-                        &format!("event=reload res=success apps={}", r.apps),
-                    );
-                    encode(&r)
-                }
-                Err(e) => {
-                    self.audit.record(
-                        Severity::Warning,
-                        &format!("event=reload res=failed {}", e.to_wire()),
-                    );
-                    Err(wire(e))
-                }
+            "ReloadPolicy" => match self.reload("ReloadPolicy") {
+                Ok(r) => encode(&r),
+                Err(e) => Err(wire(e)),
             },
+            "TestRun" => decode::<api::TestRun>(call).and_then(|p| {
+                let trigger = parse_hex(&p.trigger).ok_or_else(|| {
+                    ServiceError::InvalidParameter {
+                        parameter: "trigger".into(),
+                    }
+                    .to_wire()
+                })?;
+                let r = self
+                    .manager
+                    .test_run(p.handle, &trigger, p.count)
+                    .map_err(wire)?;
+                encode(&r)
+            }),
             _ => Err(ServiceError::MethodNotFound {
                 method: call.method.clone(),
             }
             .to_wire()),
         };
         (r, false)
+    }
+
+    /// `io.redn.Admin.Monitor`: with `more`, subscribe the connection (records and counters
+    /// follow as replies with `continues`); without, `ExpectedMore`.
+    fn monitor(&mut self, token: usize, call: &Call) {
+        let admin = self
+            .conns
+            .get(&token)
+            .is_some_and(|c| c.kind == SocketKind::Admin);
+        let err = if !admin {
+            Some(
+                ServiceError::MethodNotFound {
+                    method: call.method.clone(),
+                }
+                .to_wire(),
+            )
+        } else if !call.more {
+            Some(ServiceError::ExpectedMore {}.to_wire())
+        } else if !call.parameters.is_empty() {
+            Some(
+                ServiceError::InvalidParameter {
+                    parameter: call.parameters.keys().next().cloned().unwrap_or_default(),
+                }
+                .to_wire(),
+            )
+        } else {
+            None
+        };
+        if let Some(e) = err {
+            self.send(token, error_reply(&e));
+            return;
+        }
+        // The counters at once, then every second.
+        self.monitors.insert(token, Instant::now());
+        self.audit.set_tap(true);
+        let first = stream_reply(&api::MonitorReply {
+            record: None,
+            counters: Some(self.monitor_counters()),
+        });
+        self.send(token, first);
     }
 
     fn send(&mut self, token: usize, bytes: Vec<u8>) {
@@ -841,13 +1243,11 @@ impl Server {
         };
         c.output.extend_from_slice(&bytes);
         if c.output.len() - c.written > max {
-            self.audit.record(
-                Severity::Warning,
-                &format!(
-                    "event=disconnect reason=unread-replies pid={}",
-                    c.peer.identity.pid
-                ),
-            );
+            let r = Record::new("disconnect", Severity::Warning)
+                .peer(&c.peer.identity)
+                .field("reason", "unread-replies")
+                .res(false);
+            self.audit.event(&r);
             self.close(token);
             return;
         }
@@ -905,6 +1305,40 @@ pub(crate) fn write_pending(
     Ok(())
 }
 
+/// Whether the peer's process has exited (its pidfd polls readable).
+fn exited(peer: &Peer) -> bool {
+    let Some(fd) = &peer.pidfd else {
+        return false;
+    };
+    let mut fds = [nix::poll::PollFd::new(
+        fd.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
+/// Bytes from hex (an even number of digits), at most 4096 bytes.
+fn parse_hex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 || text.len() > 8192 {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// One reply of a `more` stream.
+fn stream_reply<T: Serialize>(value: &T) -> Vec<u8> {
+    let parameters = encode(value).unwrap_or_default();
+    Reply {
+        error: None,
+        parameters,
+        continues: true,
+    }
+    .encode()
+}
+
 fn error_reply(w: &WireError) -> Vec<u8> {
     Reply {
         error: Some(w.name.clone()),
@@ -938,4 +1372,29 @@ fn decode<T: DeserializeOwned>(call: &Call) -> Result<T, WireError> {
         };
         ServiceError::InvalidParameter { parameter }.to_wire()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pidfd_tokens_have_a_range_of_their_own() {
+        assert_eq!(pidfd_conn(PIDFD_BASE + FIRST_CONN), Some(FIRST_CONN));
+        assert_eq!(pidfd_conn(FIRST_CONN), None, "a connection");
+        assert_eq!(pidfd_conn(SIGNALS.0), None);
+        // The data plane's tokens start at usize::MAX / 2.
+        assert_eq!(pidfd_conn(usize::MAX / 2), None);
+        assert_eq!(pidfd_conn(usize::MAX / 2 + 1), None);
+    }
+
+    #[test]
+    fn test_run_triggers_are_even_hex() {
+        assert_eq!(parse_hex("2a00ff"), Some(vec![0x2a, 0, 0xff]));
+        assert_eq!(parse_hex(""), Some(vec![]));
+        assert_eq!(parse_hex("2a0"), None, "odd length");
+        assert_eq!(parse_hex("zz"), None);
+        assert_eq!(parse_hex("é"), None, "not ASCII");
+        assert_eq!(parse_hex(&"00".repeat(4097)), None, "over 4096 bytes");
+    }
 }

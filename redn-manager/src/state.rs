@@ -37,6 +37,9 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+mod enforce;
+pub use enforce::{server_loop_over, Teardown, MAX_TEST_RUN};
+
 /// The NIC as the manager holds it.
 pub type DynNic = dyn Nic;
 
@@ -149,6 +152,8 @@ impl Client {
 /// queue pair and key before the CQ and protection domain.
 struct Parking {
     _qp: QueuePair<DynNic>,
+    /// Test-run triggers posted on it (`io.redn.Admin.TestRun`).
+    sends: u64,
     _key: RegisteredRegion<DynNic>,
     _cq: Arc<CompletionQueue<DynNic>>,
     _pd: Arc<ProtectionDomain<DynNic>>,
@@ -207,6 +212,14 @@ pub struct Manager {
     next_id: u64,
     /// What `InstallOffload` reports as `endpoint` (the data plane's address, if any).
     dataplane_endpoint: Option<String>,
+    /// Apps the auditor banned from installing.
+    bans: crate::auditor::Bans,
+    /// Per client, its offloads the auditor terminated (for `Stats`).
+    notes: BTreeMap<u64, Vec<api::TerminatedOffload>>,
+    /// Audit records of the manager's own actions, for the event loop to send.
+    outbox: Vec<crate::audit::Record>,
+    /// The verifier rules the last refused install broke (for its audit record).
+    refused_rules: String,
 }
 
 impl std::fmt::Debug for Manager {
@@ -305,6 +318,10 @@ impl Manager {
             installed: BTreeMap::new(),
             next_id: 1,
             dataplane_endpoint: None,
+            bans: crate::auditor::Bans::default(),
+            notes: BTreeMap::new(),
+            outbox: Vec::new(),
+            refused_rules: String::new(),
         }
     }
 
@@ -383,6 +400,9 @@ impl Manager {
             if let Some(me) = self.clients.get_mut(&client) {
                 me.regions.extend(c.regions);
             }
+            if let Some(notes) = self.notes.remove(&old) {
+                self.notes.entry(client).or_default().extend(notes);
+            }
             for o in self.installed.values_mut().filter(|o| o.client == old) {
                 o.client = client;
                 adopted += 1;
@@ -416,12 +436,7 @@ impl Manager {
     }
 
     fn uninstall_all(&mut self, client: u64) -> usize {
-        let handles: Vec<u64> = self
-            .installed
-            .iter()
-            .filter(|(_, o)| o.client == client)
-            .map(|(h, _)| *h)
-            .collect();
+        let handles = self.handles_of(client);
         for h in &handles {
             self.remove_offload(*h);
         }
@@ -446,7 +461,7 @@ impl Manager {
     pub fn shutdown(&mut self) {
         let handles: Vec<u64> = self.installed.keys().copied().collect();
         for h in handles {
-            self.remove_offload(h);
+            self.tear_down(h, Teardown::Shutdown);
         }
         self.clients.clear();
     }
@@ -588,6 +603,9 @@ impl Manager {
                 .ok_or_else(|| ManagerError::NoSuchOffload {
                     offload: req.offload.clone(),
                 })?;
+        if let Some(reason) = self.ban_refusal(&app.name, c.identity.uid) {
+            return Err(policy_denied(reason));
+        }
         if !app.allows_offload(&req.offload) {
             return Err(policy_denied(format!(
                 "app {:?} may not install {:?} (policy allows: {})",
@@ -688,6 +706,9 @@ impl Manager {
         }
         let report = verify(program, &grants_for(app, program, &lens));
         if !report.accepted() {
+            let mut rules: Vec<&str> = report.findings.iter().map(|f| f.rule.id()).collect();
+            rules.dedup();
+            self.refused_rules = rules.join(",");
             return Err(ManagerError::VerifierRefused {
                 offload: program.name.clone(),
                 log: report.log(),
@@ -708,9 +729,10 @@ impl Manager {
             nic.connect(q, parked)
         })
         .map_err(|e| no_device(&e))?;
-        // Each of the install's queues is paced to the app's per-client limits; a failure
+        // Each of the install's queues is paced to the app's bandwidth; WQE rates are the
+        // auditor's to count and, on a violation, to pace (see `crate::auditor`). A failure
         // drops `installed`, which releases everything.
-        let limit = rate_limit(app_limits);
+        let limit = rate_limit((app_limits.0, WqeRate::Unlimited));
         if !limit.is_unlimited() {
             for q in &installed.qps {
                 self.nic
@@ -758,8 +780,11 @@ impl Manager {
         .map_err(|e| no_device(&e))?;
         let cq =
             CompletionQueue::create(&self.nic, CqConfig::counted(64)).map_err(|e| no_device(&e))?;
-        let qp = QueuePair::create(&pd, &cq, &cq, QpConfig::new(pd.pdn(), cq.cqn()))
-            .map_err(|e| no_device(&e))?;
+        // Room for a test run's triggers and the receives their responses land in.
+        let mut cfg = QpConfig::new(pd.pdn(), cq.cqn());
+        cfg.sq_bbs = 2 * enforce::MAX_TEST_RUN;
+        cfg.rq_slots = enforce::MAX_TEST_RUN;
+        let qp = QueuePair::create(&pd, &cq, &cq, cfg).map_err(|e| no_device(&e))?;
         let info = key.info();
         let binding = RegionBinding::Remote {
             addr: info.addr,
@@ -769,6 +794,7 @@ impl Manager {
         Ok((
             Parking {
                 _qp: qp,
+                sends: 0,
                 _key: key,
                 _cq: cq,
                 _pd: pd,
@@ -882,7 +908,10 @@ impl Manager {
                 }
             })
             .collect();
-        Ok(api::StatsReply { offloads })
+        Ok(api::StatsReply {
+            offloads,
+            terminated: self.notes_of(client),
+        })
     }
 
     /// The seam for the data plane ([`crate::dataplane`]): what it needs to
@@ -1005,17 +1034,33 @@ impl Manager {
         })
     }
 
-    /// `io.redn.Admin.ReloadPolicy` (and SIGHUP): load policy.toml again, all or nothing.
+    /// `io.redn.Admin.ReloadPolicy` (and SIGHUP): load policy.toml and the offload
+    /// definitions in `offloads.d/` beside it again, all or nothing; then tear down (with a
+    /// `teardown` record each) the installed offloads the new files no longer allow.
     ///
     /// # Errors
-    /// `ReloadFailed` naming the file, line and key; the old policy stays.
+    /// `ReloadFailed` naming the file, line and key; the old policy and definitions stay.
     pub fn reload_policy(&mut self) -> Result<api::Reloaded, AdminError> {
-        let policy =
-            redn_policy::load_policy(&self.policy_path).map_err(|e| AdminError::ReloadFailed {
-                reason: e.to_string(),
-            })?;
+        let failed = |e: redn_policy::Error| AdminError::ReloadFailed {
+            reason: e.to_string(),
+        };
+        let policy = redn_policy::load_policy(&self.policy_path).map_err(failed)?;
+        let dir = self
+            .policy_path
+            .parent()
+            .map(|d| d.join("offloads.d"))
+            .filter(|d| d.is_dir());
+        let offloads = match dir {
+            Some(d) => Some(redn_policy::load_offloads_dir(&d).map_err(failed)?),
+            // Without offloads.d/ the manager serves the built-in catalog, which never changes.
+            None => None,
+        };
         let apps = u32::try_from(policy.apps().len()).unwrap_or(u32::MAX);
         self.policy = policy;
+        if let Some(offloads) = offloads {
+            self.offloads = offloads.into_iter().map(|p| (p.name.clone(), p)).collect();
+        }
+        self.enforce_reloaded_policy();
         Ok(api::Reloaded { apps })
     }
 

@@ -47,10 +47,11 @@
 //! - `wqes_per_second`: work requests the client's invocations may execute per second,
 //!   counted by the manager's auditor;
 //! - `wqes_per_invocation`: work requests one invocation may execute (the verifier's bound
-//!   for unrolled chains, the auditor's budget for recycled loops);
-//! - `on_violation`: what a client over a limit gets: `throttle` (held back until under the
-//!   limit again), `terminate` (its queues go to error and its keys are revoked), `ban`
-//!   (terminated, and its token refused for `ban_duration`);
+//!   for unrolled chains, the auditor's budget per trigger for recycled loops);
+//! - `on_violation`: what a client over a limit gets: `throttle` (its queues paced at its
+//!   budgets until it stops pressing against them), `terminate` (its queues go to error, its keys are revoked and its resources
+//!   freed), `ban` (terminated, and the app's installs refused for `ban_duration`). A rate
+//!   violation is throttled first whatever this says; see the manager's `docs/audit.md`;
 //! - `token_lifetime`: how long a token handed to a client stays valid.
 
 use crate::error::{Error, Result};
@@ -245,12 +246,13 @@ pub struct ClientLimits {
 /// What happens to a remote client that goes over a limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnViolation {
-    /// `"throttle"`: held back until it is under its limits again.
+    /// `"throttle"`: its queues paced at its budgets.
     Throttle,
     /// `"terminate"`: its queues are moved to error and its keys revoked; nobody else is
     /// touched.
     Terminate,
-    /// `"ban"`: terminated, and its token refused for this long (`ban_duration`, never zero).
+    /// `"ban"`: terminated, and the app's installs refused for this long (`ban_duration`, never
+    /// zero).
     Ban(TimeSpan),
 }
 

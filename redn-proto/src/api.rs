@@ -169,11 +169,24 @@ pub struct OffloadStats {
     pub errors: u64,
 }
 
+/// An offload the auditor terminated.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct TerminatedOffload {
+    pub handle: u64,
+    pub offload: String,
+    pub rule: String,
+    pub banned: bool,
+}
+
 /// `Stats` reply.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StatsReply {
     /// The caller's offloads.
     pub offloads: Vec<OffloadStats>,
+    /// Its offloads the auditor terminated since it last asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminated: Option<Vec<TerminatedOffload>>,
 }
 
 /// `io.redn.Admin` client entry.
@@ -256,6 +269,50 @@ pub struct KillClient {
 pub struct Killed {
     /// Offloads uninstalled.
     pub uninstalled: u32,
+}
+
+/// `io.redn.Admin.TestRun` parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TestRun {
+    /// The installed offload.
+    pub handle: u64,
+    /// The trigger, in hex.
+    pub trigger: String,
+    /// Copies to send.
+    pub count: u32,
+}
+
+/// `io.redn.Admin.TestRun` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TestRunReply {
+    /// Triggers sent.
+    pub sent: u32,
+}
+
+/// `io.redn.Admin.Monitor` counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct MonitorCounters {
+    pub connections: u64,
+    pub offloads: u64,
+    pub auditor_rounds: u64,
+    pub auditor_samples: u64,
+    pub throttles: u64,
+    pub terminations: u64,
+    pub audit_sent: u64,
+    pub audit_dropped: u64,
+}
+
+/// One `io.redn.Admin.Monitor` reply: a record, or the counters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MonitorReply {
+    /// An audit record's body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<String>,
+    /// The counters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters: Option<MonitorCounters>,
 }
 
 /// `io.redn.Admin.ReloadPolicy` reply.

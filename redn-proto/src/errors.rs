@@ -137,6 +137,8 @@ pub enum AdminError {
     NoSuchOffload { handle: u64 },
     /// The new policy did not load.
     ReloadFailed { reason: String },
+    /// A test run could not be sent.
+    TestRunFailed { reason: String },
 }
 
 impl Named for AdminError {
@@ -200,6 +202,7 @@ pub fn declared() -> Vec<(String, Vec<String>)> {
         AdminError::NoSuchClient { client: 0 },
         AdminError::NoSuchOffload { handle: 0 },
         AdminError::ReloadFailed { reason: s() },
+        AdminError::TestRunFailed { reason: s() },
     ]));
     out
 }

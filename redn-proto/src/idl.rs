@@ -500,7 +500,9 @@ mod tests {
                 "ListOffloads",
                 "Dump",
                 "KillClient",
-                "ReloadPolicy"
+                "ReloadPolicy",
+                "TestRun",
+                "Monitor"
             ]
         );
     }

@@ -266,7 +266,77 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
                 json: json!([{ "apps": apps }]),
             })
         }
+        ("monitor", "follow") => {
+            no_args()?;
+            monitor(opts)
+        }
         (o, c) => Err(anyhow!("redn {o} {c}: not implemented")),
+    }
+}
+
+/// `redn monitor`: subscribe to `io.redn.Admin.Monitor` (a `more` call) and print each
+/// audit record and the counters as they come, until interrupted or the manager hangs up.
+/// On a terminal the counters are one line refreshed in place; with `-j`, every reply is
+/// one flat JSON object on its own line.
+fn monitor(opts: &Options) -> Result<Output> {
+    use std::io::{IsTerminal, Write};
+    let path = admin_socket(opts)?;
+    let mut conn = Connection::connect(&path, CALL_TIMEOUT)
+        .with_context(|| format!("cannot reach the manager at {}", path.display()))?;
+    let call = format!("{{\"method\":\"{ADMIN}.Monitor\",\"more\":true}}\0");
+    conn.send_bytes(call.as_bytes(), &[])
+        .context("cannot subscribe")?;
+    let tty = !opts.json && std::io::stdout().is_terminal();
+    let mut out = std::io::stdout().lock();
+    loop {
+        let reply = conn
+            .read_reply()
+            .with_context(|| format!("{ADMIN}.Monitor: the stream ended"))?;
+        if let Some(e) = reply.error {
+            bail!("{ADMIN}.Monitor: {e}");
+        }
+        let p = reply.parameters;
+        let line = if opts.json {
+            let flat = match (p.get("record"), p.get("counters")) {
+                (Some(r), _) => json!({ "record": r }),
+                (None, Some(c)) => c.clone(),
+                (None, None) => Value::Object(p.clone()),
+            };
+            format!("{flat}\n")
+        } else if let Some(r) = p.get("record").and_then(Value::as_str) {
+            if tty {
+                // Over the refreshing counters line.
+                format!("\r\x1b[K{r}\n")
+            } else {
+                format!("{r}\n")
+            }
+        } else if let Some(Value::Object(c)) = p.get("counters") {
+            let text: Vec<String> = c.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            if tty {
+                format!("\r\x1b[K{}", text.join(" "))
+            } else {
+                format!("counters {}\n", text.join(" "))
+            }
+        } else {
+            continue;
+        };
+        // A closed stdout (`redn monitor | head`) ends the stream.
+        if out
+            .write_all(line.as_bytes())
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            return Ok(Output::Text {
+                text: String::new(),
+                json: json!([]),
+            });
+        }
+        if !reply.continues {
+            return Ok(Output::Text {
+                text: String::new(),
+                json: json!([]),
+            });
+        }
     }
 }
 

@@ -87,6 +87,15 @@ pub const COMMANDS: &[Cmd] = &[
         summary: "load policy.toml again (the old policy stays if the new one is broken)",
     },
     Cmd {
+        object: "monitor",
+        name: "follow",
+        args: "",
+        completes: None,
+        options: &[],
+        summary: "stream audit events and live counters until interrupted \
+                  (-j: one JSON object per line)",
+    },
+    Cmd {
         object: "completion",
         name: "bash",
         args: "",

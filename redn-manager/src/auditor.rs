@@ -1,0 +1,712 @@
+//! The auditor: what each installed offload does at run time, judged against its app's
+//! budgets, from the NIC's own counters, so detection never depends on the client's
+//! cooperation.
+//!
+//! The event loop calls [`Auditor::due`] and, every [`Auditor::interval`], samples each
+//! offload's queues ([`Sample`]) and hands them to [`Auditor::observe`], which answers with
+//! what to do ([`Verdict`]). Nothing here touches the NIC or a socket: the budget logic runs on
+//! any [`Clock`], so its tests move a [`redn_sys::clock::ManualClock`] by hand.
+//!
+//! **Budgets** ([`Budget`], from the app's `[app.client]` rule):
+//! - *WQEs per trigger* (`wqes_per_invocation`): the verifier bounds unrolled chains; a
+//!   recycled loop (`iterations = { kind = "recycled" }`) runs as long as it is fed, so the
+//!   auditor holds it to the same budget: over the offload's life, the WQEs it executed may
+//!   exceed `triggers × wqes_per_invocation` by at most one invocation's worth (the round in
+//!   flight). A loop that spins without triggers, or spends more per trigger than its budget,
+//!   breaks this within one sampling interval. This is a **loop-budget** violation.
+//! - *WQEs per second* (`wqes_per_second`) and *bytes per second* (`rate_limit_kbps`): rates
+//!   measured over a [`RATE_WINDOW`], with [`RATE_TOLERANCE`] for the softnic's bursts. Bytes
+//!   are also paced by the NIC from install on; WQEs are paced only once a client is throttled
+//!   (the policy says the auditor counts them).
+//!
+//! **Escalation.** A rate violation first throttles (the client's queues are paced at its
+//! budget), whatever `on_violation` says. A throttled client that keeps pressing against the
+//! pacer for a whole window (the NIC's `rate_limit_delays` counter keeps climbing) has shown
+//! it will not slow down: under `terminate` or `ban` it is then terminated (and banned). A
+//! loop-budget violation goes straight to `on_violation`: a runaway loop cannot be slowed into
+//! compliance. `throttle` never terminates anyone.
+//!
+//! **Bans** ([`Bans`]) are kept per app rule and uid: a banned app's installs are refused
+//! until the ban ends.
+
+use redn_policy::{AppRule, KbitRate, OnViolation, WqeRate};
+use redn_sys::clock::Clock;
+use redn_sys::nic::RateLimit;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// How often the loop samples every offload by default (detection latency is at most about
+/// this, plus the time to tear down).
+pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(2);
+/// The window rates are measured over.
+pub const RATE_WINDOW: Duration = Duration::from_millis(100);
+/// Measured rates may exceed the budget by this factor before it counts as a violation
+/// (the softnic's token buckets let short bursts through).
+pub const RATE_TOLERANCE: f64 = 1.25;
+/// Pacer hold-backs in one window that show a throttled client is still pushing.
+pub const PRESSING_DELAYS: u64 = 16;
+/// Windows in a row without a single pacer hold-back after which a throttle is lifted.
+pub const CALM_WINDOWS: u32 = 10;
+
+/// What an offload may spend, from its app's rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// WQEs per trigger (`wqes_per_invocation`).
+    pub wqes_per_trigger: u64,
+    /// WQEs per second (`wqes_per_second`), `None` for no limit.
+    pub wqes_per_second: Option<u64>,
+    /// Payload bytes per second (`rate_limit_kbps`), `None` for no limit.
+    pub bytes_per_second: Option<u64>,
+    /// What a violation gets (`on_violation`).
+    pub on_violation: OnViolation,
+}
+
+impl Budget {
+    /// The budget an app rule gives each of its offloads' clients.
+    pub fn of(app: &AppRule) -> Budget {
+        let c = &app.client;
+        Budget {
+            wqes_per_trigger: u64::from(c.wqes_per_invocation.get()),
+            wqes_per_second: match c.wqes_per_second {
+                WqeRate::Limited(n) => Some(n.get()),
+                WqeRate::Unlimited => None,
+            },
+            bytes_per_second: match c.rate_limit_kbps {
+                KbitRate::Limited(k) => Some(u64::from(k.get()) * 1000 / 8),
+                KbitRate::Unlimited => None,
+            },
+            on_violation: c.on_violation,
+        }
+    }
+
+    /// The pacing every client has from install on: its bandwidth only.
+    pub fn install_limit(&self) -> RateLimit {
+        self.bytes_per_second
+            .map_or_else(RateLimit::default, RateLimit::bytes)
+    }
+
+    /// The pacing a throttled client gets: its budgets, enforced by the NIC.
+    pub fn throttle_limit(&self) -> RateLimit {
+        let mut l = RateLimit::default();
+        if let Some(b) = self.bytes_per_second {
+            l = l.with_bytes(b);
+        }
+        // A client with no WQE budget that floods bytes is paced at one WQE per 64 bytes
+        // of its byte budget, so throttling always lowers something.
+        let wqes = self
+            .wqes_per_second
+            .or(self.bytes_per_second.map(|b| (b / 64).max(1)));
+        if let Some(w) = wqes {
+            l = l.with_wqes(w);
+        }
+        l
+    }
+}
+
+/// One reading of an offload's counters, summed over its queues.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sample {
+    /// WQEs executed.
+    pub wqes: u64,
+    /// Payload bytes moved.
+    pub bytes: u64,
+    /// Triggers served (receives consumed on its client-facing queues).
+    pub triggers: u64,
+    /// WQEs that completed in error.
+    pub errors: u64,
+    /// Times the pacer held a WQE back.
+    pub rate_limit_delays: u64,
+    /// Queues found in the error state.
+    pub queues_in_error: u32,
+}
+
+/// What went wrong.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Violation {
+    /// More WQEs than the triggers served allow (a runaway or over-budget loop).
+    LoopBudget {
+        /// WQEs executed since install.
+        wqes: u64,
+        /// Triggers served since install.
+        triggers: u64,
+        /// WQEs those triggers allow.
+        allowed: u64,
+    },
+    /// WQEs per second over budget.
+    WqeRate {
+        /// Measured.
+        per_second: u64,
+        /// Budget.
+        limit: u64,
+    },
+    /// Bytes per second over budget.
+    ByteRate {
+        /// Measured.
+        per_second: u64,
+        /// Budget.
+        limit: u64,
+    },
+    /// Throttled, and still pressing against the pacer for a whole window.
+    StillFlooding {
+        /// Pacer hold-backs in the window.
+        delays: u64,
+    },
+}
+
+impl Violation {
+    /// The `rule=` of its audit record.
+    pub fn rule(&self) -> &'static str {
+        match self {
+            Violation::LoopBudget { .. } => "loop-budget",
+            Violation::WqeRate { .. } => "wqes-per-second",
+            Violation::ByteRate { .. } => "bytes-per-second",
+            Violation::StillFlooding { .. } => "still-flooding",
+        }
+    }
+
+    /// `key=value` details for its audit record.
+    pub fn details(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Violation::LoopBudget {
+                wqes,
+                triggers,
+                allowed,
+            } => vec![
+                ("wqes", wqes.to_string()),
+                ("triggers", triggers.to_string()),
+                ("allowed", allowed.to_string()),
+            ],
+            Violation::WqeRate { per_second, limit }
+            | Violation::ByteRate { per_second, limit } => {
+                vec![
+                    ("measured_per_s", per_second.to_string()),
+                    ("limit_per_s", limit.to_string()),
+                ]
+            }
+            Violation::StillFlooding { delays } => vec![("pacer_delays", delays.to_string())],
+        }
+    }
+}
+
+/// What the loop must do to an offload.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// Pace its queues at this limit.
+    Throttle(Violation, RateLimit),
+    /// It stopped pressing against its throttle: pace it as at install again.
+    Unthrottle(RateLimit),
+    /// Move its queues to error, revoke its keys, free it.
+    Terminate(Violation),
+    /// Terminate it and refuse its app's installs for this long (`None`: forever).
+    Ban(Violation, Option<Duration>),
+}
+
+/// What the auditor knows of one offload.
+#[derive(Clone, Debug)]
+struct Track {
+    budget: Budget,
+    /// The first sample (WQEs the install itself ran count against nobody).
+    base: Sample,
+    window_start: Instant,
+    window_base: Sample,
+    throttled: bool,
+    /// Windows in a row a throttled offload did not touch its pacer.
+    calm_windows: u32,
+    /// A queue in error was already reported.
+    error_reported: bool,
+}
+
+/// Totals for `redn monitor` and the benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AuditorCounters {
+    /// Sampling rounds.
+    pub rounds: u64,
+    /// Offload samples judged.
+    pub samples: u64,
+    /// Throttles ordered.
+    pub throttles: u64,
+    /// Throttles lifted.
+    pub unthrottles: u64,
+    /// Terminations ordered (bans included).
+    pub terminations: u64,
+}
+
+/// The auditor's memory between samples.
+#[derive(Debug)]
+pub struct Auditor {
+    interval: Duration,
+    next: Option<Instant>,
+    tracks: HashMap<u64, Track>,
+    /// Totals.
+    pub counters: AuditorCounters,
+}
+
+impl Auditor {
+    /// An auditor sampling every `interval`.
+    pub fn new(interval: Duration) -> Auditor {
+        Auditor {
+            interval,
+            next: None,
+            tracks: HashMap::new(),
+            counters: AuditorCounters::default(),
+        }
+    }
+
+    /// The sampling interval.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// How long the loop may sleep before the next round is due (zero if it is due).
+    pub fn until_due(&self, clock: impl Clock) -> Duration {
+        self.next
+            .map_or(Duration::ZERO, |n| n.saturating_duration_since(clock.now()))
+    }
+
+    /// Whether a round is due; if so, the next one is scheduled.
+    pub fn due(&mut self, clock: impl Clock) -> bool {
+        let now = clock.now();
+        if self.next.is_some_and(|n| now < n) {
+            return false;
+        }
+        self.next = Some(now + self.interval);
+        self.counters.rounds += 1;
+        true
+    }
+
+    /// Forget an offload (uninstalled, terminated).
+    pub fn forget(&mut self, handle: u64) {
+        self.tracks.remove(&handle);
+    }
+
+    /// Forget every offload not in `live`.
+    pub fn retain(&mut self, live: impl Fn(u64) -> bool) {
+        self.tracks.retain(|h, _| live(*h));
+    }
+
+    /// Whether the offload is throttled.
+    pub fn is_throttled(&self, handle: u64) -> bool {
+        self.tracks.get(&handle).is_some_and(|t| t.throttled)
+    }
+
+    /// Judge offload `handle`'s latest `sample` under `budget`. The first sample of an
+    /// offload only sets its baseline. Also returns whether a queue went to error for the
+    /// first time (reported once, as an asynchronous QP event would be).
+    pub fn observe(
+        &mut self,
+        handle: u64,
+        budget: Budget,
+        sample: Sample,
+        clock: impl Clock,
+    ) -> (Option<Verdict>, bool) {
+        let now = clock.now();
+        self.counters.samples += 1;
+        let t = self.tracks.entry(handle).or_insert(Track {
+            budget,
+            base: sample,
+            window_start: now,
+            window_base: sample,
+            throttled: false,
+            calm_windows: 0,
+            error_reported: false,
+        });
+        // A reload may have changed the budget.
+        t.budget = budget;
+        let new_error = sample.queues_in_error > 0 && !t.error_reported;
+        t.error_reported |= sample.queues_in_error > 0;
+        let verdict = judge(t, sample, now);
+        match &verdict {
+            Some(Verdict::Throttle(..)) => {
+                t.throttled = true;
+                self.counters.throttles += 1;
+            }
+            Some(Verdict::Unthrottle(_)) => {
+                t.throttled = false;
+                self.counters.unthrottles += 1;
+            }
+            Some(Verdict::Terminate(_) | Verdict::Ban(..)) => {
+                self.counters.terminations += 1;
+                self.tracks.remove(&handle);
+            }
+            None => {}
+        }
+        (verdict, new_error)
+    }
+}
+
+/// The loop-budget check, then (once a window is complete) the rate checks.
+fn judge(t: &mut Track, s: Sample, now: Instant) -> Option<Verdict> {
+    let b = t.budget;
+    let wqes = s.wqes.saturating_sub(t.base.wqes);
+    let triggers = s.triggers.saturating_sub(t.base.triggers);
+    let allowed = triggers
+        .saturating_add(1)
+        .saturating_mul(b.wqes_per_trigger);
+    if wqes > allowed {
+        let v = Violation::LoopBudget {
+            wqes,
+            triggers,
+            allowed,
+        };
+        if t.throttled && b.on_violation == OnViolation::Throttle {
+            // Already paced, as far as this policy goes: nothing new to do or record.
+            t.calm_windows = 0;
+            return None;
+        }
+        return Some(apply(t, v));
+    }
+    let elapsed = now.saturating_duration_since(t.window_start);
+    if elapsed < RATE_WINDOW {
+        return None;
+    }
+    let w = std::mem::replace(&mut t.window_base, s);
+    t.window_start = now;
+    let secs = elapsed.as_secs_f64();
+    // Rates in f64: counters over a window are far below 2^53.
+    let rate = |now: u64, then: u64| now.saturating_sub(then) as f64 / secs;
+    if t.throttled {
+        let delays = s.rate_limit_delays.saturating_sub(w.rate_limit_delays);
+        if delays >= PRESSING_DELAYS {
+            t.calm_windows = 0;
+            return match b.on_violation {
+                OnViolation::Throttle => None,
+                _ => Some(apply(t, Violation::StillFlooding { delays })),
+            };
+        }
+        t.calm_windows = if delays == 0 { t.calm_windows + 1 } else { 0 };
+        if t.calm_windows >= CALM_WINDOWS {
+            t.calm_windows = 0;
+            return Some(Verdict::Unthrottle(b.install_limit()));
+        }
+        return None;
+    }
+    let over =
+        |measured: f64, limit: Option<u64>| limit.filter(|&l| measured > l as f64 * RATE_TOLERANCE);
+    let wqe_rate = rate(s.wqes, w.wqes);
+    if let Some(limit) = over(wqe_rate, b.wqes_per_second) {
+        return Some(throttle(
+            t,
+            Violation::WqeRate {
+                per_second: to_u64(wqe_rate),
+                limit,
+            },
+        ));
+    }
+    let byte_rate = rate(s.bytes, w.bytes);
+    if let Some(limit) = over(byte_rate, b.bytes_per_second) {
+        return Some(throttle(
+            t,
+            Violation::ByteRate {
+                per_second: to_u64(byte_rate),
+                limit,
+            },
+        ));
+    }
+    None
+}
+
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // clamped to u64's range first
+fn to_u64(x: f64) -> u64 {
+    x.clamp(0.0, u64::MAX as f64) as u64
+}
+
+fn throttle(t: &Track, v: Violation) -> Verdict {
+    Verdict::Throttle(v, t.budget.throttle_limit())
+}
+
+/// What `on_violation` orders for a violation that is past throttling.
+fn apply(t: &Track, v: Violation) -> Verdict {
+    match t.budget.on_violation {
+        OnViolation::Throttle => throttle(t, v),
+        OnViolation::Terminate => Verdict::Terminate(v),
+        OnViolation::Ban(span) => Verdict::Ban(v, span.as_duration()),
+    }
+}
+
+/// Apps whose installs are refused until a time: keyed by app rule name and uid.
+#[derive(Debug, Default)]
+pub struct Bans {
+    until: HashMap<(String, u32), Option<Instant>>,
+}
+
+impl Bans {
+    /// Ban `app` run by `uid` for `span` from `now` (`None`: forever).
+    pub fn ban(&mut self, app: &str, uid: u32, span: Option<Duration>, clock: impl Clock) {
+        let until = span.map(|d| clock.now() + d);
+        self.until.insert((app.to_owned(), uid), until);
+    }
+
+    /// If `app`/`uid` is banned now: `Some(remaining)` (`None` inside: forever).
+    pub fn banned(&self, app: &str, uid: u32, clock: impl Clock) -> Option<Option<Duration>> {
+        let until = self.until.get(&(app.to_owned(), uid))?;
+        match until {
+            None => Some(None),
+            Some(t) => {
+                let left = t.saturating_duration_since(clock.now());
+                (!left.is_zero()).then_some(Some(left))
+            }
+        }
+    }
+
+    /// Drop ended bans.
+    pub fn expire(&mut self, clock: impl Clock) {
+        let now = clock.now();
+        self.until.retain(|_, t| !matches!(t, Some(t) if *t <= now));
+    }
+}
+
+/// `ban_duration` for an audit record.
+pub fn describe_span(span: Option<Duration>) -> String {
+    span.map_or_else(|| "infinity".into(), |d| format!("{}s", d.as_secs()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redn_policy::TimeSpan;
+    use redn_sys::clock::ManualClock;
+
+    fn budget(on: OnViolation) -> Budget {
+        Budget {
+            wqes_per_trigger: 16,
+            wqes_per_second: Some(10_000),
+            bytes_per_second: Some(1_000_000),
+            on_violation: on,
+        }
+    }
+
+    fn sample(wqes: u64, triggers: u64) -> Sample {
+        Sample {
+            wqes,
+            triggers,
+            ..Sample::default()
+        }
+    }
+
+    #[test]
+    fn rounds_are_due_once_per_interval() {
+        let clock = ManualClock::new();
+        let mut a = Auditor::new(Duration::from_millis(2));
+        assert!(a.due(&clock));
+        assert!(!a.due(&clock));
+        assert_eq!(a.until_due(&clock), Duration::from_millis(2));
+        clock.advance(Duration::from_millis(1));
+        assert!(!a.due(&clock));
+        assert_eq!(a.until_due(&clock), Duration::from_millis(1));
+        clock.advance(Duration::from_millis(1));
+        assert!(a.due(&clock));
+        assert_eq!(a.counters.rounds, 2);
+    }
+
+    #[test]
+    fn a_loop_within_budget_per_trigger_is_left_alone() {
+        let clock = ManualClock::new();
+        let mut a = Auditor::new(DEFAULT_INTERVAL);
+        let b = budget(OnViolation::Terminate);
+        // Install ran 5 WQEs: the baseline.
+        assert_eq!(a.observe(1, b, sample(5, 0), &clock).0, None);
+        // One round in flight before any trigger is allowed...
+        assert_eq!(a.observe(1, b, sample(5 + 16, 0), &clock).0, None);
+        // ...and exactly 16 per trigger after.
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(a.observe(1, b, sample(5 + 16 * 11, 10), &clock).0, None);
+    }
+
+    #[test]
+    fn a_runaway_loop_is_terminated_from_the_counters_alone() {
+        let clock = ManualClock::new();
+        let mut a = Auditor::new(DEFAULT_INTERVAL);
+        let b = budget(OnViolation::Terminate);
+        a.observe(7, b, sample(5, 0), &clock);
+        // One WQE past the allowance of 10 triggers.
+        clock.advance(Duration::from_millis(2));
+        let (v, _) = a.observe(7, b, sample(5 + 16 * 11 + 1, 10), &clock);
+        assert_eq!(
+            v,
+            Some(Verdict::Terminate(Violation::LoopBudget {
+                wqes: 16 * 11 + 1,
+                triggers: 10,
+                allowed: 16 * 11
+            }))
+        );
+        assert_eq!(a.counters.terminations, 1);
+        // Terminated offloads are forgotten: a later sample starts a new baseline.
+        assert_eq!(a.observe(7, b, sample(1_000_000, 10), &clock).0, None);
+    }
+
+    #[test]
+    fn a_ban_policy_bans_for_its_duration() {
+        let clock = ManualClock::new();
+        let mut a = Auditor::new(DEFAULT_INTERVAL);
+        let span = TimeSpan::Finite(Duration::from_secs(60));
+        let b = budget(OnViolation::Ban(span));
+        a.observe(1, b, sample(0, 0), &clock);
+        let (v, _) = a.observe(1, b, sample(100, 0), &clock);
+        assert!(
+            matches!(v, Some(Verdict::Ban(Violation::LoopBudget { .. }, Some(d))) if d == Duration::from_secs(60))
+        );
+        let mut bans = Bans::default();
+        bans.ban("kv", 1000, Some(Duration::from_secs(60)), &clock);
+        assert_eq!(
+            bans.banned("kv", 1000, &clock),
+            Some(Some(Duration::from_secs(60)))
+        );
+        assert_eq!(bans.banned("kv", 1001, &clock), None, "another uid");
+        assert_eq!(bans.banned("other", 1000, &clock), None, "another app");
+        clock.advance(Duration::from_secs(59));
+        assert_eq!(
+            bans.banned("kv", 1000, &clock),
+            Some(Some(Duration::from_secs(1)))
+        );
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(bans.banned("kv", 1000, &clock), None);
+        bans.ban("kv", 1000, None, &clock);
+        clock.advance(Duration::from_secs(1 << 30));
+        assert_eq!(bans.banned("kv", 1000, &clock), Some(None));
+        bans.expire(&clock);
+        assert_eq!(bans.banned("kv", 1000, &clock), Some(None));
+    }
+
+    /// An auditor that has seen offload 3 (2 WQEs per trigger, under `on`) flood at
+    /// 13_000 WQEs/s for one window, over 10_000 × 1.25; its verdict and last sample.
+    fn flooded(clock: &ManualClock, on: OnViolation) -> (Auditor, Budget, Sample, Option<Verdict>) {
+        let mut a = Auditor::new(DEFAULT_INTERVAL);
+        let b = Budget {
+            wqes_per_trigger: 2,
+            ..budget(on)
+        };
+        a.observe(3, b, sample(0, 0), clock);
+        clock.advance(RATE_WINDOW);
+        let s = sample(1_300, 650);
+        let (v, _) = a.observe(3, b, s, clock);
+        (a, b, s, v)
+    }
+
+    #[test]
+    fn a_flood_is_throttled_then_terminated_if_it_keeps_pushing() {
+        let clock = ManualClock::new();
+        let (mut a, b, mut s, v) = flooded(&clock, OnViolation::Terminate);
+        assert_eq!(
+            v,
+            Some(Verdict::Throttle(
+                Violation::WqeRate {
+                    per_second: 13_000,
+                    limit: 10_000
+                },
+                RateLimit::bytes(1_000_000).with_wqes(10_000)
+            ))
+        );
+        assert!(a.is_throttled(3));
+        // Paced, it still runs into the pacer 15 times in a window: tolerated.
+        clock.advance(RATE_WINDOW);
+        s.wqes += 1000;
+        s.triggers += 500;
+        s.rate_limit_delays += PRESSING_DELAYS - 1;
+        assert_eq!(a.observe(3, b, s, &clock).0, None);
+        // 16 times: it keeps pushing, terminated.
+        clock.advance(RATE_WINDOW);
+        s.wqes += 1000;
+        s.triggers += 500;
+        s.rate_limit_delays += PRESSING_DELAYS;
+        assert_eq!(
+            a.observe(3, b, s, &clock).0,
+            Some(Verdict::Terminate(Violation::StillFlooding {
+                delays: PRESSING_DELAYS
+            }))
+        );
+    }
+
+    #[test]
+    fn a_throttle_is_lifted_after_calm_windows_and_not_before() {
+        let clock = ManualClock::new();
+        let (mut a, b, mut s, v) = flooded(&clock, OnViolation::Terminate);
+        assert!(matches!(v, Some(Verdict::Throttle(..))));
+        // Nine calm windows, then one hold-back: the count starts again.
+        for _ in 0..CALM_WINDOWS - 1 {
+            clock.advance(RATE_WINDOW);
+            assert_eq!(a.observe(3, b, s, &clock).0, None);
+        }
+        clock.advance(RATE_WINDOW);
+        s.rate_limit_delays += 1;
+        assert_eq!(a.observe(3, b, s, &clock).0, None);
+        for _ in 0..CALM_WINDOWS - 1 {
+            clock.advance(RATE_WINDOW);
+            assert_eq!(a.observe(3, b, s, &clock).0, None);
+            assert!(a.is_throttled(3));
+        }
+        clock.advance(RATE_WINDOW);
+        assert_eq!(
+            a.observe(3, b, s, &clock).0,
+            Some(Verdict::Unthrottle(RateLimit::bytes(1_000_000)))
+        );
+        assert!(!a.is_throttled(3));
+        assert_eq!((a.counters.throttles, a.counters.unthrottles), (1, 1));
+    }
+
+    #[test]
+    fn under_throttle_policy_nobody_is_terminated() {
+        let clock = ManualClock::new();
+        let (mut a, b, _, v) = flooded(&clock, OnViolation::Throttle);
+        assert!(matches!(v, Some(Verdict::Throttle(..))));
+        clock.advance(RATE_WINDOW);
+        let s = Sample {
+            rate_limit_delays: 1_000,
+            ..sample(3_000, 1_500)
+        };
+        assert_eq!(a.observe(3, b, s, &clock).0, None);
+        // A runaway loop that is already paced is not throttled again every round.
+        assert_eq!(a.observe(3, b, sample(100_000, 1_500), &clock).0, None);
+        assert_eq!(a.counters.throttles, 1);
+        // One that is not yet paced is only paced.
+        a.observe(4, b, sample(0, 0), &clock);
+        let (v, _) = a.observe(4, b, sample(100_000, 0), &clock);
+        assert!(matches!(
+            v,
+            Some(Verdict::Throttle(Violation::LoopBudget { .. }, _))
+        ));
+    }
+
+    #[test]
+    fn rates_under_tolerance_and_byte_floods_are_told_apart() {
+        let clock = ManualClock::new();
+        let mut a = Auditor::new(DEFAULT_INTERVAL);
+        let b = Budget {
+            wqes_per_trigger: 2,
+            ..budget(OnViolation::Terminate)
+        };
+        a.observe(1, b, sample(0, 0), &clock);
+        clock.advance(RATE_WINDOW);
+        // 12_500/s is exactly the tolerance: not over.
+        assert_eq!(a.observe(1, b, sample(1_250, 625), &clock).0, None);
+        clock.advance(RATE_WINDOW);
+        let s = Sample {
+            bytes: 200_000,
+            ..sample(1_250, 625)
+        };
+        let (v, _) = a.observe(1, b, s, &clock);
+        assert!(matches!(
+            v,
+            Some(Verdict::Throttle(
+                Violation::ByteRate {
+                    per_second: 2_000_000,
+                    limit: 1_000_000
+                },
+                _
+            ))
+        ));
+    }
+
+    #[test]
+    fn a_queue_in_error_is_reported_once() {
+        let clock = ManualClock::new();
+        let mut a = Auditor::new(DEFAULT_INTERVAL);
+        let b = budget(OnViolation::Terminate);
+        let bad = Sample {
+            queues_in_error: 1,
+            ..Sample::default()
+        };
+        assert_eq!(a.observe(1, b, Sample::default(), &clock), (None, false));
+        assert_eq!(a.observe(1, b, bad, &clock), (None, true));
+        assert_eq!(a.observe(1, b, bad, &clock), (None, false));
+    }
+}

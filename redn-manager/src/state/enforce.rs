@@ -1,0 +1,515 @@
+//! The manager's side of the auditor ([`crate::auditor`]): sampling each installed
+//! offload's queues from the NIC's counters, carrying out verdicts (throttle, terminate, ban),
+//! the bans on installs, what goes when a reload narrows the policy or an app exits, and the
+//! admin's test run. Every action leaves [`Record`]s for the audit trail in the manager's
+//! outbox ([`Manager::take_records`]); nothing here touches a socket.
+
+use super::{Manager, Offload};
+use crate::audit::{Record, Severity};
+use crate::auditor::{describe_span, Auditor, Budget, Sample, Verdict, Violation};
+use redn_program::program::QueueRole;
+use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
+use redn_proto::api;
+use redn_proto::errors::AdminError;
+use redn_sys::clock::Clock;
+use redn_sys::QpState;
+
+/// Auditor notes a client keeps for `Stats`, at most.
+const MAX_NOTES: usize = 64;
+/// Triggers a test run may leave outstanding on the parking queue.
+pub const MAX_TEST_RUN: u32 = 4096;
+
+/// Why an offload was torn down (the `reason=` of its `teardown` record).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Teardown {
+    /// Its app exited and the policy says tear down.
+    AppExit,
+    /// A reload's policy no longer allows it.
+    Reload,
+    /// The manager is stopping.
+    Shutdown,
+}
+
+impl Teardown {
+    fn as_str(self) -> &'static str {
+        match self {
+            Teardown::AppExit => "app-exit",
+            Teardown::Reload => "policy-reload",
+            Teardown::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// The `InstallOffload` request for the catalog's server-loop over `region` (its table at
+/// offset 0, its values at 4096, 4 KiB each), and a trigger for key 0x2a in the table's first
+/// bucket: what the auditor's benchmark and tests drive.
+pub fn server_loop_over(region: &api::RegionRegistered) -> (api::InstallOffload, Vec<u8>) {
+    let bind = |name: &str, offset: u64| api::Binding {
+        name: name.into(),
+        region: region.region,
+        offset,
+        len: 4096,
+    };
+    let request = api::InstallOffload {
+        offload: "server-loop".into(),
+        regions: vec![bind("table", 0), bind("values", 4096)],
+        parameters: None,
+    };
+    // key0 (6 bytes, little-endian) · bucket0 (8 bytes, big-endian address).
+    let mut trigger = vec![0x2a, 0, 0, 0, 0, 0];
+    trigger.extend_from_slice(&region.addr.to_be_bytes());
+    (request, trigger)
+}
+
+impl Manager {
+    /// A manager with `policy` over the built-in offload catalog, with default limits.
+    ///
+    /// # Errors
+    /// If the catalog does not load.
+    pub fn with_catalog(
+        policy: redn_policy::Policy,
+        nic: std::sync::Arc<super::DynNic>,
+        backend: &str,
+    ) -> Result<Manager, redn_program::program::ProgramError> {
+        let offloads = redn_policy::shipped_offloads()?
+            .into_iter()
+            .map(|s| s.program)
+            .collect();
+        Ok(Manager::new(
+            "policy.toml".into(),
+            policy,
+            offloads,
+            nic,
+            backend.into(),
+            super::Limits::default(),
+        ))
+    }
+
+    /// The handles of `client`'s offloads.
+    pub(super) fn handles_of(&self, client: u64) -> Vec<u64> {
+        self.installed
+            .iter()
+            .filter(|(_, o)| o.client == client)
+            .map(|(h, _)| *h)
+            .collect()
+    }
+
+    /// Audit records the manager's own actions left since the last call.
+    pub fn take_records(&mut self) -> Vec<Record> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// The backend's kind (`softnic`, `mlx5`).
+    pub fn backend(&self) -> &str {
+        &self.backend
+    }
+
+    /// The verifier rules the last refused install broke, comma-separated.
+    pub fn take_refused_rules(&mut self) -> String {
+        std::mem::take(&mut self.refused_rules)
+    }
+
+    /// A record about offload `handle`: its client, the client's identity, app and offload.
+    fn offload_record(&self, kind: &'static str, sev: Severity, handle: u64) -> Record {
+        let mut r = Record::new(kind, sev);
+        if let Some(o) = self.installed.get(&handle) {
+            r = r.field("client", o.client);
+            if let Some(c) = self.clients.get(&o.client) {
+                r = r.peer(&c.identity);
+            }
+            r = r
+                .field("app", &o.app)
+                .field("offload", &o.program.name)
+                .field("handle", handle);
+        }
+        r
+    }
+
+    /// The counters of `o`'s queues, summed.
+    fn sample(&self, o: &Offload) -> Sample {
+        let mut s = Sample::default();
+        for (i, q) in o.installed.qps.iter().enumerate() {
+            if let Ok(c) = self.nic.counters(q.qpn) {
+                s.wqes += c.total_wqes();
+                s.bytes += c.bytes;
+                s.errors += c.errors;
+                s.rate_limit_delays += c.rate_limit_delays;
+                if o.program
+                    .queues
+                    .get(i)
+                    .is_some_and(|d| d.role == QueueRole::Client)
+                {
+                    s.triggers += c.recvs;
+                }
+            }
+            // The hook for asynchronous QP events (a responder queue gone to error): until the
+            // NIC trait reports them, the state is polled each round.
+            if matches!(self.nic.qp_state(q.qpn), Ok(QpState::Error)) {
+                s.queues_in_error += 1;
+            }
+        }
+        s
+    }
+
+    /// One auditor round over every installed offload: sample, judge, act. Returns how many
+    /// offloads were sampled.
+    pub fn audit_round(&mut self, auditor: &mut Auditor, clock: impl Clock) -> usize {
+        let mut verdicts = Vec::new();
+        let mut sampled = 0;
+        for (handle, o) in &self.installed {
+            let Some(app) = self.policy.app(&o.app) else {
+                continue;
+            };
+            let budget = Budget::of(app);
+            let sample = self.sample(o);
+            sampled += 1;
+            let (verdict, queue_error) = auditor.observe(*handle, budget, sample, &clock);
+            if queue_error {
+                verdicts.push((*handle, None, sample));
+            }
+            if verdict.is_some() {
+                verdicts.push((*handle, verdict, sample));
+            }
+        }
+        for (handle, verdict, sample) in verdicts {
+            match verdict {
+                None => {
+                    let r = self
+                        .offload_record("queue-error", Severity::Warning, handle)
+                        .field("queues", sample.queues_in_error)
+                        .field("errors", sample.errors)
+                        .res(false);
+                    self.outbox.push(r);
+                }
+                Some(Verdict::Throttle(v, limit)) => self.throttle(handle, Some(&v), limit),
+                Some(Verdict::Unthrottle(limit)) => self.throttle(handle, None, limit),
+                Some(Verdict::Terminate(v)) => self.terminate(handle, &v, None),
+                Some(Verdict::Ban(v, span)) => self.terminate(handle, &v, Some(span)),
+            }
+        }
+        auditor.retain(|h| self.installed.contains_key(&h));
+        self.bans.expire(&clock);
+        sampled
+    }
+
+    /// Pace `handle`'s queues at `limit`: a throttle for violation `v`, or with `None` the
+    /// lifting of one.
+    fn throttle(&mut self, handle: u64, v: Option<&Violation>, limit: redn_sys::nic::RateLimit) {
+        let Some(o) = self.installed.get_mut(&handle) else {
+            return;
+        };
+        let mut ok = true;
+        for q in &o.installed.qps {
+            ok &= self.nic.set_rate_limit(q.qpn, limit).is_ok();
+        }
+        // Remote clients installed later are paced the same way.
+        o.limit = limit;
+        let r = match v {
+            Some(v) => self
+                .offload_record("throttle", Severity::Warning, handle)
+                .field("rule", v.rule())
+                .fields(v.details()),
+            None => self.offload_record("unthrottle", Severity::Notice, handle),
+        };
+        let r = r
+            .field("paced_wqes_per_s", limit.wqes_per_sec)
+            .field("paced_bytes_per_s", limit.bytes_per_sec)
+            .res(ok);
+        self.outbox.push(r);
+    }
+
+    /// Terminate offload `handle`: its queues to error (nothing in flight runs on), then
+    /// uninstalled (keys revoked, memory and queues freed); its client told through `Stats`;
+    /// with `ban`, its app (rule and uid) refused installs for that long.
+    fn terminate(&mut self, handle: u64, v: &Violation, ban: Option<Option<std::time::Duration>>) {
+        let Some(o) = self.installed.get(&handle) else {
+            return;
+        };
+        let (client, app, offload) = (o.client, o.app.clone(), o.program.name.clone());
+        let uid = self.clients.get(&client).map(|c| c.identity.uid);
+        for q in &o.installed.qps {
+            let _ = self.nic.set_qp_error(q.qpn);
+        }
+        let record = self
+            .offload_record("terminate", Severity::Warning, handle)
+            .field("rule", v.rule())
+            .fields(v.details());
+        let removed = self.remove_offload(handle);
+        self.outbox.push(record.res(removed));
+        let notes = self.notes.entry(client).or_default();
+        if notes.len() < MAX_NOTES {
+            notes.push(api::TerminatedOffload {
+                handle,
+                offload,
+                rule: v.rule().into(),
+                banned: ban.is_some(),
+            });
+        }
+        if let (Some(span), Some(uid)) = (ban, uid) {
+            self.bans.ban(&app, uid, span, redn_sys::clock::SystemClock);
+            let r = Record::new("ban", Severity::Warning)
+                .field("client", client)
+                .field("uid", uid)
+                .field("app", &app)
+                .field("handle", handle)
+                .field("duration", describe_span(span))
+                .field("rule", v.rule())
+                .res(true);
+            self.outbox.push(r);
+        }
+        self.forget_if_idle(client);
+    }
+
+    /// A client whose connection closed and that holds nothing more is forgotten.
+    fn forget_if_idle(&mut self, client: u64) {
+        let holds = self.installed.values().any(|o| o.client == client);
+        if !holds && self.clients.get(&client).is_some_and(|c| !c.connected) {
+            self.clients.remove(&client);
+            self.notes.remove(&client);
+        }
+    }
+
+    /// Why app `app` run by `uid` may not install now, if it is banned.
+    pub(super) fn ban_refusal(&self, app: &str, uid: u32) -> Option<String> {
+        let left = self.bans.banned(app, uid, redn_sys::clock::SystemClock)?;
+        Some(format!(
+            "app {app:?} (uid {uid}) is banned by the auditor for {} more",
+            describe_span(left.map(|d| d + std::time::Duration::from_secs(1)))
+        ))
+    }
+
+    /// The offloads the auditor terminated for `client` (for `Stats`).
+    pub(super) fn notes_of(&self, client: u64) -> Option<Vec<api::TerminatedOffload>> {
+        self.notes.get(&client).filter(|n| !n.is_empty()).cloned()
+    }
+
+    /// Tear down offload `handle` for `why`, leaving a `teardown` record.
+    pub(super) fn tear_down(&mut self, handle: u64, why: Teardown) {
+        let r = self
+            .offload_record("teardown", Severity::Notice, handle)
+            .field("reason", why.as_str());
+        let ok = self.remove_offload(handle);
+        self.outbox.push(r.res(ok));
+    }
+
+    /// After a reload: tear down every installed offload whose client no rule matches any
+    /// more, whose rule changed, or whose rule no longer allows it.
+    pub(super) fn enforce_reloaded_policy(&mut self) -> usize {
+        let doomed: Vec<u64> = self
+            .installed
+            .iter()
+            .filter(|(_, o)| {
+                let rule = self
+                    .clients
+                    .get(&o.client)
+                    .and_then(|c| self.policy.match_app(&c.identity));
+                !rule.is_some_and(|r| r.name == o.app && r.allows_offload(&o.program.name))
+                    || !self.offloads.contains_key(&o.program.name)
+            })
+            .map(|(h, _)| *h)
+            .collect();
+        for h in &doomed {
+            self.tear_down(*h, Teardown::Reload);
+        }
+        let clients: Vec<u64> = self.clients.keys().copied().collect();
+        for c in clients {
+            self.forget_if_idle(c);
+        }
+        doomed.len()
+    }
+
+    /// The app behind `client` exited (its pidfd said so): apply its rule's
+    /// `keep_serving_after_exit` and leave an `app-exit` record. Returns (kept, torn down).
+    pub fn app_exited(&mut self, client: u64) -> (usize, usize) {
+        let Some(c) = self.clients.get(&client) else {
+            return (0, 0);
+        };
+        let identity = c.identity.clone();
+        let rule = self.policy.match_app(&identity).map(|a| a.name.clone());
+        let keep = self
+            .policy
+            .match_app(&identity)
+            .is_some_and(|a| a.keep_serving_after_exit);
+        let handles = self.handles_of(client);
+        let mut record = Record::new("app-exit", Severity::Notice)
+            .field("client", client)
+            .peer(&identity)
+            .field("app", rule.unwrap_or_default())
+            .field("policy", if keep { "keep" } else { "tear-down" });
+        if keep {
+            record = record.field("kept", handles.len()).field("torn_down", 0);
+            self.outbox.push(record.res(true));
+        } else {
+            record = record.field("kept", 0).field("torn_down", handles.len());
+            self.outbox.push(record.res(true));
+            for h in &handles {
+                self.tear_down(*h, Teardown::AppExit);
+            }
+        }
+        if let Some(c) = self.clients.get_mut(&client) {
+            c.connected = false;
+        }
+        self.forget_if_idle(client);
+        if keep {
+            (handles.len(), 0)
+        } else {
+            (0, handles.len())
+        }
+    }
+
+    /// `io.redn.Admin.TestRun`: send `count` copies of `trigger` into offload `handle`
+    /// from its parking queue, each with a receive posted for its response.
+    ///
+    /// # Errors
+    /// `NoSuchOffload`; `TestRunFailed` when the trigger is not the offload's length, too
+    /// many are outstanding, or the NIC refuses the post.
+    pub fn test_run(
+        &mut self,
+        handle: u64,
+        trigger: &[u8],
+        count: u32,
+    ) -> Result<api::TestRunReply, AdminError> {
+        let o = self
+            .installed
+            .get_mut(&handle)
+            .ok_or(AdminError::NoSuchOffload { handle })?;
+        let failed = |reason: String| AdminError::TestRunFailed { reason };
+        if trigger.len() != o.program.trigger_len as usize {
+            return Err(failed(format!(
+                "offload {:?} takes {}-byte triggers, got {}",
+                o.program.name,
+                o.program.trigger_len,
+                trigger.len()
+            )));
+        }
+        let qpn = o._parking._qp.qpn();
+        let done = self.nic.counters(qpn).map_or(0, |c| c.total_wqes());
+        let outstanding = o._parking.sends.saturating_sub(done);
+        let room = u64::from(MAX_TEST_RUN).saturating_sub(outstanding);
+        let n = u64::from(count).min(room);
+        for _ in 0..n {
+            self.nic
+                .post_recv(qpn, 0, &[])
+                .map_err(|e| failed(e.to_string()))?;
+            let wr = WorkRequest {
+                wr_id: 0,
+                flags: WqeFlags::NONE,
+                op: WrOp::Send {
+                    payload: Payload::Inline(trigger.to_vec()),
+                    imm: None,
+                },
+            };
+            self.nic
+                .post_send(qpn, &[wr])
+                .map_err(|e| failed(e.to_string()))?;
+            o._parking.sends += 1;
+        }
+        Ok(api::TestRunReply {
+            sent: u32::try_from(n).unwrap_or(u32::MAX),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auditor::Auditor;
+    use redn_policy::PeerIdentity;
+    use redn_sys::clock::SystemClock;
+    use std::os::fd::AsFd;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    fn manager(client_keys: &str) -> (Manager, u64) {
+        let uid = nix::unistd::getuid().as_raw();
+        let policy = redn_policy::parse_policy(
+            &format!(
+                "[[app]]\nname = \"t\"\nuid = {uid}\noffloads = [\"server-loop\", \"echo\"]\n\
+                 max_regions = 4\nmax_pinned = \"16M\"\nmax_queues = 32\n\
+                 max_remote_clients = 4\n[app.client]\nrate_limit_kbps = \"infinity\"\n\
+                 wqes_per_second = \"infinity\"\nwqes_per_invocation = 16\n{client_keys}\n"
+            ),
+            "policy.toml",
+        )
+        .unwrap();
+        let nic = Arc::new(redn_sys::softnic::SoftNic::with_pus(1).unwrap());
+        let mut m = Manager::with_catalog(policy, nic, "softnic").unwrap();
+        let client = m.connect(PeerIdentity {
+            uid,
+            gid: 0,
+            pid: std::process::id(),
+            exe: "/t".into(),
+            cgroup: "/".into(),
+            start_time: 0,
+        });
+        (m, client)
+    }
+
+    fn install_server_loop(
+        m: &mut Manager,
+        client: u64,
+    ) -> Result<(u64, Vec<u8>), redn_proto::errors::ManagerError> {
+        let region = redn_client::SealedRegion::create("t", 1 << 16).unwrap();
+        let fd = region.fd().as_fd().try_clone_to_owned().unwrap();
+        let r = m.register_region(client, fd)?;
+        let (request, trigger) = server_loop_over(&r);
+        Ok((m.install(client, request)?.handle, trigger))
+    }
+
+    #[test]
+    fn a_banned_runaway_is_freed_entirely_told_and_refused_again() {
+        let (mut m, client) = manager("on_violation = \"ban\"\nban_duration = \"1h\"");
+        let before = m.nic().objects();
+        let (handle, trigger) = install_server_loop(&mut m, client).unwrap();
+        assert_ne!(m.nic().objects(), before);
+        let mut auditor = Auditor::new(Duration::ZERO);
+        m.audit_round(&mut auditor, SystemClock);
+        assert_eq!(m.test_run(handle, &trigger, 32).unwrap().sent, 32);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while m.installed_count() > 0 {
+            assert!(Instant::now() < deadline, "the runaway was never stopped");
+            m.audit_round(&mut auditor, SystemClock);
+            std::thread::yield_now();
+        }
+        // Every queue, key, CQ and domain of the install and its parking side is gone.
+        assert_eq!(m.nic().objects(), before);
+        let bodies: Vec<String> = m.take_records().iter().map(|r| r.body()).collect();
+        assert!(bodies.iter().any(|b| b.starts_with("event=terminate ")
+            && b.contains(&format!("handle={handle} rule=loop-budget"))));
+        assert!(bodies
+            .iter()
+            .any(|b| b.starts_with("event=ban ") && b.contains("duration=3600s")));
+        let notes = m.stats(client).unwrap().terminated.unwrap();
+        assert_eq!((notes[0].handle, notes[0].banned), (handle, true));
+        let e = install_server_loop(&mut m, client).unwrap_err();
+        assert!(
+            matches!(&e, redn_proto::errors::ManagerError::PolicyDenied { reason } if reason.contains("banned")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn app_exit_keeps_or_tears_down_by_rule_and_unknown_handles_are_named() {
+        let (mut m, client) = manager("on_violation = \"terminate\"");
+        let (handle, _) = install_server_loop(&mut m, client).unwrap();
+        assert_eq!(
+            m.test_run(handle + 100, &[0; 14], 1).unwrap_err(),
+            AdminError::NoSuchOffload {
+                handle: handle + 100
+            }
+        );
+        assert!(matches!(
+            m.test_run(handle, &[0; 3], 1),
+            Err(AdminError::TestRunFailed { reason }) if reason.contains("14-byte")
+        ));
+        // keep_serving_after_exit defaults to true.
+        assert_eq!(m.app_exited(client), (1, 0));
+        assert_eq!(m.installed_count(), 1);
+        let body = m.take_records()[0].body();
+        assert!(
+            body.starts_with(&format!("event=app-exit client={client} uid="))
+                && body.ends_with("policy=keep kept=1 torn_down=0 res=success"),
+            "{body}"
+        );
+    }
+}
