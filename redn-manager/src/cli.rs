@@ -3,7 +3,7 @@
 use crate::server::{Server, SocketKind};
 use crate::state::{grants_at_quota, Limits, Manager};
 use crate::system;
-use anyhow::{bail, Context};
+use anyhow::{anyhow, bail, Context};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use redn_policy::config::DEFAULT_MANAGER_CONFIG_PATH;
@@ -274,11 +274,17 @@ fn run(opts: &Options) -> anyhow::Result<()> {
             softnic = Some(Arc::clone(&nic));
             (nic, "softnic".into())
         }
-        Backend::Mlx5 { .. } => {
+        Backend::Mlx5 { device } => {
+            let devices = redn_sys::rdma_devices::list().context("cannot list RDMA devices")?;
+            let chosen = crate::backend::select_device(device, &devices).map_err(|e| anyhow!(e))?;
             if let Some(p) = system::memlock_problem() {
                 bail!("{p}");
             }
-            bail!("backend kind \"mlx5\" is not built into this redn-manager; use \"softnic\"")
+            bail!(
+                "RDMA device {} found, but this redn-manager's mlx5 backend can only list \
+                 devices (its queues are not built yet); use kind = \"softnic\"",
+                chosen.name
+            )
         }
     };
     let manager = Manager::new(

@@ -23,6 +23,7 @@ pub mod handle;
 pub mod install;
 pub mod mem;
 pub mod nic;
+pub mod rdma_devices;
 pub mod softnic;
 
 // The pure modules keep their crate-relative paths inside this crate.
