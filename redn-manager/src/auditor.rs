@@ -545,6 +545,30 @@ mod tests {
     }
 
     #[test]
+    fn each_remote_instance_is_judged_on_its_own_counters() {
+        let clock = ManualClock::new();
+        let mut a = Auditor::new(DEFAULT_INTERVAL);
+        let b = budget(OnViolation::Terminate);
+        let (own, calm, runaway) = (
+            TrackId::own(9),
+            TrackId::remote(9, 1),
+            TrackId::remote(9, 2),
+        );
+        for t in [own, calm, runaway] {
+            assert_eq!(a.observe_track(t, b, sample(5, 0), &clock).0, None);
+        }
+        // The runaway's 100 WQEs without a trigger are its own, not the offload's.
+        let (v, _) = a.observe_track(runaway, b, sample(105, 0), &clock);
+        assert!(matches!(v, Some(Verdict::Terminate(Violation::LoopBudget { .. }))));
+        assert_eq!(a.observe_track(calm, b, sample(5 + 16, 1), &clock).0, None);
+        assert_eq!(a.observe(9, b, sample(5, 0), &clock).0, None);
+        // Its track is gone with it; the others keep theirs.
+        a.retain(|t| t != runaway);
+        assert_eq!(a.observe_track(calm, b, sample(5 + 32, 2), &clock).0, None);
+        assert_eq!(a.counters.terminations, 1);
+    }
+
+    #[test]
     fn a_loop_within_budget_per_trigger_is_left_alone() {
         let clock = ManualClock::new();
         let mut a = Auditor::new(DEFAULT_INTERVAL);
