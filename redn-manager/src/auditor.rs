@@ -559,7 +559,10 @@ mod tests {
         }
         // The runaway's 100 WQEs without a trigger are its own, not the offload's.
         let (v, _) = a.observe_track(runaway, b, sample(105, 0), &clock);
-        assert!(matches!(v, Some(Verdict::Terminate(Violation::LoopBudget { .. }))));
+        assert!(matches!(
+            v,
+            Some(Verdict::Terminate(Violation::LoopBudget { .. }))
+        ));
         assert_eq!(a.observe_track(calm, b, sample(5 + 16, 1), &clock).0, None);
         assert_eq!(a.observe(9, b, sample(5, 0), &clock).0, None);
         // Its track is gone with it; the others keep theirs.

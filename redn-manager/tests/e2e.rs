@@ -1389,7 +1389,10 @@ fn a_remote_clients_runaway_instance_alone_is_terminated() {
         ),
         "{stopped:?}"
     );
-    assert!(served >= 4, "stopped after {served} gets, inside its budget");
+    assert!(
+        served >= 4,
+        "stopped after {served} gets, inside its budget"
+    );
     let record = audit_record_with(
         &m,
         &[
@@ -1420,10 +1423,17 @@ fn a_remote_clients_runaway_instance_alone_is_terminated() {
     for _ in 0..2 {
         assert_eq!(calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
     }
-    assert_eq!(calm.sessions_opened(), 1, "the calm client kept its instance");
+    assert_eq!(
+        calm.sessions_opened(),
+        1,
+        "the calm client kept its instance"
+    );
     let stats: api::StatsReply = app
         .connection()
         .call("io.redn.Manager.Stats", &serde_json::json!({}), &[])
         .unwrap();
-    assert_eq!(stats.terminated, None, "the app's own install was not touched");
+    assert_eq!(
+        stats.terminated, None,
+        "the app's own install was not touched"
+    );
 }

@@ -4,9 +4,9 @@
 //! admin's test run. Every action leaves [`Record`]s for the audit trail in the manager's
 //! outbox ([`Manager::take_records`]); nothing here touches a socket.
 
+use super::DynNic;
 use super::Manager;
 use crate::audit::{Record, Severity};
-use super::DynNic;
 use crate::auditor::{describe_span, Auditor, Budget, Sample, TrackId, Verdict, Violation};
 use redn_program::program::{Program, QueueRole};
 use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
