@@ -1437,3 +1437,62 @@ fn a_remote_clients_runaway_instance_alone_is_terminated() {
         "the app's own install was not touched"
     );
 }
+
+#[test]
+fn a_remote_client_over_its_wqe_rate_alone_is_throttled() {
+    // 64 WQEs a trigger covers server-loop's 56; 2,000 WQEs a second is some 35 gets, far
+    // below what a client getting as fast as it can asks for.
+    let m = Manager::start_with_dataplane(
+        &policy("", "")
+            .replace("\"echo\"]", "\"echo\", \"server-loop\"]")
+            .replace("wqes_per_second = \"infinity\"", "wqes_per_second = 2000")
+            .replace(
+                "on_violation = \"terminate\"",
+                "on_violation = \"throttle\"",
+            ),
+    );
+    let mut app = m.client();
+    let mut table = TwoChoiceTable::create(64).unwrap();
+    let (_, installed) = app.install_table("server-loop", &mut table).unwrap();
+    table.set(0x2a, b"hello").unwrap();
+    let endpoint = installed.endpoint.clone().expect("an endpoint");
+    let (handle, token) = (installed.handle, installed.token.clone());
+    let mut calm = remote(&endpoint, handle, &token).unwrap();
+    assert_eq!(calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooder = {
+        let (endpoint, token, stop) = (endpoint.clone(), token.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut c = remote(&endpoint, handle, &token).unwrap();
+            let mut served = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                assert_eq!(c.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+                served += 1;
+            }
+            (served, c.sessions_opened())
+        })
+    };
+    let record = audit_record_with(
+        &m,
+        &[
+            "event=throttle ",
+            &format!(" handle={handle} "),
+            " instance=",
+            " peer=127.0.0.1:",
+            " rule=wqes-per-second ",
+        ],
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (served, sessions) = flooder.join().unwrap();
+    assert!(record.contains("paced_wqes_per_s=2000"), "{record}");
+    assert!(!record.contains(&token), "the token leaked: {record}");
+    // Paced, not cut off: the flooder kept its one instance throughout.
+    assert!(served > 0);
+    assert_eq!(sessions, 1);
+    // The calm client and the offload are left as they were.
+    assert_eq!(calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    assert_eq!(calm.sessions_opened(), 1);
+    let list: api::InstalledList =
+        m.admin_call("io.redn.Admin.ListOffloads", serde_json::json!({}));
+    assert_eq!(list.offloads.len(), 1);
+}
