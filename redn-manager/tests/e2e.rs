@@ -1351,6 +1351,36 @@ fn audit_record_with(m: &Manager, needles: &[&str]) -> String {
     }
 }
 
+/// An app's server-loop serving key 0x2a ("hello"), and a remote client served once.
+struct ServerLoop {
+    app: Client,
+    /// Holds the app's table mapped while the offload reads it.
+    _table: TwoChoiceTable,
+    handle: u64,
+    token: String,
+    endpoint: String,
+    calm: RemoteClient,
+}
+
+fn server_loop_with_a_calm_client(m: &Manager) -> ServerLoop {
+    let mut app = m.client();
+    let mut table = TwoChoiceTable::create(64).unwrap();
+    let (_, installed) = app.install_table("server-loop", &mut table).unwrap();
+    table.set(0x2a, b"hello").unwrap();
+    let endpoint = installed.endpoint.clone().expect("an endpoint");
+    let (handle, token) = (installed.handle, installed.token.clone());
+    let mut calm = remote(&endpoint, handle, &token).unwrap();
+    assert_eq!(calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    ServerLoop {
+        app,
+        _table: table,
+        handle,
+        token,
+        endpoint,
+        calm,
+    }
+}
+
 #[test]
 fn a_remote_clients_runaway_instance_alone_is_terminated() {
     // server-loop spends 56 WQEs a round against a budget of 50 a trigger: each trigger
@@ -1361,14 +1391,8 @@ fn a_remote_clients_runaway_instance_alone_is_terminated() {
             .replace("\"echo\"]", "\"echo\", \"server-loop\"]")
             .replace("wqes_per_invocation = 64", "wqes_per_invocation = 50"),
     );
-    let mut app = m.client();
-    let mut table = TwoChoiceTable::create(64).unwrap();
-    let (_, installed) = app.install_table("server-loop", &mut table).unwrap();
-    table.set(0x2a, b"hello").unwrap();
-    let endpoint = installed.endpoint.clone().expect("an endpoint");
-    let (handle, token) = (installed.handle, installed.token.clone());
-    let mut calm = remote(&endpoint, handle, &token).unwrap();
-    assert_eq!(calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    let mut s = server_loop_with_a_calm_client(&m);
+    let (handle, token, endpoint) = (s.handle, s.token.clone(), s.endpoint.clone());
     // What the runaway waits for once terminated never comes: it need not wait long.
     let mut runaway = remote_within(&endpoint, handle, &token, Duration::from_secs(1)).unwrap();
     let mut served = 0u32;
@@ -1421,14 +1445,15 @@ fn a_remote_clients_runaway_instance_alone_is_terminated() {
         [handle]
     );
     for _ in 0..2 {
-        assert_eq!(calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+        assert_eq!(s.calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
     }
     assert_eq!(
-        calm.sessions_opened(),
+        s.calm.sessions_opened(),
         1,
         "the calm client kept its instance"
     );
-    let stats: api::StatsReply = app
+    let stats: api::StatsReply = s
+        .app
         .connection()
         .call("io.redn.Manager.Stats", &serde_json::json!({}), &[])
         .unwrap();
@@ -1451,14 +1476,8 @@ fn a_remote_client_over_its_wqe_rate_alone_is_throttled() {
                 "on_violation = \"throttle\"",
             ),
     );
-    let mut app = m.client();
-    let mut table = TwoChoiceTable::create(64).unwrap();
-    let (_, installed) = app.install_table("server-loop", &mut table).unwrap();
-    table.set(0x2a, b"hello").unwrap();
-    let endpoint = installed.endpoint.clone().expect("an endpoint");
-    let (handle, token) = (installed.handle, installed.token.clone());
-    let mut calm = remote(&endpoint, handle, &token).unwrap();
-    assert_eq!(calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    let mut s = server_loop_with_a_calm_client(&m);
+    let (handle, token, endpoint) = (s.handle, s.token.clone(), s.endpoint.clone());
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flooder = {
         let (endpoint, token, stop) = (endpoint.clone(), token.clone(), stop.clone());
@@ -1490,8 +1509,8 @@ fn a_remote_client_over_its_wqe_rate_alone_is_throttled() {
     assert!(served > 0);
     assert_eq!(sessions, 1);
     // The calm client and the offload are left as they were.
-    assert_eq!(calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
-    assert_eq!(calm.sessions_opened(), 1);
+    assert_eq!(s.calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    assert_eq!(s.calm.sessions_opened(), 1);
     let list: api::InstalledList =
         m.admin_call("io.redn.Admin.ListOffloads", serde_json::json!({}));
     assert_eq!(list.offloads.len(), 1);
