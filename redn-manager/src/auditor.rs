@@ -216,6 +216,35 @@ struct Track {
     error_reported: bool,
 }
 
+/// Which budget track a sample belongs to: an offload's own install, or the instance the
+/// data plane installed for one of its remote clients (each has budgets of its own, so one
+/// runaway remote client is stopped without touching the others).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TrackId {
+    /// The offload's handle.
+    pub handle: u64,
+    /// The data plane's id of the remote client's instance; `None` for the app's install.
+    pub remote: Option<u64>,
+}
+
+impl TrackId {
+    /// The app's own install of offload `handle`.
+    pub fn own(handle: u64) -> TrackId {
+        TrackId {
+            handle,
+            remote: None,
+        }
+    }
+
+    /// Remote client `id`'s instance of offload `handle`.
+    pub fn remote(handle: u64, id: u64) -> TrackId {
+        TrackId {
+            handle,
+            remote: Some(id),
+        }
+    }
+}
+
 /// Totals for `redn monitor` and the benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AuditorCounters {
@@ -236,7 +265,7 @@ pub struct AuditorCounters {
 pub struct Auditor {
     interval: Duration,
     next: Option<Instant>,
-    tracks: HashMap<u64, Track>,
+    tracks: HashMap<TrackId, Track>,
     /// Totals.
     pub counters: AuditorCounters,
 }
@@ -274,24 +303,28 @@ impl Auditor {
         true
     }
 
-    /// Forget an offload (uninstalled, terminated).
+    /// Forget an offload's own install (uninstalled, terminated).
     pub fn forget(&mut self, handle: u64) {
-        self.tracks.remove(&handle);
+        self.tracks.remove(&TrackId::own(handle));
     }
 
-    /// Forget every offload not in `live`.
-    pub fn retain(&mut self, live: impl Fn(u64) -> bool) {
-        self.tracks.retain(|h, _| live(*h));
+    /// Forget every track not in `live`.
+    pub fn retain(&mut self, live: impl Fn(TrackId) -> bool) {
+        self.tracks.retain(|id, _| live(*id));
     }
 
-    /// Whether the offload is throttled.
+    /// Whether the offload's own install is throttled.
     pub fn is_throttled(&self, handle: u64) -> bool {
-        self.tracks.get(&handle).is_some_and(|t| t.throttled)
+        self.is_track_throttled(TrackId::own(handle))
     }
 
-    /// Judge offload `handle`'s latest `sample` under `budget`. The first sample of an
-    /// offload only sets its baseline. Also returns whether a queue went to error for the
-    /// first time (reported once, as an asynchronous QP event would be).
+    /// Whether track `id` is throttled.
+    pub fn is_track_throttled(&self, id: TrackId) -> bool {
+        self.tracks.get(&id).is_some_and(|t| t.throttled)
+    }
+
+    /// Judge the latest `sample` of offload `handle`'s own install under `budget` (see
+    /// [`Auditor::observe_track`]).
     pub fn observe(
         &mut self,
         handle: u64,
@@ -299,9 +332,22 @@ impl Auditor {
         sample: Sample,
         clock: impl Clock,
     ) -> (Option<Verdict>, bool) {
+        self.observe_track(TrackId::own(handle), budget, sample, clock)
+    }
+
+    /// Judge track `id`'s latest `sample` under `budget`. The first sample of a track only
+    /// sets its baseline. Also returns whether a queue went to error for the first time
+    /// (reported once, as an asynchronous QP event would be).
+    pub fn observe_track(
+        &mut self,
+        id: TrackId,
+        budget: Budget,
+        sample: Sample,
+        clock: impl Clock,
+    ) -> (Option<Verdict>, bool) {
         let now = clock.now();
         self.counters.samples += 1;
-        let t = self.tracks.entry(handle).or_insert(Track {
+        let t = self.tracks.entry(id).or_insert(Track {
             budget,
             base: sample,
             window_start: now,
@@ -326,7 +372,7 @@ impl Auditor {
             }
             Some(Verdict::Terminate(_) | Verdict::Ban(..)) => {
                 self.counters.terminations += 1;
-                self.tracks.remove(&handle);
+                self.tracks.remove(&id);
             }
             None => {}
         }
@@ -496,6 +542,33 @@ mod tests {
         clock.advance(Duration::from_millis(1));
         assert!(a.due(&clock));
         assert_eq!(a.counters.rounds, 2);
+    }
+
+    #[test]
+    fn each_remote_instance_is_judged_on_its_own_counters() {
+        let clock = ManualClock::new();
+        let mut a = Auditor::new(DEFAULT_INTERVAL);
+        let b = budget(OnViolation::Terminate);
+        let (own, calm, runaway) = (
+            TrackId::own(9),
+            TrackId::remote(9, 1),
+            TrackId::remote(9, 2),
+        );
+        for t in [own, calm, runaway] {
+            assert_eq!(a.observe_track(t, b, sample(5, 0), &clock).0, None);
+        }
+        // The runaway's 100 WQEs without a trigger are its own, not the offload's.
+        let (v, _) = a.observe_track(runaway, b, sample(105, 0), &clock);
+        assert!(matches!(
+            v,
+            Some(Verdict::Terminate(Violation::LoopBudget { .. }))
+        ));
+        assert_eq!(a.observe_track(calm, b, sample(5 + 16, 1), &clock).0, None);
+        assert_eq!(a.observe(9, b, sample(5, 0), &clock).0, None);
+        // Its track is gone with it; the others keep theirs.
+        a.retain(|t| t != runaway);
+        assert_eq!(a.observe_track(calm, b, sample(5 + 32, 2), &clock).0, None);
+        assert_eq!(a.counters.terminations, 1);
     }
 
     #[test]

@@ -183,20 +183,25 @@ impl Dataplane {
     }
 
     /// Release the instances of offloads no longer installed (uninstalled, or their app
-    /// killed) and close those clients' connections.
+    /// killed) and close those clients' connections, and those of clients whose own
+    /// instance the auditor terminated.
     pub fn reap(&mut self, registry: &Registry, manager: &mut Manager, audit: &mut Audit) {
-        let gone: Vec<usize> = self
+        let gone: Vec<(usize, &'static str)> = self
             .conns
             .iter()
-            .filter(|(_, c)| {
-                c.instance
-                    .as_ref()
-                    .is_some_and(|i| !manager.has_offload(i.handle))
+            .filter_map(|(t, c)| {
+                let i = c.instance.as_ref()?;
+                if !manager.has_offload(i.handle) {
+                    Some((*t, "offload uninstalled"))
+                } else if !manager.has_remote(i.handle, *t as u64) {
+                    Some((*t, "instance terminated by the auditor"))
+                } else {
+                    None
+                }
             })
-            .map(|(t, _)| *t)
             .collect();
-        for t in gone {
-            self.close(registry, t, manager, audit, "offload uninstalled");
+        for (t, why) in gone {
+            self.close(registry, t, manager, audit, why);
         }
     }
 
@@ -364,10 +369,14 @@ impl Dataplane {
         manager: &mut Manager,
         audit: &mut Audit,
     ) {
+        let peer = self.conns.get(&token).map(|c| c.peer);
         let result = self
             .serve(token, bytes, manager)
             .and_then(|(instance, installed, a)| {
-                if manager.attach_remote(instance.handle, token as u64, installed) {
+                let attached = peer.is_some_and(|peer| {
+                    manager.attach_remote(instance.handle, token as u64, peer, installed)
+                });
+                if attached {
                     Ok((instance, a))
                 } else {
                     Err(refuse(Refusal::AccessDenied, "the offload was uninstalled"))

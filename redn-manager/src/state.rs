@@ -173,12 +173,19 @@ struct Offload {
     installed: Installed<DynNic>,
     _parking: Parking,
     /// The instances the data plane installed for remote clients, by the data plane's id
-    /// of each; released with the offload.
-    remote: BTreeMap<u64, Installed<DynNic>>,
+    /// of each; released with the offload (or alone, by the auditor).
+    remote: BTreeMap<u64, RemoteInstance>,
     /// Counters of remote instances released so far (triggers, WQEs, errors).
     retired: (u64, u64, u64),
     /// When the token was handed out (its app's `token_lifetime` runs from here).
     token_issued: std::time::Instant,
+}
+
+/// A remote client's own instance of an offload, installed by the data plane.
+struct RemoteInstance {
+    /// The client's address, for the audit trail.
+    peer: std::net::SocketAddr,
+    installed: Installed<DynNic>,
 }
 
 /// What the data plane needs to serve a remote client of one installed offload (see
@@ -821,7 +828,7 @@ impl Manager {
     /// remote instances already released.
     fn stats_of(&self, o: &Offload) -> (u64, u64, u64) {
         let (mut triggers, mut wqes, mut errors) = o.retired;
-        for i in std::iter::once(&o.installed).chain(o.remote.values()) {
+        for i in std::iter::once(&o.installed).chain(o.remote.values().map(|r| &r.installed)) {
             let (t, w, e) = self.instance_counters(&o.program, i);
             triggers += t;
             wqes += w;
@@ -830,17 +837,38 @@ impl Manager {
         (triggers, wqes, errors)
     }
 
-    /// Hand the instance installed for a remote client (`id`, the data plane's) to offload
-    /// `handle`, so that its counters show in `Stats` and it goes with the offload. False
-    /// (and the instance released) if the offload is gone.
-    pub fn attach_remote(&mut self, handle: u64, id: u64, instance: Installed<DynNic>) -> bool {
+    /// Hand the instance installed for a remote client (`id`, the data plane's, at `peer`)
+    /// to offload `handle`, so that its counters show in `Stats`, the auditor holds it to
+    /// the app's budgets and it goes with the offload. False (and the instance released) if
+    /// the offload is gone.
+    pub fn attach_remote(
+        &mut self,
+        handle: u64,
+        id: u64,
+        peer: std::net::SocketAddr,
+        instance: Installed<DynNic>,
+    ) -> bool {
         match self.installed.get_mut(&handle) {
             Some(o) => {
-                o.remote.insert(id, instance);
+                o.remote.insert(
+                    id,
+                    RemoteInstance {
+                        peer,
+                        installed: instance,
+                    },
+                );
                 true
             }
             None => false,
         }
+    }
+
+    /// Whether remote client `id`'s instance of offload `handle` is still held (the data
+    /// plane closes the connection of one the auditor terminated).
+    pub fn has_remote(&self, handle: u64, id: u64) -> bool {
+        self.installed
+            .get(&handle)
+            .is_some_and(|o| o.remote.contains_key(&id))
     }
 
     /// Release remote client `id`'s instance of offload `handle`, keeping its counters.
@@ -855,7 +883,7 @@ impl Manager {
         let Some(o) = self.installed.get(&handle) else {
             return;
         };
-        let (t, w, e) = self.instance_counters(&o.program, &instance);
+        let (t, w, e) = self.instance_counters(&o.program, &instance.installed);
         if let Some(o) = self.installed.get_mut(&handle) {
             o.retired.0 += t;
             o.retired.1 += w;
@@ -868,23 +896,8 @@ impl Manager {
         program: &Program,
         installed: &Installed<DynNic>,
     ) -> (u64, u64, u64) {
-        let mut triggers = 0;
-        let mut wqes = 0;
-        let mut errors = 0;
-        for (i, q) in installed.qps.iter().enumerate() {
-            if let Ok(c) = self.nic.counters(q.qpn) {
-                wqes += c.total_wqes();
-                errors += c.errors;
-                if program
-                    .queues
-                    .get(i)
-                    .is_some_and(|q| q.role == redn_program::program::QueueRole::Client)
-                {
-                    triggers += c.recvs;
-                }
-            }
-        }
-        (triggers, wqes, errors)
+        let s = self.sample(program, installed);
+        (s.triggers, s.wqes, s.errors)
     }
 
     /// `io.redn.Manager.Stats`.

@@ -1335,3 +1335,183 @@ fn hello_records_are_checked_and_half_open_connections_capped() {
     assert_eq!(idle[0].read(&mut byte).unwrap(), 0, "the oldest was closed");
     assert_eq!(client.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
 }
+
+/// The first audit record on the manager's syslog socket holding every one of `needles`.
+fn audit_record_with(m: &Manager, needles: &[&str]) -> String {
+    let syslog = m.syslog.as_ref().unwrap();
+    let mut buf = [0u8; 2048];
+    let start = Instant::now();
+    loop {
+        assert!(start.elapsed() < DEADLINE, "no record with {needles:?}");
+        let n = recv(syslog, &mut buf).expect("audit records within the deadline");
+        let rec = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if needles.iter().all(|n| rec.contains(n)) {
+            return rec;
+        }
+    }
+}
+
+/// An app's server-loop serving key 0x2a ("hello"), and a remote client served once.
+struct ServerLoop {
+    app: Client,
+    /// Holds the app's table mapped while the offload reads it.
+    _table: TwoChoiceTable,
+    handle: u64,
+    token: String,
+    endpoint: String,
+    calm: RemoteClient,
+}
+
+fn server_loop_with_a_calm_client(m: &Manager) -> ServerLoop {
+    let mut app = m.client();
+    let mut table = TwoChoiceTable::create(64).unwrap();
+    let (_, installed) = app.install_table("server-loop", &mut table).unwrap();
+    table.set(0x2a, b"hello").unwrap();
+    let endpoint = installed.endpoint.clone().expect("an endpoint");
+    let (handle, token) = (installed.handle, installed.token.clone());
+    let mut calm = remote(&endpoint, handle, &token).unwrap();
+    assert_eq!(calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    ServerLoop {
+        app,
+        _table: table,
+        handle,
+        token,
+        endpoint,
+        calm,
+    }
+}
+
+#[test]
+fn a_remote_clients_runaway_instance_alone_is_terminated() {
+    // server-loop spends 56 WQEs a round against a budget of 50 a trigger: each trigger
+    // overdraws by 6, so a client that keeps triggering breaks the one-round slack within
+    // about nine, while one that triggers a few times stays inside it.
+    let m = Manager::start_with_dataplane(
+        &policy("", "")
+            .replace("\"echo\"]", "\"echo\", \"server-loop\"]")
+            .replace("wqes_per_invocation = 64", "wqes_per_invocation = 50"),
+    );
+    let mut s = server_loop_with_a_calm_client(&m);
+    let (handle, token, endpoint) = (s.handle, s.token.clone(), s.endpoint.clone());
+    // What the runaway waits for once terminated never comes: it need not wait long.
+    let mut runaway = remote_within(&endpoint, handle, &token, Duration::from_secs(1)).unwrap();
+    let mut served = 0u32;
+    let stopped = loop {
+        match runaway.get(0x2a) {
+            Ok(v) => {
+                assert_eq!(v.as_deref(), Some(&b"hello"[..]));
+                served += 1;
+                assert!(served < 10_000, "the runaway instance was never stopped");
+            }
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(
+            stopped,
+            ClientError::Timeout { .. } | ClientError::ResponseFailed { .. }
+        ),
+        "{stopped:?}"
+    );
+    assert!(
+        served >= 4,
+        "stopped after {served} gets, inside its budget"
+    );
+    let record = audit_record_with(
+        &m,
+        &[
+            "event=terminate ",
+            &format!(" handle={handle} "),
+            " instance=",
+            " peer=127.0.0.1:",
+            " rule=loop-budget ",
+        ],
+    );
+    assert!(record.contains("offload=server-loop"), "{record}");
+    assert!(record.ends_with("res=success"), "{record}");
+    assert!(!record.contains(&token), "the token leaked: {record}");
+    audit_record_with(
+        &m,
+        &[
+            "event=remote-exit ",
+            "reason=\"instance terminated by the auditor\"",
+        ],
+    );
+    // Nobody else was touched: the offload stays installed and the calm client is served.
+    let list: api::InstalledList =
+        m.admin_call("io.redn.Admin.ListOffloads", serde_json::json!({}));
+    assert_eq!(
+        list.offloads.iter().map(|o| o.handle).collect::<Vec<_>>(),
+        [handle]
+    );
+    for _ in 0..2 {
+        assert_eq!(s.calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    }
+    assert_eq!(
+        s.calm.sessions_opened(),
+        1,
+        "the calm client kept its instance"
+    );
+    let stats: api::StatsReply = s
+        .app
+        .connection()
+        .call("io.redn.Manager.Stats", &serde_json::json!({}), &[])
+        .unwrap();
+    assert_eq!(
+        stats.terminated, None,
+        "the app's own install was not touched"
+    );
+}
+
+#[test]
+fn a_remote_client_over_its_wqe_rate_alone_is_throttled() {
+    // 64 WQEs a trigger covers server-loop's 56; 2,000 WQEs a second is some 35 gets, far
+    // below what a client getting as fast as it can asks for.
+    let m = Manager::start_with_dataplane(
+        &policy("", "")
+            .replace("\"echo\"]", "\"echo\", \"server-loop\"]")
+            .replace("wqes_per_second = \"infinity\"", "wqes_per_second = 2000")
+            .replace(
+                "on_violation = \"terminate\"",
+                "on_violation = \"throttle\"",
+            ),
+    );
+    let mut s = server_loop_with_a_calm_client(&m);
+    let (handle, token, endpoint) = (s.handle, s.token.clone(), s.endpoint.clone());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooder = {
+        let (endpoint, token, stop) = (endpoint.clone(), token.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut c = remote(&endpoint, handle, &token).unwrap();
+            let mut served = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                assert_eq!(c.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+                served += 1;
+            }
+            (served, c.sessions_opened())
+        })
+    };
+    let record = audit_record_with(
+        &m,
+        &[
+            "event=throttle ",
+            &format!(" handle={handle} "),
+            " instance=",
+            " peer=127.0.0.1:",
+            " rule=wqes-per-second ",
+        ],
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (served, sessions) = flooder.join().unwrap();
+    assert!(record.contains("paced_wqes_per_s=2000"), "{record}");
+    assert!(!record.contains(&token), "the token leaked: {record}");
+    // Paced, not cut off: the flooder kept its one instance throughout.
+    assert!(served > 0);
+    assert_eq!(sessions, 1);
+    // The calm client and the offload are left as they were.
+    assert_eq!(s.calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    assert_eq!(s.calm.sessions_opened(), 1);
+    let list: api::InstalledList =
+        m.admin_call("io.redn.Admin.ListOffloads", serde_json::json!({}));
+    assert_eq!(list.offloads.len(), 1);
+}

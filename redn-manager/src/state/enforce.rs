@@ -4,14 +4,16 @@
 //! admin's test run. Every action leaves [`Record`]s for the audit trail in the manager's
 //! outbox ([`Manager::take_records`]); nothing here touches a socket.
 
-use super::{Manager, Offload};
+use super::DynNic;
+use super::Manager;
 use crate::audit::{Record, Severity};
-use crate::auditor::{describe_span, Auditor, Budget, Sample, Verdict, Violation};
-use redn_program::program::QueueRole;
+use crate::auditor::{describe_span, Auditor, Budget, Sample, TrackId, Verdict, Violation};
+use redn_program::program::{Program, QueueRole};
 use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
 use redn_proto::api;
 use redn_proto::errors::AdminError;
 use redn_sys::clock::Clock;
+use redn_sys::install::Installed;
 use redn_sys::QpState;
 
 /// Auditor notes a client keeps for `Stats`, at most.
@@ -125,16 +127,17 @@ impl Manager {
         r
     }
 
-    /// The counters of `o`'s queues, summed.
-    fn sample(&self, o: &Offload) -> Sample {
+    /// The counters of one instance's queues (the app's install or a remote client's),
+    /// summed.
+    pub(super) fn sample(&self, program: &Program, installed: &Installed<DynNic>) -> Sample {
         let mut s = Sample::default();
-        for (i, q) in o.installed.qps.iter().enumerate() {
+        for (i, q) in installed.qps.iter().enumerate() {
             if let Ok(c) = self.nic.counters(q.qpn) {
                 s.wqes += c.total_wqes();
                 s.bytes += c.bytes;
                 s.errors += c.errors;
                 s.rate_limit_delays += c.rate_limit_delays;
-                if o.program
+                if program
                     .queues
                     .get(i)
                     .is_some_and(|d| d.role == QueueRole::Client)
@@ -151,8 +154,9 @@ impl Manager {
         s
     }
 
-    /// One auditor round over every installed offload: sample, judge, act. Returns how many
-    /// offloads were sampled.
+    /// One auditor round over every installed offload and every remote client's instance
+    /// of one, each its own budget track: sample, judge, act. Returns how many tracks were
+    /// sampled.
     pub fn audit_round(&mut self, auditor: &mut Auditor, clock: impl Clock) -> usize {
         let mut verdicts = Vec::new();
         let mut sampled = 0;
@@ -161,55 +165,128 @@ impl Manager {
                 continue;
             };
             let budget = Budget::of(app);
-            let sample = self.sample(o);
-            sampled += 1;
-            let (verdict, queue_error) = auditor.observe(*handle, budget, sample, &clock);
-            if queue_error {
-                verdicts.push((*handle, None, sample));
-            }
-            if verdict.is_some() {
-                verdicts.push((*handle, verdict, sample));
+            let own = std::iter::once((TrackId::own(*handle), &o.installed));
+            let remote = o
+                .remote
+                .iter()
+                .map(|(id, r)| (TrackId::remote(*handle, *id), &r.installed));
+            for (track, installed) in own.chain(remote) {
+                let sample = self.sample(&o.program, installed);
+                sampled += 1;
+                let (verdict, queue_error) = auditor.observe_track(track, budget, sample, &clock);
+                if queue_error {
+                    verdicts.push((track, None, sample));
+                }
+                if verdict.is_some() {
+                    verdicts.push((track, verdict, sample));
+                }
             }
         }
-        for (handle, verdict, sample) in verdicts {
-            match verdict {
-                None => {
+        for (track, verdict, sample) in verdicts {
+            match (verdict, track.remote) {
+                (None, _) => {
                     let r = self
-                        .offload_record("queue-error", Severity::Warning, handle)
+                        .track_record("queue-error", Severity::Warning, track)
                         .field("queues", sample.queues_in_error)
                         .field("errors", sample.errors)
                         .res(false);
                     self.outbox.push(r);
                 }
-                Some(Verdict::Throttle(v, limit)) => self.throttle(handle, Some(&v), limit),
-                Some(Verdict::Unthrottle(limit)) => self.throttle(handle, None, limit),
-                Some(Verdict::Terminate(v)) => self.terminate(handle, &v, None),
-                Some(Verdict::Ban(v, span)) => self.terminate(handle, &v, Some(span)),
+                (Some(Verdict::Throttle(v, limit)), _) => self.throttle(track, Some(&v), limit),
+                (Some(Verdict::Unthrottle(limit)), _) => self.throttle(track, None, limit),
+                (Some(Verdict::Terminate(v)), None) => self.terminate(track.handle, &v, None),
+                (Some(Verdict::Ban(v, span)), None) => {
+                    self.terminate(track.handle, &v, Some(span));
+                }
+                // A remote client is not the app: a ban would punish the app for it, so its
+                // instance alone goes.
+                (Some(Verdict::Terminate(v) | Verdict::Ban(v, _)), Some(id)) => {
+                    self.terminate_remote(track.handle, id, &v);
+                }
             }
         }
-        auditor.retain(|h| self.installed.contains_key(&h));
+        auditor.retain(|t| match t.remote {
+            None => self.installed.contains_key(&t.handle),
+            Some(id) => self.has_remote(t.handle, id),
+        });
         self.bans.expire(&clock);
         sampled
     }
 
-    /// Pace `handle`'s queues at `limit`: a throttle for violation `v`, or with `None` the
-    /// lifting of one.
-    fn throttle(&mut self, handle: u64, v: Option<&Violation>, limit: redn_sys::nic::RateLimit) {
-        let Some(o) = self.installed.get_mut(&handle) else {
-            return;
+    /// [`Manager::offload_record`], naming the remote client's instance (the data plane's
+    /// id and the client's address) when `track` is one.
+    fn track_record(&self, kind: &'static str, sev: Severity, track: TrackId) -> Record {
+        let r = self.offload_record(kind, sev, track.handle);
+        let Some(id) = track.remote else {
+            return r;
         };
-        let mut ok = true;
-        for q in &o.installed.qps {
-            ok &= self.nic.set_rate_limit(q.qpn, limit).is_ok();
+        let r = r.field("instance", id);
+        match self
+            .installed
+            .get(&track.handle)
+            .and_then(|o| o.remote.get(&id))
+        {
+            Some(i) => r.field("peer", i.peer),
+            None => r,
         }
-        // Remote clients installed later are paced the same way.
-        o.limit = limit;
+    }
+
+    /// The queues of `track`'s instance.
+    fn track_queues(&self, track: TrackId) -> Vec<redn_sys::Qpn> {
+        let Some(o) = self.installed.get(&track.handle) else {
+            return Vec::new();
+        };
+        let installed = match track.remote {
+            None => Some(&o.installed),
+            Some(id) => o.remote.get(&id).map(|r| &r.installed),
+        };
+        installed.map_or_else(Vec::new, |i| i.qps.iter().map(|q| q.qpn).collect())
+    }
+
+    /// Remote client `id`'s instance of offload `handle` broke its budget: its queues to
+    /// error (nothing in flight runs on), then released; the data plane's reap closes the
+    /// client's connection. The app's install and its other remote clients run on.
+    fn terminate_remote(&mut self, handle: u64, id: u64, v: &Violation) {
+        let track = TrackId::remote(handle, id);
+        let queues = self.track_queues(track);
+        if queues.is_empty() {
+            return;
+        }
+        for qpn in queues {
+            let _ = self.nic.set_qp_error(qpn);
+        }
+        let record = self
+            .track_record("terminate", Severity::Warning, track)
+            .field("rule", v.rule())
+            .fields(v.details());
+        self.detach_remote(handle, id);
+        let released = !self.has_remote(handle, id);
+        self.outbox.push(record.res(released));
+    }
+
+    /// Pace the queues of `track`'s instance at `limit`: a throttle for violation `v`, or
+    /// with `None` the lifting of one.
+    fn throttle(&mut self, track: TrackId, v: Option<&Violation>, limit: redn_sys::nic::RateLimit) {
+        let queues = self.track_queues(track);
+        if queues.is_empty() {
+            return;
+        }
+        let mut ok = true;
+        for qpn in queues {
+            ok &= self.nic.set_rate_limit(qpn, limit).is_ok();
+        }
+        if track.remote.is_none() {
+            if let Some(o) = self.installed.get_mut(&track.handle) {
+                // Remote clients installed later are paced the same way.
+                o.limit = limit;
+            }
+        }
         let r = match v {
             Some(v) => self
-                .offload_record("throttle", Severity::Warning, handle)
+                .track_record("throttle", Severity::Warning, track)
                 .field("rule", v.rule())
                 .fields(v.details()),
-            None => self.offload_record("unthrottle", Severity::Notice, handle),
+            None => self.track_record("unthrottle", Severity::Notice, track),
         };
         let r = r
             .field("paced_wqes_per_s", limit.wqes_per_sec)
