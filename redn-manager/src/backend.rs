@@ -76,7 +76,11 @@ mod tests {
 
     #[test]
     fn a_device_is_selected_by_name_guid_or_pci_address_and_never_guessed() {
-        let one = [dev("rocep59s0f0", 0x0002_c903_00a1_b2c3, Some("0000:3b:00.0"))];
+        let one = [dev(
+            "rocep59s0f0",
+            0x0002_c903_00a1_b2c3,
+            Some("0000:3b:00.0"),
+        )];
         let two = [one[0].clone(), dev("rxe0", 0x1122, None)];
         let parse = |toml: &str| {
             let c = redn_policy::parse_manager_config(
@@ -103,7 +107,10 @@ mod tests {
         assert_eq!(select_device(&by_pci, &two).unwrap().name, "rocep59s0f0");
         let missing = parse("device = \"mlx5_0\"");
         let e = select_device(&missing, &two).unwrap_err();
-        assert!(e.contains("no RDMA device matches") && e.contains("rocep59s0f0"), "{e}");
+        assert!(
+            e.contains("no RDMA device matches") && e.contains("rocep59s0f0"),
+            "{e}"
+        );
     }
     use std::num::NonZeroU32;
 

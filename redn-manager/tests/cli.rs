@@ -40,7 +40,14 @@ fn every_shipped_offload_verifies_under_the_shipped_policy() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         let file = path.display().to_string();
-        let o = redn(&["-j", "offload", "verify", &file, "--policy", &shipped_policy()]);
+        let o = redn(&[
+            "-j",
+            "offload",
+            "verify",
+            &file,
+            "--policy",
+            &shipped_policy(),
+        ]);
         let rows = json(&o);
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
         if o.status.code() == Some(1) && rows.get("error").is_some() {
@@ -57,7 +64,10 @@ fn every_shipped_offload_verifies_under_the_shipped_policy() {
         }
         checked += 1;
     }
-    assert!(checked >= 1, "no shipped offload is allowed by the shipped policy");
+    assert!(
+        checked >= 1,
+        "no shipped offload is allowed by the shipped policy"
+    );
 }
 
 /// echo with a response aimed outside the client's response region: the verifier refuses
@@ -68,13 +78,19 @@ fn a_refused_definition_exits_one_and_names_the_rule() {
     let dir = std::env::temp_dir().join(format!("redn-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     // The first reply's WRITE aimed past the end of the client's response region.
-    let hostile = text.replacen("remote = \"region:response+0\"", "remote = \"region:response+4096\"", 1);
+    let hostile = text.replacen(
+        "remote = \"region:response+0\"",
+        "remote = \"region:response+4096\"",
+        1,
+    );
     assert_ne!(hostile, text, "echo.toml has no reply to aim elsewhere");
     let file = dir.join("echo.toml");
     std::fs::write(&file, &hostile).unwrap();
     let file = file.display().to_string();
     let policy = shipped_policy();
-    let o = redn(&["offload", "verify", &file, "--policy", &policy, "--app", "kvstore"]);
+    let o = redn(&[
+        "offload", "verify", &file, "--policy", &policy, "--app", "kvstore",
+    ]);
     let out = stdout(&o);
     if o.status.code() == Some(1) && stderr(&o).contains("Error:") {
         // The definition did not load: the loader's error names the file.
@@ -82,7 +98,9 @@ fn a_refused_definition_exits_one_and_names_the_rule() {
     } else {
         assert_eq!(o.status.code(), Some(1), "{out}");
         assert!(out.contains("refused"), "{out}");
-        let o = redn(&["-j", "offload", "verify", &file, "--policy", &policy, "--app", "kvstore"]);
+        let o = redn(&[
+            "-j", "offload", "verify", &file, "--policy", &policy, "--app", "kvstore",
+        ]);
         assert_eq!(o.status.code(), Some(1));
         let rows = json(&o);
         let row = &rows.as_array().unwrap()[0];
@@ -97,7 +115,11 @@ fn a_refused_definition_exits_one_and_names_the_rule() {
 fn usage_errors_exit_two_and_runtime_errors_exit_one() {
     let o = redn(&["frobnicate"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).starts_with("Error: unknown object \"frobnicate\""), "{}", stderr(&o));
+    assert!(
+        stderr(&o).starts_with("Error: unknown object \"frobnicate\""),
+        "{}",
+        stderr(&o)
+    );
     let o = redn(&["client", "kill"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("needs ID"), "{}", stderr(&o));
@@ -125,15 +147,28 @@ fn help_and_version_list_every_object() {
     let o = redn(&["help"]);
     assert!(o.status.success());
     let text = stdout(&o);
-    for object in ["client", "offload", "stat", "region", "policy", "completion"] {
-        assert!(text.contains(&format!("redn {object} ")), "{object} missing:\n{text}");
+    for object in [
+        "client",
+        "offload",
+        "stat",
+        "region",
+        "policy",
+        "completion",
+    ] {
+        assert!(
+            text.contains(&format!("redn {object} ")),
+            "{object} missing:\n{text}"
+        );
     }
     assert_eq!(stdout(&redn(&["--help"])), text);
     let o = redn(&["offload", "help"]);
     assert!(stdout(&o).contains("redn offload verify FILE"));
     assert!(!stdout(&o).contains("redn client"));
     let o = redn(&["-V"]);
-    assert_eq!(stdout(&o).trim(), format!("redn {}", env!("CARGO_PKG_VERSION")));
+    assert_eq!(
+        stdout(&o).trim(),
+        format!("redn {}", env!("CARGO_PKG_VERSION"))
+    );
 }
 
 #[test]

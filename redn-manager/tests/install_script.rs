@@ -72,7 +72,8 @@ fn a_staged_install_places_every_file() {
     assert!(bash.contains("complete -F _redn redn"), "{bash}");
     let zsh = std::fs::read_to_string(at("/usr/share/zsh/site-functions/_redn")).unwrap();
     assert!(zsh.starts_with("#compdef redn"));
-    let fish = std::fs::read_to_string(at("/usr/share/fish/vendor_completions.d/redn.fish")).unwrap();
+    let fish =
+        std::fs::read_to_string(at("/usr/share/fish/vendor_completions.d/redn.fish")).unwrap();
     assert!(fish.contains("complete -c redn"));
     std::fs::remove_dir_all(&dest).unwrap();
 }

@@ -126,8 +126,18 @@ fn the_service_is_hardened_without_breaking_rdma() {
 #[test]
 fn the_sockets_outlive_manager_restarts_with_their_own_modes_and_names() {
     for (name, path, mode, fd_name) in [
-        ("redn-manager.socket", "/run/redn/manager.sock", "0660", "manager"),
-        ("redn-manager-admin.socket", "/run/redn/admin.sock", "0600", "admin"),
+        (
+            "redn-manager.socket",
+            "/run/redn/manager.sock",
+            "0660",
+            "manager",
+        ),
+        (
+            "redn-manager-admin.socket",
+            "/run/redn/admin.sock",
+            "0600",
+            "admin",
+        ),
     ] {
         let text = unit(name);
         let s = settings(&text, "Socket");
@@ -136,11 +146,17 @@ fn the_sockets_outlive_manager_restarts_with_their_own_modes_and_names() {
         assert_eq!(values(&s, "FileDescriptorName"), [fd_name], "{name}");
         assert_eq!(values(&s, "Service"), ["redn-manager.service"], "{name}");
         // PartOf= the service would stop the socket with it; RemoveOnStop= would unlink it.
-        assert!(values(&settings(&text, "Unit"), "PartOf").is_empty(), "{name}");
+        assert!(
+            values(&settings(&text, "Unit"), "PartOf").is_empty(),
+            "{name}"
+        );
         assert!(values(&s, "RemoveOnStop").is_empty(), "{name}");
     }
     assert_eq!(
-        values(&settings(&unit("redn-manager.socket"), "Socket"), "SocketGroup"),
+        values(
+            &settings(&unit("redn-manager.socket"), "Socket"),
+            "SocketGroup"
+        ),
         ["redn"]
     );
 }

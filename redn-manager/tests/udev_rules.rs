@@ -231,8 +231,16 @@ fn the_shipped_rules_start_the_manager_and_offer_the_fence() {
             p.key == key && p.attribute.as_deref() == attribute && p.op == op && p.value == value
         })
     };
-    assert!(rules.iter().any(|r| has(r, "SUBSYSTEM", None, "==", "infiniband")
-        && has(r, "ENV", Some("SYSTEMD_WANTS"), "+=", "redn-manager.service")));
+    assert!(rules
+        .iter()
+        .any(|r| has(r, "SUBSYSTEM", None, "==", "infiniband")
+            && has(
+                r,
+                "ENV",
+                Some("SYSTEMD_WANTS"),
+                "+=",
+                "redn-manager.service"
+            )));
     // The fence makes the nodes root's only: not a group that apps are in (the api socket
     // admits apps by group, so a group fence would let them around the manager).
     for node in ["uverbs*", "rdma_cm"] {
@@ -279,7 +287,8 @@ fn the_checker_refuses_what_udev_refuses() {
         );
     }
     // Continued lines, escapes inside values, disabled rules and plain comments pass.
-    let good = "# a comment\nKERNEL==\"a\\\"b\", \\\n  TAG+=\"systemd\", ENV{SYSTEMD_WANTS}+=\"x\"\n\
+    let good =
+        "# a comment\nKERNEL==\"a\\\"b\", \\\n  TAG+=\"systemd\", ENV{SYSTEMD_WANTS}+=\"x\"\n\
                 #KERNEL==\"c\", MODE:=\"0600\"\nLABEL=\"end\"\n";
     assert_eq!(check_rules(good), Vec::<String>::new());
 }

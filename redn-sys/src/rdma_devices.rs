@@ -60,8 +60,7 @@ pub fn list() -> Result<Vec<RdmaDevice>> {
     let lib = unsafe { libc::dlopen(LIBIBVERBS.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if lib.is_null() {
         return Err(Error::NoDevice(
-            "libibverbs.so.1 is not installed (Debian package libibverbs1, from rdma-core)"
-                .into(),
+            "libibverbs.so.1 is not installed (Debian package libibverbs1, from rdma-core)".into(),
         ));
     }
     // The symbols are libibverbs' exported functions of these C signatures
@@ -171,7 +170,10 @@ mod tests {
                 }
                 let sysfs = Path::new("/sys/class/infiniband");
                 let in_sysfs = std::fs::read_dir(sysfs).map_or(0, |d| d.count());
-                assert!(devices.len() <= in_sysfs, "libibverbs lists devices sysfs lacks");
+                assert!(
+                    devices.len() <= in_sysfs,
+                    "libibverbs lists devices sysfs lacks"
+                );
             }
             Err(Error::NoDevice(why)) => assert!(why.contains("libibverbs"), "{why}"),
             Err(e) => panic!("unexpected error: {e}"),

@@ -410,7 +410,10 @@ mod tests {
         };
         let r = t.apply(word).unwrap();
         // Outside the mask: the word's own bits, known where they were known.
-        assert_eq!(r.known & 0x00ff_ffff_ffff_ffff, word.known & 0x00ff_ffff_ffff_ffff);
+        assert_eq!(
+            r.known & 0x00ff_ffff_ffff_ffff,
+            word.known & 0x00ff_ffff_ffff_ffff
+        );
         assert_eq!(r.value & 0x00ff_ffff_ffff_ffff, 0x11);
         // Inside it: the swap's bits, known only where the swap's are.
         assert_eq!(r.known >> 56, 0x0f);
@@ -425,7 +428,9 @@ mod tests {
     fn write_with(sges: usize) -> Op {
         Op::Write {
             remote: Addr::region("r", 0),
-            sgl: (0..sges).map(|_| Sge::new(Addr::region("r", 0), 8)).collect(),
+            sgl: (0..sges)
+                .map(|_| Sge::new(Addr::region("r", 0), 8))
+                .collect(),
             imm: None,
         }
     }

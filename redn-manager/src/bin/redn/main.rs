@@ -194,7 +194,12 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
         ("offload", "verify") => offload_verify(rest),
         ("client", "show") => {
             no_args()?;
-            let rows = list(opts, "ListClients", "clients", &[("pinned", "pinned_bytes")])?;
+            let rows = list(
+                opts,
+                "ListClients",
+                "clients",
+                &[("pinned", "pinned_bytes")],
+            )?;
             Ok(Output::Rows {
                 rows,
                 columns: &["id", "app", "uid", "pid", "connected", "offloads"],
@@ -203,7 +208,10 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
         ("client", "kill") => {
             let id = one_number(rest, "ID", object, command)?;
             let reply = admin_call(opts, "KillClient", json!({ "client": id }))?;
-            let n = reply.get("uninstalled").and_then(Value::as_u64).unwrap_or(0);
+            let n = reply
+                .get("uninstalled")
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
             Ok(Output::Text {
                 text: format!("client {id} killed, {n} offload(s) uninstalled"),
                 json: json!([{ "client": id, "uninstalled": n }]),
@@ -227,7 +235,12 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
         }
         ("region", "show") => {
             no_args()?;
-            let rows = list(opts, "ListClients", "clients", &[("pinned", "pinned_bytes")])?;
+            let rows = list(
+                opts,
+                "ListClients",
+                "clients",
+                &[("pinned", "pinned_bytes")],
+            )?;
             Ok(Output::Rows {
                 rows,
                 columns: &["id", "app", "regions", "pinned_bytes"],
@@ -509,7 +522,9 @@ fn print_output(opts: &Options, out: &Output) {
     };
     match out {
         Output::Rows { rows, .. } if opts.json => {
-            print_json(&Value::Array(rows.iter().cloned().map(Value::Object).collect()));
+            print_json(&Value::Array(
+                rows.iter().cloned().map(Value::Object).collect(),
+            ));
         }
         Output::Text { json, .. } if opts.json => print_json(json),
         Output::Text { text, .. } => println!("{text}"),
