@@ -1360,7 +1360,7 @@ impl Checker<'_> {
     /// as the WQE's own operation or a NOP.
     fn control_words(&mut self) {
         let p = self.p;
-        let Some(images) = installed_images(p) else {
+        let Some(images) = self.layout.clone().and_then(|l| installed_images(p, l)) else {
             // Layout or rendering failed: the other passes say why.
             if self.out.is_empty() {
                 self.find(
@@ -1755,10 +1755,10 @@ impl Checker<'_> {
 
 /// The first 64 bytes of every WQE the control-word model reads (those whose control word
 /// something may write, and every CAS, for its operands) as the installer would write them,
-/// with stand-in numbers (`Resolver::stand_in`); `None` if the program cannot be laid out
-/// or one of them rendered.
-fn installed_images(p: &Program) -> Option<HashMap<String, [u8; 64]>> {
-    let resolver = Resolver::stand_in(p, p.layout().ok()?).ok()?;
+/// with stand-in numbers (`Resolver::stand_in`) over `layout`; `None` if one of them cannot
+/// be rendered.
+fn installed_images(p: &Program, layout: CodeLayout) -> Option<HashMap<String, [u8; 64]>> {
+    let resolver = Resolver::stand_in(p, layout).ok()?;
     let needed: std::collections::HashSet<&str> = p
         .patches
         .iter()

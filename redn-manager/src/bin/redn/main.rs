@@ -182,6 +182,23 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
             )))
         }
     };
+    // The admin lists, each command showing its own columns of them.
+    let rows_of = |method: &str, key: &str, renames: &[(&str, &str)], columns| {
+        no_args()?;
+        Ok(Output::Rows {
+            rows: list(opts, method, key, renames)?,
+            columns,
+        })
+    };
+    let clients = |columns| {
+        rows_of(
+            "ListClients",
+            "clients",
+            &[("pinned", "pinned_bytes")],
+            columns,
+        )
+    };
+    let offloads = |columns| rows_of("ListOffloads", "offloads", &[], columns);
     match (object, command) {
         ("completion", shell) => {
             no_args()?;
@@ -192,19 +209,7 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
             })
         }
         ("offload", "verify") => offload_verify(rest),
-        ("client", "show") => {
-            no_args()?;
-            let rows = list(
-                opts,
-                "ListClients",
-                "clients",
-                &[("pinned", "pinned_bytes")],
-            )?;
-            Ok(Output::Rows {
-                rows,
-                columns: &["id", "app", "uid", "pid", "connected", "offloads"],
-            })
-        }
+        ("client", "show") => clients(&["id", "app", "uid", "pid", "connected", "offloads"]),
         ("client", "kill") => {
             let id = one_number(rest, "ID", object, command)?;
             let reply = admin_call(opts, "KillClient", json!({ "client": id }))?;
@@ -218,34 +223,10 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
             })
         }
         ("offload", "show") => {
-            no_args()?;
-            let rows = list(opts, "ListOffloads", "offloads", &[])?;
-            Ok(Output::Rows {
-                rows,
-                columns: &["handle", "client", "app", "offload", "queues", "code_bytes"],
-            })
+            offloads(&["handle", "client", "app", "offload", "queues", "code_bytes"])
         }
-        ("stat", "show") => {
-            no_args()?;
-            let rows = list(opts, "ListOffloads", "offloads", &[])?;
-            Ok(Output::Rows {
-                rows,
-                columns: &["handle", "offload", "triggers", "wqes", "errors"],
-            })
-        }
-        ("region", "show") => {
-            no_args()?;
-            let rows = list(
-                opts,
-                "ListClients",
-                "clients",
-                &[("pinned", "pinned_bytes")],
-            )?;
-            Ok(Output::Rows {
-                rows,
-                columns: &["id", "app", "regions", "pinned_bytes"],
-            })
-        }
+        ("stat", "show") => offloads(&["handle", "offload", "triggers", "wqes", "errors"]),
+        ("region", "show") => clients(&["id", "app", "regions", "pinned_bytes"]),
         ("offload", "dump") => {
             let handle = one_number(rest, "HANDLE", object, command)?;
             let reply = admin_call(opts, "Dump", json!({ "handle": handle }))?;
