@@ -788,9 +788,12 @@ impl RpcServing {
             self.counters.failed.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if c.opcode != CqeOpcode::RespSend {
-            return; // a send completion of ours (none are signaled) or a stray kind
+        if c.opcode == CqeOpcode::Req {
+            return; // a send completion of ours (none are signaled)
         }
+        // Any other kind consumed a receive (a SEND with immediate, a WRITE with immediate
+        // is not a request): its slot is re-posted below and it counts as malformed.
+        let is_send = c.opcode == CqeOpcode::RespSend;
         let mut conns = self.state.conns.write().unwrap_or_else(|e| e.into_inner());
         let Some(conn) = conns.get_mut(&c.qpn) else {
             return; // released meanwhile
@@ -800,7 +803,9 @@ impl RpcServing {
         let got = redn_sys::conv::idx(u64::from(c.byte_len.min(RPC_RECEIVE_LEN)));
         let mut req = [0u8; RPC_RECEIVE_LEN as usize];
         conn.requests.read(redn_sys::conv::idx(at), &mut req[..got]);
-        let answer = parse_request(&req[..got]).map(|(key, id)| (id, self.lookup(key, conn)));
+        let answer = parse_request(&req[..got])
+            .filter(|_| is_send)
+            .map(|(key, id)| (id, self.lookup(key, conn)));
         // The request was copied out: the slot can take the next one.
         let _ = self
             .nic
