@@ -49,9 +49,12 @@
 //! [`crate::kv::TwoChoiceTable::set`] writes the value first, then the bucket, with no
 //! version or lock; the offload reads without one, and so do both baselines. A GET racing a
 //! SET of the same key may return the old or the new length with a value whose bytes mix the
-//! old and new values (it never reads outside the region: a bucket read mid-update whose
-//! address or length falls outside it is refused, by the RPC server's check, by the one-sided
-//! client's check, as [`Error::BadAnswer`]). A GET racing the first SET of a key may miss it.
+//! old and new values. Neither reads outside the region: a bucket read mid-update whose
+//! address or length falls outside it is refused (the RPC server answers "too large", the
+//! one-sided client checks before its value READ), and the GET ends in
+//! [`Error::BadAnswer`]. A GET racing the first SET of a key may miss it. Bootstraps are
+//! served one at a time, each within the timeout, so a client that stalls its hello delays
+//! the next bootstrap by at most that.
 //!
 //! # Fig. 11's server-side span (for a remote client of the manager's offload)
 //! The span from a trigger reaching the server's NIC to its response leaving it cannot be
