@@ -28,6 +28,7 @@ mod transport;
 mod wake;
 
 pub use config::{Prefetch, SoftNicConfig};
+pub use cq::completion_clock_ns;
 pub use exec::MAX_MESSAGE;
 
 use crate::conv::idx;
@@ -346,8 +347,7 @@ impl Nic for SoftNic {
         }
         let cq = Arc::new(CqShared::new(
             Cqn(cqn),
-            cfg.depth,
-            cfg.ignore_overrun,
+            cfg,
             Arc::clone(&self.shared.pus),
             Arc::clone(&self.shared.events),
         ));
