@@ -32,6 +32,7 @@
 pub mod bytes;
 pub mod native;
 pub mod opts;
+pub mod plot;
 pub mod queues;
 pub mod report;
 pub mod setup;

@@ -1,0 +1,871 @@
+//! The figures: each measures through the manager, prints a table, writes an SVG, and puts
+//! the same run's UDP ping-pong floor beside it.
+
+use crate::app::{pick_keys, value_bytes, LIST_VALUE_LEN};
+use crate::procs::{ManagerProc, Peer};
+use crate::Options;
+use anyhow::{anyhow, bail, Context, Result};
+use redn_bench::plot::{write_svg, Figure, Series, XAxis};
+use redn_bench::report::{size_name, verdict};
+use redn_bench::stats::{ns, stats, Stats};
+use redn_client::remote::{RemoteClient, RemoteOptions};
+use std::net::UdpSocket;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Buckets of the app's table (value slots of 64 B) for every figure but Fig. 10's.
+const BUCKETS: u64 = 256;
+
+/// One run: its options, the manager, what was printed, what went wrong.
+pub struct Run {
+    o: Options,
+    binary: PathBuf,
+    dir: PathBuf,
+    manager: ManagerProc,
+    text: String,
+    anomalies: Vec<String>,
+    /// GETs whose value was checked, and how many were wrong.
+    checked: u64,
+    wrong: u64,
+    apps: u32,
+}
+
+/// An offload the app installed: what a remote client needs.
+struct Offload {
+    handle: u64,
+    token: String,
+}
+
+impl Run {
+    /// A run on `manager`.
+    pub fn new(o: Options, binary: PathBuf, dir: PathBuf, manager: ManagerProc) -> Run {
+        Run {
+            o,
+            binary,
+            dir,
+            manager,
+            text: String::new(),
+            anomalies: Vec::new(),
+            checked: 0,
+            wrong: 0,
+            apps: 0,
+        }
+    }
+
+    /// Print a line and keep it for tables.txt.
+    pub fn line(&mut self, s: String) {
+        println!("{s}");
+        self.text.push_str(&s);
+        self.text.push('\n');
+    }
+
+    /// Note something that went wrong.
+    pub fn anomaly(&mut self, s: String) {
+        self.anomalies.push(s);
+    }
+
+    /// The report's head.
+    pub fn head(&mut self, started: Instant) {
+        let _ = started;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        self.line("paper_bench: the RedN paper's §5 figures through redn-manager".into());
+        self.line(format!(
+            "   {cores} cores; manager {} on the softnic with {} PUs; RoCEv2 over loopback; {}{}",
+            self.binary.display(),
+            self.o.pus,
+            if self.o.quick {
+                "quick run"
+            } else {
+                "full run"
+            },
+            if cfg!(debug_assertions) {
+                "  !! debug build: numbers are meaningless, use --release"
+            } else {
+                ""
+            }
+        ));
+        self.line("   times in µs; floor: raw UDP ping-pong between this process and the app's, both busy-polling".into());
+    }
+
+    /// The tail: answers, anomalies, run time; writes tables.txt. The wrong answers.
+    pub fn finish(&mut self, started: Instant) -> Result<u64> {
+        self.line(format!(
+            "\nanswers: {} GETs checked, {} wrong",
+            self.checked, self.wrong
+        ));
+        if self.anomalies.is_empty() {
+            self.line("anomalies: none".into());
+        } else {
+            self.line(format!("anomalies ({}):", self.anomalies.len()));
+            for a in self.anomalies.clone() {
+                self.line(format!(" - {a}"));
+            }
+        }
+        self.line(format!(
+            "total run time {:.1} s",
+            started.elapsed().as_secs_f64()
+        ));
+        std::fs::write(self.o.out.join("tables.txt"), &self.text)?;
+        Ok(self.wrong)
+    }
+
+    fn n(&self, quick: usize, full: usize) -> usize {
+        if self.o.quick {
+            quick
+        } else {
+            full
+        }
+    }
+
+    /// A fresh app process on the manager.
+    fn app(&mut self, buckets: u64, slot: u64, writers: bool) -> Result<(Peer, PathBuf)> {
+        self.apps += 1;
+        let sock = self.dir.join(format!("writers-{}.sock", self.apps));
+        let mut args = vec![
+            "--socket".to_owned(),
+            self.manager.api.display().to_string(),
+            "--buckets".to_owned(),
+            buckets.to_string(),
+            "--slot".to_owned(),
+            slot.to_string(),
+        ];
+        if writers {
+            args.extend(["--writers".to_owned(), sock.display().to_string()]);
+        }
+        Ok((Peer::start("app", &args)?, sock))
+    }
+
+    fn plot(&mut self, name: &str, fig: &Figure) -> Result<()> {
+        let path = self.o.out.join(name);
+        write_svg(fig, &path).map_err(|e| anyhow!(e))?;
+        self.line(format!("   plot: {}", path.display()));
+        Ok(())
+    }
+
+    /// A remote client of `off` on the manager's data plane.
+    fn remote(&self, off: &Offload, timeout: Duration) -> Result<RemoteClient> {
+        Ok(RemoteClient::connect(
+            self.manager.dataplane,
+            off.handle,
+            &off.token,
+            RemoteOptions { timeout },
+        )?)
+    }
+
+    /// `n` GETs of `keys` in turn (each `(key, value length)`, needing `triggers`
+    /// triggers), after n/10 not counted; each value checked. A bounded instance used up is
+    /// replaced before a GET, untimed (its hello is measured in the control plane).
+    fn time_gets(
+        &mut self,
+        c: &mut RemoteClient,
+        keys: &[(u64, usize)],
+        triggers: u32,
+        n: usize,
+    ) -> Result<Vec<f64>> {
+        let mut v = Vec::with_capacity(n);
+        for i in 0..n + n / 10 {
+            let (key, len) = keys[i % keys.len()];
+            fresh_session(c, triggers)?;
+            let t = Instant::now();
+            let got = c.get(key).with_context(|| format!("GET {key:#x}"))?;
+            let took = ns(t.elapsed());
+            self.check(key, len, got.as_deref());
+            if i >= n / 10 {
+                v.push(took);
+            }
+        }
+        Ok(v)
+    }
+
+    fn check(&mut self, key: u64, len: usize, got: Option<&[u8]>) {
+        self.checked += 1;
+        if got != Some(&value_bytes(key, len)[..]) {
+            self.wrong += 1;
+            if self.wrong <= 5 {
+                let what = got.map_or("a miss".to_owned(), |g| format!("{} bytes", g.len()));
+                self.anomaly(format!(
+                    "GET {key:#x}: wrong answer ({what}, wanted {len} bytes)"
+                ));
+            }
+        }
+    }
+
+    /// The floor: `n` raw UDP round trips with the app (a request of 64 B, an answer of
+    /// `answer` bytes), both ends busy-polling.
+    fn floor(&mut self, app: &mut Peer, answer: usize, n: usize) -> Result<Stats> {
+        let port: u16 = app
+            .ask("udp-echo")?
+            .strip_prefix("port ")
+            .and_then(|p| p.parse().ok())
+            .context("the app's echo port")?;
+        let udp = UdpSocket::bind("127.0.0.1:0")?;
+        udp.connect(("127.0.0.1", port))?;
+        udp.set_nonblocking(true)?;
+        let mut req = [0u8; 64];
+        req[..4].copy_from_slice(&u32::try_from(answer)?.to_le_bytes());
+        let mut buf = vec![0u8; 64 << 10];
+        let mut v = Vec::with_capacity(n);
+        let mut result = Ok(());
+        'pings: for i in 0..n + n / 10 {
+            let t = Instant::now();
+            let deadline = t + Duration::from_secs(2);
+            udp.send(&req)?;
+            let mut got = 0;
+            while got < answer.max(1) {
+                match udp.recv(&mut buf) {
+                    Ok(k) => got += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        let now = Instant::now();
+                        if now > deadline {
+                            result = Err(anyhow!("a UDP ping-pong got no answer within 2 s"));
+                            break 'pings;
+                        }
+                        spin_or_yield(now - t);
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if i >= n / 10 {
+                v.push(ns(t.elapsed()));
+            }
+        }
+        // Three end markers: one may be lost.
+        for _ in 0..3 {
+            udp.send(&[0])?;
+        }
+        if app.hear()? != "ok" {
+            bail!("the app's echo did not end");
+        }
+        result?;
+        Ok(stats(&v))
+    }
+
+    fn install(app: &mut Peer, name: &str) -> Result<Offload> {
+        let line = app.ask(&format!("install {name}"))?;
+        let w: Vec<&str> = line.split_whitespace().collect();
+        match w.as_slice() {
+            ["installed", handle, token, _endpoint] => Ok(Offload {
+                handle: handle.parse()?,
+                token: (*token).to_owned(),
+            }),
+            _ => bail!("the app said {line:?} to install {name}"),
+        }
+    }
+
+    fn floor_line(&mut self, f: Stats) {
+        self.line(format!(
+            "   {:<40} {:>9} {:>9}",
+            "floor: raw UDP ping-pong, 64 B",
+            us(f.median),
+            us(f.p99)
+        ));
+    }
+}
+
+/// Replace a bounded instance that cannot serve `triggers` more.
+fn fresh_session(c: &mut RemoteClient, triggers: u32) -> Result<()> {
+    let short = c
+        .session()
+        .is_some_and(|s| s.invocations != 0 && s.served + triggers > s.invocations);
+    if short {
+        c.reconnect()?;
+    }
+    Ok(())
+}
+
+/// What a busy-polling end does after a poll that found nothing, `waited` into its wait:
+/// spin, but yield the CPU past 20 µs (two cores carry both ends, the softnics' threads and,
+/// on a shared machine, whatever else runs: a peer spinning on a descheduled peer's core
+/// would turn a round trip into a time slice).
+pub fn spin_or_yield(waited: Duration) {
+    if waited > Duration::from_micros(20) {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
+fn us(v: f64) -> String {
+    if v.is_finite() {
+        format!("{:.1}", v / 1e3)
+    } else {
+        "-".into()
+    }
+}
+
+/// A row of Fig. 10: the value size, the floor, RedN hash-get, RedN server-loop.
+type SizeRow = (usize, Stats, Stats, Stats);
+
+/// Fig. 10: GET latency by value size.
+pub fn get_latency(r: &mut Run) -> Result<()> {
+    r.line("\nFig. 10: GET latency by value size (one bucket; p50 / p99, µs)".into());
+    let sizes: Vec<usize> = if r.o.quick {
+        vec![64, 1024, 16 << 10, 64 << 10]
+    } else {
+        (6..=16).map(|p| 1usize << p).collect()
+    };
+    let n = r.n(200, 2000);
+    let (mut app, _) = r.app(64, 64 << 10, false)?;
+    let keys = pick_keys(sizes.len(), 64, 0x1_0000);
+    for (&k, &s) in keys.iter().zip(&sizes) {
+        app.ask(&format!("set {k} {s} 0"))?;
+    }
+    let hash_get = Run::install(&mut app, "hash-get")?;
+    let looped = Run::install(&mut app, "server-loop")?;
+    let mut hg = r.remote(&hash_get, Duration::from_secs(5))?;
+    let mut sl = r.remote(&looped, Duration::from_secs(5))?;
+    r.line(format!(
+        "   {:>8} {:>17} {:>17} {:>17} {:>11}",
+        "size", "floor (UDP)", "RedN hash-get", "RedN server-loop", "hash-get/floor"
+    ));
+    let mut rows = Vec::new();
+    for (&k, &s) in keys.iter().zip(&sizes) {
+        let floor = r.floor(&mut app, s, n)?;
+        let a = stats(&r.time_gets(&mut hg, &[(k, s)], 1, n)?);
+        let b = stats(&r.time_gets(&mut sl, &[(k, s)], 1, n)?);
+        r.line(format!(
+            "   {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10.2}x",
+            size_name(s),
+            us(floor.median),
+            us(floor.p99),
+            us(a.median),
+            us(a.p99),
+            us(b.median),
+            us(b.p99),
+            a.median / floor.median
+        ));
+        rows.push((s, floor, a, b));
+    }
+    if let Some(&(_, floor, a, _)) = rows.first() {
+        let ratio = a.median / floor.median;
+        r.line(format!(
+            "   target: RedN GET p50 <= 1.3x the UDP floor at 64 B: {ratio:.2}x, {}{}",
+            verdict(ratio <= 1.3),
+            if ratio > 1.3 {
+                format!(" (by {:.2}x)", ratio / 1.3)
+            } else {
+                String::new()
+            }
+        ));
+    }
+    r.line("   one-sided (two READs) and two-sided RPC rows: pending the baselines of redn_client::baseline".into());
+    let pts = |f: &dyn Fn(&SizeRow) -> f64| -> Vec<(f64, f64)> {
+        rows.iter()
+            .map(|row| (row.0 as f64, f(row) / 1e3))
+            .collect()
+    };
+    let fig = Figure {
+        title: "GET latency by value size (Fig. 10)".into(),
+        x_label: "value size".into(),
+        y_label: "latency (µs)".into(),
+        x_axis: XAxis::Log2Bytes,
+        series: vec![
+            Series::solid("RedN hash-get p50", 0, pts(&|x| x.2.median)),
+            Series::dashed("RedN hash-get p99", 0, pts(&|x| x.2.p99)),
+            Series::solid("RedN server-loop p50", 2, pts(&|x| x.3.median)),
+            Series::dashed("RedN server-loop p99", 2, pts(&|x| x.3.p99)),
+            Series::solid("UDP floor p50", 7, pts(&|x| x.1.median)),
+            Series::dashed("UDP floor p99", 7, pts(&|x| x.1.p99)),
+        ],
+    };
+    r.plot("get_latency.svg", &fig)
+}
+
+/// Fig. 11: the key in its first or second bucket, probed in sequence or in parallel.
+pub fn collisions(r: &mut Run) -> Result<()> {
+    r.line("\nFig. 11: hash collisions: key in the first or second bucket (client round trip, p50 / p99, µs)".into());
+    let n = r.n(200, 2000);
+    let (mut app, _) = r.app(BUCKETS, 64, false)?;
+    let keys = pick_keys(2, BUCKETS, 0x2_0000);
+    app.ask(&format!("set {} 64 0", keys[0]))?;
+    app.ask(&format!("set {} 64 1", keys[1]))?;
+    let floor = r.floor(&mut app, 64, n)?;
+    r.line(format!("   {:<40} {:>9} {:>9}", "", "first", "second"));
+    let mut series = Vec::new();
+    for (colour, (name, label, triggers)) in [
+        ("hash-get", "hash-get: client probes in turn", [1, 2]),
+        (
+            "hash-get-seq",
+            "hash-get-seq: NIC probes in sequence",
+            [2, 2],
+        ),
+        (
+            "hash-get-par",
+            "hash-get-par: NIC probes in parallel",
+            [2, 2],
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let off = Run::install(&mut app, name)?;
+        let mut c = r.remote(&off, Duration::from_secs(5))?;
+        let first = stats(&r.time_gets(&mut c, &[(keys[0], 64)], triggers[0], n)?);
+        let second = stats(&r.time_gets(&mut c, &[(keys[1], 64)], triggers[1], n)?);
+        r.line(format!(
+            "   {label:<40} {:>9} {:>9}   p99 {} / {}",
+            us(first.median),
+            us(second.median),
+            us(first.p99),
+            us(second.p99)
+        ));
+        series.push(Series::solid(
+            &format!("{name} p50"),
+            colour,
+            vec![(1.0, first.median / 1e3), (2.0, second.median / 1e3)],
+        ));
+        series.push(Series::dashed(
+            &format!("{name} p99"),
+            colour,
+            vec![(1.0, first.p99 / 1e3), (2.0, second.p99 / 1e3)],
+        ));
+    }
+    r.floor_line(floor);
+    series.push(Series::dashed(
+        "UDP floor p50",
+        7,
+        vec![(1.0, floor.median / 1e3), (2.0, floor.median / 1e3)],
+    ));
+    r.line("   server-side span (CQE timestamps, trigger received -> response sent): pending redn_client::baseline".into());
+    let fig = Figure {
+        title: "Hash collisions: key in bucket 1 or 2 (Fig. 11)".into(),
+        x_label: "bucket holding the key".into(),
+        y_label: "GET latency (µs)".into(),
+        x_axis: XAxis::Linear,
+        series,
+    };
+    r.plot("collisions.svg", &fig)
+}
+
+/// Fig. 13: list-find by the key's position, with and without break.
+pub fn list(r: &mut Run) -> Result<()> {
+    r.line("\nFig. 13: list traversal (8 nodes) by the key's position (p50 / p99, µs)".into());
+    let n = r.n(60, 600);
+    let (mut app, _) = r.app(BUCKETS, 64, false)?;
+    let keys: Vec<u64> = (1..=8u64).map(|i| 0x3_0000 + i).collect();
+    let words: Vec<String> = keys.iter().map(u64::to_string).collect();
+    app.ask(&format!("list {}", words.join(" ")))?;
+    let floor = r.floor(&mut app, 64, n)?;
+    let plain = Run::install(&mut app, "list-find")?;
+    let brk = Run::install(&mut app, "list-find-break")?;
+    let mut a = r.remote(&plain, Duration::from_secs(5))?;
+    let mut b = r.remote(&brk, Duration::from_secs(5))?;
+    r.line(format!(
+        "   {:>8} {:>19} {:>19}",
+        "position", "list-find", "list-find-break"
+    ));
+    let mut rows = Vec::new();
+    for (pos, &key) in keys.iter().enumerate() {
+        let sa = stats(&time_finds(r, &mut a, key, n)?);
+        let sb = stats(&time_finds(r, &mut b, key, n)?);
+        r.line(format!(
+            "   {:>8} {:>9} {:>9} {:>9} {:>9}",
+            pos + 1,
+            us(sa.median),
+            us(sa.p99),
+            us(sb.median),
+            us(sb.p99)
+        ));
+        rows.push((pos as f64 + 1.0, sa, sb));
+    }
+    r.floor_line(floor);
+    r.line("   list-find walks all 8 nodes whatever the position; with break the walk stops at the match (one instance a trigger: its hello is untimed)".into());
+    let pts = |f: &dyn Fn(&(f64, Stats, Stats)) -> f64| -> Vec<(f64, f64)> {
+        rows.iter().map(|row| (row.0, f(row) / 1e3)).collect()
+    };
+    let fig = Figure {
+        title: "List traversal by key position (Fig. 13)".into(),
+        x_label: "position of the key in the list".into(),
+        y_label: "latency (µs)".into(),
+        x_axis: XAxis::Linear,
+        series: vec![
+            Series::solid("list-find p50", 0, pts(&|x| x.1.median)),
+            Series::dashed("list-find p99", 0, pts(&|x| x.1.p99)),
+            Series::solid("list-find-break p50", 1, pts(&|x| x.2.median)),
+            Series::dashed("list-find-break p99", 1, pts(&|x| x.2.p99)),
+            Series::dashed("UDP floor p50", 7, pts(&|_| floor.median)),
+        ],
+    };
+    r.plot("list.svg", &fig)
+}
+
+/// `n` finds of `key` (after n/10 not counted), each value checked.
+fn time_finds(r: &mut Run, c: &mut RemoteClient, key: u64, n: usize) -> Result<Vec<f64>> {
+    let mut v = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        fresh_session(c, 1)?;
+        let t = Instant::now();
+        let got = c.find(key).with_context(|| format!("find {key:#x}"))?;
+        let took = ns(t.elapsed());
+        r.check(key, LIST_VALUE_LEN, got.as_deref());
+        if i >= n / 10 {
+            v.push(took);
+        }
+    }
+    Ok(v)
+}
+
+/// Fig. 15: a reader's GETs while writer processes SET through the app.
+pub fn contention(r: &mut Run) -> Result<()> {
+    r.line("\nFig. 15: contention: one reader's GETs while W writer processes SET through the app (µs)".into());
+    let n = r.n(300, 3000);
+    let counts: Vec<usize> = if r.o.quick {
+        vec![0, 4, 16]
+    } else {
+        vec![0, 1, 2, 4, 8, 16]
+    };
+    let (mut app, sock) = r.app(BUCKETS, 64, true)?;
+    let keys = pick_keys(20, BUCKETS, 0x4_0000);
+    let (readers, writers) = keys.split_at(4);
+    for &k in &keys {
+        app.ask(&format!("set {k} 64 0"))?;
+    }
+    let floor = r.floor(&mut app, 64, n)?;
+    let off = Run::install(&mut app, "server-loop")?;
+    let mut c = r.remote(&off, Duration::from_secs(5))?;
+    let reader_keys: Vec<(u64, usize)> = readers.iter().map(|&k| (k, 64)).collect();
+    r.line(format!(
+        "   {:>8} {:>19} {:>12}",
+        "writers", "RedN server-loop", "SETs/s"
+    ));
+    let mut rows = Vec::new();
+    for &w in &counts {
+        let mut procs = Vec::with_capacity(w);
+        for i in 0..w {
+            let k = writers[i % writers.len()];
+            let mut p = Peer::start(
+                "writer",
+                &[
+                    "--app".into(),
+                    sock.display().to_string(),
+                    "--keys".into(),
+                    k.to_string(),
+                    "--len".into(),
+                    "64".into(),
+                ],
+            )?;
+            if p.hear()? != "ready" {
+                bail!("writer {i} did not start");
+            }
+            procs.push(p);
+        }
+        let sets0 = sets(&mut app)?;
+        let t = Instant::now();
+        let s = stats(&r.time_gets(&mut c, &reader_keys, 1, n)?);
+        let rate = (sets(&mut app)? - sets0) as f64 / t.elapsed().as_secs_f64();
+        for mut p in procs {
+            p.kill();
+        }
+        r.line(format!(
+            "   {:>8} {:>9} {:>9} {:>12.0}",
+            w,
+            us(s.median),
+            us(s.p99),
+            rate
+        ));
+        rows.push((w as f64, s));
+    }
+    r.floor_line(floor);
+    if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
+        let ratio = last.1.p99 / first.1.p99;
+        r.line(format!(
+            "   target: reader p99 with {} writers <= 2x uncontended: {ratio:.2}x, {}{}",
+            last.0,
+            verdict(ratio <= 2.0),
+            if ratio > 2.0 {
+                format!(" (by {:.2}x)", ratio / 2.0)
+            } else {
+                String::new()
+            }
+        ));
+    }
+    r.line("   two-sided RPC rows: pending redn_client::baseline".into());
+    let pts = |f: &dyn Fn(&Stats) -> f64| -> Vec<(f64, f64)> {
+        rows.iter().map(|row| (row.0, f(&row.1) / 1e3)).collect()
+    };
+    let fig = Figure {
+        title: "Reader latency under writer contention (Fig. 15)".into(),
+        x_label: "writer processes".into(),
+        y_label: "GET latency (µs)".into(),
+        x_axis: XAxis::Linear,
+        series: vec![
+            Series::solid("RedN p50", 0, pts(&|s| s.median)),
+            Series::dashed("RedN p99", 0, pts(&|s| s.p99)),
+            Series::dashed("UDP floor p50", 7, pts(&|_| floor.median)),
+        ],
+    };
+    r.plot("contention.svg", &fig)
+}
+
+fn sets(app: &mut Peer) -> Result<u64> {
+    let line = app.ask("sets")?;
+    line.strip_prefix("sets ")
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| anyhow!("the app said {line:?} to sets"))
+}
+
+/// GETs as fast as they go for `span`, the app SIGKILLed at `span / 2`: each GET's
+/// completion time (ms from the kill) and whether it succeeded.
+fn crash_timeline(
+    r: &mut Run,
+    app: &mut Peer,
+    c: &mut RemoteClient,
+    key: u64,
+    span: Duration,
+) -> Result<Vec<(f64, bool)>> {
+    let start = Instant::now();
+    let kill_at = start + span / 2;
+    let mut killed = None;
+    let mut out = Vec::new();
+    while start.elapsed() < span {
+        if killed.is_none() && Instant::now() >= kill_at {
+            app.kill();
+            killed = Some(Instant::now());
+        }
+        let got = c.get(key);
+        let at = Instant::now();
+        let ok = match got {
+            Ok(v) => {
+                r.check(key, 64, v.as_deref());
+                true
+            }
+            Err(_) => false,
+        };
+        out.push((at, ok));
+    }
+    let k = killed.ok_or_else(|| anyhow!("the span ended before the kill"))?;
+    Ok(out
+        .into_iter()
+        .map(|(at, ok)| {
+            let ms = if at >= k {
+                (at - k).as_secs_f64() * 1e3
+            } else {
+                -((k - at).as_secs_f64() * 1e3)
+            };
+            (ms, ok)
+        })
+        .collect())
+}
+
+/// Fig. 16: GETs per ms around a SIGKILL of the app.
+pub fn crash(r: &mut Run) -> Result<()> {
+    r.line(
+        "\nFig. 16: GETs per ms around a SIGKILL of the app (server-loop; the app killed at 0 ms)"
+            .into(),
+    );
+    let span = Duration::from_millis(r.n(400, 2000) as u64);
+    let (mut app, _) = r.app(BUCKETS, 64, false)?;
+    let key = pick_keys(1, BUCKETS, 0x5_0000)[0];
+    app.ask(&format!("set {key} 64 0"))?;
+    let floor = r.floor(&mut app, 64, r.n(500, 2000))?;
+    let off = Run::install(&mut app, "server-loop")?;
+    let mut c = r.remote(&off, Duration::from_millis(50))?;
+    let t = crash_timeline(r, &mut app, &mut c, key, span)?;
+    let failed = t.iter().filter(|x| !x.1).count();
+    let per_ms = bins(&t);
+    let (before, after): (Vec<_>, Vec<_>) = per_ms.iter().partition(|p| p.0 < 0.0);
+    let mean = |v: &[&(f64, f64)]| v.iter().map(|p| p.1).sum::<f64>() / v.len().max(1) as f64;
+    let gap = longest_gap(&t);
+    r.line(format!(
+        "   {:<12} {:>12} {:>12} {:>8} {:>16}",
+        "", "GETs/ms before", "after", "failed", "longest gap (ms)"
+    ));
+    r.line(format!(
+        "   {:<12} {:>12.1} {:>12.1} {:>8} {:>16.2}",
+        "RedN",
+        mean(&before),
+        mean(&after),
+        failed,
+        gap
+    ));
+    r.floor_line(floor);
+    r.line(format!(
+        "   target: zero failed GETs across the app's crash: {failed} failed, {}",
+        verdict(failed == 0)
+    ));
+    r.line("   two-sided RPC row: pending redn_client::baseline".into());
+    let fig = Figure {
+        title: "GETs per ms around a SIGKILL of the app at 0 ms (Fig. 16)".into(),
+        x_label: "time since the kill (ms)".into(),
+        y_label: "GETs completed per ms".into(),
+        x_axis: XAxis::Linear,
+        series: vec![Series::solid("RedN (server-loop)", 0, per_ms)],
+    };
+    r.plot("crash.svg", &fig)
+}
+
+/// Successful GETs per whole millisecond.
+fn bins(t: &[(f64, bool)]) -> Vec<(f64, f64)> {
+    let mut m = std::collections::BTreeMap::new();
+    let (lo, hi) = t.iter().fold((0i64, 0i64), |(a, b), p| {
+        #[allow(clippy::cast_possible_truncation)]
+        let ms = p.0.floor() as i64;
+        (a.min(ms), b.max(ms))
+    });
+    for ms in lo..=hi {
+        m.insert(ms, 0u32);
+    }
+    for &(at, ok) in t {
+        if ok {
+            #[allow(clippy::cast_possible_truncation)]
+            let ms = at.floor() as i64;
+            *m.entry(ms).or_default() += 1;
+        }
+    }
+    #[allow(clippy::cast_precision_loss)]
+    m.into_iter()
+        .map(|(ms, n)| (ms as f64, f64::from(n)))
+        .collect()
+}
+
+/// The longest time between two successful GETs, in ms.
+fn longest_gap(t: &[(f64, bool)]) -> f64 {
+    let ok: Vec<f64> = t.iter().filter(|x| x.1).map(|x| x.0).collect();
+    ok.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max)
+}
+
+/// The control plane: install, attach and runaway termination latency.
+pub fn control(r: &mut Run) -> Result<()> {
+    r.line("\nControl plane (µs)".into());
+    let (mut app, _) = r.app(BUCKETS, 64, false)?;
+    let key = pick_keys(1, BUCKETS, 0x6_0000)[0];
+    app.ask(&format!("set {key} 64 0"))?;
+    let floor = r.floor(&mut app, 64, r.n(500, 2000))?;
+    r.line(format!("   {:<52} {:>9} {:>9}", "", "p50", "p99"));
+    let mut series = Vec::new();
+    for (colour, name) in ["hash-get", "list-find"].into_iter().enumerate() {
+        let line = app.ask(&format!("bench-install {name} {}", r.n(20, 200)))?;
+        let v: Vec<f64> = line
+            .strip_prefix("samples ")
+            .ok_or_else(|| anyhow!("the app said {line:?}"))?
+            .split_whitespace()
+            .map(|s| s.parse::<f64>().map(|x| x * 1e3))
+            .collect::<Result<_, _>>()?;
+        let s = stats(&v);
+        r.line(format!(
+            "   {:<52} {:>9} {:>9}",
+            format!("InstallOffload {name} (app -> manager -> NIC)"),
+            us(s.median),
+            us(s.p99)
+        ));
+        series.push(Series::solid(&format!("install {name}"), colour, cdf(&v)));
+    }
+    let off = Run::install(&mut app, "hash-get")?;
+    let mut v = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..r.n(5, 30) {
+        let t = Instant::now();
+        let c = r.remote(&off, Duration::from_secs(5))?;
+        v.push(ns(t.elapsed()));
+        clients.push(c);
+    }
+    let s = stats(&v);
+    r.line(format!(
+        "   {:<52} {:>9} {:>9}",
+        "remote attach: new client (softnic, hello, instance)",
+        us(s.median),
+        us(s.p99)
+    ));
+    series.push(Series::solid("remote attach: new client", 2, cdf(&v)));
+    drop(clients);
+    let mut c = r.remote(&off, Duration::from_secs(5))?;
+    let mut v = Vec::new();
+    for _ in 0..r.n(20, 200) {
+        let t = Instant::now();
+        c.reconnect()?;
+        v.push(ns(t.elapsed()));
+        // A GET on each instance (untimed): it also takes the closed sessions' flushed
+        // receives off the client's CQ, which a run of hellos alone would overrun.
+        let got = c.get(key)?;
+        r.check(key, 64, got.as_deref());
+    }
+    let s = stats(&v);
+    r.line(format!(
+        "   {:<52} {:>9} {:>9}",
+        "remote attach: hello for a fresh instance",
+        us(s.median),
+        us(s.p99)
+    ));
+    series.push(Series::solid("remote attach: hello", 3, cdf(&v)));
+    drop(app);
+    let v = runaways(r)?;
+    let s = stats(&v);
+    r.line(format!(
+        "   {:<52} {:>9} {:>9}",
+        "runaway: last answer -> terminate record",
+        us(s.median),
+        us(s.p99)
+    ));
+    series.push(Series::solid("runaway termination", 1, cdf(&v)));
+    r.floor_line(floor);
+    let fig = Figure {
+        title: "Control plane latency (CDF)".into(),
+        x_label: "latency (µs)".into(),
+        y_label: "fraction of samples".into(),
+        x_axis: XAxis::Linear,
+        series,
+    };
+    r.plot("control.svg", &fig)
+}
+
+/// `v` (ns) as a CDF in µs.
+fn cdf(v: &[f64]) -> Vec<(f64, f64)> {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len().max(1) as f64;
+    s.iter()
+        .enumerate()
+        .map(|(i, x)| (x / 1e3, (i + 1) as f64 / n))
+        .collect()
+}
+
+/// Runaway remote clients on a manager whose budget server-loop breaks (50 WQEs a trigger
+/// against its 56 a round): from each one's last answered GET to the manager's
+/// `event=terminate` audit record, in ns.
+fn runaways(r: &mut Run) -> Result<Vec<f64>> {
+    let dir = r.dir.join("runaway");
+    let m = ManagerProc::start(&r.binary, &dir, r.o.pus, &crate::procs::policy(50))?;
+    let mut app = Peer::start(
+        "app",
+        &[
+            "--socket".into(),
+            m.api.display().to_string(),
+            "--buckets".into(),
+            BUCKETS.to_string(),
+            "--slot".into(),
+            "64".into(),
+        ],
+    )?;
+    let key = pick_keys(1, BUCKETS, 0x7_0000)[0];
+    app.ask(&format!("set {key} 64 0"))?;
+    let off = Run::install(&mut app, "server-loop")?;
+    let mut v = Vec::new();
+    for _ in 0..r.n(3, 10) {
+        m.drain_audit();
+        let mut c = RemoteClient::connect(
+            m.dataplane,
+            off.handle,
+            &off.token,
+            RemoteOptions {
+                timeout: Duration::from_millis(200),
+            },
+        )?;
+        let mut last = Instant::now();
+        let mut served = 0u32;
+        // Until the instance is terminated: its next GET times out or fails.
+        while let Ok(got) = c.get(key) {
+            last = Instant::now();
+            r.check(key, 64, got.as_deref());
+            served += 1;
+            if served > 100_000 {
+                bail!("the runaway was never stopped");
+            }
+        }
+        let (at, _) = m.await_record(
+            &["event=terminate ", "rule=loop-budget"],
+            Duration::from_secs(5),
+        )?;
+        v.push(if at >= last { ns(at - last) } else { 0.0 });
+    }
+    Ok(v)
+}
