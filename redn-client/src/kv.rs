@@ -113,6 +113,11 @@ impl TwoChoiceTable {
         self.buckets
     }
 
+    /// The manager's address of the region's first byte, as [`TwoChoiceTable::set_base`] set it.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
     /// The `table` and `values` bindings for hash-get as `(name, region, offset, len)`,
     /// with the table's region registered as `region`.
     pub fn bindings(&self, region: u64) -> [(&'static str, u64, u64, u64); 2] {

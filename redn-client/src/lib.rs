@@ -27,6 +27,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod baseline;
 pub mod kv;
 pub mod remote;
 
@@ -130,6 +131,15 @@ pub enum Error {
         got: usize,
         /// Bytes the offload takes.
         want: u32,
+    },
+    /// A baseline server's or client's answer, record or setting did not check
+    /// ([`baseline`]).
+    #[error("bad {from}: {detail}")]
+    BadAnswer {
+        /// Whose answer (or which input).
+        from: &'static str,
+        /// What was wrong with it.
+        detail: String,
     },
     /// The operation does not fit the offload the handle names.
     #[error("offload {offload:?} does not serve {what}")]

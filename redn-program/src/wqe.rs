@@ -1116,6 +1116,10 @@ impl fmt::Display for Syndrome {
     }
 }
 
+/// Byte offset of a success CQE's 64-bit timestamp (`struct mlx5_cqe64`: 32 bytes of
+/// receive-side fields, then `srqn_uidx`, `imm_inval_pkey`, 4 bytes, `byte_cnt`).
+pub const CQE_TIMESTAMP: usize = 48;
+
 /// The fields of a 64-byte mlx5 CQE that the softnic produces and pollers read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cqe {
@@ -1135,6 +1139,14 @@ pub struct Cqe {
     pub syndrome: u8,
     /// Vendor syndrome (error CQEs only).
     pub vendor_syndrome: u8,
+    /// When the completion was written (bytes 48..56, big-endian: `timestamp` of
+    /// `struct mlx5_cqe64`). A ConnectX writes its free-running HCA clock in ticks
+    /// (`mlx5dv_get_clock_info` / `ibv_query_rt_values_ex` convert them); the softnic writes
+    /// nanoseconds of the host's `CLOCK_MONOTONIC`. Success CQEs only: in an error CQE
+    /// (`struct mlx5_err_cqe`) bytes 48..54 are reserved and 54..56 hold the syndromes, and
+    /// verbs promise only wr_id, status, QP number and vendor syndrome of a failed completion,
+    /// so an error CQE encodes no timestamp and decodes as 0.
+    pub timestamp: u64,
     /// Owner bit, flips each time the CQ ring wraps.
     pub owner: bool,
 }
@@ -1157,6 +1169,7 @@ impl Cqe {
         } else {
             Be32::new(self.imm).write(b, 36);
             Be32::new(self.byte_cnt).write(b, 44);
+            Be64::new(self.timestamp).write(b, CQE_TIMESTAMP);
         }
         Be32::new((u32::from(self.send_opcode) << 24) | (self.qpn.0 & MAX_QPN)).write(b, 56);
         Be16::new(self.wqe_counter).write(b, 60);
@@ -1177,6 +1190,11 @@ impl Cqe {
             imm: if err { 0 } else { Be32::read(b, 36).get() },
             syndrome: if err { b[55] } else { 0 },
             vendor_syndrome: if err { b[54] } else { 0 },
+            timestamp: if err {
+                0
+            } else {
+                Be64::read(b, CQE_TIMESTAMP).get()
+            },
             owner: b[63] & 1 == 1,
         })
     }
@@ -1501,11 +1519,17 @@ mod tests {
             imm: 0xcafe,
             syndrome: 0,
             vendor_syndrome: 0,
+            timestamp: 0x0102_0304_0506_0708,
             owner: true,
         };
         let b = c.encode();
         assert_eq!(&b[36..40], &[0, 0, 0xca, 0xfe]);
         assert_eq!(&b[44..48], &[0, 0, 0, 11]);
+        assert_eq!(
+            &b[48..56],
+            &[1, 2, 3, 4, 5, 6, 7, 8],
+            "mlx5_cqe64.timestamp, big-endian"
+        );
         assert_eq!(&b[56..60], &[0, 0, 1, 2]);
         assert_eq!(&b[60..62], &[0x0a, 0x0b]);
         assert_eq!(b[63], 0x31);
@@ -1520,6 +1544,7 @@ mod tests {
             imm: 0,
             syndrome: Syndrome::RemoteAccess as u8,
             vendor_syndrome: 0x88,
+            timestamp: 0,
             owner: false,
         };
         let b = e.encode();
@@ -1528,5 +1553,15 @@ mod tests {
         assert_eq!(b[56], 0x08);
         assert_eq!(b[63], 0xd0);
         assert_eq!(Cqe::decode(&b), Some(e));
+        // An error CQE has no timestamp: mlx5_err_cqe reserves 48..54 and puts the
+        // syndromes at 54..56, so a timestamp given to one is not encoded.
+        let stamped = Cqe {
+            timestamp: u64::MAX,
+            ..e
+        };
+        let b = stamped.encode();
+        assert_eq!(&b[48..54], &[0; 6]);
+        assert_eq!((b[54], b[55]), (0x88, 0x13));
+        assert_eq!(Cqe::decode(&b).map(|c| c.timestamp), Some(0));
     }
 }

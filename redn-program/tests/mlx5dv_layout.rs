@@ -18,7 +18,7 @@
 use redn_program::types::MAX_QPN;
 use redn_program::wqe::{
     encode_wqe, off, Cqe, CqeOpcode, CtrlSeg, Opcode, Payload, RemoteAddr, Sge, Syndrome,
-    WorkRequest, WqeFlags, WrOp, BB_SIZE, CQE_SIZE, INLINE_FLAG, INVALID_LKEY, MAX_DS,
+    WorkRequest, WqeFlags, WrOp, BB_SIZE, CQE_SIZE, CQE_TIMESTAMP, INLINE_FLAG, INVALID_LKEY, MAX_DS,
     OPMOD_EXT_ATOMIC_8B, SEG_SIZE,
 };
 use redn_program::{Lkey, Qpn, Rkey, VirtAddr};
@@ -55,6 +55,7 @@ const ADD: u64 = 0x0000_0001_0000_0002;
 const IMM: u32 = 0xcafe_f00d;
 const BYTES: u32 = 0x0000_1234;
 const VENDOR: u8 = 0x88;
+const TSTAMP: u64 = 0x0011_2233_4455_6677;
 /// 21 bytes: the inline segment takes two 16-byte segments.
 const INLINE: &str = "inline payload bytes!";
 
@@ -232,6 +233,7 @@ fn cqe_cases() -> Vec<(&'static str, Cqe)> {
                 imm: IMM,
                 syndrome: 0,
                 vendor_syndrome: 0,
+                timestamp: TSTAMP,
                 owner: true,
             },
         ),
@@ -246,6 +248,7 @@ fn cqe_cases() -> Vec<(&'static str, Cqe)> {
                 imm: 0,
                 syndrome: 0,
                 vendor_syndrome: 0,
+                timestamp: TSTAMP,
                 owner: false,
             },
         ),
@@ -260,6 +263,7 @@ fn cqe_cases() -> Vec<(&'static str, Cqe)> {
                 imm: 0,
                 syndrome: Syndrome::RemoteAccess as u8,
                 vendor_syndrome: VENDOR,
+                timestamp: 0,
                 owner: true,
             },
         ),
@@ -274,6 +278,7 @@ fn cqe_cases() -> Vec<(&'static str, Cqe)> {
                 imm: 0,
                 syndrome: Syndrome::WrFlush as u8,
                 vendor_syndrome: VENDOR,
+                timestamp: 0,
                 owner: false,
             },
         ),
@@ -341,6 +346,7 @@ static void body(void)
 
 	OFF(mlx5_cqe64, imm_inval_pkey);
 	OFF(mlx5_cqe64, byte_cnt);
+	OFF(mlx5_cqe64, timestamp);
 	OFF(mlx5_cqe64, sop_drop_qpn);
 	OFF(mlx5_cqe64, wqe_counter);
 	OFF(mlx5_cqe64, signature);
@@ -485,6 +491,7 @@ static void body(void)
 		memset(&c, 0, sizeof c);
 		c.imm_inval_pkey = htobe32(IMM);
 		c.byte_cnt = htobe32(BYTES);
+		c.timestamp = htobe64(TSTAMP);
 		c.sop_drop_qpn = htobe32(QPN);
 		c.wqe_counter = htobe16(IDX);
 		c.op_own = MLX5_CQE_RESP_SEND_IMM << 4;
@@ -496,6 +503,7 @@ static void body(void)
 		struct mlx5_cqe64 c;
 		memset(&c, 0, sizeof c);
 		c.byte_cnt = htobe32(BYTES);
+		c.timestamp = htobe64(TSTAMP);
 		c.sop_drop_qpn = htobe32((uint32_t)MLX5_OPCODE_RDMA_READ << 24 | QPN);
 		c.wqe_counter = htobe16(IDX);
 		c.op_own = MLX5_CQE_REQ << 4;
@@ -532,7 +540,7 @@ fn c_program() -> String {
         "#include <stddef.h>\n#include <stdint.h>\n#include <stdio.h>\n#include <string.h>\n\
          #include <endian.h>\n#include <infiniband/mlx5dv.h>\n\n",
     );
-    let defines: [(&str, u64); 13] = [
+    let defines: [(&str, u64); 14] = [
         ("QPN", QPN.into()),
         ("IDX", IDX.into()),
         ("RADDR", RADDR),
@@ -546,6 +554,7 @@ fn c_program() -> String {
         ("IMM", IMM.into()),
         ("BYTES", BYTES.into()),
         ("VENDOR", VENDOR.into()),
+        ("TSTAMP", TSTAMP),
     ];
     for (name, v) in defines {
         writeln!(s, "#define {name} ((uint64_t){v:#x}ull)").unwrap();
@@ -800,6 +809,7 @@ fn cqe_offsets_and_sizes() {
     assert_eq!(h.size(cqe), CQE_SIZE);
     assert_eq!(h.off(cqe, "imm_inval_pkey"), CQE_IMM);
     assert_eq!(h.off(cqe, "byte_cnt"), CQE_BYTE_CNT);
+    assert_eq!(h.off(cqe, "timestamp"), CQE_TIMESTAMP);
     assert_eq!(h.off(cqe, "sop_drop_qpn"), CQE_SOP_DROP_QPN);
     assert_eq!(h.off(cqe, "wqe_counter"), CQE_WQE_COUNTER);
     assert_eq!(h.off(cqe, "op_own"), CQE_OP_OWN);

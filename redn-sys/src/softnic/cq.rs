@@ -11,6 +11,24 @@ use crate::wqe::{Cqe, CqeOpcode, Syndrome, CQE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// The softnic's completion clock, what it writes into a CQE's timestamp: nanoseconds of
+/// the host's `CLOCK_MONOTONIC` (the clock `Instant` reads). A ConnectX writes its own
+/// free-running clock in ticks; a clock shared by every softnic on a host instead lets a
+/// benchmark compare stamps from two processes' softnics, and nanoseconds need no
+/// conversion (`mlx5dv_get_clock_info`'s role on hardware).
+#[inline]
+pub fn completion_clock_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration; CLOCK_MONOTONIC
+    // exists on every Linux, so the call cannot fail (and a failure would leave zeros).
+    let _ = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // Both fields are non-negative for CLOCK_MONOTONIC.
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
 /// What a CQ's producer lock guards.
 struct Producer {
     /// Entries written into the ring (lost ones excluded).
@@ -219,6 +237,11 @@ impl CqShared {
                 // The owner bit flips each pass over the ring (depth is a power of two, so
                 // this is bit log2(depth) of the count: no division on the hot path).
                 cqe.owner = p.produced & self.depth != 0;
+                // Stamped under the producer lock, so a CQ's stamps never go back in ring
+                // order; error CQEs have no timestamp field (see `Cqe::timestamp`).
+                if !cqe.opcode.is_error() {
+                    cqe.timestamp = completion_clock_ns();
+                }
                 let mut b = [0u8; CQE_SIZE];
                 cqe.encode_into(&mut b);
                 let slot = self.slot(p.produced);
@@ -392,6 +415,7 @@ mod tests {
             imm: 0,
             syndrome: 0,
             vendor_syndrome: 0,
+            timestamp: 0,
             owner: false,
         };
         cq.push(cqe, i);
@@ -413,6 +437,48 @@ mod tests {
             assert_eq!(u64::from(c.byte_len), c.wr_id);
         }
         Ok(out.iter().map(|c| c.wr_id).collect())
+    }
+
+    /// Two producers at once: the stamps never go back in the order the CQ holds its
+    /// entries, lie between clock readings taken around the pushes, and an error CQE
+    /// carries none (its syndrome is intact).
+    #[test]
+    fn timestamps_rise_in_ring_order_and_error_cqes_have_none() {
+        let q = Arc::new(cq(2048, false));
+        let before = super::completion_clock_ns();
+        let producers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let q = Arc::clone(&q);
+                std::thread::spawn(move || push_all(&q, t * 500..t * 500 + 500))
+            })
+            .collect();
+        for p in producers {
+            p.join().unwrap();
+        }
+        let err = Cqe {
+            opcode: CqeOpcode::ReqErr,
+            qpn: Qpn(7),
+            send_opcode: 0,
+            wqe_counter: 0,
+            byte_cnt: 0,
+            imm: 0,
+            syndrome: crate::wqe::Syndrome::RemoteAccess as u8,
+            vendor_syndrome: 0x88,
+            timestamp: 0,
+            owner: false,
+        };
+        q.push(err, 9999);
+        let after = super::completion_clock_ns();
+        let mut out = Vec::new();
+        q.poll(2048, &mut out).unwrap();
+        assert_eq!(out.len(), 1001);
+        let (ok, failed) = out.split_at(1000);
+        let stamps: Vec<u64> = ok.iter().map(|c| c.cqe.timestamp).collect();
+        assert!(stamps.windows(2).all(|w| w[0] <= w[1]), "stamps go back");
+        assert!(stamps[0] >= before && stamps[999] <= after);
+        assert_eq!(failed[0].cqe.timestamp, 0);
+        assert_eq!(failed[0].vendor_err(), 0x88);
+        assert_eq!(failed[0].status, Err(crate::wqe::Syndrome::RemoteAccess));
     }
 
     /// Entries come back in order over several passes of a small ring (the owner bit flips

@@ -311,6 +311,7 @@ fn push_recv_cqe(t: &QpShared, op: CqeOpcode, idx: u64, len: u32, imm: u32, synd
             imm,
             syndrome,
             vendor_syndrome: 0,
+            timestamp: 0,
             owner: false,
         },
         t.rq.wr_ids[conv::idx(idx & (t.rq.ring.entries - 1))].load(Ordering::Relaxed),

@@ -28,6 +28,7 @@ mod transport;
 mod wake;
 
 pub use config::{Prefetch, SoftNicConfig};
+pub use cq::completion_clock_ns;
 pub use exec::MAX_MESSAGE;
 
 use crate::conv::idx;
