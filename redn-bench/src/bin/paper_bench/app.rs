@@ -3,6 +3,7 @@
 //! a linked list beside the table for list-find, and SETs taken from writer processes.
 
 use anyhow::{anyhow, bail, Context, Result};
+use redn_client::baseline::{map_region, BaselineOptions, OneSidedServer, RpcServer, TableLayout};
 use redn_client::kv::{bucket_bytes, bucket_indices, BUCKET_STRIDE};
 use redn_client::{Client, SealedRegion};
 use redn_program::program::catalog::node_bytes;
@@ -179,7 +180,10 @@ impl Store {
 /// - `list KEY…` → `ok`;
 /// - `bench-install NAME N` → `samples US…` (N installs, each uninstalled again);
 /// - `sets` → `sets N` (SETs so far, writers' included);
-/// - `udp-echo` → `port P`, then a busy-polling echo until a 1-byte datagram, then `ok`.
+/// - `udp-echo` → `port P`, then a busy-polling echo until a 1-byte datagram, then `ok`;
+/// - `baselines` → `baselines ONE_SIDED_ADDR RPC_ADDR`: the one-sided and two-sided
+///   servers of `redn_client::baseline` started in this process on the table's memory
+///   (the RPC server's thread polls until `stop-baselines` → `ok`).
 pub fn app_role(args: &[String]) -> Result<()> {
     let mut socket = None;
     let mut writers = None;
@@ -210,6 +214,7 @@ pub fn app_role(args: &[String]) -> Result<()> {
         std::thread::spawn(move || serve_writers(&listener, &s));
     }
     let mut installed = Vec::new();
+    let mut baselines = None;
     let mut out = std::io::stdout().lock();
     for line in std::io::stdin().lock().lines() {
         let line = line?;
@@ -248,6 +253,24 @@ pub fn app_role(args: &[String]) -> Result<()> {
                 format!("samples {}", v.join(" "))
             }
             ["sets"] => format!("sets {}", store.sets.load(Ordering::Relaxed)),
+            ["baselines"] => {
+                let memory = map_region(&store.region)?;
+                let table = TableLayout {
+                    buckets: layout.buckets,
+                    base: store.base,
+                };
+                let listen = "127.0.0.1:0".parse()?;
+                let opts = baseline_options(std::time::Duration::from_secs(5));
+                let one = OneSidedServer::start(memory.clone(), table, listen, opts)?;
+                let rpc = RpcServer::start(memory, table, listen, opts)?;
+                let answer = format!("baselines {} {}", one.addr(), rpc.addr());
+                baselines = Some((one, rpc));
+                answer
+            }
+            ["stop-baselines"] => {
+                baselines = None;
+                "ok".to_owned()
+            }
             ["udp-echo"] => {
                 let udp = UdpSocket::bind("127.0.0.1:0")?;
                 udp.set_nonblocking(true)?;
@@ -261,10 +284,19 @@ pub fn app_role(args: &[String]) -> Result<()> {
         writeln!(out, "{answer}")?;
         out.flush()?;
     }
+    drop(baselines);
     for h in installed {
         let _ = manager.uninstall(h);
     }
     Ok(())
+}
+
+/// The baselines' settings: values up to the largest slot, `timeout` for every wait.
+pub fn baseline_options(timeout: std::time::Duration) -> BaselineOptions {
+    BaselineOptions {
+        timeout,
+        max_value: 64 << 10,
+    }
 }
 
 /// Answer each request (its first 4 bytes: the answer's length, little-endian) with that
