@@ -1,13 +1,14 @@
 //! Line plots as SVG files, for the benchmarks' figures (`plotters`, SVG backend only: no
 //! fonts are loaded, the viewer draws the text).
 
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 use std::path::Path;
 
 /// One line of a plot.
 #[derive(Clone, Debug)]
 pub struct Series {
-    /// Its name in the legend.
+    /// Its name in the legend; none: not in the legend.
     pub name: String,
     /// Its points, in x order; points with a NaN coordinate are left out.
     pub points: Vec<(f64, f64)>,
@@ -57,6 +58,8 @@ pub struct Figure {
     pub y_label: String,
     /// How x is scaled.
     pub x_axis: XAxis,
+    /// A logarithmic y axis (latencies whose p99 spans decades); else linear from 0.
+    pub y_log: bool,
     /// The lines.
     pub series: Vec<Series>,
 }
@@ -92,6 +95,16 @@ fn size_label(log2: f64) -> String {
         format!("{} KiB", bytes >> 10)
     } else {
         format!("{bytes} B")
+    }
+}
+
+/// A tick's number: whole numbers as such, others with at most two decimals.
+fn number_label(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-9 || v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        let s = format!("{v:.2}");
+        s.trim_end_matches('0').trim_end_matches('.').to_owned()
     }
 }
 
@@ -132,9 +145,28 @@ pub fn write_svg(fig: &Figure, path: &Path) -> Result<(), String> {
     let y_hi = points.iter().fold(f64::NEG_INFINITY, |a, p| a.max(p.1));
     let y_lo = points.iter().fold(f64::INFINITY, |a, p| a.min(p.1));
     let (x_lo, x_hi) = padded(x_lo, x_hi, false);
-    let (y_lo, y_hi) = padded(y_lo, y_hi, true);
-    let e = |e: &dyn std::fmt::Display| format!("plotting {}: {e}", path.display());
+    if fig.y_log {
+        let positive = points.iter().map(|p| p.1).filter(|&y| y > 0.0);
+        let y_lo = positive.fold(f64::INFINITY, f64::min);
+        if !y_lo.is_finite() {
+            return Err(format!("{}: no positive value for a log axis", fig.title));
+        }
+        draw(fig, path, x_lo..x_hi, (y_lo / 1.3..y_hi * 1.3).log_scale())
+    } else {
+        let (y_lo, y_hi) = padded(y_lo, y_hi, true);
+        draw(fig, path, x_lo..x_hi, y_lo..y_hi)
+    }
+}
 
+/// Draw `fig` on x range `x` and y axis `y` (linear or logarithmic).
+fn draw<Y>(fig: &Figure, path: &Path, x: std::ops::Range<f64>, y: Y) -> Result<(), String>
+where
+    Y: AsRangedCoord<Value = f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
+    let finite = |&(x, y): &(f64, f64)| x.is_finite() && y.is_finite() && (!fig.y_log || y > 0.0);
+    let e = |e: &dyn std::fmt::Display| format!("plotting {}: {e}", path.display());
+    let (x_lo, x_hi) = (x.start, x.end);
     let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(|x| e(&x))?;
     let mut chart = ChartBuilder::on(&root)
@@ -142,17 +174,19 @@ pub fn write_svg(fig: &Figure, path: &Path) -> Result<(), String> {
         .margin(12)
         .x_label_area_size(45)
         .y_label_area_size(65)
-        .build_cartesian_2d(x_lo..x_hi, y_lo..y_hi)
+        .build_cartesian_2d(x, y)
         .map_err(|x| e(&x))?;
     let axis = fig.x_axis;
     let x_fmt = move |v: &f64| match axis {
-        XAxis::Linear => format!("{v}"),
+        XAxis::Linear => number_label(*v),
         XAxis::Log2Bytes => size_label(*v),
     };
+    let y_fmt = |v: &f64| number_label(*v);
     let mut mesh = chart.configure_mesh();
     mesh.x_desc(fig.x_label.as_str())
         .y_desc(fig.y_label.as_str())
         .x_label_formatter(&x_fmt)
+        .y_label_formatter(&y_fmt)
         .light_line_style(WHITE.mix(0.0));
     if axis == XAxis::Log2Bytes {
         // One tick per power of two across the range.
@@ -166,9 +200,8 @@ pub fn write_svg(fig: &Figure, path: &Path) -> Result<(), String> {
         let pts: Vec<(f64, f64)> = s
             .points
             .iter()
-            .copied()
+            .map(|&(x, y)| (x_of(axis, x), y))
             .filter(finite)
-            .map(|(x, y)| (x_of(axis, x), y))
             .collect();
         let style = colour.stroke_width(2);
         let anno = if s.dashed {
@@ -176,13 +209,18 @@ pub fn write_svg(fig: &Figure, path: &Path) -> Result<(), String> {
                 .draw_series(DashedLineSeries::new(pts, 6, 4, style))
                 .map_err(|x| e(&x))?
         } else {
+            // Marks on a few points; a dense line (a timeline) is clearer without.
+            let marks = if pts.len() <= 40 { 3 } else { 0 };
             chart
-                .draw_series(LineSeries::new(pts, style).point_size(3))
+                .draw_series(LineSeries::new(pts, style).point_size(marks))
                 .map_err(|x| e(&x))?
         };
-        anno.label(s.name.as_str()).legend(move |(x, y)| {
-            PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
-        });
+        // A line without a name (a p99 beside its named p50) stays out of the legend.
+        if !s.name.is_empty() {
+            anno.label(s.name.as_str()).legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
+            });
+        }
     }
     chart
         .configure_series_labels()
@@ -209,6 +247,7 @@ mod tests {
             x_label: "value size".into(),
             y_label: "µs".into(),
             x_axis: XAxis::Log2Bytes,
+            y_log: true,
             series: vec![
                 Series::solid("offload p50", 0, vec![(64.0, 10.0), (4096.0, 20.0)]),
                 Series::dashed("offload p99", 0, vec![(64.0, 30.0), (f64::NAN, 1.0)]),
@@ -235,5 +274,9 @@ mod tests {
         assert_eq!(size_label(16.0), "64 KiB");
         assert_eq!(size_label(20.0), "1 MiB");
         assert_eq!(size_label(6.5), "");
+        assert_eq!(number_label(1.799_999_999_9), "1.8");
+        assert_eq!(number_label(2.0), "2");
+        assert_eq!(number_label(0.25), "0.25");
+        assert_eq!(number_label(1234.5), "1234");
     }
 }
