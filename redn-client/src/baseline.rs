@@ -53,6 +53,27 @@
 //! address or length falls outside it is refused, by the RPC server's check, by the one-sided
 //! client's check, as [`Error::BadAnswer`]). A GET racing the first SET of a key may miss it.
 //!
+//! # Fig. 11's server-side span (for a remote client of the manager's offload)
+//! The span from a trigger reaching the server's NIC to its response leaving it cannot be
+//! read from the offload's completions alone: the catalog's responses are unsignaled, and
+//! a signaled WRITE completes only at its ACK. What the product offers instead, on one
+//! host clock (every softnic stamps CQEs with `CLOCK_MONOTONIC` nanoseconds,
+//! `redn_sys::softnic::completion_clock_ns`):
+//! - `io.redn.Admin.TriggerTimes(handle)` on the manager's admin socket: when each trigger
+//!   of the offload reached the manager's softnic since the last call (the receive CQE
+//!   timestamps of its instances' client-facing queues), oldest first;
+//! - [`crate::remote::Response::received_ns`]: when the response's receive completion was
+//!   written on the client's softnic.
+//!
+//! Send GETs one at a time, note `completion_clock_ns()` before each, then fetch
+//! `TriggerTimes`: the arrival of GET *i* is the one stamp between its send and its
+//! `received_ns` (the test `redn-manager/tests/trigger_times.rs` pairs them so). The span
+//! `received_ns - arrival` runs from NIC to NIC: the server's work plus the response's
+//! one-way trip over loopback (half the same-run UDP floor is a fair estimate of the
+//! latter) and the client softnic's receive thread (the NIC's part on hardware), without
+//! the client application's wake-up to poll or its softnic's wake-up to send. For the
+//! two-bucket offloads, take the last response of the trigger.
+//!
 //! # Usage
 //! ```no_run
 //! use redn_client::baseline::{map_region, BaselineOptions, OneSidedClient, RpcServer,

@@ -59,6 +59,12 @@ pub struct Response {
     pub imm: u32,
     /// The bytes (none: "not found").
     pub data: Vec<u8>,
+    /// When the response's receive completion was written on this client's softnic (its
+    /// CQE timestamp: `CLOCK_MONOTONIC` nanoseconds, the clock of every softnic on the host).
+    /// Less the manager's arrival time of the trigger (`io.redn.Admin.TriggerTimes`), it is
+    /// the span from the trigger reaching the server's NIC to the response reaching this
+    /// one, without this process's wake-ups.
+    pub received_ns: u64,
 }
 
 /// The instance the manager serves to this client now.
@@ -380,6 +386,7 @@ impl RemoteClient {
                 let r = Response {
                     imm: c.imm.unwrap_or(0),
                     data,
+                    received_ns: c.cqe.timestamp,
                 };
                 let last = done(&r);
                 got.push(r);

@@ -297,3 +297,68 @@ fn clients_and_servers_refuse_what_does_not_fit() {
     let mut c = OneSidedClient::connect(one.addr(), Probe::Parallel, opts()).unwrap();
     assert_eq!(c.get(3).unwrap(), None);
 }
+
+/// Not a test: the body of the app process `a_sigkilled_app_takes_both_servers_with_it`
+/// starts (this binary again): a table, both servers on it, their addresses on stdout,
+/// then serving until stdin closes or a signal ends it.
+#[test]
+#[ignore = "run by another test as an app process"]
+fn server_process_entry() {
+    if std::env::var_os("REDN_BASELINE_SERVER").is_none() {
+        return;
+    }
+    let mut t = table(16);
+    t.set(11, b"eleven").unwrap();
+    let (one, rpc) = servers(&t);
+    println!("BASELINE {} {}", one.addr(), rpc.addr());
+    std::io::Write::flush(&mut std::io::stdout()).unwrap();
+    let mut sink = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+}
+
+#[test]
+fn a_sigkilled_app_takes_both_servers_with_it() {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "server_process_entry",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("REDN_BASELINE_SERVER", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    // libtest prints "test NAME ... " before the body runs, on the same line.
+    let line = std::io::BufReader::new(out)
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| l.split_once("BASELINE ").map(|(_, rest)| rest.to_owned()))
+        .expect("the app process's addresses");
+    let (one, rpc) = line.split_once(' ').unwrap();
+    let quick = BaselineOptions {
+        timeout: Duration::from_secs(5),
+        ..opts()
+    };
+    let mut c = OneSidedClient::connect(one.parse().unwrap(), Probe::Sequential, quick).unwrap();
+    let mut r = RpcClient::connect(rpc.parse().unwrap(), quick).unwrap();
+    assert_eq!(c.get(11).unwrap().as_deref(), Some(&b"eleven"[..]));
+    assert_eq!(r.get(11).unwrap().as_deref(), Some(&b"eleven"[..]));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Nobody answers any more: the READ's retries run out or the wait ends, an error
+    // either way, never a hang or a wrong value.
+    for result in [c.get(11), r.get(11)] {
+        assert!(
+            matches!(
+                result,
+                Err(Error::Timeout { .. } | Error::ResponseFailed { .. })
+            ),
+            "{result:?}"
+        );
+    }
+}

@@ -1188,6 +1188,10 @@ impl Server {
                     .map_err(wire)?;
                 encode(&r)
             }),
+            "TriggerTimes" => decode::<api::TriggerTimes>(call).and_then(|p| {
+                let r = self.manager.trigger_times(p.handle).map_err(wire)?;
+                encode(&r)
+            }),
             _ => Err(ServiceError::MethodNotFound {
                 method: call.method.clone(),
             }

@@ -179,6 +179,9 @@ struct Offload {
     retired: (u64, u64, u64),
     /// When the token was handed out (its app's `token_lifetime` runs from here).
     token_issued: std::time::Instant,
+    /// When its triggers arrived, for `io.redn.Admin.TriggerTimes` (see
+    /// `Manager::trigger_times`).
+    arrivals: enforce::Arrivals,
 }
 
 /// A remote client's own instance of an offload, installed by the data plane.
@@ -763,6 +766,7 @@ impl Manager {
                 remote: BTreeMap::new(),
                 retired: (0, 0, 0),
                 token_issued: std::time::Instant::now(),
+                arrivals: enforce::Arrivals::default(),
             },
         );
         Ok(api::Installed {

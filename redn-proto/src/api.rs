@@ -290,6 +290,24 @@ pub struct TestRunReply {
     pub sent: u32,
 }
 
+/// `io.redn.Admin.TriggerTimes` parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TriggerTimes {
+    /// The installed offload.
+    pub handle: u64,
+}
+
+/// `io.redn.Admin.TriggerTimes` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TriggerTimesReply {
+    /// When each trigger since the last call arrived (the NIC's completion clock; on the
+    /// softnic `CLOCK_MONOTONIC` nanoseconds), oldest first.
+    pub received_ns: Vec<u64>,
+    /// Older arrivals dropped because more than the manager keeps came between two calls.
+    pub dropped: u64,
+}
+
 /// `io.redn.Admin.Monitor` counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[allow(missing_docs)] // the IDL documents the fields

@@ -502,6 +502,7 @@ mod tests {
                 "KillClient",
                 "ReloadPolicy",
                 "TestRun",
+                "TriggerTimes",
                 "Monitor"
             ]
         );

@@ -20,6 +20,32 @@ use redn_sys::QpState;
 const MAX_NOTES: usize = 64;
 /// Triggers a test run may leave outstanding on the parking queue.
 pub const MAX_TEST_RUN: u32 = 4096;
+/// Trigger arrival times an offload keeps until an admin takes them; older ones are dropped
+/// (and counted).
+pub const MAX_ARRIVALS: usize = 4096;
+/// Receive completions taken from one client-facing CQ per harvest, at most (16 polls of
+/// 256): a harvest's cost stays bounded however fast triggers come.
+const HARVEST_POLLS: usize = 16;
+
+/// When an offload's triggers arrived: the timestamps of the receive completions of its
+/// instances' client-facing queues (the NIC's clock: on the softnic, `CLOCK_MONOTONIC`
+/// nanoseconds, `redn_sys::softnic::completion_clock_ns`), kept until an admin takes them
+/// with `io.redn.Admin.TriggerTimes`.
+#[derive(Debug, Default)]
+pub(super) struct Arrivals {
+    times: std::collections::VecDeque<u64>,
+    dropped: u64,
+}
+
+impl Arrivals {
+    fn add(&mut self, ns: u64) {
+        if self.times.len() == MAX_ARRIVALS {
+            self.times.pop_front();
+            self.dropped += 1;
+        }
+        self.times.push_back(ns);
+    }
+}
 
 /// Why an offload was torn down (the `reason=` of its `teardown` record).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,6 +184,7 @@ impl Manager {
     /// of one, each its own budget track: sample, judge, act. Returns how many tracks were
     /// sampled.
     pub fn audit_round(&mut self, auditor: &mut Auditor, clock: impl Clock) -> usize {
+        self.harvest_arrivals(None);
         let mut verdicts = Vec::new();
         let mut sampled = 0;
         for (handle, o) in &self.installed {
@@ -211,6 +238,85 @@ impl Manager {
         });
         self.bans.expire(&clock);
         sampled
+    }
+
+    /// Take the receive completions waiting on the client-facing CQ of every instance of
+    /// offload `only` (of every offload: `None`) and keep their timestamps. Nothing else
+    /// reads those CQs: they exist for the program's WAITs, which count completions
+    /// written, not taken, so taking them changes nothing the program sees.
+    fn harvest_arrivals(&mut self, only: Option<u64>) {
+        use redn_program::wqe::CqeOpcode;
+        let nic = std::sync::Arc::clone(&self.nic);
+        let mut out = Vec::new();
+        for (handle, o) in &mut self.installed {
+            if only.is_some_and(|h| h != *handle) {
+                continue;
+            }
+            let Some(client) = o
+                .program
+                .queues
+                .iter()
+                .position(|q| q.role == QueueRole::Client)
+            else {
+                continue;
+            };
+            let mut stamps = Vec::new();
+            let instances =
+                std::iter::once(&o.installed).chain(o.remote.values().map(|r| &r.installed));
+            for cq in instances.filter_map(|i| i.cqs.get(client).copied()) {
+                for _ in 0..HARVEST_POLLS {
+                    out.clear();
+                    if !matches!(nic.poll_cq(cq, 256, &mut out), Ok(n) if n > 0) {
+                        break;
+                    }
+                    stamps.extend(
+                        out.iter()
+                            .filter(|c| {
+                                c.is_ok()
+                                    && matches!(
+                                        c.opcode,
+                                        CqeOpcode::RespSend | CqeOpcode::RespSendImm
+                                    )
+                            })
+                            .map(|c| c.cqe.timestamp),
+                    );
+                }
+            }
+            for t in stamps {
+                o.arrivals.add(t);
+            }
+        }
+    }
+
+    /// `io.redn.Admin.TriggerTimes`: when offload `handle`'s triggers arrived since the last
+    /// call (all its instances: the app's and each remote client's), oldest first, from the
+    /// timestamps of their receive completions, and how many older ones were dropped
+    /// (more than [`MAX_ARRIVALS`] between two calls). The auditor's rounds collect them, and
+    /// so does this call first, so a caller sees every trigger that arrived before it asked.
+    ///
+    /// With the timestamp of the response's receive completion on the client's softnic
+    /// (`redn_client::remote::Response::received_ns`, the same host clock), a benchmark gets
+    /// the span from the trigger reaching the server's NIC to the response reaching the
+    /// client's, without the client's own wake-ups.
+    ///
+    /// # Errors
+    /// `NoSuchOffload`.
+    pub fn trigger_times(&mut self, handle: u64) -> Result<api::TriggerTimesReply, AdminError> {
+        if !self.installed.contains_key(&handle) {
+            return Err(AdminError::NoSuchOffload { handle });
+        }
+        self.harvest_arrivals(Some(handle));
+        let o = self
+            .installed
+            .get_mut(&handle)
+            .ok_or(AdminError::NoSuchOffload { handle })?;
+        let mut received_ns: Vec<u64> = std::mem::take(&mut o.arrivals.times).into();
+        // Instances are taken one after another: their stamps interleave.
+        received_ns.sort_unstable();
+        Ok(api::TriggerTimesReply {
+            received_ns,
+            dropped: std::mem::take(&mut o.arrivals.dropped),
+        })
     }
 
     /// [`Manager::offload_record`], naming the remote client's instance (the data plane's
@@ -563,6 +669,40 @@ mod tests {
             matches!(&e, redn_proto::errors::ManagerError::PolicyDenied { reason } if reason.contains("banned")),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn trigger_times_are_the_receive_stamps_of_each_trigger_once() {
+        let (mut m, client) = manager("on_violation = \"throttle\"");
+        let (handle, trigger) = install_server_loop(&mut m, client).unwrap();
+        assert_eq!(
+            m.trigger_times(handle + 1).unwrap_err(),
+            AdminError::NoSuchOffload { handle: handle + 1 }
+        );
+        let before = redn_sys::softnic::completion_clock_ns();
+        assert_eq!(m.test_run(handle, &trigger, 3).unwrap().sent, 3);
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while got.len() < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "only {} arrivals seen",
+                got.len()
+            );
+            let r = m.trigger_times(handle).unwrap();
+            assert_eq!(r.dropped, 0);
+            got.extend(r.received_ns);
+            std::thread::yield_now();
+        }
+        let after = redn_sys::softnic::completion_clock_ns();
+        assert_eq!(got.len(), 3, "each trigger once");
+        assert!(got.windows(2).all(|w| w[0] <= w[1]));
+        assert!(
+            got[0] >= before && got[2] <= after,
+            "{before} {got:?} {after}"
+        );
+        // Taken: the next call has nothing new.
+        assert!(m.trigger_times(handle).unwrap().received_ns.is_empty());
     }
 
     #[test]
