@@ -5,9 +5,10 @@
 
 use std::process::Command;
 
-const FIGURES: [&str; 6] = [
+const FIGURES: [&str; 7] = [
     "get_latency",
     "collisions",
+    "collisions_span",
     "list",
     "contention",
     "crash",
@@ -73,6 +74,11 @@ fn the_quick_run_answers_every_get_right_and_writes_every_plot() {
             "{heading} missing from tables.txt"
         );
     }
-    assert!(tables.contains("floor: raw UDP ping-pong"), "no floor row");
+    assert_eq!(
+        tables.matches("floor: raw UDP ping-pong, 64 B").count(),
+        5,
+        "a floor row beside every figure but Fig. 10's column"
+    );
+    assert!(tables.contains("UDP floor"), "Fig. 10 has no floor column");
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -3,14 +3,19 @@
 
 use crate::app::baseline_options;
 use crate::app::{pick_keys, value_bytes, LIST_VALUE_LEN};
-use crate::procs::{ManagerProc, Peer};
+use crate::procs::{ManagerProc, Peer, DEADLINE};
 use crate::Options;
 use anyhow::{anyhow, bail, Context, Result};
 use redn_bench::plot::{write_svg, Figure, Series, XAxis};
 use redn_bench::report::{size_name, verdict};
 use redn_bench::stats::{ns, stats, Stats};
 use redn_client::baseline::{OneSidedClient, Probe, RpcClient};
+use redn_client::kv::{bucket_indices, BUCKET_STRIDE};
 use redn_client::remote::{RemoteClient, RemoteOptions};
+use redn_program::program::catalog::trigger_key;
+use redn_proto::api;
+use redn_proto::client::Connection;
+use redn_sys::softnic::completion_clock_ns;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -310,12 +315,15 @@ fn baselines(app: &mut Peer) -> Result<(SocketAddr, SocketAddr)> {
     }
 }
 
+/// Whether the client's instance is bounded and cannot serve `triggers` more.
+fn session_short(c: &RemoteClient, triggers: u32) -> bool {
+    c.session()
+        .is_some_and(|s| s.invocations != 0 && s.served + triggers > s.invocations)
+}
+
 /// Replace a bounded instance that cannot serve `triggers` more.
 fn fresh_session(c: &mut RemoteClient, triggers: u32) -> Result<()> {
-    let short = c
-        .session()
-        .is_some_and(|s| s.invocations != 0 && s.served + triggers > s.invocations);
-    if short {
+    if session_short(c, triggers) {
         c.reconnect()?;
     }
     Ok(())
@@ -461,47 +469,49 @@ pub fn get_latency(r: &mut Run) -> Result<()> {
 
 /// Fig. 11: the key in its first or second bucket, probed in sequence or in parallel.
 pub fn collisions(r: &mut Run) -> Result<()> {
-    r.line("\nFig. 11: hash collisions: key in the first or second bucket (client round trip, p50 / p99, µs)".into());
+    r.line("\nFig. 11: hash collisions: key in the first or second bucket (p50 / p99, µs)".into());
     let n = r.n(200, 2000);
     let (mut app, _) = r.app(BUCKETS, 64, false)?;
     let keys = pick_keys(2, BUCKETS, 0x2_0000);
     app.ask(&format!("set {} 64 0", keys[0]))?;
     app.ask(&format!("set {} 64 1", keys[1]))?;
     let floor = r.floor(&mut app, 64, n)?;
-    r.line(format!("   {:<40} {:>9} {:>9}", "", "first", "second"));
-    let mut series = Vec::new();
-    for (colour, (name, label, triggers)) in [
-        ("hash-get", "hash-get: client probes in turn", [1, 2]),
-        (
-            "hash-get-seq",
-            "hash-get-seq: NIC probes in sequence",
-            [2, 2],
-        ),
-        (
-            "hash-get-par",
-            "hash-get-par: NIC probes in parallel",
-            [2, 2],
-        ),
+    r.line(format!(
+        "   {:<40} {:>19} {:>19}   {:>19} {:>19}",
+        "", "round trip: first", "second", "server span: first", "second"
+    ));
+    let mut admin = Connection::connect(&r.manager.dir.join("admin.sock"), DEADLINE)?;
+    let (mut series, mut spans) = (Vec::new(), Vec::new());
+    let mut span_p50 = [[f64::NAN; 2]; 3];
+    for (i, (name, label)) in [
+        ("hash-get", "hash-get: client probes in turn"),
+        ("hash-get-seq", "hash-get-seq: NIC probes in sequence"),
+        ("hash-get-par", "hash-get-par: NIC probes in parallel"),
     ]
     .into_iter()
     .enumerate()
     {
         let off = Run::install(&mut app, name)?;
         let mut c = r.remote(&off, Duration::from_secs(5))?;
-        let mut get = |r: &mut Run, key, triggers| -> Result<Stats> {
-            let mut g = Offloaded {
-                c: &mut c,
-                triggers,
-            };
-            Ok(stats(&r.time_gets(&mut g, &[(key, 64)], n)?))
-        };
-        let first = get(r, keys[0], triggers[0])?;
-        let second = get(r, keys[1], triggers[1])?;
-        collision_row(r, &mut series, label, name, colour, first, second);
+        let mut rows = Vec::new();
+        for (which, &key) in keys.iter().enumerate() {
+            let (rtt, span) = probe_gets(r, &mut c, &mut admin, off.handle, name, key, which, n)?;
+            rows.push((stats(&rtt), stats(&span)));
+            span_p50[i][which] = stats(&span).median;
+        }
+        r.line(format!(
+            "   {label:<40} {:>19} {:>19}   {:>19} {:>19}",
+            pair(rows[0].0),
+            pair(rows[1].0),
+            pair(rows[0].1),
+            pair(rows[1].1)
+        ));
+        lines(&mut series, name, i, rows[0].0, rows[1].0);
+        lines(&mut spans, name, i, rows[0].1, rows[1].1);
     }
     let (one_addr, _) = baselines(&mut app)?;
     let opts = baseline_options(Duration::from_secs(5));
-    for (colour, (probe, label, name)) in [
+    for (i, (probe, label, name)) in [
         (
             Probe::Sequential,
             "one-sided: READ buckets in turn, value",
@@ -519,54 +529,165 @@ pub fn collisions(r: &mut Run) -> Result<()> {
         let mut c = OneSidedClient::connect(one_addr, probe, opts)?;
         let first = stats(&r.time_gets(&mut c, &[(keys[0], 64)], n)?);
         let second = stats(&r.time_gets(&mut c, &[(keys[1], 64)], n)?);
-        collision_row(r, &mut series, label, name, colour + 3, first, second);
+        r.line(format!(
+            "   {label:<40} {:>19} {:>19}",
+            pair(first),
+            pair(second)
+        ));
+        lines(&mut series, name, i + 3, first, second);
     }
     app.ask("stop-baselines")?;
     r.floor_line(floor);
-    series.push(Series::dashed(
-        "UDP floor p50",
+    let flat = |v: f64| vec![(1.0, v / 1e3), (2.0, v / 1e3)];
+    series.push(Series::dashed("UDP floor p50", 7, flat(floor.median)));
+    spans.push(Series::dashed(
+        "half the UDP floor p50",
         7,
-        vec![(1.0, floor.median / 1e3), (2.0, floor.median / 1e3)],
+        flat(floor.median / 2.0),
     ));
-    r.line("   server-side span (CQE timestamps, trigger received -> response sent): pending redn_client::baseline".into());
+    r.line("   server span: the trigger's receive CQE on the manager's softnic (io.redn.Admin.TriggerTimes) to the last response's receive CQE on the client's, one host clock: the server's work and the response's one-way trip, not the client's wake-ups".into());
+    let [one_bucket, _] = span_p50[0];
+    let [_, par_second] = span_p50[2];
+    target(
+        r,
+        "parallel two-bucket server span / one-bucket (p50)",
+        par_second / one_bucket,
+        1.2,
+    );
     let fig = Figure {
-        title: "Hash collisions: key in bucket 1 or 2 (Fig. 11)".into(),
+        title: "Hash collisions: key in bucket 1 or 2, client round trip (Fig. 11)".into(),
         x_label: "bucket holding the key".into(),
         y_label: "GET latency (µs; solid: p50, dashed: p99)".into(),
         x_axis: XAxis::Linear,
         y_log: true,
         series,
     };
-    r.plot("collisions.svg", &fig)
+    r.plot("collisions.svg", &fig)?;
+    let fig = Figure {
+        title: "Hash collisions: server-side span from CQE timestamps (Fig. 11)".into(),
+        x_label: "bucket holding the key".into(),
+        y_label: "span (µs; solid: p50, dashed: p99)".into(),
+        x_axis: XAxis::Linear,
+        y_log: true,
+        series: spans,
+    };
+    r.plot("collisions_span.svg", &fig)
 }
 
-/// A row of Fig. 11 and its two lines.
-fn collision_row(
+/// A system's p50 (named) and p99 lines over buckets 1 and 2.
+fn lines(series: &mut Vec<Series>, name: &str, colour: usize, first: Stats, second: Stats) {
+    let at = |f: fn(&Stats) -> f64| vec![(1.0, f(&first) / 1e3), (2.0, f(&second) / 1e3)];
+    series.push(Series::solid(name, colour, at(|s| s.median)));
+    series.push(Series::dashed("", colour, at(|s| s.p99)));
+}
+
+/// `n` GETs of `key` (64 B, in its bucket `which`) through `offload`'s raw triggers (after
+/// n/10 not counted): each one's round trip, and its server-side span from the CQE
+/// timestamps (summed over its triggers when the client probes in turn).
+#[allow(clippy::too_many_arguments)]
+fn probe_gets(
     r: &mut Run,
-    series: &mut Vec<Series>,
-    label: &str,
-    name: &str,
-    colour: usize,
-    first: Stats,
-    second: Stats,
-) {
-    r.line(format!(
-        "   {label:<40} {:>9} {:>9}   p99 {} / {}",
-        us(first.median),
-        us(second.median),
-        us(first.p99),
-        us(second.p99)
-    ));
-    series.push(Series::solid(
-        name,
-        colour,
-        vec![(1.0, first.median / 1e3), (2.0, second.median / 1e3)],
-    ));
-    series.push(Series::dashed(
-        "",
-        colour,
-        vec![(1.0, first.p99 / 1e3), (2.0, second.p99 / 1e3)],
-    ));
+    c: &mut RemoteClient,
+    admin: &mut Connection,
+    handle: u64,
+    offload: &str,
+    key: u64,
+    which: usize,
+    n: usize,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let single = offload == "hash-get";
+    let triggers: u32 = if single { 1 + u32::from(which == 1) } else { 1 };
+    let _ = trigger_times(admin, handle)?; // earlier triggers: not ours to pair
+    let mut arrivals = Vec::new();
+    let mut windows: Vec<Vec<(u64, u64)>> = Vec::with_capacity(n + n / 10);
+    let mut rtt = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        if session_short(c, triggers) {
+            // Its arrivals are harvested when asked for: before it is released.
+            arrivals.extend(trigger_times(admin, handle)?);
+            c.reconnect()?;
+        }
+        let table = c
+            .session()
+            .and_then(|s| s.manager.region("table").cloned())
+            .ok_or_else(|| anyhow!("no table in the manager's answer"))?;
+        let [a, b] = bucket_indices(key, table.len / BUCKET_STRIDE)
+            .map(|j| (table.addr + j * BUCKET_STRIDE).to_be_bytes());
+        let k = trigger_key(key);
+        let msgs: Vec<(Vec<u8>, usize)> = if single {
+            let probes = if which == 0 { vec![a] } else { vec![a, b] };
+            probes.iter().map(|p| ([&k[..], p].concat(), 1)).collect()
+        } else {
+            vec![([&k[..], &k, &a, &b].concat(), 2)]
+        };
+        let mut got = None;
+        let mut w = Vec::new();
+        let t = Instant::now();
+        for (msg, responses) in msgs {
+            let sent = completion_clock_ns();
+            let rs = c.trigger(&msg, responses)?;
+            w.push((sent, rs.iter().map(|x| x.received_ns).max().unwrap_or(0)));
+            if let Some(hit) = rs.into_iter().find(|x| !x.data.is_empty()) {
+                got = Some(hit.data);
+            }
+        }
+        let took = ns(t.elapsed());
+        r.check(key, 64, got.as_deref());
+        if i >= n / 10 {
+            rtt.push(took);
+        }
+        windows.push(w);
+        // The manager keeps 4,096 arrivals between two calls.
+        if i % 500 == 499 {
+            arrivals.extend(trigger_times(admin, handle)?);
+        }
+    }
+    arrivals.extend(trigger_times(admin, handle)?);
+    // Each trigger's arrival is the one stamp between its send and its answer (triggers go
+    // one at a time). An instance released before the manager harvested its completions
+    // (a bounded one, replaced every few triggers) leaves its last triggers without one:
+    // those GETs have no span.
+    let mut next = arrivals.iter().copied().peekable();
+    let mut span = Vec::with_capacity(n);
+    let mut unstamped = 0usize;
+    for (i, w) in windows.iter().enumerate() {
+        let mut total = Some(0.0);
+        for &(sent, answered) in w {
+            while next.peek().is_some_and(|&x| x <= sent) {
+                next.next();
+            }
+            match next.next_if(|&x| x <= answered) {
+                #[allow(clippy::cast_precision_loss)]
+                Some(arrived) => total = total.map(|t| t + (answered - arrived) as f64),
+                None => total = None,
+            }
+        }
+        match total {
+            Some(t) if i >= n / 10 => span.push(t),
+            Some(_) => {}
+            None => unstamped += 1,
+        }
+    }
+    if span.len() < n / 2 {
+        bail!(
+            "{offload}: {unstamped} of {} GETs had no arrival stamp",
+            windows.len()
+        );
+    }
+    Ok((rtt, span))
+}
+
+/// The arrival stamps of `handle`'s triggers since the last call.
+fn trigger_times(admin: &mut Connection, handle: u64) -> Result<Vec<u64>> {
+    let reply: api::TriggerTimesReply = admin.call(
+        "io.redn.Admin.TriggerTimes",
+        &api::TriggerTimes { handle },
+        &[],
+    )?;
+    if reply.dropped > 0 {
+        bail!("the manager dropped {} trigger times", reply.dropped);
+    }
+    Ok(reply.received_ns)
 }
 
 /// Fig. 13: list-find by the key's position, with and without break.

@@ -36,14 +36,18 @@ OPTIONS:
 
 Figures (each a table, an SVG, and the same run's UDP ping-pong floor):
     get_latency.svg  GET latency by value size, 64 B..64 KiB, p50 and p99 (Fig. 10)
-    collisions.svg   key in the first or second bucket, sequential vs parallel (Fig. 11)
+    collisions.svg   key in the first or second bucket, sequential vs parallel (Fig. 11):
+                     client round trip; collisions_span.svg: the server-side span from CQE
+                     timestamps (io.redn.Admin.TriggerTimes and the response's receive CQE)
     list.svg         list-find by the key's position, with and without break (Fig. 13)
     contention.svg   a reader's p50/p99 while 0..16 writer processes SET (Fig. 15)
     crash.svg        GETs per ms around a SIGKILL of the app (Fig. 16)
     control.svg      install, remote attach and runaway termination latency (CDFs)
 
-Targets (issue 22; p50, 64 B values, same run): RedN GET <= 1.3x the raw UDP ping-pong;
-reader p99 with 16 writers <= 2x uncontended; zero failed GETs across the app's crash.
+Targets (issue 22; p50, 64 B values, same run), printed as verdicts: RedN GET <= 0.6x
+one-sided, <= 1.0x two-sided and <= 1.3x the raw UDP ping-pong; parallel two-bucket
+server-side span <= 1.2x one-bucket; reader p99 with 16 writers <= 2x uncontended; zero
+failed RedN GETs across the app's crash.
 
 ROLES (internal: the program starts itself in them):
     --role app ARGS     the app: --socket PATH --buckets N --slot BYTES [--writers PATH];
