@@ -174,7 +174,7 @@ fn run(o: &Options) -> Result<u64> {
     drop(r);
     let _ = std::fs::remove_dir_all(&dir);
     if wrong > 0 {
-        eprintln!("paper_bench: {wrong} wrong answers");
+        eprintln!("paper_bench: {wrong} GETs answered wrong or not at all");
     }
     if failed > 0 && wrong == 0 {
         eprintln!("paper_bench: {failed} figures failed");
