@@ -45,6 +45,8 @@ pub enum XAxis {
     Linear,
     /// Logarithmic, base 2 (value sizes): ticks at powers of two, named as sizes.
     Log2Bytes,
+    /// Logarithmic, base 10: ticks at powers of ten.
+    Log10,
 }
 
 /// A figure: a title, axis labels, lines.
@@ -60,6 +62,8 @@ pub struct Figure {
     pub x_axis: XAxis,
     /// A logarithmic y axis (latencies whose p99 spans decades); else linear from 0.
     pub y_log: bool,
+    /// The legend in the lower right corner (where a CDF leaves room), else the upper left.
+    pub legend_lower_right: bool,
     /// The lines.
     pub series: Vec<Series>,
 }
@@ -80,6 +84,7 @@ fn x_of(axis: XAxis, x: f64) -> f64 {
     match axis {
         XAxis::Linear => x,
         XAxis::Log2Bytes => x.log2(),
+        XAxis::Log10 => x.log10(),
     }
 }
 
@@ -180,6 +185,7 @@ where
     let x_fmt = move |v: &f64| match axis {
         XAxis::Linear => number_label(*v),
         XAxis::Log2Bytes => size_label(*v),
+        XAxis::Log10 => number_label(10f64.powf(*v)),
     };
     let y_fmt = |v: &f64| number_label(*v);
     let mut mesh = chart.configure_mesh();
@@ -188,8 +194,8 @@ where
         .x_label_formatter(&x_fmt)
         .y_label_formatter(&y_fmt)
         .light_line_style(WHITE.mix(0.0));
-    if axis == XAxis::Log2Bytes {
-        // One tick per power of two across the range.
+    if axis != XAxis::Linear {
+        // One tick per power across the range.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let ticks = (x_hi - x_lo).ceil().max(2.0) as usize + 1;
         mesh.x_labels(ticks);
@@ -226,7 +232,11 @@ where
         .configure_series_labels()
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(if fig.legend_lower_right {
+            SeriesLabelPosition::LowerRight
+        } else {
+            SeriesLabelPosition::UpperLeft
+        })
         .draw()
         .map_err(|x| e(&x))?;
     root.present().map_err(|x| e(&x))?;
@@ -248,6 +258,7 @@ mod tests {
             y_label: "µs".into(),
             x_axis: XAxis::Log2Bytes,
             y_log: true,
+            legend_lower_right: false,
             series: vec![
                 Series::solid("offload p50", 0, vec![(64.0, 10.0), (4096.0, 20.0)]),
                 Series::dashed("offload p99", 0, vec![(64.0, 30.0), (f64::NAN, 1.0)]),

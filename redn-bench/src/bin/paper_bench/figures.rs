@@ -487,6 +487,7 @@ pub fn get_latency(r: &mut Run) -> Result<()> {
         y_label: "latency (µs; solid: p50, dashed: p99)".into(),
         x_axis: XAxis::Log2Bytes,
         y_log: true,
+        legend_lower_right: false,
         series,
     };
     r.plot("get_latency.svg", &fig)
@@ -585,6 +586,7 @@ pub fn collisions(r: &mut Run) -> Result<()> {
         y_label: "GET latency (µs; solid: p50, dashed: p99)".into(),
         x_axis: XAxis::Linear,
         y_log: true,
+        legend_lower_right: false,
         series,
     };
     r.plot("collisions.svg", &fig)?;
@@ -594,6 +596,7 @@ pub fn collisions(r: &mut Run) -> Result<()> {
         y_label: "span (µs; solid: p50, dashed: p99)".into(),
         x_axis: XAxis::Linear,
         y_log: true,
+        legend_lower_right: false,
         series: spans,
     };
     r.plot("collisions_span.svg", &fig)
@@ -758,6 +761,7 @@ pub fn list(r: &mut Run) -> Result<()> {
         y_label: "latency (µs; solid: p50, dashed: p99)".into(),
         x_axis: XAxis::Linear,
         y_log: true,
+        legend_lower_right: false,
         series: vec![
             Series::solid("list-find", 0, pts(&|x| x.1.median)),
             Series::dashed("", 0, pts(&|x| x.1.p99)),
@@ -877,6 +881,7 @@ pub fn contention(r: &mut Run) -> Result<()> {
         y_label: "GET latency (µs; solid: p50, dashed: p99)".into(),
         x_axis: XAxis::Linear,
         y_log: true,
+        legend_lower_right: false,
         series,
     };
     r.plot("contention.svg", &fig)
@@ -1022,6 +1027,7 @@ pub fn crash(r: &mut Run) -> Result<()> {
         y_label: "GETs completed per ms".into(),
         x_axis: XAxis::Linear,
         y_log: false,
+        legend_lower_right: false,
         series,
     };
     r.plot("crash.svg", &fig)
@@ -1135,14 +1141,15 @@ pub fn control(r: &mut Run) -> Result<()> {
         "   (GETs it was served first: server-loop 56 WQEs a round, budget 50)",
         stats(&gets).median
     ));
-    series.push(Series::solid("runaway termination", 1, cdf(&v)));
+    series.push(Series::solid("runaway termination", 4, cdf(&v)));
     r.floor_line(floor);
     let fig = Figure {
         title: "Control plane latency (CDF)".into(),
-        x_label: "latency (µs)".into(),
+        x_label: "latency (µs, log scale)".into(),
         y_label: "fraction of samples".into(),
-        x_axis: XAxis::Linear,
+        x_axis: XAxis::Log10,
         y_log: false,
+        legend_lower_right: true,
         series,
     };
     r.plot("control.svg", &fig)
