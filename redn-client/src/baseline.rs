@@ -96,6 +96,7 @@
 //! ```
 
 use crate::kv::{bucket_indices, BUCKET_LEN, BUCKET_STRIDE, MAX_KEY};
+use crate::remote::{fresh_psn, io, sys, LocalNic};
 use crate::{Error, Result, SealedRegion};
 use redn_program::wqe::{CqeOpcode, Payload, RemoteAddr, WorkRequest, WqeFlags, WrOp};
 use redn_sys::mem::SharedBuffer;
@@ -107,7 +108,7 @@ use redn_sys::softnic::{SoftNic, SoftNicConfig};
 use redn_sys::{Access, Cqn, Pdn, Qpn, Rkey, VirtAddr};
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
@@ -223,14 +224,6 @@ fn bad_config(detail: String) -> Error {
     }
 }
 
-fn sys(what: &'static str) -> impl Fn(redn_sys::Error) -> Error {
-    move |source| Error::Softnic { what, source }
-}
-
-fn io(what: &'static str) -> impl Fn(std::io::Error) -> Error {
-    move |source| Error::Dataplane { what, source }
-}
-
 fn bad(from: &'static str, detail: String) -> Error {
     Error::BadAnswer { from, detail }
 }
@@ -242,45 +235,18 @@ fn bad(from: &'static str, detail: String) -> Error {
 /// # Errors
 /// [`Error::Memfd`] (`mmap`).
 pub fn map_region(region: &SealedRegion) -> Result<Arc<SharedBuffer>> {
-    use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
     let mmap_err = |source| Error::Memfd {
         call: "mmap",
         source,
     };
     let len = usize::try_from(region.len())
-        .map_err(|_| mmap_err(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
-    let nz = std::num::NonZeroUsize::new(len)
-        .ok_or_else(|| mmap_err(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
-    // SAFETY: a fresh shared mapping of `len` bytes of the memfd at an address the kernel
-    // picks aliases no Rust object. The memfd is sealed against shrinking
-    // (`SealedRegion::create`), so every page stays backed and no access can SIGBUS.
+        .map_err(|_| mmap_err(std::io::ErrorKind::InvalidInput.into()))?;
+    // SAFETY: the memfd is sealed against shrinking (`SealedRegion::create`), so it stays
+    // `len` bytes long; this process touches the mapping only through the buffer (the app's
+    // own writes go through the file with pwrite, like another process's would).
     #[allow(unsafe_code)]
-    let ptr = unsafe {
-        mmap(
-            None,
-            nz,
-            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-            MapFlags::MAP_SHARED,
-            region.fd(),
-            0,
-        )
-    }
-    .map_err(|e| mmap_err(e.into()))?;
-    let addr = ptr.as_ptr() as usize;
-    let release = Box::new(move || {
-        if let Some(p) = std::ptr::NonNull::new(addr as *mut std::ffi::c_void) {
-            // SAFETY: exactly the mapping made above, unmapped once, when the SharedBuffer
-            // that alone accesses it drops (from_raw's contract).
-            #[allow(unsafe_code)]
-            let _ = unsafe { munmap(p, len) };
-        }
-    });
-    // SAFETY: the mapping is page aligned (so 8-byte aligned) and `len` a nonzero multiple of
-    // 4096 (SealedRegion rounds to pages), valid for reads and writes until `release` unmaps
-    // it; in this process only this buffer touches the mapping (the app's own writes go
-    // through the file with pwrite, like another process's would).
-    #[allow(unsafe_code)]
-    Ok(unsafe { SharedBuffer::from_raw(ptr.cast(), len, release) })
+    let mapped = unsafe { SharedBuffer::map_shared(region.fd(), len) };
+    mapped.map_err(mmap_err)
 }
 
 /// Counters of a server.
@@ -426,6 +392,15 @@ impl ServerCore {
             threads: vec![t],
         };
         Ok((core, nic, cq, table))
+    }
+}
+
+impl std::fmt::Debug for ServerCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerCore")
+            .field("addr", &self.addr)
+            .field("stats", &self.counters.snapshot())
+            .finish_non_exhaustive()
     }
 }
 
@@ -633,14 +608,6 @@ fn idx_of(n: u32) -> usize {
     redn_sys::conv::idx(u64::from(n))
 }
 
-/// A 24-bit start PSN that differs between connections.
-fn fresh_psn(n: u64) -> u32 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    (nanos ^ redn_sys::conv::low32(n.wrapping_mul(0x9e37_79b9))) & 0xff_ffff
-}
-
 /// The key, value length and value address of a bucket's bytes.
 fn parse_bucket(b: &[u8]) -> (u64, u32, u64) {
     let mut k = [0u8; 8];
@@ -661,16 +628,9 @@ fn value_offset(addr: u64, len: u32, base: u64, region_len: u64, max: u32) -> Op
 
 /// The one-sided baseline's server: the table registered for remote READ on a softnic; no
 /// thread runs on a GET.
+#[derive(Debug)]
 pub struct OneSidedServer {
     core: ServerCore,
-}
-
-impl std::fmt::Debug for OneSidedServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OneSidedServer")
-            .field("addr", &self.core.addr)
-            .finish_non_exhaustive()
-    }
 }
 
 impl OneSidedServer {
@@ -724,16 +684,9 @@ struct RpcState {
 
 /// The two-sided baseline's server: a thread that busy-polls the receive completions,
 /// looks the key up and WRITEs the value back with immediate.
+#[derive(Debug)]
 pub struct RpcServer {
     core: ServerCore,
-}
-
-impl std::fmt::Debug for RpcServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RpcServer")
-            .field("addr", &self.core.addr)
-            .finish_non_exhaustive()
-    }
 }
 
 impl RpcServer {
@@ -939,19 +892,12 @@ impl ClientCore {
             .and_then(|()| stream.set_write_timeout(Some(options.timeout)))
             .and_then(|()| stream.set_nodelay(true))
             .map_err(io("setting socket options"))?;
-        let local_ip = match stream.local_addr().map_err(io("local address"))?.ip() {
-            IpAddr::V4(ip) => ip,
-            IpAddr::V6(_) => return Err(Error::Ipv6(addr)),
-        };
-        let nic = SoftNic::new(SoftNicConfig::new(&format!("redn-{}-client", kind.name())))
-            .map_err(sys("starting the softnic"))?;
-        let mut cfg = RoceConfig::new(local_ip);
-        cfg.bind.set_port(0);
-        let ep = RoceEndpoint::start(&nic, &cfg).map_err(sys("starting the RoCE endpoint"))?;
-        let pd = nic.alloc_pd().map_err(sys("alloc_pd"))?;
-        let cq = nic
-            .create_cq(CqConfig::new(4 * CLIENT_RECEIVES))
-            .map_err(sys("create_cq"))?;
+        let LocalNic { nic, ep, pd, cq } = LocalNic::start(
+            &stream,
+            addr,
+            &format!("redn-{}-client", kind.name()),
+            4 * CLIENT_RECEIVES,
+        )?;
         let local = SharedBuffer::new(local_len);
         let local_mr = nic
             .reg_mr(pd, &local, 0, local.len(), access)

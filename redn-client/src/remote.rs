@@ -125,20 +125,53 @@ pub fn parse_token(hex: &str) -> Result<[u8; TOKEN_LEN]> {
     Ok(t)
 }
 
-fn sys(what: &'static str) -> impl Fn(redn_sys::Error) -> Error {
+pub(crate) fn sys(what: &'static str) -> impl Fn(redn_sys::Error) -> Error {
     move |source| Error::Softnic { what, source }
 }
 
-fn io(what: &'static str) -> impl Fn(std::io::Error) -> Error {
+pub(crate) fn io(what: &'static str) -> impl Fn(std::io::Error) -> Error {
     move |source| Error::Dataplane { what, source }
 }
 
 /// A 24-bit start PSN that differs between sessions.
-fn fresh_psn(n: u64) -> u32 {
+pub(crate) fn fresh_psn(n: u64) -> u32 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     (nanos ^ redn_sys::conv::low32(n.wrapping_mul(0x9e37_79b9))) & 0xff_ffff
+}
+
+/// A softnic of a remote client's own, with a RoCE endpoint on the local address of its
+/// TCP connection to a server, a protection domain and one CQ.
+pub(crate) struct LocalNic {
+    pub(crate) nic: SoftNic,
+    pub(crate) ep: RoceEndpoint,
+    pub(crate) pd: Pdn,
+    pub(crate) cq: Cqn,
+}
+
+impl LocalNic {
+    /// Start one called `name` for `stream` (connected to `addr`) with a CQ of `cq_depth`.
+    pub(crate) fn start(
+        stream: &TcpStream,
+        addr: SocketAddr,
+        name: &str,
+        cq_depth: u32,
+    ) -> Result<LocalNic> {
+        let local = match stream.local_addr().map_err(io("local address"))?.ip() {
+            IpAddr::V4(ip) => ip,
+            IpAddr::V6(_) => return Err(Error::Ipv6(addr)),
+        };
+        let nic = SoftNic::new(SoftNicConfig::new(name)).map_err(sys("starting the softnic"))?;
+        let mut cfg = RoceConfig::new(local);
+        cfg.bind.set_port(0);
+        let ep = RoceEndpoint::start(&nic, &cfg).map_err(sys("starting the RoCE endpoint"))?;
+        let pd = nic.alloc_pd().map_err(sys("alloc_pd"))?;
+        let cq = nic
+            .create_cq(CqConfig::new(cq_depth))
+            .map_err(sys("create_cq"))?;
+        Ok(LocalNic { nic, ep, pd, cq })
+    }
 }
 
 impl RemoteClient {
@@ -158,19 +191,8 @@ impl RemoteClient {
         let token = parse_token(token)?;
         let stream = TcpStream::connect_timeout(&addr, options.timeout)
             .map_err(io("connecting to the data plane"))?;
-        let local = match stream.local_addr().map_err(io("local address"))?.ip() {
-            IpAddr::V4(ip) => ip,
-            IpAddr::V6(_) => return Err(Error::Ipv6(addr)),
-        };
-        let nic = SoftNic::new(SoftNicConfig::new("redn-remote-client"))
-            .map_err(sys("starting the softnic"))?;
-        let mut cfg = RoceConfig::new(local);
-        cfg.bind.set_port(0);
-        let ep = RoceEndpoint::start(&nic, &cfg).map_err(sys("starting the RoCE endpoint"))?;
-        let pd = nic.alloc_pd().map_err(sys("alloc_pd"))?;
-        let cq = nic
-            .create_cq(CqConfig::new(4 * RECEIVES))
-            .map_err(sys("create_cq"))?;
+        let LocalNic { nic, ep, pd, cq } =
+            LocalNic::start(&stream, addr, "redn-remote-client", 4 * RECEIVES)?;
         let response = SharedBuffer::new(RESPONSE_LEN);
         let response_mr = nic
             .reg_mr(

@@ -35,11 +35,37 @@ fn table(buckets: u64) -> TwoChoiceTable {
 
 /// Both servers on `table`'s live memory.
 fn servers(t: &TwoChoiceTable) -> (OneSidedServer, RpcServer) {
-    let memory = map_region(t.region()).expect("map");
-    let layout = TableLayout::of(t);
+    start_both(t.region(), TableLayout::of(t))
+}
+
+/// Both servers on `region`'s memory laid out as `layout`.
+fn start_both(region: &SealedRegion, layout: TableLayout) -> (OneSidedServer, RpcServer) {
+    let memory = map_region(region).expect("map");
     (
         OneSidedServer::start(Arc::clone(&memory), layout, listen(), opts()).expect("one-sided"),
         RpcServer::start(memory, layout, listen(), opts()).expect("rpc"),
+    )
+}
+
+/// Both servers on `region` (`buckets` buckets) after writing `key`'s first bucket by hand:
+/// a value of `len` bytes at `addr`, wherever that is.
+fn servers_on(
+    region: &SealedRegion,
+    buckets: u64,
+    key: u64,
+    len: u32,
+    addr: u64,
+) -> (OneSidedServer, RpcServer) {
+    let bucket = bucket_indices(key, buckets)[0];
+    region
+        .write_at(bucket * BUCKET_STRIDE, &bucket_bytes(key, len, addr))
+        .unwrap();
+    start_both(
+        region,
+        TableLayout {
+            buckets,
+            base: BASE,
+        },
     )
 }
 
@@ -108,20 +134,7 @@ fn a_64_kib_value_is_read_and_sent_whole() {
     let key = 0xabc;
     let value: Vec<u8> = (0..64u32 << 10).map(|i| (i % 251) as u8).collect();
     region.write_at(4096, &value).unwrap();
-    let bucket = bucket_indices(key, buckets)[0];
-    region
-        .write_at(
-            bucket * BUCKET_STRIDE,
-            &bucket_bytes(key, 64 << 10, BASE + 4096),
-        )
-        .unwrap();
-    let memory = map_region(&region).unwrap();
-    let layout = TableLayout {
-        buckets,
-        base: BASE,
-    };
-    let one = OneSidedServer::start(Arc::clone(&memory), layout, listen(), opts()).unwrap();
-    let rpc = RpcServer::start(memory, layout, listen(), opts()).unwrap();
+    let (one, rpc) = servers_on(&region, buckets, key, 64 << 10, BASE + 4096);
     let mut c = OneSidedClient::connect(one.addr(), Probe::Sequential, opts()).unwrap();
     assert_eq!(c.get(key).unwrap().as_deref(), Some(&value[..]));
     let mut r = RpcClient::connect(rpc.addr(), opts()).unwrap();
@@ -146,21 +159,8 @@ fn a_bucket_pointing_outside_the_region_is_refused_by_both() {
     let buckets = 16;
     let region = SealedRegion::create("bad", 8192).unwrap();
     let key = 0x77;
-    let bucket = bucket_indices(key, buckets)[0];
     // 64 bytes starting 32 bytes before the end: past the region.
-    region
-        .write_at(
-            bucket * BUCKET_STRIDE,
-            &bucket_bytes(key, 64, BASE + 8192 - 32),
-        )
-        .unwrap();
-    let memory = map_region(&region).unwrap();
-    let layout = TableLayout {
-        buckets,
-        base: BASE,
-    };
-    let one = OneSidedServer::start(Arc::clone(&memory), layout, listen(), opts()).unwrap();
-    let rpc = RpcServer::start(memory, layout, listen(), opts()).unwrap();
+    let (one, rpc) = servers_on(&region, buckets, key, 64, BASE + 8192 - 32);
     let mut c = OneSidedClient::connect(one.addr(), Probe::Sequential, opts()).unwrap();
     assert!(matches!(c.get(key), Err(Error::BadAnswer { .. })));
     let mut r = RpcClient::connect(rpc.addr(), opts()).unwrap();

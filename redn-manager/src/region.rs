@@ -11,13 +11,10 @@
 //!    the NIC writes app memory for offloads that need it).
 
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
-use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 use nix::sys::stat::{fstat, SFlag};
 use redn_proto::errors::ManagerError;
 use redn_sys::mem::SharedBuffer;
-use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::ptr::NonNull;
 use std::sync::Arc;
 
 /// The seals a region must carry.
@@ -101,42 +98,15 @@ pub fn map_sealed(fd: OwnedFd, max_size: u64) -> Result<Arc<SharedBuffer>, Manag
         reason: format!("a region of {size} bytes cannot be mapped"),
     };
     let len = usize::try_from(size).map_err(|_| too_big())?;
-    let nz = NonZeroUsize::new(len).ok_or_else(too_big)?;
-    // SAFETY: a fresh shared mapping of `len` bytes of `fd` at an address the kernel picks:
-    // it aliases no Rust object. The file cannot shrink under it (F_SEAL_SHRINK checked
-    // above), so every page stays backed and no access can SIGBUS.
+    // SAFETY: the file cannot shrink under the mapping (F_SEAL_SHRINK checked above), so
+    // every page stays backed; nothing else in this process touches the mapping. The app
+    // writes it concurrently, which SharedBuffer's atomic-only access allows.
     #[allow(unsafe_code)]
-    let ptr = unsafe {
-        mmap(
-            None,
-            nz,
-            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-            MapFlags::MAP_SHARED,
-            fd.as_fd(),
-            0,
-        )
-    }
-    .map_err(|e| ManagerError::NoDevice {
+    let mapped = unsafe { SharedBuffer::map_shared(fd.as_fd(), len) };
+    // The mapping holds the file; the fd is no longer needed (dropped on return).
+    mapped.map_err(|e| ManagerError::NoDevice {
         reason: format!("mmap of the region failed: {e}"),
-    })?;
-    // The mapping holds the file; the fd is no longer needed.
-    drop(fd);
-    let addr = ptr.as_ptr() as usize;
-    let release = Box::new(move || {
-        if let Some(p) = NonNull::new(addr as *mut std::ffi::c_void) {
-            // SAFETY: `p`/`len` is exactly the mapping made above, unmapped once, when the
-            // SharedBuffer that alone accesses it drops (from_raw's contract).
-            #[allow(unsafe_code)]
-            let _ = unsafe { munmap(p, len) };
-        }
-    });
-    // SAFETY: the mapping is page aligned (so 8-byte aligned), `len` is a nonzero multiple of
-    // the page size (so of 8), valid for reads and writes until `release` unmaps it; nothing
-    // else in this process touches it. The app writes it concurrently, which SharedBuffer's
-    // atomic-only access allows.
-    #[allow(unsafe_code)]
-    let buffer = unsafe { SharedBuffer::from_raw(ptr.cast(), len, release) };
-    Ok(buffer)
+    })
 }
 
 #[cfg(test)]

@@ -877,6 +877,8 @@ impl Manager {
 
     /// Release remote client `id`'s instance of offload `handle`, keeping its counters.
     pub fn detach_remote(&mut self, handle: u64, id: u64) {
+        // Its trigger arrivals not yet taken go with the rest of the offload's.
+        self.harvest_arrivals(Some(handle));
         let Some(instance) = self
             .installed
             .get_mut(&handle)

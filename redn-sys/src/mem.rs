@@ -99,6 +99,54 @@ impl SharedBuffer {
         })
     }
 
+    /// Map the first `len` bytes of file `fd` shared and read-write (an app's memfd), as a
+    /// buffer that unmaps them when it drops.
+    ///
+    /// # Errors
+    /// `mmap`'s, and `InvalidInput` for a `len` that is zero or not a multiple of 8.
+    ///
+    /// # Safety
+    /// The file must stay at least `len` bytes long while the buffer lives (a memfd sealed
+    /// with `F_SEAL_SHRINK`), or an access faults; nobody in this process may access the
+    /// mapping other than through this buffer (other processes, and writes through the
+    /// file, may go on concurrently).
+    pub unsafe fn map_shared(
+        fd: std::os::fd::BorrowedFd<'_>,
+        len: usize,
+    ) -> std::io::Result<Arc<SharedBuffer>> {
+        use std::os::fd::AsRawFd;
+        if len == 0 || len % WORD != 0 {
+            return Err(std::io::ErrorKind::InvalidInput.into());
+        }
+        // SAFETY: a fresh shared mapping at an address the kernel picks aliases no Rust
+        // object; the arguments are plain values and `fd` is open (borrowed).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or(std::io::ErrorKind::InvalidData)?;
+        let addr = p as usize;
+        let release = Box::new(move || {
+            // SAFETY: exactly the mapping made above, unmapped once, when the buffer that
+            // alone accesses it drops (from_raw's contract).
+            let _ = unsafe { libc::munmap(addr as *mut libc::c_void, len) };
+        });
+        // SAFETY: the mapping is page aligned (so 8-byte aligned) and `len` a nonzero
+        // multiple of 8 (checked above), valid for reads and writes until `release` unmaps
+        // it, backed for its whole length and touched here only through this buffer (this
+        // function's contract).
+        Ok(unsafe { SharedBuffer::from_raw(ptr, len, release) })
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len_words * WORD

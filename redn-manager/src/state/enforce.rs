@@ -244,7 +244,7 @@ impl Manager {
     /// offload `only` (of every offload: `None`) and keep their timestamps. Nothing else
     /// reads those CQs: they exist for the program's WAITs, which count completions
     /// written, not taken, so taking them changes nothing the program sees.
-    fn harvest_arrivals(&mut self, only: Option<u64>) {
+    pub(super) fn harvest_arrivals(&mut self, only: Option<u64>) {
         use redn_program::wqe::CqeOpcode;
         let nic = std::sync::Arc::clone(&self.nic);
         let mut out = Vec::new();
