@@ -282,13 +282,21 @@ impl Run {
         }
     }
 
-    fn floor_line(&mut self, f: Stats) {
+    /// The floor's row, and each of `against` (a name, a p50) as a multiple of it.
+    fn floor_line(&mut self, f: Stats, against: &[(&str, f64)]) {
         self.line(format!(
             "   {:<40} {:>9} {:>9}",
             "floor: raw UDP ping-pong, 64 B",
             us(f.median),
             us(f.p99)
         ));
+        if !against.is_empty() {
+            let ratios: Vec<String> = against
+                .iter()
+                .map(|(name, p50)| format!("{name} {:.2}x", p50 / f.median))
+                .collect();
+            self.line(format!("   p50 / floor p50: {}", ratios.join(", ")));
+        }
     }
 }
 
@@ -434,6 +442,7 @@ pub fn get_latency(r: &mut Run) -> Result<()> {
     for (name, _) in SIZE_COLUMNS {
         head.push_str(&format!(" {name:>19}"));
     }
+    head.push_str(&format!(" {:>15}", "hash-get/floor"));
     r.line(head);
     let mut rows = Vec::new();
     for (&k, &s) in keys.iter().zip(&sizes) {
@@ -463,6 +472,7 @@ pub fn get_latency(r: &mut Run) -> Result<()> {
         for x in of {
             line.push_str(&format!(" {:>19}", pair(x)));
         }
+        line.push_str(&format!(" {:>14.2}x", of[1].median / of[0].median));
         r.line(line);
         rows.push(SizeRow { size: s, of });
     }
@@ -509,6 +519,7 @@ pub fn collisions(r: &mut Run) -> Result<()> {
     let mut admin = Connection::connect(&r.manager.dir.join("admin.sock"), DEADLINE)?;
     let (mut series, mut spans) = (Vec::new(), Vec::new());
     let mut span_p50 = [[f64::NAN; 2]; 3];
+    let mut rtt_first = [f64::NAN; 3];
     for (i, (name, label)) in [
         ("hash-get", "hash-get: client probes in turn"),
         ("hash-get-seq", "hash-get-seq: NIC probes in sequence"),
@@ -532,6 +543,7 @@ pub fn collisions(r: &mut Run) -> Result<()> {
             pair(rows[0].1),
             pair(rows[1].1)
         ));
+        rtt_first[i] = rows[0].0.median;
         lines(&mut series, name, i, rows[0].0, rows[1].0);
         lines(&mut spans, name, i, rows[0].1, rows[1].1);
     }
@@ -563,7 +575,14 @@ pub fn collisions(r: &mut Run) -> Result<()> {
         lines(&mut series, name, i + 3, first, second);
     }
     app.ask("stop-baselines")?;
-    r.floor_line(floor);
+    r.floor_line(
+        floor,
+        &[
+            ("hash-get", rtt_first[0]),
+            ("hash-get-seq", rtt_first[1]),
+            ("hash-get-par", rtt_first[2]),
+        ],
+    );
     let flat = |v: f64| vec![(1.0, v / 1e3), (2.0, v / 1e3)];
     series.push(Series::dashed("UDP floor p50", 7, flat(floor.median)));
     spans.push(Series::dashed(
@@ -750,7 +769,13 @@ pub fn list(r: &mut Run) -> Result<()> {
         ));
         rows.push((pos as f64 + 1.0, sa, sb));
     }
-    r.floor_line(floor);
+    if let Some(first) = rows.first() {
+        let against = [
+            ("list-find, key 1st", first.1.median),
+            ("list-find-break, key 1st", first.2.median),
+        ];
+        r.floor_line(floor, &against);
+    }
     r.line("   list-find walks all 8 nodes whatever the position; with break the walk stops at the match (one instance a trigger: its hello is untimed)".into());
     let pts = |f: &dyn Fn(&(f64, Stats, Stats)) -> f64| -> Vec<(f64, f64)> {
         rows.iter().map(|row| (row.0, f(row) / 1e3)).collect()
@@ -856,7 +881,13 @@ pub fn contention(r: &mut Run) -> Result<()> {
         rows.push((w as f64, [redn, two]));
     }
     app.ask("stop-baselines")?;
-    r.floor_line(floor);
+    if let Some(first) = rows.first() {
+        let against = [
+            ("RedN, no writers", first.1[0].median),
+            ("two-sided, no writers", first.1[1].median),
+        ];
+        r.floor_line(floor, &against);
+    }
     if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
         for (i, name) in ["RedN", "two-sided"].into_iter().enumerate() {
             let what = format!("{name} reader p99 with {} writers / uncontended", last.0);
@@ -1016,7 +1047,7 @@ pub fn crash(r: &mut Run) -> Result<()> {
         }
         series.push(Series::solid(name, colour, per_ms));
     }
-    r.floor_line(floor);
+    r.floor_line(floor, &[]);
     r.line(format!(
         "   target: zero failed RedN GETs across the app's crash: {failed_redn} failed, {}",
         verdict(failed_redn == 0)
@@ -1142,7 +1173,7 @@ pub fn control(r: &mut Run) -> Result<()> {
         stats(&gets).median
     ));
     series.push(Series::solid("runaway termination", 4, cdf(&v)));
-    r.floor_line(floor);
+    r.floor_line(floor, &[]);
     let fig = Figure {
         title: "Control plane latency (CDF)".into(),
         x_label: "latency (µs, log scale)".into(),
