@@ -49,9 +49,12 @@
 //! [`crate::kv::TwoChoiceTable::set`] writes the value first, then the bucket, with no
 //! version or lock; the offload reads without one, and so do both baselines. A GET racing a
 //! SET of the same key may return the old or the new length with a value whose bytes mix the
-//! old and new values (it never reads outside the region: a bucket read mid-update whose
-//! address or length falls outside it is refused, by the RPC server's check, by the one-sided
-//! client's check, as [`Error::BadAnswer`]). A GET racing the first SET of a key may miss it.
+//! old and new values. Neither reads outside the region: a bucket read mid-update whose
+//! address or length falls outside it is refused (the RPC server answers "too large", the
+//! one-sided client checks before its value READ), and the GET ends in
+//! [`Error::BadAnswer`]. A GET racing the first SET of a key may miss it. Bootstraps are
+//! served one at a time, each within the timeout, so a client that stalls its hello delays
+//! the next bootstrap by at most that.
 //!
 //! # Fig. 11's server-side span (for a remote client of the manager's offload)
 //! The span from a trigger reaching the server's NIC to its response leaving it cannot be
@@ -788,9 +791,12 @@ impl RpcServing {
             self.counters.failed.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if c.opcode != CqeOpcode::RespSend {
-            return; // a send completion of ours (none are signaled) or a stray kind
+        if c.opcode == CqeOpcode::Req {
+            return; // a send completion of ours (none are signaled)
         }
+        // Any other kind consumed a receive (a SEND with immediate, a WRITE with immediate
+        // is not a request): its slot is re-posted below and it counts as malformed.
+        let is_send = c.opcode == CqeOpcode::RespSend;
         let mut conns = self.state.conns.write().unwrap_or_else(|e| e.into_inner());
         let Some(conn) = conns.get_mut(&c.qpn) else {
             return; // released meanwhile
@@ -800,7 +806,9 @@ impl RpcServing {
         let got = redn_sys::conv::idx(u64::from(c.byte_len.min(RPC_RECEIVE_LEN)));
         let mut req = [0u8; RPC_RECEIVE_LEN as usize];
         conn.requests.read(redn_sys::conv::idx(at), &mut req[..got]);
-        let answer = parse_request(&req[..got]).map(|(key, id)| (id, self.lookup(key, conn)));
+        let answer = parse_request(&req[..got])
+            .filter(|_| is_send)
+            .map(|(key, id)| (id, self.lookup(key, conn)));
         // The request was copied out: the slot can take the next one.
         let _ = self
             .nic

@@ -18,8 +18,8 @@
 use redn_program::types::MAX_QPN;
 use redn_program::wqe::{
     encode_wqe, off, Cqe, CqeOpcode, CtrlSeg, Opcode, Payload, RemoteAddr, Sge, Syndrome,
-    WorkRequest, WqeFlags, WrOp, BB_SIZE, CQE_SIZE, CQE_TIMESTAMP, INLINE_FLAG, INVALID_LKEY, MAX_DS,
-    OPMOD_EXT_ATOMIC_8B, SEG_SIZE,
+    WorkRequest, WqeFlags, WrOp, BB_SIZE, CQE_SIZE, CQE_TIMESTAMP, INLINE_FLAG, INVALID_LKEY,
+    MAX_DS, OPMOD_EXT_ATOMIC_8B, SEG_SIZE,
 };
 use redn_program::{Lkey, Qpn, Rkey, VirtAddr};
 use std::collections::HashMap;

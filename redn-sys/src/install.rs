@@ -289,7 +289,11 @@ pub fn install<N: Nic + ?Sized>(
     let mut qps = Vec::new();
     let mut cqs = Vec::new();
     for (i, q) in program.queues.iter().enumerate() {
-        let cq = CompletionQueue::create(nic, CqConfig::counted(1024))?;
+        let mut cq_config = CqConfig::counted(1024);
+        // The client-facing queue's receive completions stamp when each trigger arrived
+        // (the manager's `TriggerTimes`); the workers' CQs are only counted.
+        cq_config.timestamps = q.role == QueueRole::Client;
+        let cq = CompletionQueue::create(nic, cq_config)?;
         objects.0.push(Owned::Cq(Arc::clone(&cq)));
         let pd = pd_of(q.role);
         let mut cfg = QpConfig::new(pd.pdn(), cq.cqn());

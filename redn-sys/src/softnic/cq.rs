@@ -5,7 +5,7 @@ use super::events::AsyncEvents;
 use super::spin::SpinLock;
 use super::wake::PuSet;
 use crate::conv::idx;
-use crate::nic::{AsyncEvent, CompChannel, Completion};
+use crate::nic::{AsyncEvent, CompChannel, Completion, CqConfig};
 use crate::types::Cqn;
 use crate::wqe::{Cqe, CqeOpcode, Syndrome, CQE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -116,21 +116,23 @@ pub(crate) struct CqShared {
     events: Arc<AsyncEvents>,
     /// Queue pairs using this CQ (destroy refuses while nonzero).
     pub(crate) users: AtomicU64,
+    /// Success CQEs get the completion clock's stamp (`CqConfig::timestamps`).
+    timestamps: bool,
 }
 
 impl CqShared {
     pub(crate) fn new(
         cqn: Cqn,
-        depth: u32,
-        ignore_overrun: bool,
+        cfg: CqConfig,
         pus: Arc<PuSet>,
         events: Arc<AsyncEvents>,
     ) -> CqShared {
-        let depth = u64::from(depth.max(1).next_power_of_two());
+        let depth = u64::from(cfg.depth.max(1).next_power_of_two());
         CqShared {
             cqn,
             depth,
-            ignore_overrun,
+            ignore_overrun: cfg.ignore_overrun,
+            timestamps: cfg.timestamps,
             producer: CacheLine(SpinLock::new(Producer {
                 produced: 0,
                 consumed_seen: 0,
@@ -238,8 +240,9 @@ impl CqShared {
                 // this is bit log2(depth) of the count: no division on the hot path).
                 cqe.owner = p.produced & self.depth != 0;
                 // Stamped under the producer lock, so a CQ's stamps never go back in ring
-                // order; error CQEs have no timestamp field (see `Cqe::timestamp`).
-                if !cqe.opcode.is_error() {
+                // order; error CQEs have no timestamp field (see `Cqe::timestamp`), and a CQ
+                // created without timestamps (a counted one, by default) pays no clock read.
+                if self.timestamps && !cqe.opcode.is_error() {
                     cqe.timestamp = completion_clock_ns();
                 }
                 let mut b = [0u8; CQE_SIZE];
@@ -390,19 +393,19 @@ fn completion_of(cqe: Cqe, wr_id: u64) -> Completion {
 #[cfg(test)]
 mod tests {
     use super::{AsyncEvent, AsyncEvents, CqShared, PuSet};
+    use crate::nic::CqConfig;
     use crate::types::{Cqn, Qpn};
     use crate::wqe::{Cqe, CqeOpcode};
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
 
     fn cq(depth: u32, ignore_overrun: bool) -> CqShared {
-        CqShared::new(
-            Cqn(1),
-            depth,
-            ignore_overrun,
-            Arc::new(PuSet::new(1)),
-            Arc::default(),
-        )
+        let cfg = if ignore_overrun {
+            CqConfig::counted(depth)
+        } else {
+            CqConfig::new(depth)
+        };
+        CqShared::new(Cqn(1), cfg, Arc::new(PuSet::new(1)), Arc::default())
     }
 
     fn push(cq: &CqShared, i: u64) {
@@ -477,6 +480,12 @@ mod tests {
         assert!(stamps.windows(2).all(|w| w[0] <= w[1]), "stamps go back");
         assert!(stamps[0] >= before && stamps[999] <= after);
         assert_eq!(failed[0].cqe.timestamp, 0);
+        // A counted CQ stamps nothing unless asked (its config says why).
+        let counted = cq(4, true);
+        push(&counted, 1);
+        let mut unstamped = Vec::new();
+        counted.poll(4, &mut unstamped).unwrap();
+        assert_eq!(unstamped[0].cqe.timestamp, 0);
         assert_eq!(failed[0].vendor_err(), 0x88);
         assert_eq!(failed[0].status, Err(crate::wqe::Syndrome::RemoteAccess));
     }
@@ -511,8 +520,7 @@ mod tests {
         let events = Arc::new(AsyncEvents::default());
         let q = CqShared::new(
             Cqn(1),
-            4,
-            false,
+            CqConfig::new(4),
             Arc::new(PuSet::new(1)),
             Arc::clone(&events),
         );

@@ -347,8 +347,7 @@ impl Nic for SoftNic {
         }
         let cq = Arc::new(CqShared::new(
             Cqn(cqn),
-            cfg.depth,
-            cfg.ignore_overrun,
+            cfg,
             Arc::clone(&self.shared.pus),
             Arc::clone(&self.shared.events),
         ));
