@@ -338,6 +338,16 @@ impl RemoteClient {
         if let Some(s) = self.session.take() {
             let _ = s.stream.shutdown(std::net::Shutdown::Both);
             let _ = self.nic.destroy_qp(s.qp);
+            // Its receives were flushed into the CQ: take them now, or a run of sessions
+            // opened with no trigger between them (reconnects) overruns the CQ.
+            let mut flushed = Vec::new();
+            while self
+                .nic
+                .poll_cq(self.cq, 64, &mut flushed)
+                .is_ok_and(|n| n > 0)
+            {
+                flushed.clear();
+            }
         }
     }
 
