@@ -21,17 +21,22 @@
 //!   sleeps, so that callgrind (`--toggle-collect='redn_sys::softnic::exec::SqExec::run'`)
 //!   counts the executor's instructions per step; `--spin` for wall-clock time, `--parked N`
 //!   / `--idle N` to put quiet queues beside it.
+//! - `target/release/paper_bench [--quick] [--out DIR]` (after `cargo build --release -p
+//!   redn-manager -p redn-bench`): the paper's end-to-end figures through the real
+//!   `redn-manager` binary, with app, writer and remote-client processes, as tables and SVG
+//!   plots ([`plot`]); committed results in `docs/results/`.
 //!
 //! The library holds one copy of what the binaries share: reading the command line
 //! ([`opts`]), median / p99 and the table's number formats ([`stats`], [`report`]), the
 //! queues, CQs, regions and softnics they run on ([`setup`]), writing WQEs straight into a
 //! send ring and the chains built from them ([`queues`]), waiting for the softnic and what
 //! to say when it hangs ([`wait`]), big-endian fields ([`bytes`]) and timing the native
-//! baselines ([`native`]).
+//! baselines ([`native`]), and line plots as SVG ([`plot`]).
 
 pub mod bytes;
 pub mod native;
 pub mod opts;
+pub mod plot;
 pub mod queues;
 pub mod report;
 pub mod setup;

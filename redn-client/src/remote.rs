@@ -29,8 +29,8 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Bytes of the response buffer (the catalog's responses are at most 64 bytes).
-const RESPONSE_LEN: usize = 4096;
+/// Bytes of the response buffer: a value of up to 64 KiB (paper_bench GETs values that big).
+const RESPONSE_LEN: usize = 64 << 10;
 /// Receives kept posted for responses.
 const RECEIVES: u32 = 16;
 /// Remote rights of the response buffer in the exchange record: WRITE.
@@ -338,6 +338,16 @@ impl RemoteClient {
         if let Some(s) = self.session.take() {
             let _ = s.stream.shutdown(std::net::Shutdown::Both);
             let _ = self.nic.destroy_qp(s.qp);
+            // Its receives were flushed into the CQ: take them now, or a run of sessions
+            // opened with no trigger between them (reconnects) overruns the CQ.
+            let mut flushed = Vec::new();
+            while self
+                .nic
+                .poll_cq(self.cq, 64, &mut flushed)
+                .is_ok_and(|n| n > 0)
+            {
+                flushed.clear();
+            }
         }
     }
 
@@ -524,13 +534,18 @@ impl RemoteClient {
         }
         let head = self.region("list", &offload)?;
         let trigger_len = self.session.as_ref().map_or(0, |s| s.accepted.trigger_len);
-        let steps = usize::try_from(trigger_len.saturating_sub(8) / 6).unwrap_or(0);
-        let mut msg = head.addr.to_be_bytes().to_vec();
-        for _ in 0..steps {
+        // list-find: head · key × N; list-find-break: head · head · (key · key) × N.
+        let copies: u32 = if offload == "list-find-break" { 2 } else { 1 };
+        let steps = trigger_len.saturating_sub(8 * copies) / (6 * copies);
+        let mut msg = Vec::new();
+        for _ in 0..copies {
+            msg.extend(head.addr.to_be_bytes());
+        }
+        for _ in 0..steps * copies {
             msg.extend(key_bytes(key));
         }
-        // Values come first, then a zero-length end marker.
-        let r = self.trigger_until(&msg, |r| r.data.is_empty())?;
+        // list-find: values first, then a zero-length end marker; with break, one answer.
+        let r = self.trigger_until(&msg, |r| copies == 2 || r.data.is_empty())?;
         Ok(r.into_iter().find(|r| !r.data.is_empty()).map(|r| r.data))
     }
 }
