@@ -1061,7 +1061,8 @@ fn a_remote_client_with_a_wrong_token_is_refused() {
     let mut c = remote(&endpoint, handle, &token).unwrap();
     assert_eq!(c.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
     assert!(
-        m.log().contains("io.redn.Dataplane.AccessDenied"),
+        m.log().contains("event=remote-connect peer=127.0.0.1:")
+            && m.log().contains(" error=AccessDenied "),
         "{}",
         m.log()
     );
@@ -1514,4 +1515,169 @@ fn a_remote_client_over_its_wqe_rate_alone_is_throttled() {
     let list: api::InstalledList =
         m.admin_call("io.redn.Admin.ListOffloads", serde_json::json!({}));
     assert_eq!(list.offloads.len(), 1);
+}
+
+/// A TCP connection to `endpoint` from `source` (a loopback address of its own: the data
+/// plane knows remote clients by address, and the kernel would pick 127.0.0.1).
+fn connect_from(source: &str, endpoint: &str) -> std::net::TcpStream {
+    use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let from: std::net::SocketAddrV4 = format!("{source}:0").parse().unwrap();
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrIn::from(from),
+    )
+    .unwrap();
+    let to: std::net::SocketAddrV4 = endpoint.parse().unwrap();
+    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(to)).unwrap();
+    std::net::TcpStream::from(fd)
+}
+
+/// Say hello for `handle` with `token` from `source`, as a client there would (its record
+/// at that address, with a response region); the open connection and the answer.
+fn hello_from(
+    source: &str,
+    endpoint: &str,
+    handle: u64,
+    token: &str,
+) -> (std::net::TcpStream, dataplane::Answer) {
+    use redn_sys::softnic::roce::{QpRecord, RegionRecord};
+    let mut record = QpRecord::new(0x42, 1, format!("{source}:4791").parse().unwrap());
+    record.regions = vec![RegionRecord {
+        name: "response".into(),
+        addr: 0x10_0000,
+        rkey: 7,
+        len: 4096,
+        rights: 2,
+    }];
+    let hello = dataplane::Hello {
+        handle,
+        token: redn_client::remote::parse_token(token).unwrap(),
+        record: record.encode().unwrap(),
+    };
+    let mut raw = connect_from(source, endpoint);
+    raw.set_read_timeout(Some(DEADLINE)).unwrap();
+    std::io::Write::write_all(&mut raw, &hello.encode().unwrap()).unwrap();
+    let mut header = [0u8; dataplane::ANSWER_HEADER_LEN];
+    raw.read_exact(&mut header).unwrap();
+    let mut body = vec![0u8; dataplane::Answer::body_len(&header).unwrap()];
+    raw.read_exact(&mut body).unwrap();
+    (raw, dataplane::Answer::decode(&header, &body).unwrap())
+}
+
+#[test]
+fn a_banned_remote_client_alone_is_refused_for_its_ban() {
+    // As in the runaway test, server-loop overdraws its budget by 6 WQEs a trigger; the
+    // policy bans for an hour.
+    let m = Manager::start_with_dataplane(
+        &policy("", "")
+            .replace("\"echo\"]", "\"echo\", \"server-loop\"]")
+            .replace("wqes_per_invocation = 64", "wqes_per_invocation = 50")
+            .replace(
+                "on_violation = \"terminate\"",
+                "on_violation = \"ban\"\nban_duration = \"1h\"",
+            ),
+    );
+    let mut app = m.client();
+    let mut table = TwoChoiceTable::create(64).unwrap();
+    let (_, installed) = app.install_table("server-loop", &mut table).unwrap();
+    table.set(0x2a, b"hello").unwrap();
+    let endpoint = installed.endpoint.clone().expect("an endpoint");
+    let (handle, token) = (installed.handle, installed.token.clone());
+    // A neighbour at another address holds an instance throughout.
+    let (neighbour, answer) = hello_from("127.0.0.2", &endpoint, handle, &token);
+    assert!(
+        matches!(answer, dataplane::Answer::Accepted(_)),
+        "{answer:?}"
+    );
+    // The runaway, at 127.0.0.1, gets until the auditor cuts it off.
+    let mut runaway = remote_within(&endpoint, handle, &token, Duration::from_secs(1)).unwrap();
+    let mut served = 0u32;
+    while runaway.get(0x2a).is_ok() {
+        served += 1;
+        assert!(served < 10_000, "the runaway instance was never stopped");
+    }
+    let ban = audit_record_with(
+        &m,
+        &[
+            "event=ban ",
+            &format!(" handle={handle} "),
+            " address=127.0.0.1 ",
+            " duration=3600s ",
+        ],
+    );
+    assert!(
+        ban.contains(" rule=loop-budget ") && ban.contains(" instance="),
+        "{ban}"
+    );
+    assert!(!ban.contains(&token), "the token leaked: {ban}");
+    // Its reconnects are refused for the ban, by name...
+    match runaway.get(0x2a) {
+        Err(ClientError::RemoteRefused {
+            refusal: Refusal::Banned,
+            reason,
+        }) => assert!(
+            reason.contains("127.0.0.1") && reason.contains("banned"),
+            "{reason}"
+        ),
+        other => panic!("expected Banned, got {other:?}"),
+    }
+    let (_, again) = hello_from("127.0.0.1", &endpoint, handle, &token);
+    assert!(
+        matches!(again, dataplane::Answer::Refused(Refusal::Banned, _)),
+        "{again:?}"
+    );
+    audit_record_with(
+        &m,
+        &["event=remote-connect ", " error=Banned ", "res=failed"],
+    );
+    // ...and nobody else is touched: another address says hello, the neighbour keeps its
+    // instance, the offload stays, the app reconnects.
+    let (_newcomer, fresh) = hello_from("127.0.0.3", &endpoint, handle, &token);
+    assert!(matches!(fresh, dataplane::Answer::Accepted(_)), "{fresh:?}");
+    neighbour.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let open = (&neighbour).read(&mut byte);
+    assert!(
+        matches!(&open, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the neighbour's connection was closed: {open:?}"
+    );
+    let list: api::InstalledList =
+        m.admin_call("io.redn.Admin.ListOffloads", serde_json::json!({}));
+    let entry = list.offloads.iter().find(|o| o.handle == handle).unwrap();
+    assert_eq!(
+        (
+            entry.remote_clients,
+            entry.remote_terminated,
+            entry.remote_banned
+        ),
+        (2, 1, 1)
+    );
+    let mut reconnected = m.client();
+    let stats: api::StatsReply = reconnected
+        .connection()
+        .call("io.redn.Manager.Stats", &serde_json::json!({}), &[])
+        .unwrap();
+    assert_eq!(
+        stats.terminated, None,
+        "the app's own install was not touched"
+    );
+    let stats: api::StatsReply = app
+        .connection()
+        .call("io.redn.Manager.Stats", &serde_json::json!({}), &[])
+        .unwrap();
+    let notes = stats.remote_terminated.expect("the app is told");
+    assert_eq!(notes.len(), 1);
+    let n = &notes[0];
+    assert_eq!(
+        (n.handle, n.offload.as_str(), n.rule.as_str(), n.banned),
+        (handle, "server-loop", "loop-budget", true)
+    );
+    assert!(n.peer.starts_with("127.0.0.1:"), "{n:?}");
 }
