@@ -1162,6 +1162,7 @@ impl Server {
         let r = match method {
             "ListClients" => encode(&m.admin_clients()),
             "ListOffloads" => encode(&m.admin_offloads()),
+            "ListDevices" => encode(&m.admin_devices()),
             "Dump" => decode::<api::Dump>(call)
                 .and_then(|p| m.admin_dump(p.handle).map_err(wire))
                 .and_then(|r| encode(&r)),

@@ -1017,6 +1017,29 @@ impl Manager {
         api::InstalledList { offloads }
     }
 
+    /// `io.redn.Admin.ListDevices`: the backend device, with the objects it holds. The
+    /// softnic has no GUID or PCI address; the mlx5 backend (which cannot serve yet) would
+    /// fill them from the device `[backend]` selected.
+    pub fn admin_devices(&self) -> api::DeviceList {
+        let objects = self.nic.objects();
+        api::DeviceList {
+            devices: vec![api::DeviceEntry {
+                ifindex: 0,
+                ifname: self.nic.name().to_owned(),
+                backend: self.backend.clone(),
+                node_guid: None,
+                pci_address: None,
+                dataplane: self.dataplane_endpoint.clone(),
+                pd: objects.pds as u64,
+                mr: objects.regions as u64,
+                cq: objects.cqs as u64,
+                qp: objects.qps as u64,
+                async_events: self.async_events,
+                async_events_lost: self.nic.async_events_lost(),
+            }],
+        }
+    }
+
     /// `io.redn.Admin.Dump`: the listing and every non-zero 64-byte block of the code
     /// region.
     ///

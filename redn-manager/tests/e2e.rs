@@ -1680,4 +1680,39 @@ fn a_banned_remote_client_alone_is_refused_for_its_ban() {
         (handle, "server-loop", "loop-budget", true)
     );
     assert!(n.peer.starts_with("127.0.0.1:"), "{n:?}");
+    // An admin sees the same through `redn`, as JSON and as a table.
+    let admin = m.admin().display().to_string();
+    let redn = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_redn"));
+        stdout_of(c.args(["-s", &admin]).args(args))
+    };
+    let stat: serde_json::Value = serde_json::from_str(&redn(&["-j", "stat", "show"])).unwrap();
+    assert_eq!(stat[0]["handle"], handle);
+    assert_eq!(
+        (
+            &stat[0]["remote_clients"],
+            &stat[0]["remote_terminated"],
+            &stat[0]["remote_banned"]
+        ),
+        (&2.into(), &1.into(), &1.into())
+    );
+    let dev: serde_json::Value = serde_json::from_str(&redn(&["-j", "dev", "show"])).unwrap();
+    let dev = dev.as_array().expect("an array of devices");
+    assert_eq!(dev.len(), 1);
+    assert_eq!(dev[0]["backend"], "softnic");
+    assert_eq!(dev[0]["dataplane"], endpoint.as_str());
+    assert!(dev[0]["node_guid"].is_null() && dev[0]["pci_address"].is_null());
+    assert!(dev[0]["qp"].as_u64().unwrap() > 0, "{dev:?}");
+    let table = redn(&["dev"]);
+    let mut lines = table.lines();
+    assert!(
+        lines.next().unwrap().starts_with("IFINDEX  IFNAME"),
+        "{table}"
+    );
+    let row = lines.next().unwrap();
+    assert!(
+        row.starts_with("0 ") && row.contains(" softnic ") && row.contains(" - "),
+        "{table}"
+    );
+    assert!(row.ends_with(&endpoint), "{table}");
 }

@@ -254,6 +254,31 @@ pub struct InstalledList {
     pub offloads: Vec<InstalledEntry>,
 }
 
+/// `io.redn.Admin` device entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct DeviceEntry {
+    pub ifindex: u32,
+    pub ifname: String,
+    pub backend: String,
+    pub node_guid: Option<String>,
+    pub pci_address: Option<String>,
+    pub dataplane: Option<String>,
+    pub pd: u64,
+    pub mr: u64,
+    pub cq: u64,
+    pub qp: u64,
+    pub async_events: u64,
+    pub async_events_lost: u64,
+}
+
+/// `io.redn.Admin.ListDevices` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceList {
+    /// The devices.
+    pub devices: Vec<DeviceEntry>,
+}
+
 /// `io.redn.Admin.Dump` parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -502,7 +502,8 @@ mod tests {
                 "KillClient",
                 "ReloadPolicy",
                 "TestRun",
-                "Monitor"
+                "Monitor",
+                "ListDevices"
             ]
         );
     }
