@@ -74,6 +74,18 @@ struct RemoteInstance {
     offload: String,
 }
 
+impl RemoteInstance {
+    /// A record about this instance (the data plane's `id` of it) of the client at `peer`.
+    fn record(&self, kind: Event, severity: Severity, id: usize, peer: SocketAddr) -> Record {
+        Record::new(kind, severity)
+            .field("handle", self.handle)
+            .field("app", &self.app)
+            .field("offload", &self.offload)
+            .field("instance", id)
+            .field("peer", peer)
+    }
+}
+
 /// The `remote-connect` record of a refusal: who (if known), which refusal, why.
 fn refusal_record(peer: Option<SocketAddr>, error: &str, reason: &str) -> Record {
     let r = Record::new(Event::RemoteConnect, Severity::Warning);
@@ -301,12 +313,7 @@ impl Dataplane {
             if let Some(i) = c.instance.take() {
                 manager.detach_remote(i.handle, token as u64);
                 audit.event(
-                    &Record::new(Event::RemoteExit, Severity::Info)
-                        .field("handle", i.handle)
-                        .field("app", &i.app)
-                        .field("offload", &i.offload)
-                        .field("instance", token)
-                        .field("peer", c.peer)
+                    &i.record(Event::RemoteExit, Severity::Info, token, c.peer)
                         .field("reason", why),
                 );
             }
@@ -394,12 +401,8 @@ impl Dataplane {
             Ok((instance, accepted)) => {
                 if let Some(c) = self.conns.get_mut(&token) {
                     audit.event(
-                        &Record::new(Event::RemoteConnect, Severity::Notice)
-                            .field("handle", instance.handle)
-                            .field("app", &instance.app)
-                            .field("offload", &instance.offload)
-                            .field("instance", token)
-                            .field("peer", c.peer)
+                        &instance
+                            .record(Event::RemoteConnect, Severity::Notice, token, c.peer)
                             .res(true),
                     );
                     c.instance = Some(instance);

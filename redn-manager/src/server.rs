@@ -608,16 +608,13 @@ impl Server {
             .values()
             .filter(|c| c.peer.identity.uid == uid)
             .count();
-        let refusal = if self.conns.len() >= limits.max_connections {
-            Some(("connections", limits.max_connections, self.conns.len()))
-        } else if same_uid >= limits.max_connections_per_uid {
-            Some((
-                "connections-per-uid",
-                limits.max_connections_per_uid,
-                same_uid,
-            ))
-        } else {
-            None
+        let quota = |resource: &str, limit: usize, held: usize| {
+            let err = ManagerError::QuotaExceeded {
+                resource: resource.into(),
+                limit: limit as u64,
+                requested: held as u64 + 1,
+            };
+            (err, resource.to_owned())
         };
         // An app the auditor banned may not come back until the ban ends (its connections
         // already open stay, so it can read Stats and learn why).
@@ -625,36 +622,35 @@ impl Server {
             SocketKind::Api => self.manager.connect_refusal(&peer.identity),
             SocketKind::Admin => None,
         };
-        if let Some(reason) = banned {
-            self.counters.refused += 1;
+        let refusal = if let Some(reason) = banned {
             let err = ManagerError::PolicyDenied {
                 reason: reason.clone(),
             };
-            // Best effort, as below.
-            let _ = stream.write(&error_reply(&err.to_wire()));
-            self.audit.event(
-                &Record::new(Event::Refuse, Severity::Warning)
-                    .field("socket", format!("{kind:?}"))
-                    .peer(&peer.identity)
-                    .field("reason", reason)
-                    .res(false),
-            );
-            return;
-        }
-        if let Some((resource, limit, held)) = refusal {
+            Some((err, reason))
+        } else if self.conns.len() >= limits.max_connections {
+            Some(quota(
+                "connections",
+                limits.max_connections,
+                self.conns.len(),
+            ))
+        } else if same_uid >= limits.max_connections_per_uid {
+            Some(quota(
+                "connections-per-uid",
+                limits.max_connections_per_uid,
+                same_uid,
+            ))
+        } else {
+            None
+        };
+        if let Some((err, reason)) = refusal {
             self.counters.refused += 1;
-            let err = ManagerError::QuotaExceeded {
-                resource: resource.into(),
-                limit: limit as u64,
-                requested: held as u64 + 1,
-            };
             // Best effort: a fresh socket's buffer takes one short reply.
             let _ = stream.write(&error_reply(&err.to_wire()));
             self.audit.event(
                 &Record::new(Event::Refuse, Severity::Warning)
                     .field("socket", format!("{kind:?}"))
                     .peer(&peer.identity)
-                    .field("reason", resource)
+                    .field("reason", reason)
                     .res(false),
             );
             return;

@@ -1272,14 +1272,22 @@ fn an_expired_token_admits_no_new_remote_client() {
 
 /// Send `hello` on a fresh connection to the data plane; the manager's answer.
 fn raw_hello(endpoint: &str, hello: &dataplane::Hello) -> dataplane::Answer {
-    let mut raw = std::net::TcpStream::connect(endpoint).unwrap();
+    say_hello(std::net::TcpStream::connect(endpoint).unwrap(), hello).1
+}
+
+/// Send `hello` on `raw`; the connection, still open, and the manager's answer.
+fn say_hello(
+    mut raw: std::net::TcpStream,
+    hello: &dataplane::Hello,
+) -> (std::net::TcpStream, dataplane::Answer) {
     raw.set_read_timeout(Some(DEADLINE)).unwrap();
     std::io::Write::write_all(&mut raw, &hello.encode().unwrap()).unwrap();
     let mut header = [0u8; dataplane::ANSWER_HEADER_LEN];
     raw.read_exact(&mut header).unwrap();
     let mut body = vec![0u8; dataplane::Answer::body_len(&header).unwrap()];
     raw.read_exact(&mut body).unwrap();
-    dataplane::Answer::decode(&header, &body).unwrap()
+    let answer = dataplane::Answer::decode(&header, &body).unwrap();
+    (raw, answer)
 }
 
 #[test]
@@ -1464,46 +1472,73 @@ fn a_remote_clients_runaway_instance_alone_is_terminated() {
     );
 }
 
-#[test]
-fn a_remote_client_over_its_wqe_rate_alone_is_throttled() {
-    // 64 WQEs a trigger covers server-loop's 56; 2,000 WQEs a second is some 35 gets, far
-    // below what a client getting as fast as it can asks for.
-    let m = Manager::start_with_dataplane(
-        &policy("", "")
+/// A remote client on a thread of its own getting key 0x2a as fast as it can until `stop`
+/// is set; it returns the GETs served and the sessions it opened.
+#[allow(clippy::type_complexity)] // a flag and a thread handle, used once each
+fn flood(
+    endpoint: &str,
+    handle: u64,
+    token: &str,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<(u64, u64)>,
+) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (endpoint, token, flag) = (endpoint.to_owned(), token.to_owned(), stop.clone());
+    let flooder = std::thread::spawn(move || {
+        let mut c = remote(&endpoint, handle, &token).unwrap();
+        let mut served = 0u64;
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            assert_eq!(c.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+            served += 1;
+        }
+        (served, c.sessions_opened())
+    });
+    (stop, flooder)
+}
+
+/// A manager whose app serves server-loop, its remote clients under `on_violation =
+/// "throttle"` and the policy `policy` makes of the default one; a calm client, and a
+/// flooder getting until the auditor throttles it for `rule`. Returns the manager, the app
+/// with its calm client, the throttle record and the flooder's GETs and sessions.
+fn flood_until_throttled(
+    policy_of: impl Fn(String) -> String,
+    rule: &str,
+) -> (Manager, ServerLoop, String, (u64, u64)) {
+    let m = Manager::start_with_dataplane(&policy_of(
+        policy("", "")
             .replace("\"echo\"]", "\"echo\", \"server-loop\"]")
-            .replace("wqes_per_second = \"infinity\"", "wqes_per_second = 2000")
             .replace(
                 "on_violation = \"terminate\"",
                 "on_violation = \"throttle\"",
             ),
-    );
-    let mut s = server_loop_with_a_calm_client(&m);
-    let (handle, token, endpoint) = (s.handle, s.token.clone(), s.endpoint.clone());
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flooder = {
-        let (endpoint, token, stop) = (endpoint.clone(), token.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut c = remote(&endpoint, handle, &token).unwrap();
-            let mut served = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                assert_eq!(c.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
-                served += 1;
-            }
-            (served, c.sessions_opened())
-        })
-    };
+    ));
+    let s = server_loop_with_a_calm_client(&m);
+    let (stop, flooder) = flood(&s.endpoint, s.handle, &s.token);
     let record = audit_record_with(
         &m,
         &[
             "event=throttle ",
-            &format!(" handle={handle} "),
+            &format!(" handle={} ", s.handle),
             " instance=",
             " peer=127.0.0.1:",
-            " rule=wqes-per-second ",
+            &format!(" rule={rule} "),
         ],
     );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (served, sessions) = flooder.join().unwrap();
+    let flooded = flooder.join().unwrap();
+    (m, s, record, flooded)
+}
+
+#[test]
+fn a_remote_client_over_its_wqe_rate_alone_is_throttled() {
+    // 64 WQEs a trigger covers server-loop's 56; 2,000 WQEs a second is some 35 gets, far
+    // below what a client getting as fast as it can asks for.
+    let (m, mut s, record, (served, sessions)) = flood_until_throttled(
+        |p| p.replace("wqes_per_second = \"infinity\"", "wqes_per_second = 2000"),
+        "wqes-per-second",
+    );
+    let token = s.token.clone();
     assert!(record.contains("paced_wqes_per_s=2000"), "{record}");
     assert!(!record.contains(&token), "the token leaked: {record}");
     // Paced, not cut off: the flooder kept its one instance throughout.
@@ -1561,14 +1596,7 @@ fn hello_from(
         token: redn_client::remote::parse_token(token).unwrap(),
         record: record.encode().unwrap(),
     };
-    let mut raw = connect_from(source, endpoint);
-    raw.set_read_timeout(Some(DEADLINE)).unwrap();
-    std::io::Write::write_all(&mut raw, &hello.encode().unwrap()).unwrap();
-    let mut header = [0u8; dataplane::ANSWER_HEADER_LEN];
-    raw.read_exact(&mut header).unwrap();
-    let mut body = vec![0u8; dataplane::Answer::body_len(&header).unwrap()];
-    raw.read_exact(&mut body).unwrap();
-    (raw, dataplane::Answer::decode(&header, &body).unwrap())
+    say_hello(connect_from(source, endpoint), &hello)
 }
 
 #[test]
@@ -1721,38 +1749,16 @@ fn a_banned_remote_client_alone_is_refused_for_its_ban() {
 fn a_remote_client_over_its_trigger_rate_is_throttled() {
     // Each GET is one trigger of server-loop's 56 WQEs, inside every WQE budget; 100
     // triggers a second is far below what a client getting as fast as it can sends.
-    let m = Manager::start_with_dataplane(
-        &policy("", "triggers_per_second = 100")
-            .replace("\"echo\"]", "\"echo\", \"server-loop\"]")
-            .replace(
-                "on_violation = \"terminate\"",
-                "on_violation = \"throttle\"",
-            ),
+    let (_m, mut s, record, (_, sessions)) = flood_until_throttled(
+        |p| {
+            p.replace(
+                "wqes_per_invocation",
+                "triggers_per_second = 100\nwqes_per_invocation",
+            )
+        },
+        "triggers-per-second",
     );
-    let mut s = server_loop_with_a_calm_client(&m);
-    let (handle, token, endpoint) = (s.handle, s.token.clone(), s.endpoint.clone());
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flooder = {
-        let (endpoint, token, stop) = (endpoint.clone(), token.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut c = remote(&endpoint, handle, &token).unwrap();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                assert_eq!(c.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
-            }
-            c.sessions_opened()
-        })
-    };
-    let record = audit_record_with(
-        &m,
-        &[
-            "event=throttle ",
-            &format!(" handle={handle} "),
-            " instance=",
-            " rule=triggers-per-second ",
-        ],
-    );
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(flooder.join().unwrap(), 1, "paced, not cut off");
+    assert_eq!(sessions, 1, "paced, not cut off");
     assert!(record.contains(" limit_per_s=100 "), "{record}");
     // The WQEs of 100 triggers a second at what each ran in the window (56, or a little
     // more with a round in flight when it was sampled).

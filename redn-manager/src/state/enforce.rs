@@ -87,11 +87,6 @@ impl Teardown {
     }
 }
 
-/// What is left of a ban, for a refusal's reason (rounded up to whole seconds).
-fn describe_ban_left(left: Option<std::time::Duration>) -> String {
-    describe_span(left.map(|d| d + std::time::Duration::from_secs(1)))
-}
-
 /// The `InstallOffload` request for the catalog's server-loop over `region` (its table at
 /// offset 0, its values at 4096, 4 KiB each), and a trigger for key 0x2a in the table's first
 /// bucket: what the auditor's benchmark and tests drive.
@@ -501,14 +496,12 @@ impl Manager {
 
     /// Why app `app` run by `uid` may not install now, if it is banned.
     pub(super) fn ban_refusal(&self, app: &str, uid: u32) -> Option<String> {
-        let who = Banned::App {
+        let left = self.ban_left(Banned::App {
             app: app.to_owned(),
             uid,
-        };
-        let left = self.bans.banned(&who, redn_sys::clock::SystemClock)?;
+        })?;
         Some(format!(
-            "app {app:?} (uid {uid}) is banned by the auditor for {} more",
-            describe_ban_left(left)
+            "app {app:?} (uid {uid}) is banned by the auditor for {left} more"
         ))
     }
 
@@ -523,14 +516,22 @@ impl Manager {
     /// Why a remote client at `addr` may not say hello to app `app`'s offloads now: the
     /// auditor banned its address.
     pub fn remote_ban_refusal(&self, app: &str, addr: std::net::IpAddr) -> Option<String> {
-        let who = Banned::Remote {
+        let left = self.ban_left(Banned::Remote {
             app: app.to_owned(),
             addr,
-        };
-        let left = self.bans.banned(&who, redn_sys::clock::SystemClock)?;
+        })?;
         Some(format!(
-            "address {addr} is banned from app {app:?}'s offloads by the auditor for {} more",
-            describe_ban_left(left)
+            "address {addr} is banned from app {app:?}'s offloads by the auditor for {left} \
+             more"
+        ))
+    }
+
+    /// What is left of `who`'s ban, if banned, for a refusal's reason (rounded up to
+    /// whole seconds, or `infinity`).
+    fn ban_left(&self, who: Banned) -> Option<String> {
+        let left = self.bans.banned(&who, redn_sys::clock::SystemClock)?;
+        Some(describe_span(
+            left.map(|d| d + std::time::Duration::from_secs(1)),
         ))
     }
 
