@@ -241,8 +241,9 @@ struct Track {
     calm_windows: u32,
     /// A queue in error was already reported.
     error_reported: bool,
-    /// Error completions in the latest sample.
+    /// Error completions in the latest sample, and in the one before.
     last_errors: u64,
+    prev_errors: u64,
 }
 
 /// Which budget track a sample belongs to: an offload's own install, or the instance the
@@ -347,11 +348,14 @@ impl Auditor {
         self.is_track_throttled(TrackId::own(handle))
     }
 
-    /// Error completions in track `id`'s latest sample (0 for a track not yet seen): the
-    /// manager reads its queues' states again only when this grows (a WQE that failed
-    /// moves its queue to error, and no asynchronous event says so).
-    pub fn errors_seen(&self, id: TrackId) -> u64 {
-        self.tracks.get(&id).map_or(0, |t| t.last_errors)
+    /// Whether track `id`'s error completions grew between its two latest samples. The
+    /// manager then reads its queues' states (a WQE of its own that failed moves its queue
+    /// to error, and no asynchronous event says so); a round after the growth was first
+    /// seen, so that an event raised with it has had a round to come first.
+    pub fn errors_grew(&self, id: TrackId) -> bool {
+        self.tracks
+            .get(&id)
+            .is_some_and(|t| t.last_errors > t.prev_errors)
     }
 
     /// Whether track `id` is throttled.
@@ -392,8 +396,9 @@ impl Auditor {
             calm_windows: 0,
             error_reported: false,
             last_errors: sample.errors,
+            prev_errors: sample.errors,
         });
-        t.last_errors = sample.errors;
+        t.prev_errors = std::mem::replace(&mut t.last_errors, sample.errors);
         // A reload may have changed the budget.
         t.budget = budget;
         let new_error = sample.queues_in_error > 0 && !t.error_reported;
@@ -931,14 +936,18 @@ mod tests {
         let mut a = Auditor::new(DEFAULT_INTERVAL);
         let b = budget(OnViolation::Terminate);
         let t = TrackId::remote(1, 2);
-        assert_eq!(a.errors_seen(t), 0);
-        let s = Sample {
-            errors: 3,
+        let errors = |n| Sample {
+            errors: n,
             ..Sample::default()
         };
-        a.observe_track(t, b, s, &clock);
-        assert_eq!(a.errors_seen(t), 3);
-        assert_eq!(a.errors_seen(TrackId::own(1)), 0);
+        assert!(!a.errors_grew(t), "not seen yet");
+        a.observe_track(t, b, errors(0), &clock);
+        assert!(!a.errors_grew(t));
+        a.observe_track(t, b, errors(3), &clock);
+        assert!(a.errors_grew(t));
+        assert!(!a.errors_grew(TrackId::own(1)), "another track");
+        a.observe_track(t, b, errors(3), &clock);
+        assert!(!a.errors_grew(t), "no new errors");
     }
 
     #[test]

@@ -238,7 +238,8 @@ impl Manager {
     /// that refused a request, a CQ that overran), not by reading every queue's state each
     /// round. The state is read as a fallback only where an event may not come: for a
     /// track whose error completions grew (a WQE of its own failed, which moves its queue
-    /// to error without an event), and for every track after the NIC lost events.
+    /// to error without an event; read a round later, so an event raised with the errors
+    /// comes first), and for every track after the NIC lost events.
     pub fn audit_round(&mut self, auditor: &mut Auditor, clock: impl Clock) -> usize {
         let (failed, missed) = self.take_async_events();
         let mut verdicts = Vec::new();
@@ -267,7 +268,7 @@ impl Manager {
                         .count();
                 sample.queues_in_error = u32::try_from(evented).unwrap_or(u32::MAX);
                 let mut seen_by = "async-event";
-                if evented == 0 && (missed || sample.errors > auditor.errors_seen(track)) {
+                if evented == 0 && (missed || auditor.errors_grew(track)) {
                     sample.queues_in_error = self.queues_in_error(installed);
                     seen_by = "state-poll";
                 }
@@ -781,7 +782,13 @@ mod tests {
             },
         };
         m.nic().post_send(parked, &[wr]).unwrap();
+        // The sender's queue goes to error on the NAK, which the responder returns after
+        // raising its event: from then on the event is there to be taken.
         let deadline = Instant::now() + Duration::from_secs(30);
+        while !matches!(m.nic().qp_state(parked), Ok(QpState::Error)) {
+            assert!(Instant::now() < deadline, "the sender never saw the NAK");
+            std::thread::yield_now();
+        }
         let record = loop {
             assert!(Instant::now() < deadline, "no queue-error record");
             m.audit_round(&mut auditor, SystemClock);
