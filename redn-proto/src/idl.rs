@@ -502,8 +502,8 @@ mod tests {
                 "KillClient",
                 "ReloadPolicy",
                 "TestRun",
-                "Monitor",
-                "ListDevices"
+                "ListDevices",
+                "Monitor"
             ]
         );
     }
