@@ -687,6 +687,13 @@ mod tests {
     use std::time::{Duration, Instant};
 
     fn manager(client_keys: &str) -> (Manager, u64) {
+        let nic = Arc::new(redn_sys::softnic::SoftNic::with_pus(1).unwrap());
+        manager_on(client_keys, nic)
+    }
+
+    /// A manager on `nic` whose one app rule has `[app.client]` keys `client_keys`, and a
+    /// client it matches.
+    fn manager_on(client_keys: &str, nic: Arc<DynNic>) -> (Manager, u64) {
         let uid = nix::unistd::getuid().as_raw();
         let policy = redn_policy::parse_policy(
             &format!(
@@ -698,7 +705,6 @@ mod tests {
             "policy.toml",
         )
         .unwrap();
-        let nic = Arc::new(redn_sys::softnic::SoftNic::with_pus(1).unwrap());
         let mut m = Manager::with_catalog(policy, nic, "softnic").unwrap();
         let client = m.connect(PeerIdentity {
             uid,
@@ -754,9 +760,10 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_responder_error_is_learnt_from_its_asynchronous_event_once() {
-        let (mut m, client) = manager("on_violation = \"terminate\"");
+    /// Install echo for `client`, then make its client-facing queue refuse a trigger as
+    /// responder (longer than the receive it lands in: to error, with an asynchronous
+    /// event); run audit rounds until the `queue-error` record, and return it.
+    fn responder_error_record(m: &mut Manager, client: u64) -> (u64, String) {
         let echo = m
             .install(
                 client,
@@ -770,8 +777,6 @@ mod tests {
             .handle;
         let mut auditor = Auditor::new(Duration::ZERO);
         m.audit_round(&mut auditor, SystemClock);
-        // A trigger longer than the receive it lands in: the offload's client-facing queue,
-        // as responder, refuses it and goes to error with an asynchronous event.
         let parked = m.installed[&echo]._parking._qp.qpn();
         let wr = WorkRequest {
             wr_id: 0,
@@ -802,17 +807,40 @@ mod tests {
             }
             std::thread::yield_now();
         };
+        // Reported once: later rounds are quiet.
+        for _ in 0..3 {
+            m.audit_round(&mut auditor, SystemClock);
+        }
+        assert!(m.take_records().is_empty());
+        (echo, record)
+    }
+
+    #[test]
+    fn a_responder_error_is_learnt_from_its_asynchronous_event_once() {
+        let (mut m, client) = manager("on_violation = \"terminate\"");
+        let (echo, record) = responder_error_record(&mut m, client);
         assert!(
             record.contains(&format!(" handle={echo} queues=1 "))
                 && record.ends_with(" seen_by=async-event res=failed"),
             "{record}"
         );
         assert_eq!(m.async_events(), 1);
-        // Reported once: later rounds are quiet.
-        for _ in 0..3 {
-            m.audit_round(&mut auditor, SystemClock);
-        }
-        assert!(m.take_records().is_empty());
+    }
+
+    #[test]
+    fn lost_events_make_the_auditor_read_queue_states_instead() {
+        let lossy = Arc::new(redn_sys::fault::FailingNic::new(
+            redn_sys::softnic::SoftNic::with_pus(1).unwrap(),
+        ));
+        lossy.lose_async_events(true);
+        let (mut m, client) = manager_on("on_violation = \"terminate\"", lossy.clone());
+        let (echo, record) = responder_error_record(&mut m, client);
+        assert!(
+            record.contains(&format!(" handle={echo} queues=1 "))
+                && record.ends_with(" seen_by=state-poll res=failed"),
+            "{record}"
+        );
+        assert_eq!((m.async_events(), m.nic().async_events_lost()), (0, 1));
     }
 
     #[test]
