@@ -389,7 +389,13 @@ impl Auditor {
         self.counters.samples += 1;
         let t = self.tracks.entry(id).or_insert(Track {
             budget,
-            base: sample,
+            // The first sample may catch a trigger whose round is still running: its
+            // receive is counted, not all its WQEs. Counting it again keeps the rest of
+            // that round from being charged against the triggers that follow.
+            base: Sample {
+                triggers: sample.triggers.saturating_sub(1),
+                ..sample
+            },
             window_start: now,
             window_base: sample,
             throttled: false,
@@ -670,6 +676,21 @@ mod tests {
         // ...and exactly 16 per trigger after.
         clock.advance(Duration::from_millis(1));
         assert_eq!(a.observe(1, b, sample(5 + 16 * 11, 10), &clock).0, None);
+    }
+
+    #[test]
+    fn a_round_in_flight_at_the_first_sample_is_not_charged_to_later_triggers() {
+        let clock = ManualClock::new();
+        let mut a = Auditor::new(DEFAULT_INTERVAL);
+        let b = budget(OnViolation::Terminate);
+        // A client whose rounds cost 18 against a budget of 16 (the slack of one round
+        // covers a few): first seen 2 WQEs into the round of its first trigger.
+        assert_eq!(a.observe(2, b, sample(2, 1), &clock).0, None);
+        // That round's other 16, and one more round of 18 for a second trigger.
+        assert_eq!(a.observe(2, b, sample(2 + 16 + 18, 2), &clock).0, None);
+        // A loop spinning with no trigger at its first sample gets no such allowance.
+        a.observe(3, b, sample(5, 0), &clock);
+        assert!(a.observe(3, b, sample(5 + 17, 0), &clock).0.is_some());
     }
 
     #[test]
