@@ -1684,9 +1684,10 @@ fn a_banned_remote_client_alone_is_refused_for_its_ban() {
         ),
         (3, 1, 1)
     );
-    // An instance held before the ban is judged on its own: the calm client's is still
-    // there (one of the three). It gets no more here: with a budget under server-loop's
-    // cost every client overdraws a little on each GET.
+    // An instance held before the ban is judged on its own: the calm client, at the
+    // banned address, is served on.
+    assert_eq!(s.calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    assert_eq!(s.calm.sessions_opened(), 1);
     let mut reconnected = m.client();
     let stats: api::StatsReply = reconnected
         .connection()
