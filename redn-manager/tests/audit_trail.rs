@@ -278,10 +278,7 @@ fn two_runaway_loops_at_once_are_terminated_and_a_third_client_is_unaffected() {
         assert_eq!(t.get("rule"), "loop-budget");
     }
     echo_serves(&m, echo, 3);
-    let stats: api::StatsReply = third
-        .connection()
-        .call("io.redn.Manager.Stats", &serde_json::json!({}), &[])
-        .unwrap();
+    let stats = stats(&mut third);
     assert_eq!(
         stats.terminated, None,
         "nothing of the third client's was touched"
@@ -311,10 +308,7 @@ fn a_runaway_loop_is_terminated_while_a_neighbour_keeps_serving() {
     assert_eq!(t.get("res"), "success");
     assert!(t.tag.starts_with("redn-manager["), "{t:?}");
     // The app is told through Stats; the neighbour is untouched and still answers.
-    let stats: api::StatsReply = c
-        .connection()
-        .call("io.redn.Manager.Stats", &serde_json::json!({}), &[])
-        .unwrap();
+    let stats = stats(&mut c);
     let notes = stats.terminated.unwrap();
     assert_eq!(
         (notes[0].handle, notes[0].rule.as_str(), notes[0].banned),

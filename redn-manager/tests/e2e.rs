@@ -1461,11 +1461,7 @@ fn a_remote_clients_runaway_instance_alone_is_terminated() {
         1,
         "the calm client kept its instance"
     );
-    let stats: api::StatsReply = s
-        .app
-        .connection()
-        .call("io.redn.Manager.Stats", &serde_json::json!({}), &[])
-        .unwrap();
+    let stats = stats(&mut s.app);
     assert_eq!(
         stats.terminated, None,
         "the app's own install was not touched"
@@ -1689,19 +1685,12 @@ fn a_banned_remote_client_alone_is_refused_for_its_ban() {
     assert_eq!(s.calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
     assert_eq!(s.calm.sessions_opened(), 1);
     let mut reconnected = m.client();
-    let stats: api::StatsReply = reconnected
-        .connection()
-        .call("io.redn.Manager.Stats", &serde_json::json!({}), &[])
-        .unwrap();
+    let fresh = stats(&mut reconnected);
     assert_eq!(
-        stats.terminated, None,
+        fresh.terminated, None,
         "the app's own install was not touched"
     );
-    let stats: api::StatsReply = s
-        .app
-        .connection()
-        .call("io.redn.Manager.Stats", &serde_json::json!({}), &[])
-        .unwrap();
+    let stats = stats(&mut s.app);
     let notes = stats.remote_terminated.expect("the app is told");
     assert_eq!(notes.len(), 1);
     let n = &notes[0];
