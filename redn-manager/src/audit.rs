@@ -31,6 +31,116 @@ pub enum Severity {
     Info = 6,
 }
 
+/// Every kind of audit record, `event=` of its body. The one list: `docs/audit.md` and
+/// redn(7) must describe each (their tests check it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Event {
+    /// The loop starts serving.
+    Start,
+    /// SIGTERM or SIGINT arrived.
+    StopRequested,
+    /// Everything was torn down.
+    Stop,
+    /// Config, policy and definitions reloaded, or kept.
+    Reload,
+    /// A local connection was accepted.
+    Connect,
+    /// A local connection was refused at accept.
+    Refuse,
+    /// A local connection closed while its process lives on.
+    Disconnect,
+    /// A reconnecting app took over what its earlier connections left serving.
+    Adopt,
+    /// `RegisterRegion` succeeded.
+    RegionRegister,
+    /// `InstallOffload` succeeded.
+    OffloadAdmit,
+    /// `InstallOffload` was refused.
+    OffloadRefuse,
+    /// The data plane admitted or refused a remote client.
+    RemoteConnect,
+    /// A remote client's instance was released.
+    RemoteExit,
+    /// The auditor paced an instance's queues.
+    Throttle,
+    /// The auditor lifted a throttle.
+    Unthrottle,
+    /// The auditor terminated an offload or a remote client's instance.
+    Terminate,
+    /// The auditor banned an app or a remote client's address.
+    Ban,
+    /// One of an instance's queues went to the error state.
+    QueueError,
+    /// An app's process exited.
+    AppExit,
+    /// An offload was uninstalled.
+    Teardown,
+    /// An admin's `KillClient`.
+    Kill,
+    /// A connection broke the wire protocol or a cap.
+    ProtocolViolation,
+    /// Records were lost while the receiver stalled.
+    AuditDrop,
+}
+
+impl Event {
+    /// Every event.
+    pub const ALL: [Event; 23] = [
+        Event::Start,
+        Event::StopRequested,
+        Event::Stop,
+        Event::Reload,
+        Event::Connect,
+        Event::Refuse,
+        Event::Disconnect,
+        Event::Adopt,
+        Event::RegionRegister,
+        Event::OffloadAdmit,
+        Event::OffloadRefuse,
+        Event::RemoteConnect,
+        Event::RemoteExit,
+        Event::Throttle,
+        Event::Unthrottle,
+        Event::Terminate,
+        Event::Ban,
+        Event::QueueError,
+        Event::AppExit,
+        Event::Teardown,
+        Event::Kill,
+        Event::ProtocolViolation,
+        Event::AuditDrop,
+    ];
+
+    /// Its name, as `event=` writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Event::Start => "start",
+            Event::StopRequested => "stop-requested",
+            Event::Stop => "stop",
+            Event::Reload => "reload",
+            Event::Connect => "connect",
+            Event::Refuse => "refuse",
+            Event::Disconnect => "disconnect",
+            Event::Adopt => "adopt",
+            Event::RegionRegister => "region-register",
+            Event::OffloadAdmit => "offload-admit",
+            Event::OffloadRefuse => "offload-refuse",
+            Event::RemoteConnect => "remote-connect",
+            Event::RemoteExit => "remote-exit",
+            Event::Throttle => "throttle",
+            Event::Unthrottle => "unthrottle",
+            Event::Terminate => "terminate",
+            Event::Ban => "ban",
+            Event::QueueError => "queue-error",
+            Event::AppExit => "app-exit",
+            Event::Teardown => "teardown",
+            Event::Kill => "kill",
+            Event::ProtocolViolation => "protocol-violation",
+            Event::AuditDrop => "audit-drop",
+        }
+    }
+}
+
 /// The audit trail.
 #[derive(Debug)]
 pub struct Audit {
@@ -99,7 +209,7 @@ impl Audit {
     }
 
     /// Record `message` (a body [`Record::body`] built).
-    pub fn record(&mut self, severity: Severity, message: &str) {
+    fn record(&mut self, severity: Severity, message: &str) {
         if self.echo {
             eprintln!("{}: {message}", self.config.identifier);
         }
@@ -190,7 +300,7 @@ impl Audit {
         }
         if self.unreported > 0 {
             let n = std::mem::take(&mut self.unreported);
-            let body = Record::new("audit-drop", Severity::Warning)
+            let body = Record::new(Event::AuditDrop, Severity::Warning)
                 .field("dropped", n)
                 .field("dropped_total", self.dropped)
                 .res(false)
@@ -227,14 +337,14 @@ impl Audit {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     severity: Severity,
-    kind: &'static str,
+    kind: Event,
     fields: Vec<(&'static str, String)>,
     res: Option<bool>,
 }
 
 impl Record {
     /// A record of event `kind`.
-    pub fn new(kind: &'static str, severity: Severity) -> Record {
+    pub fn new(kind: Event, severity: Severity) -> Record {
         Record {
             severity,
             kind,
@@ -280,7 +390,7 @@ impl Record {
 
     /// The message body.
     pub fn body(&self) -> String {
-        let mut out = format!("event={}", self.kind);
+        let mut out = format!("event={}", self.kind.name());
         for (k, v) in &self.fields {
             out.push(' ');
             out.push_str(k);
@@ -291,23 +401,6 @@ impl Record {
             out.push_str(if ok { " res=success" } else { " res=failed" });
         }
         out
-    }
-}
-
-/// The `remote-client-attach` record, for the data plane: a remote client at `remote` (its
-/// address) attached to offload `handle`, or was refused for `refusal`. Never the token.
-pub fn remote_client_attach(handle: u64, remote: &str, refusal: Option<&str>) -> Record {
-    let severity = if refusal.is_some() {
-        Severity::Warning
-    } else {
-        Severity::Notice
-    };
-    let r = Record::new("remote-client-attach", severity)
-        .field("handle", handle)
-        .field("remote", remote);
-    match refusal {
-        Some(reason) => r.field("reason", reason).res(false),
-        None => r.res(true),
     }
 }
 
@@ -392,16 +485,16 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("log.sock");
         let mut audit = Audit::new(config(&path));
-        audit.record(Severity::Notice, "event=early");
+        audit.event(&Record::new(Event::Start, Severity::Notice));
         assert_eq!(audit.queued(), 1, "no receiver yet: held");
         let rx = UnixDatagram::bind(&path).unwrap();
         audit.last_attempt = None; // as if a second had passed
-        audit.record(Severity::Notice, "event=offload-admit client=3");
+        audit.event(&Record::new(Event::OffloadAdmit, Severity::Notice).field("client", 3));
         let mut buf = [0u8; 512];
         let n = rx.recv(&mut buf).unwrap();
         assert!(std::str::from_utf8(&buf[..n])
             .unwrap()
-            .ends_with("event=early"));
+            .ends_with("event=start"));
         let n = rx.recv(&mut buf).unwrap();
         let got = std::str::from_utf8(&buf[..n]).unwrap();
         // authpriv (10) * 8 + notice (5) = 85; no hostname before the tag.
@@ -415,19 +508,34 @@ mod tests {
     }
 
     #[test]
-    fn remote_client_attach_records_name_the_handle_and_address() {
-        assert_eq!(
-            remote_client_attach(4, "192.0.2.7:4791", None).body(),
-            "event=remote-client-attach handle=4 remote=192.0.2.7:4791 res=success"
-        );
-        let refused = remote_client_attach(4, "192.0.2.7:4791", Some("bad token"));
-        assert_eq!(refused.severity(), Severity::Warning);
-        assert!(refused.body().ends_with("reason=\"bad token\" res=failed"));
+    fn every_event_is_in_the_table_of_docs_audit_md() {
+        let doc = include_str!("../../docs/audit.md");
+        let mut names = std::collections::HashSet::new();
+        for e in Event::ALL {
+            assert!(names.insert(e.name()), "{} twice", e.name());
+            assert!(
+                doc.contains(&format!("| `{}` |", e.name())),
+                "docs/audit.md has no row for event {}",
+                e.name()
+            );
+        }
+        // And the table names no event the code does not make.
+        for row in doc.lines().filter(|l| l.starts_with("| `")) {
+            let name = row
+                .trim_start_matches("| `")
+                .split('`')
+                .next()
+                .unwrap_or("");
+            assert!(
+                names.contains(name) || crate::auditor::RULES.contains(&name),
+                "docs/audit.md lists {name:?}, which is neither an event nor a rule"
+            );
+        }
     }
 
     #[test]
     fn record_bodies_quote_what_could_forge_a_key() {
-        let r = Record::new("terminate", Severity::Warning)
+        let r = Record::new(Event::Terminate, Severity::Warning)
             .field("offload", "server-loop")
             .field("reason", "loop budget")
             .field("exe", "/x/a\"b c=d\n")
@@ -450,7 +558,7 @@ mod tests {
         let mut audit = Audit::new(config(&path)).quiet();
         // Nobody reads: the socket fills, then the queue, then records are dropped.
         for i in 0..QUEUE_CAP + 2000 {
-            audit.record(Severity::Notice, &format!("event=x n={i}"));
+            audit.event(&Record::new(Event::Start, Severity::Notice).field("n", i));
         }
         assert_eq!(audit.queued(), QUEUE_CAP);
         let sent = audit.sent;

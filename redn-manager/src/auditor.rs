@@ -14,10 +14,12 @@
 //!   exceed `triggers × wqes_per_invocation` by at most one invocation's worth (the round in
 //!   flight). A loop that spins without triggers, or spends more per trigger than its budget,
 //!   breaks this within one sampling interval. This is a **loop-budget** violation.
-//! - *WQEs per second* (`wqes_per_second`) and *bytes per second* (`rate_limit_kbps`): rates
-//!   measured over a [`RATE_WINDOW`], with [`RATE_TOLERANCE`] for the softnic's bursts. Bytes
-//!   are also paced by the NIC from install on; WQEs are paced only once a client is throttled
-//!   (the policy says the auditor counts them).
+//! - *WQEs per second* (`wqes_per_second`), *bytes per second* (`rate_limit_kbps`) and
+//!   *triggers per second* (`triggers_per_second`): rates measured over a [`RATE_WINDOW`],
+//!   with [`RATE_TOLERANCE`] for the softnic's bursts. Bytes are also paced by the NIC from
+//!   install on; WQEs are paced only once a client is throttled (the policy says the
+//!   auditor counts them). The NIC cannot pace triggers, so a trigger flood is throttled by
+//!   pacing WQEs at the trigger budget times the WQEs each of its triggers ran.
 //!
 //! **Escalation.** A rate violation first throttles (the client's queues are paced at its
 //! budget), whatever `on_violation` says. A throttled client that keeps pressing against the
@@ -26,10 +28,11 @@
 //! loop-budget violation goes straight to `on_violation`: a runaway loop cannot be slowed into
 //! compliance. `throttle` never terminates anyone.
 //!
-//! **Bans** ([`Bans`]) are kept per app rule and uid: a banned app's installs are refused
-//! until the ban ends.
+//! **Bans** ([`Bans`]) are kept per app rule and uid (the app's own install broke its
+//! budget: its connections and installs are refused) or per app rule and remote address (a
+//! remote client's instance did: its hellos are refused), until the ban ends.
 
-use redn_policy::{AppRule, KbitRate, OnViolation, WqeRate};
+use redn_policy::{AppRule, KbitRate, OnViolation, TriggerRate, WqeRate};
 use redn_sys::clock::Clock;
 use redn_sys::nic::RateLimit;
 use std::collections::HashMap;
@@ -57,6 +60,8 @@ pub struct Budget {
     pub wqes_per_second: Option<u64>,
     /// Payload bytes per second (`rate_limit_kbps`), `None` for no limit.
     pub bytes_per_second: Option<u64>,
+    /// Triggers per second (`triggers_per_second`), `None` for no limit.
+    pub triggers_per_second: Option<u64>,
     /// What a violation gets (`on_violation`).
     pub on_violation: OnViolation,
 }
@@ -74,6 +79,10 @@ impl Budget {
             bytes_per_second: match c.rate_limit_kbps {
                 KbitRate::Limited(k) => Some(u64::from(k.get()) * 1000 / 8),
                 KbitRate::Unlimited => None,
+            },
+            triggers_per_second: match c.triggers_per_second {
+                TriggerRate::Limited(n) => Some(n.get()),
+                TriggerRate::Unlimited => None,
             },
             on_violation: c.on_violation,
         }
@@ -146,6 +155,13 @@ pub enum Violation {
         /// Budget.
         limit: u64,
     },
+    /// Triggers per second over budget.
+    TriggerRate {
+        /// Measured.
+        per_second: u64,
+        /// Budget.
+        limit: u64,
+    },
     /// Throttled, and still pressing against the pacer for a whole window.
     StillFlooding {
         /// Pacer hold-backs in the window.
@@ -153,13 +169,23 @@ pub enum Violation {
     },
 }
 
+/// Every `rule=` an auditor record may carry ([`Violation::rule`]).
+pub const RULES: [&str; 5] = [
+    "loop-budget",
+    "wqes-per-second",
+    "bytes-per-second",
+    "triggers-per-second",
+    "still-flooding",
+];
+
 impl Violation {
-    /// The `rule=` of its audit record.
+    /// The `rule=` of its audit record (one of [`RULES`]).
     pub fn rule(&self) -> &'static str {
         match self {
             Violation::LoopBudget { .. } => "loop-budget",
             Violation::WqeRate { .. } => "wqes-per-second",
             Violation::ByteRate { .. } => "bytes-per-second",
+            Violation::TriggerRate { .. } => "triggers-per-second",
             Violation::StillFlooding { .. } => "still-flooding",
         }
     }
@@ -177,7 +203,8 @@ impl Violation {
                 ("allowed", allowed.to_string()),
             ],
             Violation::WqeRate { per_second, limit }
-            | Violation::ByteRate { per_second, limit } => {
+            | Violation::ByteRate { per_second, limit }
+            | Violation::TriggerRate { per_second, limit } => {
                 vec![
                     ("measured_per_s", per_second.to_string()),
                     ("limit_per_s", limit.to_string()),
@@ -214,6 +241,9 @@ struct Track {
     calm_windows: u32,
     /// A queue in error was already reported.
     error_reported: bool,
+    /// Error completions in the latest sample, and in the one before.
+    last_errors: u64,
+    prev_errors: u64,
 }
 
 /// Which budget track a sample belongs to: an offload's own install, or the instance the
@@ -318,6 +348,16 @@ impl Auditor {
         self.is_track_throttled(TrackId::own(handle))
     }
 
+    /// Whether track `id`'s error completions grew between its two latest samples. The
+    /// manager then reads its queues' states (a WQE of its own that failed moves its queue
+    /// to error, and no asynchronous event says so); a round after the growth was first
+    /// seen, so that an event raised with it has had a round to come first.
+    pub fn errors_grew(&self, id: TrackId) -> bool {
+        self.tracks
+            .get(&id)
+            .is_some_and(|t| t.last_errors > t.prev_errors)
+    }
+
     /// Whether track `id` is throttled.
     pub fn is_track_throttled(&self, id: TrackId) -> bool {
         self.tracks.get(&id).is_some_and(|t| t.throttled)
@@ -349,13 +389,22 @@ impl Auditor {
         self.counters.samples += 1;
         let t = self.tracks.entry(id).or_insert(Track {
             budget,
-            base: sample,
+            // The first sample may catch a trigger whose round is still running: its
+            // receive is counted, not all its WQEs. Counting it again keeps the rest of
+            // that round from being charged against the triggers that follow.
+            base: Sample {
+                triggers: sample.triggers.saturating_sub(1),
+                ..sample
+            },
             window_start: now,
             window_base: sample,
             throttled: false,
             calm_windows: 0,
             error_reported: false,
+            last_errors: sample.errors,
+            prev_errors: sample.errors,
         });
+        t.prev_errors = std::mem::replace(&mut t.last_errors, sample.errors);
         // A reload may have changed the budget.
         t.budget = budget;
         let new_error = sample.queues_in_error > 0 && !t.error_reported;
@@ -410,9 +459,14 @@ fn judge(t: &mut Track, s: Sample, now: Instant) -> Option<Verdict> {
     let secs = elapsed.as_secs_f64();
     // Rates in f64: counters over a window are far below 2^53.
     let rate = |now: u64, then: u64| now.saturating_sub(then) as f64 / secs;
+    let over =
+        |measured: f64, limit: Option<u64>| limit.filter(|&l| measured > l as f64 * RATE_TOLERANCE);
+    let trigger_rate = rate(s.triggers, w.triggers);
+    let trigger_flood = over(trigger_rate, b.triggers_per_second);
     if t.throttled {
         let delays = s.rate_limit_delays.saturating_sub(w.rate_limit_delays);
-        if delays >= PRESSING_DELAYS {
+        // A trigger flood the pacer did not slow is pressing as hard as one it holds back.
+        if delays >= PRESSING_DELAYS || trigger_flood.is_some() {
             t.calm_windows = 0;
             return match b.on_violation {
                 OnViolation::Throttle => None,
@@ -426,8 +480,6 @@ fn judge(t: &mut Track, s: Sample, now: Instant) -> Option<Verdict> {
         }
         return None;
     }
-    let over =
-        |measured: f64, limit: Option<u64>| limit.filter(|&l| measured > l as f64 * RATE_TOLERANCE);
     let wqe_rate = rate(s.wqes, w.wqes);
     if let Some(limit) = over(wqe_rate, b.wqes_per_second) {
         return Some(throttle(
@@ -447,6 +499,24 @@ fn judge(t: &mut Track, s: Sample, now: Instant) -> Option<Verdict> {
                 limit,
             },
         ));
+    }
+    if let Some(limit) = trigger_flood {
+        // Triggers cannot be paced: their WQEs are, at the trigger budget times what each
+        // trigger of this window ran (at least one WQE).
+        let triggers = s.triggers.saturating_sub(w.triggers).max(1);
+        let per_trigger = s.wqes.saturating_sub(w.wqes).div_ceil(triggers).max(1);
+        let mut paced = t.budget.throttle_limit();
+        let wqes = limit.saturating_mul(per_trigger);
+        // 0 is "not paced".
+        paced.wqes_per_sec = match paced.wqes_per_sec {
+            0 => wqes,
+            w => w.min(wqes),
+        };
+        let v = Violation::TriggerRate {
+            per_second: to_u64(trigger_rate),
+            limit,
+        };
+        return Some(Verdict::Throttle(v, paced));
     }
     None
 }
@@ -469,22 +539,44 @@ fn apply(t: &Track, v: Violation) -> Verdict {
     }
 }
 
-/// Apps whose installs are refused until a time: keyed by app rule name and uid.
+/// Who a ban is on.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Banned {
+    /// An app (its rule and uid): its connections and installs are refused.
+    App {
+        /// The app rule's name.
+        app: String,
+        /// The uid it runs as.
+        uid: u32,
+    },
+    /// A remote client of an app, as the data plane knows it: its address (the TCP peer's,
+    /// which a client cannot forge; its port changes with every connection, and the token
+    /// is shared by all of the offload's clients). Its hellos to the app's offloads are
+    /// refused; clients of other apps are not touched.
+    Remote {
+        /// The app rule's name.
+        app: String,
+        /// The client's address.
+        addr: std::net::IpAddr,
+    },
+}
+
+/// Bans in force, each until a time (or for ever).
 #[derive(Debug, Default)]
 pub struct Bans {
-    until: HashMap<(String, u32), Option<Instant>>,
+    until: HashMap<Banned, Option<Instant>>,
 }
 
 impl Bans {
-    /// Ban `app` run by `uid` for `span` from `now` (`None`: forever).
-    pub fn ban(&mut self, app: &str, uid: u32, span: Option<Duration>, clock: impl Clock) {
+    /// Ban `who` for `span` from now (`None`: forever).
+    pub fn ban(&mut self, who: Banned, span: Option<Duration>, clock: impl Clock) {
         let until = span.map(|d| clock.now() + d);
-        self.until.insert((app.to_owned(), uid), until);
+        self.until.insert(who, until);
     }
 
-    /// If `app`/`uid` is banned now: `Some(remaining)` (`None` inside: forever).
-    pub fn banned(&self, app: &str, uid: u32, clock: impl Clock) -> Option<Option<Duration>> {
-        let until = self.until.get(&(app.to_owned(), uid))?;
+    /// If `who` is banned now: `Some(remaining)` (`None` inside: forever).
+    pub fn banned(&self, who: &Banned, clock: impl Clock) -> Option<Option<Duration>> {
+        let until = self.until.get(who)?;
         match until {
             None => Some(None),
             Some(t) => {
@@ -517,6 +609,7 @@ mod tests {
             wqes_per_trigger: 16,
             wqes_per_second: Some(10_000),
             bytes_per_second: Some(1_000_000),
+            triggers_per_second: None,
             on_violation: on,
         }
     }
@@ -586,6 +679,21 @@ mod tests {
     }
 
     #[test]
+    fn a_round_in_flight_at_the_first_sample_is_not_charged_to_later_triggers() {
+        let clock = ManualClock::new();
+        let mut a = Auditor::new(DEFAULT_INTERVAL);
+        let b = budget(OnViolation::Terminate);
+        // A client whose rounds cost 18 against a budget of 16 (the slack of one round
+        // covers a few): first seen 2 WQEs into the round of its first trigger.
+        assert_eq!(a.observe(2, b, sample(2, 1), &clock).0, None);
+        // That round's other 16, and one more round of 18 for a second trigger.
+        assert_eq!(a.observe(2, b, sample(2 + 16 + 18, 2), &clock).0, None);
+        // A loop spinning with no trigger at its first sample gets no such allowance.
+        a.observe(3, b, sample(5, 0), &clock);
+        assert!(a.observe(3, b, sample(5 + 17, 0), &clock).0.is_some());
+    }
+
+    #[test]
     fn a_runaway_loop_is_terminated_from_the_counters_alone() {
         let clock = ManualClock::new();
         let mut a = Auditor::new(DEFAULT_INTERVAL);
@@ -618,26 +726,59 @@ mod tests {
         assert!(
             matches!(v, Some(Verdict::Ban(Violation::LoopBudget { .. }, Some(d))) if d == Duration::from_secs(60))
         );
+        let app = |name: &str, uid| Banned::App {
+            app: name.into(),
+            uid,
+        };
+        let remote = |name: &str, addr: &str| Banned::Remote {
+            app: name.into(),
+            addr: addr.parse().unwrap(),
+        };
         let mut bans = Bans::default();
-        bans.ban("kv", 1000, Some(Duration::from_secs(60)), &clock);
+        bans.ban(app("kv", 1000), Some(Duration::from_secs(60)), &clock);
+        bans.ban(
+            remote("kv", "192.0.2.7"),
+            Some(Duration::from_secs(30)),
+            &clock,
+        );
         assert_eq!(
-            bans.banned("kv", 1000, &clock),
+            bans.banned(&app("kv", 1000), &clock),
             Some(Some(Duration::from_secs(60)))
         );
-        assert_eq!(bans.banned("kv", 1001, &clock), None, "another uid");
-        assert_eq!(bans.banned("other", 1000, &clock), None, "another app");
-        clock.advance(Duration::from_secs(59));
+        assert_eq!(bans.banned(&app("kv", 1001), &clock), None, "another uid");
         assert_eq!(
-            bans.banned("kv", 1000, &clock),
+            bans.banned(&app("other", 1000), &clock),
+            None,
+            "another app"
+        );
+        assert_eq!(
+            bans.banned(&remote("kv", "192.0.2.7"), &clock),
+            Some(Some(Duration::from_secs(30)))
+        );
+        assert_eq!(
+            bans.banned(&remote("kv", "192.0.2.8"), &clock),
+            None,
+            "another address"
+        );
+        assert_eq!(
+            bans.banned(&remote("other", "192.0.2.7"), &clock),
+            None,
+            "another app's client"
+        );
+        clock.advance(Duration::from_secs(30));
+        assert_eq!(bans.banned(&remote("kv", "192.0.2.7"), &clock), None);
+        clock.advance(Duration::from_secs(29));
+        assert_eq!(
+            bans.banned(&app("kv", 1000), &clock),
             Some(Some(Duration::from_secs(1)))
         );
         clock.advance(Duration::from_secs(1));
-        assert_eq!(bans.banned("kv", 1000, &clock), None);
-        bans.ban("kv", 1000, None, &clock);
+        assert_eq!(bans.banned(&app("kv", 1000), &clock), None);
+        bans.ban(app("kv", 1000), None, &clock);
         clock.advance(Duration::from_secs(1 << 30));
-        assert_eq!(bans.banned("kv", 1000, &clock), Some(None));
+        assert_eq!(bans.banned(&app("kv", 1000), &clock), Some(None));
         bans.expire(&clock);
-        assert_eq!(bans.banned("kv", 1000, &clock), Some(None));
+        assert_eq!(bans.banned(&app("kv", 1000), &clock), Some(None));
     }
 
     /// An auditor that has seen offload 3 (2 WQEs per trigger, under `on`) flood at
@@ -767,6 +908,67 @@ mod tests {
                 _
             ))
         ));
+    }
+
+    #[test]
+    fn a_trigger_flood_is_paced_at_its_budget_and_terminated_if_it_keeps_on() {
+        let clock = ManualClock::new();
+        let mut a = Auditor::new(DEFAULT_INTERVAL);
+        let b = Budget {
+            wqes_per_trigger: 64,
+            wqes_per_second: None,
+            bytes_per_second: None,
+            triggers_per_second: Some(1_000),
+            on_violation: OnViolation::Terminate,
+        };
+        a.observe(5, b, sample(0, 0), &clock);
+        // 3 WQEs a trigger, well inside the WQE budget, but 2,000 triggers/s.
+        clock.advance(RATE_WINDOW);
+        let mut s = sample(600, 200);
+        let (v, _) = a.observe(5, b, s, &clock);
+        assert_eq!(
+            v,
+            Some(Verdict::Throttle(
+                Violation::TriggerRate {
+                    per_second: 2_000,
+                    limit: 1_000
+                },
+                RateLimit::wqes(3_000)
+            ))
+        );
+        // Paced, it sends 1,100/s: within the tolerance, left alone.
+        clock.advance(RATE_WINDOW);
+        s.wqes += 330;
+        s.triggers += 110;
+        assert_eq!(a.observe(5, b, s, &clock).0, None);
+        // Still 2,000/s past the pacer: terminated.
+        clock.advance(RATE_WINDOW);
+        s.wqes += 600;
+        s.triggers += 200;
+        assert!(matches!(
+            a.observe(5, b, s, &clock).0,
+            Some(Verdict::Terminate(Violation::StillFlooding { .. }))
+        ));
+    }
+
+    #[test]
+    fn error_counts_are_remembered_per_track() {
+        let clock = ManualClock::new();
+        let mut a = Auditor::new(DEFAULT_INTERVAL);
+        let b = budget(OnViolation::Terminate);
+        let t = TrackId::remote(1, 2);
+        let errors = |n| Sample {
+            errors: n,
+            ..Sample::default()
+        };
+        assert!(!a.errors_grew(t), "not seen yet");
+        a.observe_track(t, b, errors(0), &clock);
+        assert!(!a.errors_grew(t));
+        a.observe_track(t, b, errors(3), &clock);
+        assert!(a.errors_grew(t));
+        assert!(!a.errors_grew(TrackId::own(1)), "another track");
+        a.observe_track(t, b, errors(3), &clock);
+        assert!(!a.errors_grew(t), "no new errors");
     }
 
     #[test]

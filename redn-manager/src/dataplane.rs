@@ -26,7 +26,7 @@
 //! an ephemeral UDP port that the records carry) run their own receive threads, as they
 //! always do.
 
-use crate::audit::{Audit, Severity};
+use crate::audit::{Audit, Event, Record, Severity};
 use crate::state::{DynNic, Manager};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
@@ -71,6 +71,29 @@ fn keepalive(stream: &TcpStream) {
 struct RemoteInstance {
     handle: u64,
     app: String,
+    offload: String,
+}
+
+impl RemoteInstance {
+    /// A record about this instance (the data plane's `id` of it) of the client at `peer`.
+    fn record(&self, kind: Event, severity: Severity, id: usize, peer: SocketAddr) -> Record {
+        Record::new(kind, severity)
+            .field("handle", self.handle)
+            .field("app", &self.app)
+            .field("offload", &self.offload)
+            .field("instance", id)
+            .field("peer", peer)
+    }
+}
+
+/// The `remote-connect` record of a refusal: who (if known), which refusal, why.
+fn refusal_record(peer: Option<SocketAddr>, error: &str, reason: &str) -> Record {
+    let r = Record::new(Event::RemoteConnect, Severity::Warning);
+    let r = match peer {
+        Some(p) => r.field("peer", p),
+        None => r,
+    };
+    r.field("error", error).field("reason", reason).res(false)
 }
 
 struct Conn {
@@ -219,18 +242,13 @@ impl Dataplane {
                 Ok(s) => s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) => {
-                    audit.record(
-                        Severity::Warning,
-                        &format!("event=remote-accept res=failed error={e}"),
-                    );
+                    audit.event(&refusal_record(None, "AcceptFailed", &e.to_string()));
                     return;
                 }
             };
             if self.conns.len() >= MAX_CONNECTIONS {
-                audit.record(
-                    Severity::Warning,
-                    &format!("event=remote-refused peer={peer} reason=too-many-connections"),
-                );
+                let reason = format!("the data plane holds {MAX_CONNECTIONS} connections");
+                audit.event(&refusal_record(Some(peer), "TooManyConnections", &reason));
                 continue; // dropping the stream closes it
             }
             let pending: Vec<(u64, usize)> = self
@@ -294,12 +312,9 @@ impl Dataplane {
             let _ = registry.deregister(&mut c.stream);
             if let Some(i) = c.instance.take() {
                 manager.detach_remote(i.handle, token as u64);
-                audit.record(
-                    Severity::Info,
-                    &format!(
-                        "event=remote-exit handle={} app={} peer={} reason={why:?}",
-                        i.handle, i.app, c.peer
-                    ),
+                audit.event(
+                    &i.record(Event::RemoteExit, Severity::Info, token, c.peer)
+                        .field("reason", why),
                 );
             }
         }
@@ -385,12 +400,10 @@ impl Dataplane {
         let answer = match result {
             Ok((instance, accepted)) => {
                 if let Some(c) = self.conns.get_mut(&token) {
-                    audit.record(
-                        Severity::Notice,
-                        &format!(
-                            "event=remote-connect handle={} app={} offload={} peer={} res=success",
-                            instance.handle, instance.app, accepted.offload, c.peer
-                        ),
+                    audit.event(
+                        &instance
+                            .record(Event::RemoteConnect, Severity::Notice, token, c.peer)
+                            .res(true),
                     );
                     c.instance = Some(instance);
                 }
@@ -439,6 +452,10 @@ impl Dataplane {
                     peer.ip()
                 ),
             ));
+        }
+        // After the token, like the sources: a wrong token learns nothing of bans either.
+        if let Some(reason) = manager.remote_ban_refusal(spec.app, peer.ip()) {
+            return Err(refuse(Refusal::Banned, reason));
         }
         if IpAddr::V4(*theirs.addr.ip()) != peer.ip() {
             return Err(refuse(
@@ -578,6 +595,7 @@ impl Dataplane {
             RemoteInstance {
                 handle: hello.handle,
                 app: spec.app.to_owned(),
+                offload: spec.program.name.clone(),
             },
             installed,
             Accepted {
@@ -603,14 +621,8 @@ impl Dataplane {
         let answer = match answer {
             Ok(a) => Answer::Accepted(a),
             Err((r, reason)) => {
-                audit.record(
-                    Severity::Warning,
-                    &format!(
-                        "event=remote-connect peer={} res=failed error={} reason={reason:?}",
-                        c.peer,
-                        r.name()
-                    ),
-                );
+                let short = r.name().rsplit('.').next().unwrap_or_default();
+                audit.event(&refusal_record(Some(c.peer), short, &reason));
                 c.close_after_flush = true;
                 Answer::Refused(r, reason)
             }

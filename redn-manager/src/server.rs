@@ -9,7 +9,7 @@
 //! answered with a named error on that connection — closed after the reply when its
 //! framing can no longer be trusted — and the loop goes on serving everyone else.
 
-use crate::audit::{Audit, Record, Severity};
+use crate::audit::{Audit, Event, Record, Severity};
 use crate::auditor::Auditor;
 use crate::dataplane::Dataplane;
 use crate::peer::{Peer, Procfs};
@@ -242,7 +242,7 @@ impl Server {
     /// If polling fails.
     pub fn run(&mut self) -> io::Result<()> {
         self.audit.event(
-            &Record::new("start", Severity::Notice)
+            &Record::new(Event::Start, Severity::Notice)
                 .field("pid", std::process::id())
                 .field("backend", self.manager.backend())
                 .field("version", env!("CARGO_PKG_VERSION"))
@@ -279,7 +279,7 @@ impl Server {
         self.drain_manager_records();
         let objects = self.manager.nic().objects();
         self.audit.event(
-            &Record::new("stop", Severity::Notice)
+            &Record::new(Event::Stop, Severity::Notice)
                 .field("connections", conns)
                 .field("offloads", offloads)
                 .field(
@@ -474,7 +474,7 @@ impl Server {
                 }
                 Some(s @ (Signal::SIGTERM | Signal::SIGINT)) => {
                     self.audit.event(
-                        &Record::new("stop-requested", Severity::Notice)
+                        &Record::new(Event::StopRequested, Severity::Notice)
                             .field("signal", s.as_str())
                             .res(true),
                     );
@@ -522,7 +522,7 @@ impl Server {
                     *old = new;
                 }
                 let records = self.manager.take_records();
-                let mut rec = Record::new("reload", Severity::Notice)
+                let mut rec = Record::new(Event::Reload, Severity::Notice)
                     .field("by", by)
                     .field("apps", ok.apps)
                     .field("torn_down", records.len());
@@ -549,7 +549,7 @@ impl Server {
             other => other.to_wire().name,
         };
         self.audit.event(
-            &Record::new("reload", Severity::Warning)
+            &Record::new(Event::Reload, Severity::Warning)
                 .field("by", by)
                 .field("kept", "old-policy")
                 .field("reason", reason)
@@ -571,7 +571,7 @@ impl Server {
                 Err(e) => {
                     // EMFILE and the like: leave the rest in the backlog for now.
                     self.audit.event(
-                        &Record::new("refuse", Severity::Warning)
+                        &Record::new(Event::Refuse, Severity::Warning)
                             .field("reason", format!("accept: {e}"))
                             .res(false),
                     );
@@ -593,7 +593,7 @@ impl Server {
                 };
                 let _ = stream.write(&error_reply(&err.to_wire()));
                 self.audit.event(
-                    &Record::new("refuse", Severity::Warning)
+                    &Record::new(Event::Refuse, Severity::Warning)
                         .field("socket", format!("{kind:?}"))
                         .field("reason", e)
                         .res(false),
@@ -608,10 +608,33 @@ impl Server {
             .values()
             .filter(|c| c.peer.identity.uid == uid)
             .count();
-        let refusal = if self.conns.len() >= limits.max_connections {
-            Some(("connections", limits.max_connections, self.conns.len()))
+        let quota = |resource: &str, limit: usize, held: usize| {
+            let err = ManagerError::QuotaExceeded {
+                resource: resource.into(),
+                limit: limit as u64,
+                requested: held as u64 + 1,
+            };
+            (err, resource.to_owned())
+        };
+        // An app the auditor banned may not come back until the ban ends (its connections
+        // already open stay, so it can read Stats and learn why).
+        let banned = match kind {
+            SocketKind::Api => self.manager.connect_refusal(&peer.identity),
+            SocketKind::Admin => None,
+        };
+        let refusal = if let Some(reason) = banned {
+            let err = ManagerError::PolicyDenied {
+                reason: reason.clone(),
+            };
+            Some((err, reason))
+        } else if self.conns.len() >= limits.max_connections {
+            Some(quota(
+                "connections",
+                limits.max_connections,
+                self.conns.len(),
+            ))
         } else if same_uid >= limits.max_connections_per_uid {
-            Some((
+            Some(quota(
                 "connections-per-uid",
                 limits.max_connections_per_uid,
                 same_uid,
@@ -619,20 +642,15 @@ impl Server {
         } else {
             None
         };
-        if let Some((resource, limit, held)) = refusal {
+        if let Some((err, reason)) = refusal {
             self.counters.refused += 1;
-            let err = ManagerError::QuotaExceeded {
-                resource: resource.into(),
-                limit: limit as u64,
-                requested: held as u64 + 1,
-            };
             // Best effort: a fresh socket's buffer takes one short reply.
             let _ = stream.write(&error_reply(&err.to_wire()));
             self.audit.event(
-                &Record::new("refuse", Severity::Warning)
+                &Record::new(Event::Refuse, Severity::Warning)
                     .field("socket", format!("{kind:?}"))
                     .peer(&peer.identity)
-                    .field("reason", resource)
+                    .field("reason", reason)
                     .res(false),
             );
             return;
@@ -645,7 +663,7 @@ impl Server {
             .register(&mut stream, Token(token), Interest::READABLE)
         {
             self.audit.event(
-                &Record::new("refuse", Severity::Warning)
+                &Record::new(Event::Refuse, Severity::Warning)
                     .peer(&peer.identity)
                     .field("reason", format!("epoll: {e}"))
                     .res(false),
@@ -666,7 +684,7 @@ impl Server {
             let adopted = self.manager.adopt(id);
             if adopted > 0 {
                 self.audit.event(
-                    &Record::new("adopt", Severity::Notice)
+                    &Record::new(Event::Adopt, Severity::Notice)
                         .field("client", id)
                         .peer(&peer.identity)
                         .field("offloads", adopted)
@@ -675,7 +693,7 @@ impl Server {
             }
         }
         self.audit.event(
-            &Record::new("connect", Severity::Info)
+            &Record::new(Event::Connect, Severity::Info)
                 .field("socket", format!("{kind:?}"))
                 .field("client", client.unwrap_or(0))
                 .peer(&peer.identity)
@@ -749,7 +767,7 @@ impl Server {
     fn disconnected(&mut self, client: u64, peer: &Peer) {
         let removed = self.manager.disconnect(client);
         self.audit.event(
-            &Record::new("disconnect", Severity::Info)
+            &Record::new(Event::Disconnect, Severity::Info)
                 .field("client", client)
                 .peer(&peer.identity)
                 .field("uninstalled", removed)
@@ -879,7 +897,7 @@ impl Server {
     /// Answer a protocol violation; close after the reply if `fatal`.
     fn violation(&mut self, token: usize, limit: &str, reason: String, fatal: bool) {
         self.audit.event(
-            &Record::new("protocol-violation", Severity::Warning)
+            &Record::new(Event::ProtocolViolation, Severity::Warning)
                 .field("limit", limit)
                 .field("reason", &reason)
                 .res(false),
@@ -1065,7 +1083,7 @@ impl Server {
                 let fd = fds.swap_remove(index);
                 let r = m.register_region(client, fd).map_err(wire)?;
                 self.audit.event(
-                    &Record::new("region-register", Severity::Notice)
+                    &Record::new(Event::RegionRegister, Severity::Notice)
                         .field("client", client)
                         .field("region", r.region)
                         .field("name", p.name.unwrap_or_default())
@@ -1080,7 +1098,7 @@ impl Server {
                 match m.install(client, p) {
                     Ok(r) => {
                         self.audit.event(
-                            &Record::new("offload-admit", Severity::Notice)
+                            &Record::new(Event::OffloadAdmit, Severity::Notice)
                                 .field("client", client)
                                 .field("offload", name)
                                 .field("handle", r.handle)
@@ -1095,7 +1113,7 @@ impl Server {
                             ManagerError::PolicyDenied { reason } => reason.clone(),
                             _ => String::new(),
                         };
-                        let mut rec = Record::new("offload-refuse", Severity::Warning)
+                        let mut rec = Record::new(Event::OffloadRefuse, Severity::Warning)
                             .field("client", client)
                             .field("offload", name)
                             .field("error", w.name.rsplit('.').next().unwrap_or_default());
@@ -1114,7 +1132,7 @@ impl Server {
                 let p: api::Uninstall = decode(call)?;
                 m.uninstall(client, p.handle).map_err(wire)?;
                 self.audit.event(
-                    &Record::new("teardown", Severity::Notice)
+                    &Record::new(Event::Teardown, Severity::Notice)
                         .field("client", client)
                         .field("handle", p.handle)
                         .field("reason", "uninstall")
@@ -1140,6 +1158,7 @@ impl Server {
         let r = match method {
             "ListClients" => encode(&m.admin_clients()),
             "ListOffloads" => encode(&m.admin_offloads()),
+            "ListDevices" => encode(&m.admin_devices()),
             "Dump" => decode::<api::Dump>(call)
                 .and_then(|p| m.admin_dump(p.handle).map_err(wire))
                 .and_then(|r| encode(&r)),
@@ -1147,7 +1166,7 @@ impl Server {
                 Ok(p) => match m.admin_kill(p.client) {
                     Ok(r) => {
                         self.audit.event(
-                            &Record::new("kill", Severity::Warning)
+                            &Record::new(Event::Kill, Severity::Warning)
                                 .field("client", p.client)
                                 .field("uninstalled", r.uninstalled)
                                 .res(true),
@@ -1247,7 +1266,7 @@ impl Server {
         };
         c.output.extend_from_slice(&bytes);
         if c.output.len() - c.written > max {
-            let r = Record::new("disconnect", Severity::Warning)
+            let r = Record::new(Event::Disconnect, Severity::Warning)
                 .peer(&c.peer.identity)
                 .field("reason", "unread-replies")
                 .res(false);

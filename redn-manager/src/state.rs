@@ -177,6 +177,9 @@ struct Offload {
     remote: BTreeMap<u64, RemoteInstance>,
     /// Counters of remote instances released so far (triggers, WQEs, errors).
     retired: (u64, u64, u64),
+    /// Remote clients' instances the auditor terminated, and of those banned.
+    remote_terminated: u64,
+    remote_banned: u64,
     /// When the token was handed out (its app's `token_lifetime` runs from here).
     token_issued: std::time::Instant,
     /// When its triggers arrived, for `io.redn.Admin.TriggerTimes` (see
@@ -224,8 +227,13 @@ pub struct Manager {
     dataplane_endpoint: Option<String>,
     /// Apps the auditor banned from installing.
     bans: crate::auditor::Bans,
-    /// Per client, its offloads the auditor terminated (for `Stats`).
-    notes: BTreeMap<u64, Vec<api::TerminatedOffload>>,
+    /// Per client, what the auditor terminated of its offloads and their remote clients
+    /// (for `Stats`).
+    notes: BTreeMap<u64, enforce::Notes>,
+    /// Asynchronous events taken from the NIC.
+    async_events: u64,
+    /// The NIC's count of lost asynchronous events when last read.
+    async_events_lost: u64,
     /// Audit records of the manager's own actions, for the event loop to send.
     outbox: Vec<crate::audit::Record>,
     /// The verifier rules the last refused install broke (for its audit record).
@@ -330,6 +338,8 @@ impl Manager {
             dataplane_endpoint: None,
             bans: crate::auditor::Bans::default(),
             notes: BTreeMap::new(),
+            async_events: 0,
+            async_events_lost: 0,
             outbox: Vec::new(),
             refused_rules: String::new(),
         }
@@ -411,7 +421,7 @@ impl Manager {
                 me.regions.extend(c.regions);
             }
             if let Some(notes) = self.notes.remove(&old) {
-                self.notes.entry(client).or_default().extend(notes);
+                self.notes.entry(client).or_default().merge(notes);
             }
             for o in self.installed.values_mut().filter(|o| o.client == old) {
                 o.client = client;
@@ -765,6 +775,8 @@ impl Manager {
                 _parking: parking,
                 remote: BTreeMap::new(),
                 retired: (0, 0, 0),
+                remote_terminated: 0,
+                remote_banned: 0,
                 token_issued: std::time::Instant::now(),
                 arrivals: enforce::Arrivals::default(),
             },
@@ -930,6 +942,7 @@ impl Manager {
         Ok(api::StatsReply {
             offloads,
             terminated: self.notes_of(client),
+            remote_terminated: self.remote_notes_of(client),
         })
     }
 
@@ -1001,10 +1014,36 @@ impl Manager {
                     triggers,
                     wqes,
                     errors,
+                    remote_clients: u32::try_from(o.remote.len()).unwrap_or(u32::MAX),
+                    remote_terminated: o.remote_terminated,
+                    remote_banned: o.remote_banned,
                 }
             })
             .collect();
         api::InstalledList { offloads }
+    }
+
+    /// `io.redn.Admin.ListDevices`: the backend device, with the objects it holds. The
+    /// softnic has no GUID or PCI address; the mlx5 backend (which cannot serve yet) would
+    /// fill them from the device `[backend]` selected.
+    pub fn admin_devices(&self) -> api::DeviceList {
+        let objects = self.nic.objects();
+        api::DeviceList {
+            devices: vec![api::DeviceEntry {
+                ifindex: 0,
+                ifname: self.nic.name().to_owned(),
+                backend: self.backend.clone(),
+                node_guid: None,
+                pci_address: None,
+                dataplane: self.dataplane_endpoint.clone(),
+                pd: objects.pds as u64,
+                mr: objects.regions as u64,
+                cq: objects.cqs as u64,
+                qp: objects.qps as u64,
+                async_events: self.async_events,
+                async_events_lost: self.nic.async_events_lost(),
+            }],
+        }
     }
 
     /// `io.redn.Admin.Dump`: the listing and every non-zero 64-byte block of the code
@@ -1081,6 +1120,11 @@ impl Manager {
         }
         self.enforce_reloaded_policy();
         Ok(api::Reloaded { apps })
+    }
+
+    /// Asynchronous events the auditor has taken from the NIC.
+    pub fn async_events(&self) -> u64 {
+        self.async_events
     }
 
     /// Whether `client` is known (a killed client is not).

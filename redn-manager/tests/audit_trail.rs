@@ -278,10 +278,7 @@ fn two_runaway_loops_at_once_are_terminated_and_a_third_client_is_unaffected() {
         assert_eq!(t.get("rule"), "loop-budget");
     }
     echo_serves(&m, echo, 3);
-    let stats: api::StatsReply = third
-        .connection()
-        .call("io.redn.Manager.Stats", &serde_json::json!({}), &[])
-        .unwrap();
+    let stats = stats(&mut third);
     assert_eq!(
         stats.terminated, None,
         "nothing of the third client's was touched"
@@ -311,10 +308,7 @@ fn a_runaway_loop_is_terminated_while_a_neighbour_keeps_serving() {
     assert_eq!(t.get("res"), "success");
     assert!(t.tag.starts_with("redn-manager["), "{t:?}");
     // The app is told through Stats; the neighbour is untouched and still answers.
-    let stats: api::StatsReply = c
-        .connection()
-        .call("io.redn.Manager.Stats", &serde_json::json!({}), &[])
-        .unwrap();
+    let stats = stats(&mut c);
     let notes = stats.terminated.unwrap();
     assert_eq!(
         (notes[0].handle, notes[0].rule.as_str(), notes[0].banned),
@@ -362,10 +356,8 @@ fn a_flooding_client_is_throttled_then_terminated_then_banned_and_refused() {
     assert_eq!(terminate.get("rule"), "still-flooding");
     let ban = syslog.find("ban", is_ours);
     assert_eq!((ban.get("app"), ban.get("duration")), ("flooder", "3600s"));
-    // Banned: a reconnecting app's install is refused, and that is a record too.
-    drop(c);
-    let mut again = m.client();
-    match install_server_loop(&mut again) {
+    // Banned: the connection it had may read why but install nothing...
+    match install_server_loop(&mut c) {
         Err(redn_client::Error::Refused(ManagerError::PolicyDenied { reason })) => {
             assert!(reason.contains("banned"), "{reason}");
         }
@@ -373,6 +365,24 @@ fn a_flooding_client_is_throttled_then_terminated_then_banned_and_refused() {
     }
     let refuse = syslog.find("offload-refuse", |r| r.get("reason").contains("banned"));
     assert_eq!(refuse.get("res"), "failed");
+    // ...and a reconnect is refused at accept (an unprompted error, then the close: only
+    // read, a call sent meanwhile may meet the closed socket), a record too.
+    drop(c);
+    let reply = m.raw(&m.api()).read_reply().unwrap();
+    assert_eq!(reply.error.as_deref(), Some("io.redn.Manager.PolicyDenied"));
+    let reason = reply.parameters["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("banned"), "{reason}");
+    let refused = syslog.find("refuse", |r| r.get("reason").contains("banned"));
+    assert_eq!(
+        (
+            refused.get("socket"),
+            refused.get("uid"),
+            refused.get("res")
+        ),
+        ("Api", uid().to_string().as_str(), "failed")
+    );
+    // Admins still get in.
+    assert!(offloads(&m).is_empty());
 }
 
 /// Not a test: the body of the app process `held_app` starts.

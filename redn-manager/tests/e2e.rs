@@ -1061,7 +1061,8 @@ fn a_remote_client_with_a_wrong_token_is_refused() {
     let mut c = remote(&endpoint, handle, &token).unwrap();
     assert_eq!(c.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
     assert!(
-        m.log().contains("io.redn.Dataplane.AccessDenied"),
+        m.log().contains("event=remote-connect peer=127.0.0.1:")
+            && m.log().contains(" error=AccessDenied "),
         "{}",
         m.log()
     );
@@ -1271,14 +1272,22 @@ fn an_expired_token_admits_no_new_remote_client() {
 
 /// Send `hello` on a fresh connection to the data plane; the manager's answer.
 fn raw_hello(endpoint: &str, hello: &dataplane::Hello) -> dataplane::Answer {
-    let mut raw = std::net::TcpStream::connect(endpoint).unwrap();
+    say_hello(std::net::TcpStream::connect(endpoint).unwrap(), hello).1
+}
+
+/// Send `hello` on `raw`; the connection, still open, and the manager's answer.
+fn say_hello(
+    mut raw: std::net::TcpStream,
+    hello: &dataplane::Hello,
+) -> (std::net::TcpStream, dataplane::Answer) {
     raw.set_read_timeout(Some(DEADLINE)).unwrap();
     std::io::Write::write_all(&mut raw, &hello.encode().unwrap()).unwrap();
     let mut header = [0u8; dataplane::ANSWER_HEADER_LEN];
     raw.read_exact(&mut header).unwrap();
     let mut body = vec![0u8; dataplane::Answer::body_len(&header).unwrap()];
     raw.read_exact(&mut body).unwrap();
-    dataplane::Answer::decode(&header, &body).unwrap()
+    let answer = dataplane::Answer::decode(&header, &body).unwrap();
+    (raw, answer)
 }
 
 #[test]
@@ -1452,57 +1461,80 @@ fn a_remote_clients_runaway_instance_alone_is_terminated() {
         1,
         "the calm client kept its instance"
     );
-    let stats: api::StatsReply = s
-        .app
-        .connection()
-        .call("io.redn.Manager.Stats", &serde_json::json!({}), &[])
-        .unwrap();
+    let stats = stats(&mut s.app);
     assert_eq!(
         stats.terminated, None,
         "the app's own install was not touched"
     );
 }
 
-#[test]
-fn a_remote_client_over_its_wqe_rate_alone_is_throttled() {
-    // 64 WQEs a trigger covers server-loop's 56; 2,000 WQEs a second is some 35 gets, far
-    // below what a client getting as fast as it can asks for.
-    let m = Manager::start_with_dataplane(
-        &policy("", "")
+/// A remote client on a thread of its own getting key 0x2a as fast as it can until `stop`
+/// is set; it returns the GETs served and the sessions it opened.
+#[allow(clippy::type_complexity)] // a flag and a thread handle, used once each
+fn flood(
+    endpoint: &str,
+    handle: u64,
+    token: &str,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<(u64, u64)>,
+) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (endpoint, token, flag) = (endpoint.to_owned(), token.to_owned(), stop.clone());
+    let flooder = std::thread::spawn(move || {
+        let mut c = remote(&endpoint, handle, &token).unwrap();
+        let mut served = 0u64;
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            assert_eq!(c.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+            served += 1;
+        }
+        (served, c.sessions_opened())
+    });
+    (stop, flooder)
+}
+
+/// A manager whose app serves server-loop, its remote clients under `on_violation =
+/// "throttle"` and the policy `policy` makes of the default one; a calm client, and a
+/// flooder getting until the auditor throttles it for `rule`. Returns the manager, the app
+/// with its calm client, the throttle record and the flooder's GETs and sessions.
+fn flood_until_throttled(
+    policy_of: impl Fn(String) -> String,
+    rule: &str,
+) -> (Manager, ServerLoop, String, (u64, u64)) {
+    let m = Manager::start_with_dataplane(&policy_of(
+        policy("", "")
             .replace("\"echo\"]", "\"echo\", \"server-loop\"]")
-            .replace("wqes_per_second = \"infinity\"", "wqes_per_second = 2000")
             .replace(
                 "on_violation = \"terminate\"",
                 "on_violation = \"throttle\"",
             ),
-    );
-    let mut s = server_loop_with_a_calm_client(&m);
-    let (handle, token, endpoint) = (s.handle, s.token.clone(), s.endpoint.clone());
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flooder = {
-        let (endpoint, token, stop) = (endpoint.clone(), token.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut c = remote(&endpoint, handle, &token).unwrap();
-            let mut served = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                assert_eq!(c.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
-                served += 1;
-            }
-            (served, c.sessions_opened())
-        })
-    };
+    ));
+    let s = server_loop_with_a_calm_client(&m);
+    let (stop, flooder) = flood(&s.endpoint, s.handle, &s.token);
     let record = audit_record_with(
         &m,
         &[
             "event=throttle ",
-            &format!(" handle={handle} "),
+            &format!(" handle={} ", s.handle),
             " instance=",
             " peer=127.0.0.1:",
-            " rule=wqes-per-second ",
+            &format!(" rule={rule} "),
         ],
     );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (served, sessions) = flooder.join().unwrap();
+    let flooded = flooder.join().unwrap();
+    (m, s, record, flooded)
+}
+
+#[test]
+fn a_remote_client_over_its_wqe_rate_alone_is_throttled() {
+    // 64 WQEs a trigger covers server-loop's 56; 2,000 WQEs a second is some 35 gets, far
+    // below what a client getting as fast as it can asks for.
+    let (m, mut s, record, (served, sessions)) = flood_until_throttled(
+        |p| p.replace("wqes_per_second = \"infinity\"", "wqes_per_second = 2000"),
+        "wqes-per-second",
+    );
+    let token = s.token.clone();
     assert!(record.contains("paced_wqes_per_s=2000"), "{record}");
     assert!(!record.contains(&token), "the token leaked: {record}");
     // Paced, not cut off: the flooder kept its one instance throughout.
@@ -1514,4 +1546,220 @@ fn a_remote_client_over_its_wqe_rate_alone_is_throttled() {
     let list: api::InstalledList =
         m.admin_call("io.redn.Admin.ListOffloads", serde_json::json!({}));
     assert_eq!(list.offloads.len(), 1);
+}
+
+/// A TCP connection to `endpoint` from `source` (a loopback address of its own: the data
+/// plane knows remote clients by address, and the kernel would pick 127.0.0.1).
+fn connect_from(source: &str, endpoint: &str) -> std::net::TcpStream {
+    use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let from: std::net::SocketAddrV4 = format!("{source}:0").parse().unwrap();
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrIn::from(from),
+    )
+    .unwrap();
+    let to: std::net::SocketAddrV4 = endpoint.parse().unwrap();
+    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(to)).unwrap();
+    std::net::TcpStream::from(fd)
+}
+
+/// Say hello for `handle` with `token` from `source`, as a client there would (its record
+/// at that address, with a response region); the open connection and the answer.
+fn hello_from(
+    source: &str,
+    endpoint: &str,
+    handle: u64,
+    token: &str,
+) -> (std::net::TcpStream, dataplane::Answer) {
+    use redn_sys::softnic::roce::{QpRecord, RegionRecord};
+    let mut record = QpRecord::new(0x42, 1, format!("{source}:4791").parse().unwrap());
+    record.regions = vec![RegionRecord {
+        name: "response".into(),
+        addr: 0x10_0000,
+        rkey: 7,
+        len: 4096,
+        rights: 2,
+    }];
+    let hello = dataplane::Hello {
+        handle,
+        token: redn_client::remote::parse_token(token).unwrap(),
+        record: record.encode().unwrap(),
+    };
+    say_hello(connect_from(source, endpoint), &hello)
+}
+
+#[test]
+fn a_banned_remote_client_alone_is_refused_for_its_ban() {
+    // As in the runaway test, server-loop overdraws its budget by 6 WQEs a trigger; the
+    // policy bans for an hour.
+    let m = Manager::start_with_dataplane(
+        &policy("", "")
+            .replace("\"echo\"]", "\"echo\", \"server-loop\"]")
+            .replace("wqes_per_invocation = 64", "wqes_per_invocation = 50")
+            .replace(
+                "on_violation = \"terminate\"",
+                "on_violation = \"ban\"\nban_duration = \"1h\"",
+            ),
+    );
+    // The calm client, at 127.0.0.1 as the runaway will be, already holds its instance.
+    let mut s = server_loop_with_a_calm_client(&m);
+    let (handle, token, endpoint) = (s.handle, s.token.clone(), s.endpoint.clone());
+    // A neighbour at another address holds an instance throughout.
+    let (neighbour, answer) = hello_from("127.0.0.2", &endpoint, handle, &token);
+    assert!(
+        matches!(answer, dataplane::Answer::Accepted(_)),
+        "{answer:?}"
+    );
+    // The runaway, at 127.0.0.1, gets until the auditor cuts it off.
+    let mut runaway = remote_within(&endpoint, handle, &token, Duration::from_secs(1)).unwrap();
+    let mut served = 0u32;
+    while runaway.get(0x2a).is_ok() {
+        served += 1;
+        assert!(served < 10_000, "the runaway instance was never stopped");
+    }
+    let ban = audit_record_with(
+        &m,
+        &[
+            "event=ban ",
+            &format!(" handle={handle} "),
+            " address=127.0.0.1 ",
+            " duration=3600s ",
+        ],
+    );
+    assert!(
+        ban.contains(" rule=loop-budget ") && ban.contains(" instance="),
+        "{ban}"
+    );
+    assert!(!ban.contains(&token), "the token leaked: {ban}");
+    // Its reconnects are refused for the ban, by name...
+    match runaway.get(0x2a) {
+        Err(ClientError::RemoteRefused {
+            refusal: Refusal::Banned,
+            reason,
+        }) => assert!(
+            reason.contains("127.0.0.1") && reason.contains("banned"),
+            "{reason}"
+        ),
+        other => panic!("expected Banned, got {other:?}"),
+    }
+    let (_, again) = hello_from("127.0.0.1", &endpoint, handle, &token);
+    assert!(
+        matches!(again, dataplane::Answer::Refused(Refusal::Banned, _)),
+        "{again:?}"
+    );
+    audit_record_with(
+        &m,
+        &["event=remote-connect ", " error=Banned ", "res=failed"],
+    );
+    // ...and nobody else is touched: another address says hello, the neighbour keeps its
+    // instance, the offload stays, the app reconnects.
+    let (_newcomer, fresh) = hello_from("127.0.0.3", &endpoint, handle, &token);
+    assert!(matches!(fresh, dataplane::Answer::Accepted(_)), "{fresh:?}");
+    neighbour.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let open = (&neighbour).read(&mut byte);
+    assert!(
+        matches!(&open, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the neighbour's connection was closed: {open:?}"
+    );
+    let list: api::InstalledList =
+        m.admin_call("io.redn.Admin.ListOffloads", serde_json::json!({}));
+    let entry = list.offloads.iter().find(|o| o.handle == handle).unwrap();
+    assert_eq!(
+        (
+            entry.remote_clients,
+            entry.remote_terminated,
+            entry.remote_banned
+        ),
+        (3, 1, 1)
+    );
+    // An instance held before the ban is judged on its own: the calm client, at the
+    // banned address, is served on.
+    assert_eq!(s.calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    assert_eq!(s.calm.sessions_opened(), 1);
+    let mut reconnected = m.client();
+    let fresh = stats(&mut reconnected);
+    assert_eq!(
+        fresh.terminated, None,
+        "the app's own install was not touched"
+    );
+    let stats = stats(&mut s.app);
+    let notes = stats.remote_terminated.expect("the app is told");
+    assert_eq!(notes.len(), 1);
+    let n = &notes[0];
+    assert_eq!(
+        (n.handle, n.offload.as_str(), n.rule.as_str(), n.banned),
+        (handle, "server-loop", "loop-budget", true)
+    );
+    assert!(n.peer.starts_with("127.0.0.1:"), "{n:?}");
+    // An admin sees the same through `redn`, as JSON and as a table.
+    let admin = m.admin().display().to_string();
+    let redn = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_redn"));
+        stdout_of(c.args(["-s", &admin]).args(args))
+    };
+    let stat: serde_json::Value = serde_json::from_str(&redn(&["-j", "stat", "show"])).unwrap();
+    assert_eq!(stat[0]["handle"], handle);
+    assert_eq!(
+        (
+            &stat[0]["remote_clients"],
+            &stat[0]["remote_terminated"],
+            &stat[0]["remote_banned"]
+        ),
+        (&3.into(), &1.into(), &1.into())
+    );
+    let dev: serde_json::Value = serde_json::from_str(&redn(&["-j", "dev", "show"])).unwrap();
+    let dev = dev.as_array().expect("an array of devices");
+    assert_eq!(dev.len(), 1);
+    assert_eq!(dev[0]["backend"], "softnic");
+    assert_eq!(dev[0]["dataplane"], endpoint.as_str());
+    assert!(dev[0]["node_guid"].is_null() && dev[0]["pci_address"].is_null());
+    assert!(dev[0]["qp"].as_u64().unwrap() > 0, "{dev:?}");
+    let table = redn(&["dev"]);
+    let mut lines = table.lines();
+    assert!(
+        lines.next().unwrap().starts_with("IFINDEX  IFNAME"),
+        "{table}"
+    );
+    let row = lines.next().unwrap();
+    assert!(
+        row.starts_with("0 ") && row.contains(" softnic ") && row.contains(" - "),
+        "{table}"
+    );
+    assert!(row.ends_with(&endpoint), "{table}");
+}
+
+#[test]
+fn a_remote_client_over_its_trigger_rate_is_throttled() {
+    // Each GET is one trigger of server-loop's 56 WQEs, inside every WQE budget; 100
+    // triggers a second is far below what a client getting as fast as it can sends.
+    let (_m, mut s, record, (_, sessions)) = flood_until_throttled(
+        |p| {
+            p.replace(
+                "wqes_per_invocation",
+                "triggers_per_second = 100\nwqes_per_invocation",
+            )
+        },
+        "triggers-per-second",
+    );
+    assert_eq!(sessions, 1, "paced, not cut off");
+    assert!(record.contains(" limit_per_s=100 "), "{record}");
+    // The WQEs of 100 triggers a second at what each ran in the window (56, or a little
+    // more with a round in flight when it was sampled).
+    let paced: u64 = record
+        .split(" paced_wqes_per_s=")
+        .nth(1)
+        .and_then(|v| v.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{record}"));
+    assert!((5600..=6000).contains(&paced), "{record}");
+    assert_eq!(s.calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    assert_eq!(s.calm.sessions_opened(), 1);
 }

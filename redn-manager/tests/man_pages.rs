@@ -514,6 +514,20 @@ fn redn_7_describes_every_verifier_rule_and_varlink_method_and_error() {
     assert!(missing.is_empty(), "redn(7) lacks: {missing:?}");
 }
 
+#[test]
+fn redn_7_describes_every_audit_event() {
+    let page = Page::read("redn.7");
+    let missing: Vec<&str> = redn_manager::audit::Event::ALL
+        .iter()
+        .map(|e| e.name())
+        .filter(|name| !page.tags_word("AUDIT RECORDS", name))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "redn(7) AUDIT RECORDS lacks: {missing:?}"
+    );
+}
+
 /// Every page in `man/`.
 fn pages() -> Vec<String> {
     let mut out: Vec<String> = std::fs::read_dir(repo().join("man"))

@@ -103,6 +103,7 @@ pub use error::{Error, Location, Result};
 pub use identity::{Matchers, PeerIdentity, Specificity, Token};
 pub use policy::{
     load_policy, parse_policy, AppRule, ClientLimits, OnViolation, Policy, Quota, SourceNet,
+    TriggerRate,
 };
 pub use source::MAX_FILE_BYTES;
 pub use units::{ByteSize, KbitRate, TimeSpan, WqeRate};

@@ -17,6 +17,7 @@
 //! [app.client]                       # limits on each remote client of this app
 //! rate_limit_kbps = 1000000          # kbit/s, or "infinity"
 //! wqes_per_second = "2M"             # decimal k/M/G, or "infinity"
+//! triggers_per_second = "50k"        # decimal k/M/G, or "infinity" (the default)
 //! wqes_per_invocation = 64           # >= 1
 //! on_violation = "ban"               # "throttle" | "terminate" | "ban"
 //! ban_duration = "1h"                # required with "ban", refused otherwise
@@ -46,11 +47,15 @@
 //!   softnic;
 //! - `wqes_per_second`: work requests the client's invocations may execute per second,
 //!   counted by the manager's auditor;
+//! - `triggers_per_second`: triggers (requests) the client may send per second, counted by
+//!   the auditor from the receives its client-facing queue consumed; optional, default
+//!   `"infinity"`. A flood of cheap triggers stays inside a WQE budget but is caught here;
 //! - `wqes_per_invocation`: work requests one invocation may execute (the verifier's bound
 //!   for unrolled chains, the auditor's budget per trigger for recycled loops);
 //! - `on_violation`: what a client over a limit gets: `throttle` (its queues paced at its
 //!   budgets until it stops pressing against them), `terminate` (its queues go to error, its keys are revoked and its resources
-//!   freed), `ban` (terminated, and the app's installs refused for `ban_duration`). A rate
+//!   freed), `ban` (terminated and refused for `ban_duration`: a remote client's hellos from
+//!   its address, or, for the app's own install, the app's connections and installs). A rate
 //!   violation is throttled first whatever this says; see the manager's `docs/audit.md`;
 //! - `token_lifetime`: how long a token handed to a client stays valid.
 
@@ -235,12 +240,71 @@ pub struct ClientLimits {
     pub rate_limit_kbps: KbitRate,
     /// Work requests per second (`wqes_per_second`).
     pub wqes_per_second: WqeRate,
+    /// Triggers per second (`triggers_per_second`, default unlimited).
+    pub triggers_per_second: TriggerRate,
     /// Work requests per invocation (`wqes_per_invocation`).
     pub wqes_per_invocation: NonZeroU32,
     /// What a client over a limit gets (`on_violation`, `ban_duration`).
     pub on_violation: OnViolation,
     /// How long a token stays valid (`token_lifetime`).
     pub token_lifetime: TimeSpan,
+}
+
+/// Triggers per second (`triggers_per_second`): a count like [`WqeRate`], with the same
+/// decimal suffixes (`"50k"`), never 0, `"infinity"` for no limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TriggerRate {
+    /// At most this many triggers per second.
+    Limited(std::num::NonZeroU64),
+    /// No trigger rate limit (`"infinity"`).
+    Unlimited,
+}
+
+impl TriggerRate {
+    /// Parse `text` as [`WqeRate`] does, naming triggers in the error.
+    fn parse(text: &str) -> Result<TriggerRate> {
+        match text.parse::<WqeRate>() {
+            Ok(WqeRate::Limited(n)) => Ok(TriggerRate::Limited(n)),
+            Ok(WqeRate::Unlimited) => Ok(TriggerRate::Unlimited),
+            Err(Error::Value { value, reason, .. }) => Err(Error::value(
+                "trigger rate",
+                value,
+                reason.replace("WQEs", "triggers"),
+            )),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl std::fmt::Display for TriggerRate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TriggerRate::Limited(n) => write!(f, "{n}"),
+            TriggerRate::Unlimited => f.write_str("infinity"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for TriggerRate {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        struct Visitor;
+        impl de::Visitor<'_> for Visitor {
+            type Value = TriggerRate;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a number of triggers per second (\"50k\") or \"infinity\"")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<TriggerRate, E> {
+                TriggerRate::parse(&v.to_string()).map_err(E::custom)
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<TriggerRate, E> {
+                TriggerRate::parse(&v.to_string()).map_err(E::custom)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<TriggerRate, E> {
+                TriggerRate::parse(v).map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 /// What happens to a remote client that goes over a limit.
@@ -308,6 +372,7 @@ fn yes() -> bool {
 struct RawClient {
     rate_limit_kbps: KbitRate,
     wqes_per_second: WqeRate,
+    triggers_per_second: Option<TriggerRate>,
     wqes_per_invocation: u32,
     on_violation: ViolationKind,
     ban_duration: Option<TimeSpan>,
@@ -531,6 +596,7 @@ impl RawClient {
         Ok(ClientLimits {
             rate_limit_kbps: self.rate_limit_kbps,
             wqes_per_second: self.wqes_per_second,
+            triggers_per_second: self.triggers_per_second.unwrap_or(TriggerRate::Unlimited),
             wqes_per_invocation,
             on_violation,
             token_lifetime,
@@ -607,6 +673,7 @@ token_lifetime = "1d"
                 client: ClientLimits {
                     rate_limit_kbps: KbitRate::Limited(NonZeroU32::new(1_000_000).unwrap()),
                     wqes_per_second: WqeRate::Limited(NonZeroU64::new(2_000_000).unwrap()),
+                    triggers_per_second: TriggerRate::Unlimited,
                     wqes_per_invocation: NonZeroU32::new(64).unwrap(),
                     on_violation: OnViolation::Ban(TimeSpan::Finite(Duration::from_secs(3600))),
                     token_lifetime: TimeSpan::Finite(Duration::from_secs(86_400)),
@@ -773,6 +840,43 @@ token_lifetime = "1d"
             ),
             11,
             "app \"kv\" keep_serving_after_exit",
+        );
+    }
+
+    #[test]
+    fn triggers_per_second_is_optional_decimal_and_never_zero() {
+        let with = |v: &str| {
+            kv_with(
+                "wqes_per_invocation",
+                &format!("triggers_per_second = {v}\nwqes_per_invocation"),
+            )
+        };
+        let rate = |text: &str| parse(text).unwrap().apps()[0].client.triggers_per_second;
+        assert_eq!(rate(KV), TriggerRate::Unlimited, "the default");
+        assert_eq!(
+            rate(&with("\"50k\"")),
+            TriggerRate::Limited(NonZeroU64::new(50_000).unwrap())
+        );
+        assert_eq!(
+            rate(&with("7")),
+            TriggerRate::Limited(NonZeroU64::new(7).unwrap())
+        );
+        assert_eq!(rate(&with("\"infinity\"")), TriggerRate::Unlimited);
+        let e = error(&with("0"), 15, "app \"kv\" client.triggers_per_second");
+        assert!(
+            e.contains("invalid trigger rate \"0\"") && e.contains("\"infinity\""),
+            "{e}"
+        );
+        let e = error(
+            &with("\"5 Hz\""),
+            15,
+            "app \"kv\" client.triggers_per_second",
+        );
+        assert!(e.contains("invalid trigger rate \"5 Hz\""), "{e}");
+        error(&with("-3"), 15, "app \"kv\" client.triggers_per_second");
+        assert_eq!(
+            TriggerRate::Limited(NonZeroU64::new(9).unwrap()).to_string(),
+            "9"
         );
     }
 

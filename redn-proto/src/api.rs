@@ -179,14 +179,29 @@ pub struct TerminatedOffload {
     pub banned: bool,
 }
 
+/// A remote client's instance of an offload that the auditor terminated.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct TerminatedRemote {
+    pub handle: u64,
+    pub offload: String,
+    pub instance: u64,
+    pub peer: String,
+    pub rule: String,
+    pub banned: bool,
+}
+
 /// `Stats` reply.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StatsReply {
     /// The caller's offloads.
     pub offloads: Vec<OffloadStats>,
-    /// Its offloads the auditor terminated since it last asked.
+    /// Its offloads the auditor terminated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminated: Option<Vec<TerminatedOffload>>,
+    /// Its offloads' remote clients whose instances the auditor terminated (the newest 64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_terminated: Option<Vec<TerminatedRemote>>,
 }
 
 /// `io.redn.Admin` client entry.
@@ -227,6 +242,9 @@ pub struct InstalledEntry {
     pub triggers: u64,
     pub wqes: u64,
     pub errors: u64,
+    pub remote_clients: u32,
+    pub remote_terminated: u64,
+    pub remote_banned: u64,
 }
 
 /// `io.redn.Admin.ListOffloads` reply.
@@ -234,6 +252,31 @@ pub struct InstalledEntry {
 pub struct InstalledList {
     /// The installed offloads.
     pub offloads: Vec<InstalledEntry>,
+}
+
+/// `io.redn.Admin` device entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct DeviceEntry {
+    pub ifindex: u32,
+    pub ifname: String,
+    pub backend: String,
+    pub node_guid: Option<String>,
+    pub pci_address: Option<String>,
+    pub dataplane: Option<String>,
+    pub pd: u64,
+    pub mr: u64,
+    pub cq: u64,
+    pub qp: u64,
+    pub async_events: u64,
+    pub async_events_lost: u64,
+}
+
+/// `io.redn.Admin.ListDevices` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceList {
+    /// The devices.
+    pub devices: Vec<DeviceEntry>,
 }
 
 /// `io.redn.Admin.Dump` parameters.

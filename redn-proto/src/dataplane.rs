@@ -196,17 +196,21 @@ pub enum Refusal {
     NoDevice,
     /// The offload cannot be served to remote clients (its program has no client queue).
     NotServable,
+    /// The manager's auditor banned the client's address from the app's offloads for a
+    /// while (the reason says how long).
+    Banned,
 }
 
 impl Refusal {
     /// Every refusal.
-    pub const ALL: [Refusal; 6] = [
+    pub const ALL: [Refusal; 7] = [
         Refusal::InvalidHello,
         Refusal::AccessDenied,
         Refusal::SourceNotAllowed,
         Refusal::TooManyClients,
         Refusal::NoDevice,
         Refusal::NotServable,
+        Refusal::Banned,
     ];
 
     /// Its status byte.
@@ -218,6 +222,7 @@ impl Refusal {
             Refusal::TooManyClients => 4,
             Refusal::NoDevice => 5,
             Refusal::NotServable => 6,
+            Refusal::Banned => 7,
         }
     }
 
@@ -235,6 +240,7 @@ impl Refusal {
             Refusal::TooManyClients => "io.redn.Dataplane.TooManyClients",
             Refusal::NoDevice => "io.redn.Dataplane.NoDevice",
             Refusal::NotServable => "io.redn.Dataplane.NotServable",
+            Refusal::Banned => "io.redn.Dataplane.Banned",
         }
     }
 }

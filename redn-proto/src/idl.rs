@@ -503,6 +503,7 @@ mod tests {
                 "ReloadPolicy",
                 "TestRun",
                 "TriggerTimes",
+                "ListDevices",
                 "Monitor"
             ]
         );

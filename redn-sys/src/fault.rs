@@ -12,7 +12,7 @@ use crate::nic::{
 };
 use crate::wqe::{Sge, WorkRequest};
 use crate::{Access, Cqn, Error, Lkey, Pdn, QpState, Qpn, Result};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A NIC whose `fail_at`-th creating or changing call (counted from 0 since [`FailingNic::arm`])
@@ -24,6 +24,9 @@ pub struct FailingNic<N: Nic> {
     fail_at: AtomicUsize,
     /// Every release, in order.
     released: Mutex<Vec<Released>>,
+    /// Asynchronous events are dropped (and counted) instead of handed out.
+    lose_events: AtomicBool,
+    lost_events: AtomicU64,
 }
 
 /// One release a [`FailingNic`] saw.
@@ -47,7 +50,16 @@ impl<N: Nic> FailingNic<N> {
             calls: AtomicUsize::new(0),
             fail_at: AtomicUsize::new(usize::MAX),
             released: Mutex::new(Vec::new()),
+            lose_events: AtomicBool::new(false),
+            lost_events: AtomicU64::new(0),
         }
+    }
+
+    /// Drop every asynchronous event (`on`), counting each in
+    /// [`Nic::async_events_lost`], as a NIC whose event queue overflowed would; or hand
+    /// them out again.
+    pub fn lose_async_events(&self, on: bool) {
+        self.lose_events.store(on, Ordering::Relaxed);
     }
 
     fn step(&self, what: &'static str) -> Result<()> {
@@ -188,9 +200,15 @@ impl<N: Nic> Nic for FailingNic<N> {
         self.inner.objects()
     }
     fn get_async_event(&self) -> Option<crate::nic::AsyncEvent> {
+        if self.lose_events.load(Ordering::Relaxed) {
+            while self.inner.get_async_event().is_some() {
+                self.lost_events.fetch_add(1, Ordering::Relaxed);
+            }
+            return None;
+        }
         self.inner.get_async_event()
     }
     fn async_events_lost(&self) -> u64 {
-        self.inner.async_events_lost()
+        self.inner.async_events_lost() + self.lost_events.load(Ordering::Relaxed)
     }
 }

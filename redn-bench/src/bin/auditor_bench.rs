@@ -150,7 +150,7 @@ fn neighbour(runs: usize, interval: Duration) {
             "[[app]]\nname = \"bench\"\nuid = {uid}\noffloads = [\"server-loop\"]\n\
              max_regions = 4\nmax_pinned = \"1G\"\nmax_queues = 64\nmax_remote_clients = 4\n\
              [app.client]\nrate_limit_kbps = \"infinity\"\nwqes_per_second = \"100k\"\n\
-             wqes_per_invocation = 32\non_violation = \"throttle\"\n"
+             wqes_per_invocation = 64\non_violation = \"throttle\"\n"
         ),
         "policy.toml",
     )
@@ -261,8 +261,8 @@ fn termination(runs: usize, interval: Duration) {
 }
 
 fn cpu_share(n: usize, load: Duration, interval: Duration) {
-    // 32 WQEs per trigger: server-loop's 24 stay within budget.
-    let (mut m, client) = manager(32);
+    // 64 WQEs per trigger: server-loop's 56 stay within budget.
+    let (mut m, client) = manager(64);
     let mut auditor = Auditor::new(interval);
     let r = region(&mut m, client);
     let offloads: Vec<(u64, Vec<u8>)> = (0..n).map(|_| install(&mut m, client, &r)).collect();

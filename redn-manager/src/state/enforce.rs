@@ -6,18 +6,63 @@
 
 use super::DynNic;
 use super::Manager;
-use crate::audit::{Record, Severity};
-use crate::auditor::{describe_span, Auditor, Budget, Sample, TrackId, Verdict, Violation};
+use crate::audit::{Event, Record, Severity};
+use crate::auditor::{describe_span, Auditor, Banned, Budget, Sample, TrackId, Verdict, Violation};
 use redn_program::program::{Program, QueueRole};
 use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
 use redn_proto::api;
 use redn_proto::errors::AdminError;
 use redn_sys::clock::Clock;
 use redn_sys::install::Installed;
+use redn_sys::nic::AsyncEvent;
 use redn_sys::QpState;
+use std::collections::HashSet;
 
-/// Auditor notes a client keeps for `Stats`, at most.
+/// Auditor notes a client keeps for `Stats`, at most (of each kind; for remote clients,
+/// the newest).
 const MAX_NOTES: usize = 64;
+/// Asynchronous events taken from the NIC in one round, at most (the rest wait for the
+/// next round, so a storm of them cannot stall the loop).
+const MAX_EVENTS_PER_ROUND: usize = 4096;
+
+/// What the auditor did to one client's offloads and their remote clients, for `Stats`.
+#[derive(Debug, Default)]
+pub(super) struct Notes {
+    offloads: Vec<api::TerminatedOffload>,
+    remote: std::collections::VecDeque<api::TerminatedRemote>,
+}
+
+impl Notes {
+    /// Take `other`'s notes too (an app adopting what an earlier connection left).
+    pub(super) fn merge(&mut self, other: Notes) {
+        for n in other.offloads {
+            self.note_offload(n);
+        }
+        for n in other.remote {
+            self.note_remote(n);
+        }
+    }
+
+    fn note_offload(&mut self, n: api::TerminatedOffload) {
+        if self.offloads.len() < MAX_NOTES {
+            self.offloads.push(n);
+        }
+    }
+
+    fn note_remote(&mut self, n: api::TerminatedRemote) {
+        if self.remote.len() == MAX_NOTES {
+            self.remote.pop_front();
+        }
+        self.remote.push_back(n);
+    }
+}
+
+/// The queues and CQs asynchronous events said went to error.
+#[derive(Debug, Default)]
+struct Failed {
+    qps: HashSet<redn_sys::Qpn>,
+    cqs: HashSet<redn_sys::Cqn>,
+}
 /// Triggers a test run may leave outstanding on the parking queue.
 pub const MAX_TEST_RUN: u32 = 4096;
 /// Trigger arrival times an offload keeps until an admin takes them; older ones are dropped
@@ -138,7 +183,7 @@ impl Manager {
     }
 
     /// A record about offload `handle`: its client, the client's identity, app and offload.
-    fn offload_record(&self, kind: &'static str, sev: Severity, handle: u64) -> Record {
+    fn offload_record(&self, kind: Event, sev: Severity, handle: u64) -> Record {
         let mut r = Record::new(kind, sev);
         if let Some(o) = self.installed.get(&handle) {
             r = r.field("client", o.client);
@@ -154,7 +199,7 @@ impl Manager {
     }
 
     /// The counters of one instance's queues (the app's install or a remote client's),
-    /// summed.
+    /// summed. Queue states are not read here: see [`Manager::audit_round`].
     pub(super) fn sample(&self, program: &Program, installed: &Installed<DynNic>) -> Sample {
         let mut s = Sample::default();
         for (i, q) in installed.qps.iter().enumerate() {
@@ -171,20 +216,59 @@ impl Manager {
                     s.triggers += c.recvs;
                 }
             }
-            // The hook for asynchronous QP events (a responder queue gone to error): until the
-            // NIC trait reports them, the state is polled each round.
-            if matches!(self.nic.qp_state(q.qpn), Ok(QpState::Error)) {
-                s.queues_in_error += 1;
-            }
         }
         s
+    }
+
+    /// The instance's queues whose state reads as error now (the fallback to events).
+    fn queues_in_error(&self, installed: &Installed<DynNic>) -> u32 {
+        let n = installed
+            .qps
+            .iter()
+            .filter(|q| matches!(self.nic.qp_state(q.qpn), Ok(QpState::Error)))
+            .count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// Take the NIC's asynchronous events (at most [`MAX_EVENTS_PER_ROUND`]): the queue
+    /// pairs a responder error moved to error and the CQs that overran. Returns them and
+    /// whether some events were lost since the last call (the NIC's queue was full), in
+    /// which case every queue's state must be read instead.
+    fn take_async_events(&mut self) -> (Failed, bool) {
+        let mut failed = Failed::default();
+        for _ in 0..MAX_EVENTS_PER_ROUND {
+            match self.nic.get_async_event() {
+                Some(AsyncEvent::QpAccessError(q) | AsyncEvent::QpRequestError(q)) => {
+                    failed.qps.insert(q);
+                }
+                Some(AsyncEvent::CqError(c)) => {
+                    failed.cqs.insert(c);
+                }
+                // Kinds a newer NIC reports that the auditor does not act on.
+                Some(_) => {}
+                None => break,
+            }
+            self.async_events += 1;
+        }
+        let lost = self.nic.async_events_lost();
+        let missed = lost != self.async_events_lost;
+        self.async_events_lost = lost;
+        (failed, missed)
     }
 
     /// One auditor round over every installed offload and every remote client's instance
     /// of one, each its own budget track: sample, judge, act. Returns how many tracks were
     /// sampled.
+    ///
+    /// Queues that go to error are learnt from the NIC's asynchronous events (a responder
+    /// that refused a request, a CQ that overran), not by reading every queue's state each
+    /// round. The state is read as a fallback only where an event may not come: for a
+    /// track whose error completions grew (a WQE of its own failed, which moves its queue
+    /// to error without an event; read a round later, so an event raised with the errors
+    /// comes first), and for every track after the NIC lost events.
     pub fn audit_round(&mut self, auditor: &mut Auditor, clock: impl Clock) -> usize {
         self.harvest_arrivals(None);
+        let (failed, missed) = self.take_async_events();
         let mut verdicts = Vec::new();
         let mut sampled = 0;
         for (handle, o) in &self.installed {
@@ -198,24 +282,41 @@ impl Manager {
                 .iter()
                 .map(|(id, r)| (TrackId::remote(*handle, *id), &r.installed));
             for (track, installed) in own.chain(remote) {
-                let sample = self.sample(&o.program, installed);
+                let mut sample = self.sample(&o.program, installed);
+                let evented = installed
+                    .qps
+                    .iter()
+                    .filter(|q| failed.qps.contains(&q.qpn))
+                    .count()
+                    + installed
+                        .cqs
+                        .iter()
+                        .filter(|c| failed.cqs.contains(c))
+                        .count();
+                sample.queues_in_error = u32::try_from(evented).unwrap_or(u32::MAX);
+                let mut seen_by = "async-event";
+                if evented == 0 && (missed || auditor.errors_grew(track)) {
+                    sample.queues_in_error = self.queues_in_error(installed);
+                    seen_by = "state-poll";
+                }
                 sampled += 1;
                 let (verdict, queue_error) = auditor.observe_track(track, budget, sample, &clock);
                 if queue_error {
-                    verdicts.push((track, None, sample));
+                    verdicts.push((track, None, sample, seen_by));
                 }
                 if verdict.is_some() {
-                    verdicts.push((track, verdict, sample));
+                    verdicts.push((track, verdict, sample, seen_by));
                 }
             }
         }
-        for (track, verdict, sample) in verdicts {
+        for (track, verdict, sample, seen_by) in verdicts {
             match (verdict, track.remote) {
                 (None, _) => {
                     let r = self
-                        .track_record("queue-error", Severity::Warning, track)
+                        .track_record(Event::QueueError, Severity::Warning, track)
                         .field("queues", sample.queues_in_error)
                         .field("errors", sample.errors)
+                        .field("seen_by", seen_by)
                         .res(false);
                     self.outbox.push(r);
                 }
@@ -225,10 +326,12 @@ impl Manager {
                 (Some(Verdict::Ban(v, span)), None) => {
                     self.terminate(track.handle, &v, Some(span));
                 }
-                // A remote client is not the app: a ban would punish the app for it, so its
-                // instance alone goes.
-                (Some(Verdict::Terminate(v) | Verdict::Ban(v, _)), Some(id)) => {
-                    self.terminate_remote(track.handle, id, &v);
+                (Some(Verdict::Terminate(v)), Some(id)) => {
+                    self.terminate_remote(track.handle, id, &v, None);
+                }
+                // A remote client is not the app: its address is banned, not the app.
+                (Some(Verdict::Ban(v, span)), Some(id)) => {
+                    self.terminate_remote(track.handle, id, &v, Some(span));
                 }
             }
         }
@@ -321,7 +424,7 @@ impl Manager {
 
     /// [`Manager::offload_record`], naming the remote client's instance (the data plane's
     /// id and the client's address) when `track` is one.
-    fn track_record(&self, kind: &'static str, sev: Severity, track: TrackId) -> Record {
+    fn track_record(&self, kind: Event, sev: Severity, track: TrackId) -> Record {
         let r = self.offload_record(kind, sev, track.handle);
         let Some(id) = track.remote else {
             return r;
@@ -351,23 +454,65 @@ impl Manager {
 
     /// Remote client `id`'s instance of offload `handle` broke its budget: its queues to
     /// error (nothing in flight runs on), then released; the data plane's reap closes the
-    /// client's connection. The app's install and its other remote clients run on.
-    fn terminate_remote(&mut self, handle: u64, id: u64, v: &Violation) {
+    /// client's connection. With `ban`, the client's address may not say hello to the app's
+    /// offloads for that long. The app's install and its other remote clients run on; the
+    /// app learns of it through `Stats`.
+    fn terminate_remote(
+        &mut self,
+        handle: u64,
+        id: u64,
+        v: &Violation,
+        ban: Option<Option<std::time::Duration>>,
+    ) {
         let track = TrackId::remote(handle, id);
         let queues = self.track_queues(track);
-        if queues.is_empty() {
+        let Some(o) = self.installed.get(&handle) else {
             return;
-        }
+        };
+        let Some(peer) = o.remote.get(&id).map(|r| r.peer) else {
+            return;
+        };
+        let (client, app, offload) = (o.client, o.app.clone(), o.program.name.clone());
         for qpn in queues {
             let _ = self.nic.set_qp_error(qpn);
         }
         let record = self
-            .track_record("terminate", Severity::Warning, track)
+            .track_record(Event::Terminate, Severity::Warning, track)
             .field("rule", v.rule())
             .fields(v.details());
+        let ban_record = ban.map(|span| {
+            self.track_record(Event::Ban, Severity::Warning, track)
+                .field("address", peer.ip())
+                .field("duration", describe_span(span))
+                .field("rule", v.rule())
+                .res(true)
+        });
         self.detach_remote(handle, id);
         let released = !self.has_remote(handle, id);
         self.outbox.push(record.res(released));
+        if let Some(o) = self.installed.get_mut(&handle) {
+            o.remote_terminated += 1;
+            o.remote_banned += u64::from(ban.is_some());
+        }
+        if let (Some(span), Some(r)) = (ban, ban_record) {
+            let who = Banned::Remote {
+                app,
+                addr: peer.ip(),
+            };
+            self.bans.ban(who, span, redn_sys::clock::SystemClock);
+            self.outbox.push(r);
+        }
+        self.notes
+            .entry(client)
+            .or_default()
+            .note_remote(api::TerminatedRemote {
+                handle,
+                offload,
+                instance: id,
+                peer: peer.to_string(),
+                rule: v.rule().into(),
+                banned: ban.is_some(),
+            });
     }
 
     /// Pace the queues of `track`'s instance at `limit`: a throttle for violation `v`, or
@@ -389,10 +534,10 @@ impl Manager {
         }
         let r = match v {
             Some(v) => self
-                .track_record("throttle", Severity::Warning, track)
+                .track_record(Event::Throttle, Severity::Warning, track)
                 .field("rule", v.rule())
                 .fields(v.details()),
-            None => self.track_record("unthrottle", Severity::Notice, track),
+            None => self.track_record(Event::Unthrottle, Severity::Notice, track),
         };
         let r = r
             .field("paced_wqes_per_s", limit.wqes_per_sec)
@@ -414,23 +559,27 @@ impl Manager {
             let _ = self.nic.set_qp_error(q.qpn);
         }
         let record = self
-            .offload_record("terminate", Severity::Warning, handle)
+            .offload_record(Event::Terminate, Severity::Warning, handle)
             .field("rule", v.rule())
             .fields(v.details());
         let removed = self.remove_offload(handle);
         self.outbox.push(record.res(removed));
-        let notes = self.notes.entry(client).or_default();
-        if notes.len() < MAX_NOTES {
-            notes.push(api::TerminatedOffload {
+        self.notes
+            .entry(client)
+            .or_default()
+            .note_offload(api::TerminatedOffload {
                 handle,
                 offload,
                 rule: v.rule().into(),
                 banned: ban.is_some(),
             });
-        }
         if let (Some(span), Some(uid)) = (ban, uid) {
-            self.bans.ban(&app, uid, span, redn_sys::clock::SystemClock);
-            let r = Record::new("ban", Severity::Warning)
+            let who = Banned::App {
+                app: app.clone(),
+                uid,
+            };
+            self.bans.ban(who, span, redn_sys::clock::SystemClock);
+            let r = Record::new(Event::Ban, Severity::Warning)
                 .field("client", client)
                 .field("uid", uid)
                 .field("app", &app)
@@ -454,22 +603,62 @@ impl Manager {
 
     /// Why app `app` run by `uid` may not install now, if it is banned.
     pub(super) fn ban_refusal(&self, app: &str, uid: u32) -> Option<String> {
-        let left = self.bans.banned(app, uid, redn_sys::clock::SystemClock)?;
+        let left = self.ban_left(Banned::App {
+            app: app.to_owned(),
+            uid,
+        })?;
         Some(format!(
-            "app {app:?} (uid {uid}) is banned by the auditor for {} more",
-            describe_span(left.map(|d| d + std::time::Duration::from_secs(1)))
+            "app {app:?} (uid {uid}) is banned by the auditor for {left} more"
+        ))
+    }
+
+    /// Why a process with `identity` may not connect now: its app (the rule it matches,
+    /// and its uid) is banned. Reconnects are refused for the ban's duration; a connection
+    /// already open stays, so the app can read `Stats`.
+    pub fn connect_refusal(&self, identity: &redn_policy::PeerIdentity) -> Option<String> {
+        let app = self.policy.match_app(identity)?;
+        self.ban_refusal(&app.name, identity.uid)
+    }
+
+    /// Why a remote client at `addr` may not say hello to app `app`'s offloads now: the
+    /// auditor banned its address.
+    pub fn remote_ban_refusal(&self, app: &str, addr: std::net::IpAddr) -> Option<String> {
+        let left = self.ban_left(Banned::Remote {
+            app: app.to_owned(),
+            addr,
+        })?;
+        Some(format!(
+            "address {addr} is banned from app {app:?}'s offloads by the auditor for {left} \
+             more"
+        ))
+    }
+
+    /// What is left of `who`'s ban, if banned, for a refusal's reason (rounded up to
+    /// whole seconds, or `infinity`).
+    fn ban_left(&self, who: Banned) -> Option<String> {
+        let left = self.bans.banned(&who, redn_sys::clock::SystemClock)?;
+        Some(describe_span(
+            left.map(|d| d + std::time::Duration::from_secs(1)),
         ))
     }
 
     /// The offloads the auditor terminated for `client` (for `Stats`).
     pub(super) fn notes_of(&self, client: u64) -> Option<Vec<api::TerminatedOffload>> {
-        self.notes.get(&client).filter(|n| !n.is_empty()).cloned()
+        let n = &self.notes.get(&client)?.offloads;
+        (!n.is_empty()).then(|| n.clone())
+    }
+
+    /// The remote clients' instances of `client`'s offloads the auditor terminated, newest
+    /// last (for `Stats`).
+    pub(super) fn remote_notes_of(&self, client: u64) -> Option<Vec<api::TerminatedRemote>> {
+        let n = &self.notes.get(&client)?.remote;
+        (!n.is_empty()).then(|| n.iter().cloned().collect())
     }
 
     /// Tear down offload `handle` for `why`, leaving a `teardown` record.
     pub(super) fn tear_down(&mut self, handle: u64, why: Teardown) {
         let r = self
-            .offload_record("teardown", Severity::Notice, handle)
+            .offload_record(Event::Teardown, Severity::Notice, handle)
             .field("reason", why.as_str());
         let ok = self.remove_offload(handle);
         self.outbox.push(r.res(ok));
@@ -514,7 +703,7 @@ impl Manager {
             .match_app(&identity)
             .is_some_and(|a| a.keep_serving_after_exit);
         let handles = self.handles_of(client);
-        let mut record = Record::new("app-exit", Severity::Notice)
+        let mut record = Record::new(Event::AppExit, Severity::Notice)
             .field("client", client)
             .peer(&identity)
             .field("app", rule.unwrap_or_default())
@@ -604,6 +793,13 @@ mod tests {
     use std::time::{Duration, Instant};
 
     fn manager(client_keys: &str) -> (Manager, u64) {
+        let nic = Arc::new(redn_sys::softnic::SoftNic::with_pus(1).unwrap());
+        manager_on(client_keys, nic)
+    }
+
+    /// A manager on `nic` whose one app rule has `[app.client]` keys `client_keys`, and a
+    /// client it matches.
+    fn manager_on(client_keys: &str, nic: Arc<DynNic>) -> (Manager, u64) {
         let uid = nix::unistd::getuid().as_raw();
         let policy = redn_policy::parse_policy(
             &format!(
@@ -615,7 +811,6 @@ mod tests {
             "policy.toml",
         )
         .unwrap();
-        let nic = Arc::new(redn_sys::softnic::SoftNic::with_pus(1).unwrap());
         let mut m = Manager::with_catalog(policy, nic, "softnic").unwrap();
         let client = m.connect(PeerIdentity {
             uid,
@@ -669,6 +864,89 @@ mod tests {
             matches!(&e, redn_proto::errors::ManagerError::PolicyDenied { reason } if reason.contains("banned")),
             "{e:?}"
         );
+    }
+
+    /// Install echo for `client`, then make its client-facing queue refuse a trigger as
+    /// responder (longer than the receive it lands in: to error, with an asynchronous
+    /// event); run audit rounds until the `queue-error` record, and return it.
+    fn responder_error_record(m: &mut Manager, client: u64) -> (u64, String) {
+        let echo = m
+            .install(
+                client,
+                api::InstallOffload {
+                    offload: "echo".into(),
+                    regions: vec![],
+                    parameters: None,
+                },
+            )
+            .unwrap()
+            .handle;
+        let mut auditor = Auditor::new(Duration::ZERO);
+        m.audit_round(&mut auditor, SystemClock);
+        let parked = m.installed[&echo]._parking._qp.qpn();
+        let wr = WorkRequest {
+            wr_id: 0,
+            flags: WqeFlags::NONE,
+            op: WrOp::Send {
+                payload: Payload::Inline(vec![7; 128]),
+                imm: None,
+            },
+        };
+        m.nic().post_send(parked, &[wr]).unwrap();
+        // The sender's queue goes to error on the NAK, which the responder returns after
+        // raising its event: from then on the event is there to be taken.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !matches!(m.nic().qp_state(parked), Ok(QpState::Error)) {
+            assert!(Instant::now() < deadline, "the sender never saw the NAK");
+            std::thread::yield_now();
+        }
+        let record = loop {
+            assert!(Instant::now() < deadline, "no queue-error record");
+            m.audit_round(&mut auditor, SystemClock);
+            let found = m
+                .take_records()
+                .iter()
+                .map(Record::body)
+                .find(|b| b.starts_with("event=queue-error "));
+            if let Some(b) = found {
+                break b;
+            }
+            std::thread::yield_now();
+        };
+        // Reported once: later rounds are quiet.
+        for _ in 0..3 {
+            m.audit_round(&mut auditor, SystemClock);
+        }
+        assert!(m.take_records().is_empty());
+        (echo, record)
+    }
+
+    #[test]
+    fn a_responder_error_is_learnt_from_its_asynchronous_event_once() {
+        let (mut m, client) = manager("on_violation = \"terminate\"");
+        let (echo, record) = responder_error_record(&mut m, client);
+        assert!(
+            record.contains(&format!(" handle={echo} queues=1 "))
+                && record.ends_with(" seen_by=async-event res=failed"),
+            "{record}"
+        );
+        assert_eq!(m.async_events(), 1);
+    }
+
+    #[test]
+    fn lost_events_make_the_auditor_read_queue_states_instead() {
+        let lossy = Arc::new(redn_sys::fault::FailingNic::new(
+            redn_sys::softnic::SoftNic::with_pus(1).unwrap(),
+        ));
+        lossy.lose_async_events(true);
+        let (mut m, client) = manager_on("on_violation = \"terminate\"", lossy.clone());
+        let (echo, record) = responder_error_record(&mut m, client);
+        assert!(
+            record.contains(&format!(" handle={echo} queues=1 "))
+                && record.ends_with(" seen_by=state-poll res=failed"),
+            "{record}"
+        );
+        assert_eq!((m.async_events(), m.nic().async_events_lost()), (0, 1));
     }
 
     #[test]

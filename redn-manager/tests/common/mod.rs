@@ -236,6 +236,13 @@ pub fn recv(sock: &UnixDatagram, buf: &mut [u8]) -> std::io::Result<usize> {
     }
 }
 
+/// The app's `io.redn.Manager.Stats` on `c`.
+pub fn stats(c: &mut Client) -> redn_proto::api::StatsReply {
+    c.connection()
+        .call("io.redn.Manager.Stats", &serde_json::json!({}), &[])
+        .unwrap()
+}
+
 pub fn refused(e: ClientError) -> ManagerError {
     match e {
         ClientError::Refused(m) => m,

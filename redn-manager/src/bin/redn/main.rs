@@ -209,6 +209,19 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
             })
         }
         ("offload", "verify") => offload_verify(rest),
+        ("dev", "show") => rows_of(
+            "ListDevices",
+            "devices",
+            &[],
+            &[
+                "ifindex",
+                "ifname",
+                "backend",
+                "node_guid",
+                "pci_address",
+                "dataplane",
+            ],
+        ),
         ("client", "show") => clients(&["id", "app", "uid", "pid", "connected", "offloads"]),
         ("client", "kill") => {
             let id = one_number(rest, "ID", object, command)?;
@@ -225,7 +238,16 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
         ("offload", "show") => {
             offloads(&["handle", "client", "app", "offload", "queues", "code_bytes"])
         }
-        ("stat", "show") => offloads(&["handle", "offload", "triggers", "wqes", "errors"]),
+        ("stat", "show") => offloads(&[
+            "handle",
+            "offload",
+            "triggers",
+            "wqes",
+            "errors",
+            "remote_clients",
+            "remote_terminated",
+            "remote_banned",
+        ]),
         ("region", "show") => clients(&["id", "app", "regions", "pinned_bytes"]),
         ("offload", "dump") => {
             let handle = one_number(rest, "HANDLE", object, command)?;
@@ -525,8 +547,8 @@ fn table_text(rows: &[Map<String, Value>], columns: &[&str], details: bool) -> S
     };
     let cell = |row: &Map<String, Value>, k: &str| match row.get(k) {
         Some(Value::String(s)) => s.clone(),
+        None | Some(Value::Null) => "-".to_owned(),
         Some(v) => v.to_string(),
-        None => "-".to_owned(),
     };
     let widths: Vec<usize> = keys
         .iter()

@@ -22,6 +22,15 @@ pub struct Cmd {
 /// `redn client show`).
 pub const COMMANDS: &[Cmd] = &[
     Cmd {
+        object: "dev",
+        name: "show",
+        args: "",
+        completes: None,
+        options: &[],
+        summary: "the manager's backend device: name, backend, GUID, PCI address, data plane, \
+                  objects held (as `rdma dev show` and `rdma res show`)",
+    },
+    Cmd {
         object: "client",
         name: "show",
         args: "",
