@@ -3,8 +3,9 @@
 //!
 //! Wake-ups dominate latency (design §3), so an idle PU spins for a short while (busy only
 //! while the process's PUs fit its cores, yielding between polls otherwise) before it
-//! parks; anything that may unblock one of its queues (a doorbell, a SEND_EN, a completion a
-//! WAIT is counting, a receive a SEND was waiting for) bumps its event counter and unparks it.
+//! parks. While awake it finds work by rescanning its queues; anything that may unblock one
+//! of its queues (a doorbell, a SEND_EN, a completion a WAIT is counting, a receive a SEND
+//! was waiting for) unparks it if it parks (`wake` has the handshake).
 
 use super::exec::{RunOutcome, Siblings, SqExec};
 use super::shared::Shared;
@@ -63,23 +64,32 @@ impl Drop for LivePu {
 /// WQEs one queue may run before the PU looks at its other queues.
 const BURST: usize = 256;
 
+/// Idle rounds between two reads of the clock while a PU busy-spins: a round of a few quiet
+/// queues is tens of nanoseconds, and a clock read each round would be a good part of it, so
+/// of the time it takes the PU to find work handed to it.
+const ROUNDS_PER_CLOCK: u32 = 16;
+
 /// Body of PU thread `index`. Holds only a weak reference to the NIC so that dropping the last
 /// handle shuts the PUs down.
 pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
     let _live = LivePu::enter();
-    let me = &pus.pus[index];
+    let me = &pus.pus[index].0;
     let _ = me.thread.set(std::thread::current());
     wake::enter(&pus, index);
     // Boxed and taken out while they run, so a running queue can hand over to the others
     // (`Siblings`).
     let mut queues: Vec<Option<Box<SqExec>>> = Vec::new();
     let mut idle_since: Option<Instant> = None;
+    // Idle rounds since the last progress, and whether the PU has stopped busy-spinning.
+    let mut idle_rounds: u32 = 0;
+    let mut yielding = false;
+    // Set `sleeping` and is making its last scan before it parks (`wake`'s handshake).
+    let mut parking = false;
     loop {
-        let seen = me.events.load(Ordering::SeqCst);
         if pus.shutdown.load(Ordering::Acquire) {
             return;
         }
-        if me.changed.load(Ordering::Relaxed) && me.changed.swap(false, Ordering::SeqCst) {
+        if me.changed.load(Ordering::Relaxed) && me.changed.swap(false, Ordering::AcqRel) {
             let Some(shared) = nic.upgrade() else { return };
             let new: Vec<_> = std::mem::take(
                 &mut *shared.incoming[index]
@@ -112,36 +122,56 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
             }
         }
         if progress {
+            if parking {
+                me.awake();
+                parking = false;
+            }
             idle_since = None;
+            idle_rounds = 0;
+            yielding = false;
             continue;
         }
-        if me.events.load(Ordering::SeqCst) != seen {
-            continue;
-        }
-        let now = Instant::now();
+        idle_rounds = idle_rounds.wrapping_add(1);
+        let mut now = None;
         if let Some(d) = deadline {
-            if d <= now {
+            let t = Instant::now();
+            if d <= t {
                 continue;
             }
+            now = Some(t);
         }
-        let since = *idle_since.get_or_insert(now);
-        let idle = now.duration_since(since);
-        if idle < busy_spin() {
-            std::hint::spin_loop();
-            continue;
-        }
-        if idle < SPIN {
-            std::thread::yield_now();
-            continue;
-        }
-        me.sleeping.store(true, Ordering::SeqCst);
-        if me.events.load(Ordering::SeqCst) == seen && !pus.shutdown.load(Ordering::SeqCst) {
-            match deadline {
-                Some(d) => std::thread::park_timeout(d.saturating_duration_since(now)),
-                None => std::thread::park(),
+        if !parking {
+            if yielding || now.is_some() || idle_rounds % ROUNDS_PER_CLOCK == 1 {
+                let t = *now.get_or_insert_with(Instant::now);
+                let idle = t.duration_since(*idle_since.get_or_insert(t));
+                yielding = idle >= busy_spin();
+                if idle >= SPIN {
+                    // One more scan with `sleeping` set before the park.
+                    me.prepare_to_park();
+                    parking = true;
+                    continue;
+                }
             }
+            if yielding {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+            continue;
         }
-        me.sleeping.store(false, Ordering::SeqCst);
+        // The scan after `prepare_to_park` found nothing: whoever gives this PU work from
+        // now on sees `sleeping` and unparks it.
+        match deadline {
+            Some(d) => {
+                let t = now.unwrap_or_else(Instant::now);
+                std::thread::park_timeout(d.saturating_duration_since(t));
+            }
+            None => std::thread::park(),
+        }
+        me.awake();
+        parking = false;
         idle_since = None;
+        idle_rounds = 0;
+        yielding = false;
     }
 }
