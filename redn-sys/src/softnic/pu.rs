@@ -2,8 +2,8 @@
 //! WQEs run in order while queues on different PUs run in parallel.
 //!
 //! Wake-ups dominate latency (design §3), so an idle PU spins for a short while (busy only
-//! while the process's PUs fit its cores, yielding between polls otherwise) before it
-//! parks. While awake it finds work by rescanning its queues; anything that may unblock one
+//! while the process's awake PUs fit its cores, yielding between polls and parking sooner
+//! otherwise) before it parks. While awake it finds work by rescanning its queues; anything that may unblock one
 //! of its queues (a doorbell, a SEND_EN, a completion a WAIT is counting, a receive a SEND
 //! was waiting for) unparks it if it parks (`wake` has the handshake).
 
@@ -18,16 +18,21 @@ use std::time::{Duration, Instant};
 const SPIN: Duration = Duration::from_micros(50);
 /// For how much of that it busy-spins before it starts yielding the CPU between polls
 /// (a yield costs ~1 µs on our VMs, so short gaps are better spun through; long ones are
-/// better yielded, because PUs, apps and pollers often outnumber cores). Only while every PU
-/// thread of the process can have a core: with more PUs than cores a spinning PU holds the
-/// core that the PU with the work is waiting for, and each hand-off costs the whole spin
-/// (measured on 2 cores: a one-bucket hash GET across two softnics, 3 PUs, took 10-13 µs
-/// with the spin and 7-8 µs without; a chain handing off between 2 PUs took 1-1.5 µs per
-/// step with the spin and 5 µs without, so PUs == cores keeps it).
+/// better yielded, because PUs, apps and pollers often outnumber cores). Only while every
+/// awake PU thread of the process can have a core: with more PUs than cores a spinning PU
+/// holds the core that the PU with the work is waiting for, and each hand-off costs the
+/// whole spin (measured on 2 cores: a one-bucket hash GET across two softnics, 3 PUs, took
+/// 10-13 µs with the spin and 7-8 µs without; a chain handing off between 2 PUs took
+/// 1-1.5 µs per step with the spin and 5 µs without, so PUs == cores keeps it).
 const BUSY: Duration = Duration::from_micros(5);
+/// How long an idle PU polls before it parks while the process's awake PUs outnumber its
+/// cores ("crowded"): each of its polls then takes a turn on a core from a PU that has work,
+/// so it parks soon, and a parked PU leaves the others the cores, which lets them busy-spin
+/// again (a parallel hash GET's two server PUs while the client's PU waits for the answer).
+const SPIN_CROWDED: Duration = Duration::from_micros(5);
 
-/// PU threads running in this process, over all softnic instances.
-static LIVE_PUS: AtomicUsize = AtomicUsize::new(0);
+/// PU threads of this process that are not parked, over all softnic instances.
+static AWAKE_PUS: AtomicUsize = AtomicUsize::new(0);
 
 /// The cores this process may use (read once).
 fn cores() -> usize {
@@ -35,29 +40,34 @@ fn cores() -> usize {
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// How long an idle PU busy-spins now: [`BUSY`] if the process's PUs fit the cores, else
-/// not at all.
-fn busy_spin() -> Duration {
-    if LIVE_PUS.load(Ordering::Relaxed) <= cores() {
-        BUSY
-    } else {
-        Duration::ZERO
+/// Whether the process's awake PUs outnumber its cores now.
+fn crowded() -> bool {
+    AWAKE_PUS.load(Ordering::Relaxed) > cores()
+}
+
+/// Counts a PU thread in [`AWAKE_PUS`] while it lives, except while it is parked.
+struct AwakePu;
+
+impl AwakePu {
+    fn enter() -> AwakePu {
+        AWAKE_PUS.fetch_add(1, Ordering::Relaxed);
+        AwakePu
+    }
+
+    /// Park the thread (until `deadline`, if any), not counted meanwhile.
+    fn park(&self, deadline: Option<(Instant, Instant)>) {
+        AWAKE_PUS.fetch_sub(1, Ordering::Relaxed);
+        match deadline {
+            Some((d, now)) => std::thread::park_timeout(d.saturating_duration_since(now)),
+            None => std::thread::park(),
+        }
+        AWAKE_PUS.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// Counts a PU thread in [`LIVE_PUS`] for as long as it lives.
-struct LivePu;
-
-impl LivePu {
-    fn enter() -> LivePu {
-        LIVE_PUS.fetch_add(1, Ordering::Relaxed);
-        LivePu
-    }
-}
-
-impl Drop for LivePu {
+impl Drop for AwakePu {
     fn drop(&mut self) {
-        LIVE_PUS.fetch_sub(1, Ordering::Relaxed);
+        AWAKE_PUS.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -72,7 +82,7 @@ const ROUNDS_PER_CLOCK: u32 = 16;
 /// Body of PU thread `index`. Holds only a weak reference to the NIC so that dropping the last
 /// handle shuts the PUs down.
 pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
-    let _live = LivePu::enter();
+    let awake = AwakePu::enter();
     let me = &pus.pus[index].0;
     let _ = me.thread.set(std::thread::current());
     wake::enter(&pus, index);
@@ -144,8 +154,9 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
             if yielding || now.is_some() || idle_rounds % ROUNDS_PER_CLOCK == 1 {
                 let t = *now.get_or_insert_with(Instant::now);
                 let idle = t.duration_since(*idle_since.get_or_insert(t));
-                yielding = idle >= busy_spin();
-                if idle >= SPIN {
+                let crowded = crowded();
+                yielding = crowded || idle >= BUSY;
+                if idle >= if crowded { SPIN_CROWDED } else { SPIN } {
                     // One more scan with `sleeping` set before the park.
                     me.prepare_to_park();
                     parking = true;
@@ -161,13 +172,7 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
         }
         // The scan after `prepare_to_park` found nothing: whoever gives this PU work from
         // now on sees `sleeping` and unparks it.
-        match deadline {
-            Some(d) => {
-                let t = now.unwrap_or_else(Instant::now);
-                std::thread::park_timeout(d.saturating_duration_since(t));
-            }
-            None => std::thread::park(),
-        }
+        awake.park(deadline.map(|d| (d, now.unwrap_or_else(Instant::now))));
         me.awake();
         parking = false;
         idle_since = None;
