@@ -144,7 +144,8 @@ fn a_wait_on_another_pus_cq_is_woken_by_every_completion() {
     nic.post_send(waiter.qp.qpn, &program).unwrap();
     for k in 0..rounds {
         // Every third round, give the waiter's PU time to stop spinning and park (it parks
-        // after 50 µs idle), so the completion must wake it.
+        // after 50 µs idle, 5 µs when the awake PUs outnumber the cores), so the completion
+        // must wake it.
         if k % 3 == 2 {
             std::thread::sleep(std::time::Duration::from_micros(300));
         }

@@ -80,7 +80,8 @@ Setup: a server softnic (--pus PUs) runs the offloads; a client softnic (as many
   the same when the host has a core of its own, else polling every 20 µs). Right before
   each timed sample or run, the client's PU and the server PUs the operation uses are woken
   by a NOP on a queue of their own (an idle softnic PU yields after 5 µs and parks after
-  50 µs, where a NIC's PUs always poll); PUs it does not use are left alone, since a
+  50 µs, or at once and after 5 µs while the process's awake PUs outnumber its cores,
+  where a NIC's PUs always poll); PUs it does not use are left alone, since a
   spinning PU with nothing to do only takes a core from those that have work.
 
 Section 1 (Table 3, construct throughput; median over reps, ops/s):
