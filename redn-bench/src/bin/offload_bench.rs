@@ -16,11 +16,11 @@
 //! an error completion, a wrong response, wrong WQE counts): see the "anomalies" list.
 
 use redn_bench::bytes::{be48, low_byte};
-use redn_bench::native::{mean_ns_samples, on_threads};
+use redn_bench::native::{cross_thread_rtt, mean_ns_samples, on_threads};
 use redn_bench::opts::{parse_num, CommonOpts};
 use redn_bench::queues::{flags_if, nop, SqWriter};
 use redn_bench::report::{
-    mops, print_anomalies, print_failed, print_head, section, size_name, us, verdict,
+    fmt_ns, mops, print_anomalies, print_failed, print_head, section, size_name, us, verdict,
 };
 use redn_bench::setup::{loopback_qp, Region};
 use redn_bench::stats::{median, min, ns, stats, Stats};
@@ -1819,6 +1819,9 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
         "value", "lookup", "p50 µs", "p99 µs", "p50 ÷ 1-bkt"
     );
     let mut ratios = Vec::new();
+    // The floor under every hand-off between PUs, right before and after the table.
+    let floor_samples = if o.common.quick { 2000 } else { 20000 };
+    let floor_before = cross_thread_rtt(floor_samples).median;
     for &size in &SIZES {
         let size32 = u32::try_from(size).ctx("value size")?;
         fill_table(env, size);
@@ -1959,10 +1962,17 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
             ));
         }
     }
+    let floor_after = cross_thread_rtt(floor_samples).median;
     for s in &mut slots {
         s.clear(env)?;
     }
     println!();
+    println!(
+        "   floor: cross-thread round trip through a shared word, right before / after the \
+         table: {} / {} ns (a GET crosses PUs at least twice)",
+        fmt_ns(floor_before),
+        fmt_ns(floor_after)
+    );
     println!(
         "   installs (not timed): {}",
         slots

@@ -11,7 +11,7 @@
 //! an error or out-of-order completion, a wrong result in memory): see the "anomalies" list.
 
 use redn_bench::bytes::low_byte;
-use redn_bench::native::{mean_ns_samples, on_threads};
+use redn_bench::native::{cross_thread_rtt, mean_ns_samples, on_threads};
 use redn_bench::opts::{parse_num, CommonOpts};
 use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master, SqWriter};
 use redn_bench::report::{fmt_ns, print_anomalies, print_failed, print_head, section, verdict};
@@ -247,43 +247,6 @@ fn instant_overhead_ns() -> f64 {
         black_box(Instant::now());
     }
     ns(t0.elapsed()) / f64::from(n)
-}
-
-/// Round trip of one 8-byte message between two CPU threads through a SharedBuffer: the floor
-/// for any "post, let another thread execute, see the completion" latency.
-fn cross_thread_rtt(samples: usize) -> Stats {
-    let buf = SharedBuffer::new(256);
-    let mut v = Vec::with_capacity(samples);
-    std::thread::scope(|s| {
-        let b = &buf;
-        s.spawn(move || {
-            let mut last = 0;
-            loop {
-                let x = b.load_u64(0);
-                if x == u64::MAX {
-                    return;
-                }
-                if x != last {
-                    b.store_u64(128, x);
-                    last = x;
-                }
-                std::hint::spin_loop();
-            }
-        });
-        for i in 1..=(samples + samples / 10) as u64 {
-            let t0 = Instant::now();
-            buf.store_u64(0, i);
-            while buf.load_u64(128) != i {
-                std::hint::spin_loop();
-            }
-            let d = ns(t0.elapsed());
-            if idx(i) > samples / 10 {
-                v.push(d);
-            }
-        }
-        buf.store_u64(0, u64::MAX);
-    });
-    stats(&v)
 }
 
 /// How one side of a hand-off tells the other, in [`handoff_anatomy`].
