@@ -1,6 +1,8 @@
 //! Timing the native baselines: the CPU doing what the softnic does, on the same buffers.
 
-use crate::stats::ns;
+use crate::stats::{ns, stats, Stats};
+use redn_sys::conv::idx;
+use redn_sys::mem::SharedBuffer;
 use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::Instant;
@@ -46,4 +48,41 @@ pub fn on_threads<R: Send>(
             .collect();
         hs.into_iter().map(|h| h.join()).collect()
     })
+}
+
+/// Round trip of one 8-byte message between two CPU threads through a SharedBuffer: the floor
+/// for any "post, let another thread execute, see the completion" latency.
+pub fn cross_thread_rtt(samples: usize) -> Stats {
+    let buf = SharedBuffer::new(256);
+    let mut v = Vec::with_capacity(samples);
+    std::thread::scope(|s| {
+        let b = &buf;
+        s.spawn(move || {
+            let mut last = 0;
+            loop {
+                let x = b.load_u64(0);
+                if x == u64::MAX {
+                    return;
+                }
+                if x != last {
+                    b.store_u64(128, x);
+                    last = x;
+                }
+                std::hint::spin_loop();
+            }
+        });
+        for i in 1..=(samples + samples / 10) as u64 {
+            let t0 = Instant::now();
+            buf.store_u64(0, i);
+            while buf.load_u64(128) != i {
+                std::hint::spin_loop();
+            }
+            let d = ns(t0.elapsed());
+            if idx(i) > samples / 10 {
+                v.push(d);
+            }
+        }
+        buf.store_u64(0, u64::MAX);
+    });
+    stats(&v)
 }

@@ -144,7 +144,8 @@ fn a_wait_on_another_pus_cq_is_woken_by_every_completion() {
     nic.post_send(waiter.qp.qpn, &program).unwrap();
     for k in 0..rounds {
         // Every third round, give the waiter's PU time to stop spinning and park (it parks
-        // after 50 µs idle), so the completion must wake it.
+        // after 50 µs idle, 5 µs when the awake PUs outnumber the cores), so the completion
+        // must wake it.
         if k % 3 == 2 {
             std::thread::sleep(std::time::Duration::from_micros(300));
         }
@@ -175,6 +176,64 @@ fn a_wait_on_another_pus_cq_is_woken_by_every_completion() {
         stalls >= rounds / 3,
         "{stalls} WAIT stalls in {rounds} rounds"
     );
+}
+
+/// A SEND_EN from one PU of a queue on another runs the enabled WQE whether the target PU
+/// is busy-spinning, yielding, making its last scan before it parks, or parked (the target
+/// is told only by reading its park flag: a lost hand-off would leave the enabled NOP
+/// unrun and the test timed out). Pauses of several lengths put the target in each phase.
+#[test]
+fn a_send_enable_from_another_pu_runs_whatever_the_target_pu_is_doing() {
+    let rounds: u64 = if cfg!(miri) { 6 } else { 120 };
+    let nic = nic(2, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    let target = endpoint(&nic, pd, |c| {
+        c.pu = Some(1);
+        c.managed_send = true;
+        c.sq_bbs = 256;
+    });
+    let master = endpoint(&nic, pd, |c| c.pu = Some(0));
+    for q in [target.qp.qpn, master.qp.qpn] {
+        nic.connect(q, q).unwrap();
+    }
+    let pauses = [0u64, 2, 8, 30, 60, 300];
+    for k in 0..rounds {
+        nic.post_send(
+            target.qp.qpn,
+            &[wr(
+                k,
+                SIG,
+                WrOp::Nop {
+                    raw_segments: vec![],
+                },
+            )],
+        )
+        .unwrap();
+        // Not run until enabled.
+        assert_eq!(
+            nic.counters(target.qp.qpn).unwrap().by_opcode(Opcode::Nop),
+            k,
+            "round {k}: the managed queue ran before its SEND_EN"
+        );
+        let pause = pauses[usize::try_from(k).unwrap() % pauses.len()];
+        if pause > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(pause));
+        }
+        nic.post_send(
+            master.qp.qpn,
+            &[wr(
+                k,
+                WqeFlags::NONE,
+                WrOp::SendEnable {
+                    qp: target.qp.qpn,
+                    pi: u32::try_from(k + 1).unwrap(),
+                },
+            )],
+        )
+        .unwrap();
+        let done = wait_cqes(&nic, target.cq, 1);
+        assert_eq!(done[0].wr_id, k, "round {k}");
+    }
 }
 
 /// Two WQEs: the first patches the second's local address (bytes 40..48, its data segment)

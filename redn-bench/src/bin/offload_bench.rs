@@ -16,11 +16,11 @@
 //! an error completion, a wrong response, wrong WQE counts): see the "anomalies" list.
 
 use redn_bench::bytes::{be48, low_byte};
-use redn_bench::native::{mean_ns_samples, on_threads};
+use redn_bench::native::{cross_thread_rtt, mean_ns_samples, on_threads};
 use redn_bench::opts::{parse_num, CommonOpts};
 use redn_bench::queues::{flags_if, nop, SqWriter};
 use redn_bench::report::{
-    mops, print_anomalies, print_failed, print_head, section, size_name, us, verdict,
+    fmt_ns, mops, print_anomalies, print_failed, print_head, section, size_name, us, verdict,
 };
 use redn_bench::setup::{loopback_qp, Region};
 use redn_bench::stats::{median, min, ns, stats, Stats};
@@ -64,8 +64,10 @@ OPTIONS:
     --only SECTION      constructs | hash | list (default: all three)
     -h, --help          this text
 
-Setup: a server softnic (--pus PUs) runs the offloads; a client softnic (1 PU) holds the
-  client's queue pair, connected to the offload's client-facing queue with
+Setup: a server softnic (--pus PUs) runs the offloads; a client softnic (as many PUs)
+  holds the client's queue pairs (on its PU 0, but for the pipelined construct rows, whose
+  instances' client QPs take its PUs in turn, so one client PU is not what limits the
+  server's scaling), connected to the offload's client-facing queue with
   SoftNic::connect_pair, as a remote client would be. One 2 MiB server region (all rights)
   holds the hash table, the list and the values; the client has a 256 KiB region whose first
   64 KiB receive the responses. Installing (program::install) is never timed: bounded
@@ -78,7 +80,8 @@ Setup: a server softnic (--pus PUs) runs the offloads; a client softnic (1 PU) h
   the same when the host has a core of its own, else polling every 20 µs). Right before
   each timed sample or run, the client's PU and the server PUs the operation uses are woken
   by a NOP on a queue of their own (an idle softnic PU yields after 5 µs and parks after
-  50 µs, where a NIC's PUs always poll); PUs it does not use are left alone, since a
+  50 µs, or at once and after 5 µs while the process's awake PUs outnumber its cores,
+  where a NIC's PUs always poll); PUs it does not use are left alone, since a
   spinning PU with nothing to do only takes a core from those that have work.
 
 Section 1 (Table 3, construct throughput; median over reps, ops/s):
@@ -88,7 +91,8 @@ Section 1 (Table 3, construct throughput; median over reps, ops/s):
                 managed queue; every other `if` is taken. Several instances per PU, all
                 started by their doorbells at once; done at the last conditional WQE's CQE.
   if in hash-get    the catalog's hash-get (one bucket, hits), triggers pipelined by the
-                client: a GET is READ + if + else + WAITs/ENABLEs + the response.
+                client: a GET is READ + if + else + WAITs/ENABLEs + the response. Target:
+                GETs/s on 2 server PUs ≥ 1.7× those on 1 (clients on as many PUs).
   while, unrolled   list-find without break over an 8-node list, key absent (every
                 iteration runs), triggers pipelined: iterations/s.
   while, recycled   a minimal recycled loop built with the Builder: two managed queues that
@@ -123,6 +127,8 @@ Section 3 (§5.3, list-find latency by position 1..8 and absent): list-find with
 
 // Targets and the paper's ConnectX-5 figures.
 const IF_TARGET: f64 = 5e6;
+/// Target: pipelined hash GETs/s on 2 server PUs over those on 1.
+const GET_SCALING_TARGET: f64 = 1.7;
 const CX5_IF: f64 = 0.7e6;
 const LOOP_TARGET: f64 = 2e6;
 const CX5_LOOP: f64 = 0.3e6;
@@ -334,7 +340,10 @@ impl Env {
                 .softnic("server", o.common.pus)
                 .ctx("server softnic")?,
         );
-        let client = o.common.softnic("client", 1).ctx("client softnic")?;
+        let client = o
+            .common
+            .softnic("client", o.common.pus)
+            .ctx("client softnic")?;
         let spd = server.alloc_pd().ctx("alloc_pd")?;
         let cpd = client.alloc_pd().ctx("alloc_pd")?;
         let data = Region::new(&server, spd, DATA_LEN, Access::ALL)?;
@@ -351,7 +360,7 @@ impl Env {
         let mut wakers = Vec::new();
         for (on_server, nic, pd, pu) in (0..o.common.pus)
             .map(|p| (true, &*server, spd, p))
-            .chain([(false, &client, cpd, 0)])
+            .chain((0..o.common.pus).map(|p| (false, &client, cpd, p)))
         {
             let cq = nic.create_cq(CqConfig::default()).ctx("create_cq")?;
             // A plain QP's 256 BBs (QpConfig::new): a waker only ever holds one NOP.
@@ -376,14 +385,24 @@ impl Env {
         })
     }
 
-    /// Wake the client's PU and the server PUs in `server_pus`: a signaled NOP on each one's
-    /// waker queue, waited for. Only the PUs an operation uses are woken: a woken PU
-    /// busy-spins for 5 µs, and a spinning PU that has nothing to do only takes a core from
-    /// the threads that do.
+    /// Wake the client's PU 0 and the server PUs in `server_pus` (see [`Self::wake_pus`]).
     fn wake(&self, server_pus: &[usize]) -> Result<(), String> {
+        self.wake_pus(&[0], server_pus)
+    }
+
+    /// Wake the client PUs in `client_pus` and the server PUs in `server_pus`: a signaled
+    /// NOP on each one's waker queue, waited for. Only the PUs an operation uses are woken:
+    /// a woken PU busy-spins for 5 µs, and a spinning PU that has nothing to do only takes
+    /// a core from the threads that do.
+    fn wake_pus(&self, client_pus: &[usize], server_pus: &[usize]) -> Result<(), String> {
         let mut targets = Vec::new();
         for (i, &(on_server, q, cq)) in self.wakers.iter().enumerate() {
-            if on_server && !server_pus.contains(&i) {
+            let used = if on_server {
+                server_pus.contains(&i)
+            } else {
+                client_pus.contains(&(i - self.pus))
+            };
+            if !used {
                 continue;
             }
             let nic = if on_server {
@@ -442,6 +461,8 @@ struct Inst {
     served: u64,
     /// The server PUs its queues run on.
     pus: Vec<usize>,
+    /// The client PU its client QP runs on.
+    client_pu: usize,
 }
 
 impl Inst {
@@ -471,18 +492,20 @@ impl Inst {
 
 /// Install `program` on the server with a fresh client QP (send ring `sq_bbs`, `rq_slots`
 /// receive slots) connected to its client-facing queue.
+/// Install `program` for a new client QP on client PU `client_pu`.
 fn install(
     env: &Env,
     program: &Program,
     scratch: u64,
     sq_bbs: u32,
     rq_slots: u32,
+    client_pu: usize,
 ) -> Result<Inst, String> {
     let mut c = QpConfig::new(env.cpd, env.ccq);
     c.sq_bbs = sq_bbs;
     c.rq_slots = rq_slots;
     c.rq_sges = 1;
-    c.pu = Some(0);
+    c.pu = Some(client_pu);
     let cinfo = env.client.create_qp(c).ctx("create client QP")?;
     let regions = env.regions(scratch);
     let t_inst = Instant::now();
@@ -518,6 +541,7 @@ fn install(
         capacity,
         served: 0,
         pus,
+        client_pu,
     })
 }
 
@@ -1016,7 +1040,7 @@ fn if_run(
     let mut insts = Vec::new();
     for (p, prog) in progs.iter().enumerate() {
         for j in 0..k {
-            insts.push(install(env, prog, (p * k + j) as u64, 1, 1)?);
+            insts.push(install(env, prog, (p * k + j) as u64, 1, 1, 0)?);
         }
     }
     // Queue 0 is `t` (the conditional WQEs), queue 1 is `w` (the CASes).
@@ -1082,7 +1106,7 @@ fn if_run(
 fn loop_run(env: &Env, prog: &Program, p: usize, window: Duration) -> Result<f64, String> {
     let mut insts = Vec::new();
     for pu in 0..p {
-        insts.push(install(env, &on_pu(prog, pu), pu as u64, 1, 1)?);
+        insts.push(install(env, &on_pu(prog, pu), pu as u64, 1, 1, 0)?);
     }
     let res = (|| {
         let rounds = |insts: &[Inst]| -> Result<u64, String> {
@@ -1148,7 +1172,10 @@ fn pipelined(
     let mut pus: Vec<usize> = insts.iter().flat_map(|i| i.pus.iter().copied()).collect();
     pus.sort_unstable();
     pus.dedup();
-    env.wake(&pus)?;
+    let mut client_pus: Vec<usize> = insts.iter().map(|i| i.client_pu).collect();
+    client_pus.sort_unstable();
+    client_pus.dedup();
+    env.wake_pus(&client_pus, &pus)?;
     let t0 = Instant::now();
     for inst in insts.iter() {
         inst.csq.ring(&env.client)?;
@@ -1228,7 +1255,9 @@ fn pipelined_row(
             }
             for (pu, pr) in placed.iter().enumerate() {
                 for j in 0..k {
-                    insts.push(install(env, pr, (pu * k + j) as u64, ring, ring)?);
+                    // Client QPs on the client's PUs in turn.
+                    let n = pu * k + j;
+                    insts.push(install(env, pr, n as u64, ring, ring, n % env.pus)?);
                 }
             }
         }
@@ -1349,9 +1378,9 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
     println!("== 1. Construct throughput (RedN Table 3) ==");
     let all = env.pus;
     // The host busy-polls only if it has a core of its own: it, the server PUs a row uses and
-    // (for rows driven by client triggers) the client's PU must fit the cores.
+    // (for rows driven by client triggers) the client's PUs must fit the cores.
     let mode_for = |server_pus: usize, client: bool| {
-        if server_pus + usize::from(client) + 1 > o.common.cores {
+        if server_pus + if client { all } else { 0 } + 1 > o.common.cores {
             WaitMode::Sleep
         } else {
             WaitMode::Spin
@@ -1449,7 +1478,9 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
         );
         Some(med)
     };
-    let pu_sets: Vec<usize> = if all > 1 { vec![1, all] } else { vec![1] };
+    // 1, 2 (the scaling target's) and all PUs.
+    let mut pu_sets: Vec<usize> = vec![1, 2.min(all), all];
+    pu_sets.dedup();
     let native_n = if o.common.quick { 200_000 } else { 1_000_000 };
     let native = |p: usize, f: &(dyn Fn(u64) -> Duration + Sync)| -> f64 {
         let v: Vec<f64> = (0..o.reps.min(3))
@@ -1500,7 +1531,8 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
         }
     }
 
-    // `if` in the catalog's hash-get, triggers pipelined.
+    // `if` in the catalog's hash-get, triggers pipelined; (server PUs, median GETs/s).
+    let mut gets: Vec<(usize, Option<f64>)> = Vec::new();
     let hash = catalog::hash_get(HashVariant::Single, hash_n).map_err(|e| e.to_string())?;
     fill_table(env, 64);
     let hmsg = |_i: usize, k: u64| {
@@ -1524,7 +1556,7 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
         );
         let r = pipelined_tp(r, &|| native(p, &native_get_loop));
         let name = "if in hash-get (GETs, pipelined)";
-        row(name, "if in hash-get", p, r, None, None, mode);
+        gets.push((p, row(name, "if in hash-get", p, r, None, None, mode)));
     }
 
     // Unrolled `while`: list-find without break, key absent.
@@ -1625,6 +1657,19 @@ fn constructs_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Resul
             LOOP_TARGET / 1e6
         ),
     }
+    let on = |n: usize| gets.iter().find(|g| g.0 == n).and_then(|g| g.1);
+    match (on(1), on(2)) {
+        (Some(one), Some(two)) => println!(
+            "   target: hash-get GETs/s from 1 to 2 server PUs ≥ {GET_SCALING_TARGET}× (client QPs \
+             on {all} client PUs): {:.2}×: {}",
+            two / one,
+            verdict(two / one >= GET_SCALING_TARGET)
+        ),
+        _ => println!(
+            "   target: hash-get GETs/s from 1 to 2 server PUs ≥ {GET_SCALING_TARGET}×: not \
+             measured (needs --pus 2): NOT MET"
+        ),
+    }
     Ok(())
 }
 
@@ -1655,7 +1700,7 @@ impl Slot {
             if let Some(i) = self.inst.take() {
                 remove(env, i)?;
             }
-            self.inst = Some(install(env, &self.program, 0, self.ring, self.ring)?);
+            self.inst = Some(install(env, &self.program, 0, self.ring, self.ring, 0)?);
             self.installs += 1;
             // Let the entry enables run, and the PUs be awake, before the first trigger.
             std::thread::sleep(Duration::from_micros(100));
@@ -1698,8 +1743,9 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
         o.common.cores
     );
     // The offload rows: (variant, the client-facing queue moved to PU 1, how the host waits).
-    // The first four poll; the last two repeat hash-get and hash-get-par with a host that
-    // sleeps on a completion channel, so that on 2 cores the two server PUs can have both.
+    // The first four poll; the last three repeat hash-get, hash-get-par and hash-get-seq with
+    // a host that sleeps on a completion channel, so that on 2 cores the two server PUs can
+    // have both (the issue's comparison: the host asleep on both sides).
     let offloads = [
         (
             HashVariant::Single,
@@ -1737,6 +1783,12 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
             HostWait::Channel,
             "hash-get-par, host sleeps on a compl. chan.",
         ),
+        (
+            HashVariant::Sequential,
+            false,
+            HostWait::Channel,
+            "hash-get-seq, host sleeps on a compl. chan.",
+        ),
     ];
     let mut slots = Vec::new();
     for (v, moved, _, _) in offloads {
@@ -1767,6 +1819,9 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
         "value", "lookup", "p50 µs", "p99 µs", "p50 ÷ 1-bkt"
     );
     let mut ratios = Vec::new();
+    // The floor under every hand-off between PUs, right before and after the table.
+    let floor_samples = if o.common.quick { 2000 } else { 20000 };
+    let floor_before = cross_thread_rtt(floor_samples).median;
     for &size in &SIZES {
         let size32 = u32::try_from(size).ctx("value size")?;
         fill_table(env, size);
@@ -1895,8 +1950,9 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
             }
         }
         if failed[0].is_none() && failed[2].is_none() {
-            let sleeping =
-                (failed[4].is_none() && failed[5].is_none()).then(|| st[5].median / st[4].median);
+            // (par ÷ one-bucket, par ÷ seq), all three with the host asleep.
+            let sleeping = (failed[4].is_none() && failed[5].is_none() && failed[6].is_none())
+                .then(|| (st[5].median / st[4].median, st[5].median / st[6].median));
             ratios.push((
                 size,
                 st[2].median / single,
@@ -1906,10 +1962,17 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
             ));
         }
     }
+    let floor_after = cross_thread_rtt(floor_samples).median;
     for s in &mut slots {
         s.clear(env)?;
     }
     println!();
+    println!(
+        "   floor: cross-thread round trip through a shared word, right before / after the \
+         table: {} / {} ns (a GET crosses PUs at least twice)",
+        fmt_ns(floor_before),
+        fmt_ns(floor_after)
+    );
     println!(
         "   installs (not timed): {}",
         slots
@@ -1937,11 +2000,12 @@ fn hash_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
             seq,
             moved
         );
-        if let Some(r) = sleeping {
+        if let Some((r, vs_seq)) = sleeping {
             println!(
                 "             host sleeping on a completion channel: par {r:.2}× the 1-bucket GET \
-                 with the same host: {}",
-                verdict(*r <= PAR_TARGET_RATIO)
+                 with the same host: {}; par {vs_seq:.2}× seq (target ≤ 1): {}",
+                verdict(*r <= PAR_TARGET_RATIO),
+                verdict(*vs_seq <= 1.0)
             );
         }
     }
@@ -2046,7 +2110,7 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
                             LSeries::Moved => slots[1].get(env, 1)?,
                             LSeries::Fresh | LSeries::Break => {
                                 let p = if with_break { &brk } else { &nb1 };
-                                let i = fresh_inst.insert(install(env, p, 0, 16, 16)?);
+                                let i = fresh_inst.insert(install(env, p, 0, 16, 16, 0)?);
                                 std::thread::sleep(Duration::from_micros(20));
                                 i
                             }
@@ -2143,7 +2207,7 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
             let found = pos < LIST_STEPS as usize;
             for (j, with_break) in [false, true].into_iter().enumerate() {
                 let p = if with_break { &brk } else { &nb1 };
-                let mut inst = install(env, p, 0, 16, 16)?;
+                let mut inst = install(env, p, 0, 16, 16, 0)?;
                 std::thread::sleep(Duration::from_micros(200));
                 let before = inst.wqes(env)?;
                 let resp = if found && !with_break { 2 } else { 1 };
@@ -2296,7 +2360,10 @@ fn list_section(env: &Env, o: &Opts, anomalies: &mut Vec<String>) -> Result<(), 
 fn main() {
     let o = parse_args();
     let started = Instant::now();
-    let pus = format!("server softnic {} PUs, client softnic 1 PU", o.common.pus);
+    let pus = format!(
+        "server softnic {} PUs, client softnic {} PUs",
+        o.common.pus, o.common.pus
+    );
     print_head(
         "offload_bench: RedN Table 3 and §5.2-5.3 on the softnic, with same-run baselines",
         &o.common,

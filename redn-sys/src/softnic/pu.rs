@@ -2,9 +2,10 @@
 //! WQEs run in order while queues on different PUs run in parallel.
 //!
 //! Wake-ups dominate latency (design §3), so an idle PU spins for a short while (busy only
-//! while the process's PUs fit its cores, yielding between polls otherwise) before it
-//! parks; anything that may unblock one of its queues (a doorbell, a SEND_EN, a completion a
-//! WAIT is counting, a receive a SEND was waiting for) bumps its event counter and unparks it.
+//! while the process's awake PUs fit its cores, yielding between polls and parking sooner
+//! otherwise) before it parks. While awake it finds work by rescanning its queues; anything that may unblock one
+//! of its queues (a doorbell, a SEND_EN, a completion a WAIT is counting, a receive a SEND
+//! was waiting for) unparks it if it parks (`wake` has the handshake).
 
 use super::exec::{RunOutcome, Siblings, SqExec};
 use super::shared::Shared;
@@ -17,16 +18,21 @@ use std::time::{Duration, Instant};
 const SPIN: Duration = Duration::from_micros(50);
 /// For how much of that it busy-spins before it starts yielding the CPU between polls
 /// (a yield costs ~1 µs on our VMs, so short gaps are better spun through; long ones are
-/// better yielded, because PUs, apps and pollers often outnumber cores). Only while every PU
-/// thread of the process can have a core: with more PUs than cores a spinning PU holds the
-/// core that the PU with the work is waiting for, and each hand-off costs the whole spin
-/// (measured on 2 cores: a one-bucket hash GET across two softnics, 3 PUs, took 10-13 µs
-/// with the spin and 7-8 µs without; a chain handing off between 2 PUs took 1-1.5 µs per
-/// step with the spin and 5 µs without, so PUs == cores keeps it).
+/// better yielded, because PUs, apps and pollers often outnumber cores). Only while every
+/// awake PU thread of the process can have a core: with more PUs than cores a spinning PU
+/// holds the core that the PU with the work is waiting for, and each hand-off costs the
+/// whole spin (measured on 2 cores: a one-bucket hash GET across two softnics, 3 PUs, took
+/// 10-13 µs with the spin and 7-8 µs without; a chain handing off between 2 PUs took
+/// 1-1.5 µs per step with the spin and 5 µs without, so PUs == cores keeps it).
 const BUSY: Duration = Duration::from_micros(5);
+/// How long an idle PU polls before it parks while the process's awake PUs outnumber its
+/// cores ("crowded"): each of its polls then takes a turn on a core from a PU that has work,
+/// so it parks soon, and a parked PU leaves the others the cores, which lets them busy-spin
+/// again (a parallel hash GET's two server PUs while the client's PU waits for the answer).
+const SPIN_CROWDED: Duration = Duration::from_micros(5);
 
-/// PU threads running in this process, over all softnic instances.
-static LIVE_PUS: AtomicUsize = AtomicUsize::new(0);
+/// PU threads of this process that are not parked, over all softnic instances.
+static AWAKE_PUS: AtomicUsize = AtomicUsize::new(0);
 
 /// The cores this process may use (read once).
 fn cores() -> usize {
@@ -34,52 +40,66 @@ fn cores() -> usize {
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// How long an idle PU busy-spins now: [`BUSY`] if the process's PUs fit the cores, else
-/// not at all.
-fn busy_spin() -> Duration {
-    if LIVE_PUS.load(Ordering::Relaxed) <= cores() {
-        BUSY
-    } else {
-        Duration::ZERO
+/// Whether the process's awake PUs outnumber its cores now.
+fn crowded() -> bool {
+    AWAKE_PUS.load(Ordering::Relaxed) > cores()
+}
+
+/// Counts a PU thread in [`AWAKE_PUS`] while it lives, except while it is parked.
+struct AwakePu;
+
+impl AwakePu {
+    fn enter() -> AwakePu {
+        AWAKE_PUS.fetch_add(1, Ordering::Relaxed);
+        AwakePu
+    }
+
+    /// Park the thread (until `deadline`, if any), not counted meanwhile.
+    fn park(&self, deadline: Option<(Instant, Instant)>) {
+        AWAKE_PUS.fetch_sub(1, Ordering::Relaxed);
+        match deadline {
+            Some((d, now)) => std::thread::park_timeout(d.saturating_duration_since(now)),
+            None => std::thread::park(),
+        }
+        AWAKE_PUS.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// Counts a PU thread in [`LIVE_PUS`] for as long as it lives.
-struct LivePu;
-
-impl LivePu {
-    fn enter() -> LivePu {
-        LIVE_PUS.fetch_add(1, Ordering::Relaxed);
-        LivePu
-    }
-}
-
-impl Drop for LivePu {
+impl Drop for AwakePu {
     fn drop(&mut self) {
-        LIVE_PUS.fetch_sub(1, Ordering::Relaxed);
+        AWAKE_PUS.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 /// WQEs one queue may run before the PU looks at its other queues.
 const BURST: usize = 256;
 
+/// Idle rounds between two reads of the clock while a PU busy-spins: a round of a few quiet
+/// queues is tens of nanoseconds, and a clock read each round would be a good part of it, so
+/// of the time it takes the PU to find work handed to it.
+const ROUNDS_PER_CLOCK: u32 = 16;
+
 /// Body of PU thread `index`. Holds only a weak reference to the NIC so that dropping the last
 /// handle shuts the PUs down.
 pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
-    let _live = LivePu::enter();
-    let me = &pus.pus[index];
+    let awake = AwakePu::enter();
+    let me = &pus.pus[index].0;
     let _ = me.thread.set(std::thread::current());
     wake::enter(&pus, index);
     // Boxed and taken out while they run, so a running queue can hand over to the others
     // (`Siblings`).
     let mut queues: Vec<Option<Box<SqExec>>> = Vec::new();
     let mut idle_since: Option<Instant> = None;
+    // Idle rounds since the last progress, and whether the PU has stopped busy-spinning.
+    let mut idle_rounds: u32 = 0;
+    let mut yielding = false;
+    // Set `sleeping` and is making its last scan before it parks (`wake`'s handshake).
+    let mut parking = false;
     loop {
-        let seen = me.events.load(Ordering::SeqCst);
         if pus.shutdown.load(Ordering::Acquire) {
             return;
         }
-        if me.changed.load(Ordering::Relaxed) && me.changed.swap(false, Ordering::SeqCst) {
+        if me.changed.load(Ordering::Relaxed) && me.changed.swap(false, Ordering::AcqRel) {
             let Some(shared) = nic.upgrade() else { return };
             let new: Vec<_> = std::mem::take(
                 &mut *shared.incoming[index]
@@ -112,36 +132,51 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
             }
         }
         if progress {
+            if parking {
+                me.awake();
+                parking = false;
+            }
             idle_since = None;
+            idle_rounds = 0;
+            yielding = false;
             continue;
         }
-        if me.events.load(Ordering::SeqCst) != seen {
-            continue;
-        }
-        let now = Instant::now();
+        idle_rounds = idle_rounds.wrapping_add(1);
+        let mut now = None;
         if let Some(d) = deadline {
-            if d <= now {
+            let t = Instant::now();
+            if d <= t {
                 continue;
             }
+            now = Some(t);
         }
-        let since = *idle_since.get_or_insert(now);
-        let idle = now.duration_since(since);
-        if idle < busy_spin() {
-            std::hint::spin_loop();
-            continue;
-        }
-        if idle < SPIN {
-            std::thread::yield_now();
-            continue;
-        }
-        me.sleeping.store(true, Ordering::SeqCst);
-        if me.events.load(Ordering::SeqCst) == seen && !pus.shutdown.load(Ordering::SeqCst) {
-            match deadline {
-                Some(d) => std::thread::park_timeout(d.saturating_duration_since(now)),
-                None => std::thread::park(),
+        if !parking {
+            if yielding || now.is_some() || idle_rounds % ROUNDS_PER_CLOCK == 1 {
+                let t = *now.get_or_insert_with(Instant::now);
+                let idle = t.duration_since(*idle_since.get_or_insert(t));
+                let crowded = crowded();
+                yielding = crowded || idle >= BUSY;
+                if idle >= if crowded { SPIN_CROWDED } else { SPIN } {
+                    // One more scan with `sleeping` set before the park.
+                    me.prepare_to_park();
+                    parking = true;
+                    continue;
+                }
             }
+            if yielding {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+            continue;
         }
-        me.sleeping.store(false, Ordering::SeqCst);
+        // The scan after `prepare_to_park` found nothing: whoever gives this PU work from
+        // now on sees `sleeping` and unparks it.
+        awake.park(deadline.map(|d| (d, now.unwrap_or_else(Instant::now))));
+        me.awake();
+        parking = false;
         idle_since = None;
+        idle_rounds = 0;
+        yielding = false;
     }
 }

@@ -8,6 +8,7 @@
 //! already refused is reported here, with the responder's status, as `execute` would); it
 //! stops at the first WQE of more than one BB.
 
+use super::handover::run_nop;
 use super::*;
 
 impl Core {
@@ -81,14 +82,11 @@ impl Core {
             if !wqe_checks || self.wqe_is_ours(w, ci) {
                 match opcode {
                     OP_NOP if ds >= 1 => {
-                        self.qp.count_wqes(OP_NOP, 1);
-                        if signaled {
-                            self.complete(ci, 1, opcode, 0);
-                        } else if snap.hot(slot) != HOT_NONE {
-                            hot_next = true;
-                        } else if !wqe_checks {
-                            snap.set_derived(slot, HOT_NOP);
+                        if signaled && !self.late.is_empty() {
+                            // As `complete`: late responses land before the completion.
+                            self.land();
                         }
+                        hot_next |= run_nop(&self.qp, snap, slot, ci, signaled, wqe_checks);
                         ci += 1;
                         continue;
                     }

@@ -46,13 +46,42 @@ pub(super) fn fetch_signaled_nop(
     true
 }
 
-/// Count and complete the signaled one-BB NOP at `ci` of queue `qp`, fetched by
-/// [`fetch_signaled_nop`]. Inline (not `Core::complete`): this is a doorbell step's one
-/// completion.
+/// Count and complete the signaled one-BB NOP at `ci` of queue `qp` (fetched by
+/// [`fetch_signaled_nop`], or whole). Inline (not `Core::complete`): this is a doorbell
+/// step's one completion. The caller has landed any late response (see `Core::late`).
 #[inline(always)]
 pub(super) fn run_signaled_nop(qp: &QpShared, ci: u64) {
     qp.count_wqes(OP_NOP, 1);
     qp.retire(ci, ci + 1, CqeOpcode::Req, OP_NOP, 0, 0);
+}
+
+/// Run the one-BB NOP at `ci` of queue `qp`, fetched whole into snapshot `slot`: what every
+/// path that runs a NOP does (the fast path, the doorbell hand-over; `run_hot` re-runs only
+/// slots marked here, and the general path's `execute` runs a NOP as nothing at all). A NOP
+/// does nothing but complete (ConnectX), so: count it, complete it if `signaled` (see
+/// [`run_signaled_nop`]), and otherwise mark its slot hot, so that `run_hot` re-runs it
+/// without decoding while its bytes stay the same; not with WQE checks on (`checks`), which
+/// look at each WQE's index, and a re-run would not. True if the unsignaled slot was hot
+/// already: the fast path's cue to go on in `run_hot`.
+#[inline(always)]
+pub(super) fn run_nop(
+    qp: &QpShared,
+    snap: &mut Snaps,
+    slot: usize,
+    ci: u64,
+    signaled: bool,
+    checks: bool,
+) -> bool {
+    if signaled {
+        run_signaled_nop(qp, ci);
+        return false;
+    }
+    qp.count_wqes(OP_NOP, 1);
+    let hot = snap.hot(slot) != HOT_NONE;
+    if !hot && !checks {
+        snap.set_derived(slot, HOT_NOP);
+    }
+    hot
 }
 
 /// WQEs a queue runs when another on its PU hands over to it (see [`Siblings`]).
@@ -175,13 +204,9 @@ impl SqExec {
             if e.bytes[off::OPCODE] != OP_NOP || e.bytes[off::DS] & MAX_DS == 0 {
                 break;
             }
-            c.qp.count_wqes(OP_NOP, 1);
-            if signaled(&e.bytes) {
-                // Inline (not `complete`): this is the one completion of a doorbell step.
-                c.qp.retire(ci, ci + 1, CqeOpcode::Req, OP_NOP, 0, 0);
-            } else if snap.hot(slot) == HOT_NONE {
-                snap.set_derived(slot, HOT_NOP);
-            }
+            // No WQE checks here (`runs_plain`), and nothing lands late.
+            let signaled = signaled(&e.bytes);
+            run_nop(&c.qp, snap, slot, ci, signaled, false);
             ci += 1;
         }
         c.ci = ci;

@@ -128,6 +128,26 @@ impl Mailbox {
         spin: Duration,
         until: Option<Instant>,
         give_up: impl Fn() -> bool,
+        poll: impl FnMut(),
+    ) -> Option<Response> {
+        let r = self.wait_registered(spin, until, give_up, poll);
+        // Registered only while it waits: the waiter is the PU's own thread, and a response
+        // pushed after the wait would otherwise leave its park token set, so that the PU's
+        // next park in its idle loop returned at once and it polled through another spell
+        // of idling, taking a core from the threads with work.
+        let mut w = self.waiter.lock().unwrap_or_else(|e| e.into_inner());
+        if w.is_some() {
+            *w = None;
+        }
+        r
+    }
+
+    /// [`Self::wait`], which may leave this thread registered as the waiter.
+    fn wait_registered(
+        &self,
+        spin: Duration,
+        until: Option<Instant>,
+        give_up: impl Fn() -> bool,
         mut poll: impl FnMut(),
     ) -> Option<Response> {
         let start = Instant::now();
