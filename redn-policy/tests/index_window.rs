@@ -6,7 +6,7 @@
 use redn_policy::{verify, Finding, Grants, Report, Rule};
 use redn_program::program::catalog;
 use redn_program::program::{
-    Addr, Builder, Form, Iterations, Op, PatchSource, Program, QueueRole, Sge,
+    Addr, Builder, Form, Iterations, Op, Operand, PatchSource, Program, QueueRole, Sge,
 };
 use redn_program::wqe::WqeFlags;
 use redn_program::Access;
@@ -100,6 +100,8 @@ fn a_wait_just_under_2_23_completions_is_accepted_and_one_at_2_23_refused() {
     let over = verify(&one_enable(1, 1 << 23, 0), &Grants::new());
     let f = the_window_finding(&over, Some("wait"));
     assert!(f.detail.contains("modulo 2^24"), "{f}");
+    // The WAIT follows the one-BB enable: ring index 1.
+    assert_eq!(f.wqe, Some((1, "wait".to_string())));
 }
 
 fn loop_grants() -> Grants {
@@ -155,6 +157,17 @@ fn server_loop_passes_and_a_recycled_step_of_2_15_is_refused() {
 }
 
 #[test]
+fn a_recycled_receive_enable_is_held_to_the_same_window() {
+    // `rearm.recv` enables the client's receives from counter c.recv.
+    let mut p = catalog::server_loop().unwrap();
+    set_add(&mut p, "adv.recv.add", 1 << 15);
+    let r = verify(&p, &loop_grants());
+    let f = the_window_finding(&r, Some("rearm.recv"));
+    assert!(f.detail.contains("moves 32768 receives a round"), "{f}");
+    assert!(f.detail.contains("the receive index of \"client\""), "{f}");
+}
+
+#[test]
 fn recycled_counts_of_one_queue_that_move_by_different_steps_are_refused() {
     let mut p = catalog::server_loop().unwrap();
     set_add(&mut p, "adv.worker.add", 33);
@@ -200,21 +213,199 @@ fn a_recycled_count_the_verifier_cannot_bound_is_refused() {
     assert!(f.detail.contains("trigger parameter \"key0\""), "{f}");
 
     // From a counter something other than a FETCH_ADD writes: any value may land.
-    let mut p = catalog::server_loop().unwrap();
-    let w = p.queues.iter_mut().find(|q| q.name == "worker").unwrap();
-    let pad = w.wqes.iter_mut().find(|w| matches!(w.op, Op::Nop)).unwrap();
-    pad.op = Op::Write {
+    let p = with_worker_op(Op::Write {
         remote: Addr::static_("c.answer", 0),
         sgl: vec![Sge::new(Addr::static_("c.done", 0), 8)],
         imm: None,
-    };
-    let label = pad.label.clone();
+    });
     let r = verify(&p, &loop_grants());
     let f = the_window_finding(&r, Some("answer"));
     assert!(
-        f.detail.contains(&format!(
-            "counter \"c.answer\" is also written by {label:?}"
-        )),
+        f.detail
+            .contains("counter \"c.answer\" is also written by \"pad"),
         "{f}"
     );
+}
+
+/// server-loop with the worker's first padding NOP replaced by `op`.
+fn with_worker_op(op: Op) -> Program {
+    let mut p = catalog::server_loop().unwrap();
+    let w = p.queues.iter_mut().find(|q| q.name == "worker").unwrap();
+    let pad = w.wqes.iter_mut().find(|w| matches!(w.op, Op::Nop)).unwrap();
+    assert!(pad.label.starts_with("pad"), "{} is no padding", pad.label);
+    pad.op = op;
+    p
+}
+
+#[test]
+fn a_counter_anything_but_its_fetch_adds_may_write_is_unbounded() {
+    let answer = || Addr::static_("c.answer", 0);
+    let elsewhere = || Addr::static_("resp.nop", 0);
+    let cases: Vec<(&str, Program)> = vec![
+        (
+            "a READ landing in it",
+            with_worker_op(Op::Read {
+                remote: elsewhere(),
+                sgl: vec![Sge::new(answer(), 8)],
+            }),
+        ),
+        (
+            "a CAS on it",
+            with_worker_op(Op::Cas {
+                remote: answer(),
+                compare: Operand::Lit(0),
+                swap: Operand::Lit(1),
+                result: None,
+            }),
+        ),
+        (
+            "a CAS result landing in it",
+            with_worker_op(Op::Cas {
+                remote: elsewhere(),
+                compare: Operand::Lit(0),
+                swap: Operand::Lit(1),
+                result: Some(Sge::new(answer(), 8)),
+            }),
+        ),
+        (
+            "a masked CAS on it",
+            with_worker_op(Op::MaskedCas {
+                remote: answer(),
+                compare: Operand::Lit(0),
+                compare_mask: u64::MAX,
+                swap: Operand::Lit(1),
+                swap_mask: u64::MAX,
+            }),
+        ),
+        (
+            "a FETCH_ADD result landing in it",
+            with_worker_op(Op::Faa {
+                remote: elsewhere(),
+                add: 1,
+                result: Some(Sge::new(answer(), 8)),
+            }),
+        ),
+        (
+            "a FETCH_ADD on other bytes of its block",
+            with_worker_op(Op::Faa {
+                remote: Addr::static_("c.answer", 8),
+                add: 1,
+                result: None,
+            }),
+        ),
+        ("a receive scattering into it", {
+            let mut p = catalog::server_loop().unwrap();
+            let client = p.queues.iter_mut().find(|q| q.name == "client").unwrap();
+            client.recvs[0].sgl.push(Sge::new(answer(), 8));
+            p
+        }),
+    ];
+    for (what, p) in cases {
+        let r = verify(&p, &loop_grants());
+        let f = the_window_finding(&r, Some("answer"));
+        assert!(
+            f.detail.contains("counter \"c.answer\" is also written by"),
+            "{what}: {f}"
+        );
+    }
+    // A FETCH_ADD that only reads another counter's value into a WQE is no writer of it.
+    let p = with_worker_op(Op::Faa {
+        remote: elsewhere(),
+        add: 1,
+        result: None,
+    });
+    let r = verify(&p, &loop_grants());
+    assert!(window_findings(&r).is_empty(), "{}", r.log());
+}
+
+fn set_sources(p: &mut Program, label: &str, source: PatchSource) {
+    for pp in p.patches.iter_mut().filter(|pp| pp.label == label) {
+        pp.source = source.clone();
+    }
+}
+
+#[test]
+fn a_recycled_count_must_come_from_a_read_of_a_counter_or_a_fetch_add() {
+    // The FETCH_ADD's old value itself (RedN's big-endian form): its step is its add.
+    let mut p = catalog::server_loop().unwrap();
+    let add = PatchSource::AtomicResult {
+        label: "adv.answer.add".into(),
+    };
+    set_sources(&mut p, "answer", add);
+    let r = verify(&p, &loop_grants());
+    assert!(window_findings(&r).is_empty(), "{}", r.log());
+
+    let refused = |source: PatchSource, want: &str| {
+        let mut p = catalog::server_loop().unwrap();
+        set_sources(&mut p, "answer", source);
+        let r = verify(&p, &loop_grants());
+        let f = the_window_finding(&r, Some("answer"));
+        assert!(f.detail.contains(want), "{f}");
+        assert!(f.detail.contains("cannot bound"), "{f}");
+    };
+    refused(
+        PatchSource::AtomicResult {
+            label: "adv.answer".into(),
+        },
+        "the result of \"adv.answer\", not a FETCH_ADD",
+    );
+    refused(
+        PatchSource::Read {
+            label: "adv.answer.add".into(),
+        },
+        "from \"adv.answer.add\", not a READ",
+    );
+    refused(
+        PatchSource::Cas {
+            label: "adv.answer.add".into(),
+        },
+        "written by \"adv.answer.add\"",
+    );
+    refused(
+        PatchSource::Write {
+            label: "reset".into(),
+        },
+        "written by \"reset\"",
+    );
+
+    // A READ of a region, not of a counter in the code region.
+    let mut p = catalog::server_loop().unwrap();
+    match op_mut(&mut p, "adv.answer") {
+        Op::Read { remote, .. } => *remote = Addr::region("table", 0),
+        other => panic!("adv.answer is {other:?}"),
+    }
+    let r = verify(&p, &loop_grants());
+    let f = the_window_finding(&r, Some("answer"));
+    assert!(f.detail.contains("outside the code region"), "{f}");
+}
+
+#[test]
+fn only_a_patch_over_the_count_bytes_makes_a_count_patched() {
+    // A bounded program's patched counts are refused by another rule; a static count is
+    // checked here. Patch points next to the count, ending at its first byte or starting
+    // after its last, leave it static: 2^15 is still refused.
+    for (byte, len) in [(20, 4), (28, 4)] {
+        let mut p = one_enable(1 << 15, 0, 0);
+        p.patches.push(redn_program::program::PatchPoint {
+            label: "en".into(),
+            byte,
+            len,
+            source: PatchSource::Trigger {
+                param: "none".into(),
+            },
+        });
+        let r = verify(&p, &Grants::new());
+        let f = the_window_finding(&r, Some("en"));
+        assert!(f.detail.contains("count 32768"), "bytes {byte}+{len}: {f}");
+    }
+}
+
+#[test]
+fn a_static_wait_in_a_recycled_loop_is_left_to_the_program() {
+    // A WAIT whose count never moves only stops waiting (and, 2^23 completions on, waits
+    // for ever): the program's liveness, not which WQEs may run. Not refused here.
+    let mut p = catalog::server_loop().unwrap();
+    p.patches.retain(|pp| pp.label != "sent");
+    let r = verify(&p, &loop_grants());
+    assert!(window_findings(&r).is_empty(), "{}", r.log());
 }
