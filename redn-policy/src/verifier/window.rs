@@ -31,11 +31,13 @@ pub(super) const WQ_WINDOW: u64 = 1 << 15;
 /// 24-bit index, `MLX5_CQ_INDEX_WIDTH`).
 pub(super) const CQ_WINDOW: u64 = 1 << 23;
 
-/// One refusal: the queue it is about, the WQE (ring index, label) or `None` for an entry,
-/// the field, and what is wrong.
+/// A WQE's ring index and label, or `None` for an entry.
+type At = Option<(u64, String)>;
+
+/// One refusal: the queue it is about, where ([`At`]), the field, and what is wrong.
 pub(super) struct Refusal {
     pub(super) queue: String,
-    pub(super) wqe: Option<(u64, String)>,
+    pub(super) wqe: At,
     pub(super) field: &'static str,
     pub(super) detail: String,
 }
@@ -91,30 +93,25 @@ pub(super) fn check(p: &Program, wait_pi_byte: u32) -> Vec<Refusal> {
             )
         })
     };
-    for (name, count) in &p.entry {
-        if let Some(detail) = static_count(Kind::Send, name, *count) {
-            out.push(Refusal {
-                queue: name.clone(),
-                wqe: None,
-                field: "entry",
-                detail,
-            });
-        }
-    }
-    for (name, count) in &p.recv_entry {
-        if let Some(detail) = static_count(Kind::Recv, name, *count) {
-            out.push(Refusal {
-                queue: name.clone(),
-                wqe: None,
-                field: "recv entry",
-                detail,
-            });
+    for (kind, entries, field) in [
+        (Kind::Send, &p.entry, "entry"),
+        (Kind::Recv, &p.recv_entry, "recv entry"),
+    ] {
+        for (name, count) in entries {
+            if let Some(detail) = static_count(kind, name, *count) {
+                out.push(Refusal {
+                    queue: name.clone(),
+                    wqe: None,
+                    field,
+                    detail,
+                });
+            }
         }
     }
     // Recycled counts by what they count: (kind, queue) -> (step, first WQE with it).
     let mut steps: BTreeMap<(Kind, &str), (u64, String)> = BTreeMap::new();
     // Static enables of each queue, checked once every recycled count is known.
-    let mut statics: Vec<(Kind, &str, &str, Option<(u64, String)>)> = Vec::new();
+    let mut statics: Vec<(Kind, &str, &str, At)> = Vec::new();
     for q in &p.queues {
         let mut pos = 0;
         for w in &q.wqes {
