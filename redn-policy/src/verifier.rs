@@ -25,7 +25,10 @@
 //!   and the responses to one trigger within the policy; a recycled loop needs a budget that
 //!   the manager's auditor enforces at run time;
 //! - **fences**: a WQE that uses bytes an earlier READ or atomic of its queue brings carries
-//!   the fence flag (or waits for that completion), as a ConnectX needs.
+//!   the fence flag (or waits for that completion), as a ConnectX needs;
+//! - **index windows** (`verifier::window`): every count stays within half the range the
+//!   hardware compares it modulo (2^16 queue indices, 2^24 CQ counts), and a recycled
+//!   count moves by a bounded step each round.
 //!
 //! Addresses and lengths patched at run time (a bucket address, say) cannot be checked
 //! here; the keys can, and the NIC checks every access against them. The installer's narrow
@@ -38,6 +41,7 @@
 
 mod bounds;
 mod control;
+mod window;
 
 use redn_program::program::{
     Addr, CodeLayout, Form, Iterations, Op, Operand, PatchSource, Program, QueueRole, RegionRole,
@@ -168,6 +172,10 @@ pub enum Rule {
     /// A WQE that uses bytes an earlier READ or atomic of its queue brings, without the
     /// fence flag: on a ConnectX it may run before those bytes land.
     MissingFence,
+    /// A WAIT, SEND_EN, RECV_EN or entry count that may lie half the index range the
+    /// hardware compares it in (2^15 BBs or receives, 2^23 completions) or more from its
+    /// queue's index, or a recycled count whose step cannot be bounded (`verifier::window`).
+    IndexWindow,
 }
 
 impl Rule {
@@ -191,6 +199,7 @@ impl Rule {
             Rule::UnboundedLoop => "unbounded-loop",
             Rule::Size => "size",
             Rule::MissingFence => "missing-fence",
+            Rule::IndexWindow => "index-window",
         }
     }
 }
@@ -1625,6 +1634,21 @@ impl Checker<'_> {
     }
 }
 
+impl Checker<'_> {
+    /// Counts within the hardware's index windows (see [`window`]).
+    fn index_windows(&mut self) {
+        for r in window::check(self.p, WAIT_PI_BYTE) {
+            self.find(
+                Some(&r.queue),
+                r.wqe.as_ref().map(|(i, l)| (*i, l.as_str())),
+                r.field,
+                Rule::IndexWindow,
+                r.detail,
+            );
+        }
+    }
+}
+
 /// A READ or atomic whose bytes land late: its label, the bytes it writes locally, and how
 /// many signaled WQEs of its queue come before it.
 type Landing<'p> = (&'p str, Vec<(&'p Addr, u64)>, u64);
@@ -1829,6 +1853,7 @@ pub fn verify(program: &Program, grants: &Grants) -> Report {
     c.control_words();
     c.execution_bounds();
     c.fences();
+    c.index_windows();
     let loops = usize::from(matches!(program.iterations, Iterations::Recycled { .. }));
     Report {
         program: program.name.clone(),

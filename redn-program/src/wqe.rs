@@ -1067,6 +1067,11 @@ pub enum Syndrome {
     /// The peer aborted the operation (`MLX5_CQE_SYNDROME_REMOTE_ABORTED_ERR`,
     /// `IBV_WC_REM_ABORT_ERR`).
     RemoteAborted = 0x22,
+    /// General error (`IBV_WC_GENERAL_ERR`): an error CQE whose syndrome byte is none of the
+    /// above, as rdma-core's `mlx5_handle_error_cqe` reports it (its default case). Not a
+    /// byte mlx5 defines: its discriminant, 0xff, is only a placeholder; the byte the CQE
+    /// carried stays in the CQE ([`Cqe::syndrome`]). The softnic never writes it.
+    General = 0xff,
 }
 
 impl Syndrome {
@@ -1090,6 +1095,12 @@ impl Syndrome {
         })
     }
 
+    /// The status an error CQE with syndrome byte `b` completes with: its syndrome, or
+    /// [`Syndrome::General`] for a byte `mlx5dv.h` does not define (`mlx5_handle_error_cqe`).
+    pub fn of_error_cqe(b: u8) -> Syndrome {
+        Syndrome::from_u8(b).unwrap_or(Syndrome::General)
+    }
+
     /// Lower-case name for logs.
     pub fn name(self) -> &'static str {
         match self {
@@ -1106,6 +1117,7 @@ impl Syndrome {
             Syndrome::TransportRetryExceeded => "transport retry exceeded",
             Syndrome::RnrRetryExceeded => "RNR retry exceeded",
             Syndrome::RemoteAborted => "remote aborted",
+            Syndrome::General => "general error",
         }
     }
 }

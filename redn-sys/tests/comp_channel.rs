@@ -50,6 +50,42 @@ fn an_armed_cq_reports_its_next_completion_once() {
 }
 
 #[test]
+fn completion_mode_3_signals_only_an_armed_cq_and_once_per_arming() {
+    // Mode 3, "CQE and EQE" (`MLX5_WQE_CTRL_CQ_UPDATE_AND_EQE`), asks for an event with the
+    // CQE, but an mlx5 CQ only raises one while armed: rdma-core's `mlx5_arm_cq` writes the
+    // arm sequence number and consumer index to the CQ's arm doorbell, and each event taken
+    // advances that sequence number (`mlx5_cq_event`), so an arming yields one event.
+    let nic = nic(1, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    let ep = endpoint(&nic, pd, |_| {});
+    nic.connect(ep.qp.qpn, ep.qp.qpn).unwrap();
+    let ch = CompChannel::new();
+    let mode_3 = |wr_id| {
+        wr(
+            wr_id,
+            WqeFlags(3 << 2),
+            WrOp::Nop {
+                raw_segments: vec![],
+            },
+        )
+    };
+
+    // Not armed: the CQEs are written, no event.
+    nic.post_send(ep.qp.qpn, &[mode_3(1), mode_3(2)]).unwrap();
+    let got = wait_cqes(&nic, ep.cq, 2);
+    assert_eq!(got.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [1, 2]);
+    assert_eq!(ch.get_event(SHORT), None, "mode 3 signalled an unarmed CQ");
+
+    // Armed: one event for three mode-3 completions.
+    nic.req_notify_cq(ep.cq, &ch).unwrap();
+    nic.post_send(ep.qp.qpn, &[mode_3(3), mode_3(4), mode_3(5)])
+        .unwrap();
+    assert_eq!(ch.get_event(LONG), Some(ep.cq));
+    assert_eq!(wait_cqes(&nic, ep.cq, 3).len(), 3);
+    assert_eq!(ch.get_event(SHORT), None, "one arming signalled twice");
+}
+
+#[test]
 fn a_sleeping_thread_is_woken_by_a_completion_from_a_pu_and_errors_count() {
     let nic = nic(2, Prefetch::Depth(8));
     let pd = nic.alloc_pd().unwrap();

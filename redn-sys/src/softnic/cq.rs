@@ -375,7 +375,7 @@ fn word(b: &[u8]) -> u64 {
 fn completion_of(cqe: Cqe, wr_id: u64) -> Completion {
     use crate::wqe::CqeOpcode::*;
     let status = if cqe.opcode.is_error() {
-        Err(Syndrome::from_u8(cqe.syndrome).unwrap_or(Syndrome::LocalQpOperation))
+        Err(Syndrome::of_error_cqe(cqe.syndrome))
     } else {
         Ok(())
     };
@@ -620,5 +620,37 @@ mod tests {
         producer.join().expect("producer");
         assert!(next >= least, "{next} entries");
         assert_eq!(q.produced(), next);
+    }
+
+    /// An error CQE whose syndrome byte `mlx5dv.h` does not define completes with
+    /// `IBV_WC_GENERAL_ERR`, as rdma-core's `mlx5_handle_error_cqe` reports it (its default
+    /// case); a defined byte keeps its own status. Either way the CQE keeps the byte and
+    /// the vendor syndrome.
+    #[test]
+    fn an_unknown_syndrome_completes_as_a_general_error() {
+        use crate::wqe::{Syndrome, CQE_SIZE};
+        let q = cq(4, false);
+        let cases = [
+            (0x13, Syndrome::RemoteAccess),
+            (0x22, Syndrome::RemoteAborted),
+            (0x30, Syndrome::General),
+            (0x00, Syndrome::General),
+        ];
+        for (i, (byte, want)) in (0u64..).zip(cases) {
+            // An mlx5_err_cqe as a NIC writes it: vendor syndrome at byte 54, syndrome at
+            // 55, QPN at 56..60, REQ_ERR (0xd) in the high nibble of byte 63.
+            let mut b = [0u8; CQE_SIZE];
+            b[54] = 0x5a;
+            b[55] = byte;
+            b[59] = 7;
+            b[63] = 0xd0;
+            q.push(Cqe::decode(&b).expect("an error CQE"), i);
+            let mut out = Vec::new();
+            assert_eq!(q.poll(4, &mut out), Ok(1));
+            assert_eq!(out[0].status, Err(want), "syndrome {byte:#04x}");
+            assert_eq!(out[0].cqe.syndrome, byte);
+            assert_eq!(out[0].vendor_err(), 0x5a);
+            assert_eq!(out[0].qpn, Qpn(7));
+        }
     }
 }

@@ -400,6 +400,28 @@ mod tests {
     }
 
     #[test]
+    fn only_the_queues_own_pu_writes_the_own_half() {
+        // `own` is written with a plain load and store, safe only because one thread (the
+        // queue's PU) writes it; an enable from anywhere else must move `shared` alone.
+        let e = EnabledIndex::default();
+        assert!(e.advance(7, false));
+        assert_eq!(
+            e.own.load(Ordering::Relaxed),
+            0,
+            "another PU wrote the own half"
+        );
+        assert_eq!(e.shared.load(Ordering::Relaxed), 7);
+        assert!(e.advance(9, true));
+        assert_eq!(e.own.load(Ordering::Relaxed), 9);
+        assert_eq!(
+            e.shared.load(Ordering::Relaxed),
+            7,
+            "the own PU wrote the shared half"
+        );
+        assert_eq!(e.get(), 9);
+    }
+
+    #[test]
     fn an_enable_moves_at_most_half_the_16_bit_range() {
         let e = EnabledIndex::default();
         assert!(e.advance(0x7fff, true), "2^15 - 1 ahead");
