@@ -23,6 +23,8 @@ const NODE_STRIDE: u64 = 64;
 pub const LIST_VALUE_LEN: usize = 32;
 /// Largest UDP datagram the floor's echo sends.
 const DATAGRAM: usize = 32 << 10;
+/// Largest answer the floor's echo sends to one request (the largest value size).
+const MAX_ECHO: usize = 64 << 10;
 
 /// The bytes stored under `key` when its value is `len` long: every GET is checked against
 /// them.
@@ -180,7 +182,9 @@ impl Store {
 /// - `list KEY…` → `ok`;
 /// - `bench-install NAME N` → `samples US…` (N installs, each uninstalled again);
 /// - `sets` → `sets N` (SETs so far, writers' included);
-/// - `udp-echo` → `port P`, then a busy-polling echo until a 1-byte datagram, then `ok`;
+/// - `udp-echo PEER_PORT` → `port P`, then a busy-polling echo of the peer at 127.0.0.1:
+///   PEER_PORT (the socket is connected to it, so the kernel drops datagrams from anyone
+///   else: other programs on the host reuse ports) until a 1-byte datagram, then `ok`;
 /// - `baselines` → `baselines ONE_SIDED_ADDR RPC_ADDR`: the one-sided and two-sided
 ///   servers of `redn_client::baseline` started in this process on the table's memory
 ///   (the RPC server's thread polls until `stop-baselines` → `ok`).
@@ -271,8 +275,10 @@ pub fn app_role(args: &[String]) -> Result<()> {
                 baselines = None;
                 "ok".to_owned()
             }
-            ["udp-echo"] => {
+            ["udp-echo", peer] => {
+                let peer: u16 = peer.parse().context("udp-echo's peer port")?;
                 let udp = UdpSocket::bind("127.0.0.1:0")?;
+                udp.connect(("127.0.0.1", peer))?;
                 udp.set_nonblocking(true)?;
                 writeln!(out, "port {}", udp.local_addr()?.port())?;
                 out.flush()?;
@@ -299,22 +305,23 @@ pub fn baseline_options(timeout: std::time::Duration) -> BaselineOptions {
     }
 }
 
-/// Answer each request (its first 4 bytes: the answer's length, little-endian) with that
-/// many bytes, in datagrams of at most 32 KiB, busy-polling; until a 1-byte datagram.
+/// Answer each request (its first 4 bytes: the answer's length, little-endian, at most
+/// [`MAX_ECHO`]) with that many bytes, in datagrams of at most 32 KiB, busy-polling; until
+/// a 1-byte datagram. `udp` is connected to its one peer.
 fn udp_echo(udp: &UdpSocket) -> Result<()> {
     let mut buf = vec![0u8; 2048];
     let reply = vec![0x5a_u8; DATAGRAM];
     let mut idle_since = Instant::now();
     loop {
-        match udp.recv_from(&mut buf) {
-            Ok((1, _)) => return Ok(()),
-            Ok((n, from)) if n >= 4 => {
+        match udp.recv(&mut buf) {
+            Ok(1) => return Ok(()),
+            Ok(n) if n >= 4 => {
                 idle_since = Instant::now();
-                let mut left =
-                    usize::try_from(u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]))?;
+                let asked = usize::try_from(u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]))?;
+                let mut left = asked.min(MAX_ECHO);
                 while left > 0 {
                     let chunk = left.min(DATAGRAM);
-                    udp.send_to(&reply[..chunk], from)?;
+                    udp.send(&reply[..chunk])?;
                     left -= chunk;
                 }
             }

@@ -223,12 +223,12 @@ impl Run {
     /// The floor: `n` raw UDP round trips with the app (a request of 64 B, an answer of
     /// `answer` bytes), both ends busy-polling.
     fn floor(&mut self, app: &mut Peer, answer: usize, n: usize) -> Result<Stats> {
+        let udp = UdpSocket::bind("127.0.0.1:0")?;
         let port: u16 = app
-            .ask("udp-echo")?
+            .ask(&format!("udp-echo {}", udp.local_addr()?.port()))?
             .strip_prefix("port ")
             .and_then(|p| p.parse().ok())
             .context("the app's echo port")?;
-        let udp = UdpSocket::bind("127.0.0.1:0")?;
         udp.connect(("127.0.0.1", port))?;
         udp.set_nonblocking(true)?;
         let mut req = [0u8; 64];
@@ -252,7 +252,9 @@ impl Run {
                         }
                         spin_or_yield(now - t);
                     }
-                    Err(e) => return Err(e.into()),
+                    Err(e) => {
+                        return Err(e).context("the UDP floor's ping-pong with the app's echo")
+                    }
                 }
             }
             if i >= n / 10 {
