@@ -254,8 +254,21 @@ pub fn run(data: &[u8]) {
 /// successes, then at most one error that is not a flush, then only flushes; and if the queue
 /// went to the error state by itself (`faulted`), that error is there.
 fn check_completions(nic: &SoftNic, cq: Cqn, qpn: Qpn, faulted: bool) {
+    // A queue's state and its consumer index may move before the error CQE is written (on
+    // a ConnectX too, the state a query reads and the CQEs are not ordered): a faulted queue's
+    // error completion is waited for, with a deadline, rather than expected at once.
     let mut got = Vec::new();
-    while nic.poll_cq(cq, 64, &mut got).expect("poll_cq") > 0 {}
+    let deadline = Instant::now() + FLUSH;
+    loop {
+        while nic.poll_cq(cq, 64, &mut got).expect("poll_cq") > 0 {}
+        let fault_there = got
+            .iter()
+            .any(|c| c.qpn == qpn && !matches!(c.status, Ok(()) | Err(Syndrome::WrFlush)));
+        if !faulted || fault_there || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::yield_now();
+    }
     let sent: Vec<_> = got
         .iter()
         .filter(|c| c.qpn == qpn && matches!(c.opcode, CqeOpcode::Req | CqeOpcode::ReqErr))
