@@ -254,9 +254,10 @@ pub fn run(data: &[u8]) {
 /// successes, then at most one error that is not a flush, then only flushes; and if the queue
 /// went to the error state by itself (`faulted`), that error is there.
 fn check_completions(nic: &SoftNic, cq: Cqn, qpn: Qpn, faulted: bool) {
-    // A queue's state and its consumer index may move before the error CQE is written (on
-    // a ConnectX too, the state a query reads and the CQEs are not ordered): a faulted queue's
-    // error completion is waited for, with a deadline, rather than expected at once.
+    // `QpShared::retire` publishes a WQE's consumer index, then pushes its CQE, and a queue's
+    // state is not ordered with its CQEs (nor is it on a ConnectX, where only the CQEs
+    // speak): so the last CQE may land after the flush wait above ends, and a faulted
+    // queue's error completion is waited for, with a deadline, rather than expected at once.
     let mut got = Vec::new();
     let deadline = Instant::now() + FLUSH;
     loop {
