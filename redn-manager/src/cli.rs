@@ -287,13 +287,18 @@ fn run(opts: &Options) -> anyhow::Result<()> {
             )
         }
     };
+    let mut limits = opts.limits;
+    let dataplane = loaded.config.dataplane.listen.is_some() && softnic.is_some();
+    if let Some(note) = limits.fit_fds(system::raise_nofile(), dataplane) {
+        eprintln!("redn-manager: note: {note}");
+    }
     let manager = Manager::new(
         loaded.policy_path.clone(),
         loaded.policy,
         loaded.offloads,
         nic,
         backend,
-        opts.limits,
+        limits,
     );
     let listeners = vec![
         (
@@ -309,8 +314,9 @@ fn run(opts: &Options) -> anyhow::Result<()> {
     let mut server =
         Server::new(manager, listeners, Some(signals), audit).context("cannot set up epoll")?;
     if let (Some(listen), Some(nic)) = (loaded.config.dataplane.listen, softnic) {
-        let dp = crate::dataplane::Dataplane::bind(listen, nic)
+        let mut dp = crate::dataplane::Dataplane::bind(listen, nic)
             .with_context(|| format!("cannot listen for remote clients at {listen}"))?;
+        dp.set_max_connections(limits.max_dataplane_connections);
         eprintln!(
             "redn-manager: serving remote clients on {}",
             dp.local_addr()

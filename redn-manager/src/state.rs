@@ -63,7 +63,14 @@ pub struct Limits {
     pub max_bytes_per_uid: u64,
     /// Bytes of replies queued for one connection that does not read them.
     pub max_pending_output: usize,
+    /// Data-plane connections in all (pending hellos and served remote clients).
+    pub max_dataplane_connections: usize,
 }
+
+/// File descriptors the manager keeps for itself whatever its clients hold: listeners,
+/// epoll, the signalfd, the audit socket, lock files, RoCE endpoints, the fds of one
+/// message being received, a hang-up's pidfd, the NIC's own.
+pub const RESERVED_FDS: u64 = 64;
 
 impl Default for Limits {
     /// sd-varlink's connection limits (4096, 1024 per uid), 1000 requests/s, 64 regions and
@@ -78,11 +85,62 @@ impl Default for Limits {
             max_regions_per_uid: 64,
             max_bytes_per_uid: 64 << 30,
             max_pending_output: 4 << 20,
+            max_dataplane_connections: 4096,
         }
     }
 }
 
 impl Limits {
+    /// Shrink the connection caps so that what clients may hold fits in `nofile` file
+    /// descriptors (the manager's `RLIMIT_NOFILE`), [`RESERVED_FDS`] kept back: an app or
+    /// admin connection costs two (its socket and its process's pidfd), a data-plane
+    /// connection one (counted only with a data plane). Without this, one uid opening
+    /// connections up to its cap would run the manager out of fds and every other client
+    /// would be refused or left unanswered at accept. The caps shrink in proportion, so one
+    /// uid still gets only its share. `None` if they fit as they are, else what changed.
+    pub fn fit_fds(&mut self, nofile: u64, dataplane: bool) -> Option<String> {
+        let unix = self.max_connections as u64;
+        let remote = if dataplane {
+            self.max_dataplane_connections as u64
+        } else {
+            0
+        };
+        let wanted = 2 * unix + remote;
+        let available = nofile.saturating_sub(RESERVED_FDS);
+        if wanted <= available {
+            return None;
+        }
+        // Each cap times available / wanted, at least one; 128-bit so nothing overflows.
+        let scale = |cap: u64| -> usize {
+            let scaled = u128::from(cap) * u128::from(available) / u128::from(wanted);
+            usize::try_from(scaled).unwrap_or(usize::MAX).max(1)
+        };
+        let before = (self.max_connections, self.max_connections_per_uid);
+        self.max_connections = scale(unix);
+        self.max_connections_per_uid =
+            scale(self.max_connections_per_uid as u64).min(self.max_connections);
+        if dataplane {
+            self.max_dataplane_connections = scale(remote);
+        }
+        Some(format!(
+            "RLIMIT_NOFILE is {nofile}: connections capped at {} ({} per uid) instead of {} \
+             ({}){}, so clients cannot run the manager out of file descriptors; raise \
+             LimitNOFILE in the unit to serve more",
+            self.max_connections,
+            self.max_connections_per_uid,
+            before.0,
+            before.1,
+            if dataplane {
+                format!(
+                    ", data-plane connections at {}",
+                    self.max_dataplane_connections
+                )
+            } else {
+                String::new()
+            }
+        ))
+    }
+
     /// Set the limit called `name` (as `--limit NAME=VALUE` names it).
     ///
     /// # Errors
@@ -1174,6 +1232,49 @@ pub fn describe(p: &Program) -> api::Offload {
 mod tests {
     use super::*;
     use std::num::{NonZeroU32, NonZeroU64};
+
+    #[test]
+    fn connection_caps_shrink_to_fit_the_fd_limit() {
+        let mut roomy = Limits::default();
+        assert_eq!(
+            roomy.fit_fds(1 << 20, true),
+            None,
+            "systemd's hard limit fits"
+        );
+        assert_eq!(roomy, Limits::default());
+        for (nofile, dataplane) in [
+            (96, false),
+            (96, true),
+            (1024, true),
+            (1024, false),
+            (0, true),
+        ] {
+            let mut l = Limits::default();
+            let note = l.fit_fds(nofile, dataplane).unwrap();
+            assert!(
+                note.contains(&format!("RLIMIT_NOFILE is {nofile}")),
+                "{note}"
+            );
+            let remote = if dataplane {
+                l.max_dataplane_connections
+            } else {
+                0
+            };
+            let held = 2 * l.max_connections + remote;
+            if nofile > RESERVED_FDS {
+                assert!(held as u64 + RESERVED_FDS <= nofile, "{nofile}: {l:?}");
+            }
+            assert!(
+                l.max_connections >= 1 && l.max_connections_per_uid >= 1,
+                "{l:?}"
+            );
+            // One uid still gets a quarter of the connections, as by default.
+            assert!(
+                l.max_connections_per_uid <= l.max_connections / 4 + 1,
+                "{nofile}: {l:?}"
+            );
+        }
+    }
 
     #[test]
     fn app_rates_become_nic_pacing() {

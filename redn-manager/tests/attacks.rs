@@ -1,0 +1,134 @@
+//! Hostile clients against the real `redn-manager` binary: each test is one attack, run
+//! as an attacker would (real processes, real sockets, other uids), and what must hold
+//! while it runs: the daemon stays up and keeps serving everyone else. `docs/attacks.md`
+//! lists them with what each pins.
+
+mod common;
+
+use common::*;
+use redn_proto::client::Connection;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+/// A uid with no rule and no privileges: the attacker.
+const HOSTILE_UID: &str = "65534";
+
+/// This test binary again, as uid 65534, doing attack `role` against `socket`.
+fn hostile(role: &str, socket: &Path) -> Child {
+    Command::new("setpriv")
+        .args([
+            &format!("--reuid={HOSTILE_UID}"),
+            &format!("--regid={HOSTILE_UID}"),
+            "--clear-groups",
+        ])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "hostile_entry",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("REDN_ATTACK", role)
+        .env("REDN_MANAGER_SOCKET", socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The next "HOSTILE ..." line the attacker printed, without the prefix.
+fn hostile_line(out: &mut impl BufRead) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the attacker exited");
+        if let Some((_, rest)) = line.split_once("HOSTILE ") {
+            return rest.trim().to_owned();
+        }
+    }
+}
+
+/// Not a test: the body of the attacker processes the tests start (see `hostile`).
+#[test]
+#[ignore = "run by the other tests as an attacker process"]
+fn hostile_entry() {
+    let Ok(role) = std::env::var("REDN_ATTACK") else {
+        return;
+    };
+    let socket = std::path::PathBuf::from(std::env::var("REDN_MANAGER_SOCKET").unwrap());
+    match role.as_str() {
+        "hold-connections" => {
+            // Open connections until the manager refuses one, each proven served by a
+            // call; say how it ended; hold them until stdin closes.
+            let mut held = Vec::new();
+            let verdict = loop {
+                let mut c = match Connection::connect(&socket, DEADLINE) {
+                    Ok(c) => c,
+                    Err(e) => break format!("connect-failed {e}"),
+                };
+                let call = c
+                    .send_bytes(b"{\"method\":\"org.varlink.service.GetInfo\"}\0", &[])
+                    .and_then(|()| c.read_reply());
+                match call {
+                    Ok(r) if r.error.is_none() => held.push(c),
+                    Ok(r) => {
+                        break format!(
+                            "refused {} {}",
+                            r.error.unwrap_or_default(),
+                            r.parameters
+                                .get("resource")
+                                .and_then(|v| v.as_str())
+                                .unwrap_or_default()
+                        )
+                    }
+                    Err(e) => break format!("stalled after {} connections: {e}", held.len()),
+                }
+                if held.len() > 5000 {
+                    break "never refused".into();
+                }
+            };
+            println!("HOSTILE {verdict} held={}", held.len());
+            std::io::stdout().flush().unwrap();
+            let mut rest = String::new();
+            let _ = std::io::stdin().read_line(&mut rest);
+        }
+        other => panic!("unknown attack {other}"),
+    }
+}
+
+/// A manager whose API socket anyone may connect to (the attacker runs as another uid).
+fn open_manager(wrapper: &[&str]) -> Manager {
+    let m = Manager::configure(&policy("", ""));
+    let config = std::fs::read_to_string(m.config()).unwrap();
+    std::fs::write(m.config(), config.replace("0660", "0666")).unwrap();
+    m.launch(&[], wrapper)
+}
+
+#[test]
+fn one_uid_cannot_exhaust_the_managers_file_descriptors() {
+    // A manager started with few fds (as under a low LimitNOFILE): every app connection
+    // costs it a socket and a pidfd. One uid opening connections must meet a named cap
+    // before the manager runs out of fds, and everyone else must still be served.
+    let m = open_manager(&["prlimit", "--nofile=96:96"]);
+    let mut attacker = hostile("hold-connections", &m.api());
+    let mut out = BufReader::new(attacker.stdout.take().unwrap());
+    let verdict = hostile_line(&mut out);
+    assert!(
+        verdict.starts_with("refused io.redn.Manager.QuotaExceeded connections-per-uid"),
+        "{verdict}\n{}",
+        m.log()
+    );
+    // The admin and an app of another uid are still served while the attacker holds on.
+    let clients = {
+        let mut c = m.raw(&m.admin());
+        let r: redn_proto::api::ClientList = c.call("io.redn.Admin.ListClients", &(), &[]).unwrap();
+        r.clients
+    };
+    assert!(clients.iter().any(|c| c.uid == 65534), "{clients:?}");
+    let mut app = m.client();
+    assert_eq!(app.info().unwrap().app, "tester");
+    drop(attacker.stdin.take());
+    assert!(attacker.wait().unwrap().success());
+}
