@@ -650,7 +650,7 @@ impl Dataplane {
         let Some(c) = self.conns.get_mut(&token) else {
             return;
         };
-        if crate::server::write_pending(&mut c.stream, &c.output, &mut c.written).is_err() {
+        if crate::outbox::write_pending(&mut c.stream, &c.output, &mut c.written).is_err() {
             self.close(registry, token, manager, audit, "connection failed");
             return;
         }

@@ -12,6 +12,7 @@
 use crate::audit::{Audit, Event, Record, Severity};
 use crate::auditor::Auditor;
 use crate::dataplane::Dataplane;
+use crate::outbox::Outbox;
 use crate::peer::{Peer, Procfs};
 use crate::state::Manager;
 use mio::net::{UnixListener, UnixStream};
@@ -79,6 +80,11 @@ const FIRST_LISTENER: usize = 1;
 const FIRST_CONN: usize = 16;
 /// Reads one connection may do per wakeup before others get a turn.
 const READS_PER_TURN: usize = 16;
+/// A connection with more replies than this unread is not read from, nor are its
+/// requests handled, until its peer reads them: a client that sends without reading holds
+/// this much of the daemon's memory (plus one reply and its input), not the whole
+/// pending-output cap on each of its connections.
+const OUTPUT_HIGH_WATER: usize = 256 << 10;
 
 struct Conn {
     stream: UnixStream,
@@ -90,12 +96,13 @@ struct Conn {
     fds: Vec<OwnedFd>,
     /// The next message is refused with this error (its fds broke a cap).
     refuse_next: Option<ManagerError>,
-    output: Vec<u8>,
-    written: usize,
+    output: Outbox,
     close_after_flush: bool,
     window_start: Instant,
     window_requests: u32,
     wants_write: bool,
+    /// Not read from until its replies drain below [`OUTPUT_HIGH_WATER`].
+    paused: bool,
 }
 
 /// What the loop did, for sd_notify's STATUS line and the benchmark.
@@ -399,6 +406,11 @@ impl Server {
             terminations: a.terminations,
             audit_sent: self.audit.sent,
             audit_dropped: self.audit.dropped,
+            buffered_bytes: self
+                .conns
+                .values()
+                .map(|c| (c.input.held() + c.output.held()) as u64)
+                .sum(),
         }
     }
 
@@ -710,12 +722,12 @@ impl Server {
                 input: MessageBuffer::new(limits.codec),
                 fds: Vec::new(),
                 refuse_next: None,
-                output: Vec::new(),
-                written: 0,
+                output: Outbox::default(),
                 close_after_flush: false,
                 window_start: Instant::now(),
                 window_requests: 0,
                 wants_write: false,
+                paused: false,
             },
         );
         // Data sent before the accept is reported by the first poll (edge triggers on
@@ -809,11 +821,13 @@ impl Server {
 
     fn read_with(&mut self, token: usize, buf: &mut [u8]) {
         let max_fds = self.manager.limits.codec.max_fds;
+        // Requests held back while the connection was paused come first.
+        self.drain_messages(token);
         for _ in 0..READS_PER_TURN {
             let Some(c) = self.conns.get_mut(&token) else {
                 return;
             };
-            if c.close_after_flush {
+            if c.close_after_flush || c.paused {
                 return;
             }
             let got = match recv_with_fds(c.stream.as_fd(), buf) {
@@ -879,7 +893,13 @@ impl Server {
             let Some(c) = self.conns.get_mut(&token) else {
                 return;
             };
-            if c.close_after_flush {
+            if c.close_after_flush || c.paused {
+                return;
+            }
+            if c.output.pending() > OUTPUT_HIGH_WATER {
+                // Its peer is not reading: leave the rest of its requests (and its socket)
+                // until it does (`flush` resumes it).
+                c.paused = true;
                 return;
             }
             match c.input.next_message() {
@@ -1264,8 +1284,8 @@ impl Server {
         let Some(c) = self.conns.get_mut(&token) else {
             return;
         };
-        c.output.extend_from_slice(&bytes);
-        if c.output.len() - c.written > max {
+        c.output.push(&bytes);
+        if c.output.pending() > max {
             let r = Record::new(Event::Disconnect, Severity::Warning)
                 .peer(&c.peer.identity)
                 .field("reason", "unread-replies")
@@ -1281,18 +1301,18 @@ impl Server {
         let Some(c) = self.conns.get_mut(&token) else {
             return;
         };
-        if write_pending(&mut c.stream, &c.output, &mut c.written).is_err() {
+        let Ok(done) = c.output.flush(&mut c.stream) else {
+            self.close(token);
+            return;
+        };
+        if done && c.close_after_flush {
             self.close(token);
             return;
         }
-        let done = c.written == c.output.len();
-        if done {
-            c.output.clear();
-            c.written = 0;
-            if c.close_after_flush {
-                self.close(token);
-                return;
-            }
+        if c.paused && c.output.pending() <= OUTPUT_HIGH_WATER {
+            // Its replies are being read again: take its requests again.
+            c.paused = false;
+            self.unfinished.insert(token);
         }
         if done == c.wants_write {
             c.wants_write = !done;
@@ -1307,25 +1327,6 @@ impl Server {
                 .reregister(&mut c.stream, Token(token), interest);
         }
     }
-}
-
-/// Write what of `output[*written..]` the non-blocking `stream` takes now, advancing
-/// `written`; an error means the connection failed.
-pub(crate) fn write_pending(
-    stream: &mut impl Write,
-    output: &[u8],
-    written: &mut usize,
-) -> io::Result<()> {
-    while *written < output.len() {
-        match stream.write(&output[*written..]) {
-            Ok(0) => break,
-            Ok(n) => *written += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// Whether the peer's process has exited (its pidfd polls readable).

@@ -94,7 +94,51 @@ fn hostile_entry() {
             let mut rest = String::new();
             let _ = std::io::stdin().read_line(&mut rest);
         }
+        "flood-unread" => {
+            // Pipeline requests with large replies on many connections and never read
+            // one: each connection stays just under the pending-output cap (about 3.8 MB
+            // of replies each), so none is dropped for it.
+            let request = b"{\"method\":\"org.varlink.service.GetInterfaceDescription\",\
+                            \"parameters\":{\"interface\":\"io.redn.Manager\"}}\0";
+            let burst = request.repeat(FLOOD_REQUESTS);
+            let mut held = Vec::new();
+            for _ in 0..FLOOD_CONNECTIONS {
+                let mut c = Connection::connect(&socket, DEADLINE).unwrap();
+                c.send_bytes(&burst, &[]).unwrap();
+                held.push(c);
+            }
+            println!("HOSTILE sent");
+            std::io::stdout().flush().unwrap();
+            let mut rest = String::new();
+            let _ = std::io::stdin().read_line(&mut rest);
+        }
         other => panic!("unknown attack {other}"),
+    }
+}
+
+/// Connections the reply flood uses, and requests on each (under the rate limit).
+const FLOOD_CONNECTIONS: usize = 32;
+const FLOOD_REQUESTS: usize = 700;
+
+/// Subscribe to `Monitor` on the admin socket.
+fn monitor(m: &Manager) -> Connection {
+    let mut c = m.raw(&m.admin());
+    c.send_bytes(
+        b"{\"method\":\"io.redn.Admin.Monitor\",\"more\":true}\0",
+        &[],
+    )
+    .unwrap();
+    c
+}
+
+/// The next counters `Monitor` sends (records in between skipped).
+fn next_counters(c: &mut Connection) -> redn_proto::api::MonitorCounters {
+    loop {
+        let r = c.read_reply().unwrap();
+        assert!(r.error.is_none(), "{r:?}");
+        if let Some(k) = r.parameters.get("counters") {
+            return serde_json::from_value(k.clone()).unwrap();
+        }
     }
 }
 
@@ -129,6 +173,38 @@ fn one_uid_cannot_exhaust_the_managers_file_descriptors() {
     assert!(clients.iter().any(|c| c.uid == 65534), "{clients:?}");
     let mut app = m.client();
     assert_eq!(app.info().unwrap().app, "tester");
+    drop(attacker.stdin.take());
+    assert!(attacker.wait().unwrap().success());
+}
+
+#[test]
+fn clients_that_never_read_their_replies_hold_little_of_the_managers_memory() {
+    // Many connections pipelining requests with large replies, none read: the manager
+    // stops taking a connection's requests while its replies wait, so what it holds for
+    // each is bounded by that, not by the pending-output cap (4 MiB a connection, 1024
+    // connections a uid).
+    let m = open_manager(&[]);
+    let mut attacker = hostile("flood-unread", &m.api());
+    let mut out = BufReader::new(attacker.stdout.take().unwrap());
+    assert_eq!(hostile_line(&mut out), "sent");
+    let mut counters = monitor(&m);
+    // Wait for the manager to have taken the flood in: at least 256 KiB of replies are
+    // held for each connection either way (the kernel takes about 200 KiB of each).
+    let taken_in = (FLOOD_CONNECTIONS * (256 << 10)) as u64;
+    let k = loop {
+        let k = next_counters(&mut counters);
+        if k.buffered_bytes >= taken_in {
+            break k;
+        }
+    };
+    let bound = (FLOOD_CONNECTIONS * (512 << 10)) as u64;
+    assert!(
+        k.buffered_bytes <= bound,
+        "{} bytes held for {FLOOD_CONNECTIONS} connections that do not read, more than {bound}",
+        k.buffered_bytes
+    );
+    // Everyone else is served meanwhile.
+    assert_eq!(m.client().info().unwrap().app, "tester");
     drop(attacker.stdin.take());
     assert!(attacker.wait().unwrap().success());
 }
