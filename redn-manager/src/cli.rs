@@ -28,7 +28,8 @@ socket and io.redn.Admin on the admin socket, as manager.toml says.
   --limit NAME=VALUE   change a limit: message-bytes (1048576), fds-per-message (4),
                        nesting (16), requests-per-second (1000), connections (4096),
                        connections-per-uid (1024), regions-per-uid (64),
-                       bytes-per-uid (68719476736), pending-output-bytes (4194304)
+                       bytes-per-uid (68719476736), pending-output-bytes (4194304),
+                       buffered-bytes-per-uid (33554432)
   --help, --version    this text, the version
 
 Sockets come from systemd socket activation (LISTEN_FDS; names manager or varlink,

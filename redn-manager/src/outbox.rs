@@ -10,7 +10,7 @@ use std::io::{self, Write};
 /// Written bytes dropped from the front once at least this many accumulate.
 const COMPACT_AT: usize = 64 << 10;
 /// A drained buffer larger than this is shrunk back to it.
-const KEEP_CAPACITY: usize = 64 << 10;
+const KEEP_CAPACITY: usize = 16 << 10;
 
 /// A connection's unwritten replies.
 #[derive(Debug, Default)]

@@ -85,6 +85,9 @@ const READS_PER_TURN: usize = 16;
 /// this much of the daemon's memory (plus one reply and its input), not the whole
 /// pending-output cap on each of its connections.
 const OUTPUT_HIGH_WATER: usize = 256 << 10;
+/// What a connection may hold (requests and replies) before it is counted against its
+/// uid's `buffered-bytes-per-uid`.
+const BUFFER_ALLOWANCE: usize = 32 << 10;
 
 struct Conn {
     stream: UnixStream,
@@ -883,6 +886,10 @@ impl Server {
                 }
             }
             c.input.extend(&buf[..got.len]);
+            if let Some(reason) = self.over_buffer_budget(token) {
+                self.violation(token, "buffered-bytes", reason, true);
+                return;
+            }
             self.drain_messages(token);
         }
         self.unfinished.insert(token);
@@ -931,9 +938,35 @@ impl Server {
             if let Some(c) = self.conns.get_mut(&token) {
                 c.close_after_flush = true;
                 c.fds.clear();
+                c.input.clear();
             }
             self.flush(token);
         }
+    }
+
+    /// Why the connection at `token` takes its uid past `buffered-bytes-per-uid`, if it
+    /// does. Only a connection holding more than [`BUFFER_ALLOWANCE`] is counted against
+    /// the others, so the common case costs no scan.
+    fn over_buffer_budget(&self, token: usize) -> Option<String> {
+        let held = |c: &Conn| c.input.held() + c.output.held();
+        let c = self.conns.get(&token)?;
+        if held(c) <= BUFFER_ALLOWANCE {
+            return None;
+        }
+        let uid = c.peer.identity.uid;
+        let total: usize = self
+            .conns
+            .values()
+            .filter(|o| o.peer.identity.uid == uid)
+            .map(held)
+            .sum();
+        let max = self.manager.limits.max_buffered_per_uid;
+        (total > max).then(|| {
+            format!(
+                "uid {uid}'s connections hold {total} bytes of requests and replies, over the \
+                 {max} a uid may"
+            )
+        })
     }
 
     fn handle_message(&mut self, token: usize, msg: &[u8]) {
@@ -1285,12 +1318,21 @@ impl Server {
             return;
         };
         c.output.push(&bytes);
-        if c.output.pending() > max {
-            let r = Record::new(Event::Disconnect, Severity::Warning)
-                .peer(&c.peer.identity)
-                .field("reason", "unread-replies")
-                .res(false);
-            self.audit.event(&r);
+        let over = if c.output.pending() > max {
+            Some("unread-replies")
+        } else if self.over_buffer_budget(token).is_some() {
+            Some("buffered-bytes")
+        } else {
+            None
+        };
+        if let Some(reason) = over {
+            if let Some(c) = self.conns.get(&token) {
+                let r = Record::new(Event::Disconnect, Severity::Warning)
+                    .peer(&c.peer.identity)
+                    .field("reason", reason)
+                    .res(false);
+                self.audit.event(&r);
+            }
             self.close(token);
             return;
         }

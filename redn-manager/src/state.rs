@@ -65,6 +65,8 @@ pub struct Limits {
     pub max_pending_output: usize,
     /// Data-plane connections in all (pending hellos and served remote clients).
     pub max_dataplane_connections: usize,
+    /// Bytes held for one uid's connections together (unhandled requests, unread replies).
+    pub max_buffered_per_uid: usize,
 }
 
 /// File descriptors the manager keeps for itself whatever its clients hold: listeners,
@@ -75,7 +77,7 @@ pub const RESERVED_FDS: u64 = 64;
 impl Default for Limits {
     /// sd-varlink's connection limits (4096, 1024 per uid), 1000 requests/s, 64 regions and
     /// 64 GiB per uid (the policy's per-app quotas are usually tighter), 4 MiB of unread
-    /// replies.
+    /// replies, 32 MiB buffered per uid.
     fn default() -> Limits {
         Limits {
             codec: redn_proto::codec::Limits::default(),
@@ -86,6 +88,7 @@ impl Default for Limits {
             max_bytes_per_uid: 64 << 30,
             max_pending_output: 4 << 20,
             max_dataplane_connections: 4096,
+            max_buffered_per_uid: 32 << 20,
         }
     }
 }
@@ -168,11 +171,12 @@ impl Limits {
             "regions-per-uid" => self.max_regions_per_uid = small(n)?,
             "bytes-per-uid" => self.max_bytes_per_uid = n,
             "pending-output-bytes" => self.max_pending_output = small(n)?,
+            "buffered-bytes-per-uid" => self.max_buffered_per_uid = small(n)?,
             _ => {
                 return Err(format!(
                     "unknown limit {name:?}; limits: message-bytes, fds-per-message, nesting, \
                      requests-per-second, connections, connections-per-uid, regions-per-uid, \
-                     bytes-per-uid, pending-output-bytes"
+                     bytes-per-uid, pending-output-bytes, buffered-bytes-per-uid"
                 ))
             }
         }

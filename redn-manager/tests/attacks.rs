@@ -112,6 +112,24 @@ fn hostile_entry() {
             let mut rest = String::new();
             let _ = std::io::stdin().read_line(&mut rest);
         }
+        "slow-loris" => {
+            // On many connections, a message just under the size cap, never finished.
+            let partial = vec![b' '; LORIS_BYTES];
+            let mut cut = 0;
+            let mut held = Vec::new();
+            for _ in 0..LORIS_CONNECTIONS {
+                let mut c = Connection::connect(&socket, DEADLINE).unwrap();
+                // A connection the manager closed for it fails its write.
+                match c.send_bytes(&partial, &[]) {
+                    Ok(()) => held.push(c),
+                    Err(_) => cut += 1,
+                }
+            }
+            println!("HOSTILE sent cut={cut}");
+            std::io::stdout().flush().unwrap();
+            let mut rest = String::new();
+            let _ = std::io::stdin().read_line(&mut rest);
+        }
         other => panic!("unknown attack {other}"),
     }
 }
@@ -119,6 +137,10 @@ fn hostile_entry() {
 /// Connections the reply flood uses, and requests on each (under the rate limit).
 const FLOOD_CONNECTIONS: usize = 32;
 const FLOOD_REQUESTS: usize = 700;
+
+/// Connections the slow-loris attack uses, and the unfinished message on each.
+const LORIS_CONNECTIONS: usize = 64;
+const LORIS_BYTES: usize = (1 << 20) - 64;
 
 /// Subscribe to `Monitor` on the admin socket.
 fn monitor(m: &Manager) -> Connection {
@@ -204,6 +226,29 @@ fn clients_that_never_read_their_replies_hold_little_of_the_managers_memory() {
         k.buffered_bytes
     );
     // Everyone else is served meanwhile.
+    assert_eq!(m.client().info().unwrap().app, "tester");
+    drop(attacker.stdin.take());
+    assert!(attacker.wait().unwrap().success());
+}
+
+#[test]
+fn unfinished_messages_on_many_connections_meet_the_per_uid_buffer_cap() {
+    // Slow loris: 64 connections each with a message just under the 1 MiB size cap and no
+    // NUL, 64 MiB in all. What one uid's connections hold together is capped
+    // (buffered-bytes-per-uid, 32 MiB); past it a connection is refused and closed.
+    let m = open_manager(&[]);
+    let mut attacker = hostile("slow-loris", &m.api());
+    let mut out = BufReader::new(attacker.stdout.take().unwrap());
+    let verdict = hostile_line(&mut out);
+    // Each write returned, so the manager has read all but what the kernel buffers.
+    let k = next_counters(&mut monitor(&m));
+    let bound = (32 << 20) + LORIS_CONNECTIONS as u64 * (32 << 10);
+    assert!(
+        k.buffered_bytes <= bound,
+        "{} bytes held for unfinished messages ({verdict}), more than {bound}",
+        k.buffered_bytes
+    );
+    assert!(m.log().contains("limit=buffered-bytes"), "{}", m.log());
     assert_eq!(m.client().info().unwrap().app, "tester");
     drop(attacker.stdin.take());
     assert!(attacker.wait().unwrap().success());

@@ -48,7 +48,7 @@ pub struct MessageBuffer {
 /// Handed-out bytes are moved out once there are this many.
 const COMPACT_AT: usize = 64 << 10;
 /// An emptied buffer larger than this is shrunk back to it.
-const KEEP_CAPACITY: usize = 64 << 10;
+const KEEP_CAPACITY: usize = 16 << 10;
 
 impl MessageBuffer {
     /// An empty buffer enforcing `limits`.
@@ -83,6 +83,12 @@ impl MessageBuffer {
     /// Memory held, in bytes.
     pub fn held(&self) -> usize {
         self.bytes.capacity()
+    }
+
+    /// Drop everything buffered (the connection is being closed).
+    pub fn clear(&mut self) {
+        self.bytes = Vec::new();
+        (self.start, self.scanned) = (0, 0);
     }
 
     /// The next whole message (without its NUL), `None` if none is complete yet.
