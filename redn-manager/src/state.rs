@@ -96,8 +96,9 @@ impl Default for Limits {
 impl Limits {
     /// Shrink the connection caps so that what clients may hold fits in `nofile` file
     /// descriptors (the manager's `RLIMIT_NOFILE`), [`RESERVED_FDS`] kept back: an app or
-    /// admin connection costs two (its socket and its process's pidfd), a data-plane
-    /// connection one (counted only with a data plane). Without this, one uid opening
+    /// admin connection costs its socket, its process's pidfd and the fds a message may
+    /// carry (held until the message is complete), a data-plane connection one (counted
+    /// only with a data plane). Without this, one uid opening
     /// connections up to its cap would run the manager out of fds and every other client
     /// would be refused or left unanswered at accept. The caps shrink in proportion, so one
     /// uid still gets only its share. `None` if they fit as they are, else what changed.
@@ -108,7 +109,8 @@ impl Limits {
         } else {
             0
         };
-        let wanted = 2 * unix + remote;
+        let per_conn = 2 + self.codec.max_fds as u64;
+        let wanted = per_conn * unix + remote;
         let available = nofile.saturating_sub(RESERVED_FDS);
         if wanted <= available {
             return None;

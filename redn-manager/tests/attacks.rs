@@ -16,10 +16,15 @@ const HOSTILE_UID: &str = "65534";
 
 /// This test binary again, as uid 65534, doing attack `role` against `socket`.
 fn hostile(role: &str, socket: &Path) -> Child {
+    hostile_as(HOSTILE_UID, role, socket)
+}
+
+/// This test binary again, as `uid`, doing attack `role` against `socket`.
+fn hostile_as(uid: &str, role: &str, socket: &Path) -> Child {
     Command::new("setpriv")
         .args([
-            &format!("--reuid={HOSTILE_UID}"),
-            &format!("--regid={HOSTILE_UID}"),
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
             "--clear-groups",
         ])
         .arg(std::env::current_exe().unwrap())
@@ -126,6 +131,25 @@ fn hostile_entry() {
                 }
             }
             println!("HOSTILE sent cut={cut}");
+            std::io::stdout().flush().unwrap();
+            let mut rest = String::new();
+            let _ = std::io::stdin().read_line(&mut rest);
+        }
+        "hold-fds" => {
+            // On as many connections as the manager takes, the first byte of a message
+            // with four fds riding on it, the message never finished.
+            let files: Vec<std::fs::File> = (0..4)
+                .map(|_| std::fs::File::open("/dev/null").unwrap())
+                .collect();
+            let fds: Vec<_> = files.iter().map(std::os::fd::AsFd::as_fd).collect();
+            let mut held = Vec::new();
+            for _ in 0..64 {
+                let mut c = Connection::connect(&socket, DEADLINE).unwrap();
+                if c.send_bytes(b"{", &fds).is_ok() {
+                    held.push(c);
+                }
+            }
+            println!("HOSTILE sent");
             std::io::stdout().flush().unwrap();
             let mut rest = String::new();
             let _ = std::io::stdin().read_line(&mut rest);
@@ -252,4 +276,39 @@ fn unfinished_messages_on_many_connections_meet_the_per_uid_buffer_cap() {
     assert_eq!(m.client().info().unwrap().app, "tester");
     drop(attacker.stdin.take());
     assert!(attacker.wait().unwrap().success());
+}
+
+#[test]
+fn fds_held_by_unfinished_messages_cannot_exhaust_the_managers_fds() {
+    // Fds that come with a message's first byte are held until the message ends. Two uids
+    // opening all the connections they may, each with four fds on a message never
+    // finished, must not run the manager out of fds: the connection caps count them.
+    let m = open_manager(&["prlimit", "--nofile=256:256"]);
+    let attackers: Vec<Child> = ["65534", "65533"]
+        .iter()
+        .map(|uid| hostile_as(uid, "hold-fds", &m.api()))
+        .collect();
+    let mut attackers: Vec<(Child, BufReader<std::process::ChildStdout>)> = attackers
+        .into_iter()
+        .map(|mut a| {
+            let out = BufReader::new(a.stdout.take().unwrap());
+            (a, out)
+        })
+        .collect();
+    for (_, out) in &mut attackers {
+        assert_eq!(hostile_line(out), "sent");
+    }
+    let clients = {
+        let mut c = m.raw(&m.admin());
+        let r: redn_proto::api::ClientList = c.call("io.redn.Admin.ListClients", &(), &[]).unwrap();
+        r.clients
+    };
+    assert!(clients.iter().any(|c| c.uid == 65533), "{clients:?}");
+    assert_eq!(m.client().info().unwrap().app, "tester");
+    // Every fd sent was received: the kernel truncates what a full fd table cannot take.
+    assert!(!m.log().contains("truncated"), "{}", m.log());
+    for (mut a, _) in attackers {
+        drop(a.stdin.take());
+        assert!(a.wait().unwrap().success());
+    }
 }
