@@ -312,3 +312,109 @@ fn fds_held_by_unfinished_messages_cannot_exhaust_the_managers_fds() {
         assert!(a.wait().unwrap().success());
     }
 }
+
+/// A pipe whose write end goes to the manager: the read end sees EOF once every copy of
+/// the write end, the manager's included, is closed.
+fn pipe_probe() -> (std::fs::File, std::os::fd::OwnedFd) {
+    let (read, write) = nix::unistd::pipe().unwrap();
+    (std::fs::File::from(read), write)
+}
+
+/// Wait (up to the deadline) for EOF on `read`: the manager closed the fd it was sent.
+fn closed_by_manager(read: &mut std::fs::File) -> bool {
+    use std::io::Read;
+    let mut fds = [nix::poll::PollFd::new(
+        std::os::fd::AsFd::as_fd(read),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    let millis = u16::try_from(DEADLINE.as_millis()).unwrap_or(u16::MAX);
+    if nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(millis)).unwrap_or(0) == 0 {
+        return false;
+    }
+    let mut byte = [0u8; 1];
+    matches!(read.read(&mut byte), Ok(0))
+}
+
+#[test]
+fn every_fd_a_client_passes_is_closed_unless_registered() {
+    // SCM_RIGHTS on calls that take none, on a refused registration, beyond the one a
+    // registration uses, over the per-message cap, mid-message and on the admin socket:
+    // the manager keeps none of them.
+    let m = open_manager(&[]);
+    let get_info = b"{\"method\":\"io.redn.Manager.GetInfo\"}\0";
+    let register = b"{\"method\":\"io.redn.Manager.RegisterRegion\",\"parameters\":{\"fd\":0}}\0";
+    let region = redn_client::SealedRegion::create("r", 4096).unwrap();
+    type Sender = fn(&Manager, &[std::os::fd::BorrowedFd<'_>]) -> Option<String>;
+    let cases: Vec<(&str, Sender)> = vec![
+        ("a call that takes none", |m, fds| {
+            let mut c = m.raw(&m.api());
+            c.send_bytes(b"{\"method\":\"io.redn.Manager.GetInfo\"}\0", fds)
+                .unwrap();
+            c.read_reply().unwrap().error
+        }),
+        ("a registration refused (a pipe is no memfd)", |m, fds| {
+            let mut c = m.raw(&m.api());
+            let call =
+                b"{\"method\":\"io.redn.Manager.RegisterRegion\",\"parameters\":{\"fd\":0}}\0";
+            c.send_bytes(call, fds).unwrap();
+            c.read_reply().unwrap().error
+        }),
+        ("an admin call", |m, fds| {
+            let mut c = m.raw(&m.admin());
+            c.send_bytes(b"{\"method\":\"io.redn.Admin.ListClients\"}\0", fds)
+                .unwrap();
+            c.read_reply().unwrap().error
+        }),
+    ];
+    for (what, send) in cases {
+        let (mut read, write) = pipe_probe();
+        let error = send(&m, &[std::os::fd::AsFd::as_fd(&write)]);
+        drop(write);
+        assert!(
+            closed_by_manager(&mut read),
+            "{what}: the manager kept the fd ({error:?})"
+        );
+    }
+    // Beside a registered memfd, the extra fds of the same call.
+    let (mut read, write) = pipe_probe();
+    let mut c = m.raw(&m.api());
+    c.send_bytes(register, &[region.fd(), std::os::fd::AsFd::as_fd(&write)])
+        .unwrap();
+    let r = c.read_reply().unwrap();
+    assert!(r.error.is_none(), "{r:?}");
+    drop(write);
+    assert!(
+        closed_by_manager(&mut read),
+        "an fd beside the registered one was kept"
+    );
+    // Five where four are allowed.
+    let probes: Vec<_> = (0..5).map(|_| pipe_probe()).collect();
+    let fds: Vec<_> = probes
+        .iter()
+        .map(|(_, w)| std::os::fd::AsFd::as_fd(w))
+        .collect();
+    let mut c = m.raw(&m.api());
+    c.send_bytes(get_info, &fds).unwrap();
+    assert!(c.read_reply().unwrap().error.is_some());
+    drop(fds);
+    for (mut read, write) in probes {
+        drop(write);
+        assert!(closed_by_manager(&mut read), "an fd over the cap was kept");
+    }
+    // Fds sent in the middle of a message: if the manager read the first part alone, the
+    // connection is closed for it; either way the fds are closed.
+    let (mut read, write) = pipe_probe();
+    let mut c = m.raw(&m.api());
+    c.send_bytes(b"{\"method\":", &[]).unwrap();
+    assert_eq!(m.client().info().unwrap().app, "tester");
+    let _ = c.send_bytes(
+        b"\"io.redn.Manager.GetInfo\"}\0",
+        &[std::os::fd::AsFd::as_fd(&write)],
+    );
+    drop(write);
+    assert!(
+        closed_by_manager(&mut read),
+        "an fd sent mid-message was kept"
+    );
+    assert_eq!(m.client().info().unwrap().app, "tester");
+}
