@@ -418,3 +418,83 @@ fn every_fd_a_client_passes_is_closed_unless_registered() {
     );
     assert_eq!(m.client().info().unwrap().app, "tester");
 }
+
+#[test]
+fn malformed_and_boundary_calls_get_named_errors_and_the_daemon_serves_on() {
+    let m = open_manager(&[]);
+    let mut good = m.client();
+    // Framing the manager cannot trust: an error naming the limit, then the close.
+    for bytes in [
+        &b"{\"method\":\"io.redn.Manager.GetInfo\xff\"}\0"[..],
+        b"\xc3\x28\0",
+        b"\0",
+        b"[]\0",
+        b"{\"method\":5}\0",
+        b"{\"method\":\"io.redn.Manager.GetInfo\",\"parameters\":[]}\0",
+        b"{\"method\":\"io.redn.Manager.GetInfo\",\"oneway\":true,\"more\":true}\0",
+        b"{\"method\":\"io.redn.Manager.GetInfo\",\"evil\":1}\0",
+    ] {
+        let mut c = m.raw(&m.api());
+        c.send_bytes(bytes, &[]).unwrap();
+        let r = c.read_reply().unwrap();
+        assert_eq!(
+            r.error.as_deref(),
+            Some("io.redn.Manager.ProtocolViolation"),
+            "{:?}: {r:?}",
+            String::from_utf8_lossy(bytes)
+        );
+        assert!(
+            r.parameters["limit"]
+                .as_str()
+                .is_some_and(|l| !l.is_empty()),
+            "{:?}: {r:?} names no limit",
+            String::from_utf8_lossy(bytes)
+        );
+        assert!(c.read_reply().is_err(), "closed after the error");
+        good.info().unwrap();
+    }
+    // Parameters at and past their bounds: a named error, the connection kept.
+    let mut c = m.raw(&m.api());
+    for (method, params, parameter) in [
+        ("Uninstall", serde_json::json!({"handle": -1}), "handle"),
+        ("Uninstall", serde_json::json!({"handle": 1e300}), "handle"),
+        (
+            "Uninstall",
+            serde_json::json!({"handle": "18446744073709551616"}),
+            "handle",
+        ),
+        ("Uninstall", serde_json::json!({}), "handle"),
+        ("RegisterRegion", serde_json::json!({"fd": -1}), "fd"),
+        ("RegisterRegion", serde_json::json!({"fd": i64::MAX}), "fd"),
+        ("RegisterRegion", serde_json::json!({"fd": 0}), "fd"),
+        (
+            "InstallOffload",
+            serde_json::json!({"offload": "x".repeat(60_000), "regions": []}),
+            "",
+        ),
+        (
+            "InstallOffload",
+            serde_json::json!({"offload": "echo", "regions": [
+                {"name": "table", "region": u64::MAX, "offset": u64::MAX, "len": u64::MAX}
+            ]}),
+            "",
+        ),
+    ] {
+        let r = c
+            .call_raw(
+                &format!("io.redn.Manager.{method}"),
+                params.as_object().unwrap().clone(),
+                &[],
+            )
+            .unwrap_err();
+        let text = format!("{r:?}");
+        assert!(
+            matches!(r, redn_proto::Error::Remote(_)) && text.contains(parameter),
+            "{method} {params}: {text}"
+        );
+        let info: redn_proto::api::ManagerInfo =
+            c.call("io.redn.Manager.GetInfo", &(), &[]).unwrap();
+        assert_eq!(info.app, "tester");
+    }
+    good.info().unwrap();
+}
