@@ -498,3 +498,102 @@ fn malformed_and_boundary_calls_get_named_errors_and_the_daemon_serves_on() {
     }
     good.info().unwrap();
 }
+
+/// The NIC objects the manager holds (protection domains, regions, CQs, QPs).
+fn nic_objects(m: &Manager) -> [u64; 4] {
+    let mut c = m.raw(&m.admin());
+    let r: redn_proto::api::DeviceList = c.call("io.redn.Admin.ListDevices", &(), &[]).unwrap();
+    let d = &r.devices[0];
+    [d.pd, d.mr, d.cq, d.qp]
+}
+
+/// Wait (up to the deadline) until the manager holds `want` NIC objects again.
+fn objects_return_to(m: &Manager, want: [u64; 4]) {
+    let start = std::time::Instant::now();
+    loop {
+        let now = nic_objects(m);
+        if now == want {
+            return;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "{now:?} NIC objects, not {want:?}"
+        );
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_storm_of_corrupt_hellos_leaks_nothing_and_logs_no_token() {
+    use redn_sys::softnic::roce::{QpRecord, RegionRecord};
+    use std::io::Read;
+    let m = Manager::start_with_dataplane(&policy("", ""));
+    let mut app = m.client();
+    let mut table = redn_client::kv::TwoChoiceTable::create(64).unwrap();
+    let (_, installed) = app.install_table("hash-get", &mut table).unwrap();
+    table.set(0x2a, b"hello").unwrap();
+    let endpoint = installed.endpoint.clone().unwrap();
+    let token = redn_client::remote::parse_token(&installed.token).unwrap();
+    let baseline = nic_objects(&m);
+    let mut record = QpRecord::new(0x42, 1, "127.0.0.1:4791".parse().unwrap());
+    record.regions = vec![RegionRecord {
+        name: "response".into(),
+        addr: 0x10_0000,
+        rkey: 7,
+        len: 4096,
+        rights: 2,
+    }];
+    let hello = redn_proto::dataplane::Hello {
+        handle: installed.handle,
+        token,
+        record: record.encode().unwrap(),
+    }
+    .encode()
+    .unwrap();
+    // Every byte of a valid hello corrupted in turn (two ways), then cut short at every
+    // length: each gets an answer or a close, never a hang or a crash.
+    let mut variants: Vec<Vec<u8>> = Vec::new();
+    for i in 0..hello.len() {
+        for v in [0xff, 0x00] {
+            let mut h = hello.clone();
+            if h[i] != v {
+                h[i] = v;
+                variants.push(h);
+            }
+        }
+    }
+    for cut in [1, 4, 8, 47, 48, 49, hello.len() - 1] {
+        variants.push(hello[..cut].to_vec());
+    }
+    let mut answered = 0;
+    for v in &variants {
+        let mut s = std::net::TcpStream::connect(&endpoint).unwrap();
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        std::io::Write::write_all(&mut s, v).unwrap();
+        // Then the write side closed: a header announcing more than came is answered by
+        // the close, not waited for.
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answer = Vec::new();
+        match s.read_to_end(&mut answer) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("no answer and no close for {v:02x?}: {e}"),
+        }
+        if answer.starts_with(b"RDNA") {
+            answered += 1;
+        }
+    }
+    assert!(answered >= 2 * 48, "only {answered} answers");
+    // Still serving, and holding no more than before once the clients are gone.
+    let mut client = redn_client::remote::RemoteClient::connect(
+        endpoint.parse().unwrap(),
+        installed.handle,
+        &installed.token,
+        redn_client::remote::RemoteOptions { timeout: DEADLINE },
+    )
+    .unwrap();
+    assert_eq!(client.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    drop(client);
+    objects_return_to(&m, baseline);
+    assert!(!m.log().contains(&installed.token), "the token was logged");
+}
