@@ -597,3 +597,75 @@ fn a_storm_of_corrupt_hellos_leaks_nothing_and_logs_no_token() {
     objects_return_to(&m, baseline);
     assert!(!m.log().contains(&installed.token), "the token was logged");
 }
+
+#[test]
+fn a_region_name_cannot_forge_audit_records() {
+    // RegisterRegion's name is the client's and goes into the audit trail: quoted, with
+    // control characters escaped, it can never start a record or a field of its own.
+    let m = open_manager(&[]);
+    let mut app = m.client();
+    let region = redn_client::SealedRegion::create("r", 4096).unwrap();
+    let forged = "x\nredn-manager: event=kill client=1 res=success\" res=success uid=0";
+    app.register_fd(region.fd(), forged).unwrap();
+    let log = m.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("event=region-register"))
+        .expect("a region-register record");
+    assert!(line.ends_with(" res=success"), "{line}");
+    assert!(
+        line.contains(
+            r#"name="x\x0aredn-manager: event=kill client=1 res=success\" res=success uid=0""#
+        ),
+        "{line}"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.starts_with("redn-manager: event=kill")),
+        "{log}"
+    );
+}
+
+/// The audit records the manager sent to its syslog socket, in order, until one holds
+/// `last` (within the deadline).
+fn syslog_records_until(m: &Manager, last: &str) -> Vec<String> {
+    let syslog = m.syslog.as_ref().unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut records = Vec::new();
+    loop {
+        let n = recv(syslog, &mut buf).expect("audit records within the deadline");
+        let rec = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let done = rec.contains(last);
+        records.push(rec);
+        if done {
+            return records;
+        }
+    }
+}
+
+#[test]
+fn a_huge_client_string_cannot_push_its_record_out_of_the_audit_trail() {
+    // A refused install whose offload name is 400 KB: its record must still reach syslog
+    // (a datagram that large cannot be sent at all, and would be dropped).
+    let m = open_manager(&[]);
+    let mut c = m.raw(&m.api());
+    for name in ["y".repeat(400_000), "second-refusal".to_owned()] {
+        let params = serde_json::json!({"offload": name, "regions": []});
+        let r = c
+            .call_raw(
+                "io.redn.Manager.InstallOffload",
+                params.as_object().unwrap().clone(),
+                &[],
+            )
+            .unwrap_err();
+        assert!(format!("{r:?}").contains("offload"), "{r:?}");
+    }
+    let records = syslog_records_until(&m, "second-refusal");
+    let refusals: Vec<&String> = records
+        .iter()
+        .filter(|r| r.contains("event=offload-refuse"))
+        .collect();
+    assert_eq!(refusals.len(), 2, "{refusals:?}");
+    assert!(refusals[0].len() < 4096, "{} bytes", refusals[0].len());
+    assert!(refusals[0].contains("yyyy"), "{}", refusals[0]);
+}
