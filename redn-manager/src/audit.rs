@@ -211,7 +211,7 @@ impl Audit {
     /// Record `message` (a body [`Record::body`] built).
     fn record(&mut self, severity: Severity, message: &str) {
         if self.echo {
-            eprintln!("{}: {message}", self.config.identifier);
+            to_stderr(&format!("{}: {message}", self.config.identifier));
         }
         if let Some(tap) = &mut self.tap {
             // Bounded like the queue: the loop drains it every turn.
@@ -306,7 +306,7 @@ impl Audit {
                 .res(false)
                 .body();
             if self.echo {
-                eprintln!("{}: {body}", self.config.identifier);
+                to_stderr(&format!("{}: {body}", self.config.identifier));
             }
             let line = self.format(Severity::Warning, &body, SystemTime::now());
             self.queue.push_back(line);
@@ -403,6 +403,17 @@ impl Record {
         }
         out
     }
+}
+
+/// Write `line` to stderr, ignoring failure: a stderr nobody reads any more (a dead log
+/// pipe, a lost journal stream) must not stop the daemon, as `eprintln!` would by
+/// panicking; syslog still gets the record.
+pub fn to_stderr(line: &str) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = err
+        .write_all(line.as_bytes())
+        .and_then(|()| err.write_all(b"\n"));
 }
 
 /// The longest field value a record carries. Values can hold what clients sent (an

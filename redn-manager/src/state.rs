@@ -531,9 +531,9 @@ impl Manager {
         match self.installed.remove(&handle) {
             Some(o) => {
                 if let Err(e) = o.installed.remove() {
-                    eprintln!(
+                    crate::audit::to_stderr(&format!(
                         "redn-manager: event=uninstall handle={handle} res=partial error={e}"
-                    );
+                    ));
                 }
                 true
             }

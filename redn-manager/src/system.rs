@@ -251,10 +251,10 @@ pub fn notify(state: &str) {
         _ => sock.send_to(state.as_bytes(), &path),
     };
     if let Err(e) = sent {
-        eprintln!(
+        crate::audit::to_stderr(&format!(
             "redn-manager: sd_notify to {} failed: {e}",
             path.to_string_lossy()
-        );
+        ));
     }
 }
 

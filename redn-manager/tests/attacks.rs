@@ -669,3 +669,51 @@ fn a_huge_client_string_cannot_push_its_record_out_of_the_audit_trail() {
     assert!(refusals[0].len() < 4096, "{} bytes", refusals[0].len());
     assert!(refusals[0].contains("yyyy"), "{}", refusals[0]);
 }
+
+#[test]
+fn a_closed_stderr_does_not_stop_the_manager() {
+    // Every audit record is copied to stderr; a stderr whose reader went away (a log
+    // pipe that died, a journal stream lost) must not take the daemon down with it.
+    let m = Manager::configure(&policy("", ""));
+    let notify = std::os::unix::net::UnixDatagram::bind(m.dir.join("notify")).unwrap();
+    notify.set_read_timeout(Some(DEADLINE)).unwrap();
+    let _syslog = std::os::unix::net::UnixDatagram::bind(m.dir.join("log.sock")).unwrap();
+    let mut child = Command::new(MANAGER)
+        .arg("--config")
+        .arg(m.config())
+        .env("NOTIFY_SOCKET", m.dir.join("notify"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 512];
+    recv(&notify, &mut buf).expect("READY=1");
+    drop(child.stderr.take());
+    // Records now go to a pipe nobody reads from.
+    for _ in 0..3 {
+        let mut app = m.client();
+        assert_eq!(app.info().unwrap().app, "tester");
+    }
+    assert!(child.try_wait().unwrap().is_none(), "the manager exited");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn redn_into_a_closed_pipe_exits_without_a_panic() {
+    // `redn ... | head`: stdout's reader gone before the first write.
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    let out = Command::new(env!("CARGO_BIN_EXE_redn"))
+        .args(["help"])
+        .stdout(Stdio::from(write))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_ne!(out.status.code(), Some(101), "{stderr}");
+}
