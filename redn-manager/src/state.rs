@@ -100,8 +100,10 @@ impl Limits {
     /// carry (held until the message is complete), a data-plane connection one (counted
     /// only with a data plane). Without this, one uid opening
     /// connections up to its cap would run the manager out of fds and every other client
-    /// would be refused or left unanswered at accept. The caps shrink in proportion, so one
-    /// uid still gets only its share. `None` if they fit as they are, else what changed.
+    /// would be refused or left unanswered at accept. The caps shrink in proportion, and
+    /// one uid gets at most a quarter of what is left (as by default, 1024 of 4096); a
+    /// per-uid cap already below that stays. `None` if they fit as they are, else what
+    /// changed.
     pub fn fit_fds(&mut self, nofile: u64, dataplane: bool) -> Option<String> {
         let unix = self.max_connections as u64;
         let remote = if dataplane {
@@ -122,8 +124,9 @@ impl Limits {
         };
         let before = (self.max_connections, self.max_connections_per_uid);
         self.max_connections = scale(unix);
-        self.max_connections_per_uid =
-            scale(self.max_connections_per_uid as u64).min(self.max_connections);
+        self.max_connections_per_uid = self
+            .max_connections_per_uid
+            .min((self.max_connections / 4).max(1));
         if dataplane {
             self.max_dataplane_connections = scale(remote);
         }
@@ -572,6 +575,24 @@ impl Manager {
         })
     }
 
+    /// The clients that are one app: `client`'s uid, matched by the same app rule, its
+    /// connection open or closed (what a closed one left serving is the app's still). The
+    /// policy's quotas are the app's, so they are counted over all of them: an app cannot
+    /// multiply them by opening more connections, or by hanging up and coming back.
+    fn app_clients(&self, client: &Client, rule: &str) -> Vec<u64> {
+        let uid = client.identity.uid;
+        self.clients
+            .values()
+            .filter(|c| c.identity.uid == uid)
+            .filter(|c| {
+                self.policy
+                    .match_app(&c.identity)
+                    .is_some_and(|a| a.name == rule)
+            })
+            .map(|c| c.id)
+            .collect()
+    }
+
     fn uid_usage(&self, uid: u32) -> (usize, u64) {
         self.clients
             .values()
@@ -633,7 +654,13 @@ impl Manager {
         let c = self.client(client)?;
         let app = self.app_of(c)?;
         let max_regions = u64::from(app.quota.max_regions.get());
-        let held = c.regions.len() as u64;
+        let (held, pinned) = self
+            .app_clients(c, &app.name)
+            .iter()
+            .filter_map(|id| self.clients.get(id))
+            .fold((0u64, 0u64), |(n, b), o| {
+                (n + o.regions.len() as u64, b + o.pinned())
+            });
         if held >= max_regions {
             return Err(ManagerError::QuotaExceeded {
                 resource: "regions".into(),
@@ -653,7 +680,7 @@ impl Manager {
             .quota
             .max_pinned
             .bytes()
-            .saturating_sub(c.pinned())
+            .saturating_sub(pinned)
             .min(self.limits.max_bytes_per_uid.saturating_sub(uid_bytes));
         let buffer = crate::region::map_sealed(fd, room)?;
         let size = buffer.len() as u64;
@@ -773,10 +800,11 @@ impl Manager {
                 ),
             });
         }
+        let app_clients = self.app_clients(c, &app.name);
         let queues_held: usize = self
             .installed
             .values()
-            .filter(|o| o.client == client)
+            .filter(|o| app_clients.contains(&o.client))
             .map(|o| o.installed.qps.len() + 1)
             .sum();
         let wanted = program.queues.len() + 1;
@@ -1279,6 +1307,14 @@ mod tests {
                 l.max_connections_per_uid <= l.max_connections / 4 + 1,
                 "{nofile}: {l:?}"
             );
+            // A per-uid cap already small is kept.
+            let mut small = Limits {
+                max_connections_per_uid: 2,
+                ..Limits::default()
+            };
+            if small.fit_fds(nofile, dataplane).is_some() && small.max_connections >= 8 {
+                assert_eq!(small.max_connections_per_uid, 2, "{nofile}: {small:?}");
+            }
         }
     }
 
