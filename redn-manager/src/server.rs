@@ -618,11 +618,17 @@ impl Server {
         };
         let uid = peer.identity.uid;
         let limits = self.manager.limits;
+        // A hang-up not yet settled still holds its process's pidfd: it counts as a
+        // connection, or closing connections in a loop would pile pidfds up past the fd
+        // budget.
         let same_uid = self
             .conns
             .values()
-            .filter(|c| c.peer.identity.uid == uid)
+            .map(|c| &c.peer)
+            .chain(self.hangups.values().map(|h| &h.peer))
+            .filter(|p| p.identity.uid == uid)
             .count();
+        let held = self.conns.len() + self.hangups.len();
         let quota = |resource: &str, limit: usize, held: usize| {
             let err = ManagerError::QuotaExceeded {
                 resource: resource.into(),
@@ -642,12 +648,8 @@ impl Server {
                 reason: reason.clone(),
             };
             Some((err, reason))
-        } else if self.conns.len() >= limits.max_connections {
-            Some(quota(
-                "connections",
-                limits.max_connections,
-                self.conns.len(),
-            ))
+        } else if held >= limits.max_connections {
+            Some(quota("connections", limits.max_connections, held))
         } else if same_uid >= limits.max_connections_per_uid {
             Some(quota(
                 "connections-per-uid",

@@ -155,6 +155,24 @@ fn hostile_entry() {
             let mut rest = String::new();
             let _ = std::io::stdin().read_line(&mut rest);
         }
+        "churn" => {
+            // Connect, call, hang up, as fast as the manager answers; tally the answers.
+            let mut tally = std::collections::BTreeMap::<String, usize>::new();
+            for _ in 0..CHURN_ROUNDS {
+                let Ok(mut c) = Connection::connect(&socket, DEADLINE) else {
+                    *tally.entry("connect-failed".into()).or_default() += 1;
+                    continue;
+                };
+                let _ = c.send_bytes(b"{\"method\":\"org.varlink.service.GetInfo\"}\0", &[]);
+                let answer = match c.read_reply() {
+                    Ok(r) => r.error.unwrap_or_else(|| "served".into()),
+                    Err(e) => format!("no-reply:{e}"),
+                };
+                *tally.entry(answer).or_default() += 1;
+            }
+            let text: Vec<String> = tally.iter().map(|(k, n)| format!("{k}={n}")).collect();
+            println!("HOSTILE {}", text.join(" "));
+        }
         other => panic!("unknown attack {other}"),
     }
 }
@@ -162,6 +180,9 @@ fn hostile_entry() {
 /// Connections the reply flood uses, and requests on each (under the rate limit).
 const FLOOD_CONNECTIONS: usize = 32;
 const FLOOD_REQUESTS: usize = 700;
+
+/// Connections the churn attack opens and closes, one after another.
+const CHURN_ROUNDS: usize = 3000;
 
 /// Connections the slow-loris attack uses, and the unfinished message on each.
 const LORIS_CONNECTIONS: usize = 64;
@@ -772,4 +793,32 @@ fn an_apps_quotas_hold_over_all_its_connections() {
             .all(|e| matches!(e, redn_client::ManagerError::QuotaExceeded { .. })),
         "{refusals:?}"
     );
+}
+
+#[test]
+fn connections_churned_as_fast_as_possible_cannot_exhaust_the_managers_fds() {
+    // Each hang-up of a live process keeps its pidfd a moment (to tell an exit from a
+    // close): connections opened and closed in a tight loop must not pile those up past
+    // the fd budget. Every answer is a service or a named cap, never a failure of the
+    // manager's own (a pidfd it could not open shows as PeerChanged).
+    let m = open_manager(&["prlimit", "--nofile=96:96"]);
+    let mut attacker = hostile("churn", &m.api());
+    let mut out = BufReader::new(attacker.stdout.take().unwrap());
+    let tally = hostile_line(&mut out);
+    for entry in tally.split(' ') {
+        let (answer, _) = entry.split_once('=').unwrap();
+        assert!(
+            answer == "served" || answer == "io.redn.Manager.QuotaExceeded",
+            "{tally}\n{}",
+            m.log()
+                .lines()
+                .filter(|l| !l.contains("event=connect") && !l.contains("event=disconnect"))
+                .take(20)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    assert!(tally.contains("served="), "{tally}");
+    assert!(attacker.wait().unwrap().success());
+    assert_eq!(m.client().info().unwrap().app, "tester");
 }
