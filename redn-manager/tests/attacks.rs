@@ -14,11 +14,6 @@ use std::process::{Child, Command, Stdio};
 /// A uid with no rule and no privileges: the attacker.
 const HOSTILE_UID: &str = "65534";
 
-/// This test binary again, as uid 65534, doing attack `role` against `socket`.
-fn hostile(role: &str, socket: &Path) -> Child {
-    hostile_as(HOSTILE_UID, role, socket)
-}
-
 /// This test binary again, as `uid`, doing attack `role` against `socket`.
 fn hostile_as(uid: &str, role: &str, socket: &Path) -> Child {
     Command::new("setpriv")
@@ -53,6 +48,72 @@ fn hostile_line(out: &mut impl BufRead) -> String {
             return rest.trim().to_owned();
         }
     }
+}
+
+/// An attacker process and its stdout.
+struct Attacker {
+    child: Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Attacker {
+    /// Start attack `role` against `socket` as `uid`.
+    fn start_as(uid: &str, role: &str, socket: &Path) -> Attacker {
+        let mut child = hostile_as(uid, role, socket);
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Attacker { child, out }
+    }
+
+    /// Start attack `role` against `socket` as uid 65534.
+    fn start(role: &str, socket: &Path) -> Attacker {
+        Attacker::start_as(HOSTILE_UID, role, socket)
+    }
+
+    /// Its next report.
+    fn line(&mut self) -> String {
+        hostile_line(&mut self.out)
+    }
+
+    /// Tell it to let go (close its stdin) and wait for it to exit cleanly.
+    fn finish(mut self) {
+        drop(self.child.stdin.take());
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+/// The clients the manager lists to its admin.
+fn admin_clients(m: &Manager) -> Vec<redn_proto::api::ClientEntry> {
+    let mut c = m.raw(&m.admin());
+    let r: redn_proto::api::ClientList = c.call("io.redn.Admin.ListClients", &(), &[]).unwrap();
+    r.clients
+}
+
+/// Open `n` connections to `socket`, sending `bytes` (with `fds`) on each; those still
+/// open and how many the manager cut (their write failed).
+fn open_sending(
+    socket: &Path,
+    n: usize,
+    bytes: &[u8],
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> (Vec<Connection>, usize) {
+    let mut held = Vec::new();
+    let mut cut = 0;
+    for _ in 0..n {
+        let mut c = Connection::connect(socket, DEADLINE).unwrap();
+        match c.send_bytes(bytes, fds) {
+            Ok(()) => held.push(c),
+            Err(_) => cut += 1,
+        }
+    }
+    (held, cut)
+}
+
+/// Report `what` to the test, then hold everything until stdin closes.
+fn report_and_hold(what: &str) {
+    println!("HOSTILE {what}");
+    std::io::stdout().flush().unwrap();
+    let mut rest = String::new();
+    let _ = std::io::stdin().read_line(&mut rest);
 }
 
 /// Not a test: the body of the attacker processes the tests start (see `hostile`).
@@ -95,10 +156,7 @@ fn hostile_entry() {
                     break "never refused".into();
                 }
             };
-            println!("HOSTILE {verdict} held={}", held.len());
-            std::io::stdout().flush().unwrap();
-            let mut rest = String::new();
-            let _ = std::io::stdin().read_line(&mut rest);
+            report_and_hold(&format!("{verdict} held={}", held.len()));
         }
         "flood-unread" => {
             // Pipeline requests with large replies on many connections and never read
@@ -107,34 +165,15 @@ fn hostile_entry() {
             let request = b"{\"method\":\"org.varlink.service.GetInterfaceDescription\",\
                             \"parameters\":{\"interface\":\"io.redn.Manager\"}}\0";
             let burst = request.repeat(FLOOD_REQUESTS);
-            let mut held = Vec::new();
-            for _ in 0..FLOOD_CONNECTIONS {
-                let mut c = Connection::connect(&socket, DEADLINE).unwrap();
-                c.send_bytes(&burst, &[]).unwrap();
-                held.push(c);
-            }
-            println!("HOSTILE sent");
-            std::io::stdout().flush().unwrap();
-            let mut rest = String::new();
-            let _ = std::io::stdin().read_line(&mut rest);
+            let (_held, cut) = open_sending(&socket, FLOOD_CONNECTIONS, &burst, &[]);
+            assert_eq!(cut, 0);
+            report_and_hold("sent");
         }
         "slow-loris" => {
             // On many connections, a message just under the size cap, never finished.
             let partial = vec![b' '; LORIS_BYTES];
-            let mut cut = 0;
-            let mut held = Vec::new();
-            for _ in 0..LORIS_CONNECTIONS {
-                let mut c = Connection::connect(&socket, DEADLINE).unwrap();
-                // A connection the manager closed for it fails its write.
-                match c.send_bytes(&partial, &[]) {
-                    Ok(()) => held.push(c),
-                    Err(_) => cut += 1,
-                }
-            }
-            println!("HOSTILE sent cut={cut}");
-            std::io::stdout().flush().unwrap();
-            let mut rest = String::new();
-            let _ = std::io::stdin().read_line(&mut rest);
+            let (_held, cut) = open_sending(&socket, LORIS_CONNECTIONS, &partial, &[]);
+            report_and_hold(&format!("sent cut={cut}"));
         }
         "hold-fds" => {
             // On as many connections as the manager takes, the first byte of a message
@@ -143,17 +182,8 @@ fn hostile_entry() {
                 .map(|_| std::fs::File::open("/dev/null").unwrap())
                 .collect();
             let fds: Vec<_> = files.iter().map(std::os::fd::AsFd::as_fd).collect();
-            let mut held = Vec::new();
-            for _ in 0..64 {
-                let mut c = Connection::connect(&socket, DEADLINE).unwrap();
-                if c.send_bytes(b"{", &fds).is_ok() {
-                    held.push(c);
-                }
-            }
-            println!("HOSTILE sent");
-            std::io::stdout().flush().unwrap();
-            let mut rest = String::new();
-            let _ = std::io::stdin().read_line(&mut rest);
+            let _held = open_sending(&socket, 64, b"{", &fds);
+            report_and_hold("sent");
         }
         "churn" => {
             // Connect, call, hang up, as fast as the manager answers; tally the answers.
@@ -224,25 +254,19 @@ fn one_uid_cannot_exhaust_the_managers_file_descriptors() {
     // costs it a socket and a pidfd. One uid opening connections must meet a named cap
     // before the manager runs out of fds, and everyone else must still be served.
     let m = open_manager(&["prlimit", "--nofile=96:96"]);
-    let mut attacker = hostile("hold-connections", &m.api());
-    let mut out = BufReader::new(attacker.stdout.take().unwrap());
-    let verdict = hostile_line(&mut out);
+    let mut attacker = Attacker::start("hold-connections", &m.api());
+    let verdict = attacker.line();
     assert!(
         verdict.starts_with("refused io.redn.Manager.QuotaExceeded connections-per-uid"),
         "{verdict}\n{}",
         m.log()
     );
     // The admin and an app of another uid are still served while the attacker holds on.
-    let clients = {
-        let mut c = m.raw(&m.admin());
-        let r: redn_proto::api::ClientList = c.call("io.redn.Admin.ListClients", &(), &[]).unwrap();
-        r.clients
-    };
+    let clients = admin_clients(&m);
     assert!(clients.iter().any(|c| c.uid == 65534), "{clients:?}");
     let mut app = m.client();
     assert_eq!(app.info().unwrap().app, "tester");
-    drop(attacker.stdin.take());
-    assert!(attacker.wait().unwrap().success());
+    attacker.finish();
 }
 
 #[test]
@@ -252,9 +276,8 @@ fn clients_that_never_read_their_replies_hold_little_of_the_managers_memory() {
     // each is bounded by that, not by the pending-output cap (4 MiB a connection, 1024
     // connections a uid).
     let m = open_manager(&[]);
-    let mut attacker = hostile("flood-unread", &m.api());
-    let mut out = BufReader::new(attacker.stdout.take().unwrap());
-    assert_eq!(hostile_line(&mut out), "sent");
+    let mut attacker = Attacker::start("flood-unread", &m.api());
+    assert_eq!(attacker.line(), "sent");
     let mut counters = monitor(&m);
     // Wait for the manager to have taken the flood in: at least 256 KiB of replies are
     // held for each connection either way (the kernel takes about 200 KiB of each).
@@ -273,8 +296,7 @@ fn clients_that_never_read_their_replies_hold_little_of_the_managers_memory() {
     );
     // Everyone else is served meanwhile.
     assert_eq!(m.client().info().unwrap().app, "tester");
-    drop(attacker.stdin.take());
-    assert!(attacker.wait().unwrap().success());
+    attacker.finish();
 }
 
 #[test]
@@ -283,9 +305,8 @@ fn unfinished_messages_on_many_connections_meet_the_per_uid_buffer_cap() {
     // NUL, 64 MiB in all. What one uid's connections hold together is capped
     // (buffered-bytes-per-uid, 32 MiB); past it a connection is refused and closed.
     let m = open_manager(&[]);
-    let mut attacker = hostile("slow-loris", &m.api());
-    let mut out = BufReader::new(attacker.stdout.take().unwrap());
-    let verdict = hostile_line(&mut out);
+    let mut attacker = Attacker::start("slow-loris", &m.api());
+    let verdict = attacker.line();
     // Each write returned, so the manager has read all but what the kernel buffers.
     let k = next_counters(&mut monitor(&m));
     let bound = (32 << 20) + LORIS_CONNECTIONS as u64 * (32 << 10);
@@ -296,8 +317,7 @@ fn unfinished_messages_on_many_connections_meet_the_per_uid_buffer_cap() {
     );
     assert!(m.log().contains("limit=buffered-bytes"), "{}", m.log());
     assert_eq!(m.client().info().unwrap().app, "tester");
-    drop(attacker.stdin.take());
-    assert!(attacker.wait().unwrap().success());
+    attacker.finish();
 }
 
 #[test]
@@ -306,32 +326,20 @@ fn fds_held_by_unfinished_messages_cannot_exhaust_the_managers_fds() {
     // opening all the connections they may, each with four fds on a message never
     // finished, must not run the manager out of fds: the connection caps count them.
     let m = open_manager(&["prlimit", "--nofile=256:256"]);
-    let attackers: Vec<Child> = ["65534", "65533"]
+    let mut attackers: Vec<Attacker> = ["65534", "65533"]
         .iter()
-        .map(|uid| hostile_as(uid, "hold-fds", &m.api()))
+        .map(|uid| Attacker::start_as(uid, "hold-fds", &m.api()))
         .collect();
-    let mut attackers: Vec<(Child, BufReader<std::process::ChildStdout>)> = attackers
-        .into_iter()
-        .map(|mut a| {
-            let out = BufReader::new(a.stdout.take().unwrap());
-            (a, out)
-        })
-        .collect();
-    for (_, out) in &mut attackers {
-        assert_eq!(hostile_line(out), "sent");
+    for a in &mut attackers {
+        assert_eq!(a.line(), "sent");
     }
-    let clients = {
-        let mut c = m.raw(&m.admin());
-        let r: redn_proto::api::ClientList = c.call("io.redn.Admin.ListClients", &(), &[]).unwrap();
-        r.clients
-    };
+    let clients = admin_clients(&m);
     assert!(clients.iter().any(|c| c.uid == 65533), "{clients:?}");
     assert_eq!(m.client().info().unwrap().app, "tester");
     // Every fd sent was received: the kernel truncates what a full fd table cannot take.
     assert!(!m.log().contains("truncated"), "{}", m.log());
-    for (mut a, _) in attackers {
-        drop(a.stdin.take());
-        assert!(a.wait().unwrap().success());
+    for a in attackers {
+        a.finish();
     }
 }
 
@@ -531,18 +539,9 @@ fn nic_objects(m: &Manager) -> [u64; 4] {
 
 /// Wait (up to the deadline) until the manager holds `want` NIC objects again.
 fn objects_return_to(m: &Manager, want: [u64; 4]) {
-    let start = std::time::Instant::now();
-    loop {
-        let now = nic_objects(m);
-        if now == want {
-            return;
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "{now:?} NIC objects, not {want:?}"
-        );
-        std::thread::yield_now();
-    }
+    wait_for(&format!("NIC objects never returned to {want:?}"), || {
+        nic_objects(m) == want
+    });
 }
 
 #[test]
@@ -802,9 +801,8 @@ fn connections_churned_as_fast_as_possible_cannot_exhaust_the_managers_fds() {
     // the fd budget. Every answer is a service or a named cap, never a failure of the
     // manager's own (a pidfd it could not open shows as PeerChanged).
     let m = open_manager(&["prlimit", "--nofile=96:96"]);
-    let mut attacker = hostile("churn", &m.api());
-    let mut out = BufReader::new(attacker.stdout.take().unwrap());
-    let tally = hostile_line(&mut out);
+    let mut attacker = Attacker::start("churn", &m.api());
+    let tally = attacker.line();
     for entry in tally.split(' ') {
         let (answer, _) = entry.split_once('=').unwrap();
         assert!(
@@ -819,6 +817,6 @@ fn connections_churned_as_fast_as_possible_cannot_exhaust_the_managers_fds() {
         );
     }
     assert!(tally.contains("served="), "{tally}");
-    assert!(attacker.wait().unwrap().success());
+    attacker.finish();
     assert_eq!(m.client().info().unwrap().app, "tester");
 }
