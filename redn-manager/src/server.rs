@@ -80,6 +80,10 @@ const FIRST_LISTENER: usize = 1;
 const FIRST_CONN: usize = 16;
 /// Reads one connection may do per wakeup before others get a turn.
 const READS_PER_TURN: usize = 16;
+/// Messages one connection may have handled per turn: a backlog of calls (one-way ones
+/// cost a parse and get no reply, so nothing else holds them back) is taken a slice at a
+/// time, after everyone else's.
+const MESSAGES_PER_TURN: usize = 64;
 /// A connection with more replies than this unread is not read from, nor are its
 /// requests handled, until its peer reads them: a client that sends without reading holds
 /// this much of the daemon's memory (plus one reply and its input), not the whole
@@ -826,8 +830,12 @@ impl Server {
 
     fn read_with(&mut self, token: usize, buf: &mut [u8]) {
         let max_fds = self.manager.limits.codec.max_fds;
-        // Requests held back while the connection was paused come first.
-        self.drain_messages(token);
+        // Requests held back (paused, or left for the next turn) come first.
+        let mut budget = MESSAGES_PER_TURN;
+        if !self.drain_messages(token, &mut budget) {
+            self.unfinished.insert(token);
+            return;
+        }
         for _ in 0..READS_PER_TURN {
             let Some(c) = self.conns.get_mut(&token) else {
                 return;
@@ -892,33 +900,44 @@ impl Server {
                 self.violation(token, "buffered-bytes", reason, true);
                 return;
             }
-            self.drain_messages(token);
+            if !self.drain_messages(token, &mut budget) {
+                // Its turn is used up: the rest next turn, after everyone else's.
+                break;
+            }
         }
         self.unfinished.insert(token);
     }
 
-    fn drain_messages(&mut self, token: usize) {
+    /// Handle the connection's complete messages, at most `budget` of them (counted down);
+    /// `false` if the budget ran out first (some may be left).
+    fn drain_messages(&mut self, token: usize, budget: &mut usize) -> bool {
         loop {
             let Some(c) = self.conns.get_mut(&token) else {
-                return;
+                return true;
             };
             if c.close_after_flush || c.paused {
-                return;
+                return true;
             }
             if c.output.pending() > OUTPUT_HIGH_WATER {
                 // Its peer is not reading: leave the rest of its requests (and its socket)
                 // until it does (`flush` resumes it).
                 c.paused = true;
-                return;
+                return true;
+            }
+            if *budget == 0 {
+                return false;
             }
             match c.input.next_message() {
-                None => return,
+                None => return true,
                 Some(Err(e)) => {
                     let reason = e.to_string();
                     self.violation(token, "message-size", reason, true);
-                    return;
+                    return true;
                 }
-                Some(Ok(msg)) => self.handle_message(token, &msg),
+                Some(Ok(msg)) => {
+                    *budget -= 1;
+                    self.handle_message(token, &msg);
+                }
             }
         }
     }

@@ -914,3 +914,35 @@ fn hostile_edits_of_a_shipped_definition_are_refused_naming_the_rule() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_connection_flooding_calls_gets_its_turn_and_no_more() {
+    // One connection's backlog of calls is handled a slice a turn, so a call that arrived
+    // after it on another connection is served before the backlog's end, not behind it.
+    // With the manager stopped, the attacker queues 1,500 one-way calls and then an
+    // install; the admin then asks for the installed offloads; the manager resumes with
+    // both waiting. The admin must see no offload: its call came before the backlog's end.
+    let m = Manager::start(&policy("", ""), &["--limit", "requests-per-second=1000000"]);
+    let mut attacker = m.raw(&m.api());
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(m.child.as_ref().unwrap().id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let mut backlog = b"{\"method\":\"io.redn.Manager.GetInfo\",\"oneway\":true}\0".repeat(1500);
+    backlog.extend_from_slice(
+        b"{\"method\":\"io.redn.Manager.InstallOffload\",\
+          \"parameters\":{\"offload\":\"echo\",\"regions\":[]}}\0",
+    );
+    attacker.send_bytes(&backlog, &[]).unwrap();
+    let mut admin = m.raw(&m.admin());
+    admin
+        .send_bytes(b"{\"method\":\"io.redn.Admin.ListOffloads\"}\0", &[])
+        .unwrap();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let listed = admin.read_reply().unwrap();
+    let installed = attacker.read_reply().unwrap();
+    assert!(installed.error.is_none(), "{installed:?}");
+    assert_eq!(
+        listed.parameters["offloads"].as_array().map(Vec::len),
+        Some(0),
+        "the admin waited behind the whole backlog: {listed:?}"
+    );
+}
