@@ -211,7 +211,7 @@ impl Audit {
     /// Record `message` (a body [`Record::body`] built).
     fn record(&mut self, severity: Severity, message: &str) {
         if self.echo {
-            eprintln!("{}: {message}", self.config.identifier);
+            to_stderr(&format!("{}: {message}", self.config.identifier));
         }
         if let Some(tap) = &mut self.tap {
             // Bounded like the queue: the loop drains it every turn.
@@ -306,7 +306,7 @@ impl Audit {
                 .res(false)
                 .body();
             if self.echo {
-                eprintln!("{}: {body}", self.config.identifier);
+                to_stderr(&format!("{}: {body}", self.config.identifier));
             }
             let line = self.format(Severity::Warning, &body, SystemTime::now());
             self.queue.push_back(line);
@@ -353,10 +353,10 @@ impl Record {
         }
     }
 
-    /// Add `key=value`.
+    /// Add `key=value` (a value over [`MAX_VALUE_BYTES`] cut short, saying so).
     #[must_use]
     pub fn field(mut self, key: &'static str, value: impl Display) -> Record {
-        self.fields.push((key, value.to_string()));
+        self.fields.push((key, capped(value.to_string())));
         self
     }
 
@@ -372,7 +372,8 @@ impl Record {
     /// Add every `(key, value)`.
     #[must_use]
     pub fn fields(mut self, kv: Vec<(&'static str, String)>) -> Record {
-        self.fields.extend(kv);
+        self.fields
+            .extend(kv.into_iter().map(|(k, v)| (k, capped(v))));
         self
     }
 
@@ -402,6 +403,38 @@ impl Record {
         }
         out
     }
+}
+
+/// Write `line` to stderr, ignoring failure: a stderr nobody reads any more (a dead log
+/// pipe, a lost journal stream) must not stop the daemon, as `eprintln!` would by
+/// panicking; syslog still gets the record.
+pub fn to_stderr(line: &str) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = err
+        .write_all(line.as_bytes())
+        .and_then(|()| err.write_all(b"\n"));
+}
+
+/// The longest field value a record carries. Values can hold what clients sent (an
+/// offload's name, a region's, a protocol error quoting a key): cut short, a record always
+/// fits in one syslog datagram, so a client cannot make its own record too large to send
+/// and so dropped.
+pub const MAX_VALUE_BYTES: usize = 512;
+
+/// `v`, or its first [`MAX_VALUE_BYTES`] (at a character boundary) and how long it was.
+fn capped(mut v: String) -> String {
+    if v.len() <= MAX_VALUE_BYTES {
+        return v;
+    }
+    let total = v.len();
+    let mut cut = MAX_VALUE_BYTES;
+    while !v.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    v.truncate(cut);
+    v.push_str(&format!("...({total} bytes)"));
+    v
 }
 
 fn quote_into(out: &mut String, v: &str) {
@@ -458,6 +491,20 @@ pub fn rfc3164_time(t: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_values_are_cut_at_a_character_boundary_saying_how_long() {
+        let short = "é".repeat(MAX_VALUE_BYTES / 2);
+        assert_eq!(capped(short.clone()), short, "exactly the cap is kept");
+        let long = format!("a{}", "é".repeat(MAX_VALUE_BYTES));
+        let body = Record::new(Event::Refuse, Severity::Warning)
+            .field("reason", &long)
+            .fields(vec![("name", long.clone())])
+            .body();
+        let cut = format!("a{}", "é".repeat(MAX_VALUE_BYTES / 2 - 1));
+        let want = format!("{cut}...({} bytes)", long.len());
+        assert_eq!(body, format!("event=refuse reason={want:?} name={want:?}"));
+    }
 
     fn config(path: &std::path::Path) -> AuditConfig {
         let text = format!(

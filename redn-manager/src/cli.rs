@@ -28,7 +28,8 @@ socket and io.redn.Admin on the admin socket, as manager.toml says.
   --limit NAME=VALUE   change a limit: message-bytes (1048576), fds-per-message (4),
                        nesting (16), requests-per-second (1000), connections (4096),
                        connections-per-uid (1024), regions-per-uid (64),
-                       bytes-per-uid (68719476736), pending-output-bytes (4194304)
+                       bytes-per-uid (68719476736), pending-output-bytes (4194304),
+                       buffered-bytes-per-uid (33554432)
   --help, --version    this text, the version
 
 Sockets come from systemd socket activation (LISTEN_FDS; names manager or varlink,
@@ -287,13 +288,18 @@ fn run(opts: &Options) -> anyhow::Result<()> {
             )
         }
     };
+    let mut limits = opts.limits;
+    let dataplane = loaded.config.dataplane.listen.is_some() && softnic.is_some();
+    if let Some(note) = limits.fit_fds(system::raise_nofile(), dataplane) {
+        eprintln!("redn-manager: note: {note}");
+    }
     let manager = Manager::new(
         loaded.policy_path.clone(),
         loaded.policy,
         loaded.offloads,
         nic,
         backend,
-        opts.limits,
+        limits,
     );
     let listeners = vec![
         (
@@ -309,8 +315,9 @@ fn run(opts: &Options) -> anyhow::Result<()> {
     let mut server =
         Server::new(manager, listeners, Some(signals), audit).context("cannot set up epoll")?;
     if let (Some(listen), Some(nic)) = (loaded.config.dataplane.listen, softnic) {
-        let dp = crate::dataplane::Dataplane::bind(listen, nic)
+        let mut dp = crate::dataplane::Dataplane::bind(listen, nic)
             .with_context(|| format!("cannot listen for remote clients at {listen}"))?;
+        dp.set_max_connections(limits.max_dataplane_connections);
         eprintln!(
             "redn-manager: serving remote clients on {}",
             dp.local_addr()

@@ -46,8 +46,6 @@ use std::sync::Arc;
 pub const FIRST_TOKEN: usize = usize::MAX / 2;
 /// Connections that have not finished their hello; past this, the oldest is dropped.
 const MAX_PENDING: usize = 64;
-/// Data-plane connections in all (pending and served).
-const MAX_CONNECTIONS: usize = 4096;
 /// Remote rights bit for WRITE in an exchange record.
 const RIGHT_WRITE: u32 = 2;
 /// TCP keepalive: probes after this many idle seconds, this often, this many times, so the
@@ -119,6 +117,8 @@ pub struct Dataplane {
     next_token: usize,
     serial: u64,
     psn_seed: u32,
+    /// Connections in all (pending and served).
+    max_connections: usize,
 }
 
 impl std::fmt::Debug for Dataplane {
@@ -162,7 +162,13 @@ impl Dataplane {
             next_token: FIRST_TOKEN + 1,
             serial: 0,
             psn_seed,
+            max_connections: crate::state::Limits::default().max_dataplane_connections,
         })
+    }
+
+    /// Hold at most `max` connections (pending and served); more are closed at accept.
+    pub fn set_max_connections(&mut self, max: usize) {
+        self.max_connections = max;
     }
 
     /// The address it listens at (with the port the kernel chose for port 0).
@@ -246,8 +252,8 @@ impl Dataplane {
                     return;
                 }
             };
-            if self.conns.len() >= MAX_CONNECTIONS {
-                let reason = format!("the data plane holds {MAX_CONNECTIONS} connections");
+            if self.conns.len() >= self.max_connections {
+                let reason = format!("the data plane holds {} connections", self.max_connections);
                 audit.event(&refusal_record(Some(peer), "TooManyConnections", &reason));
                 continue; // dropping the stream closes it
             }
@@ -644,7 +650,7 @@ impl Dataplane {
         let Some(c) = self.conns.get_mut(&token) else {
             return;
         };
-        if crate::server::write_pending(&mut c.stream, &c.output, &mut c.written).is_err() {
+        if crate::outbox::write_pending(&mut c.stream, &c.output, &mut c.written).is_err() {
             self.close(registry, token, manager, audit, "connection failed");
             return;
         }

@@ -9,6 +9,7 @@
 //! - [`region`]: sealed memfds, checked and mapped;
 //! - [`state`]: policy, offloads, the NIC, clients and installs; the method handlers;
 //! - [`server`]: the one event loop serving every connection;
+//! - [`outbox`]: a connection's unread replies, kept from growing;
 //! - [`dataplane`]: remote clients (TCP hello, an instance of the offload per client,
 //!   connected over RoCEv2), served from that loop;
 //! - [`cli`]: command-line options and start-up, shared by the binary and the tests.
@@ -19,6 +20,7 @@ pub mod auditor;
 pub mod backend;
 pub mod cli;
 pub mod dataplane;
+pub mod outbox;
 pub mod peer;
 pub mod region;
 pub mod server;

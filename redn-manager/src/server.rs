@@ -12,6 +12,7 @@
 use crate::audit::{Audit, Event, Record, Severity};
 use crate::auditor::Auditor;
 use crate::dataplane::Dataplane;
+use crate::outbox::Outbox;
 use crate::peer::{Peer, Procfs};
 use crate::state::Manager;
 use mio::net::{UnixListener, UnixStream};
@@ -79,6 +80,18 @@ const FIRST_LISTENER: usize = 1;
 const FIRST_CONN: usize = 16;
 /// Reads one connection may do per wakeup before others get a turn.
 const READS_PER_TURN: usize = 16;
+/// Messages one connection may have handled per turn: a backlog of calls (one-way ones
+/// cost a parse and get no reply, so nothing else holds them back) is taken a slice at a
+/// time, after everyone else's.
+const MESSAGES_PER_TURN: usize = 64;
+/// A connection with more replies than this unread is not read from, nor are its
+/// requests handled, until its peer reads them: a client that sends without reading holds
+/// this much of the daemon's memory (plus one reply and its input), not the whole
+/// pending-output cap on each of its connections.
+const OUTPUT_HIGH_WATER: usize = 256 << 10;
+/// What a connection may hold (requests and replies) before it is counted against its
+/// uid's `buffered-bytes-per-uid`.
+const BUFFER_ALLOWANCE: usize = 32 << 10;
 
 struct Conn {
     stream: UnixStream,
@@ -90,12 +103,13 @@ struct Conn {
     fds: Vec<OwnedFd>,
     /// The next message is refused with this error (its fds broke a cap).
     refuse_next: Option<ManagerError>,
-    output: Vec<u8>,
-    written: usize,
+    output: Outbox,
     close_after_flush: bool,
     window_start: Instant,
     window_requests: u32,
     wants_write: bool,
+    /// Not read from until its replies drain below [`OUTPUT_HIGH_WATER`].
+    paused: bool,
 }
 
 /// What the loop did, for sd_notify's STATUS line and the benchmark.
@@ -399,6 +413,11 @@ impl Server {
             terminations: a.terminations,
             audit_sent: self.audit.sent,
             audit_dropped: self.audit.dropped,
+            buffered_bytes: self
+                .conns
+                .values()
+                .map(|c| (c.input.held() + c.output.held()) as u64)
+                .sum(),
         }
     }
 
@@ -603,11 +622,17 @@ impl Server {
         };
         let uid = peer.identity.uid;
         let limits = self.manager.limits;
+        // A hang-up not yet settled still holds its process's pidfd: it counts as a
+        // connection, or closing connections in a loop would pile pidfds up past the fd
+        // budget.
         let same_uid = self
             .conns
             .values()
-            .filter(|c| c.peer.identity.uid == uid)
+            .map(|c| &c.peer)
+            .chain(self.hangups.values().map(|h| &h.peer))
+            .filter(|p| p.identity.uid == uid)
             .count();
+        let held = self.conns.len() + self.hangups.len();
         let quota = |resource: &str, limit: usize, held: usize| {
             let err = ManagerError::QuotaExceeded {
                 resource: resource.into(),
@@ -627,12 +652,8 @@ impl Server {
                 reason: reason.clone(),
             };
             Some((err, reason))
-        } else if self.conns.len() >= limits.max_connections {
-            Some(quota(
-                "connections",
-                limits.max_connections,
-                self.conns.len(),
-            ))
+        } else if held >= limits.max_connections {
+            Some(quota("connections", limits.max_connections, held))
         } else if same_uid >= limits.max_connections_per_uid {
             Some(quota(
                 "connections-per-uid",
@@ -710,12 +731,12 @@ impl Server {
                 input: MessageBuffer::new(limits.codec),
                 fds: Vec::new(),
                 refuse_next: None,
-                output: Vec::new(),
-                written: 0,
+                output: Outbox::default(),
                 close_after_flush: false,
                 window_start: Instant::now(),
                 window_requests: 0,
                 wants_write: false,
+                paused: false,
             },
         );
         // Data sent before the accept is reported by the first poll (edge triggers on
@@ -809,11 +830,17 @@ impl Server {
 
     fn read_with(&mut self, token: usize, buf: &mut [u8]) {
         let max_fds = self.manager.limits.codec.max_fds;
+        // Requests held back (paused, or left for the next turn) come first.
+        let mut budget = MESSAGES_PER_TURN;
+        if !self.drain_messages(token, &mut budget) {
+            self.unfinished.insert(token);
+            return;
+        }
         for _ in 0..READS_PER_TURN {
             let Some(c) = self.conns.get_mut(&token) else {
                 return;
             };
-            if c.close_after_flush {
+            if c.close_after_flush || c.paused {
                 return;
             }
             let got = match recv_with_fds(c.stream.as_fd(), buf) {
@@ -869,27 +896,48 @@ impl Server {
                 }
             }
             c.input.extend(&buf[..got.len]);
-            self.drain_messages(token);
+            if let Some(reason) = self.over_buffer_budget(token) {
+                self.violation(token, "buffered-bytes", reason, true);
+                return;
+            }
+            if !self.drain_messages(token, &mut budget) {
+                // Its turn is used up: the rest next turn, after everyone else's.
+                break;
+            }
         }
         self.unfinished.insert(token);
     }
 
-    fn drain_messages(&mut self, token: usize) {
+    /// Handle the connection's complete messages, at most `budget` of them (counted down);
+    /// `false` if the budget ran out first (some may be left).
+    fn drain_messages(&mut self, token: usize, budget: &mut usize) -> bool {
         loop {
             let Some(c) = self.conns.get_mut(&token) else {
-                return;
+                return true;
             };
-            if c.close_after_flush {
-                return;
+            if c.close_after_flush || c.paused {
+                return true;
+            }
+            if c.output.pending() > OUTPUT_HIGH_WATER {
+                // Its peer is not reading: leave the rest of its requests (and its socket)
+                // until it does (`flush` resumes it).
+                c.paused = true;
+                return true;
+            }
+            if *budget == 0 {
+                return false;
             }
             match c.input.next_message() {
-                None => return,
+                None => return true,
                 Some(Err(e)) => {
                     let reason = e.to_string();
                     self.violation(token, "message-size", reason, true);
-                    return;
+                    return true;
                 }
-                Some(Ok(msg)) => self.handle_message(token, &msg),
+                Some(Ok(msg)) => {
+                    *budget -= 1;
+                    self.handle_message(token, &msg);
+                }
             }
         }
     }
@@ -911,9 +959,35 @@ impl Server {
             if let Some(c) = self.conns.get_mut(&token) {
                 c.close_after_flush = true;
                 c.fds.clear();
+                c.input.clear();
             }
             self.flush(token);
         }
+    }
+
+    /// Why the connection at `token` takes its uid past `buffered-bytes-per-uid`, if it
+    /// does. Only a connection holding more than [`BUFFER_ALLOWANCE`] is counted against
+    /// the others, so the common case costs no scan.
+    fn over_buffer_budget(&self, token: usize) -> Option<String> {
+        let held = |c: &Conn| c.input.held() + c.output.held();
+        let c = self.conns.get(&token)?;
+        if held(c) <= BUFFER_ALLOWANCE {
+            return None;
+        }
+        let uid = c.peer.identity.uid;
+        let total: usize = self
+            .conns
+            .values()
+            .filter(|o| o.peer.identity.uid == uid)
+            .map(held)
+            .sum();
+        let max = self.manager.limits.max_buffered_per_uid;
+        (total > max).then(|| {
+            format!(
+                "uid {uid}'s connections hold {total} bytes of requests and replies, over the \
+                 {max} a uid may"
+            )
+        })
     }
 
     fn handle_message(&mut self, token: usize, msg: &[u8]) {
@@ -1264,13 +1338,22 @@ impl Server {
         let Some(c) = self.conns.get_mut(&token) else {
             return;
         };
-        c.output.extend_from_slice(&bytes);
-        if c.output.len() - c.written > max {
-            let r = Record::new(Event::Disconnect, Severity::Warning)
-                .peer(&c.peer.identity)
-                .field("reason", "unread-replies")
-                .res(false);
-            self.audit.event(&r);
+        c.output.push(&bytes);
+        let over = if c.output.pending() > max {
+            Some("unread-replies")
+        } else if self.over_buffer_budget(token).is_some() {
+            Some("buffered-bytes")
+        } else {
+            None
+        };
+        if let Some(reason) = over {
+            if let Some(c) = self.conns.get(&token) {
+                let r = Record::new(Event::Disconnect, Severity::Warning)
+                    .peer(&c.peer.identity)
+                    .field("reason", reason)
+                    .res(false);
+                self.audit.event(&r);
+            }
             self.close(token);
             return;
         }
@@ -1281,18 +1364,18 @@ impl Server {
         let Some(c) = self.conns.get_mut(&token) else {
             return;
         };
-        if write_pending(&mut c.stream, &c.output, &mut c.written).is_err() {
+        let Ok(done) = c.output.flush(&mut c.stream) else {
+            self.close(token);
+            return;
+        };
+        if done && c.close_after_flush {
             self.close(token);
             return;
         }
-        let done = c.written == c.output.len();
-        if done {
-            c.output.clear();
-            c.written = 0;
-            if c.close_after_flush {
-                self.close(token);
-                return;
-            }
+        if c.paused && c.output.pending() <= OUTPUT_HIGH_WATER {
+            // Its replies are being read again: take its requests again.
+            c.paused = false;
+            self.unfinished.insert(token);
         }
         if done == c.wants_write {
             c.wants_write = !done;
@@ -1307,25 +1390,6 @@ impl Server {
                 .reregister(&mut c.stream, Token(token), interest);
         }
     }
-}
-
-/// Write what of `output[*written..]` the non-blocking `stream` takes now, advancing
-/// `written`; an error means the connection failed.
-pub(crate) fn write_pending(
-    stream: &mut impl Write,
-    output: &[u8],
-    written: &mut usize,
-) -> io::Result<()> {
-    while *written < output.len() {
-        match stream.write(&output[*written..]) {
-            Ok(0) => break,
-            Ok(n) => *written += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// Whether the peer's process has exited (its pidfd polls readable).

@@ -63,12 +63,21 @@ pub struct Limits {
     pub max_bytes_per_uid: u64,
     /// Bytes of replies queued for one connection that does not read them.
     pub max_pending_output: usize,
+    /// Data-plane connections in all (pending hellos and served remote clients).
+    pub max_dataplane_connections: usize,
+    /// Bytes held for one uid's connections together (unhandled requests, unread replies).
+    pub max_buffered_per_uid: usize,
 }
+
+/// File descriptors the manager keeps for itself whatever its clients hold: listeners,
+/// epoll, the signalfd, the audit socket, lock files, RoCE endpoints, the fds of one
+/// message being received, a hang-up's pidfd, the NIC's own.
+pub const RESERVED_FDS: u64 = 64;
 
 impl Default for Limits {
     /// sd-varlink's connection limits (4096, 1024 per uid), 1000 requests/s, 64 regions and
     /// 64 GiB per uid (the policy's per-app quotas are usually tighter), 4 MiB of unread
-    /// replies.
+    /// replies, 32 MiB buffered per uid.
     fn default() -> Limits {
         Limits {
             codec: redn_proto::codec::Limits::default(),
@@ -78,11 +87,68 @@ impl Default for Limits {
             max_regions_per_uid: 64,
             max_bytes_per_uid: 64 << 30,
             max_pending_output: 4 << 20,
+            max_dataplane_connections: 4096,
+            max_buffered_per_uid: 32 << 20,
         }
     }
 }
 
 impl Limits {
+    /// Shrink the connection caps so that what clients may hold fits in `nofile` file
+    /// descriptors (the manager's `RLIMIT_NOFILE`), [`RESERVED_FDS`] kept back: an app or
+    /// admin connection costs its socket, its process's pidfd and the fds a message may
+    /// carry (held until the message is complete), a data-plane connection one (counted
+    /// only with a data plane). Without this, one uid opening
+    /// connections up to its cap would run the manager out of fds and every other client
+    /// would be refused or left unanswered at accept. The caps shrink in proportion, and
+    /// one uid gets at most a quarter of what is left (as by default, 1024 of 4096); a
+    /// per-uid cap already below that stays. `None` if they fit as they are, else what
+    /// changed.
+    pub fn fit_fds(&mut self, nofile: u64, dataplane: bool) -> Option<String> {
+        let unix = self.max_connections as u64;
+        let remote = if dataplane {
+            self.max_dataplane_connections as u64
+        } else {
+            0
+        };
+        let per_conn = 2 + self.codec.max_fds as u64;
+        let wanted = per_conn * unix + remote;
+        let available = nofile.saturating_sub(RESERVED_FDS);
+        if wanted <= available {
+            return None;
+        }
+        // Each cap times available / wanted, at least one; 128-bit so nothing overflows.
+        let scale = |cap: u64| -> usize {
+            let scaled = u128::from(cap) * u128::from(available) / u128::from(wanted);
+            usize::try_from(scaled).unwrap_or(usize::MAX).max(1)
+        };
+        let before = (self.max_connections, self.max_connections_per_uid);
+        self.max_connections = scale(unix);
+        self.max_connections_per_uid = self
+            .max_connections_per_uid
+            .min((self.max_connections / 4).max(1));
+        if dataplane {
+            self.max_dataplane_connections = scale(remote);
+        }
+        Some(format!(
+            "RLIMIT_NOFILE is {nofile}: connections capped at {} ({} per uid) instead of {} \
+             ({}){}, so clients cannot run the manager out of file descriptors; raise \
+             LimitNOFILE in the unit to serve more",
+            self.max_connections,
+            self.max_connections_per_uid,
+            before.0,
+            before.1,
+            if dataplane {
+                format!(
+                    ", data-plane connections at {}",
+                    self.max_dataplane_connections
+                )
+            } else {
+                String::new()
+            }
+        ))
+    }
+
     /// Set the limit called `name` (as `--limit NAME=VALUE` names it).
     ///
     /// # Errors
@@ -110,11 +176,12 @@ impl Limits {
             "regions-per-uid" => self.max_regions_per_uid = small(n)?,
             "bytes-per-uid" => self.max_bytes_per_uid = n,
             "pending-output-bytes" => self.max_pending_output = small(n)?,
+            "buffered-bytes-per-uid" => self.max_buffered_per_uid = small(n)?,
             _ => {
                 return Err(format!(
                     "unknown limit {name:?}; limits: message-bytes, fds-per-message, nesting, \
                      requests-per-second, connections, connections-per-uid, regions-per-uid, \
-                     bytes-per-uid, pending-output-bytes"
+                     bytes-per-uid, pending-output-bytes, buffered-bytes-per-uid"
                 ))
             }
         }
@@ -467,9 +534,9 @@ impl Manager {
         match self.installed.remove(&handle) {
             Some(o) => {
                 if let Err(e) = o.installed.remove() {
-                    eprintln!(
+                    crate::audit::to_stderr(&format!(
                         "redn-manager: event=uninstall handle={handle} res=partial error={e}"
-                    );
+                    ));
                 }
                 true
             }
@@ -506,6 +573,24 @@ impl Manager {
                 p.cgroup
             ))
         })
+    }
+
+    /// The clients that are one app: `client`'s uid, matched by the same app rule, its
+    /// connection open or closed (what a closed one left serving is the app's still). The
+    /// policy's quotas are the app's, so they are counted over all of them: an app cannot
+    /// multiply them by opening more connections, or by hanging up and coming back.
+    fn app_clients(&self, client: &Client, rule: &str) -> Vec<u64> {
+        let uid = client.identity.uid;
+        self.clients
+            .values()
+            .filter(|c| c.identity.uid == uid)
+            .filter(|c| {
+                self.policy
+                    .match_app(&c.identity)
+                    .is_some_and(|a| a.name == rule)
+            })
+            .map(|c| c.id)
+            .collect()
     }
 
     fn uid_usage(&self, uid: u32) -> (usize, u64) {
@@ -569,7 +654,13 @@ impl Manager {
         let c = self.client(client)?;
         let app = self.app_of(c)?;
         let max_regions = u64::from(app.quota.max_regions.get());
-        let held = c.regions.len() as u64;
+        let (held, pinned) = self
+            .app_clients(c, &app.name)
+            .iter()
+            .filter_map(|id| self.clients.get(id))
+            .fold((0u64, 0u64), |(n, b), o| {
+                (n + o.regions.len() as u64, b + o.pinned())
+            });
         if held >= max_regions {
             return Err(ManagerError::QuotaExceeded {
                 resource: "regions".into(),
@@ -589,7 +680,7 @@ impl Manager {
             .quota
             .max_pinned
             .bytes()
-            .saturating_sub(c.pinned())
+            .saturating_sub(pinned)
             .min(self.limits.max_bytes_per_uid.saturating_sub(uid_bytes));
         let buffer = crate::region::map_sealed(fd, room)?;
         let size = buffer.len() as u64;
@@ -709,10 +800,11 @@ impl Manager {
                 ),
             });
         }
+        let app_clients = self.app_clients(c, &app.name);
         let queues_held: usize = self
             .installed
             .values()
-            .filter(|o| o.client == client)
+            .filter(|o| app_clients.contains(&o.client))
             .map(|o| o.installed.qps.len() + 1)
             .sum();
         let wanted = program.queues.len() + 1;
@@ -1174,6 +1266,57 @@ pub fn describe(p: &Program) -> api::Offload {
 mod tests {
     use super::*;
     use std::num::{NonZeroU32, NonZeroU64};
+
+    #[test]
+    fn connection_caps_shrink_to_fit_the_fd_limit() {
+        let mut roomy = Limits::default();
+        assert_eq!(
+            roomy.fit_fds(1 << 20, true),
+            None,
+            "systemd's hard limit fits"
+        );
+        assert_eq!(roomy, Limits::default());
+        for (nofile, dataplane) in [
+            (96, false),
+            (96, true),
+            (1024, true),
+            (1024, false),
+            (0, true),
+        ] {
+            let mut l = Limits::default();
+            let note = l.fit_fds(nofile, dataplane).unwrap();
+            assert!(
+                note.contains(&format!("RLIMIT_NOFILE is {nofile}")),
+                "{note}"
+            );
+            let remote = if dataplane {
+                l.max_dataplane_connections
+            } else {
+                0
+            };
+            let held = 2 * l.max_connections + remote;
+            if nofile > RESERVED_FDS {
+                assert!(held as u64 + RESERVED_FDS <= nofile, "{nofile}: {l:?}");
+            }
+            assert!(
+                l.max_connections >= 1 && l.max_connections_per_uid >= 1,
+                "{l:?}"
+            );
+            // One uid still gets a quarter of the connections, as by default.
+            assert!(
+                l.max_connections_per_uid <= l.max_connections / 4 + 1,
+                "{nofile}: {l:?}"
+            );
+            // A per-uid cap already small is kept.
+            let mut small = Limits {
+                max_connections_per_uid: 2,
+                ..Limits::default()
+            };
+            if small.fit_fds(nofile, dataplane).is_some() && small.max_connections >= 8 {
+                assert_eq!(small.max_connections_per_uid, 2, "{nofile}: {small:?}");
+            }
+        }
+    }
 
     #[test]
     fn app_rates_become_nic_pacing() {

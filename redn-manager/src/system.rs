@@ -4,7 +4,7 @@
 
 use caps::{CapSet, Capability};
 use nix::fcntl::{Flock, FlockArg};
-use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
+use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
 use redn_policy::SocketConfig;
 use std::fs::{self, File, OpenOptions};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
@@ -251,10 +251,10 @@ pub fn notify(state: &str) {
         _ => sock.send_to(state.as_bytes(), &path),
     };
     if let Err(e) = sent {
-        eprintln!(
+        crate::audit::to_stderr(&format!(
             "redn-manager: sd_notify to {} failed: {e}",
             path.to_string_lossy()
-        );
+        ));
     }
 }
 
@@ -293,6 +293,23 @@ pub fn drop_capabilities() -> Result<Vec<String>, String> {
     caps::set(None, CapSet::Effective, &kept).map_err(|e| format!("effective: {e}"))?;
     caps::set(None, CapSet::Permitted, &kept).map_err(|e| format!("permitted: {e}"))?;
     Ok(kept.iter().map(ToString::to_string).collect())
+}
+
+/// Raise the soft `RLIMIT_NOFILE` to the hard one (the manager uses no `select`, so a
+/// high limit costs nothing) and return the soft limit now in force (unchanged if raising failed, 1024 if it
+/// cannot be read).
+pub fn raise_nofile() -> u64 {
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+                hard
+            } else {
+                soft
+            }
+        }
+        Ok((soft, _)) => soft,
+        Err(_) => 1024,
+    }
 }
 
 /// If pinning app memory may fail, say why and how to fix it: `None` if the memlock limit

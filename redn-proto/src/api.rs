@@ -363,6 +363,8 @@ pub struct MonitorCounters {
     pub terminations: u64,
     pub audit_sent: u64,
     pub audit_dropped: u64,
+    #[serde(default)]
+    pub buffered_bytes: u64,
 }
 
 /// One `io.redn.Admin.Monitor` reply: a record, or the counters.

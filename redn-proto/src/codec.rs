@@ -37,9 +37,18 @@ impl Default for Limits {
 pub struct MessageBuffer {
     limits: Limits,
     bytes: Vec<u8>,
-    /// Bytes before this index hold no NUL (saves rescanning a growing partial message).
+    /// Bytes before this index were handed out already (moved out in bulk, not per
+    /// message, so a burst of small messages costs linear time).
+    start: usize,
+    /// Bytes from `start` to this index hold no NUL (saves rescanning a growing partial
+    /// message).
     scanned: usize,
 }
+
+/// Handed-out bytes are moved out once there are this many.
+const COMPACT_AT: usize = 64 << 10;
+/// An emptied buffer larger than this is shrunk back to it.
+const KEEP_CAPACITY: usize = 16 << 10;
 
 impl MessageBuffer {
     /// An empty buffer enforcing `limits`.
@@ -47,18 +56,39 @@ impl MessageBuffer {
         MessageBuffer {
             limits,
             bytes: Vec::new(),
+            start: 0,
             scanned: 0,
         }
     }
 
     /// Append received bytes.
     pub fn extend(&mut self, data: &[u8]) {
+        if self.is_empty() {
+            self.bytes.clear();
+            self.bytes.shrink_to(KEEP_CAPACITY);
+            (self.start, self.scanned) = (0, 0);
+        } else if self.start >= COMPACT_AT {
+            self.bytes.drain(..self.start);
+            self.scanned -= self.start;
+            self.start = 0;
+        }
         self.bytes.extend_from_slice(data);
     }
 
     /// True if no bytes are waiting (the next byte received starts a message).
     pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
+        self.start == self.bytes.len()
+    }
+
+    /// Memory held, in bytes.
+    pub fn held(&self) -> usize {
+        self.bytes.capacity()
+    }
+
+    /// Drop everything buffered (the connection is being closed).
+    pub fn clear(&mut self) {
+        self.bytes = Vec::new();
+        (self.start, self.scanned) = (0, 0);
     }
 
     /// The next whole message (without its NUL), `None` if none is complete yet.
@@ -67,20 +97,21 @@ impl MessageBuffer {
     /// [`Error::Protocol`] (`message-size`) if a message is, or has grown, larger than
     /// [`Limits::max_message`]; the buffer cannot find the next message after that.
     pub fn next_message(&mut self) -> Option<Result<Vec<u8>>> {
-        match self.bytes[self.scanned..].iter().position(|&b| b == 0) {
+        let from = self.scanned.max(self.start);
+        match self.bytes[from..].iter().position(|&b| b == 0) {
             Some(i) => {
-                let end = self.scanned + i;
-                self.scanned = 0;
-                if end > self.limits.max_message {
+                let end = from + i;
+                let begin = self.start;
+                self.start = end + 1;
+                self.scanned = self.start;
+                if end - begin > self.limits.max_message {
                     return Some(Err(too_large(self.limits.max_message)));
                 }
-                let msg = self.bytes[..end].to_vec();
-                self.bytes.drain(..=end);
-                Some(Ok(msg))
+                Some(Ok(self.bytes[begin..end].to_vec()))
             }
             None => {
                 self.scanned = self.bytes.len();
-                (self.bytes.len() > self.limits.max_message)
+                (self.bytes.len() - self.start > self.limits.max_message)
                     .then(|| Err(too_large(self.limits.max_message)))
             }
         }
@@ -323,6 +354,35 @@ mod tests {
         assert_eq!(buf.next_message().unwrap().unwrap(), b"{}");
         assert!(buf.next_message().is_none());
         assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn a_stream_of_small_messages_is_split_in_order_and_memory_is_given_back() {
+        let mut buf = MessageBuffer::new(Limits::default());
+        let mut next = 0u32;
+        for chunk in 0..64 {
+            // Messages cut at every possible place across reads.
+            let text: String = (0..1000)
+                .map(|i| format!("{}\0", chunk * 1000 + i))
+                .collect();
+            for piece in text.as_bytes().chunks(4093) {
+                buf.extend(piece);
+                while let Some(m) = buf.next_message() {
+                    assert_eq!(m.unwrap(), next.to_string().as_bytes());
+                    next += 1;
+                }
+            }
+        }
+        assert_eq!(next, 64_000);
+        assert!(buf.is_empty());
+        // A burst that grew the buffer to 1 MiB does not keep it.
+        buf.extend(&[b' '; 1 << 20]);
+        buf.extend(b"\0");
+        assert_eq!(buf.next_message().unwrap().unwrap().len(), 1 << 20);
+        buf.extend(b"{}");
+        assert!(buf.held() <= KEEP_CAPACITY, "{}", buf.held());
+        buf.extend(b"\0");
+        assert_eq!(buf.next_message().unwrap().unwrap(), b"{}");
     }
 
     #[test]

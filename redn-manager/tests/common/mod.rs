@@ -225,6 +225,15 @@ impl Drop for Manager {
     }
 }
 
+/// Call `probe` until it says done (`true`), failing with `what` at the deadline.
+pub fn wait_for(what: &str, mut probe: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !probe() {
+        assert!(start.elapsed() < DEADLINE, "{what}");
+        std::thread::yield_now();
+    }
+}
+
 /// One datagram; a signal landing on this test process (libtest runs many tests in it)
 /// does not end the wait.
 pub fn recv(sock: &UnixDatagram, buf: &mut [u8]) -> std::io::Result<usize> {

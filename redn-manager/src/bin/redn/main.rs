@@ -93,7 +93,7 @@ fn main() -> ExitCode {
             }
             let message = format!("{e:#}");
             if opts.json {
-                println!("{}", json!({ "error": message }));
+                emit(&format!("{}\n", json!({ "error": message })));
             } else {
                 eprintln!("Error: {message}");
             }
@@ -515,12 +515,23 @@ fn offload_verify(args: &[String]) -> Result<Output> {
     }
 }
 
+/// Write `text` to stdout; a closed stdout (`redn ... | head`) is not an error worth a
+/// panic, which `println!` would make of it.
+fn emit(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+}
+
 fn print_output(opts: &Options, out: &Output) {
     let print_json = |v: &Value| {
         if opts.pretty {
-            println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+            emit(&format!(
+                "{}\n",
+                serde_json::to_string_pretty(v).unwrap_or_default()
+            ));
         } else {
-            println!("{v}");
+            emit(&format!("{v}\n"));
         }
     };
     match out {
@@ -530,8 +541,8 @@ fn print_output(opts: &Options, out: &Output) {
             ));
         }
         Output::Text { json, .. } if opts.json => print_json(json),
-        Output::Text { text, .. } => println!("{text}"),
-        Output::Rows { rows, columns } => print!("{}", table_text(rows, columns, opts.details)),
+        Output::Text { text, .. } => emit(&format!("{text}\n")),
+        Output::Rows { rows, columns } => emit(&table_text(rows, columns, opts.details)),
     }
 }
 
