@@ -579,6 +579,15 @@ impl Client {
         v
     }
 
+    /// Spin (yielding: two cores carry both processes) until the word at `pong` is `seq`.
+    fn await_answer(&self, pong: usize, seq: u64) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.buf.load_u64(pong) != seq {
+            assert!(Instant::now() < deadline, "no answer to WRITE_IMM {seq}");
+            std::thread::yield_now();
+        }
+    }
+
     /// WRITE_IMM of 64 B, answered by the peer's host with a WRITE of 64 B whose first word
     /// is the immediate: post to seeing that word.
     fn write_imm_round_trips(&mut self, n: usize) -> Vec<f64> {
@@ -597,11 +606,7 @@ impl Client {
                     WqeFlags::NONE
                 },
             );
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while self.buf.load_u64(pong) != i {
-                assert!(Instant::now() < deadline, "no answer to WRITE_IMM {i}");
-                std::thread::yield_now();
-            }
+            self.await_answer(pong, i);
             if i > (n / 10) as u64 {
                 v.push(ns(t.elapsed()));
             }
@@ -665,15 +670,12 @@ impl Client {
                     }],
                 )
                 .expect("post");
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while self.buf.load_u64(pong) != i {
-                assert!(Instant::now() < deadline, "no offload answer to {i}");
-                std::thread::yield_now();
-            }
+            self.await_answer(pong, i);
             if i > (n / 10) as u64 {
                 v.push(ns(t.elapsed()));
             }
             if signaled {
+                let deadline = Instant::now() + Duration::from_secs(30);
                 // Keep the send ring from filling: its slots come back with this completion.
                 while out.is_empty() {
                     self.nic.poll_cq(cq, 1, &mut out).expect("poll");
