@@ -208,7 +208,7 @@ struct Conn {
 /// the socket back before it sleeps.
 struct PuPoller {
     inner: Weak<Inner>,
-    /// This PU counts in `Inner::pollers` (written by the PU's thread only).
+    /// This PU counts in `Inner::pollers`.
     present: AtomicBool,
     /// Receive buffers and the replies of one batch (made at first use).
     bufs: Mutex<Option<Box<(RecvBatch, Outbox)>>>,
@@ -224,8 +224,9 @@ impl PuPoller {
     /// system call as the replies. One `sendmmsg` per turn of a request and its answer
     /// instead of two, and the answer is not queued behind the ACK's system call.
     fn poll_with(&self, inner: &Inner) -> usize {
-        if !self.present.load(Ordering::Relaxed) {
-            self.present.store(true, Ordering::Relaxed);
+        // A swap, not a load and a store: should another thread ever run this PU's WQEs
+        // (and so poll as it), the count must still go up once per presence.
+        if !self.present.swap(true, Ordering::AcqRel) {
             inner.pollers.fetch_add(1, Ordering::AcqRel);
         }
         let mut g = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
@@ -272,7 +273,7 @@ impl PuPoller {
     /// receive thread.
     fn leave(&self, inner: &Inner) {
         self.flush(inner);
-        if self.present.swap(false, Ordering::Relaxed)
+        if self.present.swap(false, Ordering::AcqRel)
             && inner.pollers.fetch_sub(1, Ordering::AcqRel) == 1
         {
             if let Some(t) = inner.rx_thread.get() {
