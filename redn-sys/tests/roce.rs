@@ -944,3 +944,27 @@ fn a_send_waits_out_rnr_naks_until_a_receive_is_posted() {
     );
     assert_eq!(b.buf.read(4096, 12), b"late receive");
 }
+
+/// The socket is served whoever takes its datagrams off: the responder's PU while it is
+/// awake, its receive thread once the PU has parked (a WRITE gives the PU no work, so it
+/// parks and stays parked). WRITEs keep completing, each placed exactly, until the
+/// receive thread has taken some; the requester's PU, which held the ACKs it owed while it
+/// polled, sends them all (every WRITE of the other direction completes too).
+#[test]
+fn the_socket_is_served_whether_a_pu_or_the_receive_thread_polls_it() {
+    let (a, b, ca, cb) = pair(7, 0);
+    let mut i = 0u64;
+    wait_until("the responder's receive thread took a request", || {
+        i += 1;
+        let data = i.to_le_bytes();
+        let off = 64 * (i % 64);
+        a.write(&ca, off, &data, None);
+        assert_eq!(b.buf.read(off as usize, 8), data, "WRITE {i} placed");
+        // And the other way, so that each side's PU holds replies while it polls.
+        b.write(&cb, 8192 + off, &data, None);
+        assert_eq!(a.buf.read(8192 + off as usize, 8), data, "WRITE {i} back");
+        b.ep.counters().by_receive_thread > 0
+    });
+    let kb = b.ep.counters();
+    assert!(kb.by_receive_thread <= kb.received, "{kb:?}");
+}

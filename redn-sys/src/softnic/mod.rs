@@ -17,6 +17,7 @@ mod config;
 mod cq;
 mod events;
 mod exec;
+mod idle;
 mod in_process;
 mod pu;
 mod qp;
@@ -112,6 +113,7 @@ impl SoftNic {
             incoming: (0..pus.len()).map(|_| Mutex::new(Vec::new())).collect(),
             pus: Arc::clone(&pus),
             events: Arc::new(AsyncEvents::default()),
+            idle: idle::IdleHooks::new(pus.len()),
         });
         let mut threads = Vec::new();
         for i in 0..pus.len() {

@@ -8,6 +8,7 @@
 //! was waiting for) unparks it if it parks (`wake` has the handshake).
 
 use super::exec::{RunOutcome, Siblings, SqExec};
+use super::idle::IdleWork;
 use super::shared::Shared;
 use super::wake::{self, PuSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -79,6 +80,9 @@ const BURST: usize = 256;
 /// of the time it takes the PU to find work handed to it.
 const ROUNDS_PER_CLOCK: u32 = 16;
 
+/// Rounds with queue work between two polls of the PU's idle work.
+const BUSY_ROUNDS_PER_IDLE_POLL: u32 = 64;
+
 /// Body of PU thread `index`. Holds only a weak reference to the NIC so that dropping the last
 /// handle shuts the PUs down.
 pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
@@ -89,6 +93,9 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
     // Boxed and taken out while they run, so a running queue can hand over to the others
     // (`Siblings`).
     let mut queues: Vec<Option<Box<SqExec>>> = Vec::new();
+    // What it polls when its queues have nothing (`idle`: a RoCE endpoint's socket).
+    let mut idle_work: Vec<Arc<dyn IdleWork>> = Vec::new();
+    let mut busy_rounds: u32 = 0;
     let mut idle_since: Option<Instant> = None;
     // Idle rounds since the last progress, and whether the PU has stopped busy-spinning.
     let mut idle_rounds: u32 = 0;
@@ -110,6 +117,7 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
                 queues.push(Some(Box::new(SqExec::new(qp, Arc::clone(&shared)))));
             }
             queues.retain(|q| q.as_ref().is_some_and(|q| !q.is_destroyed()));
+            idle_work = shared.idle.of(index);
         }
 
         let mut progress = false;
@@ -129,6 +137,18 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
                 RunOutcome::Progress => progress = true,
                 RunOutcome::Idle => {}
                 RunOutcome::RetryAt(t) => deadline = Some(deadline.map_or(t, |d| d.min(t))),
+            }
+        }
+        // Idle work runs when the queues have none, and every `BUSY_ROUNDS_PER_IDLE_POLL`
+        // rounds of queue work too, so a PU kept busy does not starve what it polls.
+        busy_rounds = if progress {
+            busy_rounds.wrapping_add(1)
+        } else {
+            0
+        };
+        if busy_rounds % BUSY_ROUNDS_PER_IDLE_POLL == 0 {
+            for w in &idle_work {
+                progress |= w.poll();
             }
         }
         if progress {
@@ -172,6 +192,9 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
         }
         // The scan after `prepare_to_park` found nothing: whoever gives this PU work from
         // now on sees `sleeping` and unparks it.
+        for w in &idle_work {
+            w.parking();
+        }
         awake.park(deadline.map(|d| (d, now.unwrap_or_else(Instant::now))));
         me.awake();
         parking = false;

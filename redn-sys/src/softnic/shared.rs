@@ -31,6 +31,8 @@ pub(crate) struct Shared {
     pub(crate) incoming: Box<[Mutex<Vec<Arc<QpShared>>>]>,
     /// Asynchronous events for the owner (`Nic::get_async_event`).
     pub(crate) events: Arc<AsyncEvents>,
+    /// Per PU, what it polls while idle (a RoCE endpoint's socket).
+    pub(crate) idle: super::idle::IdleHooks,
 }
 
 impl Shared {

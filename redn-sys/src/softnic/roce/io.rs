@@ -103,6 +103,37 @@ fn sockaddr_of(a: SocketAddrV4) -> libc::sockaddr_in {
     }
 }
 
+/// The arrays one `sendmmsg` or `recvmmsg` call reads: a header per datagram, pointing at
+/// its address and its one iovec.
+struct MsgArrays {
+    msgs: [libc::mmsghdr; BATCH],
+    addrs: [libc::sockaddr_in; BATCH],
+    iovs: [libc::iovec; BATCH],
+}
+
+impl MsgArrays {
+    fn new() -> MsgArrays {
+        // SAFETY: all-zero is a valid mmsghdr, sockaddr_in and iovec (null pointers, zero
+        // lengths); the pointers are set by `link` before any system call reads them.
+        unsafe { std::mem::zeroed() }
+    }
+
+    /// Point the first `n` headers at their address and iovec; those headers.
+    fn link(&mut self, n: usize) -> &mut [libc::mmsghdr] {
+        let namelen =
+            libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_in>()).unwrap_or(16);
+        for i in 0..n {
+            let h = &mut self.msgs[i].msg_hdr;
+            h.msg_name = std::ptr::from_mut(&mut self.addrs[i]).cast();
+            h.msg_namelen = namelen;
+            h.msg_iov = std::ptr::from_mut(&mut self.iovs[i]);
+            h.msg_iovlen = 1;
+            self.msgs[i].msg_len = 0;
+        }
+        &mut self.msgs[..n]
+    }
+}
+
 impl UdpIo {
     /// Bind a socket at `addr` (a specific IPv4 address: the ICRC covers both addresses, so
     /// the receiver must know which of its own a datagram came to). Datagrams go out with
@@ -146,34 +177,24 @@ impl UdpIo {
 impl DatagramIo for UdpIo {
     fn send(&self, batch: &[(SocketAddrV4, &[u8])]) -> io::Result<()> {
         let fd = self.socket.as_raw_fd();
+        // The headers live on the stack (6 KiB): a PU polling an idle socket calls this and
+        // `recv` at every turn, and three heap vectors a call were a visible share of it.
+        let mut arrays = MsgArrays::new();
         for chunk in batch.chunks(BATCH) {
-            let mut addrs: Vec<libc::sockaddr_in> =
-                chunk.iter().map(|(a, _)| sockaddr_of(*a)).collect();
-            let mut iovs: Vec<libc::iovec> = chunk
-                .iter()
-                .map(|(_, d)| libc::iovec {
+            for (i, (a, d)) in chunk.iter().enumerate() {
+                arrays.addrs[i] = sockaddr_of(*a);
+                arrays.iovs[i] = libc::iovec {
                     iov_base: d.as_ptr().cast_mut().cast(),
                     iov_len: d.len(),
-                })
-                .collect();
-            // SAFETY: all-zero is a valid mmsghdr (null pointers, zero lengths).
-            let mut msgs: Vec<libc::mmsghdr> = (0..chunk.len())
-                .map(|_| unsafe { std::mem::zeroed() })
-                .collect();
-            for (i, m) in msgs.iter_mut().enumerate() {
-                m.msg_hdr.msg_name = std::ptr::from_mut(&mut addrs[i]).cast();
-                m.msg_hdr.msg_namelen =
-                    libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_in>())
-                        .unwrap_or(16);
-                m.msg_hdr.msg_iov = std::ptr::from_mut(&mut iovs[i]);
-                m.msg_hdr.msg_iovlen = 1;
+                };
             }
+            let msgs = arrays.link(chunk.len());
             let mut done = 0;
             while done < msgs.len() {
                 let left = u32::try_from(msgs.len() - done).unwrap_or(u32::MAX);
                 let first = msgs[done..].as_mut_ptr();
-                // SAFETY: `first` points at msgs[done..], initialised headers whose name and
-                // iovec pointers point into `addrs`, `iovs` and the caller's slices, all
+                // SAFETY: `first` points at msgs[done..], headers `link` initialised, whose
+                // name and iovec pointers point into `arrays` and the caller's slices, all
                 // alive for this call; `left` is the number of headers from `done` on.
                 let n = unsafe { libc::sendmmsg(fd, first, left, 0) };
                 if n < 0 {
@@ -211,29 +232,16 @@ impl DatagramIo for UdpIo {
                 return Ok(0);
             }
         }
-        // SAFETY: all-zero is a valid sockaddr_in.
-        let mut addrs: Vec<libc::sockaddr_in> =
-            (0..BATCH).map(|_| unsafe { std::mem::zeroed() }).collect();
-        let mut iovs: Vec<libc::iovec> = batch
-            .bufs
-            .iter_mut()
-            .map(|b| libc::iovec {
+        let mut arrays = MsgArrays::new();
+        for (iov, b) in arrays.iovs.iter_mut().zip(batch.bufs.iter_mut()) {
+            *iov = libc::iovec {
                 iov_base: b.as_mut_ptr().cast(),
                 iov_len: b.len(),
-            })
-            .collect();
-        // SAFETY: all-zero is a valid mmsghdr.
-        let mut msgs: Vec<libc::mmsghdr> =
-            (0..BATCH).map(|_| unsafe { std::mem::zeroed() }).collect();
-        for (i, m) in msgs.iter_mut().enumerate() {
-            m.msg_hdr.msg_name = std::ptr::from_mut(&mut addrs[i]).cast();
-            m.msg_hdr.msg_namelen =
-                libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_in>()).unwrap_or(16);
-            m.msg_hdr.msg_iov = std::ptr::from_mut(&mut iovs[i]);
-            m.msg_hdr.msg_iovlen = 1;
+            };
         }
-        // SAFETY: BATCH initialised headers pointing into `addrs`, `iovs` and the batch's
-        // buffers (each iovec's length is its buffer's), all alive for this call.
+        let msgs = arrays.link(BATCH);
+        // SAFETY: BATCH initialised headers pointing into `arrays`' addresses and iovecs and
+        // the batch's buffers (each iovec's length is its buffer's), all alive for this call.
         let n = unsafe {
             libc::recvmmsg(
                 fd,
@@ -255,8 +263,8 @@ impl DatagramIo for UdpIo {
         // 0 <= n <= BATCH.
         let n = n.unsigned_abs() as usize;
         for i in 0..n {
-            batch.lens[i] = msgs[i].msg_len as usize;
-            let a = addrs[i];
+            batch.lens[i] = arrays.msgs[i].msg_len as usize;
+            let a = arrays.addrs[i];
             batch.from[i] = SocketAddrV4::new(
                 Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
                 u16::from_be(a.sin_port),
