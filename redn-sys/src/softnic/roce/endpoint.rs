@@ -69,13 +69,6 @@ pub struct RoceCounters {
     pub dropped: u64,
 }
 
-/// How long a PU holds the replies it owes for a send to carry them: well under any ACK
-/// timeout (4.096 µs × 2^timeout, and a peer's requester waits that long before it resends),
-/// and about a loopback round trip, so that a request/answer ping-pong's next request
-/// carries them. Measured on the busy 2-core VM (interleaved, 8 pairs): host-answered
-/// WRITE_IMM p50 25-38 µs held against 26-77 µs sent at the next poll.
-const HOLD: Duration = Duration::from_micros(20);
-
 /// Responses one QP's mailbox holds at most: a requester's window of READ responses and
 /// then some.
 const MAILBOX_CAP: usize = 1024;
@@ -225,10 +218,14 @@ impl PuPoller {
     /// Take what is on the socket now, as the PU present at it; how many datagrams.
     ///
     /// The replies to what arrives (ACKs, READ and atomic responses, NAKs) are held for the
-    /// PU's next send through [`Self::send_with_replies`], for at most [`HOLD`] (a poll after
-    /// that sends them) or until the PU sleeps: the PU first runs what the arrivals released
-    /// (the WAIT a WRITE_IMM's completion satisfies and the WRITE behind it, the host's next
-    /// post), whose packets then carry the replies in the same system call. The answer is
+    /// PU's next send through [`Self::send_with_replies`] until its next poll or until it
+    /// sleeps, that is for one round of its queues: the PU first runs what the arrivals
+    /// released (the WAIT a WRITE_IMM's completion satisfies and the WRITE behind it),
+    /// whose packets then carry the replies in the same system call. No longer: a ConnectX
+    /// answers at once, so a READ response or an ACK that nothing in the round carried
+    /// goes out at the next poll, not after a timer (a longer hold, up to 20 µs, made a
+    /// host-answered ping-pong cheaper on the busy VM and every reply that no send follows,
+    /// a one-sided READ's, that much later). The answer is
     /// not queued behind the ACK's system call, and in a run of requests and answers each
     /// side pays one `sendmmsg` a turn, not two (on a busy two-core machine, where the
     /// threads of a round trip take turns on one core, that system call was on the path).
@@ -240,14 +237,9 @@ impl PuPoller {
         }
         let mut g = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
         let b = g.get_or_insert_with(|| Box::new((RecvBatch::default(), Outbox::default())));
-        if b.1.held_since.is_some_and(|t| t.elapsed() >= HOLD) {
-            b.1.flush(inner);
-        }
-        let n = receive_batch(inner, &mut b.0, &mut b.1, None);
-        if !b.1.frames.is_empty() && b.1.held_since.is_none() {
-            b.1.held_since = Some(Instant::now());
-        }
-        n
+        // What the last poll's arrivals were owed and no send of the round since carried.
+        b.1.flush(inner);
+        receive_batch(inner, &mut b.0, &mut b.1, None)
     }
 
     /// Send `frames` (ranges of `bytes`, to `to`) and the replies held since the last poll.
@@ -566,8 +558,6 @@ struct Outbox {
     bytes: Vec<u8>,
     /// (destination, start, end) of each encoded reply.
     frames: Vec<(SocketAddrV4, usize, usize)>,
-    /// When the oldest reply held was made (PU pollers only).
-    held_since: Option<Instant>,
     /// The last reply is a plain ACK to this QP: a later one to it replaces it (ACKs are
     /// cumulative, so only the newest of a batch needs to go).
     last_ack: Option<u32>,
@@ -610,7 +600,6 @@ impl Outbox {
     }
 
     fn clear(&mut self) {
-        self.held_since = None;
         self.bytes.clear();
         self.frames.clear();
         self.last_ack = None;
@@ -1078,6 +1067,21 @@ mod tests {
             (ack.opcode, ack.dest_qp, ack.psn),
             (opcode::ACKNOWLEDGE, 0x99, 500)
         );
+
+        // A reply that no send of the round carries goes at the next poll, with nothing to
+        // receive: a READ's response is not kept waiting for a send that may never come.
+        let mut h2 = h;
+        h2.psn = 501;
+        let mut d2 = Vec::new();
+        packet::encode(&mut d2, &route, &h2, &[8; 8]);
+        script.inbox.lock().unwrap().push_back((peer, d2));
+        assert_eq!(poller.poll_with(&ep.inner), 1);
+        assert!(script.sent.lock().unwrap().is_empty(), "held for the round");
+        assert_eq!(poller.poll_with(&ep.inner), 0);
+        let sent = std::mem::take(&mut *script.sent.lock().unwrap());
+        assert_eq!(sent.len(), 1, "sent at the next poll");
+        let ack = decode(&back, &sent[0][0]).expect("a valid ACK").header;
+        assert_eq!((ack.opcode, ack.psn), (opcode::ACKNOWLEDGE, 501));
 
         // Nothing held: leaving sends nothing and gives up this poller's presence (the
         // count also has the softnic's own PU while it is awake, so only the flag is
