@@ -5,7 +5,7 @@
 //! "Mutation testing").
 
 use redn_sys::mem::{AccessFault, KeyCache, KeyTable, RegisterError, SharedBuffer};
-use redn_sys::{Access, Lkey, Pdn, VirtAddr};
+use redn_sys::{Access, Lkey, Pdn, Rkey, VirtAddr};
 use std::sync::Arc;
 
 const PD: Pdn = Pdn(3);
@@ -299,4 +299,127 @@ fn a_key_cache_drops_every_entry_when_any_region_goes() {
     assert_eq!(cache.region_at(0).unwrap().addr, c.addr);
     assert!(cache.region_at(1).is_none());
     assert_eq!(cache.get(&t, a.lkey.0).unwrap().addr, a.addr);
+}
+
+#[test]
+fn copies_land_exactly_where_asked_whichever_side_is_aligned() {
+    let (src, bytes, _) = patterned(1024);
+    let dst = SharedBuffer::new(1024);
+    // (dst, src, len): one line with only the destination aligned; whole words from an
+    // aligned source other than word 0; a destination aligned and a source not; more than
+    // the 256-byte bounce buffer, unaligned.
+    for (d, s, n) in [
+        (0, 3, 64),
+        (8, 1, 64),
+        (64, 8, 64),
+        (8, 16, 40),
+        (16, 24, 19),
+        (8, 3, 30),
+        (16, 1, 20),
+        (3, 5, 600),
+        (8, 1, 700),
+        (0, 0, 1024),
+    ] {
+        dst.write(0, &[0u8; 1024]);
+        dst.copy_from(d, &src, s, n);
+        let mut out = vec![0u8; 1024];
+        dst.read(0, &mut out);
+        assert_eq!(out[d..d + n], bytes[s..s + n], "{d} {s} {n}");
+        assert!(
+            out[..d].iter().chain(&out[d + n..]).all(|&x| x == 0),
+            "{d} {s} {n}: bytes outside the copy changed"
+        );
+    }
+}
+
+#[test]
+fn a_buffers_address_is_its_memory() {
+    let a = SharedBuffer::new(100);
+    let b = SharedBuffer::new(100);
+    assert_eq!(a.len(), 104, "rounded up to whole words");
+    assert!(!a.is_empty());
+    for buf in [&a, &b] {
+        assert_eq!(buf.addr().0, buf.as_ptr() as u64);
+        assert_eq!(buf.addr().0 % 64, 0, "buffers start on a cache line");
+    }
+    // Two live buffers never share an address: each is its own memory.
+    let (a0, b0) = (a.addr().0, b.addr().0);
+    assert!(a0 + 104 <= b0 || b0 + 104 <= a0, "{a0:#x} {b0:#x}");
+    let shown = format!("{a:?}");
+    assert!(shown.contains("len: 104") && shown.contains("heap"), "{shown}");
+}
+
+#[test]
+fn an_atomic_store_writes_its_own_little_endian_word() {
+    let buf = SharedBuffer::new(32);
+    buf.store_u64(16, 0x0807_0605_0403_0201);
+    let mut out = [0u8; 32];
+    buf.read(0, &mut out);
+    assert_eq!(out[16..24], [1, 2, 3, 4, 5, 6, 7, 8]);
+    assert!(out[..16].iter().chain(&out[24..]).all(|&x| x == 0));
+    assert_eq!(buf.load_u64(16), 0x0807_0605_0403_0201);
+    assert_eq!(buf.load_u64(8), 0);
+}
+
+#[test]
+fn spans_write_and_copy_only_their_windows() {
+    let (buf, bytes, t) = patterned(512);
+    let r = t.register(PD, &buf, 64, 256, Access::ALL).unwrap();
+    // A write longer than its window stops at the window's end.
+    let into = r.check(PD, at(r.addr, 8), 4, Access::LOCAL_WRITE).unwrap();
+    into.write(&[0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6]);
+    let mut expect = bytes.clone();
+    expect[72..76].copy_from_slice(&[0xa1, 0xa2, 0xa3, 0xa4]);
+    let mut out = vec![0u8; 512];
+    buf.read(0, &mut out);
+    assert_eq!(out, expect);
+    // A copy from a longer window takes as many bytes as the destination holds.
+    let from = r.check(PD, at(r.addr, 100), 40, Access::REMOTE_READ).unwrap();
+    let to = r.check(PD, at(r.addr, 201), 19, Access::REMOTE_WRITE).unwrap();
+    to.copy_from(&from);
+    expect.copy_within(164..183, 265);
+    buf.read(0, &mut out);
+    assert_eq!(out, expect);
+    let mut window = [0u8; 19];
+    to.read(&mut window);
+    assert_eq!(window[..], expect[265..284]);
+}
+
+#[test]
+fn a_mapped_buffer_is_released_once_when_its_last_holder_drops() {
+    use std::ptr::NonNull;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const WORDS: usize = 8;
+    let memory: &'static mut [u64] = Box::leak(vec![0u64; WORDS].into_boxed_slice());
+    let raw = memory.as_mut_ptr();
+    let releases = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&releases);
+    let addr = raw as usize;
+    let release = Box::new(move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+        let slice = std::ptr::slice_from_raw_parts_mut(addr as *mut u64, WORDS);
+        // SAFETY: the slice leaked above, freed here once (the buffer calls `release` once)
+        // and accessed only through the buffer, which is gone when it calls this.
+        drop(unsafe { Box::from_raw(slice) });
+    });
+    let ptr = NonNull::new(raw.cast::<u8>()).unwrap();
+    // SAFETY: `ptr` is 8-byte aligned (a u64 slice), valid for 64 bytes until `release`
+    // frees it, and not touched other than through the buffer from here on.
+    let buf = unsafe { SharedBuffer::from_raw(ptr, WORDS * 8, release) };
+    assert_eq!(buf.addr().0, addr as u64);
+    buf.store_u64(8, 7);
+    let other = Arc::clone(&buf);
+    drop(buf);
+    assert_eq!(releases.load(Ordering::SeqCst), 0, "still held");
+    assert_eq!(other.load_u64(8), 7);
+    drop(other);
+    assert_eq!(releases.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_regions_remote_key_is_its_local_key() {
+    let (buf, _, t) = patterned(128);
+    let r = t.register(PD, &buf, 0, 128, Access::ALL).unwrap();
+    assert_eq!(r.rkey(), Rkey(r.lkey.0));
+    assert!(Arc::ptr_eq(r.buffer(), &buf));
 }
