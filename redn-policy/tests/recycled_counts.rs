@@ -188,6 +188,37 @@ fn a_structure_finding_names_the_position_of_its_wqe() {
             .find(|f| f.rule == Rule::UnknownName && f.field == field)
             .and_then(|f| f.wqe.clone())
     };
-    assert_eq!(at("enable.queue"), Some((2, "en".to_string())), "{}", r.log());
+    assert_eq!(
+        at("enable.queue"),
+        Some((2, "en".to_string())),
+        "{}",
+        r.log()
+    );
     assert_eq!(at("wait.cq"), Some((3, "wait".to_string())), "{}", r.log());
+}
+
+#[test]
+fn in_a_bounded_program_a_patched_count_is_a_loop_and_bytes_past_it_are_not() {
+    let loop_found = |byte, len| {
+        let r = verify(
+            &program(send_en_of_one(), Some((byte, len, read()))),
+            &Grants::new(),
+        );
+        r.findings
+            .iter()
+            .any(|f| f.rule == Rule::UnboundedLoop && f.field == "count")
+    };
+    // The count and its reserved high half (bytes 20..28), each edge.
+    for (byte, len) in [
+        (COUNT_BYTE, 4),
+        (COUNT_BYTE + 3, 1),
+        (COUNT_BYTE - 4, 1),
+        (16, 5),
+    ] {
+        assert!(loop_found(byte, len), "{byte}+{len}");
+    }
+    // The object number after it, and the bytes before the reserved half.
+    for (byte, len) in [(COUNT_BYTE + 4, 4), (16, 4), (0, 8)] {
+        assert!(!loop_found(byte, len), "{byte}+{len}");
+    }
 }

@@ -46,7 +46,9 @@ fn a_checked_window_lies_where_its_address_does_in_the_buffer() {
 #[test]
 fn a_window_ends_at_the_regions_last_byte() {
     let (buf, _, t) = patterned(4096);
-    let r = t.register(PD, &buf, 1024, 1024, Access::REMOTE_READ).unwrap();
+    let r = t
+        .register(PD, &buf, 1024, 1024, Access::REMOTE_READ)
+        .unwrap();
     let (base, need) = (r.addr, Access::REMOTE_READ);
     for (rel, len) in [(0, 1024), (1023, 1), (1024, 0), (512, 512)] {
         assert!(r.check(PD, at(base, rel), len, need).is_ok(), "{rel}+{len}");
@@ -70,7 +72,9 @@ fn a_window_ends_at_the_regions_last_byte() {
 #[test]
 fn a_refusal_names_the_pd_then_the_bounds_then_the_rights() {
     let (buf, _, t) = patterned(4096);
-    let r = t.register(PD, &buf, 1024, 1024, Access::REMOTE_READ).unwrap();
+    let r = t
+        .register(PD, &buf, 1024, 1024, Access::REMOTE_READ)
+        .unwrap();
     let base = r.addr;
     let key = r.lkey.0;
     let out_of_bounds = |addr: VirtAddr, len: u64| AccessFault::OutOfBounds {
@@ -81,7 +85,11 @@ fn a_refusal_names_the_pd_then_the_bounds_then_the_rights() {
         region_len: 1024,
     };
     // Out of bounds and lacking the right: the bounds are what is wrong first.
-    for (addr, len) in [(at(base, 1020), 8), (VirtAddr(base.0 - 1), 1), (at(base, 0), 2048)] {
+    for (addr, len) in [
+        (at(base, 1020), 8),
+        (VirtAddr(base.0 - 1), 1),
+        (at(base, 0), 2048),
+    ] {
         assert_eq!(
             r.check(PD, addr, len, Access::REMOTE_WRITE).unwrap_err(),
             out_of_bounds(addr, len)
@@ -89,8 +97,13 @@ fn a_refusal_names_the_pd_then_the_bounds_then_the_rights() {
     }
     // Inside, lacking the right.
     assert_eq!(
-        r.check(PD, at(base, 8), 8, Access::REMOTE_WRITE | Access::REMOTE_READ)
-            .unwrap_err(),
+        r.check(
+            PD,
+            at(base, 8),
+            8,
+            Access::REMOTE_WRITE | Access::REMOTE_READ
+        )
+        .unwrap_err(),
         AccessFault::MissingRight {
             key,
             missing: Access::REMOTE_WRITE | Access::REMOTE_READ,
@@ -148,7 +161,13 @@ fn a_registration_stays_inside_its_buffer() {
     let last = t.register(PD, &buf, 4095, 1, Access::ALL).unwrap();
     assert_eq!(last.addr, VirtAddr(buf.addr().0 + 4095));
     assert_eq!(last.len, 1);
-    for (off, len) in [(4095, 2), (4096, 1), (0, 4097), (usize::MAX, 2), (1, usize::MAX)] {
+    for (off, len) in [
+        (4095, 2),
+        (4096, 1),
+        (0, 4097),
+        (usize::MAX, 2),
+        (1, usize::MAX),
+    ] {
         assert_eq!(
             t.register(PD, &buf, off, len, Access::ALL).unwrap_err(),
             RegisterError::OutsideBuffer {
@@ -239,7 +258,12 @@ fn a_full_key_cache_replaces_its_entries_in_turn_and_moves_its_epoch() {
     const ENTRIES: usize = 8;
     let (buf, _, t) = patterned(4096);
     let keys: Vec<u32> = (0..3 * ENTRIES)
-        .map(|i| t.register(PD, &buf, i * 64, 64, Access::ALL).unwrap().lkey.0)
+        .map(|i| {
+            t.register(PD, &buf, i * 64, 64, Access::ALL)
+                .unwrap()
+                .lkey
+                .0
+        })
         .collect();
     let mut cache = KeyCache::new();
     let mut epochs = Epochs(Vec::new());
@@ -258,7 +282,10 @@ fn a_full_key_cache_replaces_its_entries_in_turn_and_moves_its_epoch() {
         // A hit on the entry just replaced, or on one replaced earlier, changes nothing.
         assert_eq!(cache.find(&t, k).unwrap(), i);
         if n > 0 {
-            assert_eq!(cache.find(&t, keys[ENTRIES + n - 1]).unwrap(), (n - 1) % ENTRIES);
+            assert_eq!(
+                cache.find(&t, keys[ENTRIES + n - 1]).unwrap(),
+                (n - 1) % ENTRIES
+            );
         }
         assert_eq!(cache.current_epoch(&t), epochs.last());
     }
@@ -346,7 +373,10 @@ fn a_buffers_address_is_its_memory() {
     let (a0, b0) = (a.addr().0, b.addr().0);
     assert!(a0 + 104 <= b0 || b0 + 104 <= a0, "{a0:#x} {b0:#x}");
     let shown = format!("{a:?}");
-    assert!(shown.contains("len: 104") && shown.contains("heap"), "{shown}");
+    assert!(
+        shown.contains("len: 104") && shown.contains("heap"),
+        "{shown}"
+    );
 }
 
 #[test]
@@ -374,8 +404,12 @@ fn spans_write_and_copy_only_their_windows() {
     buf.read(0, &mut out);
     assert_eq!(out, expect);
     // A copy from a longer window takes as many bytes as the destination holds.
-    let from = r.check(PD, at(r.addr, 100), 40, Access::REMOTE_READ).unwrap();
-    let to = r.check(PD, at(r.addr, 201), 19, Access::REMOTE_WRITE).unwrap();
+    let from = r
+        .check(PD, at(r.addr, 100), 40, Access::REMOTE_READ)
+        .unwrap();
+    let to = r
+        .check(PD, at(r.addr, 201), 19, Access::REMOTE_WRITE)
+        .unwrap();
     to.copy_from(&from);
     expect.copy_within(164..183, 265);
     buf.read(0, &mut out);
