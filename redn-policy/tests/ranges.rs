@@ -1,10 +1,11 @@
 //! Static address ranges at their exact limits: a range ending on the last byte of a region,
 //! a static block or a WQE is inside; one byte more is outside. And the code region is never
-//! reachable through the client's connection. (Mutation testing found these unchecked.)
+//! reachable through the client's connection. An atomic target is aligned wherever it
+//! points. (Mutation testing found these unchecked.)
 
 use redn_policy::{verify, Grants, Report, Rule};
 use redn_program::program::{
-    Addr, Builder, Form, Iterations, Op, Program, QueueRole, RegionRole, Sge,
+    Addr, Builder, Form, Iterations, Op, Operand, Program, QueueRole, RegionRole, Sge,
 };
 use redn_program::wqe::WqeFlags;
 use redn_program::Access;
@@ -116,5 +117,32 @@ fn the_client_cannot_name_the_code_region() {
         assert!(broke(&r, Rule::WrongSide), "{remote:?}: {}", r.log());
         let r = check(QueueRole::Worker, op);
         assert!(!broke(&r, Rule::WrongSide), "{remote:?}: {}", r.log());
+    }
+}
+
+fn cas_on(remote: Addr) -> Op {
+    Op::Cas {
+        remote,
+        compare: Operand::Lit(0),
+        swap: Operand::Lit(1),
+        result: None,
+    }
+}
+
+#[test]
+fn an_atomic_is_refused_exactly_where_its_target_is_unaligned() {
+    let misaligned = |remote| broke(&check(QueueRole::Worker, cas_on(remote)), Rule::Misaligned);
+    // WQE bytes (aligned ones other than byte 0 too), then region bytes.
+    for byte in [0usize, 8, 16, 56] {
+        assert!(!misaligned(Addr::wqe("target", byte)), "WQE byte {byte}");
+    }
+    for byte in [1usize, 4, 7, 12, 60] {
+        assert!(misaligned(Addr::wqe("target", byte)), "WQE byte {byte}");
+    }
+    for offset in [0u64, 8, 48] {
+        assert!(!misaligned(Addr::region("data", offset)), "offset {offset}");
+    }
+    for offset in [1u64, 4, 12] {
+        assert!(misaligned(Addr::region("data", offset)), "offset {offset}");
     }
 }

@@ -619,7 +619,7 @@ impl KeyTable {
         let free = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let index = match free {
             Some(i) => i,
-            None if slots.len() < (1 << 24) - 1 => {
+            None if slots.len() < MAX_KEY_SLOTS => {
                 slots.push(KeySlot::default());
                 slots.len() - 1
             }
@@ -818,6 +818,12 @@ impl KeyCache {
         Ok(i)
     }
 }
+
+/// How many slots a [`KeyTable`] grows to. A key is `(index + 2) << 8 | tag` in 32 bits, so
+/// `index + 2` must fit in 24: at `(1 << 24) - 1` slots the last index's key would shift its
+/// top bit out and come out as a bare tag, a key that resolves to nothing.
+const MAX_KEY_SLOTS: usize = (1 << 24) - 2;
+const _: () = assert!(MAX_KEY_SLOTS - 1 + 2 < 1 << 24);
 
 #[cfg(test)]
 mod tests {
