@@ -1867,3 +1867,48 @@ pub fn verify(program: &Program, grants: &Grants) -> Report {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::may_overlap;
+    use redn_program::program::Addr;
+
+    #[test]
+    fn accesses_overlap_only_where_they_share_a_byte_of_the_same_thing() {
+        let wqe = |label: &str, byte: usize| Addr::wqe(label, byte);
+        let block = |name: &str, offset: u64| Addr::static_(name, offset);
+        // Bytes 8..16 of a WQE against 0..8, 0..9, 15..16 and 16..24 of it, both ways round.
+        for (a, b, overlap) in [
+            (wqe("x", 8), wqe("x", 0), false),
+            (wqe("x", 8), wqe("x", 15), true),
+            (wqe("x", 8), wqe("x", 16), false),
+            (block("s", 8), block("s", 0), false),
+            (block("s", 8), block("s", 15), true),
+            (block("s", 8), block("s", 16), false),
+        ] {
+            let len_b = if overlap { 1 } else { 8 };
+            assert_eq!(may_overlap(&a, 8, &b, len_b), overlap, "{a:?} {b:?}");
+            assert_eq!(may_overlap(&b, len_b, &a, 8), overlap, "{b:?} {a:?}");
+        }
+        assert!(
+            may_overlap(&wqe("x", 0), 9, &wqe("x", 8), 8),
+            "one byte shared"
+        );
+        assert!(
+            may_overlap(&block("s", 0), 9, &block("s", 8), 8),
+            "one byte shared"
+        );
+        // The same bytes of another WQE or block are other bytes.
+        assert!(!may_overlap(&wqe("x", 0), 8, &wqe("y", 0), 8));
+        assert!(!may_overlap(&block("s", 0), 8, &block("t", 0), 8));
+        // Code and data never share a byte; two region addresses always may.
+        assert!(!may_overlap(&wqe("x", 0), 8, &block("s", 0), 8));
+        assert!(!may_overlap(&wqe("x", 0), 8, &Addr::region("r", 0), 8));
+        assert!(may_overlap(
+            &Addr::region("r", 0),
+            8,
+            &Addr::region("q", 4096),
+            8
+        ));
+    }
+}
