@@ -49,6 +49,10 @@ const NO_CPU: u32 = u32::MAX;
 /// The CPU the calling thread runs on now (`sched_getcpu(3)`: from the kernel's per-thread
 /// restartable-sequence area or the vDSO, a few nanoseconds), or None if unknown.
 pub(crate) fn current_cpu() -> Option<u32> {
+    if cfg!(miri) {
+        // Miri runs no foreign calls; no CPU known means no PU is seen sharing one.
+        return None;
+    }
     // SAFETY: `sched_getcpu` takes no arguments and touches no memory of ours; it returns
     // -1 where it is not supported, which `try_from` turns into None.
     u32::try_from(unsafe { libc::sched_getcpu() }).ok()
