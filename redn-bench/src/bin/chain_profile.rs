@@ -18,6 +18,10 @@
 //! With `--write`, the chain is N unsignaled 64-byte RDMA WRITEs in WQ order (the last one
 //! signaled) that the host writes into the ring again before each round, the same bytes but
 //! for the WQE index: the cost of one WRITE, first resolved and then re-run.
+//!
+//! With `--cross`, the master runs on PU 0 and the managed queue on PU 1, so every step is
+//! two cross-PU hand-offs; built with the feature `handoff-trace`, each round then also
+//! prints where a step's time goes (see [`cross_trace`]).
 
 use redn_bench::opts::{parse_in, read_command_line};
 use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master, SqWriter};
@@ -26,6 +30,7 @@ use redn_bench::Ctx;
 use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
 use redn_sys::conv::idx;
 use redn_sys::nic::Nic;
+use redn_sys::softnic::handoff_trace::{self, HandoffEvent};
 use redn_sys::softnic::SoftNic;
 use redn_sys::{Cqn, Pdn};
 use std::time::{Duration, Instant};
@@ -34,8 +39,8 @@ const USAGE: &str = "\
 chain_profile: one long doorbell-ordered NOP chain on one softnic PU (for profilers)
 
 USAGE:
-    cargo run --release -p redn-bench --bin chain_profile -- [--write] [--spin] [--parked N] [--idle N]
-        [STEPS [ROUNDS]]
+    cargo run --release -p redn-bench --bin chain_profile -- [--write] [--cross] [--spin]
+        [--parked N] [--idle N] [STEPS [ROUNDS]]
 
     STEPS    chain length, 1..=8000 (default 4000)
     ROUNDS   chains to run one after another (default 5)
@@ -46,6 +51,10 @@ USAGE:
              (a handed-over doorbell chain takes a round per 128 steps; softnic_bench
              --only visits measures visits on a busy PU)
     --idle N also give the PU N queues (0..=1000) with nothing posted
+    --cross  two PUs: the master SQ on PU 0, the managed SQ on PU 1 (every step crosses
+             PUs; --parked and --idle queues go to PU 0). Built with
+             `--features handoff-trace`, also prints each round's step split into its
+             four hand-off parts (medians and 10th percentiles, from time stamps)
     --spin   the host spins and looks for the end every 5 µs instead of sleeping 200 µs
              between looks (~280 µs here, so sleeping rounds an 8000-step chain's time up
              by as much as 35 ns a step): use it for wall-clock timing, not under a
@@ -60,6 +69,7 @@ Prints ns per step for each round. Under valgrind --tool=callgrind --collect-ats
 #[derive(Debug)]
 struct Opts {
     write: bool,
+    cross: bool,
     spin: bool,
     parked: u64,
     idle: u64,
@@ -70,6 +80,7 @@ struct Opts {
 fn parse_args() -> Opts {
     let mut o = Opts {
         write: false,
+        cross: false,
         spin: false,
         parked: 0,
         idle: 0,
@@ -80,6 +91,7 @@ fn parse_args() -> Opts {
     read_command_line("chain_profile", USAGE, &mut |name, value| {
         match name {
             "--write" => o.write = true,
+            "--cross" => o.cross = true,
             "--spin" => o.spin = true,
             "--parked" => o.parked = parse_in("--parked", value(), 0..=1000)?,
             "--idle" => o.idle = parse_in("--idle", value(), 0..=1000)?,
@@ -110,13 +122,14 @@ fn main() {
 fn run(o: &Opts) -> Result<(), String> {
     let Opts {
         write,
+        cross,
         spin,
         parked,
         idle,
         steps,
         rounds,
     } = *o;
-    let nic = SoftNic::with_pus(1).ctx("softnic")?;
+    let nic = SoftNic::with_pus(if cross { 2 } else { 1 }).ctx("softnic")?;
     let pd = nic.alloc_pd().ctx("alloc_pd")?;
     let cq = || counting_cq(&nic);
     // Queues parked on a WAIT for a completion that never comes (their CQ has none).
@@ -133,7 +146,7 @@ fn run(o: &Opts) -> Result<(), String> {
     }
     let (cq_m, cq_q) = (cq()?, cq()?);
     // Managed queue first: the PU runs its queues in creation order.
-    let qi = loopback_qp(&nic, pd, cq_q, 0, 16384, true)?;
+    let qi = loopback_qp(&nic, pd, cq_q, usize::from(cross), 16384, true)?;
     let mi = loopback_qp(&nic, pd, cq_m, 0, 32768, false)?;
     let (mut q, mut m) = (SqWriter::new(&qi, false), SqWriter::new(&mi, false));
     for _ in 0..rounds {
@@ -143,11 +156,116 @@ fn run(o: &Opts) -> Result<(), String> {
             q.push(&nic, &nop(WqeFlags::SIGNALED, i))?;
         }
         push_doorbell_master(&nic, &mut m, qi.qpn, cq_q, qb, base, steps, 0)?;
-        let t0 = Instant::now();
+        let _ = handoff_trace::take();
+        let (t0, c0) = (Instant::now(), handoff_trace::clock());
         m.ring(&nic)?;
         report(&nic, cq_q, base + steps, t0, steps, "step", spin)?;
+        if cross && handoff_trace::ENABLED {
+            let ticks_per_ns =
+                (handoff_trace::clock() - c0) as f64 / t0.elapsed().as_nanos().max(1) as f64;
+            cross_trace(&handoff_trace::take(), ticks_per_ns);
+        }
     }
     Ok(())
+}
+
+/// Print where a cross-PU step's time went, from the PU threads' stamps
+/// (`redn_sys::softnic::handoff_trace`): the master's PU is the thread that stamped
+/// SEND_ENs, the managed queue's the one that stamped completions. A step, SEND_EN to
+/// SEND_EN, is four parts: the managed queue's PU finding the enable (publication to its
+/// visit), running the NOP to its completion's count, the master's PU seeing that count
+/// (the count's store to the WAIT passing), and the master running on to the next SEND_EN.
+/// Also: how often the master's WAIT was found blocked per step (each block on the old path
+/// was a return to the PU loop).
+fn cross_trace(logs: &[Vec<(u64, HandoffEvent)>], ticks_per_ns: f64) {
+    let count = |l: &Vec<(u64, HandoffEvent)>, e| l.iter().filter(|s| s.1 == e).count();
+    let (Some(master), Some(target)) = (
+        logs.iter().max_by_key(|l| count(l, HandoffEvent::Enabled)),
+        logs.iter().max_by_key(|l| count(l, HandoffEvent::Completed)),
+    ) else {
+        println!("   trace: no stamps");
+        return;
+    };
+    if std::ptr::eq(master, target) {
+        println!("   trace: one thread stamped both sides; not a cross-PU run");
+        return;
+    }
+    // The master's enables, passes and blocks; the target's visits and completions.
+    let mut events: Vec<(u64, HandoffEvent)> = master
+        .iter()
+        .filter(|s| s.1 != HandoffEvent::Found && s.1 != HandoffEvent::Completed)
+        .chain(
+            target
+                .iter()
+                .filter(|s| matches!(s.1, HandoffEvent::Found | HandoffEvent::Completed)),
+        )
+        .copied()
+        .collect();
+    events.sort_by_key(|s| s.0);
+    // Walk the cycle Enabled -> Found -> Completed -> WaitPassed -> Enabled.
+    let order = [
+        HandoffEvent::Enabled,
+        HandoffEvent::Found,
+        HandoffEvent::Completed,
+        HandoffEvent::WaitPassed,
+    ];
+    let mut parts: [Vec<f64>; 4] = Default::default();
+    let mut steps = Vec::new();
+    let (mut at, mut stamps, mut blocked) = (0usize, [0u64; 4], 0u64);
+    let mut blocks_per_step = Vec::new();
+    for &(t, e) in &events {
+        if e == HandoffEvent::WaitBlocked {
+            blocked += 1;
+            continue;
+        }
+        if e != order[at] {
+            continue;
+        }
+        if at == 0 && stamps[0] != 0 {
+            // A full cycle since the last enable: record it.
+            for (i, part) in parts.iter_mut().enumerate() {
+                let end = if i == 3 { t } else { stamps[i + 1] };
+                part.push(end.saturating_sub(stamps[i]) as f64 / ticks_per_ns);
+            }
+            steps.push(t.saturating_sub(stamps[0]) as f64 / ticks_per_ns);
+            blocks_per_step.push(blocked as f64);
+        }
+        if at == 0 {
+            blocked = 0;
+        }
+        stamps[at] = t;
+        at = (at + 1) % order.len();
+    }
+    if steps.is_empty() {
+        println!("   trace: no complete step");
+        return;
+    }
+    // The `pct`th percentile (nearest rank below).
+    let q = |v: &mut Vec<f64>, pct: usize| {
+        v.sort_by(f64::total_cmp);
+        v[(v.len() - 1) * pct / 100]
+    };
+    let names = [
+        "enable -> target's visit",
+        "visit -> completion counted",
+        "count -> master's WAIT passes",
+        "WAIT -> next SEND_EN",
+    ];
+    println!(
+        "   trace ({} steps; ns, median / p10): step {:.0} / {:.0}",
+        steps.len(),
+        q(&mut steps, 50),
+        q(&mut steps, 10)
+    );
+    for (name, part) in names.iter().zip(parts.iter_mut()) {
+        println!(
+            "     {name:<30} {:>6.0} / {:>6.0}",
+            q(part, 50),
+            q(part, 10)
+        );
+    }
+    let mean_blocks = blocks_per_step.iter().sum::<f64>() / blocks_per_step.len() as f64;
+    println!("     master WAIT found blocked {mean_blocks:.2} times a step (mean)");
 }
 
 /// Wait until `cq` has produced `target` completions, then print the time per step: by

@@ -2,6 +2,7 @@
 
 use super::cache_line::CacheLine;
 use super::events::AsyncEvents;
+use super::handoff_trace::{stamp, HandoffEvent};
 use super::spin::SpinLock;
 use super::wake::PuSet;
 use crate::conv::idx;
@@ -264,6 +265,8 @@ impl CqShared {
             // count can poll what it counts; a poller that takes the entry may see the
             // count reach it a moment later.
             let total = self.produced.0.load(Ordering::Relaxed) + 1;
+            // Before the store: a waiter on another PU may see it before this one returns.
+            stamp(HandoffEvent::Completed);
             self.produced.0.store(total, Ordering::Release);
             p.notify.take()
         };
@@ -290,7 +293,9 @@ impl CqShared {
         while m != 0 {
             let pu = m.trailing_zeros() as usize;
             match from {
-                Some((set, &me)) => self.pus.notify_from(pu, set, me),
+                Some((set, &me)) => {
+                    self.pus.notify_from(pu, set, me);
+                }
                 None => self.pus.notify(pu),
             }
             m &= m - 1;

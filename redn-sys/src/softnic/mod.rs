@@ -14,6 +14,7 @@
 // Module order is dependency order: each imports only modules listed before it.
 mod cache_line;
 mod config;
+pub mod handoff_trace;
 mod cq;
 mod events;
 mod exec;

@@ -46,6 +46,55 @@ fn crowded() -> bool {
     AWAKE_PUS.load(Ordering::Relaxed) > cores()
 }
 
+/// At most how long a queue stopped at a WAIT whose completion another awake PU is about to
+/// produce spins for it ([`spin_for`]), rather than return to the PU loop. A cross-PU
+/// doorbell step is a few hundred nanoseconds (two cache-line round trips and the work
+/// between); a little more than that covers a step, and bounds what the PU's other queues
+/// wait if the other PU is slow (preempted).
+const HANDOFF_SPIN: Duration = Duration::from_micros(2);
+
+/// Polls between two reads of the clock in [`spin_for`] (a clock read is ~20-25 ns, a poll
+/// with its PAUSE a few to ~40).
+const POLLS_PER_CLOCK: u32 = 32;
+
+/// Poll `ready` until it is true (returning true) or [`HANDOFF_SPIN`] has passed (false),
+/// pausing between polls, on PU `me` of `pus`; false at once while the process's awake PUs
+/// outnumber its cores or another awake PU of the set was last seen on this PU's CPU
+/// ([`PuSet::shares_cpu`]), where the spin would hold the core the PU producing the answer
+/// waits for.
+///
+/// Why: a WAIT that blocks returns to the PU loop, which comes back to the queue a round
+/// later through a full visit (the queue switch, on the master's side of every cross-PU
+/// step); spinning on the one word the other PU writes sees its answer one cache-line
+/// transfer after it is written and goes on in the same visit. The caller spins only
+/// where an answer is coming (a completion of a queue it just enabled on another, awake
+/// PU), so an idle queue still waits in the PU loop.
+#[inline(never)]
+pub(crate) fn spin_for(pus: &PuSet, me: usize, ready: impl FnMut() -> bool) -> bool {
+    if crowded() || wake::current_cpu().is_some_and(|cpu| pus.shares_cpu(me, cpu)) {
+        return false;
+    }
+    poll_for(HANDOFF_SPIN, ready)
+}
+
+/// [`spin_for`]'s loop: poll `ready`, pausing between polls, until it is true (true) or
+/// `bound` has passed since the first [`POLLS_PER_CLOCK`] polls (false).
+fn poll_for(bound: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    let mut start = None;
+    loop {
+        for _ in 0..POLLS_PER_CLOCK {
+            if ready() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        let now = Instant::now();
+        if now.duration_since(*start.get_or_insert(now)) >= bound {
+            return false;
+        }
+    }
+}
+
 /// Counts a PU thread in [`AWAKE_PUS`] while it lives, except while it is parked.
 struct AwakePu;
 
@@ -175,7 +224,13 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
                 let t = *now.get_or_insert_with(Instant::now);
                 let idle = t.duration_since(*idle_since.get_or_insert(t));
                 let crowded = crowded();
-                yielding = crowded || idle >= BUSY;
+                // Sharing a core with another awake PU (a busy machine), this PU's spin
+                // would only delay the other's work, which may be what it waits for.
+                let shares_cpu = wake::current_cpu().is_some_and(|cpu| {
+                    me.note_cpu(cpu);
+                    pus.shares_cpu(index, cpu)
+                });
+                yielding = crowded || shares_cpu || idle >= BUSY;
                 if idle >= if crowded { SPIN_CROWDED } else { SPIN } {
                     // One more scan with `sleeping` set before the park.
                     me.prepare_to_park();
@@ -201,5 +256,28 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
         idle_since = None;
         idle_rounds = 0;
         yielding = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The spin's loop returns as soon as its condition holds, and gives up (having polled
+    /// at least one batch) when it never does.
+    #[test]
+    fn polling_stops_when_ready_and_gives_up_when_never() {
+        let mut polls = 0u32;
+        assert!(poll_for(Duration::from_secs(60), || {
+            polls += 1;
+            polls == 100
+        }));
+        assert_eq!(polls, 100, "no poll after the condition held");
+        let mut polls = 0u32;
+        assert!(!poll_for(Duration::ZERO, || {
+            polls += 1;
+            false
+        }));
+        assert!(polls >= POLLS_PER_CLOCK);
     }
 }

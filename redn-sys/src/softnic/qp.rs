@@ -1,5 +1,6 @@
 //! Shared state of a queue pair: what the host, the owning PU and peers all touch.
 
+use super::cache_line::CacheLine;
 use super::cq::CqShared;
 use super::events::AsyncEvents;
 use super::transport::Transport;
@@ -36,7 +37,10 @@ impl Ring {
 /// locked instructions on the hot path; the fast path sums runs of NOPs, WRITEs and READs in
 /// registers and adds them before any completion); responder-side events, counted
 /// by whichever thread serves them, and host posts use read-modify-write.
+// Whole cache lines: the queue's PU writes them as it runs, and must not take the line of
+// what other PUs read on a hand-off (the queue's identity, its enabled index) with them.
 #[derive(Default)]
+#[repr(align(64))]
 pub(crate) struct SharedCounters {
     pub(crate) wqes: [AtomicU64; 32],
     pub(crate) bytes: AtomicU64,
@@ -88,7 +92,10 @@ pub(crate) struct RecvQueue {
 /// SEND_ENs run on the queue's own PU (a doorbell-ordered chain's every step) move `own`,
 /// which only that PU's thread writes, with a plain load and store; a shared index would
 /// need a locked exchange (~4 ns a step here). SEND_ENs run anywhere else move `shared`.
+// A cache line of its own: the PU that enables the queue writes it, the queue's PU reads
+// it every round; nothing else may ride with it (`docs/softnic-performance.md`).
 #[derive(Default)]
+#[repr(align(64))]
 pub(crate) struct EnabledIndex {
     shared: AtomicU64,
     own: AtomicU64,
@@ -164,7 +171,9 @@ pub(crate) struct QpShared {
     /// Host producer index (what was posted, for flushing and space checks).
     pub(crate) posted: AtomicU64,
     /// WQEs consumed, published by the PU after each burst.
-    pub(crate) consumed: AtomicU64,
+    /// On a line of its own: written by the PU as it runs, while other PUs read the
+    /// queue's identity on every SEND_EN of it.
+    pub(crate) consumed: CacheLine<AtomicU64>,
     pub(crate) post: Mutex<()>,
     pub(crate) rq: RecvQueue,
     pub(crate) send_cq: Arc<CqShared>,
@@ -253,7 +262,7 @@ impl QpShared {
             doorbell: AtomicU64::new(0),
             enabled: EnabledIndex::default(),
             posted: AtomicU64::new(0),
-            consumed: AtomicU64::new(0),
+            consumed: CacheLine(AtomicU64::new(0)),
             post: Mutex::new(()),
             rq: RecvQueue {
                 wr_ids: atomics(rq.entries),

@@ -19,7 +19,7 @@
 //! the park makes the park return at once).
 
 use super::cache_line::CacheLine;
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::thread::Thread;
 
@@ -38,6 +38,24 @@ pub(crate) struct PuNotify {
     /// A queue was handed over or destroyed: the PU updates its list (checked once per round
     /// rather than every queue's `destroyed` flag).
     pub(crate) changed: AtomicBool,
+    /// The CPU the PU's thread last found itself on while idle ([`NO_CPU`] before that):
+    /// see [`PuSet::shares_cpu`]. Written only when it changes, so the line stays shared.
+    cpu: AtomicU32,
+}
+
+/// [`PuNotify::cpu`] before the PU has looked.
+const NO_CPU: u32 = u32::MAX;
+
+/// The CPU the calling thread runs on now (`sched_getcpu(3)`: from the kernel's per-thread
+/// restartable-sequence area or the vDSO, a few nanoseconds), or None if unknown.
+pub(crate) fn current_cpu() -> Option<u32> {
+    if cfg!(miri) {
+        // Miri runs no foreign calls; no CPU known means no PU is seen sharing one.
+        return None;
+    }
+    // SAFETY: `sched_getcpu` takes no arguments and touches no memory of ours; it returns
+    // -1 where it is not supported, which `try_from` turns into None.
+    u32::try_from(unsafe { libc::sched_getcpu() }).ok()
 }
 
 /// The PUs of one softnic, as seen by those who need to wake them.
@@ -55,6 +73,7 @@ impl PuSet {
                         sleeping: AtomicBool::new(false),
                         thread: OnceLock::new(),
                         changed: AtomicBool::new(false),
+                        cpu: AtomicU32::new(NO_CPU),
                     })
                 })
                 .collect(),
@@ -76,25 +95,27 @@ impl PuSet {
     }
 
     /// As [`Self::notify`], from PU `from` of `from_set`: a caller that knows which PU it
-    /// runs on skips the thread-local lookup (a call, on the executor's hot path).
+    /// runs on skips the thread-local lookup (a call, on the executor's hot path). Returns
+    /// true if PU `pu` was awake (or is the caller): it finds the work within a round, so an
+    /// answer may be worth spinning for (`pu::spin_for`); false if it had to be unparked.
     #[inline(always)]
-    pub(crate) fn notify_from(&self, pu: usize, from_set: &PuSet, from: usize) {
-        if !(std::ptr::eq(self, from_set) && pu == from) {
-            self.notify_other(pu);
-        }
+    pub(crate) fn notify_from(&self, pu: usize, from_set: &PuSet, from: usize) -> bool {
+        (std::ptr::eq(self, from_set) && pu == from) || self.notify_other(pu)
     }
 
     /// Tell PU `pu`, which is not the calling thread, that something changed: unpark it if
-    /// it is parking, nothing else (see the module's comment).
+    /// it is parking, nothing else (see the module's comment). Returns true if it was awake.
     #[inline]
-    fn notify_other(&self, pu: usize) {
+    fn notify_other(&self, pu: usize) -> bool {
         let p = &self.pus[pu].0;
         // Orders the caller's publication before the read of `sleeping` (the notifier's
         // half of the handshake; the PU's is in `PuNotify::prepare_to_park`).
         fence(Ordering::SeqCst);
         if p.sleeping.load(Ordering::Relaxed) {
             self.unpark(p);
+            return false;
         }
+        true
     }
 
     /// The system call of a wake-up, out of the notifier's inlined path.
@@ -104,6 +125,18 @@ impl PuSet {
         if let Some(t) = p.thread.get() {
             t.unpark();
         }
+    }
+
+    /// Whether another awake PU of this set was last seen on `cpu`, where PU `me` runs
+    /// (`cpu` from [`current_cpu`]). Then the two take turns on one core (a busy machine's
+    /// scheduler put them there, or there are more threads than cores), and a PU spinning
+    /// for work or for an answer holds the core the other needs to produce it: it should
+    /// yield instead. A PU's CPU is as of its last idle look ([`PuNotify::note_cpu`]), so
+    /// this can be stale by a migration; it only chooses between spinning and yielding.
+    pub(crate) fn shares_cpu(&self, me: usize, cpu: u32) -> bool {
+        self.pus.iter().enumerate().any(|(i, p)| {
+            i != me && p.0.cpu.load(Ordering::Relaxed) == cpu && !p.0.sleeping.load(Ordering::Relaxed)
+        })
     }
 
     pub(crate) fn notify_all(&self) {
@@ -128,6 +161,13 @@ impl PuNotify {
         fence(Ordering::SeqCst);
     }
 
+    /// Record that the PU's thread runs on `cpu` now (see [`PuSet::shares_cpu`]).
+    pub(crate) fn note_cpu(&self, cpu: u32) {
+        if self.cpu.load(Ordering::Relaxed) != cpu {
+            self.cpu.store(cpu, Ordering::Relaxed);
+        }
+    }
+
     /// Awake again (or the park was called off): notifiers stop unparking.
     pub(crate) fn awake(&self) {
         self.sleeping.store(false, Ordering::Relaxed);
@@ -137,4 +177,30 @@ impl PuNotify {
 /// Mark the calling thread as PU `index` of `pus`, so that it does not notify itself.
 pub(crate) fn enter(pus: &PuSet, index: usize) {
     CURRENT.with(|c| c.set((pus as *const PuSet as usize, index)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A PU shares a CPU with another of its set only if that one is awake and was last
+    /// seen on the same CPU; a PU never counts itself, and one not yet seen counts nowhere.
+    #[test]
+    fn a_pu_shares_a_cpu_only_with_awake_others_last_seen_there() {
+        let set = PuSet::new(3);
+        assert!(!set.shares_cpu(0, 4), "no PU has looked yet");
+        set.pus[0].0.note_cpu(4);
+        assert!(!set.shares_cpu(0, 4), "itself");
+        set.pus[1].0.note_cpu(4);
+        set.pus[2].0.note_cpu(5);
+        assert!(set.shares_cpu(0, 4));
+        assert!(set.shares_cpu(1, 4));
+        assert!(!set.shares_cpu(2, 5));
+        set.pus[1].0.prepare_to_park();
+        assert!(!set.shares_cpu(0, 4), "PU 1 is parking");
+        set.pus[1].0.awake();
+        set.pus[1].0.note_cpu(5);
+        assert!(!set.shares_cpu(0, 4), "PU 1 moved away");
+        assert!(set.shares_cpu(2, 5));
+    }
 }

@@ -165,6 +165,11 @@ impl Core {
                             }
                             Control::Refused => {}
                             Control::Blocked => {
+                                // A completion another awake PU is about to produce for
+                                // this visit's SEND_EN: wait here for it (`enabled_away`).
+                                if !LEAN && self.spin_for_away(&snap[slot].bytes) {
+                                    continue;
+                                }
                                 stop = true;
                                 break;
                             }
@@ -196,6 +201,13 @@ impl Core {
         }
         // A queue enabled and not handed over runs in the PU's round, as any other.
         self.enabled_here = None;
+        self.enabled_away = 0;
+        if self.qp.managed_send {
+            // What the next SEND_EN will enable, hinted now (see `warm`): a managed queue
+            // fetches nothing past its enabled index, so without this its next WQE's line,
+            // written by the host, would be fetched after the enable, in the hand-off.
+            warm(words, geo, ci + WARM_ENABLED);
+        }
         f.fetched = fetched;
         self.ci = ci;
         let done = idx(ci - start);
@@ -324,6 +336,24 @@ impl Core {
         self.qp.count_wqes(opcode, 1);
         bump(&self.qp.counters.bytes, 8);
         Some(Ok(()))
+    }
+
+    /// For the fast path's WAIT `w`, found blocked: if this visit enabled a queue on another
+    /// awake PU whose send CQ `w` waits on (`enabled_away`), spin until the WAIT passes
+    /// (true) or the bound passes (false; see `pu::spin_for`). The WAIT then runs as any
+    /// other: this only decides when its count is read again.
+    #[inline(never)]
+    pub(super) fn spin_for_away(&mut self, w: &[u8; BB_SIZE]) -> bool {
+        let cqn = Be32::read(w, off::WAIT_OBJ).get();
+        if self.enabled_away & (1 << (cqn % 64)) == 0 {
+            return false;
+        }
+        let count = Be32::read(w, off::WAIT_PI).get();
+        let Some((_, cq)) = self.objs.cq(&self.nic, Cqn(cqn)) else {
+            return false;
+        };
+        let (pus, pu) = (&self.qp.pus, self.qp.pu);
+        crate::softnic::pu::spin_for(pus, pu, || wait_passed(cq.produced(), count))
     }
 
     /// The fast path's WAIT, SEND_EN or RECV_EN at `ci`, counted if it ran.

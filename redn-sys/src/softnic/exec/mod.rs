@@ -27,6 +27,7 @@
 
 use super::config::Prefetch;
 use super::cq::CqShared;
+use super::handoff_trace::{stamp, HandoffEvent};
 use super::in_process::InProcess;
 use super::qp::{bump, QpShared, Ring};
 use super::rate::Limiter;
@@ -164,6 +165,13 @@ struct Core {
     /// A queue on this PU that the last SEND_EN enabled, with its send CQ: the fast path
     /// hands over to it before a WAIT on that CQ (see [`Siblings`]).
     enabled_here: Option<(Qpn, Cqn)>,
+    /// Bit `cqn % 64` set: this visit enabled a queue on another PU that was awake, whose
+    /// send CQ this is. A WAIT the fast path finds blocked on such a CQ spins for its
+    /// count (`pu::spin_for`) instead of returning to the PU loop: the completion is a
+    /// cross-PU round trip away (a doorbell-ordered chain's step). A mask rather than one
+    /// CQ, so a master that enables two queues and waits on each (a parallel probe) spins
+    /// for both; a CQ that only shares a bit spins at most the bound.
+    enabled_away: u64,
     /// Where the last queue handed over to was among the PU's queues (searched there first).
     handoff_hint: usize,
     delayed_at: u64,
@@ -271,6 +279,7 @@ impl Core {
             stalled_at: u64::MAX,
             parked: None,
             enabled_here: None,
+            enabled_away: 0,
             handoff_hint: 0,
             delayed_at: u64::MAX,
             scratch: Vec::new(),
@@ -389,6 +398,7 @@ impl Core {
         if self.ci >= limit {
             return RunOutcome::Idle;
         }
+        stamp(HandoffEvent::Found);
         self.refresh(f);
         // A rate-limited queue takes the general path, which admits each WQE; so does every
         // queue with the fast paths off.
@@ -447,6 +457,44 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a queue's own PU writes as it runs (its consumed index, its counters) shares no
+    /// cache line with what another PU reads or writes when it enables the queue (its
+    /// identity, PU, CQ, destroyed flag, enabled index): such sharing would add a line
+    /// transfer to every cross-PU hand-off.
+    #[test]
+    fn a_queues_pu_written_words_share_no_line_with_what_enablers_touch() {
+        use std::mem::{offset_of, size_of};
+        let line = |at: usize, len: usize| (at / 64)..=((at + len - 1) / 64);
+        let written = [
+            line(offset_of!(QpShared, consumed), 8),
+            line(
+                offset_of!(QpShared, counters),
+                size_of::<super::super::qp::SharedCounters>(),
+            ),
+        ];
+        let read = [
+            ("qpn", line(offset_of!(QpShared, qpn), 4)),
+            ("pu", line(offset_of!(QpShared, pu), 8)),
+            ("pus", line(offset_of!(QpShared, pus), 8)),
+            ("managed_send", line(offset_of!(QpShared, managed_send), 1)),
+            ("destroyed", line(offset_of!(QpShared, destroyed), 1)),
+            ("send_cq", line(offset_of!(QpShared, send_cq), 8)),
+            (
+                "enabled",
+                line(
+                    offset_of!(QpShared, enabled),
+                    size_of::<super::super::qp::EnabledIndex>(),
+                ),
+            ),
+        ];
+        for w in &written {
+            for (name, r) in &read {
+                let overlap = w.start() <= r.end() && r.start() <= w.end();
+                assert!(!overlap, "{name} (lines {r:?}) shares a line with {w:?}");
+            }
+        }
+    }
 
     #[test]
     fn wait_compares_cq_indices_modulo_2_pow_24() {

@@ -562,12 +562,15 @@ impl Core {
             .cq(&self.nic, cqn)
             .ok_or(Fail::Syndrome(Syndrome::LocalQpOperation))?;
         if wait_passed(cq.produced(), pi) {
+            stamp(HandoffEvent::WaitPassed);
             return Ok(true);
         }
         cq.add_waiter(pu);
         if wait_passed(cq.produced(), pi) {
+            stamp(HandoffEvent::WaitPassed);
             return Ok(true);
         }
+        stamp(HandoffEvent::WaitBlocked);
         if self.stalled_at != ci {
             self.stalled_at = ci;
             bump(&self.qp.counters.wait_stalls, 1);
@@ -606,12 +609,17 @@ impl Core {
                 return Err(Fail::Syndrome(Syndrome::LocalQpOperation));
             }
             let here = t.pu == self.qp.pu && Arc::ptr_eq(&t.pus, &self.qp.pus);
+            if !here {
+                // Before the publication: the other PU may see it before this one returns.
+                stamp(HandoffEvent::Enabled);
+            }
             if t.enabled.advance(pi, here) {
                 if here {
                     // This PU: no notice needed, and the fast path may hand over to it.
                     self.enabled_here = Some((t.qpn, t.send_cq.cqn));
-                } else {
-                    t.pus.notify_from(t.pu, &self.qp.pus, self.qp.pu);
+                } else if t.pus.notify_from(t.pu, &self.qp.pus, self.qp.pu) {
+                    // Awake: its completion is a round trip away (see `enabled_away`).
+                    self.enabled_away |= 1 << (t.send_cq.cqn.0 % 64);
                 }
             }
         } else {
