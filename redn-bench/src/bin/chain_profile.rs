@@ -181,7 +181,8 @@ fn cross_trace(logs: &[Vec<(u64, HandoffEvent)>], ticks_per_ns: f64) {
     let count = |l: &Vec<(u64, HandoffEvent)>, e| l.iter().filter(|s| s.1 == e).count();
     let (Some(master), Some(target)) = (
         logs.iter().max_by_key(|l| count(l, HandoffEvent::Enabled)),
-        logs.iter().max_by_key(|l| count(l, HandoffEvent::Completed)),
+        logs.iter()
+            .max_by_key(|l| count(l, HandoffEvent::Completed)),
     ) else {
         println!("   trace: no stamps");
         return;

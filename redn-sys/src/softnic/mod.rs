@@ -14,10 +14,10 @@
 // Module order is dependency order: each imports only modules listed before it.
 mod cache_line;
 mod config;
-pub mod handoff_trace;
 mod cq;
 mod events;
 mod exec;
+pub mod handoff_trace;
 mod idle;
 mod in_process;
 mod pu;

@@ -135,7 +135,9 @@ impl PuSet {
     /// this can be stale by a migration; it only chooses between spinning and yielding.
     pub(crate) fn shares_cpu(&self, me: usize, cpu: u32) -> bool {
         self.pus.iter().enumerate().any(|(i, p)| {
-            i != me && p.0.cpu.load(Ordering::Relaxed) == cpu && !p.0.sleeping.load(Ordering::Relaxed)
+            i != me
+                && p.0.cpu.load(Ordering::Relaxed) == cpu
+                && !p.0.sleeping.load(Ordering::Relaxed)
         })
     }
 
