@@ -337,6 +337,15 @@ fn a_responder_error_moves_the_responder_to_error_flushes_its_receives_and_raise
             .count();
         let consumed = usize::from(what.starts_with("SEND"));
         assert_eq!(flushed, 3 - consumed, "{what}: {done:?}");
+        // In posting order, each with its own wr_id.
+        let ids: Vec<u64> = done.iter().map(|c| c.wr_id).collect();
+        assert_eq!(ids, [100, 101, 102], "{what}");
+        // The receive the SEND failed is the responder's error, in its QP's count.
+        assert_eq!(
+            server.counters(s.qp.qpn).unwrap().errors,
+            u64::try_from(consumed).unwrap(),
+            "{what}"
+        );
         // The requester's queue is in error too (its WQE failed), and nothing reaches the
         // responder any more.
         assert_eq!(client.qp_state(c.qp.qpn).unwrap(), QpState::Error, "{what}");
