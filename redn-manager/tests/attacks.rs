@@ -546,7 +546,6 @@ fn objects_return_to(m: &Manager, want: [u64; 4]) {
 
 #[test]
 fn a_storm_of_corrupt_hellos_leaks_nothing_and_logs_no_token() {
-    use redn_sys::softnic::roce::{QpRecord, RegionRecord};
     use std::io::Read;
     let m = Manager::start_with_dataplane(&policy("", ""));
     let mut app = m.client();
@@ -556,18 +555,10 @@ fn a_storm_of_corrupt_hellos_leaks_nothing_and_logs_no_token() {
     let endpoint = installed.endpoint.clone().unwrap();
     let token = redn_client::remote::parse_token(&installed.token).unwrap();
     let baseline = nic_objects(&m);
-    let mut record = QpRecord::new(0x42, 1, "127.0.0.1:4791".parse().unwrap());
-    record.regions = vec![RegionRecord {
-        name: "response".into(),
-        addr: 0x10_0000,
-        rkey: 7,
-        len: 4096,
-        rights: 2,
-    }];
     let hello = redn_proto::dataplane::Hello {
         handle: installed.handle,
         token,
-        record: record.encode().unwrap(),
+        record: client_record("127.0.0.1"),
     }
     .encode()
     .unwrap();

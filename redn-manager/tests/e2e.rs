@@ -1573,19 +1573,10 @@ fn hello_from(
     handle: u64,
     token: &str,
 ) -> (std::net::TcpStream, dataplane::Answer) {
-    use redn_sys::softnic::roce::{QpRecord, RegionRecord};
-    let mut record = QpRecord::new(0x42, 1, format!("{source}:4791").parse().unwrap());
-    record.regions = vec![RegionRecord {
-        name: "response".into(),
-        addr: 0x10_0000,
-        rkey: 7,
-        len: 4096,
-        rights: 2,
-    }];
     let hello = dataplane::Hello {
         handle,
         token: redn_client::remote::parse_token(token).unwrap(),
-        record: record.encode().unwrap(),
+        record: client_record(source),
     };
     say_hello(connect_from(source, endpoint), &hello)
 }

@@ -289,3 +289,18 @@ pub fn which(name: &str) -> Option<PathBuf> {
         .map(|d| Path::new(d).join(name))
         .find(|p| p.is_file())
 }
+
+/// The exchange record a remote client at `ip` sends in its hello, encoded: QP 0x42, PSN 1,
+/// and a writable 4 KiB `response` region.
+pub fn client_record(ip: &str) -> Vec<u8> {
+    use redn_sys::softnic::roce::{QpRecord, RegionRecord};
+    let mut record = QpRecord::new(0x42, 1, format!("{ip}:4791").parse().unwrap());
+    record.regions = vec![RegionRecord {
+        name: "response".into(),
+        addr: 0x10_0000,
+        rkey: 7,
+        len: 4096,
+        rights: 2,
+    }];
+    record.encode().unwrap()
+}
