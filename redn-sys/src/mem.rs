@@ -540,7 +540,7 @@ impl MemoryRegion {
 /// Keys are `index << 8 | tag` like mlx5 mkeys; the tag changes each time an index is reused
 /// so a stale key does not silently name a new region. `generation` increases on every
 /// deregistration so per-queue key caches know when to drop what they hold.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct KeyTable {
     slots: RwLock<Vec<KeySlot>>,
     /// Indices of empty slots, so a registration takes one without scanning the table (an
@@ -548,6 +548,20 @@ pub struct KeyTable {
     /// under the `slots` write lock.
     free: Mutex<Vec<usize>>,
     generation: AtomicU64,
+    /// How many slots the table grows to: [`MAX_KEY_SLOTS`], smaller only in tests (where
+    /// filling 2^24 slots would take gigabytes).
+    max_slots: usize,
+}
+
+impl Default for KeyTable {
+    fn default() -> KeyTable {
+        KeyTable {
+            slots: RwLock::default(),
+            free: Mutex::default(),
+            generation: AtomicU64::default(),
+            max_slots: MAX_KEY_SLOTS,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -619,7 +633,7 @@ impl KeyTable {
         let free = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let index = match free {
             Some(i) => i,
-            None if slots.len() < MAX_KEY_SLOTS => {
+            None if slots.len() < self.max_slots => {
                 slots.push(KeySlot::default());
                 slots.len() - 1
             }
@@ -945,6 +959,35 @@ mod tests {
             r.check(Pdn(1), base, 8, Access::REMOTE_WRITE),
             Err(AccessFault::MissingRight { .. })
         ));
+    }
+
+    #[test]
+    fn a_full_table_refuses_until_a_region_goes_and_then_reuses_its_slot() {
+        let t = KeyTable {
+            max_slots: 3,
+            ..KeyTable::default()
+        };
+        let buf = SharedBuffer::new(4096);
+        let reg = |off: usize| t.register(Pdn(1), &buf, off, 64, Access::ALL);
+        let keys: Vec<Lkey> = (0..3).map(|i| reg(i * 64).unwrap().lkey).collect();
+        assert!(matches!(reg(192), Err(RegisterError::Full)));
+        assert!(t.deregister(keys[1]).is_some());
+        let again = reg(256).unwrap();
+        // The freed index again, with a new tag: the old key names nothing.
+        assert_eq!(again.lkey.0 >> 8, keys[1].0 >> 8);
+        assert!(t.lookup(keys[1].0).is_err());
+        assert_eq!(t.lookup(again.lkey.0).unwrap().addr, again.addr);
+        assert!(matches!(reg(320), Err(RegisterError::Full)));
+    }
+
+    #[test]
+    fn the_slot_limit_is_the_most_slots_whose_keys_fit_in_32_bits() {
+        // A key is `(index + 2) << 8 | tag`: the last slot's key must keep every bit of its
+        // index, and one slot more would not.
+        let last = u64::try_from(MAX_KEY_SLOTS - 1).unwrap();
+        let key = u32::try_from((last + 2) << 8 | 0xff).expect("the last slot's key fits");
+        assert_eq!(KeyTable::index(key), Some(MAX_KEY_SLOTS - 1));
+        assert!((last + 3) << 8 > u64::from(u32::MAX));
     }
 
     #[test]
