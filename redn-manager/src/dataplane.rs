@@ -181,6 +181,20 @@ impl Dataplane {
         self.conns.values().filter(|c| c.instance.is_some()).count()
     }
 
+    /// RoCE datagrams its endpoints dropped, by reason (those with a count), over every
+    /// endpoint: what an operator reads to tell a hostile or broken sender from loss.
+    pub fn packet_drops(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut drops = std::collections::BTreeMap::new();
+        for ep in self.endpoints.values() {
+            for (why, n) in ep.drops().snapshot() {
+                if n > 0 {
+                    *drops.entry(why.name().to_owned()).or_insert(0) += n;
+                }
+            }
+        }
+        drops
+    }
+
     /// Register the listener with the event loop.
     ///
     /// # Errors

@@ -418,6 +418,10 @@ impl Server {
                 .values()
                 .map(|c| (c.input.held() + c.output.held()) as u64)
                 .sum(),
+            packets_dropped: self
+                .dataplane
+                .as_ref()
+                .map_or(0, |dp| dp.packet_drops().values().sum()),
         }
     }
 
@@ -1232,7 +1236,14 @@ impl Server {
         let r = match method {
             "ListClients" => encode(&m.admin_clients()),
             "ListOffloads" => encode(&m.admin_offloads()),
-            "ListDevices" => encode(&m.admin_devices()),
+            "ListDevices" => {
+                let mut list = m.admin_devices();
+                if let (Some(dp), Some(dev)) = (&self.dataplane, list.devices.first_mut()) {
+                    dev.packet_drops = dp.packet_drops();
+                    dev.packets_dropped = dev.packet_drops.values().sum();
+                }
+                encode(&list)
+            }
             "Dump" => decode::<api::Dump>(call)
                 .and_then(|p| m.admin_dump(p.handle).map_err(wire))
                 .and_then(|r| encode(&r)),

@@ -1134,6 +1134,9 @@ impl Manager {
                 qp: objects.qps as u64,
                 async_events: self.async_events,
                 async_events_lost: self.nic.async_events_lost(),
+                // The data plane's, which the server adds (`Server::admin_call`).
+                packets_dropped: 0,
+                packet_drops: std::collections::BTreeMap::new(),
             }],
         }
     }

@@ -937,3 +937,143 @@ fn a_connection_flooding_calls_gets_its_turn_and_no_more() {
         "the admin waited behind the whole backlog: {listed:?}"
     );
 }
+
+/// Say a raw hello for offload `handle` (as a client at 127.0.0.1) and return the manager's
+/// exchange record from its answer, with the TCP connection that holds the instance.
+fn raw_hello(
+    endpoint: &str,
+    handle: u64,
+    token: [u8; 32],
+) -> (redn_sys::softnic::roce::QpRecord, std::net::TcpStream) {
+    use redn_proto::dataplane::{Answer, Hello, ANSWER_HEADER_LEN};
+    use std::io::Read;
+    let hello = Hello {
+        handle,
+        token,
+        record: client_record("127.0.0.1"),
+    }
+    .encode()
+    .unwrap();
+    let mut s = std::net::TcpStream::connect(endpoint).unwrap();
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    s.write_all(&hello).unwrap();
+    let mut header = [0u8; ANSWER_HEADER_LEN];
+    s.read_exact(&mut header).unwrap();
+    let mut body = vec![0u8; Answer::body_len(&header).unwrap()];
+    s.read_exact(&mut body).unwrap();
+    match Answer::decode(&header, &body).unwrap() {
+        Answer::Accepted(a) => (
+            redn_sys::softnic::roce::QpRecord::decode(&a.record).unwrap(),
+            s,
+        ),
+        Answer::Refused(why, text) => panic!("hello refused: {why}: {text}"),
+    }
+}
+
+#[test]
+fn hostile_roce_datagrams_are_dropped_unanswered_counted_and_serving_goes_on() {
+    use redn_sys::softnic::roce::packet::{self, opcode, Header, Route};
+    let m = Manager::start_with_dataplane(&policy("", ""));
+    let mut app = m.client();
+    let mut table = redn_client::kv::TwoChoiceTable::create(64).unwrap();
+    let (_, installed) = app.install_table("hash-get", &mut table).unwrap();
+    table.set(0x2a, b"hello").unwrap();
+    let endpoint = installed.endpoint.clone().unwrap();
+    let token = redn_client::remote::parse_token(&installed.token).unwrap();
+    let mut client = redn_client::remote::RemoteClient::connect(
+        endpoint.parse().unwrap(),
+        installed.handle,
+        &installed.token,
+        redn_client::remote::RemoteOptions { timeout: DEADLINE },
+    )
+    .unwrap();
+    assert_eq!(client.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    // A connected QP of the manager's (its peer is 127.0.0.1:4791, which this test is not),
+    // and where it listens.
+    let (server, _held) = raw_hello(&endpoint, installed.handle, token);
+    let attacker = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let std::net::SocketAddr::V4(from) = attacker.local_addr().unwrap() else {
+        unreachable!("bound to an IPv4 address")
+    };
+    let route = Route {
+        src: from,
+        dst: server.addr,
+    };
+    let well_formed = |qpn: u32, psn: u32| {
+        let mut d = Vec::new();
+        packet::encode(
+            &mut d,
+            &route,
+            &Header::new(opcode::SEND_ONLY, qpn, psn),
+            &[0x41; 64],
+        );
+        d
+    };
+    let dropped = |m: &Manager| {
+        let list: redn_proto::api::DeviceList =
+            m.admin_call("io.redn.Admin.ListDevices", serde_json::json!({}));
+        list.devices[0].clone()
+    };
+    // In bursts the socket buffer holds, each counted before the next (on a loaded
+    // machine the kernel would drop what a slow receiver has no room for, uncounted).
+    let rounds = 200u32;
+    for burst in 0..rounds / 20 {
+        for i in burst * 20..(burst + 1) * 20 {
+            // Every PSN of the connected QP, from a sender that is not its peer.
+            attacker
+                .send_to(
+                    &well_formed(server.qpn, server.psn.wrapping_add(i) & 0xff_ffff),
+                    server.addr,
+                )
+                .unwrap();
+            // QPs that do not exist.
+            attacker
+                .send_to(&well_formed(0x80_0000 | i, i), server.addr)
+                .unwrap();
+            // A good packet with one bit of its ICRC flipped, and one cut short.
+            let mut bad = well_formed(server.qpn, i);
+            let last = bad.len() - 1;
+            bad[last] ^= 1;
+            attacker.send_to(&bad, server.addr).unwrap();
+            attacker.send_to(&bad[..7], server.addr).unwrap();
+        }
+        let want = u64::from(4 * 20 * (burst + 1));
+        wait_for("the manager never counted the hostile datagrams", || {
+            dropped(&m).packets_dropped >= want
+        });
+    }
+    let dev = dropped(&m);
+    for (reason, at_least) in [
+        ("wrong_source", rounds),
+        ("unknown_qp", rounds),
+        ("bad_icrc", rounds),
+        ("truncated", rounds),
+    ] {
+        let n = dev.packet_drops.get(reason).copied().unwrap_or(0);
+        assert!(
+            n >= u64::from(at_least),
+            "{reason}: {n} drops, {:?}",
+            dev.packet_drops
+        );
+    }
+    assert_eq!(dev.packets_dropped, dev.packet_drops.values().sum::<u64>());
+    // Nothing came back: no NAK, no ACK, nothing that says which QPs exist.
+    attacker.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 2048];
+    match attacker.recv_from(&mut buf) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("the manager answered a hostile datagram: {other:?}"),
+    }
+    // The client is served as before, and the flood is in the counters an operator reads.
+    assert_eq!(client.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    let admin = m.admin().display().to_string();
+    let out = stdout_of(
+        Command::new(env!("CARGO_BIN_EXE_redn")).args(["-s", &admin, "-j", "-d", "dev", "show"]),
+    );
+    let rows: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let drops = rows[0]["packet_drops"].as_str().unwrap_or_default();
+    assert!(
+        drops.contains("wrong_source=") && drops.contains("unknown_qp="),
+        "{out}"
+    );
+}

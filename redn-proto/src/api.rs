@@ -270,6 +270,10 @@ pub struct DeviceEntry {
     pub qp: u64,
     pub async_events: u64,
     pub async_events_lost: u64,
+    #[serde(default)]
+    pub packets_dropped: u64,
+    #[serde(default)]
+    pub packet_drops: std::collections::BTreeMap<String, u64>,
 }
 
 /// `io.redn.Admin.ListDevices` reply.
@@ -365,6 +369,8 @@ pub struct MonitorCounters {
     pub audit_dropped: u64,
     #[serde(default)]
     pub buffered_bytes: u64,
+    #[serde(default)]
+    pub packets_dropped: u64,
 }
 
 /// One `io.redn.Admin.Monitor` reply: a record, or the counters.

@@ -209,19 +209,35 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
             })
         }
         ("offload", "verify") => offload_verify(rest),
-        ("dev", "show") => rows_of(
-            "ListDevices",
-            "devices",
-            &[],
-            &[
-                "ifindex",
-                "ifname",
-                "backend",
-                "node_guid",
-                "pci_address",
-                "dataplane",
-            ],
-        ),
+        ("dev", "show") => {
+            no_args()?;
+            let mut rows = list(opts, "ListDevices", "devices", &[])?;
+            // Flat rows, as every -j object is: the drops by reason as one
+            // "reason=count,..." string ("-" for none).
+            for row in &mut rows {
+                if let Some(Value::Object(drops)) = row.remove("packet_drops") {
+                    let text: Vec<String> = drops.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    let value = if text.is_empty() {
+                        Value::Null
+                    } else {
+                        Value::String(text.join(","))
+                    };
+                    row.insert("packet_drops".to_owned(), value);
+                }
+            }
+            Ok(Output::Rows {
+                rows,
+                columns: &[
+                    "ifindex",
+                    "ifname",
+                    "backend",
+                    "node_guid",
+                    "pci_address",
+                    "dataplane",
+                    "packets_dropped",
+                ],
+            })
+        }
         ("client", "show") => clients(&["id", "app", "uid", "pid", "connected", "offloads"]),
         ("client", "kill") => {
             let id = one_number(rest, "ID", object, command)?;
