@@ -651,7 +651,8 @@ impl Client {
     }
 
     fn post(&self, wr_id: u64, op: WrOp, flags: WqeFlags) {
-        self.side.nic
+        self.side
+            .nic
             .post_send(self.side.qp, &[WorkRequest { wr_id, flags, op }])
             .expect("post");
     }

@@ -243,7 +243,9 @@ impl PuPoller {
     /// threads of a round trip take turns on one core, that system call was on the path).
     fn poll_with(&self, inner: &Inner) -> usize {
         if self.host {
-            inner.host_seen.store(inner.now_ns().max(1), Ordering::Relaxed);
+            inner
+                .host_seen
+                .store(inner.now_ns().max(1), Ordering::Relaxed);
         } else if !self.present.swap(true, Ordering::AcqRel) {
             // A swap, not a load and a store: should another thread ever run this PU's WQEs
             // (and so poll as it), the count must still go up once per presence.
