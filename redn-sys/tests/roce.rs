@@ -999,6 +999,29 @@ fn a_send_waits_out_rnr_naks_until_a_receive_is_posted() {
     assert_eq!(b.buf.read(4096, 12), b"late receive");
 }
 
+/// WRITEs from `a` to `b` and back, each checked placed, until `b`'s receive thread has
+/// taken a datagram and at least `rounds` have gone each way.
+fn writes_both_ways_until_b_receive_thread_serves(
+    a: &Local,
+    b: &Local,
+    ca: &Conn,
+    cb: &Conn,
+    rounds: u64,
+) {
+    let mut i = 0u64;
+    wait_until("b's receive thread took a request", || {
+        i += 1;
+        let data = i.to_le_bytes();
+        let off = 64 * (i % 64);
+        a.write(ca, off, &data, None);
+        assert_eq!(b.buf.read(off as usize, 8), data, "WRITE {i} placed");
+        // And the other way, so that each side holds replies while it polls.
+        b.write(cb, 8192 + off, &data, None);
+        assert_eq!(a.buf.read(8192 + off as usize, 8), data, "WRITE {i} back");
+        b.ep.counters().by_receive_thread > 0 && i >= rounds
+    });
+}
+
 /// The socket is served whoever takes its datagrams off: the responder's PU while it is
 /// awake, its receive thread once the PU has parked (a WRITE gives the PU no work, so it
 /// parks and stays parked). WRITEs keep completing, each placed exactly, until the
@@ -1007,18 +1030,7 @@ fn a_send_waits_out_rnr_naks_until_a_receive_is_posted() {
 #[test]
 fn the_socket_is_served_whether_a_pu_or_the_receive_thread_polls_it() {
     let (a, b, ca, cb) = pair(7, 0);
-    let mut i = 0u64;
-    wait_until("the responder's receive thread took a request", || {
-        i += 1;
-        let data = i.to_le_bytes();
-        let off = 64 * (i % 64);
-        a.write(&ca, off, &data, None);
-        assert_eq!(b.buf.read(off as usize, 8), data, "WRITE {i} placed");
-        // And the other way, so that each side's PU holds replies while it polls.
-        b.write(&cb, 8192 + off, &data, None);
-        assert_eq!(a.buf.read(8192 + off as usize, 8), data, "WRITE {i} back");
-        b.ep.counters().by_receive_thread > 0
-    });
+    writes_both_ways_until_b_receive_thread_serves(&a, &b, &ca, &cb, 1);
     let kb = b.ep.counters();
     assert!(kb.by_receive_thread <= kb.received, "{kb:?}");
 }
@@ -1068,21 +1080,8 @@ fn a_host_driven_app_that_stops_calling_is_served_by_its_receive_thread() {
         0,
         |_, _| {},
     );
-    let mut i = 0u64;
-    wait_until(
-        "the host-driven side's receive thread took a request",
-        || {
-            i += 1;
-            let data = i.to_le_bytes();
-            let off = 64 * (i % 64);
-            // `b` makes no call while `a` waits for this WRITE's completion.
-            a.write(&ca, off, &data, None);
-            assert_eq!(b.buf.read(off as usize, 8), data, "WRITE {i} placed");
-            b.write(&cb, 8192 + off, &data, None);
-            assert_eq!(a.buf.read(8192 + off as usize, 8), data, "WRITE {i} back");
-            b.ep.counters().by_receive_thread > 0 && i >= 8
-        },
-    );
+    // `b` makes no call while `a` waits for its WRITE's completion.
+    writes_both_ways_until_b_receive_thread_serves(&a, &b, &ca, &cb, 8);
     for (l, c) in [(&a, &ca), (&b, &cb)] {
         assert_eq!(l.nic.qp_state(c.qp).unwrap(), QpState::ReadyToSend);
     }
