@@ -7,8 +7,10 @@
 //! request and its ACK or response) and a WRITE with immediate answered by a WRITE, twice:
 //! answered by the peer's host (it polls its CQ and posts the answer) and by an offload on
 //! the peer (a WAIT on the receive CQ releasing a WRITE of what arrived, posted before the
-//! row: no server host in the loop, RedN's case, and the row the 1.3x target is judged on);
-//! this side spins on the answer's word. Each softnic row says how many datagrams the
+//! row: no server host in the loop, RedN's case, and the row the 1.3x target is judged on),
+//! the last once more from a host-driven client softnic (no PU thread: this side's thread
+//! runs its round in its own calls, one busy thread a side as in the raw ping-pong, the
+//! verdict's row); this side spins on the answer's word. Each softnic row says how many datagrams the
 //! endpoints' receive threads took off the sockets (the rest the PUs did themselves).
 //! (2) WRITE bandwidth by message size next to a raw UDP stream of datagrams of the same size
 //! (at most 4 KiB, the path MTU).
