@@ -39,10 +39,25 @@ const RECVS: usize = 32;
 const LOG_AT: usize = 7 << 20;
 
 fn softnic(name: &str, pus: usize) -> SoftNic {
+    softnic_driven(name, pus, false)
+}
+
+/// A softnic with PU threads, or host-driven (no PU threads: the test's calls run them).
+fn softnic_driven(name: &str, pus: usize, host_driven: bool) -> SoftNic {
     let mut cfg = SoftNicConfig::new(name);
     cfg.pus = pus;
     cfg.prefetch = Prefetch::Depth(8);
+    cfg.host_driven = host_driven;
     SoftNic::new(cfg).unwrap()
+}
+
+/// Names of this process's threads (`/proc/self/task/*/comm`).
+fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect()
 }
 
 fn endpoint_for(nic: &SoftNic, faults: Option<Faults>) -> RoceEndpoint {
@@ -314,7 +329,16 @@ struct Conn {
 
 impl Local {
     fn new(faults: Option<Faults>) -> Local {
-        let nic = softnic("client", 1);
+        Local::driven("client", faults, false)
+    }
+
+    /// A host-driven client (no PU thread: its calls run its queues).
+    fn host_driven(name: &str, faults: Option<Faults>) -> Local {
+        Local::driven(name, faults, true)
+    }
+
+    fn driven(name: &str, faults: Option<Faults>, host_driven: bool) -> Local {
+        let nic = softnic_driven(name, 1, host_driven);
         let ep = endpoint_for(&nic, faults);
         let pd = nic.alloc_pd().unwrap();
         let buf = Region::new(&nic, pd, 4 << 20, ALL);
@@ -523,15 +547,22 @@ fn every_opcode_between_processes() {
     assert_eq!(local.ep.drops().get(DropReason::BadIcrc), 0);
 }
 
+/// Faults both ways: 3 % of datagrams each dropped, duplicated and reordered.
+const FAULTS: Faults = Faults {
+    seed: 7,
+    drop: 30,
+    duplicate: 30,
+    reorder: 30,
+};
+
 #[test]
 fn loss_reordering_and_duplication_leave_results_exact() {
-    let faults = Faults {
-        seed: 7,
-        drop: 30,
-        duplicate: 30,
-        reorder: 30,
-    };
-    let local = Local::new(Some(faults));
+    exact_under_faults(&Local::new(Some(FAULTS)));
+}
+
+/// Large WRITEs and READs, FETCH_ADDs and SENDs from `local` to a memory peer, both sides
+/// injecting faults: every result exact, every atomic run once, every SEND delivered once.
+fn exact_under_faults(local: &Local) {
     let mut peer = Peer::spawn("memory", Some("11,30,30,30"));
     let c = local.connect(&mut peer, 1024, vec![]);
     for round in 0..3u8 {
@@ -626,7 +657,11 @@ fn a_dead_peer_fails_its_qp_with_retry_exceeded_and_others_go_on() {
 /// The client side of an offload: triggers go out as SENDs; each response is a WRITE with
 /// immediate into `resp`.
 fn offload_rig(scenario: &str) -> (Local, Peer, Conn) {
-    let local = Local::new(None);
+    offload_rig_for(Local::new(None), scenario)
+}
+
+/// [`offload_rig`] with the client `local`.
+fn offload_rig_for(local: Local, scenario: &str) -> (Local, Peer, Conn) {
     let mut peer = Peer::spawn(scenario, None);
     let resp = RegionRecord {
         name: "response".into(),
@@ -684,7 +719,11 @@ fn host_posts(report: &str) -> u64 {
 
 #[test]
 fn hash_get_served_to_another_process_with_no_server_posts() {
-    let (local, mut peer, c) = offload_rig("offload:hash-get");
+    hash_gets(offload_rig("offload:hash-get"));
+}
+
+/// Three GETs (two hits, a miss) of the hash-get peer's offload, with no server host post.
+fn hash_gets((local, mut peer, c): (Local, Peer, Conn)) {
     for (n, (key, b)) in [(0x5003u64, 3u64), (0x42, 3), (0x500a, 10)]
         .into_iter()
         .enumerate()
@@ -791,8 +830,23 @@ fn pair_with(
     recv_room: u32,
     adjust: impl Fn(&mut QpRecord, &mut QpRecord),
 ) -> (Local, Local, Conn, Conn) {
-    let a = Local::new(None);
-    let b = Local::new(None);
+    connect_locals(
+        Local::new(None),
+        Local::new(None),
+        rnr_retry,
+        recv_room,
+        adjust,
+    )
+}
+
+/// [`pair_with`] for the two softnics `a` and `b`.
+fn connect_locals(
+    a: Local,
+    b: Local,
+    rnr_retry: u8,
+    recv_room: u32,
+    adjust: impl Fn(&mut QpRecord, &mut QpRecord),
+) -> (Local, Local, Conn, Conn) {
     let mk = |l: &Local| {
         let cq = l.nic.create_cq(CqConfig::new(256)).unwrap();
         let mut qc = QpConfig::new(l.pd, cq);
@@ -945,6 +999,29 @@ fn a_send_waits_out_rnr_naks_until_a_receive_is_posted() {
     assert_eq!(b.buf.read(4096, 12), b"late receive");
 }
 
+/// WRITEs from `a` to `b` and back, each checked placed, until `b`'s receive thread has
+/// taken a datagram and at least `rounds` have gone each way.
+fn writes_both_ways_until_b_receive_thread_serves(
+    a: &Local,
+    b: &Local,
+    ca: &Conn,
+    cb: &Conn,
+    rounds: u64,
+) {
+    let mut i = 0u64;
+    wait_until("b's receive thread took a request", || {
+        i += 1;
+        let data = i.to_le_bytes();
+        let off = 64 * (i % 64);
+        a.write(ca, off, &data, None);
+        assert_eq!(b.buf.read(off as usize, 8), data, "WRITE {i} placed");
+        // And the other way, so that each side holds replies while it polls.
+        b.write(cb, 8192 + off, &data, None);
+        assert_eq!(a.buf.read(8192 + off as usize, 8), data, "WRITE {i} back");
+        b.ep.counters().by_receive_thread > 0 && i >= rounds
+    });
+}
+
 /// The socket is served whoever takes its datagrams off: the responder's PU while it is
 /// awake, its receive thread once the PU has parked (a WRITE gives the PU no work, so it
 /// parks and stays parked). WRITEs keep completing, each placed exactly, until the
@@ -953,18 +1030,109 @@ fn a_send_waits_out_rnr_naks_until_a_receive_is_posted() {
 #[test]
 fn the_socket_is_served_whether_a_pu_or_the_receive_thread_polls_it() {
     let (a, b, ca, cb) = pair(7, 0);
-    let mut i = 0u64;
-    wait_until("the responder's receive thread took a request", || {
-        i += 1;
-        let data = i.to_le_bytes();
-        let off = 64 * (i % 64);
-        a.write(&ca, off, &data, None);
-        assert_eq!(b.buf.read(off as usize, 8), data, "WRITE {i} placed");
-        // And the other way, so that each side's PU holds replies while it polls.
-        b.write(&cb, 8192 + off, &data, None);
-        assert_eq!(a.buf.read(8192 + off as usize, 8), data, "WRITE {i} back");
-        b.ep.counters().by_receive_thread > 0
-    });
+    writes_both_ways_until_b_receive_thread_serves(&a, &b, &ca, &cb, 1);
     let kb = b.ep.counters();
     assert!(kb.by_receive_thread <= kb.received, "{kb:?}");
+}
+
+// Host-driven softnics (`SoftNicConfig::host_driven`): no PU thread; the app's calls run
+// the queues and take the datagrams, and the endpoint's receive thread serves the socket
+// while the app does not call in.
+
+#[test]
+fn every_opcode_from_a_host_driven_client() {
+    let local = Local::host_driven("hd-every", None);
+    let mut peer = Peer::spawn("memory", None);
+    every_opcode(&local, &mut peer, 1024);
+    assert!(
+        !thread_names().iter().any(|n| n.starts_with("hd-every-pu")),
+        "a host-driven softnic starts no PU thread: {:?}",
+        thread_names()
+    );
+    let report = peer.finish();
+    assert!(report.ends_with("state ERR\n"), "{report}");
+    assert_eq!(local.ep.drops().get(DropReason::BadIcrc), 0);
+}
+
+#[test]
+fn loss_reordering_and_duplication_through_a_host_driven_client() {
+    exact_under_faults(&Local::host_driven("hd-faults", Some(FAULTS)));
+}
+
+#[test]
+fn hash_get_served_to_a_host_driven_client() {
+    hash_gets(offload_rig_for(
+        Local::host_driven("hd-hash", None),
+        "offload:hash-get",
+    ));
+}
+
+/// While the host-driven side's app waits on the other side (it makes no call), its
+/// receive thread serves the socket once the app's lease on it runs out: the other side's
+/// WRITEs are placed and ACKed (with the ACKs the app held for its next request), and the
+/// app's own WRITEs, run in its calls, go on between. Nothing is lost or placed twice.
+#[test]
+fn a_host_driven_app_that_stops_calling_is_served_by_its_receive_thread() {
+    let (a, b, ca, cb) = connect_locals(
+        Local::new(None),
+        Local::host_driven("hd-quiet", None),
+        7,
+        0,
+        |_, _| {},
+    );
+    // `b` makes no call while `a` waits for its WRITE's completion.
+    writes_both_ways_until_b_receive_thread_serves(&a, &b, &ca, &cb, 8);
+    for (l, c) in [(&a, &ca), (&b, &cb)] {
+        assert_eq!(l.nic.qp_state(c.qp).unwrap(), QpState::ReadyToSend);
+    }
+}
+
+/// A host-driven queue runs only in its app's calls: a WAIT satisfied by a WRITE_IMM that
+/// the receive thread placed releases its WRITE at the app's next call, not before.
+#[test]
+fn a_host_driven_queue_runs_only_when_its_app_calls_in() {
+    let (a, b, ca, cb) = connect_locals(
+        Local::new(None),
+        Local::host_driven("hd-wait", None),
+        7,
+        64,
+        |_, _| {},
+    );
+    b.buf.write(4096, b"released");
+    let answer = WrOp::Write {
+        remote: remote_at(&cb.remote, 256),
+        payload: Payload::Sgl(vec![b.buf.mr.sge(4096, 8)]),
+        imm: None,
+    };
+    let chain = [
+        wr(
+            0,
+            redn_program::wqe::WqeFlags::NONE,
+            WrOp::Wait {
+                cq: cb.cq,
+                count: 0,
+            },
+        ),
+        wr(1, redn_program::wqe::WqeFlags::NONE, answer),
+    ];
+    b.nic.post_send(cb.qp, &chain).unwrap();
+    // Placed and completed on `b` by its receive thread; `a`'s WRITE completes.
+    a.write(&ca, 512, b"trigger!", Some(5));
+    assert_eq!(b.buf.read(512, 8), b"trigger!");
+    assert_eq!(
+        b.nic.sq_consumed(cb.qp).unwrap(),
+        0,
+        "the WAIT has not passed: nobody has called into `b` since its CQE"
+    );
+    assert_eq!(
+        a.buf.read(256, 8),
+        [0; 8],
+        "no answer before `b`'s app calls"
+    );
+    wait_until("the answer lands after `b`'s app calls in", || {
+        b.nic.progress();
+        a.buf.read(256, 8) == b"released"
+    });
+    let recv = wait_cqes(&b.nic, cb.cq, 1);
+    assert_eq!((recv[0].imm, recv[0].byte_len), (Some(5), 8));
 }

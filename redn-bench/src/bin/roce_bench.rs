@@ -7,8 +7,10 @@
 //! request and its ACK or response) and a WRITE with immediate answered by a WRITE, twice:
 //! answered by the peer's host (it polls its CQ and posts the answer) and by an offload on
 //! the peer (a WAIT on the receive CQ releasing a WRITE of what arrived, posted before the
-//! row: no server host in the loop, RedN's case, and the row the 1.3x target is judged on);
-//! this side spins on the answer's word. Each softnic row says how many datagrams the
+//! row: no server host in the loop, RedN's case, and the row the 1.3x target is judged on),
+//! the last once more from a host-driven client softnic (no PU thread: this side's thread
+//! runs its round in its own calls, one busy thread a side as in the raw ping-pong, the
+//! verdict's row); this side spins on the answer's word. Each softnic row says how many datagrams the
 //! endpoints' receive threads took off the sockets (the rest the PUs did themselves).
 //! (2) WRITE bandwidth by message size next to a raw UDP stream of datagrams of the same size
 //! (at most 4 KiB, the path MTU).
@@ -39,6 +41,8 @@ USAGE:
 
 OPTIONS:
     --quick      fewer round trips and bytes (a few seconds)
+    --answered-only
+                 only the raw UDP and the answered WRITE_IMM rows (for profiling them)
     --spin-us N  how long a waiting requester polls the socket before it sleeps and
                  leaves the socket to its endpoint's receive thread (default 50)
     -h, --help   this text
@@ -60,10 +64,11 @@ const SEQ_AT: u64 = 3 << 20;
 const ECHO_AT: u64 = 5 << 20;
 
 fn main() {
-    let (mut quick, mut spin_us, mut peer) = (false, 50u64, false);
+    let (mut quick, mut spin_us, mut peer, mut answered_only) = (false, 50u64, false, false);
     read_command_line("roce_bench", USAGE, &mut |name, value| {
         match name {
             "--quick" => quick = true,
+            "--answered-only" => answered_only = true,
             "--spin-us" => spin_us = parse_in("--spin-us", value(), 0..=1_000_000)?,
             "--peer" => peer = true,
             _ => return Ok(false),
@@ -117,7 +122,12 @@ fn main() {
     udp_ping(&mut c, "block", pings);
     let mut client = Client::connect(&mut c, spin);
     let n = if quick { 1_000 } else { 10_000 };
-    for what in ["SEND", "WRITE", "READ", "CAS"] {
+    let ops: &[&str] = if answered_only {
+        &[]
+    } else {
+        &["SEND", "WRITE", "READ", "CAS"]
+    };
+    for what in ops {
         let before = Taken::now(&mut c, &client);
         let s = stats(&client.latencies(what, n));
         softnic_row(
@@ -134,23 +144,49 @@ fn main() {
         before.since(&mut c, &client),
     );
     let before = Taken::now(&mut c, &client);
-    let offload = stats(&client.offload_round_trips(&mut c, n));
+    let offload = stats(&client.side.offload_round_trips(&mut c, n));
     softnic_row(
         "softnic WRITE_IMM answered by WRITE (offload)",
         &offload,
         before.since(&mut c, &client),
     );
-    let (host_ratio, ratio) = (host.median / spin_p50, offload.median / spin_p50);
+    // The same offload row from a host-driven client softnic: no client PU thread, the
+    // client's host runs its round in its own calls (one busy thread a side, as raw UDP).
+    let hd = Side::new("client-hd", spin, true);
+    let before = Taken::now(&mut c, &client);
+    let hd_offload = stats(&hd.offload_round_trips(&mut c, n));
+    let hd_taken = before.since(&mut c, &client);
+    softnic_row(
+        "  same, host-driven client (no client PU)",
+        &hd_offload,
+        format!(
+            "client {} of {} (its own endpoint), {}",
+            hd.ep.counters().by_receive_thread,
+            hd.ep.counters().received,
+            hd_taken.split_once(", ").map_or("", |(_, server)| server)
+        ),
+    );
+    let (host_ratio, pu_ratio, ratio) = (
+        host.median / spin_p50,
+        offload.median / spin_p50,
+        hd_offload.median / spin_p50,
+    );
     println!(
         "   ratios to the raw busy-poll p50: host-answered {host_ratio:.2}x, offload-answered \
-         {ratio:.2}x\n   \
+         {pu_ratio:.2}x,\n   offload-answered to a host-driven client {ratio:.2}x\n   \
          target: WRITE_IMM round trip <= 1.3x raw UDP busy-poll p50, on the offload row (the \
          answer\n   \
          made on the server's NIC with no server CPU, RedN's case; the host row adds a hand-off\n   \
-         to a host thread and back that the raw echo does not have): {ratio:.2}x, {}",
+         to a host thread and back that the raw echo does not have), with the client as raw \
+         UDP's:\n   one busy thread (host-driven): {ratio:.2}x, {}",
         verdict(ratio <= 1.3)
     );
 
+    if answered_only {
+        c.say("done");
+        let _ = child.wait();
+        return;
+    }
     println!("\nWRITE bandwidth by message size (MB/s; raw UDP: datagrams of min(size, 4 KiB))");
     println!(
         "   {:>8} {:>12} {:>12} {:>8}",
@@ -179,7 +215,7 @@ fn main() {
         verdict(at_64k >= 0.5)
     );
     where_time_goes(quick);
-    let d = client.ep.drops().snapshot();
+    let d = client.side.ep.drops().snapshot();
     let dropped: Vec<String> = d
         .iter()
         .filter(|(_, n)| *n > 0)
@@ -187,7 +223,7 @@ fn main() {
         .collect();
     println!(
         "\nthis side's endpoint: {:?}; drops: {}",
-        client.ep.counters(),
+        client.side.ep.counters(),
         if dropped.is_empty() {
             "none".into()
         } else {
@@ -214,7 +250,7 @@ struct Taken([u64; 4]);
 
 impl Taken {
     fn now(c: &mut Control, client: &Client) -> Taken {
-        let ours = client.ep.counters();
+        let ours = client.side.ep.counters();
         c.say("counters");
         let theirs: Vec<u64> = c
             .hear()
@@ -428,8 +464,12 @@ struct Side {
 }
 
 impl Side {
-    fn new(name: &str, spin: Duration) -> Side {
-        let nic = Arc::new(SoftNic::new(SoftNicConfig::new(name)).expect("softnic"));
+    /// A softnic of one PU, host-driven (`SoftNicConfig::host_driven`: no PU thread, this
+    /// thread's calls run its round) or not, with its endpoint, memory and a QP.
+    fn new(name: &str, spin: Duration, host_driven: bool) -> Side {
+        let mut config = SoftNicConfig::new(name);
+        config.host_driven = host_driven;
+        let nic = Arc::new(SoftNic::new(config).expect("softnic"));
         let mut cfg = RoceConfig::new(Ipv4Addr::LOCALHOST);
         cfg.bind.set_port(0);
         cfg.spin = spin;
@@ -452,176 +492,27 @@ impl Side {
             qp,
         }
     }
-}
 
-/// This side's softnic, connected to the peer's.
-struct Client {
-    nic: Arc<SoftNic>,
-    ep: RoceEndpoint,
-    pd: Pdn,
-    qp: Qpn,
-    cq: Cqn,
-    buf: Arc<SharedBuffer>,
-    mr: MrInfo,
-    remote: RegionRecord,
-    out: Vec<Completion>,
-}
-
-impl Client {
-    fn connect(c: &mut Control, spin: Duration) -> Client {
-        c.say("softnic");
-        let Side {
-            nic,
-            ep,
-            pd,
-            buf,
-            mr,
-            cq,
-            qp,
-        } = Side::new("client", spin);
-        let mut ours = ep.record(qp, 1);
-        ours.mtu = MTU;
-        ours.regions.push(RegionRecord {
-            name: "pong".into(),
-            addr: mr.addr.0 + PONG_AT,
-            rkey: mr.lkey.0,
-            len: 4096,
-            rights: 2,
-        });
-        write_record(&mut c.writer, &ours).expect("record");
-        let theirs = read_record(&mut c.reader).expect("peer record");
-        ep.connect(&ours, &theirs).expect("connect");
-        let remote = theirs.region("mem").expect("peer memory").clone();
-        Client {
-            nic,
-            ep,
-            pd,
-            qp,
-            cq,
-            buf,
-            mr,
-            remote,
-            out: Vec::new(),
-        }
-    }
-
-    fn op(&self, what: &str, wr_id: u64, len: u32) -> WrOp {
-        let remote = redn_program::wqe::RemoteAddr {
-            addr: VirtAddr(self.remote.addr),
-            rkey: Rkey(self.remote.rkey),
-        };
-        let sge = self.mr.sge(0, len);
-        match what {
-            "SEND" => WrOp::Send {
-                payload: Payload::Sgl(vec![sge]),
-                imm: None,
-            },
-            "WRITE" => WrOp::Write {
-                remote,
-                payload: Payload::Sgl(vec![sge]),
-                imm: None,
-            },
-            "WRITE_IMM" => WrOp::Write {
-                remote,
-                payload: Payload::Sgl(vec![sge]),
-                imm: Some(redn_sys::conv::low32(wr_id)),
-            },
-            "READ" => WrOp::Read {
-                remote,
-                sgl: vec![self.mr.sge(1 << 20, len)],
-            },
-            _ => WrOp::CompareSwap {
-                remote,
-                compare: 0,
-                swap: 0,
-                result: Some(self.mr.sge(2 << 20, 8)),
-            },
-        }
-    }
-
-    fn post(&self, wr_id: u64, op: WrOp, flags: WqeFlags) {
-        self.nic
-            .post_send(self.qp, &[WorkRequest { wr_id, flags, op }])
-            .expect("post");
-    }
-
-    fn wait(&mut self, n: usize) {
-        let mut got = 0;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while got < n {
-            self.out.clear();
-            got += self
-                .nic
-                .poll_cq(self.cq, n - got, &mut self.out)
-                .expect("poll");
-            for c in &self.out {
-                assert!(c.is_ok(), "completion failed: {c:?}");
-            }
-            if self.out.is_empty() {
-                std::thread::yield_now();
-            }
-            assert!(Instant::now() < deadline, "the softnic stopped answering");
-        }
-    }
-
-    /// Post-to-completion times of `n` 64 B operations.
-    fn latencies(&mut self, what: &str, n: usize) -> Vec<f64> {
-        let mut v = Vec::with_capacity(n);
-        for i in 0..n + n / 10 {
-            let op = self.op(what, i as u64, 64);
-            let t = Instant::now();
-            self.post(i as u64, op, WqeFlags::SIGNALED);
-            self.wait(1);
-            if i >= n / 10 {
-                v.push(ns(t.elapsed()));
-            }
-        }
-        v
-    }
-
-    /// Spin (yielding: two cores carry both processes) until the word at `pong` is `seq`.
+    /// Spin (yielding: two cores carry both processes) until the word at `pong` is `seq`;
+    /// a host-driven softnic's round runs in each turn (its only way to take the answer in).
     fn await_answer(&self, pong: usize, seq: u64) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.buf.load_u64(pong) != seq {
             assert!(Instant::now() < deadline, "no answer to WRITE_IMM {seq}");
-            std::thread::yield_now();
-        }
-    }
-
-    /// WRITE_IMM of 64 B, answered by the peer's host with a WRITE of 64 B whose first word
-    /// is the immediate: post to seeing that word.
-    fn write_imm_round_trips(&mut self, n: usize) -> Vec<f64> {
-        let mut v = Vec::with_capacity(n);
-        let pong = redn_sys::conv::idx(PONG_AT);
-        for i in 1..=(n + n / 10) as u64 {
-            let op = self.op("WRITE_IMM", i, 64);
-            let t = Instant::now();
-            // Unsignaled: a send queue error still completes, and the answer is what counts.
-            self.post(
-                i,
-                op,
-                if i % 256 == 0 {
-                    WqeFlags::SIGNALED
-                } else {
-                    WqeFlags::NONE
-                },
-            );
-            self.await_answer(pong, i);
-            if i > (n / 10) as u64 {
-                v.push(ns(t.elapsed()));
-            }
-            if i % 256 == 0 {
-                self.wait(1);
+            if self.nic.config().host_driven {
+                // Its only thread on the path: it busy-polls, as raw UDP's ends do.
+                self.nic.progress();
+            } else {
+                std::thread::yield_now();
             }
         }
-        v
     }
 
     /// WRITE_IMM of 64 B whose first word is the sequence number, answered by an offload on
     /// the peer (a WAIT on its receive CQ, then a WRITE of the 64 B just received back to
     /// this side; all posted before the run, so no server host in the loop), on a second QP
     /// pair: post to seeing the sequence number come back.
-    fn offload_round_trips(&mut self, c: &mut Control, n: usize) -> Vec<f64> {
+    fn offload_round_trips(&self, c: &mut Control, n: usize) -> Vec<f64> {
         let rounds = n + n / 10;
         c.say(&format!("offload {rounds}"));
         let cq = self.nic.create_cq(CqConfig::new(1 << 16)).expect("cq");
@@ -691,6 +582,144 @@ impl Client {
             "host_posts 0",
             "the offload ran with no server host post"
         );
+        v
+    }
+}
+
+/// This side's softnic, connected to the peer's.
+struct Client {
+    side: Side,
+    remote: RegionRecord,
+    out: Vec<Completion>,
+}
+
+impl Client {
+    fn connect(c: &mut Control, spin: Duration) -> Client {
+        c.say("softnic");
+        let side = Side::new("client", spin, false);
+        let (ep, mr, qp) = (&side.ep, &side.mr, side.qp);
+        let mut ours = ep.record(qp, 1);
+        ours.mtu = MTU;
+        ours.regions.push(RegionRecord {
+            name: "pong".into(),
+            addr: mr.addr.0 + PONG_AT,
+            rkey: mr.lkey.0,
+            len: 4096,
+            rights: 2,
+        });
+        write_record(&mut c.writer, &ours).expect("record");
+        let theirs = read_record(&mut c.reader).expect("peer record");
+        ep.connect(&ours, &theirs).expect("connect");
+        let remote = theirs.region("mem").expect("peer memory").clone();
+        Client {
+            side,
+            remote,
+            out: Vec::new(),
+        }
+    }
+
+    fn op(&self, what: &str, wr_id: u64, len: u32) -> WrOp {
+        let remote = redn_program::wqe::RemoteAddr {
+            addr: VirtAddr(self.remote.addr),
+            rkey: Rkey(self.remote.rkey),
+        };
+        let sge = self.side.mr.sge(0, len);
+        match what {
+            "SEND" => WrOp::Send {
+                payload: Payload::Sgl(vec![sge]),
+                imm: None,
+            },
+            "WRITE" => WrOp::Write {
+                remote,
+                payload: Payload::Sgl(vec![sge]),
+                imm: None,
+            },
+            "WRITE_IMM" => WrOp::Write {
+                remote,
+                payload: Payload::Sgl(vec![sge]),
+                imm: Some(redn_sys::conv::low32(wr_id)),
+            },
+            "READ" => WrOp::Read {
+                remote,
+                sgl: vec![self.side.mr.sge(1 << 20, len)],
+            },
+            _ => WrOp::CompareSwap {
+                remote,
+                compare: 0,
+                swap: 0,
+                result: Some(self.side.mr.sge(2 << 20, 8)),
+            },
+        }
+    }
+
+    fn post(&self, wr_id: u64, op: WrOp, flags: WqeFlags) {
+        self.side
+            .nic
+            .post_send(self.side.qp, &[WorkRequest { wr_id, flags, op }])
+            .expect("post");
+    }
+
+    fn wait(&mut self, n: usize) {
+        let mut got = 0;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while got < n {
+            self.out.clear();
+            got += self
+                .side
+                .nic
+                .poll_cq(self.side.cq, n - got, &mut self.out)
+                .expect("poll");
+            for c in &self.out {
+                assert!(c.is_ok(), "completion failed: {c:?}");
+            }
+            if self.out.is_empty() {
+                std::thread::yield_now();
+            }
+            assert!(Instant::now() < deadline, "the softnic stopped answering");
+        }
+    }
+
+    /// Post-to-completion times of `n` 64 B operations.
+    fn latencies(&mut self, what: &str, n: usize) -> Vec<f64> {
+        let mut v = Vec::with_capacity(n);
+        for i in 0..n + n / 10 {
+            let op = self.op(what, i as u64, 64);
+            let t = Instant::now();
+            self.post(i as u64, op, WqeFlags::SIGNALED);
+            self.wait(1);
+            if i >= n / 10 {
+                v.push(ns(t.elapsed()));
+            }
+        }
+        v
+    }
+
+    /// WRITE_IMM of 64 B, answered by the peer's host with a WRITE of 64 B whose first word
+    /// is the immediate: post to seeing that word.
+    fn write_imm_round_trips(&mut self, n: usize) -> Vec<f64> {
+        let mut v = Vec::with_capacity(n);
+        let pong = redn_sys::conv::idx(PONG_AT);
+        for i in 1..=(n + n / 10) as u64 {
+            let op = self.op("WRITE_IMM", i, 64);
+            let t = Instant::now();
+            // Unsignaled: a send queue error still completes, and the answer is what counts.
+            self.post(
+                i,
+                op,
+                if i % 256 == 0 {
+                    WqeFlags::SIGNALED
+                } else {
+                    WqeFlags::NONE
+                },
+            );
+            self.side.await_answer(pong, i);
+            if i > (n / 10) as u64 {
+                v.push(ns(t.elapsed()));
+            }
+            if i % 256 == 0 {
+                self.wait(1);
+            }
+        }
         v
     }
 
@@ -880,7 +909,7 @@ fn serve_softnic(c: &mut Control, spin: Duration) -> Server {
         mr,
         cq,
         qp,
-    } = Side::new("server", spin);
+    } = Side::new("server", spin, false);
     for i in 0..1024u64 {
         nic.post_recv(qp, i, &[mr.sge(4 << 20, 4096)])
             .expect("recv");

@@ -51,6 +51,15 @@ pub struct SoftNicConfig {
     /// differential test (`tests/differential.rs`) runs the same programs both ways and
     /// requires the same memory, completions, counters and states.
     pub fast_paths: bool,
+    /// Run no PU threads: the calling thread runs the PUs' rounds inside its own calls
+    /// (`post_send`, `ring_doorbell`, `post_recv`, `poll_cq`, [`SoftNic::progress`]), as a
+    /// poll-mode driver does, so an app that busy-polls is the only thread on the path.
+    /// Work handed to a queue (a doorbell, a SEND_EN, a completion a WAIT counts, a RoCE
+    /// datagram) runs at the next such call; an app that stops calling stops its queues
+    /// (`docs/rocev2.md`, "Host-driven softnics"). Off by default.
+    ///
+    /// [`SoftNic::progress`]: super::SoftNic::progress
+    pub host_driven: bool,
 }
 
 impl SoftNicConfig {
@@ -63,6 +72,7 @@ impl SoftNicConfig {
             prefetch: Prefetch::Depth(8),
             wqe_checks: false,
             fast_paths: true,
+            host_driven: false,
         }
     }
 }

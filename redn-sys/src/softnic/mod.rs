@@ -28,6 +28,8 @@ mod shared;
 mod spin;
 mod transport;
 mod wake;
+// After `pu` and `shared`, whose round it runs.
+mod host_driven;
 
 pub use config::{Prefetch, SoftNicConfig};
 pub use cq::completion_clock_ns;
@@ -62,6 +64,9 @@ use wake::PuSet;
 pub struct SoftNic {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    /// The PUs' state when the calling threads run them (`host_driven`); None with PU
+    /// threads.
+    host: Option<host_driven::HostDriven>,
 }
 
 impl std::fmt::Debug for SoftNic {
@@ -117,6 +122,14 @@ impl SoftNic {
             idle: idle::IdleHooks::new(pus.len()),
         });
         let mut threads = Vec::new();
+        if shared.config.host_driven {
+            let host = Some(host_driven::HostDriven::new(pus.len()));
+            return Ok(SoftNic {
+                shared,
+                threads,
+                host,
+            });
+        }
         for i in 0..pus.len() {
             let p = Arc::clone(&pus);
             let w = Arc::downgrade(&shared);
@@ -130,7 +143,11 @@ impl SoftNic {
                 })?;
             threads.push(t);
         }
-        Ok(SoftNic { shared, threads })
+        Ok(SoftNic {
+            shared,
+            threads,
+            host: None,
+        })
     }
 
     /// A softnic with default settings and `pus` processing units.
@@ -144,6 +161,21 @@ impl SoftNic {
     /// Its settings.
     pub fn config(&self) -> &SoftNicConfig {
         &self.shared.config
+    }
+
+    /// Run the PUs' rounds now on a host-driven softnic ([`SoftNicConfig::host_driven`]);
+    /// nothing on one with PU threads. For an app that waits without another call into the
+    /// softnic, say for the word an answering WRITE lands (a CQ poll runs them too).
+    pub fn progress(&self) {
+        self.drive();
+    }
+
+    /// [`Self::progress`], after each call that may give the queues work.
+    #[inline]
+    fn drive(&self) {
+        if let Some(h) = &self.host {
+            h.drive(&self.shared);
+        }
     }
 
     /// Connect queue pair `a` of softnic `nic_a` with `b` of `nic_b` (in-process transport).
@@ -496,7 +528,7 @@ impl Nic for SoftNic {
 
     fn post_send(&self, qp: Qpn, wrs: &[WorkRequest]) -> Result<()> {
         let q = self.shared.qp(qp)?;
-        let _guard = q.post.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = q.post.lock().unwrap_or_else(|e| e.into_inner());
         let pi = q.posted.load(Ordering::Acquire);
         let consumed = q.consumed.load(Ordering::Acquire);
         // Encode everything first: a bad request posts nothing. Only the encoded bytes are
@@ -535,12 +567,14 @@ impl Nic for SoftNic {
             q.doorbell.fetch_max(at, Ordering::AcqRel);
         }
         q.pus.notify(q.pu);
+        drop(guard);
+        self.drive();
         Ok(())
     }
 
     fn post_recv(&self, qp: Qpn, wr_id: u64, sgl: &[Sge]) -> Result<()> {
         let q = self.shared.qp(qp)?;
-        let _guard = q.post.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = q.post.lock().unwrap_or_else(|e| e.into_inner());
         let entries = q.rq.ring.stride / SEG_SIZE;
         let bytes = encode_recv(sgl, entries)?;
         let posted = q.rq.posted.load(Ordering::Acquire);
@@ -559,6 +593,8 @@ impl Nic for SoftNic {
             q.flush_recv();
         }
         q.wake_requester();
+        drop(guard);
+        self.drive();
         Ok(())
     }
 
@@ -568,6 +604,7 @@ impl Nic for SoftNic {
             q.doorbell.fetch_max(pi, Ordering::AcqRel);
             q.pus.notify(q.pu);
         }
+        self.drive();
         Ok(())
     }
 
@@ -589,17 +626,20 @@ impl Nic for SoftNic {
         }
         q.rq.posted.fetch_max(n, Ordering::AcqRel);
         q.wake_requester();
+        self.drive();
         Ok(())
     }
 
     fn poll_cq(&self, cq: Cqn, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
         // Hosts spin on this: a poll that finds nothing writes none of the CQ's lines.
+        self.drive();
         self.shared
             .with_cq(cq, |c| c.poll(max, out))?
             .map_err(|()| Error::CqOverrun(cq))
     }
 
     fn cq_produced(&self, cq: Cqn) -> Result<u64> {
+        self.drive();
         self.shared.with_cq(cq, CqShared::produced)
     }
 

@@ -132,6 +132,71 @@ const ROUNDS_PER_CLOCK: u32 = 16;
 /// Rounds with queue work between two polls of the PU's idle work.
 const BUSY_ROUNDS_PER_IDLE_POLL: u32 = 64;
 
+/// The queues one PU runs and what it polls when they have nothing: the state of a PU's
+/// round, kept by its thread, or by a host-driven softnic's handle for the calling thread
+/// (`host_driven`), so both run the same round.
+#[derive(Default)]
+pub(crate) struct PuQueues {
+    /// Boxed and taken out while they run, so a running queue can hand over to the others
+    /// (`Siblings`).
+    queues: Vec<Option<Box<SqExec>>>,
+    /// What the PU polls when its queues have nothing (`idle`: a RoCE endpoint's socket).
+    pub(crate) idle_work: Vec<Arc<dyn IdleWork>>,
+}
+
+impl PuQueues {
+    /// Take the queues handed to PU `index` since the last call, drop destroyed ones and
+    /// re-read the PU's idle work (after its `changed` flag was seen set).
+    pub(crate) fn take_changes(&mut self, index: usize, shared: &Arc<Shared>) {
+        let new: Vec<_> = std::mem::take(
+            &mut *shared.incoming[index]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for qp in new {
+            self.queues
+                .push(Some(Box::new(SqExec::new(qp, Arc::clone(shared)))));
+        }
+        self.queues
+            .retain(|q| q.as_ref().is_some_and(|q| !q.is_destroyed()));
+        self.idle_work = shared.idle.of(index);
+    }
+
+    /// Visit every queue once (up to `BURST` WQEs each): whether any made progress, and the
+    /// earliest time a rate-limited one may go on.
+    pub(crate) fn scan(&mut self) -> (bool, Option<Instant>) {
+        let mut progress = false;
+        let mut deadline: Option<Instant> = None;
+        for i in 0..self.queues.len() {
+            let Some(mut q) = self.queues[i].take() else {
+                continue;
+            };
+            let outcome = q.run(
+                BURST,
+                Some(&mut Siblings {
+                    queues: &mut self.queues,
+                }),
+            );
+            self.queues[i] = Some(q);
+            match outcome {
+                RunOutcome::Progress => progress = true,
+                RunOutcome::Idle => {}
+                RunOutcome::RetryAt(t) => deadline = Some(deadline.map_or(t, |d| d.min(t))),
+            }
+        }
+        (progress, deadline)
+    }
+
+    /// Poll the idle work once; true if any of it did something.
+    pub(crate) fn poll_idle(&self) -> bool {
+        let mut progress = false;
+        for w in &self.idle_work {
+            progress |= w.poll();
+        }
+        progress
+    }
+}
+
 /// Body of PU thread `index`. Holds only a weak reference to the NIC so that dropping the last
 /// handle shuts the PUs down.
 pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
@@ -139,11 +204,7 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
     let me = &pus.pus[index].0;
     let _ = me.thread.set(std::thread::current());
     wake::enter(&pus, index);
-    // Boxed and taken out while they run, so a running queue can hand over to the others
-    // (`Siblings`).
-    let mut queues: Vec<Option<Box<SqExec>>> = Vec::new();
-    // What it polls when its queues have nothing (`idle`: a RoCE endpoint's socket).
-    let mut idle_work: Vec<Arc<dyn IdleWork>> = Vec::new();
+    let mut round = PuQueues::default();
     let mut busy_rounds: u32 = 0;
     let mut idle_since: Option<Instant> = None;
     // Idle rounds since the last progress, and whether the PU has stopped busy-spinning.
@@ -157,37 +218,10 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
         }
         if me.changed.load(Ordering::Relaxed) && me.changed.swap(false, Ordering::AcqRel) {
             let Some(shared) = nic.upgrade() else { return };
-            let new: Vec<_> = std::mem::take(
-                &mut *shared.incoming[index]
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()),
-            );
-            for qp in new {
-                queues.push(Some(Box::new(SqExec::new(qp, Arc::clone(&shared)))));
-            }
-            queues.retain(|q| q.as_ref().is_some_and(|q| !q.is_destroyed()));
-            idle_work = shared.idle.of(index);
+            round.take_changes(index, &shared);
         }
 
-        let mut progress = false;
-        let mut deadline: Option<Instant> = None;
-        for i in 0..queues.len() {
-            let Some(mut q) = queues[i].take() else {
-                continue;
-            };
-            let outcome = q.run(
-                BURST,
-                Some(&mut Siblings {
-                    queues: &mut queues,
-                }),
-            );
-            queues[i] = Some(q);
-            match outcome {
-                RunOutcome::Progress => progress = true,
-                RunOutcome::Idle => {}
-                RunOutcome::RetryAt(t) => deadline = Some(deadline.map_or(t, |d| d.min(t))),
-            }
-        }
+        let (mut progress, deadline) = round.scan();
         // Idle work runs when the queues have none, and every `BUSY_ROUNDS_PER_IDLE_POLL`
         // rounds of queue work too, so a PU kept busy does not starve what it polls.
         busy_rounds = if progress {
@@ -196,9 +230,7 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
             0
         };
         if busy_rounds % BUSY_ROUNDS_PER_IDLE_POLL == 0 {
-            for w in &idle_work {
-                progress |= w.poll();
-            }
+            progress |= round.poll_idle();
         }
         if progress {
             if parking {
@@ -247,7 +279,7 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
         }
         // The scan after `prepare_to_park` found nothing: whoever gives this PU work from
         // now on sees `sleeping` and unparks it.
-        for w in &idle_work {
+        for w in &round.idle_work {
             w.parking();
         }
         awake.park(deadline.map(|d| (d, now.unwrap_or_else(Instant::now))));

@@ -69,6 +69,17 @@ pub struct RoceCounters {
     pub dropped: u64,
 }
 
+/// How long after a host-driven app's last poll of the socket its endpoint's receive thread
+/// leaves the socket to it. Short against the ACK timeout (4.096 µs · 2^14 by default, 67
+/// ms) because the ACKs the app holds for its next request go when this runs out; long
+/// against a poll loop's gaps, so that the receive thread, which looks again each time it
+/// runs out, does not wake often (1,000 times a second while the app polls).
+const HOST_LEASE: Duration = Duration::from_millis(1);
+
+/// Plain ACKs a host-driven PU holds for its next request at most (to QPs that alternate,
+/// which do not replace each other).
+const HELD_ACKS: usize = 16;
+
 /// Responses one QP's mailbox holds at most: a requester's window of READ responses and
 /// then some.
 const MAILBOX_CAP: usize = 1024;
@@ -125,9 +136,9 @@ impl Mailbox {
         r
     }
 
-    /// The next response: for `spin`, `poll` the socket (the waiting thread takes what
-    /// arrives itself, with no hand-over from the receive thread), then sleep until `until`
-    /// while the receive thread delivers.
+    /// The next response: for `spin`, `poll` the socket and pause (the waiting thread takes
+    /// what arrives itself, with no hand-over from the receive thread), then sleep until
+    /// `until` while the receive thread delivers.
     fn wait(
         &self,
         spin: Duration,
@@ -167,10 +178,8 @@ impl Mailbox {
                 return None;
             }
             if now - start < spin {
+                // `poll` also pauses, as its caller's threads want (`RoceTransport::run`).
                 poll();
-                // Yield between polls: on a machine whose cores the PUs, receive threads and
-                // hosts of both ends outnumber, a pure spin holds the core the answer needs.
-                std::thread::yield_now();
                 continue;
             }
             *self.waiter.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
@@ -208,6 +217,9 @@ struct Conn {
 /// the socket back before it sleeps.
 struct PuPoller {
     inner: Weak<Inner>,
+    /// The softnic is host-driven: the PU is the app's thread, present while it calls in
+    /// (`Inner::host_seen`), and the plain ACKs it owes ride on its next request.
+    host: bool,
     /// This PU counts in `Inner::pollers`.
     present: AtomicBool,
     /// Receive buffers and the replies of one batch (made at first use).
@@ -230,15 +242,23 @@ impl PuPoller {
     /// side pays one `sendmmsg` a turn, not two (on a busy two-core machine, where the
     /// threads of a round trip take turns on one core, that system call was on the path).
     fn poll_with(&self, inner: &Inner) -> usize {
-        // A swap, not a load and a store: should another thread ever run this PU's WQEs
-        // (and so poll as it), the count must still go up once per presence.
-        if !self.present.swap(true, Ordering::AcqRel) {
+        if self.host {
+            inner
+                .host_seen
+                .store(inner.now_ns().max(1), Ordering::Relaxed);
+        } else if !self.present.swap(true, Ordering::AcqRel) {
+            // A swap, not a load and a store: should another thread ever run this PU's WQEs
+            // (and so poll as it), the count must still go up once per presence.
             inner.pollers.fetch_add(1, Ordering::AcqRel);
         }
         let mut g = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
         let b = g.get_or_insert_with(|| Box::new((RecvBatch::default(), Outbox::default())));
-        // What the last poll's arrivals were owed and no send of the round since carried.
-        b.1.flush(inner);
+        // What the last poll's arrivals were owed and no send of the round since carried;
+        // a host's plain ACKs wait for its next request (at most `HELD_ACKS` of them, and
+        // at most the host's lease: then the receive thread sends them).
+        if !(self.host && b.1.only_acks && b.1.frames.len() < HELD_ACKS) {
+            b.1.flush(inner);
+        }
         receive_batch(inner, &mut b.0, &mut b.1, None)
     }
 
@@ -280,7 +300,13 @@ impl PuPoller {
     /// receive thread.
     fn leave(&self, inner: &Inner) {
         self.flush(inner);
-        if self.present.swap(false, Ordering::AcqRel)
+        if self.host {
+            // The host is about to sleep in a wait: the socket is the receive thread's now.
+            inner.host_seen.store(0, Ordering::Relaxed);
+            if let Some(t) = inner.rx_thread.get() {
+                t.unpark();
+            }
+        } else if self.present.swap(false, Ordering::AcqRel)
             && inner.pollers.fetch_sub(1, Ordering::AcqRel) == 1
         {
             if let Some(t) = inner.rx_thread.get() {
@@ -323,9 +349,45 @@ struct Inner {
     rx_thread: OnceLock<Thread>,
     /// Per PU with a connected QP, its turn at the socket (registered as its idle work).
     pu_pollers: Mutex<HashMap<usize, Arc<PuPoller>>>,
+    /// On a host-driven softnic, when (`now_ns`) the app's thread last polled the socket,
+    /// 0 if it has left it: the receive thread stands down for [`HOST_LEASE`] after that.
+    host_seen: AtomicU64,
+    /// Origin of `now_ns`.
+    epoch: Instant,
 }
 
 impl Inner {
+    /// Nanoseconds since the endpoint started.
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// How long the host-driven app's lease on the socket lasts still; None if it has none.
+    fn host_lease_left(&self) -> Option<Duration> {
+        let seen = self.host_seen.load(Ordering::Relaxed);
+        if seen == 0 {
+            return None;
+        }
+        let age = Duration::from_nanos(self.now_ns().saturating_sub(seen));
+        HOST_LEASE.checked_sub(age).filter(|d| !d.is_zero())
+    }
+
+    /// Send the replies that host-driven PUs hold for their next request (their app has
+    /// stopped calling in).
+    fn flush_host_replies(&self) {
+        let pollers: Vec<Arc<PuPoller>> = self
+            .pu_pollers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|p| p.host)
+            .cloned()
+            .collect();
+        for p in pollers {
+            p.flush(self);
+        }
+    }
+
     fn send(&self, batch: &[(SocketAddrV4, &[u8])]) {
         self.sent.fetch_add(batch.len() as u64, Ordering::Relaxed);
         // A failed send is a lost packet: the requester's timer recovers it.
@@ -381,6 +443,8 @@ impl RoceEndpoint {
             pollers: AtomicUsize::new(0),
             rx_thread: OnceLock::new(),
             pu_pollers: Mutex::new(HashMap::new()),
+            host_seen: AtomicU64::new(0),
+            epoch: Instant::now(),
         });
         let rx_inner = Arc::clone(&inner);
         let rx = std::thread::Builder::new()
@@ -505,6 +569,7 @@ impl RoceEndpoint {
         Arc::clone(map.entry(pu).or_insert_with(|| {
             let p = Arc::new(PuPoller {
                 inner: Arc::downgrade(&self.inner),
+                host: self.inner.nic.config.host_driven,
                 present: AtomicBool::new(false),
                 bufs: Mutex::new(None),
             });
@@ -553,7 +618,6 @@ impl Drop for RoceEndpoint {
 }
 
 /// Replies gathered from one batch of received datagrams, sent in one call.
-#[derive(Default)]
 struct Outbox {
     bytes: Vec<u8>,
     /// (destination, start, end) of each encoded reply.
@@ -561,6 +625,20 @@ struct Outbox {
     /// The last reply is a plain ACK to this QP: a later one to it replaces it (ACKs are
     /// cumulative, so only the newest of a batch needs to go).
     last_ack: Option<u32>,
+    /// Every reply held is a plain ACK (true when empty): nothing a requester waits on to
+    /// go on, which a host-driven PU may hold for its next request.
+    only_acks: bool,
+}
+
+impl Default for Outbox {
+    fn default() -> Outbox {
+        Outbox {
+            bytes: Vec::new(),
+            frames: Vec::new(),
+            last_ack: None,
+            only_acks: true,
+        }
+    }
 }
 
 impl Outbox {
@@ -585,6 +663,7 @@ impl Outbox {
         );
         self.frames.push((to, start, self.bytes.len()));
         self.last_ack = plain_ack.then_some(h.dest_qp);
+        self.only_acks &= plain_ack;
     }
 
     fn flush(&mut self, inner: &Inner) {
@@ -603,6 +682,7 @@ impl Outbox {
         self.bytes.clear();
         self.frames.clear();
         self.last_ack = None;
+        self.only_acks = true;
     }
 }
 
@@ -642,12 +722,26 @@ fn receive_loop(inner: &Arc<Inner>) {
     let mut out = Outbox::default();
     // Wake at least this often to notice a shutdown.
     let nap = Duration::from_millis(10);
+    // The host lease this thread last saw run out (whose held replies it sent).
+    let mut lapsed = 0;
     while !inner.shutdown.load(Ordering::Acquire) {
         if inner.pollers.load(Ordering::Acquire) > 0 {
             // The last PU to leave unparks this thread (an unpark before the park makes it
             // return at once).
             std::thread::park_timeout(nap);
             continue;
+        }
+        if let Some(left) = inner.host_lease_left() {
+            // A host-driven app is calling in: it takes the datagrams itself. Look again
+            // when its lease runs out (its calls renew it; a wait it sleeps in ends it).
+            std::thread::park_timeout(left.min(nap));
+            continue;
+        }
+        let seen = inner.host_seen.load(Ordering::Relaxed);
+        if seen != lapsed {
+            // The app stopped calling: the ACKs it held for its next request go now.
+            lapsed = seen;
+            inner.flush_host_replies();
         }
         let n = receive_batch(inner, &mut batch, &mut out, Some(nap));
         if n > 0 {
@@ -835,12 +929,29 @@ impl RoceTransport {
                     .poller
                     .send_with_replies(&self.inner, self.conn.remote, &bytes, &frames);
             }
+            // A host-driven app's thread polls until the answer or the requester's next timer
+            // (a retransmission), never sleeping: it is in a call to the softnic already,
+            // and a sleep would hand every answer over from the receive thread to it.
+            let spin = if self.conn.poller.host {
+                Duration::MAX
+            } else {
+                self.inner.spin
+            };
             let progress = match self.conn.mailbox.wait(
-                self.inner.spin,
+                spin,
                 req.next_timer(),
                 give_up,
                 || {
                     self.conn.poller.poll_with(&self.inner);
+                    if self.conn.poller.host {
+                        // A host-driven softnic's app thread is the only thread of its side
+                        // on the path (as a raw UDP ping-pong's): it spins as they do.
+                        std::hint::spin_loop();
+                    } else {
+                        // On a machine whose cores the PUs, receive threads and hosts of
+                        // both ends outnumber, a pure spin holds the core the answer needs.
+                        std::thread::yield_now();
+                    }
                 },
                 || self.conn.poller.leave(&self.inner),
             ) {
@@ -1043,6 +1154,7 @@ mod tests {
         script.inbox.lock().unwrap().push_back((peer, d));
         let poller = PuPoller {
             inner: Arc::downgrade(&ep.inner),
+            host: false,
             present: AtomicBool::new(false),
             bufs: Mutex::new(None),
         };

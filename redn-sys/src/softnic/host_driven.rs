@@ -1,0 +1,204 @@
+//! Host-driven softnics ([`SoftNicConfig::host_driven`](super::SoftNicConfig::host_driven)):
+//! no PU threads; the app thread's own calls run the PUs' rounds, as a DPDK poll-mode driver
+//! or rxe's requester task runs in its caller's context. A round is the PU thread's round
+//! (`pu::PuQueues`: the same executor, the same RoCE endpoint code), so a host-driven
+//! softnic has no second copy of any WQE's semantics.
+//!
+//! Why: a RoCE round trip between two processes on a small machine is a rotation of the
+//! busy threads on its cores. A client whose PU is a thread of its own puts three on the
+//! path (its host, its PU, the server's PU) where a raw UDP ping-pong has two; host-driven,
+//! the client's host is its PU (`docs/softnic-performance.md`, "The RoCEv2 round trip").
+//!
+//! One caller at a time runs the rounds (a try-lock); a call that finds them running leaves
+//! a request (`wanted`) that the running caller serves before it lets go, so no call's
+//! doorbell waits for a later call. What the queues are handed between calls (a completion
+//! a WAIT counts, a datagram for the RoCE endpoint) waits for the next call: an app that
+//! stops calling stops its queues, and its endpoint's receive thread serves the socket for
+//! it (see `roce::endpoint`, the host's lease).
+
+use super::pu::PuQueues;
+use super::shared::Shared;
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
+
+/// Rounds one call runs at most while they make progress: a queue that always has work (a
+/// recycled loop) must not keep the caller forever; its next call goes on.
+const MAX_ROUNDS: usize = 64;
+
+/// The PUs' state of a host-driven softnic, run by whichever app thread calls in.
+pub(crate) struct HostDriven {
+    /// Some call wants the rounds run: set before the try-lock, so that a caller holding
+    /// the lock runs them once more for a caller that could not take it.
+    wanted: AtomicBool,
+    pus: Mutex<Vec<PuQueues>>,
+}
+
+impl HostDriven {
+    pub(crate) fn new(pus: usize) -> HostDriven {
+        HostDriven {
+            wanted: AtomicBool::new(false),
+            pus: Mutex::new((0..pus).map(|_| PuQueues::default()).collect()),
+        }
+    }
+
+    /// Run every PU's rounds until none makes progress (at most [`MAX_ROUNDS`] each), or
+    /// leave that to the caller running them now.
+    pub(crate) fn drive(&self, shared: &Arc<Shared>) {
+        self.wanted.store(true, Ordering::Relaxed);
+        loop {
+            // The caller's half of a store-load handshake with the holder's release below:
+            // either this try-lock sees the lock free or the holder sees `wanted`.
+            fence(Ordering::SeqCst);
+            let mut pus = match self.pus.try_lock() {
+                Ok(g) => g,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
+            };
+            while self.wanted.swap(false, Ordering::AcqRel) {
+                for (index, pu) in pus.iter_mut().enumerate() {
+                    rounds(index, pu, shared);
+                }
+            }
+            drop(pus);
+            fence(Ordering::SeqCst);
+            if !self.wanted.load(Ordering::Relaxed) {
+                return;
+            }
+        }
+    }
+}
+
+/// PU `index`'s rounds: its queues, then (when they had nothing, and on the last round)
+/// its idle work, until a round does nothing.
+fn rounds(index: usize, pu: &mut PuQueues, shared: &Arc<Shared>) {
+    let notice = &shared.pus.pus[index].0.changed;
+    for round in 0..MAX_ROUNDS {
+        if notice.load(Ordering::Relaxed) && notice.swap(false, Ordering::AcqRel) {
+            pu.take_changes(index, shared);
+        }
+        // A rate-limited queue's deadline needs no timer here: the app's next call looks
+        // again.
+        let (mut progress, _deadline) = pu.scan();
+        if !progress || round + 1 == MAX_ROUNDS {
+            progress |= pu.poll_idle();
+        }
+        if !progress {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::mem::SharedBuffer;
+    use crate::nic::{CqConfig, Nic, QpConfig};
+    use crate::softnic::{SoftNic, SoftNicConfig};
+    use crate::types::{Access, Rkey};
+    use crate::wqe::{Payload, RemoteAddr, WorkRequest, WqeFlags, WrOp};
+    use std::time::{Duration, Instant};
+
+    fn host_driven_nic(pus: usize) -> SoftNic {
+        let mut cfg = SoftNicConfig::new("host-driven-unit");
+        cfg.pus = pus;
+        cfg.host_driven = true;
+        SoftNic::new(cfg).unwrap()
+    }
+
+    /// The call that posts runs the WQE: a loopback WRITE has run when `post_send`
+    /// returns, with no other thread to run it.
+    #[test]
+    fn a_post_runs_its_wqe_before_it_returns() {
+        let nic = host_driven_nic(1);
+        let pd = nic.alloc_pd().unwrap();
+        let buf = SharedBuffer::new(4096);
+        let mr = nic.reg_mr(pd, &buf, 0, 4096, Access::ALL).unwrap();
+        let cq = nic.create_cq(CqConfig::new(16)).unwrap();
+        let qp = nic.create_qp(QpConfig::new(pd, cq)).unwrap().qpn;
+        nic.connect(qp, qp).unwrap();
+        buf.write(0, b"inline!!");
+        let op = WrOp::Write {
+            remote: RemoteAddr {
+                addr: crate::types::VirtAddr(mr.addr.0 + 1024),
+                rkey: Rkey(mr.lkey.0),
+            },
+            payload: Payload::Sgl(vec![mr.sge(0, 8)]),
+            imm: None,
+        };
+        nic.post_send(
+            qp,
+            &[WorkRequest {
+                wr_id: 7,
+                flags: WqeFlags::SIGNALED,
+                op,
+            }],
+        )
+        .unwrap();
+        assert_eq!(nic.sq_consumed(qp).unwrap(), 1);
+        let mut placed = [0u8; 8];
+        buf.read(1024, &mut placed);
+        assert_eq!(&placed, b"inline!!");
+    }
+
+    /// Threads calling in at once (each posting to its own queue, on a PU of its own or a
+    /// shared one) all see their work done, each WQE once and in order: one caller at a
+    /// time runs the rounds, whoever it is.
+    #[test]
+    fn concurrent_callers_all_see_their_work_done() {
+        const PER_THREAD: u64 = 2000;
+        let nic = host_driven_nic(2);
+        let pd = nic.alloc_pd().unwrap();
+        let buf = SharedBuffer::new(1 << 16);
+        let mr = nic.reg_mr(pd, &buf, 0, 1 << 16, Access::ALL).unwrap();
+        let mut queues = Vec::new();
+        for pu in [0, 1, 1] {
+            let cq = nic.create_cq(CqConfig::new(4096)).unwrap();
+            let mut qc = QpConfig::new(pd, cq);
+            qc.pu = Some(pu);
+            qc.sq_bbs = 64;
+            let qp = nic.create_qp(qc).unwrap().qpn;
+            nic.connect(qp, qp).unwrap();
+            queues.push((qp, cq));
+        }
+        std::thread::scope(|s| {
+            for (t, &(qp, cq)) in queues.iter().enumerate() {
+                let (nic, mr) = (&nic, &mr);
+                s.spawn(move || {
+                    let mut done = 0u64;
+                    let mut out = Vec::new();
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    for i in 0..PER_THREAD {
+                        let op = WrOp::Write {
+                            remote: RemoteAddr {
+                                addr: crate::types::VirtAddr(mr.addr.0 + 4096 * (t as u64 + 1)),
+                                rkey: Rkey(mr.lkey.0),
+                            },
+                            payload: Payload::Inline(i.to_le_bytes().to_vec()),
+                            imm: None,
+                        };
+                        let wr = WorkRequest {
+                            wr_id: i,
+                            flags: WqeFlags::SIGNALED,
+                            op,
+                        };
+                        // Keep at most 32 in flight: the ring has 64 slots.
+                        while i - done >= 32 {
+                            out.clear();
+                            done += nic.poll_cq(cq, 64, &mut out).unwrap() as u64;
+                            assert!(Instant::now() < deadline, "queue {t} stalled at {done}");
+                        }
+                        nic.post_send(qp, &[wr]).unwrap();
+                    }
+                    while done < PER_THREAD {
+                        out.clear();
+                        done += nic.poll_cq(cq, 64, &mut out).unwrap() as u64;
+                        assert!(out.iter().all(|c| c.is_ok()), "{out:?}");
+                        assert!(Instant::now() < deadline, "queue {t} stalled at {done}");
+                    }
+                });
+            }
+        });
+        for t in 0..queues.len() {
+            assert_eq!(buf.load_u64(4096 * (t + 1)), PER_THREAD - 1);
+        }
+    }
+}
