@@ -626,25 +626,29 @@ fn a_read_reverses_bytes_only_across_one_byte_entries_at_descending_addresses() 
     }
 }
 
+/// A byte rate of 30,000 bytes a second on the loopback queue: a burst of 30 bytes (one
+/// millisecond's), which the bucket starts with.
+fn byte_rate(l: &Loopback) {
+    let limit = redn_sys::nic::RateLimit {
+        wqes_per_sec: 0,
+        bytes_per_sec: 30_000,
+    };
+    l.nic.set_rate_limit(l.ep.qp.qpn, limit).unwrap();
+}
+
 #[test]
 fn a_byte_rate_charges_an_inline_payload_its_length() {
     // Under a byte rate every WQE goes through the general executor, which charges what
-    // `payload_len` says: an inline WRITE or SEND of 8 bytes costs 8 of the 1,000-byte
-    // burst, so both pass at once and nothing is delayed. Charged the inline header word as
-    // a length (2^31 + 8), the first would leave the bucket an hour in debt.
+    // `payload_len` says: three inline WRITEs and SENDs of 12 bytes cost 12 each, so they
+    // take 30 to -6 and pass at once (a bucket may go negative by one operation's cost).
+    // Charged anything else (the inline header word as a length, 2^31 + 12, or the control
+    // segment's first word, 8 for a WRITE at index 0 and 266 for a SEND at index 1) the
+    // bucket runs dry before the third and delays it.
     for path in PATHS {
         let l = loopback(path, false);
-        l.nic.post_recv(l.ep.qp.qpn, 9, &[l.mem.mr.sge(600, 8)]).unwrap();
-        l.nic
-            .set_rate_limit(
-                l.ep.qp.qpn,
-                redn_sys::nic::RateLimit {
-                    wqes_per_sec: 0,
-                    bytes_per_sec: 1_000_000,
-                },
-            )
-            .unwrap();
-        let inline = || redn_program::wqe::Payload::Inline(b"12345678".to_vec());
+        l.nic.post_recv(l.ep.qp.qpn, 9, &[l.mem.mr.sge(600, 12)]).unwrap();
+        byte_rate(&l);
+        let inline = || redn_program::wqe::Payload::Inline(b"0123456789ab".to_vec());
         let ops = [
             WrOp::Write {
                 remote: l.mem.mr.remote(500),
@@ -656,7 +660,7 @@ fn a_byte_rate_charges_an_inline_payload_its_length() {
                 imm: None,
             },
             WrOp::Write {
-                remote: l.mem.mr.remote(508),
+                remote: l.mem.mr.remote(512),
                 payload: inline(),
                 imm: None,
             },
@@ -664,8 +668,103 @@ fn a_byte_rate_charges_an_inline_payload_its_length() {
         let wrs: Vec<WorkRequest> = ops.into_iter().map(|op| wr(1, SIG, op)).collect();
         let done = l.run(&wrs);
         assert!(done.iter().all(Completion::is_ok), "{path:?}: {done:?}");
-        assert_eq!(l.mem.read(500, 16), b"1234567812345678", "{path:?}");
+        assert_eq!(l.mem.read(500, 24), b"0123456789ab0123456789ab", "{path:?}");
+        assert_eq!(l.mem.read(600, 12), b"0123456789ab", "{path:?}");
         let delays = l.nic.counters(l.ep.qp.qpn).unwrap().rate_limit_delays;
-        assert_eq!(delays, 0, "{path:?}: 24 bytes of a 1,000-byte burst");
+        assert_eq!(delays, 0, "{path:?}: 36 bytes from a 30-byte burst");
+    }
+}
+
+#[test]
+fn a_byte_rate_charges_nothing_for_a_write_without_data_segments() {
+    // A WRITE of ds 2 has no payload segment: what follows its remote-address segment in
+    // its basic block (here a word with the inline bit set) is no length of its.
+    for path in PATHS {
+        let l = loopback(path, false);
+        byte_rate(&l);
+        let empty = WrOp::Write {
+            remote: l.mem.mr.remote(500),
+            payload: redn_program::wqe::Payload::Sgl(vec![]),
+            imm: None,
+        };
+        let done = run_patched(&l, empty, |b| b[32..36].fill(0xff));
+        assert!(done.is_ok(), "{path:?}: {done:?}");
+        let next = WrOp::Write {
+            remote: l.mem.mr.remote(500),
+            payload: redn_program::wqe::Payload::Inline(b"after".to_vec()),
+            imm: None,
+        };
+        assert!(l.run(&[wr(2, SIG, next)])[0].is_ok(), "{path:?}");
+        assert_eq!(l.mem.read(500, 5), b"after", "{path:?}");
+        let delays = l.nic.counters(l.ep.qp.qpn).unwrap().rate_limit_delays;
+        assert_eq!(delays, 0, "{path:?}: 5 bytes from a 30-byte burst");
+    }
+}
+
+#[test]
+fn a_read_run_needs_one_key_consecutive_addresses_and_ends_with_the_list() {
+    // Each case is one entry off a run: what decides a run is read at each entry's own
+    // fields, and no further than the WQE's last entry.
+    for path in PATHS {
+        let l = loopback(path, false);
+        // The same memory under two keys, split at byte 2048: `hi` holds 2048.., `lo` ..2048.
+        let lo = l.nic.reg_mr(l.ep.pd, &l.mem.buf, 0, 2048, ALL).unwrap();
+        let hi = l.nic.reg_mr(l.ep.pd, &l.mem.buf, 2048, 2048, ALL).unwrap();
+        l.mem.write(0, b"ABCDEF");
+        l.mem.write(2047, &[0x5a]);
+        let sgl = vec![
+            // 2048 twice under `hi`, then 2047 under `lo`: the second and third are at
+            // consecutive descending addresses, but under different keys.
+            hi.sge(0, 1),
+            hi.sge(0, 1),
+            lo.sge(2047, 1),
+            // A run of two (1700, 1699), then an entry elsewhere.
+            l.mem.mr.sge(1700, 1),
+            l.mem.mr.sge(1699, 1),
+            l.mem.mr.sge(1710, 1),
+        ];
+        let read = WrOp::Read {
+            remote: l.mem.mr.remote(0),
+            sgl,
+        };
+        let done = l.run(&[wr(1, SIG, read)]).remove(0);
+        assert!(done.is_ok(), "{path:?}: {done:?}");
+        assert_eq!(l.mem.read(2047, 2), b"CB", "{path:?}: under two keys");
+        assert_eq!(l.mem.read(1698, 3), b"\0ED", "{path:?}: the run of two");
+        assert_eq!(l.mem.read(1710, 1), b"F", "{path:?}: the entry after it");
+
+    }
+}
+
+#[test]
+fn a_read_run_ends_with_the_wqes_last_entry() {
+    // The last entry, one byte at 1801 (after one at 1950), followed in its basic block by bytes that would
+    // continue it as a run (one byte at 1800 under the same key): they are padding, not an
+    // entry of the WQE.
+    for path in PATHS {
+        let l = loopback(path, false);
+        l.mem.write(0, b"ABCD");
+        l.mem.write(1800, &[0x5a]);
+        let read = WrOp::Read {
+            remote: l.mem.mr.remote(0),
+            sgl: vec![
+                l.mem.mr.sge(1900, 2),
+                l.mem.mr.sge(1950, 1),
+                l.mem.mr.sge(1801, 1),
+            ],
+        };
+        let lkey = l.mem.mr.lkey.0.to_be_bytes();
+        let addr = (l.mem.mr.addr.0 + 1800).to_be_bytes();
+        let done = run_patched(&l, read, |b| {
+            // ds 5 (control, remote address, three entries) in two basic blocks: bytes
+            // 80..128 are padding.
+            b[80..84].copy_from_slice(&1u32.to_be_bytes());
+            b[84..88].copy_from_slice(&lkey);
+            b[88..96].copy_from_slice(&addr);
+        });
+        assert!(done.is_ok(), "{path:?}: {done:?}");
+        assert_eq!(l.mem.read(1900, 2), b"AB", "{path:?}");
+        assert_eq!(l.mem.read(1950, 1), b"C", "{path:?}");
+        assert_eq!(l.mem.read(1800, 2), [0x5a, b'D'], "{path:?}: the last entry alone");
     }
 }
