@@ -768,3 +768,23 @@ fn a_read_run_ends_with_the_wqes_last_entry() {
         assert_eq!(l.mem.read(1800, 2), [0x5a, b'D'], "{path:?}: the last entry alone");
     }
 }
+
+#[test]
+fn an_atomics_old_value_lands_where_its_result_entry_says_whatever_its_operands_hold() {
+    // Operands that read as an address inside the result's region (a CAS's compare word,
+    // right before its result entry) are numbers, not where anything lands.
+    for path in PATHS {
+        let l = loopback(path, false);
+        let decoy = l.mem.mr.addr.0 + 512;
+        l.set_word(512, GUARD);
+        let cas = WrOp::CompareSwap {
+            remote: l.mem.mr.remote(TARGET),
+            compare: decoy,
+            swap: 1,
+            result: l.result_sge(),
+        };
+        assert_eq!(l.atomic(7, cas), 7, "{path:?}: no match, no swap");
+        assert_eq!(l.landed(false), 7, "{path:?}");
+        assert_eq!(l.word(512), GUARD, "{path:?}: nothing at the compare word's address");
+    }
+}
