@@ -63,7 +63,8 @@ impl Loopback {
     }
 
     fn set_word(&self, off: u64, v: u64) {
-        self.mem.write(usize::try_from(off).unwrap(), &v.to_le_bytes());
+        self.mem
+            .write(usize::try_from(off).unwrap(), &v.to_le_bytes());
     }
 
     fn result_sge(&self) -> Option<redn_program::wqe::Sge> {
@@ -117,7 +118,11 @@ fn cas_swaps_only_on_an_exact_match_of_all_64_bits() {
         };
         // Compares differing in bit 63, bit 32 and bit 0 each leave the word; each
         // returns the old value.
-        for compare in [0x0000_0001_0000_0001, 0x8000_0000_0000_0001, 0x8000_0001_0000_0000] {
+        for compare in [
+            0x0000_0001_0000_0001,
+            0x8000_0000_0000_0001,
+            0x8000_0001_0000_0000,
+        ] {
             assert_eq!(l.atomic(old, cas(compare)), old, "{path:?} {compare:#x}");
             assert_eq!(l.landed(false), old, "{path:?} {compare:#x}: old value");
         }
@@ -265,9 +270,21 @@ fn masked_cas_compares_and_swaps_under_high_low_and_mixed_masks() {
             0x0123_4567_7654_3210,
         ),
         // Bit 63 compared and different: unchanged.
-        (0x8000_0000_0000_0000, 0x8000_0000_0000_0000, swap, u64::MAX, old),
+        (
+            0x8000_0000_0000_0000,
+            0x8000_0000_0000_0000,
+            swap,
+            u64::MAX,
+            old,
+        ),
         // Bit 0 compared and different: unchanged.
-        (0x0000_0000_0000_0000, 0x0000_0000_0000_0001, swap, u64::MAX, old),
+        (
+            0x0000_0000_0000_0000,
+            0x0000_0000_0000_0001,
+            swap,
+            u64::MAX,
+            old,
+        ),
         // Bytes 7 and 0 compared and equal; nibbles 15, 8, 3 and 0 swapped.
         (
             0x0100_0000_0000_00ef,
@@ -277,7 +294,13 @@ fn masked_cas_compares_and_swaps_under_high_low_and_mixed_masks() {
             0xf123_4568_89ab_3de0,
         ),
         // Byte 7 equal, byte 0 not: unchanged.
-        (0x0100_0000_0000_00ee, 0xff00_0000_0000_00ff, swap, u64::MAX, old),
+        (
+            0x0100_0000_0000_00ee,
+            0xff00_0000_0000_00ff,
+            swap,
+            u64::MAX,
+            old,
+        ),
         // An empty compare mask always matches; an empty swap mask writes nothing.
         (0xdead_beef_dead_beef, 0, swap, 0, old),
         // Swap bits taken from the operand where its bits are 0 and the word's are 1.
@@ -377,29 +400,41 @@ fn a_wait_passes_once_its_cq_has_produced_more_than_its_count_modulo_2_pow_24() 
         // modulo 2^24 too, and for index 2 does not, until the third.
         for count in [1, (1 << 24) | 1, 0xff00_0001] {
             let done = c.master_runs(count.into(), WrOp::Wait { cq, count });
-            assert!(done.is_ok(), "{path:?}: WAIT({count:#x}) at 2 completions: {done:?}");
+            assert!(
+                done.is_ok(),
+                "{path:?}: WAIT({count:#x}) at 2 completions: {done:?}"
+            );
         }
         let counters = || c.nic.counters(c.master.qp.qpn).unwrap();
-        assert_eq!(counters().wait_stalls, 0, "{path:?}: no WAIT so far was short");
+        assert_eq!(
+            counters().wait_stalls,
+            0,
+            "{path:?}: no WAIT so far was short"
+        );
         // Index 2, then index 3 (read modulo 2^24): each blocks until one more completion.
         for (wr_id, count) in [(20, 2), (21, (1 << 24) | 3)] {
             let (stalls, waits) = (counters().wait_stalls, counters().by_opcode(Opcode::Wait));
             c.nic
-                .post_send(
-                    c.master.qp.qpn,
-                    &[wr(wr_id, SIG, WrOp::Wait { cq, count })],
-                )
+                .post_send(c.master.qp.qpn, &[wr(wr_id, SIG, WrOp::Wait { cq, count })])
                 .unwrap();
             wait_until("the WAIT stalls", || counters().wait_stalls > stalls);
             c.settle();
             let what = format!("{path:?}: WAIT({count:#x})");
             expect_no_cqe(&c.nic, c.master.cq, 1);
-            assert_eq!(counters().by_opcode(Opcode::Wait), waits, "{what} has not run");
+            assert_eq!(
+                counters().by_opcode(Opcode::Wait),
+                waits,
+                "{what} has not run"
+            );
             c.complete();
             let done = wait_cqes(&c.nic, c.master.cq, 1).remove(0);
             assert_eq!((done.wr_id, done.status), (wr_id, Ok(())), "{what}");
         }
-        assert_eq!(counters().wait_stalls, 2, "{path:?}: each blocked WAIT counted once");
+        assert_eq!(
+            counters().wait_stalls,
+            2,
+            "{path:?}: each blocked WAIT counted once"
+        );
     }
 }
 
@@ -427,9 +462,7 @@ fn send_en_runs_exactly_the_enabled_wqes_and_never_moves_back() {
             .map(|i| {
                 let op = WrOp::Write {
                     remote: c.mem.mr.remote(100 + u64::from(i)),
-                    payload: redn_program::wqe::Payload::Sgl(vec![
-                        c.mem.mr.sge(u64::from(i), 1)
-                    ]),
+                    payload: redn_program::wqe::Payload::Sgl(vec![c.mem.mr.sge(u64::from(i), 1)]),
                     imm: None,
                 };
                 wr(u64::from(i), SIG, op)
@@ -438,7 +471,11 @@ fn send_en_runs_exactly_the_enabled_wqes_and_never_moves_back() {
         c.nic.post_send(c.managed.qp.qpn, &writes).unwrap();
         let q = c.managed.qp.qpn;
         c.settle();
-        assert_eq!(c.ran().1, 0, "{path:?}: posting runs nothing on a managed queue");
+        assert_eq!(
+            c.ran().1,
+            0,
+            "{path:?}: posting runs nothing on a managed queue"
+        );
         let en = |pi| WrOp::SendEnable { qp: q, pi };
         assert!(c.master_runs(1, en(2)).is_ok(), "{path:?}");
         let done = wait_cqes(&c.nic, c.managed.cq, 2);
@@ -520,12 +557,42 @@ fn an_enable_of_a_queue_not_managed_for_it_is_a_local_qp_operation_error() {
         }
         let unknown = redn_sys::Qpn(0x00ab_cdef);
         let cases = [
-            ("SEND_EN of an unmanaged queue", WrOp::SendEnable { qp: plain.qp.qpn, pi: 1 }),
-            ("RECV_EN of an unmanaged queue", WrOp::RecvEnable { qp: plain.qp.qpn, pi: 1 }),
-            ("SEND_EN of a queue managed for receives", WrOp::SendEnable { qp: recvs.qp.qpn, pi: 1 }),
-            ("RECV_EN of a queue managed for sends", WrOp::RecvEnable { qp: sends.qp.qpn, pi: 1 }),
-            ("SEND_EN of no queue", WrOp::SendEnable { qp: unknown, pi: 1 }),
-            ("RECV_EN of no queue", WrOp::RecvEnable { qp: unknown, pi: 1 }),
+            (
+                "SEND_EN of an unmanaged queue",
+                WrOp::SendEnable {
+                    qp: plain.qp.qpn,
+                    pi: 1,
+                },
+            ),
+            (
+                "RECV_EN of an unmanaged queue",
+                WrOp::RecvEnable {
+                    qp: plain.qp.qpn,
+                    pi: 1,
+                },
+            ),
+            (
+                "SEND_EN of a queue managed for receives",
+                WrOp::SendEnable {
+                    qp: recvs.qp.qpn,
+                    pi: 1,
+                },
+            ),
+            (
+                "RECV_EN of a queue managed for sends",
+                WrOp::RecvEnable {
+                    qp: sends.qp.qpn,
+                    pi: 1,
+                },
+            ),
+            (
+                "SEND_EN of no queue",
+                WrOp::SendEnable { qp: unknown, pi: 1 },
+            ),
+            (
+                "RECV_EN of no queue",
+                WrOp::RecvEnable { qp: unknown, pi: 1 },
+            ),
         ];
         for (what, op) in cases {
             // Each error moves the master to error: a new master per case.
@@ -533,12 +600,22 @@ fn an_enable_of_a_queue_not_managed_for_it_is_a_local_qp_operation_error() {
             nic.connect(m.qp.qpn, m.qp.qpn).unwrap();
             nic.post_send(m.qp.qpn, &[wr(1, SIG, op)]).unwrap();
             let done = wait_cqes(&nic, m.cq, 1).remove(0);
-            assert_eq!(done.status, Err(Syndrome::LocalQpOperation), "{path:?}: {what}");
+            assert_eq!(
+                done.status,
+                Err(Syndrome::LocalQpOperation),
+                "{path:?}: {what}"
+            );
         }
         // The queues managed for the other direction take their own enable.
         for op in [
-            WrOp::SendEnable { qp: sends.qp.qpn, pi: 0 },
-            WrOp::RecvEnable { qp: recvs.qp.qpn, pi: 0 },
+            WrOp::SendEnable {
+                qp: sends.qp.qpn,
+                pi: 0,
+            },
+            WrOp::RecvEnable {
+                qp: recvs.qp.qpn,
+                pi: 0,
+            },
         ] {
             nic.post_send(master.qp.qpn, &[wr(2, SIG, op)]).unwrap();
             assert!(wait_cqes(&nic, master.cq, 1)[0].is_ok(), "{path:?}");
@@ -646,7 +723,9 @@ fn a_byte_rate_charges_an_inline_payload_its_length() {
     // bucket runs dry before the third and delays it.
     for path in PATHS {
         let l = loopback(path, false);
-        l.nic.post_recv(l.ep.qp.qpn, 9, &[l.mem.mr.sge(600, 12)]).unwrap();
+        l.nic
+            .post_recv(l.ep.qp.qpn, 9, &[l.mem.mr.sge(600, 12)])
+            .unwrap();
         byte_rate(&l);
         let inline = || redn_program::wqe::Payload::Inline(b"0123456789ab".to_vec());
         let ops = [
@@ -702,9 +781,9 @@ fn a_byte_rate_charges_nothing_for_a_write_without_data_segments() {
 }
 
 #[test]
-fn a_read_run_needs_one_key_consecutive_addresses_and_ends_with_the_list() {
+fn a_read_run_needs_one_key_and_consecutive_addresses() {
     // Each case is one entry off a run: what decides a run is read at each entry's own
-    // fields, and no further than the WQE's last entry.
+    // fields.
     for path in PATHS {
         let l = loopback(path, false);
         // The same memory under two keys, split at byte 2048: `hi` holds 2048.., `lo` ..2048.
@@ -732,7 +811,6 @@ fn a_read_run_needs_one_key_consecutive_addresses_and_ends_with_the_list() {
         assert_eq!(l.mem.read(2047, 2), b"CB", "{path:?}: under two keys");
         assert_eq!(l.mem.read(1698, 3), b"\0ED", "{path:?}: the run of two");
         assert_eq!(l.mem.read(1710, 1), b"F", "{path:?}: the entry after it");
-
     }
 }
 
@@ -765,7 +843,11 @@ fn a_read_run_ends_with_the_wqes_last_entry() {
         assert!(done.is_ok(), "{path:?}: {done:?}");
         assert_eq!(l.mem.read(1900, 2), b"AB", "{path:?}");
         assert_eq!(l.mem.read(1950, 1), b"C", "{path:?}");
-        assert_eq!(l.mem.read(1800, 2), [0x5a, b'D'], "{path:?}: the last entry alone");
+        assert_eq!(
+            l.mem.read(1800, 2),
+            [0x5a, b'D'],
+            "{path:?}: the last entry alone"
+        );
     }
 }
 
@@ -785,6 +867,10 @@ fn an_atomics_old_value_lands_where_its_result_entry_says_whatever_its_operands_
         };
         assert_eq!(l.atomic(7, cas), 7, "{path:?}: no match, no swap");
         assert_eq!(l.landed(false), 7, "{path:?}");
-        assert_eq!(l.word(512), GUARD, "{path:?}: nothing at the compare word's address");
+        assert_eq!(
+            l.word(512),
+            GUARD,
+            "{path:?}: nothing at the compare word's address"
+        );
     }
 }

@@ -155,6 +155,36 @@ mod tests {
         };
         assert_eq!(m.apply(0xab11), Some(0xabcd));
         assert_eq!(m.apply(0xac11), None);
+        let faa = AtomicOp::FetchAdd { add: 3 };
+        assert_eq!(faa.apply(u64::MAX - 1), Some(1));
+        let mfaa = AtomicOp::MaskedFetchAdd {
+            add: 1,
+            field_boundary: 1 << 31,
+        };
+        assert_eq!(
+            mfaa.apply(0x0000_0001_ffff_ffff),
+            Some(0x0000_0001_0000_0000)
+        );
+        // Masked CAS: compared bits equal (bit 63 set on both sides, the rest differing
+        // outside the mask), swapped bits taken from the operand, the rest kept.
+        let high = AtomicOp::MaskedCompareSwap {
+            compare: 0x8000_0000_0000_00f0,
+            compare_mask: 0x8000_0000_0000_00f0,
+            swap: 0x0f0f_0f0f_0f0f_0f0f,
+            swap_mask: 0xff00_0000_0000_00ff,
+        };
+        assert_eq!(
+            high.apply(0x8123_4567_89ab_cdf5),
+            Some(0x0f23_4567_89ab_cd0f)
+        );
+        assert_eq!(high.apply(0x0123_4567_89ab_cdf5), None, "bit 63 differs");
+        assert_eq!(high.apply(0x8123_4567_89ab_cde5), None, "bit 4 differs");
+        let top = AtomicOp::CompareSwap {
+            compare: 1 << 63,
+            swap: 7,
+        };
+        assert_eq!(top.apply(1 << 63), Some(7));
+        assert_eq!(top.apply(0), None);
     }
 
     /// `masked_add` defined a second way: field by field (each field ends at a bit set in
@@ -201,33 +231,5 @@ mod tests {
                 "{a:#x} + {b:#x} cut at {boundary:#x}"
             );
         }
-    }
-
-    #[test]
-    fn fetch_add_wraps_and_masked_forms_follow_their_masks() {
-        let faa = AtomicOp::FetchAdd { add: 3 };
-        assert_eq!(faa.apply(u64::MAX - 1), Some(1));
-        let mfaa = AtomicOp::MaskedFetchAdd {
-            add: 1,
-            field_boundary: 1 << 31,
-        };
-        assert_eq!(mfaa.apply(0x0000_0001_ffff_ffff), Some(0x0000_0001_0000_0000));
-        // Masked CAS: compared bits equal (bit 63 set on both sides, the rest differing
-        // outside the mask), swapped bits taken from the operand, the rest kept.
-        let m = AtomicOp::MaskedCompareSwap {
-            compare: 0x8000_0000_0000_00f0,
-            compare_mask: 0x8000_0000_0000_00f0,
-            swap: 0x0f0f_0f0f_0f0f_0f0f,
-            swap_mask: 0xff00_0000_0000_00ff,
-        };
-        assert_eq!(m.apply(0x8123_4567_89ab_cdf5), Some(0x0f23_4567_89ab_cd0f));
-        assert_eq!(m.apply(0x0123_4567_89ab_cdf5), None, "bit 63 differs");
-        assert_eq!(m.apply(0x8123_4567_89ab_cde5), None, "bit 4 differs");
-        let cas = AtomicOp::CompareSwap {
-            compare: 1 << 63,
-            swap: 7,
-        };
-        assert_eq!(cas.apply(1 << 63), Some(7));
-        assert_eq!(cas.apply(0), None);
     }
 }
