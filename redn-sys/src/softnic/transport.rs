@@ -155,5 +155,81 @@ mod tests {
         };
         assert_eq!(m.apply(0xab11), Some(0xabcd));
         assert_eq!(m.apply(0xac11), None);
+        let faa = AtomicOp::FetchAdd { add: 3 };
+        assert_eq!(faa.apply(u64::MAX - 1), Some(1));
+        let mfaa = AtomicOp::MaskedFetchAdd {
+            add: 1,
+            field_boundary: 1 << 31,
+        };
+        assert_eq!(
+            mfaa.apply(0x0000_0001_ffff_ffff),
+            Some(0x0000_0001_0000_0000)
+        );
+        // Masked CAS: compared bits equal (bit 63 set on both sides, the rest differing
+        // outside the mask), swapped bits taken from the operand, the rest kept.
+        let high = AtomicOp::MaskedCompareSwap {
+            compare: 0x8000_0000_0000_00f0,
+            compare_mask: 0x8000_0000_0000_00f0,
+            swap: 0x0f0f_0f0f_0f0f_0f0f,
+            swap_mask: 0xff00_0000_0000_00ff,
+        };
+        assert_eq!(
+            high.apply(0x8123_4567_89ab_cdf5),
+            Some(0x0f23_4567_89ab_cd0f)
+        );
+        assert_eq!(high.apply(0x0123_4567_89ab_cdf5), None, "bit 63 differs");
+        assert_eq!(high.apply(0x8123_4567_89ab_cde5), None, "bit 4 differs");
+        let top = AtomicOp::CompareSwap {
+            compare: 1 << 63,
+            swap: 7,
+        };
+        assert_eq!(top.apply(1 << 63), Some(7));
+        assert_eq!(top.apply(0), None);
+    }
+
+    /// `masked_add` defined a second way: field by field (each field ends at a bit set in
+    /// `boundary`, the last at bit 63), each field's sum wrapping inside it.
+    fn add_by_fields(a: u64, b: u64, boundary: u64) -> u64 {
+        let mut out = 0u64;
+        let mut start = 0u32;
+        for end in 0..64u32 {
+            if boundary >> end & 1 == 1 || end == 63 {
+                let field = (u64::MAX >> (63 - end)) & (u64::MAX << start);
+                out |= (a & field).wrapping_add(b & field) & field;
+                start = end + 1;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn masked_add_agrees_with_a_field_by_field_sum() {
+        // Every one-bit boundary, then seeded random words and boundaries (xorshift64*), with
+        // boundaries sparse and dense, and operands all ones so that every carry runs.
+        let mut cases = vec![(u64::MAX, 1, 0), (u64::MAX, u64::MAX, u64::MAX)];
+        for bit in 0..64 {
+            cases.push((u64::MAX, 1, 1 << bit));
+            cases.push((u64::MAX >> 1, 1 << bit, 1 << bit));
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        };
+        for _ in 0..2000 {
+            let (a, b, r) = (next(), next(), next());
+            cases.push((a, b, r));
+            cases.push((a, b, r & next() & next()));
+            cases.push((u64::MAX, b | 1, r & next()));
+        }
+        for (a, b, boundary) in cases {
+            assert_eq!(
+                masked_add(a, b, boundary),
+                add_by_fields(a, b, boundary),
+                "{a:#x} + {b:#x} cut at {boundary:#x}"
+            );
+        }
     }
 }
