@@ -173,7 +173,8 @@ impl<'a> Document<'a> {
             Some(_) => None,
             None => span.as_ref().and_then(|s| self.textual_key(s.start)),
         }
-        // A key the parser recovered as empty (`= 1`) names nothing.
+        // A blank key names nothing: one the parser recovered as empty (`= 1`), or an empty
+        // header (`[]`) above or on the line.
         .filter(|k| !k.trim().is_empty());
         Error::Invalid {
             origin: self.origin.to_owned(),
@@ -332,7 +333,8 @@ impl<'a> Document<'a> {
     }
 
     /// For syntax errors outside anything the parser recovered: the key written on the line
-    /// at `offset`, prefixed by the last table header above it.
+    /// at `offset`, prefixed by the last table header above it. It may be empty (an empty
+    /// header, `[]`): the caller names no key then, as for any blank key.
     fn textual_key(&self, offset: usize) -> Option<String> {
         let offset = floor_char_boundary(self.text, offset);
         let line_start = self.text[..offset].rfind('\n').map_or(0, |i| i + 1);
@@ -355,7 +357,7 @@ impl<'a> Document<'a> {
             )
         };
         if let Some(h) = header(line) {
-            return Some(h).filter(|h| !h.is_empty());
+            return Some(h);
         }
         let table = self.text[..line_start].lines().rev().find_map(header);
         let key = line
@@ -365,8 +367,7 @@ impl<'a> Document<'a> {
         match (table, key) {
             (Some(t), Some(k)) if !t.is_empty() => Some(format!("{t}.{k}")),
             (_, Some(k)) => Some(k),
-            (Some(t), None) if !t.is_empty() => Some(t),
-            _ => None,
+            (table, None) => table,
         }
     }
 }
