@@ -169,12 +169,11 @@ impl<'a> Document<'a> {
             message = format!("unknown key{rest}");
         }
         let key = match path {
-            Some(p) if !p.is_empty() => Some(self.render(&p)),
-            Some(_) => None,
+            Some(p) => Some(self.render(&p)),
             None => span.as_ref().and_then(|s| self.textual_key(s.start)),
         }
-        // A blank key names nothing: one the parser recovered as empty (`= 1`), or an empty
-        // header (`[]`) above or on the line.
+        // A blank key names nothing: the document root (an empty path), a key the parser
+        // recovered as empty (`= 1`), or an empty header (`[]`) above or on the line.
         .filter(|k| !k.trim().is_empty());
         Error::Invalid {
             origin: self.origin.to_owned(),
