@@ -169,11 +169,11 @@ impl<'a> Document<'a> {
             message = format!("unknown key{rest}");
         }
         let key = match path {
-            Some(p) if !p.is_empty() => Some(self.render(&p)),
-            Some(_) => None,
+            Some(p) => Some(self.render(&p)),
             None => span.as_ref().and_then(|s| self.textual_key(s.start)),
         }
-        // A key the parser recovered as empty (`= 1`) names nothing.
+        // A blank key names nothing: the document root (an empty path), a key the parser
+        // recovered as empty (`= 1`), or an empty header (`[]`) above or on the line.
         .filter(|k| !k.trim().is_empty());
         Error::Invalid {
             origin: self.origin.to_owned(),
@@ -332,7 +332,8 @@ impl<'a> Document<'a> {
     }
 
     /// For syntax errors outside anything the parser recovered: the key written on the line
-    /// at `offset`, prefixed by the last table header above it.
+    /// at `offset`, prefixed by the last table header above it. It may be empty (an empty
+    /// header, `[]`): the caller names no key then, as for any blank key.
     fn textual_key(&self, offset: usize) -> Option<String> {
         let offset = floor_char_boundary(self.text, offset);
         let line_start = self.text[..offset].rfind('\n').map_or(0, |i| i + 1);
@@ -355,7 +356,7 @@ impl<'a> Document<'a> {
             )
         };
         if let Some(h) = header(line) {
-            return Some(h).filter(|h| !h.is_empty());
+            return Some(h);
         }
         let table = self.text[..line_start].lines().rev().find_map(header);
         let key = line
@@ -365,8 +366,7 @@ impl<'a> Document<'a> {
         match (table, key) {
             (Some(t), Some(k)) if !t.is_empty() => Some(format!("{t}.{k}")),
             (_, Some(k)) => Some(k),
-            (Some(t), None) if !t.is_empty() => Some(t),
-            _ => None,
+            (table, None) => table,
         }
     }
 }
@@ -585,5 +585,33 @@ mod tests {
             e.starts_with("t.toml:1:1: unquoted keys cannot be empty"),
             "{e}"
         );
+    }
+    #[test]
+    fn an_error_just_past_a_value_names_the_key_that_holds_it() {
+        // The span is empty, just past the value of `b` (and of the table `a`): the table
+        // left open is `a`'s, so the error is `a`'s, not `b`'s.
+        let e = err("a = {b = 1\n");
+        assert!(e.starts_with("t.toml:1:11: a: unclosed inline table"), "{e}");
+        // An empty value of `b`, inside `a`'s table: the empty span is inside both; `b` is
+        // the smallest.
+        let e = err("a = {b = }\n");
+        assert!(e.starts_with("t.toml:1:10: a.b: "), "{e}");
+    }
+
+    #[test]
+    fn a_header_line_names_its_key_when_the_parser_kept_nothing() {
+        let e = err("[a\n");
+        assert!(e.starts_with("t.toml:1:3: a: unclosed table"), "{e}");
+        let e = err("[a] x\n");
+        assert!(e.starts_with("t.toml:1:5: a: "), "{e}");
+    }
+
+    #[test]
+    fn a_comment_line_names_no_key() {
+        // A control character in a comment that holds `=`: the comment's text is no key.
+        let e = err("[t]\n# a = \u{1}\n");
+        assert!(e.starts_with("t.toml:2:7: t: invalid comment character"), "{e}");
+        let e = err("# a = \u{1}\n");
+        assert!(e.starts_with("t.toml:1:7: invalid comment character"), "{e}");
     }
 }
