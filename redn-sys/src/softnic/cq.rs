@@ -10,12 +10,12 @@ use crate::nic::{AsyncEvent, CompChannel, Completion, CqConfig};
 use crate::types::Cqn;
 use crate::wqe::{Cqe, CqeOpcode, Syndrome, CQE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// How many entries ahead of the one it writes a push hints the entry a later push will
 /// write (see `push_from`): a doorbell chain pushes one a step, so this is some steps'
 /// time for the line to arrive.
 pub(crate) const WARM_CQES: u64 = 16;
-use std::sync::Arc;
 
 /// The softnic's completion clock, what it writes into a CQE's timestamp: nanoseconds of
 /// the host's `CLOCK_MONOTONIC` (the clock `Instant` reads). A ConnectX writes its own

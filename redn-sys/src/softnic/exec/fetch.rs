@@ -388,7 +388,7 @@ pub(super) fn warm(ring: &[AtomicU64], geo: &Geometry, index: u64) {
 }
 
 /// Warm ring slots `from..to` that are not warm yet (`warmed` is how far warming got;
-/// moved to `to`), each with the snapshot its fetch will write (a write to a line that is
+/// moved to where this stopped), each with the snapshot its fetch will write (a write to a line that is
 /// not in the cache waits for it as a read does, once the store buffer is full). For
 /// published BBs only (the caller's `to` is at most the doorbell or enabled index), so a
 /// slot is warmed once the host has written it, not before: a hint taken before the host
