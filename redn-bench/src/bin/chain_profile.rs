@@ -21,7 +21,9 @@
 //!
 //! With `--cross`, the master runs on PU 0 and the managed queue on PU 1, so every step is
 //! two cross-PU hand-offs; built with the feature `handoff-trace`, each round then also
-//! prints where a step's time goes (see [`cross_trace`]).
+//! prints where a step's time goes (see [`cross_trace`]). Without `--cross`, such a build
+//! prints at the end the PU's completion-to-completion gaps by where the step is in its
+//! chain (see [`StepGaps`]): a short chain's first steps apart from its steady state.
 
 use redn_bench::opts::{parse_in, read_command_line};
 use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master, SqWriter};
@@ -54,7 +56,9 @@ USAGE:
     --cross  two PUs: the master SQ on PU 0, the managed SQ on PU 1 (every step crosses
              PUs; --parked and --idle queues go to PU 0). Built with
              `--features handoff-trace`, also prints each round's step split into its
-             four hand-off parts (medians and 10th percentiles, from time stamps)
+             four hand-off parts (medians and 10th percentiles, from time stamps);
+             without --cross such a build prints the gaps between completions, steps
+             2-8, 9-64 and later of each chain apart
     --spin   the host spins and looks for the end every 5 µs instead of sleeping 200 µs
              between looks (~280 µs here, so sleeping rounds an 8000-step chain's time up
              by as much as 35 ns a step): use it for wall-clock timing, not under a
@@ -149,6 +153,7 @@ fn run(o: &Opts) -> Result<(), String> {
     let qi = loopback_qp(&nic, pd, cq_q, usize::from(cross), 16384, true)?;
     let mi = loopback_qp(&nic, pd, cq_m, 0, 32768, false)?;
     let (mut q, mut m) = (SqWriter::new(&qi, false), SqWriter::new(&mi, false));
+    let mut gaps = StepGaps::default();
     for _ in 0..rounds {
         let base = nic.cq_produced(cq_q).ctx("cq_produced")?;
         let qb = q.pi;
@@ -160,13 +165,76 @@ fn run(o: &Opts) -> Result<(), String> {
         let (t0, c0) = (Instant::now(), handoff_trace::clock());
         m.ring(&nic)?;
         report(&nic, cq_q, base + steps, t0, steps, "step", spin)?;
-        if cross && handoff_trace::ENABLED {
+        if handoff_trace::ENABLED {
             let ticks_per_ns =
                 (handoff_trace::clock() - c0) as f64 / t0.elapsed().as_nanos().max(1) as f64;
-            cross_trace(&handoff_trace::take(), ticks_per_ns);
+            if cross {
+                cross_trace(&handoff_trace::take(), ticks_per_ns);
+            } else {
+                gaps.add(&handoff_trace::take(), ticks_per_ns);
+            }
         }
     }
+    gaps.print();
     Ok(())
+}
+
+/// A same-PU chain's time between one step's completion and the next, by where the step
+/// is in its chain, from the PU's completion stamps (`handoff_trace`): the chain's first
+/// steps apart from its steady state, and the PU's own time apart from the host's (the
+/// host's wake-up and its looks at the CQ are in no gap). Built without the feature, empty.
+#[derive(Default)]
+struct StepGaps {
+    /// Gaps after the chain's first completion: to the 2nd-8th, to the 9th-64th, and on.
+    by_part: [Vec<f64>; 3],
+}
+
+impl StepGaps {
+    const PARTS: [&'static str; 3] = ["steps 2-8", "steps 9-64", "steps 65-"];
+
+    /// Take one chain's stamps: the PU thread's completions (the thread that stamped most).
+    fn add(&mut self, logs: &[Vec<(u64, HandoffEvent)>], ticks_per_ns: f64) {
+        let done = |l: &&Vec<(u64, HandoffEvent)>| {
+            l.iter().filter(|s| s.1 == HandoffEvent::Completed).count()
+        };
+        let Some(pu) = logs.iter().max_by_key(done) else {
+            return;
+        };
+        let stamps: Vec<u64> = pu
+            .iter()
+            .filter(|s| s.1 == HandoffEvent::Completed)
+            .map(|s| s.0)
+            .collect();
+        for (i, w) in stamps.windows(2).enumerate() {
+            let part = match i + 2 {
+                ..=8 => 0,
+                9..=64 => 1,
+                _ => 2,
+            };
+            self.by_part[part].push(w[1].saturating_sub(w[0]) as f64 / ticks_per_ns);
+        }
+    }
+
+    fn print(&mut self) {
+        if !handoff_trace::ENABLED {
+            return;
+        }
+        println!("   completion to completion, ns (median / p10 / p90, how many):");
+        for (name, v) in Self::PARTS.iter().zip(self.by_part.iter_mut()) {
+            if v.is_empty() {
+                continue;
+            }
+            v.sort_by(f64::total_cmp);
+            let q = |pct: usize| v[(v.len() - 1) * pct / 100];
+            println!(
+                "     {name:<12} {:>7.1} / {:>7.1} / {:>7.1}  ({})",
+                q(50),
+                q(10),
+                q(90),
+                v.len()
+            );
+        }
+    }
 }
 
 /// Print where a cross-PU step's time went, from the PU threads' stamps

@@ -1,6 +1,6 @@
 //! Completion queues: a ring of mlx5 CQE64 entries plus the running count WAIT compares with.
 
-use super::cache_line::CacheLine;
+use super::cache_line::{prefetch_line, CacheLine};
 use super::events::AsyncEvents;
 use super::handoff_trace::{stamp, HandoffEvent};
 use super::spin::SpinLock;
@@ -11,6 +11,11 @@ use crate::types::Cqn;
 use crate::wqe::{Cqe, CqeOpcode, Syndrome, CQE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// How many entries ahead of the one it writes a push hints the entry a later push will
+/// write (see `push_from`): a doorbell chain pushes one a step, so this is some steps'
+/// time for the line to arrive.
+pub(crate) const WARM_CQES: u64 = 16;
 
 /// The softnic's completion clock, what it writes into a CQE's timestamp: nanoseconds of
 /// the host's `CLOCK_MONOTONIC` (the clock `Instant` reads). A ConnectX writes its own
@@ -258,6 +263,10 @@ impl CqShared {
                 }
                 // Last, so a poller that sees it valid sees the rest (see `poll`).
                 slot.words[OP_OWN_WORD].store(word(&b[OP_OWN_WORD * 8..]), Ordering::Release);
+                // The entry a later push will write, hinted now: a write to a line that is
+                // not in the cache waits for it (the ring's lines are the PU's own only
+                // while it keeps them; a poller, or an idle core's lost caches, takes them).
+                self.warm_entry(p.produced + WARM_CQES);
                 p.produced += 1;
             }
             // Every completion written counts for WAIT (an only-waited-on CQ writes every
@@ -360,6 +369,26 @@ impl CqShared {
     fn holds(&self, at: u64) -> bool {
         let w = self.slot(at).words[OP_OWN_WORD].load(Ordering::Acquire);
         entry_valid(w.to_ne_bytes()[OP_OWN % 8], at, self.depth)
+    }
+
+    /// Hint the entries of the next `n` completions into this core's caches
+    /// ([`prefetch_line`]): a producer about to push a run of them (a doorbell chain's
+    /// hand-over loop when it starts) has them in its cache when it writes them. Each push
+    /// hints the entry [`WARM_CQES`] ahead of its own; this covers the first ones.
+    #[inline(always)]
+    pub(crate) fn warm_entries(&self, n: u64) {
+        let at = self.produced.0.load(Ordering::Relaxed);
+        for i in 0..n {
+            self.warm_entry(at + i);
+        }
+    }
+
+    /// Hint the entry of completion `at` ([`prefetch_line`]). Its address is computed as
+    /// [`Self::slot`] computes it, without the bound check: a hint needs an address, and
+    /// the mask keeps it inside the ring.
+    #[inline(always)]
+    fn warm_entry(&self, at: u64) {
+        prefetch_line(self.cqes.as_ptr().wrapping_add(idx(at & (self.depth - 1))));
     }
 
     /// The ring slot of entry index `at` (depth is a power of two).

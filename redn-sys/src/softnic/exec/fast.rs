@@ -47,6 +47,7 @@ impl Core {
         // them in registers; the index is written back below.
         let words = f.geo.ring(f.ring.words());
         let snap = &mut f.snap;
+        let warmed = &mut f.warmed;
         let direct = f.direct.as_deref();
         let mut fetched = f.fetched;
         // Set after a WQE that ran from a hot slot: the ones after it are likely hot too, and
@@ -142,7 +143,8 @@ impl Core {
                                 .is_some_and(|(_, cq)| cq.0 == Be32::read(w, off::WAIT_OBJ).get())
                         {
                             if let Some(s) = siblings.as_deref_mut() {
-                                let (f, at) = (&mut fetched, (ci, end, limit));
+                                let f = (&mut fetched, &mut *warmed);
+                                let at = (ci, end, limit);
                                 let next = if wqe_checks {
                                     self.run_doorbell_steps::<true>(s, words, geo, snap, f, at)
                                 } else {

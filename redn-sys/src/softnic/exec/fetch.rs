@@ -3,6 +3,21 @@
 //! as it was fetched). Owns the ring reader (`Fetcher`), its `Geometry`, the `Snapshot`s and
 //! their flags (`Snaps`), and the fetch helpers the fast paths share.
 //!
+//! Two kinds of prefetch live here, and only the first is the NIC's. *Fetching ahead*
+//! (`fetch_ahead`, `prefetch_behind`) copies BBs into snapshots before they run: that is
+//! the prefetch model, and decides which bytes a WQE runs with. *Warming* (`warm`,
+//! `warm_published`) only asks the CPU to bring cache lines closer (a hint: nothing is read
+//! or copied, so what runs is unchanged): the ring lines the host wrote on another core and
+//! the snapshot lines a fetch will write, some BBs before the fetch. Why: a ConnectX reads
+//! WQEs by DMA ahead of execution, but the softnic's fetch is a load that the PU waits for
+//! when the line is not in its cache, and each step of a chain reads its next WQE only
+//! after the previous one ran, so without hints the misses come one after another. At a
+//! chain's start everything it touches is cold (the host just wrote the ring on its core;
+//! an idle PU's core may have lost its caches), and `chain_profile`'s completion-to-
+//! completion gaps showed a same-PU doorbell step's first steps costing about twice its
+//! later ones until the hints below covered the snapshots and CQ entries as well as the
+//! ring (see docs/softnic-performance.md, "Warming what a step will touch").
+//!
 //! Invariants: nothing at or past the doorbell (unmanaged) or enabled index (managed) is
 //! fetched; BBs fetched and not yet run never share a snapshot (`SNAPSHOT_SLOTS` is at least
 //! the deepest prefetch plus the largest WQE); and what was derived from a snapshot (a
@@ -22,6 +37,8 @@ pub(super) struct Fetcher {
     pub(super) geo: Geometry,
     /// BBs below this have been fetched into `snap`.
     pub(super) fetched: u64,
+    /// BBs below this have had their ring line and snapshot warmed ([`warm_published`]).
+    pub(super) warmed: u64,
     /// The peer when it is in this process, for the fast path to reach without a dynamic
     /// call. Kept here, beside the snapshots, so the fast path can hold it while it calls
     /// the `Core`'s methods.
@@ -270,6 +287,7 @@ impl Fetcher {
                 },
             },
             fetched: 0,
+            warmed: 0,
             direct: None,
         }
     }
@@ -282,6 +300,16 @@ impl Fetcher {
             &mut self.snap,
             index,
         );
+    }
+
+    /// Warm the published BBs from `ci` up to [`WARM_AHEAD`] past it (not past `limit`) that
+    /// are not warm yet ([`warm_published`]): at the start of a visit, so that the lines the
+    /// visit will read and write are on their way before its fetches wait for them.
+    #[inline(always)]
+    pub(super) fn warm_ahead(&mut self, ci: u64, limit: u64) {
+        let words = self.geo.ring(self.ring.words());
+        let to = limit.min(ci + WARM_AHEAD);
+        warm_published(words, &self.geo, &self.snap, &mut self.warmed, ci, to);
     }
 
     /// Fetch the BB at `ci` if it is not yet.
@@ -345,31 +373,51 @@ pub(super) fn fetch_into(ring: &[AtomicU64], geo: Geometry, snap: &mut Snaps, in
     }
 }
 
-/// Ask the CPU to bring a ring slot's cache line closer (a hint: nothing is read, so what
-/// runs is unchanged, and a slot past the doorbell or enabled index may be hinted). Why: a
-/// chain's ring lines were just written by the host or another PU, on another core, and a
-/// doorbell step reads three of them; hinted a few steps ahead, the transfer overlaps the
-/// steps before instead of stalling the one that needs it.
+/// Ask the CPU to bring a ring slot's cache line closer (see the module comment: a hint,
+/// so a slot past the doorbell or enabled index may be hinted). A managed queue's next
+/// WQEs are past its enabled index until a SEND_EN reaches them, so they are hinted this
+/// way, some BBs ahead of where the queue stopped: in a chain they were written by the host
+/// before anything enabled them.
 ///
 /// Slot `index` of `ring` ([`Geometry::ring`]) is found as [`Geometry::slot`] finds it, but
 /// without its bound check: a hint needs an address, not a reference, and one that was out
 /// of bounds would still be harmless (it cannot be: the mask keeps it inside the ring).
 #[inline(always)]
 pub(super) fn warm(ring: &[AtomicU64], geo: &Geometry, index: u64) {
-    let line = ring.as_ptr().wrapping_add(geo.slot_word(index));
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    // SAFETY: PREFETCHT0 is only a cache hint: it cannot fault, whatever the address, and
-    // reads nothing the program sees.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.cast())
-    };
-    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-    let _ = line;
+    prefetch_line(ring.as_ptr().wrapping_add(geo.slot_word(index)));
 }
 
-/// How many BBs ahead a doorbell step hints the master's ring (see [`warm`]), and the
-/// enabled queue's.
-pub(super) const WARM_MASTER: u64 = 16;
+/// Warm ring slots `from..to` that are not warm yet (`warmed` is how far warming got;
+/// moved to where this stopped), each with the snapshot its fetch will write (a write to a line that is
+/// not in the cache waits for it as a read does, once the store buffer is full). For
+/// published BBs only (the caller's `to` is at most the doorbell or enabled index), so a
+/// slot is warmed once the host has written it, not before: a hint taken before the host
+/// writes the line would bring in a copy that the write then takes away again.
+#[inline(always)]
+pub(super) fn warm_published(
+    ring: &[AtomicU64],
+    geo: &Geometry,
+    snap: &Snaps,
+    warmed: &mut u64,
+    from: u64,
+    to: u64,
+) {
+    let mask = snap.len() - 1;
+    let mut i = from.max(*warmed);
+    while i < to {
+        warm(ring, geo, i);
+        prefetch_line(snap.slots.as_ptr().wrapping_add(idx(i) & mask));
+        i += 1;
+    }
+    *warmed = i;
+}
+
+/// How many BBs past the running WQE a queue's published ring slots and their snapshots
+/// are warmed ([`warm_published`]): when a visit starts, and by a doorbell step's master
+/// as it goes.
+pub(super) const WARM_AHEAD: u64 = 32;
+/// How many BBs past where a managed queue stopped its next ring slots are hinted
+/// ([`warm`]): when it stops, and by a doorbell step before it runs the queue.
 pub(super) const WARM_ENABLED: u64 = 8;
 
 /// The fast path's fetch of the WQE at `ci`: the BB there if it is not fetched yet, then

@@ -249,8 +249,14 @@ impl Core {
     /// the budget spent, the queue destroyed) ends it, and the fast path takes that WQE.
     ///
     /// `CHECKS`: `SoftNicConfig::wqe_checks` (this queue's, and so the enabled queue's:
-    /// they are on one softnic), a constant so that a step does not look at it. `at`: the
-    /// fast path's `ci`, `end` and `limit`.
+    /// they are on one softnic), a constant so that a step does not look at it. `cursor`:
+    /// the fast path's fetch and warming indices (`Fetcher::fetched`, `Fetcher::warmed`);
+    /// `at`: its `ci`, `end` and `limit`.
+    ///
+    /// Each step warms this queue's ring and snapshots [`WARM_AHEAD`] BBs ahead, and the
+    /// enabled queue's ring [`WARM_ENABLED`] ahead; the loop's start also warms the
+    /// enabled queue's next WQEs and its CQ's next entries, which the steps' own hints
+    /// reach only some steps in (see the `fetch` module).
     ///
     /// Only a reconfiguration by the host (a rate set, WQE checks are fixed) changes whether
     /// the enabled queue may run plain ([`Core::plain_config`]): that is looked at when the
@@ -266,9 +272,10 @@ impl Core {
         words: &[AtomicU64],
         geo: &Geometry,
         snap: &mut Snaps,
-        fetched: &mut u64,
+        cursor: (&mut u64, &mut u64),
         at: (u64, u64, u64),
     ) -> Option<u64> {
+        let (fetched, warmed) = cursor;
         let (mut ci, end, limit) = at;
         debug_assert_eq!(CHECKS, self.wqe_checks);
         // Early rather than late: what runs here (WAITs, SEND_ENs) makes no response to wait
@@ -298,6 +305,10 @@ impl Core {
         };
         let q_geo = q.fetcher.geo;
         let q_words = q_geo.ring(q_qp.sq.buffer.words());
+        for i in 0..WARM_ENABLED {
+            warm(q_words, &q_geo, q.core.ci + i);
+        }
+        q_qp.send_cq.warm_entries(WARM_CQES);
         let start = ci;
         let mut slot = idx(ci) & (snap.len() - 1);
         // The WQEs run, `start..ci`, are WAITs and SEND_ENs in turn from a WAIT; counted
@@ -314,7 +325,7 @@ impl Core {
         let pending = loop {
             // The WAIT at `ci`: run what it waits for, then compare (the queue holds its send
             // CQ, which cannot be destroyed while the queue exists).
-            warm(words, geo, ci + WARM_MASTER);
+            warm_published(words, geo, snap, warmed, ci, limit.min(ci + WARM_AHEAD));
             if !(plain && q.run_enabled_nop(q_qp, q_words, &q_geo, q_limit)) {
                 q.run_enabled();
                 plain = !CHECKS && q.core.plain_config();

@@ -25,8 +25,9 @@
 //! Invariant of the whole: with `SoftNicConfig::fast_paths` off only `reference` runs WQEs,
 //! and every fast path ends where it would (`tests/differential.rs`).
 
+use super::cache_line::prefetch_line;
 use super::config::Prefetch;
-use super::cq::CqShared;
+use super::cq::{CqShared, WARM_CQES};
 use super::handoff_trace::{stamp, HandoffEvent};
 use super::in_process::InProcess;
 use super::qp::{bump, QpShared, Ring};
@@ -400,6 +401,7 @@ impl Core {
         }
         stamp(HandoffEvent::Found);
         self.refresh(f);
+        f.warm_ahead(self.ci, limit);
         // A rate-limited queue takes the general path, which admits each WQE; so does every
         // queue with the fast paths off.
         if self.limiter.is_active() || !self.fast_paths {
