@@ -591,7 +591,10 @@ mod tests {
         // The span is empty, just past the value of `b` (and of the table `a`): the table
         // left open is `a`'s, so the error is `a`'s, not `b`'s.
         let e = err("a = {b = 1\n");
-        assert!(e.starts_with("t.toml:1:11: a: unclosed inline table"), "{e}");
+        assert!(
+            e.starts_with("t.toml:1:11: a: unclosed inline table"),
+            "{e}"
+        );
         // An empty value of `b`, inside `a`'s table: the empty span is inside both; `b` is
         // the smallest.
         let e = err("a = {b = }\n");
@@ -610,8 +613,14 @@ mod tests {
     fn a_comment_line_names_no_key() {
         // A control character in a comment that holds `=`: the comment's text is no key.
         let e = err("[t]\n# a = \u{1}\n");
-        assert!(e.starts_with("t.toml:2:7: t: invalid comment character"), "{e}");
+        assert!(
+            e.starts_with("t.toml:2:7: t: invalid comment character"),
+            "{e}"
+        );
         let e = err("# a = \u{1}\n");
-        assert!(e.starts_with("t.toml:1:7: invalid comment character"), "{e}");
+        assert!(
+            e.starts_with("t.toml:1:7: invalid comment character"),
+            "{e}"
+        );
     }
 }

@@ -131,7 +131,10 @@ fn a_partial_patch_point_of_a_cas_or_a_write_makes_its_bytes_unknown() {
         assert_eq!(found.len(), 1, "{}", r.log());
         // Opmod and index unknown, opcode 0x14 (masked CAS), then the QPN and ds 4.
         let line = &found[0];
-        assert!(line.contains("unsafe-swap: may become [?? ?? ?? 14 "), "{line}");
+        assert!(
+            line.contains("unsafe-swap: may become [?? ?? ?? 14 "),
+            "{line}"
+        );
         assert!(
             line.contains(&format!(
                 "04] through {name} (step 1 of the fixpoint): a masked atomic's opmod (its \

@@ -67,7 +67,10 @@ Section 1 (chain latency, paper Fig. 8): chains of N NOPs, N in 1..64, in three 
   (c) doorbell order: NOPs on a managed SQ Q; a master SQ runs SEND_EN(Q, 1), then
       WAIT(cq of Q, completion of NOP k-1) + SEND_EN(Q, k+1) for each further NOP;
   (c') as (c) with master and managed SQ on different PUs (when --pus >= 2).
-  WQEs are written straight into the ring (encoding not timed); the time runs from the
+  WQEs are written straight into the ring (encoding not timed); then a NOP on a queue of
+  its own runs on each PU the chain uses (untimed: every sample starts with its PUs awake,
+  where a long chain's writing would otherwise outlast the PU's idle spin and add an unpark
+  to the longest chains alone); the time runs from the
   doorbell until the host sees the chain done, two ways: \"CQ\" busy-polls
   Nic::cq_produced; \"flag\" appends one 8 B inline WRITE to a host word the host spins on
   (so the host never calls into the softnic while the chain runs); \"sleep\" (doorbell order
@@ -420,6 +423,45 @@ impl LatQueues {
     }
 }
 
+/// One queue per PU a chain runs on, for a signaled NOP right before the chain's doorbell:
+/// every sample starts with its PUs awake. Without it, a chain whose WQEs take the host
+/// longer to write than a PU's idle spin (the 64-step chains: 191 WQEs) found its PU parked
+/// and paid an unpark that the shorter ones did not, which the slope between N=1 and N=64
+/// then counted as step time.
+struct Wakers {
+    queues: Vec<(SqWriter, Cqn)>,
+}
+
+impl Wakers {
+    fn new(nic: &SoftNic, pd: Pdn, pus: &[usize]) -> Result<Wakers, String> {
+        let mut queues = Vec::new();
+        for &pu in pus {
+            let cq = counting_cq(nic)?;
+            let qp = loopback_qp(nic, pd, cq, pu, LAT_RING, false)?;
+            queues.push((SqWriter::new(&qp, false), cq));
+        }
+        Ok(Wakers { queues })
+    }
+
+    /// Run one NOP on each PU and wait for it: the PUs are then spinning, not parked.
+    fn wake(&mut self, nic: &SoftNic) -> Result<(), String> {
+        for (sq, cq) in &mut self.queues {
+            let target = nic.cq_produced(*cq).ctx("cq_produced")? + 1;
+            sq.push(nic, &nop(WqeFlags::SIGNALED, 0))?;
+            sq.ring(nic)?;
+            wait_cq(nic, *cq, target, WaitMode::Spin)?;
+        }
+        Ok(())
+    }
+
+    fn destroy(&self, nic: &SoftNic) {
+        for (sq, cq) in &self.queues {
+            let _ = nic.destroy_qp(sq.qpn);
+            let _ = nic.destroy_cq(*cq);
+        }
+    }
+}
+
 /// WQEs a chain of `n` steps executes.
 fn chain_wqes(kind: Chain, n: usize) -> usize {
     match kind {
@@ -517,8 +559,11 @@ impl Flag {
     }
 }
 
-/// Build a chain of `n` NOPs in `kind` order (untimed), ring the doorbell and time until the
-/// chain is seen finished.
+/// Build a chain of `n` NOPs in `kind` order (untimed), wake its PUs, ring the doorbell and
+/// time until the chain is seen finished.
+// The queues, the chain's shape and the three host-side helpers (flag, sleeper, wakers) are
+// each used by some modes only; bundling them would only rename them.
+#[allow(clippy::too_many_arguments)]
 fn run_chain(
     nic: &SoftNic,
     lq: &mut LatQueues,
@@ -527,6 +572,7 @@ fn run_chain(
     detect: Detect,
     flag: &mut Flag,
     sleeper: &mut Sleeper,
+    wakers: &mut Wakers,
 ) -> Result<Duration, String> {
     if (kind == Chain::Db) != matches!(lq, LatQueues::Pair(_)) {
         return Err(format!("{kind:?} chain needs other queues"));
@@ -612,6 +658,7 @@ fn run_chain(
             (&pair.m, pair.cq_q, base + n as u64)
         }
     };
+    wakers.wake(nic)?;
     let t0 = Instant::now();
     db.ring(nic)?;
     match detect {
@@ -866,6 +913,8 @@ fn latency_section(
     for (kind, mpu, qpu, title) in &kinds {
         let (kind, cross) = (*kind, mpu != qpu);
         let mut lq = LatQueues::new(nic, pd, kind, *mpu, *qpu)?;
+        let pus: Vec<usize> = if cross { vec![*qpu, *mpu] } else { vec![*mpu] };
+        let mut wakers = Wakers::new(nic, pd, &pus)?;
         let floor_samples = if o.common.quick { 2000 } else { 20000 };
         let floor_before = cross.then(|| cross_thread_rtt(floor_samples).median);
         println!();
@@ -905,8 +954,16 @@ fn latency_section(
                     if detect == Detect::Sleep && kind != Chain::Db {
                         continue;
                     }
-                    let d = match run_chain(nic, &mut lq, kind, n, detect, &mut flag, &mut sleeper)
-                    {
+                    let d = match run_chain(
+                        nic,
+                        &mut lq,
+                        kind,
+                        n,
+                        detect,
+                        &mut flag,
+                        &mut sleeper,
+                        &mut wakers,
+                    ) {
                         Ok(d) => d,
                         Err(e) => {
                             let msg = format!(
@@ -915,6 +972,7 @@ fn latency_section(
                                 diag(nic, &lq.qpns(), &lq.cqns())
                             );
                             lq.destroy(nic);
+                            wakers.destroy(nic);
                             return Err(msg);
                         }
                     };
@@ -1020,6 +1078,7 @@ fn latency_section(
             }
         }
         lq.destroy(nic);
+        wakers.destroy(nic);
         nops += n_nop;
         writes += n_write;
     }
