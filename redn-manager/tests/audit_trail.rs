@@ -149,6 +149,17 @@ impl Rsyslog {
 
     /// The first record of `event` for which `also` holds, waiting for it until the deadline.
     fn find(&self, event: &str, also: impl Fn(&AuditRecord) -> bool) -> AuditRecord {
+        self.find_or(event, also, String::new)
+    }
+
+    /// [`Self::find`], adding what `report` says to the failure (the manager's view of its
+    /// offloads, when a record that depends on them never came).
+    fn find_or(
+        &self,
+        event: &str,
+        also: impl Fn(&AuditRecord) -> bool,
+        report: impl Fn() -> String,
+    ) -> AuditRecord {
         let start = Instant::now();
         loop {
             if let Some(r) = self
@@ -160,8 +171,9 @@ impl Rsyslog {
             }
             assert!(
                 start.elapsed() < DEADLINE,
-                "no event={event} record; the file has:\n{}",
-                std::fs::read_to_string(self.dir.join("audit.log")).unwrap_or_default()
+                "no event={event} record; the file has:\n{}\n{}",
+                std::fs::read_to_string(self.dir.join("audit.log")).unwrap_or_default(),
+                report()
             );
             std::thread::yield_now();
         }
@@ -296,7 +308,13 @@ fn a_runaway_loop_is_terminated_while_a_neighbour_keeps_serving() {
     let echo = c.install("echo", &[]).unwrap().handle;
     let (runaway, trigger) = install_server_loop(&mut c).unwrap();
     assert!(test_run(&m, runaway, &trigger, 64) > 0);
-    let t = syslog.find("terminate", |r| r.get("handle") == runaway.to_string());
+    // This wait failed once in about 32 suite runs (no record in 30 s, not reproduced
+    // alone): on a failure, say where the offloads stood.
+    let t = syslog.find_or(
+        "terminate",
+        |r| r.get("handle") == runaway.to_string(),
+        || format!("the manager's offloads: {:#?}", offloads(&m)),
+    );
     assert_eq!(
         (t.facility.as_str(), t.severity.as_str()),
         ("authpriv", "warning")
