@@ -544,16 +544,51 @@ fn objects_return_to(m: &Manager, want: [u64; 4]) {
     });
 }
 
+/// A hash-get offload installed by an app on a manager with a data plane, key 0x2a holding
+/// "hello" (the app's connection and its table live as long as this).
+struct ServedHashGet {
+    _app: redn_client::Client,
+    _table: redn_client::kv::TwoChoiceTable,
+    installed: redn_client::Installed,
+    endpoint: String,
+    token: [u8; 32],
+}
+
+impl ServedHashGet {
+    fn install(m: &Manager) -> ServedHashGet {
+        let mut app = m.client();
+        let mut table = redn_client::kv::TwoChoiceTable::create(64).unwrap();
+        let (_, installed) = app.install_table("hash-get", &mut table).unwrap();
+        table.set(0x2a, b"hello").unwrap();
+        let endpoint = installed.endpoint.clone().unwrap();
+        let token = redn_client::remote::parse_token(&installed.token).unwrap();
+        ServedHashGet {
+            _app: app,
+            _table: table,
+            installed,
+            endpoint,
+            token,
+        }
+    }
+
+    /// A remote client of it, connected (its first instance open).
+    fn remote_client(&self) -> redn_client::remote::RemoteClient {
+        redn_client::remote::RemoteClient::connect(
+            self.endpoint.parse().unwrap(),
+            self.installed.handle,
+            &self.installed.token,
+            redn_client::remote::RemoteOptions { timeout: DEADLINE },
+        )
+        .unwrap()
+    }
+}
+
 #[test]
 fn a_storm_of_corrupt_hellos_leaks_nothing_and_logs_no_token() {
     use std::io::Read;
     let m = Manager::start_with_dataplane(&policy("", ""));
-    let mut app = m.client();
-    let mut table = redn_client::kv::TwoChoiceTable::create(64).unwrap();
-    let (_, installed) = app.install_table("hash-get", &mut table).unwrap();
-    table.set(0x2a, b"hello").unwrap();
-    let endpoint = installed.endpoint.clone().unwrap();
-    let token = redn_client::remote::parse_token(&installed.token).unwrap();
+    let served = ServedHashGet::install(&m);
+    let (installed, endpoint, token) = (&served.installed, &served.endpoint, served.token);
     let baseline = nic_objects(&m);
     let hello = redn_proto::dataplane::Hello {
         handle: installed.handle,
@@ -579,7 +614,7 @@ fn a_storm_of_corrupt_hellos_leaks_nothing_and_logs_no_token() {
     }
     let mut answered = 0;
     for v in &variants {
-        let mut s = std::net::TcpStream::connect(&endpoint).unwrap();
+        let mut s = std::net::TcpStream::connect(endpoint).unwrap();
         s.set_read_timeout(Some(DEADLINE)).unwrap();
         std::io::Write::write_all(&mut s, v).unwrap();
         // Then the write side closed: a header announcing more than came is answered by
@@ -597,13 +632,7 @@ fn a_storm_of_corrupt_hellos_leaks_nothing_and_logs_no_token() {
     }
     assert!(answered >= 2 * 48, "only {answered} answers");
     // Still serving, and holding no more than before once the clients are gone.
-    let mut client = redn_client::remote::RemoteClient::connect(
-        endpoint.parse().unwrap(),
-        installed.handle,
-        &installed.token,
-        redn_client::remote::RemoteOptions { timeout: DEADLINE },
-    )
-    .unwrap();
+    let mut client = served.remote_client();
     assert_eq!(client.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
     drop(client);
     objects_return_to(&m, baseline);
@@ -974,23 +1003,13 @@ fn raw_hello(
 fn hostile_roce_datagrams_are_dropped_unanswered_counted_and_serving_goes_on() {
     use redn_sys::softnic::roce::packet::{self, opcode, Header, Route};
     let m = Manager::start_with_dataplane(&policy("", ""));
-    let mut app = m.client();
-    let mut table = redn_client::kv::TwoChoiceTable::create(64).unwrap();
-    let (_, installed) = app.install_table("hash-get", &mut table).unwrap();
-    table.set(0x2a, b"hello").unwrap();
-    let endpoint = installed.endpoint.clone().unwrap();
-    let token = redn_client::remote::parse_token(&installed.token).unwrap();
-    let mut client = redn_client::remote::RemoteClient::connect(
-        endpoint.parse().unwrap(),
-        installed.handle,
-        &installed.token,
-        redn_client::remote::RemoteOptions { timeout: DEADLINE },
-    )
-    .unwrap();
+    let served = ServedHashGet::install(&m);
+    let (installed, endpoint, token) = (&served.installed, &served.endpoint, served.token);
+    let mut client = served.remote_client();
     assert_eq!(client.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
     // A connected QP of the manager's (its peer is 127.0.0.1:4791, which this test is not),
     // and where it listens.
-    let (server, _held) = raw_hello(&endpoint, installed.handle, token);
+    let (server, _held) = raw_hello(endpoint, installed.handle, token);
     let attacker = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let std::net::SocketAddr::V4(from) = attacker.local_addr().unwrap() else {
         unreachable!("bound to an IPv4 address")
