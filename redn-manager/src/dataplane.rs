@@ -195,6 +195,12 @@ impl Dataplane {
         drops
     }
 
+    /// RoCE datagrams its endpoints dropped, for every reason (what `Monitor` reports each
+    /// second: a sum of counters, without the by-reason map).
+    pub fn packets_dropped(&self) -> u64 {
+        self.endpoints.values().map(|ep| ep.drops().total()).sum()
+    }
+
     /// Register the listener with the event loop.
     ///
     /// # Errors

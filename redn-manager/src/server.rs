@@ -421,7 +421,7 @@ impl Server {
             packets_dropped: self
                 .dataplane
                 .as_ref()
-                .map_or(0, |dp| dp.packet_drops().values().sum()),
+                .map_or(0, Dataplane::packets_dropped),
         }
     }
 
@@ -1240,6 +1240,7 @@ impl Server {
                 let mut list = m.admin_devices();
                 if let (Some(dp), Some(dev)) = (&self.dataplane, list.devices.first_mut()) {
                     dev.packet_drops = dp.packet_drops();
+                    // The total of the same reading, so the two always agree.
                     dev.packets_dropped = dev.packet_drops.values().sum();
                 }
                 encode(&list)
