@@ -982,10 +982,10 @@ fn a_send_waits_out_rnr_naks_until_a_receive_is_posted() {
             )],
         )
         .unwrap();
-    // The SEND is refused (RNR) until the receive is there; then it lands once.
-    wait_until("an RNR NAK came back", || {
-        a.nic.counters(ca.qp).unwrap().bytes == 0 && a.ep.counters().received > 0
-    });
+    // The SEND is refused (RNR) until the receive is there; then it lands once. Its
+    // completion waits for its ACK.
+    wait_until("an RNR NAK came back", || a.ep.counters().received > 0);
+    assert_eq!(a.nic.cq_produced(ca.cq).unwrap(), 0, "not completed");
     b.nic
         .post_recv(cb.qp, 9, &[b.buf.mr.sge(4096, 64)])
         .unwrap();

@@ -122,6 +122,22 @@ pub(crate) trait Transport: Send + Sync {
     fn send(&self, keys: &mut KeyCache, data: &[u8], imm: Option<u32>) -> Result<(), Nak>;
     fn read(&self, keys: &mut KeyCache, remote: RemoteAddr, out: &mut [u8]) -> Result<(), Nak>;
     fn atomic(&self, keys: &mut KeyCache, remote: RemoteAddr, op: AtomicOp) -> Result<u64, Nak>;
+    /// True if WRITEs and SENDs are posted: `write`, `write_from` and `send` return once
+    /// the message is on its way (`Ok`, or `Err` for what is refused before anything is
+    /// sent), and its outcome comes later from [`Self::settle`], in order (a network
+    /// transport keeping several messages in flight). False: they return their outcome.
+    fn windowed(&self) -> bool {
+        false
+    }
+    /// The outcome of the oldest posted message whose outcome was not taken yet; with
+    /// `wait`, waiting for it (until it is known or the transport gives up), else None
+    /// if it is not known yet (or nothing is posted).
+    fn settle(&self, _wait: bool) -> Option<Result<(), Nak>> {
+        None
+    }
+    /// Forget every posted message and outcome not taken (the queue went to error and
+    /// flushes them).
+    fn abandon(&self) {}
     /// The transport as `Any`, so the executor can find an in-process peer and reach it
     /// without a dynamic call on its fast path.
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;

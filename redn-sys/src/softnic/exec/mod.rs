@@ -196,6 +196,21 @@ struct Core {
     /// executor split the queue's run into visits, or on which path ran it. Empty
     /// otherwise.
     late: Vec<(u32, VirtAddr, Vec<u8>)>,
+    /// The peer posts WRITEs and SENDs (`Transport::windowed`, a RoCE connection): the
+    /// queue runs on the general path only, which keeps `posted` (see `Core::settle`).
+    windowed: bool,
+    /// WQEs whose messages the windowed peer has taken and not yet settled, oldest first:
+    /// their completions (or errors) are written when their outcomes come, in order.
+    posted: std::collections::VecDeque<Posted>,
+}
+
+/// A WQE whose message a windowed peer has taken: what its completion needs.
+#[derive(Clone, Copy)]
+struct Posted {
+    ci: u64,
+    bbs: u64,
+    opcode: u8,
+    signaled: bool,
 }
 
 /// What the fast path's WAIT / SEND_EN / RECV_EN did.
@@ -289,6 +304,8 @@ impl Core {
             late_landing,
             late: Vec::new(),
             fast_paths,
+            windowed: false,
+            posted: std::collections::VecDeque::new(),
         }
     }
 
@@ -315,6 +332,7 @@ impl Core {
     #[inline(always)]
     fn plain_config(&self) -> bool {
         !self.wqe_checks
+            && !self.windowed
             && !self.limiter.is_active()
             && self.qp.rate_generation.load(Ordering::Acquire) == self.rate_generation
     }
@@ -403,7 +421,12 @@ impl Core {
         self.refresh(f);
         f.warm_ahead(self.ci, limit);
         // A rate-limited queue takes the general path, which admits each WQE; so does every
-        // queue with the fast paths off.
+        // queue with the fast paths off, and one whose peer posts (its completions wait for
+        // ACKs: see `posted`), which settles what it posted when it runs out of work.
+        if self.windowed {
+            let outcome = self.run_general(f, budget, 0, siblings);
+            return self.settle_at_rest(outcome);
+        }
         if self.limiter.is_active() || !self.fast_paths {
             return self.run_general(f, budget, 0, siblings);
         }
@@ -435,6 +458,7 @@ impl Core {
                 .peer
                 .clone()
                 .and_then(|p| p.into_any().downcast::<InProcess>().ok());
+            self.windowed = self.peer.as_ref().is_some_and(|p| p.windowed());
         }
         let g = self.qp.rate_generation.load(Ordering::Acquire);
         if g != self.rate_generation {

@@ -90,7 +90,7 @@ impl Core {
     ) -> RunOutcome {
         let mut limit = self.limit();
         let mut outcome = RunOutcome::Idle;
-        let fast = self.fast_paths && !self.limiter.is_active();
+        let fast = self.fast_paths && !self.limiter.is_active() && !self.windowed;
         while done < budget {
             if self.ci >= limit {
                 limit = self.limit();
@@ -195,6 +195,19 @@ impl Core {
             }
         }
 
+        // A windowed peer's posted messages: a WRITE or SEND posts behind them (taking the
+        // outcomes that came); anything else, or a fenced WQE, waits for all of them, so
+        // that READ and atomic results, WAITs and completions see them acknowledged.
+        let posts = self.windowed
+            && matches!(
+                opcode,
+                Opcode::RdmaWrite | Opcode::RdmaWriteImm | Opcode::Send | Opcode::SendImm
+            );
+        if !self.posted.is_empty() && !self.settle(!posts || WqeFlags(flags).waits_for_responses())
+        {
+            // One failed: the queue is in error, and its next visit flushes this WQE.
+            return Step::Blocked;
+        }
         let result = match opcode {
             Opcode::Nop => Ok(0),
             Opcode::RdmaWrite | Opcode::RdmaWriteImm => self.op_write(opcode, ds),
@@ -217,7 +230,15 @@ impl Core {
                 if bytes != 0 {
                     bump(&self.qp.counters.bytes, bytes);
                 }
-                if WqeFlags(flags).signaled() {
+                if posts {
+                    // Completed (or failed) when the peer settles it.
+                    self.posted.push_back(Posted {
+                        ci,
+                        bbs,
+                        opcode: opcode_byte,
+                        signaled: WqeFlags(flags).signaled(),
+                    });
+                } else if WqeFlags(flags).signaled() {
                     let byte_cnt = match opcode {
                         // At most MAX_MESSAGE (16 MiB).
                         Opcode::RdmaRead => small32(idx(bytes)),
@@ -636,6 +657,11 @@ impl Core {
     /// The WQE at `ci` failed: error completion (always, signaled or not), QP to error, and
     /// flush everything behind it.
     pub(super) fn fault(&mut self, f: &mut Fetcher, syndrome: Syndrome, bbs: u64) {
+        if !self.posted.is_empty() && !self.settle(true) {
+            // A message before it failed: that is the queue's error; this WQE is flushed.
+            self.flush(f);
+            return;
+        }
         if !self.late.is_empty() {
             self.land();
         }
@@ -660,11 +686,12 @@ impl Core {
         if !self.late.is_empty() {
             self.land();
         }
+        let mut any = !self.posted.is_empty();
+        self.flush_posted();
         let end = self
             .limit()
             .max(self.qp.posted.load(Ordering::Acquire))
             .min(self.ci + self.qp.sq.entries);
-        let mut any = false;
         let mut ctrl = [0u8; SEG_SIZE];
         while self.ci < end {
             let ci = self.ci;
@@ -682,5 +709,92 @@ impl Core {
         }
         f.fetched = self.ci;
         any
+    }
+}
+
+/// A windowed peer's posted messages (see `Core::posted`).
+impl Core {
+    /// Write the completions of posted WQEs whose outcomes the peer has: every one (`all`,
+    /// waiting for each in turn) or the ones known now. False if one failed: its error
+    /// completion and the flushes of those after it are written and the queue is in error
+    /// (its next visit flushes the WQEs from `ci` on).
+    pub(super) fn settle(&mut self, all: bool) -> bool {
+        while !self.posted.is_empty() {
+            match self.settle_oldest(all) {
+                Some(true) => {}
+                Some(false) => return false,
+                None => break,
+            }
+        }
+        true
+    }
+
+    /// Settle the oldest posted WQE: Some(true) if it completed, Some(false) if it failed
+    /// (see [`Self::settle`]), None if its outcome is not known yet (only without `wait`).
+    fn settle_oldest(&mut self, wait: bool) -> Option<bool> {
+        let p = *self.posted.front()?;
+        let outcome = match self.peer.as_ref().and_then(|peer| peer.settle(wait)) {
+            Some(o) => o,
+            // A peer that holds nothing for a posted WQE will never answer for it.
+            None if wait => Err(Nak::NoResponse),
+            None => return None,
+        };
+        self.posted.pop_front();
+        match outcome {
+            Ok(()) => {
+                if p.signaled {
+                    self.complete(p.ci, p.bbs, p.opcode, 0);
+                }
+                Some(true)
+            }
+            Err(nak) => {
+                if !self.late.is_empty() {
+                    self.land();
+                }
+                // Counted first: whoever sees the error completion sees the error counted.
+                bump(&self.qp.counters.errors, 1);
+                let syndrome = nak.syndrome() as u8;
+                self.qp
+                    .retire(p.ci, p.ci + p.bbs, CqeOpcode::ReqErr, p.opcode, 0, syndrome);
+                self.qp.enter_error();
+                self.flush_posted();
+                Some(false)
+            }
+        }
+    }
+
+    /// Flush every posted WQE (the queue is in error) and have the peer forget them.
+    fn flush_posted(&mut self) {
+        if self.posted.is_empty() {
+            return;
+        }
+        for p in std::mem::take(&mut self.posted) {
+            let flush = Syndrome::WrFlush as u8;
+            self.qp
+                .retire(p.ci, p.ci + p.bbs, CqeOpcode::ReqErr, p.opcode, 0, flush);
+        }
+        if let Some(peer) = &self.peer {
+            peer.abandon();
+        }
+    }
+
+    /// The end of a windowed queue's visit (`outcome`): with nothing more to run, wait for
+    /// the outcomes of what it posted, one by one, until more WQEs are posted (then the
+    /// next visit runs them first); with more to run, take only what has come.
+    pub(super) fn settle_at_rest(&mut self, outcome: RunOutcome) -> RunOutcome {
+        let mut settled = false;
+        while !self.posted.is_empty() {
+            let rest = self.ci >= self.limit() && self.qp.state() == QpState::ReadyToSend;
+            match self.settle_oldest(rest) {
+                Some(true) => settled = true,
+                Some(false) => return RunOutcome::Progress,
+                None => break,
+            }
+        }
+        if settled {
+            RunOutcome::Progress
+        } else {
+            outcome
+        }
     }
 }

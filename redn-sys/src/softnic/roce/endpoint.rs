@@ -5,7 +5,7 @@
 use super::exchange::QpRecord;
 use super::io::{DatagramIo, Faults, LossyIo, RecvBatch, UdpIo};
 use super::packet::{self, opcode, DropCounters, DropReason, Header, Route, Syndrome};
-use super::requester::{Message, Progress, Requester, RequesterAttrs};
+use super::requester::{Message, Requester, RequesterAttrs};
 use super::responder::{Memory, Responder};
 use crate::mem::{KeyCache, Span};
 use crate::softnic::idle::IdleWork;
@@ -880,8 +880,11 @@ impl Memory for Glue<'_> {
     }
 }
 
-/// How a QP connected over RoCE reaches its peer: its PU runs one message at a time through
-/// the requester and waits (polling the socket, then sleeping) for the answer.
+/// How a QP connected over RoCE reaches its peer. WRITEs and SENDs are posted: each goes
+/// out as soon as the requester's window has room (see `requester`), and the executor takes
+/// their outcomes in order ([`Transport::settle`]) as their ACKs arrive. A READ or an
+/// atomic runs alone: its PU sends it and waits (polling the socket, then sleeping) for the
+/// answer.
 struct RoceTransport {
     conn: Arc<Conn>,
     inner: Arc<Inner>,
@@ -892,42 +895,65 @@ struct RoceTransport {
 }
 
 impl RoceTransport {
-    fn run(&self, msg: Message, data: &[u8], read_out: &mut [u8]) -> Result<u64, Nak> {
-        let mut req = self.req.lock().unwrap_or_else(|e| e.into_inner());
-        req.start(msg);
-        let local = self.inner.local;
+    fn lock(&self) -> std::sync::MutexGuard<'_, Requester> {
+        self.req.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// True if the QP or the endpoint is going away: nothing will answer.
+    fn gone(&self) -> bool {
+        let t = &self.conn.local.target;
+        t.destroyed.load(Ordering::Acquire)
+            || t.state() == QpState::Error
+            || self.inner.shutdown.load(Ordering::Acquire)
+            || t.pus.shutdown.load(Ordering::Acquire)
+    }
+
+    /// Send the packets the requester has due (with the replies its PU holds).
+    fn transmit(&self, req: &mut Requester) {
         let route = Route {
-            src: local,
+            src: self.inner.local,
             dst: self.conn.remote,
         };
-        let mut pkts = Vec::new();
         let mut bytes = Vec::new();
-        let t = &self.conn.local.target;
-        let give_up = || {
-            t.destroyed.load(Ordering::Acquire)
-                || t.state() == QpState::Error
-                || self.inner.shutdown.load(Ordering::Acquire)
-                || t.pus.shutdown.load(Ordering::Acquire)
-        };
+        let mut frames = Vec::new();
+        req.transmit(Instant::now(), |h, _, payload| {
+            let start = bytes.len();
+            packet::encode(&mut bytes, &route, h, payload);
+            frames.push((start, bytes.len()));
+        });
+        if !frames.is_empty() {
+            self.conn
+                .poller
+                .send_with_replies(&self.inner, self.conn.remote, &bytes, &frames);
+        }
+    }
+
+    /// Take a response from the mailbox.
+    fn take(&self, req: &mut Requester, r: &Response, read_out: &mut [u8]) {
+        if let Err(why) = req.on_response(&r.header, &r.payload, Instant::now(), read_out) {
+            self.inner.drops.count(why);
+        }
+    }
+
+    /// Take the responses waiting in the mailbox and let time pass, without waiting; then
+    /// send what that made due.
+    fn take_arrived(&self, req: &mut Requester, read_out: &mut [u8]) {
+        while let Some(r) = self.conn.mailbox.take() {
+            self.take(req, &r, read_out);
+        }
+        req.on_timer(Instant::now());
+        self.transmit(req);
+    }
+
+    /// Send what is due, then until `done(req)`: wait for a response (polling the socket,
+    /// then sleeping until the receive thread wakes it) or the requester's next timer, take
+    /// it and send what that made due. If the QP or the endpoint goes away meanwhile, the
+    /// oldest message fails with "retry exceeded" (nothing will answer).
+    fn drive(&self, req: &mut Requester, read_out: &mut [u8], done: impl Fn(&Requester) -> bool) {
         loop {
-            pkts.clear();
-            req.transmit(Instant::now(), &mut pkts);
-            if !pkts.is_empty() {
-                bytes.clear();
-                let mut frames = Vec::with_capacity(pkts.len());
-                for (h, range) in &pkts {
-                    let start = bytes.len();
-                    packet::encode(
-                        &mut bytes,
-                        &route,
-                        h,
-                        data.get(range.clone()).unwrap_or(&[]),
-                    );
-                    frames.push((start, bytes.len()));
-                }
-                self.conn
-                    .poller
-                    .send_with_replies(&self.inner, self.conn.remote, &bytes, &frames);
+            self.transmit(req);
+            if done(req) {
+                return;
             }
             // A host-driven app's thread polls until the answer or the requester's next timer
             // (a retransmission), never sleeping: it is in a call to the softnic already,
@@ -937,10 +963,10 @@ impl RoceTransport {
             } else {
                 self.inner.spin
             };
-            let progress = match self.conn.mailbox.wait(
+            let got = self.conn.mailbox.wait(
                 spin,
                 req.next_timer(),
-                give_up,
+                || self.gone(),
                 || {
                     self.conn.poller.poll_with(&self.inner);
                     if self.conn.poller.host {
@@ -954,22 +980,44 @@ impl RoceTransport {
                     }
                 },
                 || self.conn.poller.leave(&self.inner),
-            ) {
-                Some(r) => match req.on_response(&r.header, &r.payload, Instant::now(), read_out) {
-                    Ok(p) => p,
-                    Err(why) => {
-                        self.inner.drops.count(why);
-                        Progress::Pending
-                    }
-                },
-                None if give_up() => return Err(Nak::NoResponse),
+            );
+            match got {
+                Some(r) => self.take(req, &r, read_out),
+                None if self.gone() => req.fail(Nak::NoResponse),
                 None => req.on_timer(Instant::now()),
-            };
-            match progress {
-                Progress::Pending => {}
-                Progress::Done(v) => return Ok(v),
-                Progress::Failed(nak) => return Err(nak),
             }
+        }
+    }
+
+    /// Post a SEND or WRITE whose payload `fill` writes into a buffer of `len` bytes: wait
+    /// for room in the window, start it, send what is due, and take what has arrived.
+    fn post(&self, msg: Message, len: usize, fill: impl FnOnce(&mut [u8])) {
+        let mut req = self.lock();
+        self.take_arrived(&mut req, &mut []);
+        self.drive(&mut req, &mut [], |r| r.has_room(&msg));
+        let mut data = req.buffer();
+        data.resize(len, 0);
+        fill(&mut data);
+        req.start(msg, data);
+        self.transmit(&mut req);
+        // The ACKs of what went out before, if they are here: the executor settles them next.
+        self.conn.poller.poll_with(&self.inner);
+        self.take_arrived(&mut req, &mut []);
+    }
+
+    /// Run a READ or an atomic alone: once every posted message has finished (their
+    /// outcomes wait for the executor), send it and wait for its answer.
+    fn run(&self, msg: Message, read_out: &mut [u8]) -> Result<u64, Nak> {
+        let mut req = self.lock();
+        self.drive(&mut req, read_out, |r| r.outstanding() == 0);
+        let before = req.finished();
+        req.start(msg, Vec::new());
+        self.drive(&mut req, read_out, |r| r.outstanding() == 0);
+        if req.finished() > before {
+            req.pop_last_finished().unwrap_or(Err(Nak::NoResponse))
+        } else {
+            // An earlier message failed: nothing more went out.
+            Err(Nak::NoResponse)
         }
     }
 
@@ -992,19 +1040,25 @@ impl Transport for RoceTransport {
             len: Self::len32(data.len())?,
             imm,
         };
-        self.run(msg, data, &mut []).map(|_| ())
+        self.post(msg, data.len(), |b| b.copy_from_slice(data));
+        Ok(())
     }
 
     fn write_from(
         &self,
-        keys: &mut KeyCache,
+        _keys: &mut KeyCache,
         remote: RemoteAddr,
         src: &Span<'_>,
         imm: Option<u32>,
     ) -> Result<(), Nak> {
-        let mut data = vec![0u8; src.len];
-        src.read(&mut data);
-        self.write(keys, remote, &data, imm)
+        let msg = Message::Write {
+            va: remote.addr.0,
+            rkey: remote.rkey.0,
+            len: Self::len32(src.len)?,
+            imm,
+        };
+        self.post(msg, src.len, |b| src.read(b));
+        Ok(())
     }
 
     fn read_into(
@@ -1024,7 +1078,8 @@ impl Transport for RoceTransport {
             len: Self::len32(data.len())?,
             imm,
         };
-        self.run(msg, data, &mut []).map(|_| ())
+        self.post(msg, data.len(), |b| b.copy_from_slice(data));
+        Ok(())
     }
 
     fn read(&self, _keys: &mut KeyCache, remote: RemoteAddr, out: &mut [u8]) -> Result<(), Nak> {
@@ -1036,7 +1091,7 @@ impl Transport for RoceTransport {
             rkey: remote.rkey.0,
             len: Self::len32(out.len())?,
         };
-        self.run(msg, &[], out).map(|_| ())
+        self.run(msg, out).map(|_| ())
     }
 
     fn atomic(&self, _keys: &mut KeyCache, remote: RemoteAddr, op: AtomicOp) -> Result<u64, Nak> {
@@ -1061,9 +1116,27 @@ impl Transport for RoceTransport {
                 swap_add,
                 compare,
             },
-            &[],
             &mut [],
         )
+    }
+
+    fn windowed(&self) -> bool {
+        true
+    }
+
+    fn settle(&self, wait: bool) -> Option<Result<(), Nak>> {
+        let mut req = self.lock();
+        self.take_arrived(&mut req, &mut []);
+        if wait {
+            self.drive(&mut req, &mut [], |r| {
+                r.finished() > 0 || r.outstanding() == 0
+            });
+        }
+        req.pop_finished().map(|o| o.map(|_| ()))
+    }
+
+    fn abandon(&self) {
+        self.lock().clear();
     }
 
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {

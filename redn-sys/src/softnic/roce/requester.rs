@@ -1,17 +1,22 @@
-//! The requester side of one RC connection, as a state machine without I/O: it segments a
-//! message into packets at the path MTU, takes ACKs, NAKs and READ / atomic responses,
-//! retransmits go-back-N on a sequence NAK, a gap in READ responses or an ACK timeout, waits
-//! out RNR NAKs, and ends every message in a result or the error its completion carries.
+//! The requester side of one RC connection, as a state machine without I/O: it segments
+//! messages into packets at the path MTU, keeps several SENDs and WRITEs outstanding at once
+//! (a window, as RC and rxe do), takes ACKs, NAKs and READ / atomic responses, retransmits
+//! go-back-N from the oldest unacknowledged PSN on a sequence NAK, a gap in READ responses
+//! or an ACK timeout, waits out RNR NAKs, and ends every message in its outcome, in order.
 //!
-//! One message is in flight at a time: the softnic's transport seam is synchronous (a PU
-//! hands a WQE's operation to its transport and takes the result), so a QP never has more
-//! than one READ or atomic outstanding, which any peer's `max_dest_rd_atomic` >= 1 admits.
+//! The window: at most [`MAX_MESSAGES`] messages and [`MAX_BYTES`] of their payload are
+//! outstanding (a bigger message goes alone), and at most [`WINDOW`] packets past the oldest
+//! unacknowledged one are on the wire. A READ or an atomic goes alone: it starts once
+//! everything before it is acknowledged and nothing starts until it is answered, so a QP has
+//! at most one outstanding, which any peer's `max_dest_rd_atomic` >= 1 admits, and the
+//! softnic's executor takes its result at once (its data lands before a later WQE runs).
 //! Time comes in as `now` from the caller's clock, so timers are tested to the nanosecond.
 
 use super::packet::{self, opcode, psn, AtomicEth, Header, Reth, Syndrome};
 use super::DropReason;
 use crate::mem::AccessFault;
 use crate::softnic::transport::Nak;
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -19,6 +24,13 @@ use std::time::{Duration, Instant};
 pub const WINDOW: u32 = 64;
 /// Every this many packets of a long message asks for an ACK, so the window keeps moving.
 pub const ACK_EVERY: u32 = 16;
+/// SENDs and WRITEs outstanding (started, not yet acknowledged) at most.
+pub const MAX_MESSAGES: usize = 32;
+/// Payload bytes of the outstanding messages at most: the requester keeps a copy of each
+/// until its ACK, for retransmission. A message bigger than this goes out alone.
+pub const MAX_BYTES: usize = 1 << 20;
+/// Payload buffers of finished messages kept for reuse.
+const SPARE_BUFFERS: usize = 8;
 
 /// Connection attributes the requester keeps to (the RTS attributes of IB).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,7 +53,7 @@ impl RequesterAttrs {
     }
 }
 
-/// One message, as the wire sees it; data is passed separately when packets are built.
+/// One message, as the wire sees it; a SEND's or WRITE's data is handed over with it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Message {
     /// SEND of `len` bytes.
@@ -84,23 +96,54 @@ pub enum Message {
     },
 }
 
-/// What a response or a timer did to the message in flight.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Progress {
-    /// Still in flight (maybe with packets to send: see [`Requester::transmit`]).
-    Pending,
-    /// Done: bytes read, the atomic's original value, or 0.
-    Done(u64),
-    /// Failed with the error its completion carries; the QP goes to error.
-    Failed(Nak),
+impl Message {
+    /// True for a SEND or a WRITE: acknowledged by plain ACKs, and windowed.
+    fn posted(&self) -> bool {
+        matches!(self, Message::Send { .. } | Message::Write { .. })
+    }
+
+    /// Payload bytes the requester keeps for it.
+    fn payload(&self) -> usize {
+        match *self {
+            Message::Send { len, .. } | Message::Write { len, .. } => len as usize,
+            Message::Read { .. } | Message::Atomic { .. } => 0,
+        }
+    }
 }
 
+/// How a message ended: bytes read, the atomic's original value, or 0; or the error its
+/// completion carries (the QP goes to error).
+pub type Outcome = Result<u64, Nak>;
+
+/// One outstanding message.
 #[derive(Debug)]
-struct InFlight {
+struct Outstanding {
     msg: Message,
     first: u32,
     /// PSNs the message takes (a READ one per response packet).
     npsn: u32,
+    /// A SEND's or WRITE's payload, kept for retransmission.
+    data: Vec<u8>,
+}
+
+impl Outstanding {
+    /// The PSN after its last.
+    fn end(&self) -> u32 {
+        psn::add(self.first, self.npsn)
+    }
+}
+
+/// One QP's requester.
+#[derive(Debug)]
+pub struct Requester {
+    attrs: RequesterAttrs,
+    dest_qp: u32,
+    /// The PSN the next message starts at.
+    next_psn: u32,
+    /// Outstanding messages, oldest first, their PSNs contiguous up to `next_psn`.
+    msgs: VecDeque<Outstanding>,
+    /// Payload bytes of `msgs`.
+    bytes: usize,
     /// Oldest PSN not yet acknowledged (SEND/WRITE) or answered (READ/atomic).
     una: u32,
     /// Next SEND/WRITE packet to send.
@@ -115,26 +158,36 @@ struct InFlight {
     rnr: u8,
     deadline: Option<Instant>,
     rnr_until: Option<Instant>,
-}
-
-/// One QP's requester.
-#[derive(Debug)]
-pub struct Requester {
-    attrs: RequesterAttrs,
-    dest_qp: u32,
-    next_psn: u32,
-    cur: Option<InFlight>,
+    /// Outcomes of finished messages not yet taken, oldest first.
+    finished: VecDeque<Outcome>,
+    /// A message failed: nothing more goes out (the QP is going to error).
+    failed: bool,
+    spare: Vec<Vec<u8>>,
 }
 
 impl Requester {
     /// A requester sending to `dest_qp`, its first PSN `start_psn` (the peer's rq_psn).
     #[must_use]
     pub fn new(attrs: RequesterAttrs, dest_qp: u32, start_psn: u32) -> Requester {
+        let start = start_psn & psn::MASK;
         Requester {
             attrs,
             dest_qp,
-            next_psn: start_psn & psn::MASK,
-            cur: None,
+            next_psn: start,
+            msgs: VecDeque::new(),
+            bytes: 0,
+            una: start,
+            sent: start,
+            request_due: false,
+            read_done: 0,
+            gap_retried: None,
+            retries: attrs.retry_cnt,
+            rnr: attrs.rnr_retry,
+            deadline: None,
+            rnr_until: None,
+            finished: VecDeque::new(),
+            failed: false,
+            spare: Vec::new(),
         }
     }
 
@@ -145,14 +198,46 @@ impl Requester {
         self.next_psn
     }
 
+    /// Messages started and not finished.
+    #[must_use]
+    pub fn outstanding(&self) -> usize {
+        self.msgs.len()
+    }
+
+    /// True if `msg` may start now: nothing is outstanding, or it is a SEND or WRITE behind
+    /// SENDs and WRITEs and the window has room for it. Always true once a message failed
+    /// (nothing more goes out).
+    #[must_use]
+    pub fn has_room(&self, msg: &Message) -> bool {
+        let Some(front) = self.msgs.front() else {
+            return true;
+        };
+        self.failed
+            || (msg.posted()
+                && front.msg.posted()
+                && self.msgs.len() < MAX_MESSAGES
+                && self.bytes + msg.payload() <= MAX_BYTES)
+    }
+
+    /// A cleared buffer for a message's payload (one a finished message left, if any).
+    pub fn buffer(&mut self) -> Vec<u8> {
+        self.spare.pop().unwrap_or_default()
+    }
+
     /// Packets a message of `len` bytes takes at this MTU (at least one).
     fn packets(&self, len: u32) -> u32 {
         len.div_ceil(self.attrs.mtu).max(1)
     }
 
-    /// Start a message (the previous one must be finished). Its packets go out through
-    /// [`Self::transmit`].
-    pub fn start(&mut self, msg: Message) {
+    /// Start a message (see [`Self::has_room`]; a caller that starts one without room
+    /// only widens the window) with its payload (a SEND's or WRITE's `len` bytes; empty
+    /// for a READ or atomic). Its packets go out through [`Self::transmit`]. Once a message
+    /// failed, nothing starts and no outcome comes.
+    pub fn start(&mut self, msg: Message, data: Vec<u8>) {
+        if self.failed {
+            self.recycle(data);
+            return;
+        }
         let npsn = match msg {
             Message::Send { len, .. } | Message::Write { len, .. } | Message::Read { len, .. } => {
                 self.packets(len)
@@ -161,82 +246,142 @@ impl Requester {
         };
         let first = self.next_psn;
         self.next_psn = psn::add(first, npsn);
-        self.cur = Some(InFlight {
+        if self.msgs.is_empty() {
+            // A fresh window: its own retry counts and timers.
+            self.una = first;
+            self.sent = first;
+            self.retries = self.attrs.retry_cnt;
+            self.rnr = self.attrs.rnr_retry;
+            self.deadline = None;
+            self.rnr_until = None;
+        }
+        self.request_due = true;
+        self.read_done = 0;
+        self.gap_retried = None;
+        self.bytes += data.len();
+        self.msgs.push_back(Outstanding {
             msg,
             first,
             npsn,
-            una: first,
-            sent: first,
-            request_due: true,
-            read_done: 0,
-            gap_retried: None,
-            retries: self.attrs.retry_cnt,
-            rnr: self.attrs.rnr_retry,
-            deadline: None,
-            rnr_until: None,
+            data,
         });
     }
 
-    /// The packets to send now, each a header and the range of the message's data it
-    /// carries. Arms the ACK timer when something goes out.
-    pub fn transmit(&mut self, now: Instant, out: &mut Vec<(Header, Range<usize>)>) {
-        let mtu = self.attrs.mtu;
-        let timeout = self.attrs.ack_timeout();
-        let dest_qp = self.dest_qp;
-        let Some(f) = self.cur.as_mut() else { return };
-        if f.rnr_until.is_some() {
+    /// The outcome of the oldest finished message not taken yet.
+    pub fn pop_finished(&mut self) -> Option<Outcome> {
+        self.finished.pop_front()
+    }
+
+    /// The outcome of the newest finished message not taken yet.
+    pub fn pop_last_finished(&mut self) -> Option<Outcome> {
+        self.finished.pop_back()
+    }
+
+    /// Outcomes not taken yet.
+    #[must_use]
+    pub fn finished(&self) -> usize {
+        self.finished.len()
+    }
+
+    /// Forget everything outstanding and every outcome not taken (the QP went to error;
+    /// its completions are flushed).
+    pub fn clear(&mut self) {
+        self.failed = true;
+        while let Some(m) = self.msgs.pop_front() {
+            self.recycle(m.data);
+        }
+        self.bytes = 0;
+        self.finished.clear();
+        self.deadline = None;
+        self.rnr_until = None;
+    }
+
+    /// End the oldest outstanding message with `nak` and drop the rest (nothing more goes
+    /// out: the QP goes to error and flushes them).
+    pub fn fail(&mut self, nak: Nak) {
+        if self.msgs.is_empty() {
             return;
         }
-        let last = psn::add(f.first, f.npsn - 1);
-        let before = out.len();
-        match f.msg {
-            Message::Send { len, imm } | Message::Write { len, imm, .. } => {
-                let write = matches!(f.msg, Message::Write { .. });
-                while psn::diff(f.sent, last) <= 0
-                    && psn::diff(f.sent, f.una) < i32::try_from(WINDOW).unwrap_or(i32::MAX)
+        self.clear();
+        self.finished.push_back(Err(nak));
+    }
+
+    fn recycle(&mut self, mut data: Vec<u8>) {
+        if self.spare.len() < SPARE_BUFFERS && data.capacity() > 0 {
+            data.clear();
+            self.spare.push(data);
+        }
+    }
+
+    /// Finish the oldest message with `outcome`.
+    fn finish_front(&mut self, outcome: Outcome) {
+        if let Some(m) = self.msgs.pop_front() {
+            self.bytes -= m.data.len();
+            self.recycle(m.data);
+            self.finished.push_back(outcome);
+        }
+        if self.msgs.is_empty() {
+            self.deadline = None;
+            self.rnr_until = None;
+        }
+    }
+
+    /// Finish every SEND/WRITE whose PSNs all lie before `una` (acknowledged).
+    fn acknowledge_to(&mut self, una: u32) {
+        while let Some(m) = self.msgs.front() {
+            if !m.msg.posted() || psn::diff(una, m.end()) < 0 {
+                break;
+            }
+            self.finish_front(Ok(0));
+        }
+    }
+
+    /// The packets to send now, each passed to `emit` as its header, the range of its
+    /// message's payload it carries and those bytes. Arms the ACK timer when something goes
+    /// out.
+    pub fn transmit(&mut self, now: Instant, mut emit: impl FnMut(&Header, Range<usize>, &[u8])) {
+        let timeout = self.attrs.ack_timeout();
+        let Some(front) = self.msgs.front() else {
+            return;
+        };
+        if self.rnr_until.is_some() {
+            return;
+        }
+        let mut any = false;
+        match front.msg {
+            Message::Send { .. } | Message::Write { .. } => {
+                let mut at = 0;
+                while psn::diff(self.sent, self.next_psn) < 0
+                    && psn::diff(self.sent, self.una) < i32::try_from(WINDOW).unwrap_or(i32::MAX)
                 {
-                    // psn::diff of two PSNs of one message is in 0..npsn.
-                    let k = psn::diff(f.sent, f.first).unsigned_abs();
-                    let from = k * mtu;
-                    let to = (from + mtu).min(len);
-                    let (only, is_first, is_last) = (f.npsn == 1, k == 0, k + 1 == f.npsn);
-                    let op = match (write, only, is_first, is_last, imm.is_some()) {
-                        (false, true, _, _, false) => opcode::SEND_ONLY,
-                        (false, true, _, _, true) => opcode::SEND_ONLY_IMM,
-                        (false, false, true, _, _) => opcode::SEND_FIRST,
-                        (false, false, _, true, false) => opcode::SEND_LAST,
-                        (false, false, _, true, true) => opcode::SEND_LAST_IMM,
-                        (false, ..) => opcode::SEND_MIDDLE,
-                        (true, true, _, _, false) => opcode::WRITE_ONLY,
-                        (true, true, _, _, true) => opcode::WRITE_ONLY_IMM,
-                        (true, false, true, _, _) => opcode::WRITE_FIRST,
-                        (true, false, _, true, false) => opcode::WRITE_LAST,
-                        (true, false, _, true, true) => opcode::WRITE_LAST_IMM,
-                        (true, ..) => opcode::WRITE_MIDDLE,
-                    };
-                    let mut h = Header::new(op, dest_qp, f.sent);
-                    h.ack_req = is_last || k % ACK_EVERY == ACK_EVERY - 1;
-                    if is_last {
-                        h.imm = imm;
+                    // The message holding `sent`: the PSNs of `msgs` run contiguously to
+                    // `next_psn`, so one is found.
+                    while self
+                        .msgs
+                        .get(at)
+                        .is_some_and(|m| psn::diff(self.sent, m.end()) >= 0)
+                    {
+                        at += 1;
                     }
-                    if let (Message::Write { va, rkey, len, .. }, true) = (f.msg, is_first) {
-                        h.reth = Some(Reth { va, rkey, len });
-                    }
-                    out.push((h, from as usize..to as usize));
-                    f.sent = psn::add(f.sent, 1);
+                    let Some(m) = self.msgs.get(at) else { break };
+                    let (h, range) = self.packet(m, self.sent);
+                    emit(&h, range.clone(), m.data.get(range).unwrap_or(&[]));
+                    self.sent = psn::add(self.sent, 1);
+                    any = true;
                 }
             }
             Message::Read { va, rkey, len } => {
-                if f.request_due {
-                    let mut h = Header::new(opcode::READ_REQUEST, dest_qp, f.una);
+                if self.request_due {
+                    let mut h = Header::new(opcode::READ_REQUEST, self.dest_qp, self.una);
                     h.ack_req = true;
                     h.reth = Some(Reth {
-                        va: va.wrapping_add(u64::from(f.read_done)),
+                        va: va.wrapping_add(u64::from(self.read_done)),
                         rkey,
-                        len: len - f.read_done,
+                        len: len - self.read_done,
                     });
-                    out.push((h, 0..0));
-                    f.request_due = false;
+                    emit(&h, 0..0, &[]);
+                    self.request_due = false;
+                    any = true;
                 }
             }
             Message::Atomic {
@@ -245,13 +390,13 @@ impl Requester {
                 swap_add,
                 compare,
             } => {
-                if f.request_due {
+                if self.request_due {
                     let op = if compare.is_some() {
                         opcode::COMPARE_SWAP
                     } else {
                         opcode::FETCH_ADD
                     };
-                    let mut h = Header::new(op, dest_qp, f.first);
+                    let mut h = Header::new(op, self.dest_qp, front.first);
                     h.ack_req = true;
                     h.atomic = Some(AtomicEth {
                         va,
@@ -259,78 +404,117 @@ impl Requester {
                         swap_add,
                         compare: compare.unwrap_or(0),
                     });
-                    out.push((h, 0..0));
-                    f.request_due = false;
+                    emit(&h, 0..0, &[]);
+                    self.request_due = false;
+                    any = true;
                 }
             }
         }
-        if out.len() > before || f.deadline.is_none() {
-            f.deadline = timeout.map(|t| now + t);
+        if any || self.deadline.is_none() {
+            self.deadline = timeout.map(|t| now + t);
         }
+    }
+
+    /// The header of SEND/WRITE packet `at` of `m` and the range of its payload.
+    fn packet(&self, m: &Outstanding, at: u32) -> (Header, Range<usize>) {
+        let mtu = self.attrs.mtu;
+        // psn::diff of two PSNs of one message is in 0..npsn.
+        let k = psn::diff(at, m.first).unsigned_abs();
+        let (write, len, imm) = match m.msg {
+            Message::Write { len, imm, .. } => (true, len, imm),
+            Message::Send { len, imm } => (false, len, imm),
+            Message::Read { .. } | Message::Atomic { .. } => (false, 0, None),
+        };
+        let from = k * mtu;
+        let to = (from + mtu).min(len);
+        let (only, is_first, is_last) = (m.npsn == 1, k == 0, k + 1 == m.npsn);
+        let op = match (write, only, is_first, is_last, imm.is_some()) {
+            (false, true, _, _, false) => opcode::SEND_ONLY,
+            (false, true, _, _, true) => opcode::SEND_ONLY_IMM,
+            (false, false, true, _, _) => opcode::SEND_FIRST,
+            (false, false, _, true, false) => opcode::SEND_LAST,
+            (false, false, _, true, true) => opcode::SEND_LAST_IMM,
+            (false, ..) => opcode::SEND_MIDDLE,
+            (true, true, _, _, false) => opcode::WRITE_ONLY,
+            (true, true, _, _, true) => opcode::WRITE_ONLY_IMM,
+            (true, false, true, _, _) => opcode::WRITE_FIRST,
+            (true, false, _, true, false) => opcode::WRITE_LAST,
+            (true, false, _, true, true) => opcode::WRITE_LAST_IMM,
+            (true, ..) => opcode::WRITE_MIDDLE,
+        };
+        let mut h = Header::new(op, self.dest_qp, at);
+        h.ack_req = is_last || k % ACK_EVERY == ACK_EVERY - 1;
+        if is_last {
+            h.imm = imm;
+        }
+        if let (Message::Write { va, rkey, len, .. }, true) = (m.msg, is_first) {
+            h.reth = Some(Reth { va, rkey, len });
+        }
+        (h, from as usize..to as usize)
     }
 
     /// When the requester next needs [`Self::on_timer`]: the ACK timeout or the end of an
     /// RNR wait.
     #[must_use]
     pub fn next_timer(&self) -> Option<Instant> {
-        let f = self.cur.as_ref()?;
-        f.rnr_until.or(f.deadline)
+        if self.msgs.is_empty() {
+            return None;
+        }
+        self.rnr_until.or(self.deadline)
+    }
+
+    /// Go back to the oldest unacknowledged PSN: resend from there.
+    fn go_back(&mut self) {
+        self.sent = self.una;
+        self.request_due = true;
+        self.deadline = None;
     }
 
     /// Let time pass: an RNR wait that ended resends from the oldest unacknowledged PSN; an
-    /// ACK timeout uses up a retry and resends, or fails the message once none are left.
-    pub fn on_timer(&mut self, now: Instant) -> Progress {
-        let Some(f) = self.cur.as_mut() else {
-            return Progress::Pending;
-        };
-        if let Some(t) = f.rnr_until {
+    /// ACK timeout uses up a retry and resends, or fails the oldest message once none are
+    /// left.
+    pub fn on_timer(&mut self, now: Instant) {
+        if self.msgs.is_empty() {
+            return;
+        }
+        if let Some(t) = self.rnr_until {
             if now >= t {
-                f.rnr_until = None;
-                f.sent = f.una;
-                f.request_due = true;
-                f.deadline = None;
+                self.rnr_until = None;
+                self.go_back();
             }
-            return Progress::Pending;
+            return;
         }
-        match f.deadline {
-            Some(t) if now >= t => {
-                if f.retries == 0 {
-                    return self.finish(Progress::Failed(Nak::NoResponse));
-                }
-                f.retries -= 1;
-                f.sent = f.una;
-                f.request_due = true;
-                f.deadline = None;
-                Progress::Pending
+        if self.deadline.is_some_and(|t| now >= t) {
+            if self.retries == 0 {
+                self.fail(Nak::NoResponse);
+                return;
             }
-            _ => Progress::Pending,
+            self.retries -= 1;
+            self.go_back();
         }
     }
 
-    fn finish(&mut self, p: Progress) -> Progress {
-        self.cur = None;
-        p
-    }
-
-    /// Take a response (ACK, NAK, READ response or atomic ACK) for this QP. A READ's data
-    /// lands in `read_out` (the message's length). `Err` says why a response that does not
-    /// belong to the message in flight was dropped.
+    /// Take a response (ACK, NAK, READ response or atomic ACK) for this QP; what finished
+    /// comes out of [`Self::pop_finished`]. A READ's data lands in `read_out` (the
+    /// message's length). `Err` says why a response that does not belong to what is
+    /// outstanding was dropped.
     pub fn on_response(
         &mut self,
         h: &Header,
         payload: &[u8],
         now: Instant,
         read_out: &mut [u8],
-    ) -> Result<Progress, DropReason> {
-        let mtu = self.attrs.mtu;
+    ) -> Result<(), DropReason> {
         let timeout = self.attrs.ack_timeout();
-        let Some(f) = self.cur.as_mut() else {
+        let Some(front) = self.msgs.front() else {
             return Err(DropReason::UnexpectedResponse);
         };
-        let last = psn::add(f.first, f.npsn - 1);
-        let within = |p: u32, hi: u32| psn::diff(p, f.una) >= 0 && psn::diff(p, hi) <= 0;
+        let (front_msg, front_first) = (front.msg, front.first);
+        let last = psn::add(self.next_psn, psn::MASK);
+        let una = self.una;
+        let within = |p: u32, hi: u32| psn::diff(p, una) >= 0 && psn::diff(p, hi) <= 0;
         let syndrome = h.aeth.map(|a| Syndrome::of(a.syndrome));
-        // NAKs that end the message, whatever it is.
+        // NAKs that end the message they name, whatever it is.
         let fatal = match syndrome {
             Some(Syndrome::InvalidRequest) => Some(Nak::RemoteInvalid),
             // The wire does not say which rule refused; the completion only needs the class.
@@ -342,124 +526,149 @@ impl Requester {
             if !within(h.psn, last) {
                 return Err(DropReason::UnexpectedResponse);
             }
-            return Ok(self.finish(Progress::Failed(nak)));
+            // A NAK acknowledges every PSN before its own.
+            self.acknowledge_to(h.psn);
+            self.fail(nak);
+            return Ok(());
         }
         if h.opcode == opcode::ACKNOWLEDGE {
             match syndrome {
                 Some(Syndrome::SequenceError) => {
                     // The responder expects `h.psn`: everything before it arrived.
-                    if !within(h.psn, psn::add(last, 1)) {
+                    if !within(h.psn, self.next_psn) {
                         return Err(DropReason::UnexpectedResponse);
                     }
-                    if matches!(f.msg, Message::Send { .. } | Message::Write { .. }) {
-                        if h.psn != f.una {
+                    if front_msg.posted() {
+                        if h.psn != self.una {
                             // It acknowledges packets: progress restores the retries.
-                            f.retries = self.attrs.retry_cnt;
+                            self.retries = self.attrs.retry_cnt;
                         }
-                        f.una = h.psn;
-                        if f.una == psn::add(last, 1) {
-                            return Ok(self.finish(Progress::Done(0)));
+                        self.una = h.psn;
+                        self.acknowledge_to(h.psn);
+                        if self.msgs.is_empty() {
+                            return Ok(());
                         }
                     }
-                    if f.retries == 0 {
-                        return Ok(self.finish(Progress::Failed(Nak::NoResponse)));
+                    if self.retries == 0 {
+                        self.fail(Nak::NoResponse);
+                        return Ok(());
                     }
-                    f.retries -= 1;
-                    f.sent = f.una;
-                    f.request_due = true;
-                    f.deadline = None;
-                    return Ok(Progress::Pending);
+                    self.retries -= 1;
+                    self.go_back();
+                    return Ok(());
                 }
                 Some(Syndrome::Rnr(code)) => {
                     if !within(h.psn, last) {
                         return Err(DropReason::UnexpectedResponse);
                     }
-                    if matches!(f.msg, Message::Send { .. } | Message::Write { .. }) {
-                        f.una = h.psn;
+                    if front_msg.posted() {
+                        self.una = h.psn;
+                        self.acknowledge_to(h.psn);
                     }
-                    if f.rnr != 7 {
-                        if f.rnr == 0 {
-                            return Ok(self.finish(Progress::Failed(Nak::RnrRetryExceeded)));
+                    if self.rnr != 7 {
+                        if self.rnr == 0 {
+                            self.fail(Nak::RnrRetryExceeded);
+                            return Ok(());
                         }
-                        f.rnr -= 1;
+                        self.rnr -= 1;
                     }
-                    f.rnr_until = Some(now + Duration::from_nanos(packet::rnr_delay_ns(code)));
-                    f.deadline = None;
-                    return Ok(Progress::Pending);
+                    self.rnr_until = Some(now + Duration::from_nanos(packet::rnr_delay_ns(code)));
+                    self.deadline = None;
+                    return Ok(());
                 }
                 Some(Syndrome::Ack) => {
-                    if !matches!(f.msg, Message::Send { .. } | Message::Write { .. })
-                        || !within(h.psn, last)
-                    {
+                    if !front_msg.posted() || !within(h.psn, last) {
                         return Err(DropReason::UnexpectedResponse);
                     }
-                    f.una = psn::add(h.psn, 1);
-                    f.retries = self.attrs.retry_cnt;
-                    f.rnr = self.attrs.rnr_retry;
-                    if f.una == psn::add(last, 1) {
-                        return Ok(self.finish(Progress::Done(0)));
+                    self.una = psn::add(h.psn, 1);
+                    if psn::diff(self.sent, self.una) < 0 {
+                        self.sent = self.una;
                     }
-                    f.deadline = timeout.map(|t| now + t);
-                    return Ok(Progress::Pending);
+                    self.retries = self.attrs.retry_cnt;
+                    self.rnr = self.attrs.rnr_retry;
+                    self.acknowledge_to(self.una);
+                    if !self.msgs.is_empty() {
+                        self.deadline = timeout.map(|t| now + t);
+                    }
+                    return Ok(());
                 }
                 _ => return Err(DropReason::UnexpectedResponse),
             }
         }
-        match (f.msg, h.opcode) {
+        match (front_msg, h.opcode) {
             (Message::Atomic { .. }, opcode::ATOMIC_ACKNOWLEDGE) => {
-                if h.psn != f.first || syndrome != Some(Syndrome::Ack) {
+                if h.psn != front_first || syndrome != Some(Syndrome::Ack) {
                     return Err(DropReason::UnexpectedResponse);
                 }
                 let orig = h.atomic_ack.unwrap_or(0);
-                Ok(self.finish(Progress::Done(orig)))
+                self.finish_front(Ok(orig));
+                Ok(())
             }
             (Message::Read { len, .. }, op)
                 if packet::is_response(op) && op <= opcode::READ_RESPONSE_ONLY =>
             {
-                if !within(h.psn, last) {
-                    return Err(DropReason::UnexpectedResponse);
-                }
-                if h.psn != f.una {
-                    // A response went missing: ask again from it, once per gap.
-                    if f.gap_retried != Some(f.una) {
-                        f.gap_retried = Some(f.una);
-                        if f.retries == 0 {
-                            return Ok(self.finish(Progress::Failed(Nak::NoResponse)));
-                        }
-                        f.retries -= 1;
-                        f.request_due = true;
-                    }
-                    return Err(DropReason::OutOfSequence);
-                }
-                let rest = len - f.read_done;
-                let n = u32::try_from(payload.len()).map_err(|_| DropReason::BadLength)?;
-                let ends = matches!(op, opcode::READ_RESPONSE_LAST | opcode::READ_RESPONSE_ONLY);
-                let starts = matches!(op, opcode::READ_RESPONSE_FIRST | opcode::READ_RESPONSE_ONLY);
-                // A response restarts with FIRST/ONLY at the message's first PSN; after a
-                // retry it may go on with MIDDLE/LAST or start over with FIRST/ONLY.
-                let order_ok = starts || f.read_done != 0;
-                let len_ok = if ends {
-                    n == rest && n <= mtu
-                } else {
-                    n == mtu && rest > mtu
-                };
-                let aeth_ok = op == opcode::READ_RESPONSE_MIDDLE || syndrome == Some(Syndrome::Ack);
-                if !(order_ok && len_ok && aeth_ok) || read_out.len() < len as usize {
-                    return Err(DropReason::UnexpectedResponse);
-                }
-                let at = f.read_done as usize;
-                read_out[at..at + n as usize].copy_from_slice(payload);
-                f.read_done += n;
-                f.una = psn::add(f.una, 1);
-                f.retries = self.attrs.retry_cnt;
-                if ends {
-                    return Ok(self.finish(Progress::Done(u64::from(len))));
-                }
-                f.deadline = timeout.map(|t| now + t);
-                Ok(Progress::Pending)
+                self.read_response(h, op, len, payload, now, read_out)
             }
             _ => Err(DropReason::UnexpectedResponse),
         }
+    }
+
+    /// A READ response packet for the READ outstanding (alone), of `len` bytes.
+    fn read_response(
+        &mut self,
+        h: &Header,
+        op: u8,
+        len: u32,
+        payload: &[u8],
+        now: Instant,
+        read_out: &mut [u8],
+    ) -> Result<(), DropReason> {
+        let mtu = self.attrs.mtu;
+        let last = psn::add(self.next_psn, psn::MASK);
+        if psn::diff(h.psn, self.una) < 0 || psn::diff(h.psn, last) > 0 {
+            return Err(DropReason::UnexpectedResponse);
+        }
+        let syndrome = h.aeth.map(|a| Syndrome::of(a.syndrome));
+        if h.psn != self.una {
+            // A response went missing: ask again from it, once per gap.
+            if self.gap_retried != Some(self.una) {
+                self.gap_retried = Some(self.una);
+                if self.retries == 0 {
+                    self.fail(Nak::NoResponse);
+                    return Ok(());
+                }
+                self.retries -= 1;
+                self.request_due = true;
+            }
+            return Err(DropReason::OutOfSequence);
+        }
+        let rest = len - self.read_done;
+        let n = u32::try_from(payload.len()).map_err(|_| DropReason::BadLength)?;
+        let ends = matches!(op, opcode::READ_RESPONSE_LAST | opcode::READ_RESPONSE_ONLY);
+        let starts = matches!(op, opcode::READ_RESPONSE_FIRST | opcode::READ_RESPONSE_ONLY);
+        // A response restarts with FIRST/ONLY at the message's first PSN; after a retry it
+        // may go on with MIDDLE/LAST or start over with FIRST/ONLY.
+        let order_ok = starts || self.read_done != 0;
+        let len_ok = if ends {
+            n == rest && n <= mtu
+        } else {
+            n == mtu && rest > mtu
+        };
+        let aeth_ok = op == opcode::READ_RESPONSE_MIDDLE || syndrome == Some(Syndrome::Ack);
+        if !(order_ok && len_ok && aeth_ok) || read_out.len() < len as usize {
+            return Err(DropReason::UnexpectedResponse);
+        }
+        let at = self.read_done as usize;
+        read_out[at..at + n as usize].copy_from_slice(payload);
+        self.read_done += n;
+        self.una = psn::add(self.una, 1);
+        self.retries = self.attrs.retry_cnt;
+        if ends {
+            self.finish_front(Ok(u64::from(len)));
+            return Ok(());
+        }
+        self.deadline = self.attrs.ack_timeout().map(|t| now + t);
+        Ok(())
     }
 }
 
@@ -488,20 +697,64 @@ mod tests {
 
     fn tx(r: &mut Requester, now: Instant) -> Vec<(Header, Range<usize>)> {
         let mut out = Vec::new();
-        r.transmit(now, &mut out);
+        r.transmit(now, |h, range, data| {
+            assert_eq!(data.len(), range.len(), "the payload of its range");
+            out.push((*h, range));
+        });
         out
+    }
+
+    /// What one call did to the oldest message: still outstanding, or its outcome.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Progress {
+        Pending,
+        Done(u64),
+        Failed(Nak),
+    }
+
+    fn outcome(r: &mut Requester) -> Progress {
+        match r.pop_finished() {
+            None => Progress::Pending,
+            Some(Ok(v)) => Progress::Done(v),
+            Some(Err(n)) => Progress::Failed(n),
+        }
+    }
+
+    fn resp(
+        r: &mut Requester,
+        h: &Header,
+        payload: &[u8],
+        now: Instant,
+        read_out: &mut [u8],
+    ) -> Result<Progress, DropReason> {
+        r.on_response(h, payload, now, read_out)?;
+        Ok(outcome(r))
+    }
+
+    fn timer(r: &mut Requester, now: Instant) -> Progress {
+        r.on_timer(now);
+        outcome(r)
+    }
+
+    /// Start `msg` with a payload of its length, byte i being i mod 251.
+    fn start(r: &mut Requester, msg: Message) {
+        let data = (0..msg.payload()).map(|i| (i % 251) as u8).collect();
+        r.start(msg, data);
     }
 
     #[test]
     fn a_write_is_segmented_first_middle_last_across_the_psn_wrap() {
         let c = ManualClock::new();
         let mut r = Requester::new(attrs(), 7, 0xff_fffe);
-        r.start(Message::Write {
-            va: 0x1000,
-            rkey: 5,
-            len: 600,
-            imm: Some(9),
-        });
+        start(
+            &mut r,
+            Message::Write {
+                va: 0x1000,
+                rkey: 5,
+                len: 600,
+                imm: Some(9),
+            },
+        );
         let p = tx(&mut r, c.now());
         let ops: Vec<_> = p.iter().map(|(h, _)| h.opcode).collect();
         assert_eq!(
@@ -531,7 +784,13 @@ mod tests {
         // The ACK of the last PSN (0 after the wrap) completes it; the next message starts at 1.
         let mut buf = [];
         assert_eq!(
-            r.on_response(&ack(opcode::ACKNOWLEDGE, 0, 0x1f), &[], c.now(), &mut buf),
+            resp(
+                &mut r,
+                &ack(opcode::ACKNOWLEDGE, 0, 0x1f),
+                &[],
+                c.now(),
+                &mut buf
+            ),
             Ok(Progress::Done(0))
         );
         assert_eq!(r.next_psn(), 1);
@@ -541,7 +800,7 @@ mod tests {
     fn only_packets_and_zero_length() {
         let c = ManualClock::new();
         let mut r = Requester::new(attrs(), 7, 10);
-        r.start(Message::Send { len: 0, imm: None });
+        start(&mut r, Message::Send { len: 0, imm: None });
         let p = tx(&mut r, c.now());
         assert_eq!(
             (p.len(), p[0].0.opcode, p[0].1.clone()),
@@ -549,15 +808,30 @@ mod tests {
         );
         // An ACK older than the message is stale.
         assert_eq!(
-            r.on_response(&ack(opcode::ACKNOWLEDGE, 9, 0x1f), &[], c.now(), &mut []),
+            resp(
+                &mut r,
+                &ack(opcode::ACKNOWLEDGE, 9, 0x1f),
+                &[],
+                c.now(),
+                &mut []
+            ),
             Err(DropReason::UnexpectedResponse)
         );
-        r.on_response(&ack(opcode::ACKNOWLEDGE, 10, 0x1f), &[], c.now(), &mut [])
-            .unwrap();
-        r.start(Message::Send {
-            len: 256,
-            imm: Some(1),
-        });
+        resp(
+            &mut r,
+            &ack(opcode::ACKNOWLEDGE, 10, 0x1f),
+            &[],
+            c.now(),
+            &mut [],
+        )
+        .unwrap();
+        start(
+            &mut r,
+            Message::Send {
+                len: 256,
+                imm: Some(1),
+            },
+        );
         let p = tx(&mut r, c.now());
         assert_eq!(
             (p.len(), p[0].0.opcode, p[0].0.psn),
@@ -569,15 +843,24 @@ mod tests {
     fn a_sequence_nak_goes_back_n_and_costs_a_retry() {
         let c = ManualClock::new();
         let mut r = Requester::new(attrs(), 7, 100);
-        r.start(Message::Send {
-            len: 256 * 5,
-            imm: None,
-        });
+        start(
+            &mut r,
+            Message::Send {
+                len: 256 * 5,
+                imm: None,
+            },
+        );
         assert_eq!(tx(&mut r, c.now()).len(), 5);
         // Packet 102 was lost: the responder NAKs with its expected PSN.
         for retry in 0..2 {
             assert_eq!(
-                r.on_response(&ack(opcode::ACKNOWLEDGE, 102, 0x60), &[], c.now(), &mut []),
+                resp(
+                    &mut r,
+                    &ack(opcode::ACKNOWLEDGE, 102, 0x60),
+                    &[],
+                    c.now(),
+                    &mut []
+                ),
                 Ok(Progress::Pending)
             );
             let p = tx(&mut r, c.now());
@@ -589,20 +872,35 @@ mod tests {
             assert_eq!(p[0].0.opcode, opcode::SEND_MIDDLE, "original segmentation");
         }
         assert_eq!(
-            r.on_response(&ack(opcode::ACKNOWLEDGE, 102, 0x60), &[], c.now(), &mut []),
+            resp(
+                &mut r,
+                &ack(opcode::ACKNOWLEDGE, 102, 0x60),
+                &[],
+                c.now(),
+                &mut []
+            ),
             Ok(Progress::Failed(Nak::NoResponse)),
             "retry_cnt 2 allows two resends"
         );
         // A NAK further on acknowledges packets: that progress restores the retries.
         let mut r = Requester::new(attrs(), 7, 100);
-        r.start(Message::Send {
-            len: 256 * 5,
-            imm: None,
-        });
+        start(
+            &mut r,
+            Message::Send {
+                len: 256 * 5,
+                imm: None,
+            },
+        );
         tx(&mut r, c.now());
         for nak in [101, 101, 102, 102, 103, 103] {
             assert_eq!(
-                r.on_response(&ack(opcode::ACKNOWLEDGE, nak, 0x60), &[], c.now(), &mut []),
+                resp(
+                    &mut r,
+                    &ack(opcode::ACKNOWLEDGE, nak, 0x60),
+                    &[],
+                    c.now(),
+                    &mut []
+                ),
                 Ok(Progress::Pending),
                 "NAK {nak}"
             );
@@ -613,50 +911,62 @@ mod tests {
     fn ack_timeouts_resend_then_fail_with_retry_exceeded() {
         let c = ManualClock::new();
         let mut r = Requester::new(attrs(), 7, 0);
-        r.start(Message::Write {
-            va: 0,
-            rkey: 1,
-            len: 8,
-            imm: None,
-        });
+        start(
+            &mut r,
+            Message::Write {
+                va: 0,
+                rkey: 1,
+                len: 8,
+                imm: None,
+            },
+        );
         tx(&mut r, c.now());
         let t = r.next_timer().expect("armed");
         assert_eq!(t - c.now(), Duration::from_nanos(4096 << 8));
         c.advance(Duration::from_nanos((4096 << 8) - 1));
-        assert_eq!(r.on_timer(c.now()), Progress::Pending);
+        assert_eq!(timer(&mut r, c.now()), Progress::Pending);
         assert!(tx(&mut r, c.now()).is_empty(), "not yet");
         for _ in 0..2 {
             c.advance(Duration::from_millis(2));
-            assert_eq!(r.on_timer(c.now()), Progress::Pending);
+            assert_eq!(timer(&mut r, c.now()), Progress::Pending);
             assert_eq!(tx(&mut r, c.now()).len(), 1, "resent");
         }
         c.advance(Duration::from_millis(2));
-        assert_eq!(r.on_timer(c.now()), Progress::Failed(Nak::NoResponse));
+        assert_eq!(timer(&mut r, c.now()), Progress::Failed(Nak::NoResponse));
     }
 
     #[test]
     fn progress_resets_the_retry_count() {
         let c = ManualClock::new();
         let mut r = Requester::new(attrs(), 7, 0);
-        r.start(Message::Send {
-            len: 256 * 40,
-            imm: None,
-        });
+        start(
+            &mut r,
+            Message::Send {
+                len: 256 * 40,
+                imm: None,
+            },
+        );
         assert_eq!(tx(&mut r, c.now()).len(), 40);
         for _ in 0..2 {
             c.advance(Duration::from_millis(2));
-            r.on_timer(c.now());
+            timer(&mut r, c.now());
         }
         assert_eq!(
             tx(&mut r, c.now()).len(),
             40,
             "go back to the oldest unacknowledged"
         );
-        r.on_response(&ack(opcode::ACKNOWLEDGE, 15, 0x1f), &[], c.now(), &mut [])
-            .unwrap();
+        resp(
+            &mut r,
+            &ack(opcode::ACKNOWLEDGE, 15, 0x1f),
+            &[],
+            c.now(),
+            &mut [],
+        )
+        .unwrap();
         c.advance(Duration::from_millis(2));
         assert_eq!(
-            r.on_timer(c.now()),
+            timer(&mut r, c.now()),
             Progress::Pending,
             "retries restored by the ACK"
         );
@@ -667,17 +977,26 @@ mod tests {
     fn the_window_holds_back_a_long_message() {
         let c = ManualClock::new();
         let mut r = Requester::new(attrs(), 7, 0);
-        r.start(Message::Write {
-            va: 0,
-            rkey: 1,
-            len: 256 * 200,
-            imm: None,
-        });
+        start(
+            &mut r,
+            Message::Write {
+                va: 0,
+                rkey: 1,
+                len: 256 * 200,
+                imm: None,
+            },
+        );
         let p = tx(&mut r, c.now());
         assert_eq!(p.len(), WINDOW as usize);
         assert!(p[ACK_EVERY as usize - 1].0.ack_req);
-        r.on_response(&ack(opcode::ACKNOWLEDGE, 15, 0x1f), &[], c.now(), &mut [])
-            .unwrap();
+        resp(
+            &mut r,
+            &ack(opcode::ACKNOWLEDGE, 15, 0x1f),
+            &[],
+            c.now(),
+            &mut [],
+        )
+        .unwrap();
         let p = tx(&mut r, c.now());
         assert_eq!((p.len(), p[0].0.psn), (16, 64));
     }
@@ -686,10 +1005,11 @@ mod tests {
     fn rnr_naks_wait_their_timer_and_run_out() {
         let c = ManualClock::new();
         let mut r = Requester::new(attrs(), 7, 50);
-        r.start(Message::Send { len: 4, imm: None });
+        start(&mut r, Message::Send { len: 4, imm: None });
         tx(&mut r, c.now());
         assert_eq!(
-            r.on_response(
+            resp(
+                &mut r,
                 &ack(opcode::ACKNOWLEDGE, 50, 0x20 | 14),
                 &[],
                 c.now(),
@@ -700,13 +1020,19 @@ mod tests {
         assert!(tx(&mut r, c.now()).is_empty(), "waits");
         assert_eq!(r.next_timer(), Some(c.now() + Duration::from_micros(1280)));
         c.advance(Duration::from_micros(1279));
-        r.on_timer(c.now());
+        timer(&mut r, c.now());
         assert!(tx(&mut r, c.now()).is_empty());
         c.advance(Duration::from_micros(1));
-        r.on_timer(c.now());
+        timer(&mut r, c.now());
         assert_eq!(tx(&mut r, c.now())[0].0.psn, 50, "resent after the timer");
         assert_eq!(
-            r.on_response(&ack(opcode::ACKNOWLEDGE, 50, 0x21), &[], c.now(), &mut []),
+            resp(
+                &mut r,
+                &ack(opcode::ACKNOWLEDGE, 50, 0x21),
+                &[],
+                c.now(),
+                &mut []
+            ),
             Ok(Progress::Failed(Nak::RnrRetryExceeded)),
             "rnr_retry 1"
         );
@@ -719,15 +1045,21 @@ mod tests {
             7,
             0,
         );
-        r.start(Message::Send { len: 4, imm: None });
+        start(&mut r, Message::Send { len: 4, imm: None });
         for _ in 0..100 {
             tx(&mut r, c.now());
             assert_eq!(
-                r.on_response(&ack(opcode::ACKNOWLEDGE, 0, 0x21), &[], c.now(), &mut []),
+                resp(
+                    &mut r,
+                    &ack(opcode::ACKNOWLEDGE, 0, 0x21),
+                    &[],
+                    c.now(),
+                    &mut []
+                ),
                 Ok(Progress::Pending)
             );
             c.advance(Duration::from_millis(1));
-            r.on_timer(c.now());
+            timer(&mut r, c.now());
         }
     }
 
@@ -741,14 +1073,18 @@ mod tests {
             (0x6a, Nak::RemoteOperation),
         ] {
             let mut r = Requester::new(attrs(), 7, 0);
-            r.start(Message::Read {
-                va: 0,
-                rkey: 1,
-                len: 8,
-            });
+            start(
+                &mut r,
+                Message::Read {
+                    va: 0,
+                    rkey: 1,
+                    len: 8,
+                },
+            );
             tx(&mut r, c.now());
             assert_eq!(
-                r.on_response(
+                resp(
+                    &mut r,
                     &ack(opcode::ACKNOWLEDGE, 0, code),
                     &[],
                     c.now(),
@@ -763,11 +1099,14 @@ mod tests {
     fn a_read_reassembles_and_re_requests_from_a_gap() {
         let c = ManualClock::new();
         let mut r = Requester::new(attrs(), 7, 0xff_fffe);
-        r.start(Message::Read {
-            va: 0x5000,
-            rkey: 3,
-            len: 700,
-        });
+        start(
+            &mut r,
+            Message::Read {
+                va: 0x5000,
+                rkey: 3,
+                len: 700,
+            },
+        );
         let p = tx(&mut r, c.now());
         assert_eq!(p.len(), 1);
         assert_eq!(
@@ -783,17 +1122,17 @@ mod tests {
         let mut out = vec![0u8; 700];
         let first = ack(opcode::READ_RESPONSE_FIRST, 0xff_fffe, 0x1f);
         assert_eq!(
-            r.on_response(&first, &data[..256], c.now(), &mut out),
+            resp(&mut r, &first, &data[..256], c.now(), &mut out),
             Ok(Progress::Pending)
         );
         // The MIDDLE is lost; the LAST arrives: one re-request from the missing PSN.
         let last = ack(opcode::READ_RESPONSE_LAST, 0, 0x1f);
         assert_eq!(
-            r.on_response(&last, &data[512..], c.now(), &mut out),
+            resp(&mut r, &last, &data[512..], c.now(), &mut out),
             Err(DropReason::OutOfSequence)
         );
         assert_eq!(
-            r.on_response(&last, &data[512..], c.now(), &mut out),
+            resp(&mut r, &last, &data[512..], c.now(), &mut out),
             Err(DropReason::OutOfSequence)
         );
         let p = tx(&mut r, c.now());
@@ -809,16 +1148,16 @@ mod tests {
         );
         let mid = Header::new(opcode::READ_RESPONSE_MIDDLE, 7, 0xff_ffff);
         assert_eq!(
-            r.on_response(&mid, &data[256..512], c.now(), &mut out),
+            resp(&mut r, &mid, &data[256..512], c.now(), &mut out),
             Ok(Progress::Pending)
         );
         // A LAST of the wrong length is not taken.
         assert_eq!(
-            r.on_response(&last, &data[511..], c.now(), &mut out),
+            resp(&mut r, &last, &data[511..], c.now(), &mut out),
             Err(DropReason::UnexpectedResponse)
         );
         assert_eq!(
-            r.on_response(&last, &data[512..], c.now(), &mut out),
+            resp(&mut r, &last, &data[512..], c.now(), &mut out),
             Ok(Progress::Done(700))
         );
         assert_eq!(out, data);
@@ -828,16 +1167,19 @@ mod tests {
     fn an_atomic_is_resent_with_its_psn_and_takes_the_original_value() {
         let c = ManualClock::new();
         let mut r = Requester::new(attrs(), 7, 33);
-        r.start(Message::Atomic {
-            va: 8,
-            rkey: 2,
-            swap_add: 5,
-            compare: Some(4),
-        });
+        start(
+            &mut r,
+            Message::Atomic {
+                va: 8,
+                rkey: 2,
+                swap_add: 5,
+                compare: Some(4),
+            },
+        );
         let p = tx(&mut r, c.now());
         assert_eq!(p[0].0.opcode, opcode::COMPARE_SWAP);
         c.advance(Duration::from_millis(2));
-        r.on_timer(c.now());
+        timer(&mut r, c.now());
         let p = tx(&mut r, c.now());
         assert_eq!(
             (p[0].0.psn, p[0].0.atomic.unwrap().compare),
@@ -847,7 +1189,7 @@ mod tests {
         let mut a = ack(opcode::ATOMIC_ACKNOWLEDGE, 33, 0x1f);
         a.atomic_ack = Some(0xfeed);
         assert_eq!(
-            r.on_response(&a, &[], c.now(), &mut []),
+            resp(&mut r, &a, &[], c.now(), &mut []),
             Ok(Progress::Done(0xfeed))
         );
         assert_eq!(r.next_psn(), 34);
