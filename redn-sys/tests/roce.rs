@@ -13,7 +13,7 @@
 mod common;
 use common::*;
 use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
-use redn_program::wqe::{CqeOpcode, Payload, Syndrome, WrOp};
+use redn_program::wqe::{CqeOpcode, Payload, Syndrome, WqeFlags, WrOp};
 use redn_sys::install::{self, RegionBinding};
 use redn_sys::nic::{CqConfig, Nic, QpConfig};
 use redn_sys::softnic::roce::{
@@ -590,6 +590,7 @@ fn exact_under_faults(local: &Local) {
         local.read(&c, (RECV_AT + 19 * RECV_SLOT) as u64, 2000),
         pattern(2000, 19)
     );
+    burst_in_flight(local, &c, 20);
     let report = peer.finish();
     assert!(report.ends_with("state RTS\n"), "{report}");
     let d = local.ep.drops();
@@ -597,6 +598,125 @@ fn exact_under_faults(local: &Local) {
         d.get(DropReason::OutOfSequence) + d.get(DropReason::UnexpectedResponse) > 0,
         "the faults were felt: {:?}",
         d.snapshot()
+    );
+}
+
+/// Where the burst's WRITE `i` goes (here and at the memory peer).
+fn burst_at(i: usize) -> usize {
+    (1 << 20) + i * (16 << 10)
+}
+
+/// 40 signaled WRITEs (1 B..9 KB) and SENDs with immediate (1,500 B; every fifth) posted
+/// in one call, so that many are in flight at once on `c`: their completions come in
+/// order, all good; every WRITE's bytes are at the memory peer and every SEND was
+/// delivered once, in order, into the receives from `first_recv` on.
+fn burst_in_flight(local: &Local, c: &Conn, first_recv: usize) {
+    let n = 40;
+    let is_send = |i: usize| i % 5 == 4;
+    let len = |i: usize| if is_send(i) { 1500 } else { i * 997 % 9000 + 1 };
+    let wrs: Vec<_> = (0..n)
+        .map(|i| {
+            let data = pattern(len(i), i as u8);
+            local.buf.write(burst_at(i), &data);
+            let payload = Payload::Sgl(vec![local.buf.mr.sge(burst_at(i) as u64, len(i) as u32)]);
+            let op = if is_send(i) {
+                WrOp::Send {
+                    payload,
+                    imm: Some(1000 + i as u32),
+                }
+            } else {
+                WrOp::Write {
+                    remote: remote_at(&c.remote, burst_at(i) as u64),
+                    payload,
+                    imm: None,
+                }
+            };
+            wr(i as u64, SIG, op)
+        })
+        .collect();
+    local.nic.post_send(c.qp, &wrs).unwrap();
+    let got = wait_cqes(&local.nic, c.cq, n);
+    let ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, (0..n as u64).collect::<Vec<_>>(), "in order");
+    assert!(got.iter().all(|c| c.is_ok()), "{got:?}");
+    let mut recv = first_recv;
+    for i in 0..n {
+        if is_send(i) {
+            assert_eq!(
+                local.log_entry(c, recv),
+                (CqeOpcode::RespSendImm as u8, true, 1500, 1000 + i as u32),
+                "SEND {i}"
+            );
+            let slot = (RECV_AT + recv * RECV_SLOT) as u64;
+            assert_eq!(
+                local.read(c, slot, 1500),
+                pattern(1500, i as u8),
+                "SEND {i}"
+            );
+            recv += 1;
+        } else {
+            let at = burst_at(i) as u64;
+            assert_eq!(
+                local.read(c, at, len(i)),
+                pattern(len(i), i as u8),
+                "WRITE {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn many_writes_and_sends_in_flight_complete_in_order() {
+    let local = Local::new(None);
+    let mut peer = Peer::spawn("memory", None);
+    let c = local.connect(&mut peer, 1024, vec![]);
+    burst_in_flight(&local, &c, 0);
+    assert!(peer.finish().ends_with("state RTS\n"));
+}
+
+/// A READ behind posted WRITEs sees what they wrote, and a fenced WRITE behind the READ
+/// sends what the READ brought back.
+#[test]
+fn a_fenced_wqe_after_a_read_sees_the_reads_data() {
+    let (a, b, ca, _) = pair(7, 0);
+    let x = pattern(64, 9);
+    a.buf.write(0, &x);
+    let wrs = [
+        wr(
+            1,
+            WqeFlags::NONE,
+            WrOp::Write {
+                remote: remote_at(&ca.remote, 1000),
+                payload: Payload::Sgl(vec![a.buf.mr.sge(0, 64)]),
+                imm: None,
+            },
+        ),
+        wr(
+            2,
+            WqeFlags::NONE,
+            WrOp::Read {
+                remote: remote_at(&ca.remote, 1000),
+                sgl: vec![a.buf.mr.sge(8192, 64)],
+            },
+        ),
+        wr(
+            3,
+            SIG | WqeFlags::FENCE,
+            WrOp::Write {
+                remote: remote_at(&ca.remote, 2000),
+                payload: Payload::Sgl(vec![a.buf.mr.sge(8192, 64)]),
+                imm: None,
+            },
+        ),
+    ];
+    a.nic.post_send(ca.qp, &wrs).unwrap();
+    let got = wait_cqes(&a.nic, ca.cq, 1);
+    assert!(got[0].is_ok() && got[0].wr_id == 3, "{got:?}");
+    assert_eq!(a.buf.read(8192, 64), x, "the READ saw the WRITE before it");
+    assert_eq!(
+        b.buf.read(2000, 64),
+        x,
+        "the fenced WRITE sent the READ's data"
     );
 }
 

@@ -1311,4 +1311,146 @@ mod tests {
             .collect();
         assert_eq!(psns, [(7, 3), (8, 9), (7, 4), (7, 5)]);
     }
+
+    /// Datagrams the test releases to whoever receives (the PU's polls, its waits, the
+    /// receive thread), and every datagram sent.
+    struct Held {
+        local: SocketAddrV4,
+        inbox: Mutex<VecDeque<(SocketAddrV4, Vec<u8>)>>,
+        sent: Mutex<Vec<Vec<u8>>>,
+    }
+
+    impl DatagramIo for Arc<Held> {
+        fn send(&self, batch: &[(SocketAddrV4, &[u8])]) -> std::io::Result<()> {
+            let mut sent = self.sent.lock().unwrap();
+            sent.extend(batch.iter().map(|(_, d)| d.to_vec()));
+            Ok(())
+        }
+
+        fn recv(&self, batch: &mut RecvBatch, wait: Option<Duration>) -> std::io::Result<usize> {
+            let mut inbox = self.inbox.lock().unwrap();
+            if inbox.is_empty() {
+                drop(inbox);
+                // The receive thread's blocking wait, as a poll that times out.
+                if let Some(w) = wait {
+                    std::thread::sleep(w.min(Duration::from_millis(1)));
+                }
+                return Ok(0);
+            }
+            let mut n = 0;
+            while let Some((from, d)) = inbox.pop_front() {
+                batch.set(n, &d, from);
+                n += 1;
+            }
+            Ok(n)
+        }
+
+        fn local_addr(&self) -> SocketAddrV4 {
+            self.local
+        }
+    }
+
+    /// Wait (with a deadline) until `cond`.
+    fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::yield_now();
+        }
+    }
+
+    /// Through the executor and the transport: signaled WRITEs posted at once all go out
+    /// before any ACK, complete only when ACKs cover them, in order; a sequence NAK in the
+    /// middle of the window resends from the PSN it names and no earlier.
+    #[test]
+    fn writes_in_flight_complete_in_order_as_their_acks_come() {
+        use crate::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
+        let local = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 4791);
+        let peer = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 4792);
+        let io = Arc::new(Held {
+            local,
+            inbox: Mutex::new(VecDeque::new()),
+            sent: Mutex::new(Vec::new()),
+        });
+        let nic = SoftNic::new(SoftNicConfig::new("window")).unwrap();
+        let ep = RoceEndpoint::with_io(&nic, Box::new(Arc::clone(&io)), Duration::ZERO);
+        let pd = nic.alloc_pd().unwrap();
+        let buf = SharedBuffer::new(4096);
+        let mr = nic.reg_mr(pd, &buf, 0, 4096, Access::ALL).unwrap();
+        let cq = nic.create_cq(CqConfig::new(16)).unwrap();
+        let qp = nic.create_qp(QpConfig::new(pd, cq)).unwrap().qpn;
+        let mut ours = ep.record(qp, 100);
+        // No ACK timer: only the ACKs and NAKs below move the window.
+        ours.timeout = 0;
+        ep.connect(&ours, &QpRecord::new(0x99, 500, peer)).unwrap();
+        let wrs: Vec<WorkRequest> = (0..4u32)
+            .map(|i| WorkRequest {
+                wr_id: u64::from(i),
+                flags: WqeFlags::SIGNALED,
+                op: WrOp::Write {
+                    remote: RemoteAddr {
+                        addr: crate::types::VirtAddr(0x10_0000 + u64::from(i) * 64),
+                        rkey: Rkey(7),
+                    },
+                    payload: Payload::Sgl(vec![mr.sge(u64::from(i) * 64, 64)]),
+                    imm: None,
+                },
+            })
+            .collect();
+        buf.write(0, &(0..=255).collect::<Vec<u8>>());
+        nic.post_send(qp, &wrs).unwrap();
+
+        let out = Route {
+            src: local,
+            dst: peer,
+        };
+        let sent_psns = |from: usize| -> Vec<u32> {
+            io.sent.lock().unwrap()[from..]
+                .iter()
+                .map(|d| decode(&out, d).expect("a valid packet").header)
+                .filter(|h| h.opcode == opcode::WRITE_ONLY)
+                .map(|h| h.psn)
+                .collect()
+        };
+        wait_for("four WRITEs on the wire", || sent_psns(0).len() >= 4);
+        assert_eq!(sent_psns(0), [100, 101, 102, 103], "no ACK was needed");
+        let payload = decode(&out, &io.sent.lock().unwrap()[2])
+            .unwrap()
+            .payload
+            .to_vec();
+        assert_eq!(
+            payload,
+            (128..192).collect::<Vec<u8>>(),
+            "the third WRITE's bytes"
+        );
+        assert_eq!(nic.cq_produced(cq).unwrap(), 0, "nothing acknowledged yet");
+
+        let back = Route {
+            src: peer,
+            dst: local,
+        };
+        let answer = |h: Header| {
+            let mut d = Vec::new();
+            packet::encode(&mut d, &back, &h, &[]);
+            io.inbox.lock().unwrap().push_back((peer, d));
+        };
+        let mut got = Vec::new();
+        let mut take = |n: usize| {
+            wait_for("completions", || nic.cq_produced(cq).unwrap() >= n as u64);
+            nic.poll_cq(cq, 16, &mut got).unwrap();
+            got.iter().map(|c| (c.wr_id, c.is_ok())).collect::<Vec<_>>()
+        };
+        // One ACK covers the first two.
+        answer(ack(qp.0, 101, Syndrome::ACK));
+        assert_eq!(take(2), [(0, true), (1, true)]);
+        // The responder lost 103: its NAK acknowledges 102 and asks from 103.
+        let before = io.sent.lock().unwrap().len();
+        answer(ack(qp.0, 103, Syndrome::NAK_SEQUENCE));
+        assert_eq!(take(3), [(0, true), (1, true), (2, true)]);
+        wait_for("the resend", || !sent_psns(before).is_empty());
+        assert_eq!(sent_psns(before), [103], "from the PSN named");
+        answer(ack(qp.0, 103, Syndrome::ACK));
+        assert_eq!(take(4), [(0, true), (1, true), (2, true), (3, true)]);
+        assert_eq!(nic.qp_state(qp).unwrap(), QpState::ReadyToSend);
+    }
 }

@@ -286,24 +286,29 @@ impl Requester {
     /// Forget everything outstanding and every outcome not taken (the QP went to error;
     /// its completions are flushed).
     pub fn clear(&mut self) {
+        self.drop_outstanding();
+        self.finished.clear();
+    }
+
+    /// End the oldest outstanding message with `nak` and drop the rest (nothing more goes
+    /// out: the QP goes to error and flushes them). Outcomes not taken yet stay.
+    pub fn fail(&mut self, nak: Nak) {
+        if self.msgs.is_empty() {
+            return;
+        }
+        self.drop_outstanding();
+        self.finished.push_back(Err(nak));
+    }
+
+    /// Drop every outstanding message; nothing more starts or goes out.
+    fn drop_outstanding(&mut self) {
         self.failed = true;
         while let Some(m) = self.msgs.pop_front() {
             self.recycle(m.data);
         }
         self.bytes = 0;
-        self.finished.clear();
         self.deadline = None;
         self.rnr_until = None;
-    }
-
-    /// End the oldest outstanding message with `nak` and drop the rest (nothing more goes
-    /// out: the QP goes to error and flushes them).
-    pub fn fail(&mut self, nak: Nak) {
-        if self.msgs.is_empty() {
-            return;
-        }
-        self.clear();
-        self.finished.push_back(Err(nak));
     }
 
     fn recycle(&mut self, mut data: Vec<u8>) {
@@ -1193,5 +1198,194 @@ mod tests {
             Ok(Progress::Done(0xfeed))
         );
         assert_eq!(r.next_psn(), 34);
+    }
+
+    fn write(len: u32) -> Message {
+        Message::Write {
+            va: 0x1000,
+            rkey: 5,
+            len,
+            imm: None,
+        }
+    }
+
+    #[test]
+    fn several_messages_go_out_before_any_ack_and_finish_in_order() {
+        let c = ManualClock::new();
+        let mut r = Requester::new(attrs(), 7, 0xff_fffe);
+        // Three WRITEs of 2, 1 and 3 packets: PSNs fffffe-ffffff, 0, 1-3.
+        for len in [512, 100, 700] {
+            assert!(r.has_room(&write(len)));
+            start(&mut r, write(len));
+        }
+        let p = tx(&mut r, c.now());
+        let psns: Vec<_> = p.iter().map(|(h, _)| h.psn).collect();
+        assert_eq!(psns, [0xff_fffe, 0xff_ffff, 0, 1, 2, 3]);
+        let ops: Vec<_> = p.iter().map(|(h, _)| h.opcode).collect();
+        assert_eq!(
+            ops,
+            [
+                opcode::WRITE_FIRST,
+                opcode::WRITE_LAST,
+                opcode::WRITE_ONLY,
+                opcode::WRITE_FIRST,
+                opcode::WRITE_MIDDLE,
+                opcode::WRITE_LAST
+            ]
+        );
+        // Each message's last packet asks for an ACK; ranges are within each message.
+        assert!(p[1].0.ack_req && p[2].0.ack_req && p[5].0.ack_req && !p[3].0.ack_req);
+        assert_eq!(p[5].1, 512..700);
+        // An ACK in the middle of the first message finishes nothing.
+        let mut none = [];
+        r.on_response(
+            &ack(opcode::ACKNOWLEDGE, 0xff_fffe, 0x1f),
+            &[],
+            c.now(),
+            &mut none,
+        )
+        .unwrap();
+        assert_eq!(r.pop_finished(), None);
+        // One ACK covering the first two finishes both, in order.
+        r.on_response(&ack(opcode::ACKNOWLEDGE, 0, 0x1f), &[], c.now(), &mut none)
+            .unwrap();
+        assert_eq!(
+            (r.pop_finished(), r.pop_finished(), r.pop_finished()),
+            (Some(Ok(0)), Some(Ok(0)), None)
+        );
+        assert_eq!(r.outstanding(), 1);
+        // A stale ACK is dropped.
+        assert_eq!(
+            r.on_response(
+                &ack(opcode::ACKNOWLEDGE, 0xff_ffff, 0x1f),
+                &[],
+                c.now(),
+                &mut none
+            ),
+            Err(DropReason::UnexpectedResponse)
+        );
+        r.on_response(&ack(opcode::ACKNOWLEDGE, 3, 0x1f), &[], c.now(), &mut none)
+            .unwrap();
+        assert_eq!((r.pop_finished(), r.outstanding()), (Some(Ok(0)), 0));
+        assert_eq!(r.next_timer(), None, "nothing outstanding, no timer");
+    }
+
+    #[test]
+    fn a_nak_mid_window_goes_back_to_its_psn_across_messages() {
+        let c = ManualClock::new();
+        let mut r = Requester::new(attrs(), 7, 100);
+        for _ in 0..4 {
+            start(&mut r, write(512)); // 2 packets each: 100-107
+        }
+        assert_eq!(tx(&mut r, c.now()).len(), 8);
+        // 103 (the second packet of the second message) was lost.
+        let mut none = [];
+        r.on_response(
+            &ack(opcode::ACKNOWLEDGE, 103, 0x60),
+            &[],
+            c.now(),
+            &mut none,
+        )
+        .unwrap();
+        assert_eq!(
+            r.pop_finished(),
+            Some(Ok(0)),
+            "the first message is acknowledged"
+        );
+        assert_eq!(r.pop_finished(), None);
+        let p = tx(&mut r, c.now());
+        assert_eq!(
+            p.iter().map(|(h, _)| (h.psn, h.opcode)).collect::<Vec<_>>(),
+            [
+                (103, opcode::WRITE_LAST),
+                (104, opcode::WRITE_FIRST),
+                (105, opcode::WRITE_LAST),
+                (106, opcode::WRITE_FIRST),
+                (107, opcode::WRITE_LAST)
+            ],
+            "from the PSN named, with the original segmentation"
+        );
+        assert_eq!(p[0].1, 256..512);
+        // An ACK timeout in the middle: back to the oldest unacknowledged PSN, 106.
+        r.on_response(
+            &ack(opcode::ACKNOWLEDGE, 105, 0x1f),
+            &[],
+            c.now(),
+            &mut none,
+        )
+        .unwrap();
+        assert_eq!(
+            (r.pop_finished(), r.pop_finished()),
+            (Some(Ok(0)), Some(Ok(0)))
+        );
+        c.advance(Duration::from_millis(2));
+        r.on_timer(c.now());
+        let p = tx(&mut r, c.now());
+        assert_eq!(p.iter().map(|(h, _)| h.psn).collect::<Vec<_>>(), [106, 107]);
+    }
+
+    #[test]
+    fn a_failure_ends_the_message_it_names_and_drops_the_rest() {
+        let c = ManualClock::new();
+        let mut r = Requester::new(attrs(), 7, 10);
+        for _ in 0..3 {
+            start(&mut r, write(100)); // PSNs 10, 11, 12
+        }
+        tx(&mut r, c.now());
+        // The responder refuses the second: the first is implicitly acknowledged.
+        r.on_response(&ack(opcode::ACKNOWLEDGE, 11, 0x62), &[], c.now(), &mut [])
+            .unwrap();
+        assert_eq!(r.pop_finished(), Some(Ok(0)));
+        assert_eq!(
+            r.pop_finished(),
+            Some(Err(Nak::RemoteAccess(AccessFault::UnknownKey(0))))
+        );
+        assert_eq!((r.pop_finished(), r.outstanding()), (None, 0));
+        // Nothing more goes out, and a later start is dropped without an outcome.
+        start(&mut r, write(100));
+        assert!(tx(&mut r, c.now()).is_empty());
+        assert_eq!((r.pop_finished(), r.outstanding()), (None, 0));
+
+        // Timeouts with no ACK fail the oldest, once the retries are spent.
+        let mut r = Requester::new(attrs(), 7, 10);
+        for _ in 0..3 {
+            start(&mut r, write(100));
+        }
+        for resend in 0..3 {
+            assert_eq!(tx(&mut r, c.now()).len(), 3, "resend {resend}");
+            c.advance(Duration::from_millis(2));
+            r.on_timer(c.now());
+        }
+        assert_eq!(r.pop_finished(), Some(Err(Nak::NoResponse)));
+        assert_eq!((r.pop_finished(), r.outstanding()), (None, 0));
+    }
+
+    #[test]
+    fn the_window_admits_sends_and_writes_up_to_its_bounds_and_reads_alone() {
+        let mut r = Requester::new(attrs(), 7, 0);
+        let read = Message::Read {
+            va: 0,
+            rkey: 1,
+            len: 8,
+        };
+        assert!(r.has_room(&read), "nothing outstanding");
+        start(&mut r, write(8));
+        assert!(!r.has_room(&read), "a READ waits for the WRITE's ACK");
+        for _ in 1..MAX_MESSAGES {
+            assert!(r.has_room(&write(8)));
+            start(&mut r, write(8));
+        }
+        assert!(!r.has_room(&write(8)), "{MAX_MESSAGES} messages");
+        let mut r = Requester::new(attrs(), 7, 0);
+        start(&mut r, write(u32::try_from(MAX_BYTES).unwrap() - 8));
+        assert!(r.has_room(&write(8)) && !r.has_room(&write(9)), "bytes");
+        let mut r = Requester::new(attrs(), 7, 0);
+        start(&mut r, write(u32::try_from(MAX_BYTES).unwrap() + 1));
+        assert_eq!(r.outstanding(), 1, "a big message goes alone");
+        assert!(!r.has_room(&write(1)));
+        start(&mut r, read);
+        let mut r = Requester::new(attrs(), 7, 0);
+        start(&mut r, read);
+        assert!(!r.has_room(&write(1)), "nothing passes a READ");
     }
 }
