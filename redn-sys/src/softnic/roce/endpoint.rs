@@ -551,6 +551,7 @@ impl RoceEndpoint {
             conn,
             inner: Arc::clone(&self.inner),
             req: Mutex::new(Requester::new(attrs, remote.qpn, local.psn)),
+            wire: Mutex::new((Vec::new(), Vec::new())),
             reads_allowed: local.max_rd_atomic > 0 && remote.max_dest_rd_atomic > 0,
         }));
         drop(peer);
@@ -889,6 +890,9 @@ struct RoceTransport {
     conn: Arc<Conn>,
     inner: Arc<Inner>,
     req: Mutex<Requester>,
+    /// The datagrams of one transmission and their bounds, kept for their capacity (locked
+    /// only inside `transmit`, with `req` held).
+    wire: Mutex<(Vec<u8>, Vec<(usize, usize)>)>,
     /// READs and atomics may go out: this side's `max_rd_atomic` and the peer's
     /// `max_dest_rd_atomic` are both at least 1 (one is ever outstanding: see `requester`).
     reads_allowed: bool,
@@ -914,17 +918,19 @@ impl RoceTransport {
             src: self.inner.local,
             dst: self.conn.remote,
         };
-        let mut bytes = Vec::new();
-        let mut frames = Vec::new();
+        let mut wire = self.wire.lock().unwrap_or_else(|e| e.into_inner());
+        let (bytes, frames) = &mut *wire;
+        bytes.clear();
+        frames.clear();
         req.transmit(Instant::now(), |h, _, payload| {
             let start = bytes.len();
-            packet::encode(&mut bytes, &route, h, payload);
+            packet::encode(bytes, &route, h, payload);
             frames.push((start, bytes.len()));
         });
         if !frames.is_empty() {
             self.conn
                 .poller
-                .send_with_replies(&self.inner, self.conn.remote, &bytes, &frames);
+                .send_with_replies(&self.inner, self.conn.remote, bytes, frames);
         }
     }
 
@@ -989,14 +995,13 @@ impl RoceTransport {
         }
     }
 
-    /// Post a SEND or WRITE whose payload `fill` writes into a buffer of `len` bytes: wait
-    /// for room in the window, start it, send what is due, and take what has arrived.
-    fn post(&self, msg: Message, len: usize, fill: impl FnOnce(&mut [u8])) {
+    /// Post a SEND or WRITE whose payload `fill` puts into an empty buffer: wait for room in
+    /// the window, start it, send what is due, and take what has arrived.
+    fn post(&self, msg: Message, fill: impl FnOnce(&mut Vec<u8>)) {
         let mut req = self.lock();
         self.take_arrived(&mut req, &mut []);
         self.drive(&mut req, &mut [], |r| r.has_room(&msg));
         let mut data = req.buffer();
-        data.resize(len, 0);
         fill(&mut data);
         req.start(msg, data);
         self.transmit(&mut req);
@@ -1040,7 +1045,7 @@ impl Transport for RoceTransport {
             len: Self::len32(data.len())?,
             imm,
         };
-        self.post(msg, data.len(), |b| b.copy_from_slice(data));
+        self.post(msg, |b| b.extend_from_slice(data));
         Ok(())
     }
 
@@ -1057,7 +1062,10 @@ impl Transport for RoceTransport {
             len: Self::len32(src.len)?,
             imm,
         };
-        self.post(msg, src.len, |b| src.read(b));
+        self.post(msg, |b| {
+            b.resize(src.len, 0);
+            src.read(b);
+        });
         Ok(())
     }
 
@@ -1078,7 +1086,7 @@ impl Transport for RoceTransport {
             len: Self::len32(data.len())?,
             imm,
         };
-        self.post(msg, data.len(), |b| b.copy_from_slice(data));
+        self.post(msg, |b| b.extend_from_slice(data));
         Ok(())
     }
 
