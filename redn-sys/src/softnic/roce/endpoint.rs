@@ -881,6 +881,9 @@ impl Memory for Glue<'_> {
     }
 }
 
+/// Datagrams laid end to end, and where each one starts and ends.
+type Wire = (Vec<u8>, Vec<(usize, usize)>);
+
 /// How a QP connected over RoCE reaches its peer. WRITEs and SENDs are posted: each goes
 /// out as soon as the requester's window has room (see `requester`), and the executor takes
 /// their outcomes in order ([`Transport::settle`]) as their ACKs arrive. A READ or an
@@ -892,7 +895,7 @@ struct RoceTransport {
     req: Mutex<Requester>,
     /// The datagrams of one transmission and their bounds, kept for their capacity (locked
     /// only inside `transmit`, with `req` held).
-    wire: Mutex<(Vec<u8>, Vec<(usize, usize)>)>,
+    wire: Mutex<Wire>,
     /// READs and atomics may go out: this side's `max_rd_atomic` and the peer's
     /// `max_dest_rd_atomic` are both at least 1 (one is ever outstanding: see `requester`).
     reads_allowed: bool,
@@ -1183,18 +1186,56 @@ mod tests {
                 std::thread::sleep(wait.unwrap_or_default().min(Duration::from_millis(1)));
                 return Ok(0);
             }
-            let mut inbox = self.inbox.lock().unwrap();
-            let mut n = 0;
-            while let Some((from, d)) = inbox.pop_front() {
-                batch.set(n, &d, from);
-                n += 1;
-            }
-            Ok(n)
+            Ok(hand_over(&mut self.inbox.lock().unwrap(), batch))
         }
 
         fn local_addr(&self) -> SocketAddrV4 {
             self.local
         }
+    }
+
+    /// A softnic on `io` with one QP (start PSN 100, ACK timeout code `timeout`) connected
+    /// to QP 0x99 at `peer` (its PSNs from 500), and 4 KiB of memory registered.
+    struct Rig {
+        nic: SoftNic,
+        ep: RoceEndpoint,
+        buf: Arc<SharedBuffer>,
+        mr: crate::nic::MrInfo,
+        cq: crate::types::Cqn,
+        qp: Qpn,
+    }
+
+    impl Rig {
+        fn new(io: Box<dyn DatagramIo>, peer: SocketAddrV4, timeout: u8) -> Rig {
+            let nic = SoftNic::new(SoftNicConfig::new("endpoint-unit")).unwrap();
+            let ep = RoceEndpoint::with_io(&nic, io, Duration::ZERO);
+            let pd = nic.alloc_pd().unwrap();
+            let buf = SharedBuffer::new(4096);
+            let mr = nic.reg_mr(pd, &buf, 0, 4096, Access::ALL).unwrap();
+            let cq = nic.create_cq(CqConfig::new(16)).unwrap();
+            let qp = nic.create_qp(QpConfig::new(pd, cq)).unwrap().qpn;
+            let mut ours = ep.record(qp, 100);
+            ours.timeout = timeout;
+            ep.connect(&ours, &QpRecord::new(0x99, 500, peer)).unwrap();
+            Rig {
+                nic,
+                ep,
+                buf,
+                mr,
+                cq,
+                qp,
+            }
+        }
+    }
+
+    /// Move every datagram of `inbox` into `batch`; how many.
+    fn hand_over(inbox: &mut VecDeque<(SocketAddrV4, Vec<u8>)>, batch: &mut RecvBatch) -> usize {
+        let mut n = 0;
+        while let Some((from, d)) = inbox.pop_front() {
+            batch.set(n, &d, from);
+            n += 1;
+        }
+        n
     }
 
     #[test]
@@ -1207,16 +1248,15 @@ mod tests {
             inbox: Mutex::new(VecDeque::new()),
             sent: Mutex::new(Vec::new()),
         });
-        let nic = SoftNic::new(SoftNicConfig::new("hold")).unwrap();
-        let ep = RoceEndpoint::with_io(&nic, Box::new(Arc::clone(&script)), Duration::ZERO);
-        let pd = nic.alloc_pd().unwrap();
-        let buf = SharedBuffer::new(4096);
-        let mr = nic.reg_mr(pd, &buf, 0, 4096, Access::ALL).unwrap();
-        let cq = nic.create_cq(CqConfig::new(16)).unwrap();
-        let qp = nic.create_qp(QpConfig::new(pd, cq)).unwrap().qpn;
-        let ours = ep.record(qp, 100);
-        let theirs = QpRecord::new(0x99, 500, peer);
-        ep.connect(&ours, &theirs).unwrap();
+        // The softnic stays up for the test (its PUs run the QP).
+        let Rig {
+            nic: _nic,
+            ep,
+            buf,
+            mr,
+            qp,
+            ..
+        } = Rig::new(Box::new(Arc::clone(&script)), peer, 14);
 
         // A WRITE that asks for an ACK, taken off the socket by a PU's poll.
         let mut h = Header::new(opcode::WRITE_ONLY, qp.0, 500);
@@ -1345,12 +1385,7 @@ mod tests {
                 }
                 return Ok(0);
             }
-            let mut n = 0;
-            while let Some((from, d)) = inbox.pop_front() {
-                batch.set(n, &d, from);
-                n += 1;
-            }
-            Ok(n)
+            Ok(hand_over(&mut inbox, batch))
         }
 
         fn local_addr(&self) -> SocketAddrV4 {
@@ -1380,17 +1415,15 @@ mod tests {
             inbox: Mutex::new(VecDeque::new()),
             sent: Mutex::new(Vec::new()),
         });
-        let nic = SoftNic::new(SoftNicConfig::new("window")).unwrap();
-        let ep = RoceEndpoint::with_io(&nic, Box::new(Arc::clone(&io)), Duration::ZERO);
-        let pd = nic.alloc_pd().unwrap();
-        let buf = SharedBuffer::new(4096);
-        let mr = nic.reg_mr(pd, &buf, 0, 4096, Access::ALL).unwrap();
-        let cq = nic.create_cq(CqConfig::new(16)).unwrap();
-        let qp = nic.create_qp(QpConfig::new(pd, cq)).unwrap().qpn;
-        let mut ours = ep.record(qp, 100);
         // No ACK timer: only the ACKs and NAKs below move the window.
-        ours.timeout = 0;
-        ep.connect(&ours, &QpRecord::new(0x99, 500, peer)).unwrap();
+        let Rig {
+            nic,
+            ep: _ep,
+            buf,
+            mr,
+            cq,
+            qp,
+        } = Rig::new(Box::new(Arc::clone(&io)), peer, 0);
         let wrs: Vec<WorkRequest> = (0..4u32)
             .map(|i| WorkRequest {
                 wr_id: u64::from(i),

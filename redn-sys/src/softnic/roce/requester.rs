@@ -29,6 +29,16 @@ pub const MAX_MESSAGES: usize = 32;
 /// Payload bytes of the outstanding messages at most: the requester keeps a copy of each
 /// until its ACK, for retransmission. A message bigger than this goes out alone.
 pub const MAX_BYTES: usize = 1 << 20;
+/// The RC WRITE opcodes are the SEND ones this far on, in the same order (IBTA's opcode
+/// table: FIRST, MIDDLE, LAST, LAST with immediate, ONLY, ONLY with immediate).
+const WRITE_AFTER_SEND: u8 = opcode::WRITE_FIRST - opcode::SEND_FIRST;
+const _: () = assert!(
+    opcode::WRITE_MIDDLE - opcode::SEND_MIDDLE == WRITE_AFTER_SEND
+        && opcode::WRITE_LAST - opcode::SEND_LAST == WRITE_AFTER_SEND
+        && opcode::WRITE_LAST_IMM - opcode::SEND_LAST_IMM == WRITE_AFTER_SEND
+        && opcode::WRITE_ONLY - opcode::SEND_ONLY == WRITE_AFTER_SEND
+        && opcode::WRITE_ONLY_IMM - opcode::SEND_ONLY_IMM == WRITE_AFTER_SEND
+);
 /// Payload buffers of finished messages kept for reuse.
 const SPARE_BUFFERS: usize = 8;
 
@@ -433,20 +443,15 @@ impl Requester {
         let from = k * mtu;
         let to = (from + mtu).min(len);
         let (only, is_first, is_last) = (m.npsn == 1, k == 0, k + 1 == m.npsn);
-        let op = match (write, only, is_first, is_last, imm.is_some()) {
-            (false, true, _, _, false) => opcode::SEND_ONLY,
-            (false, true, _, _, true) => opcode::SEND_ONLY_IMM,
-            (false, false, true, _, _) => opcode::SEND_FIRST,
-            (false, false, _, true, false) => opcode::SEND_LAST,
-            (false, false, _, true, true) => opcode::SEND_LAST_IMM,
-            (false, ..) => opcode::SEND_MIDDLE,
-            (true, true, _, _, false) => opcode::WRITE_ONLY,
-            (true, true, _, _, true) => opcode::WRITE_ONLY_IMM,
-            (true, false, true, _, _) => opcode::WRITE_FIRST,
-            (true, false, _, true, false) => opcode::WRITE_LAST,
-            (true, false, _, true, true) => opcode::WRITE_LAST_IMM,
-            (true, ..) => opcode::WRITE_MIDDLE,
+        let op = match (only, is_first, is_last, imm.is_some()) {
+            (true, _, _, false) => opcode::SEND_ONLY,
+            (true, _, _, true) => opcode::SEND_ONLY_IMM,
+            (false, true, _, _) => opcode::SEND_FIRST,
+            (false, _, true, false) => opcode::SEND_LAST,
+            (false, _, true, true) => opcode::SEND_LAST_IMM,
+            _ => opcode::SEND_MIDDLE,
         };
+        let op = if write { op + WRITE_AFTER_SEND } else { op };
         let mut h = Header::new(op, self.dest_qp, at);
         h.ack_req = is_last || k % ACK_EVERY == ACK_EVERY - 1;
         if is_last {
@@ -736,6 +741,33 @@ mod tests {
         Ok(outcome(r))
     }
 
+    /// An ACK or NAK (`syndrome`) of `psn`, taken.
+    fn answer(
+        r: &mut Requester,
+        psn: u32,
+        syndrome: u8,
+        now: Instant,
+    ) -> Result<Progress, DropReason> {
+        resp(
+            r,
+            &ack(opcode::ACKNOWLEDGE, psn, syndrome),
+            &[],
+            now,
+            &mut [],
+        )
+    }
+
+    /// A plain ACK of `psn`, taken.
+    fn plain_ack(r: &mut Requester, psn: u32, now: Instant) {
+        r.on_response(
+            &ack(opcode::ACKNOWLEDGE, psn, Syndrome::ACK),
+            &[],
+            now,
+            &mut [],
+        )
+        .unwrap();
+    }
+
     fn timer(r: &mut Requester, now: Instant) -> Progress {
         r.on_timer(now);
         outcome(r)
@@ -813,23 +845,10 @@ mod tests {
         );
         // An ACK older than the message is stale.
         assert_eq!(
-            resp(
-                &mut r,
-                &ack(opcode::ACKNOWLEDGE, 9, 0x1f),
-                &[],
-                c.now(),
-                &mut []
-            ),
+            answer(&mut r, 9, 0x1f, c.now()),
             Err(DropReason::UnexpectedResponse)
         );
-        resp(
-            &mut r,
-            &ack(opcode::ACKNOWLEDGE, 10, 0x1f),
-            &[],
-            c.now(),
-            &mut [],
-        )
-        .unwrap();
+        plain_ack(&mut r, 10, c.now());
         start(
             &mut r,
             Message::Send {
@@ -858,16 +877,7 @@ mod tests {
         assert_eq!(tx(&mut r, c.now()).len(), 5);
         // Packet 102 was lost: the responder NAKs with its expected PSN.
         for retry in 0..2 {
-            assert_eq!(
-                resp(
-                    &mut r,
-                    &ack(opcode::ACKNOWLEDGE, 102, 0x60),
-                    &[],
-                    c.now(),
-                    &mut []
-                ),
-                Ok(Progress::Pending)
-            );
+            assert_eq!(answer(&mut r, 102, 0x60, c.now()), Ok(Progress::Pending));
             let p = tx(&mut r, c.now());
             assert_eq!(
                 p.iter().map(|(h, _)| h.psn).collect::<Vec<_>>(),
@@ -877,13 +887,7 @@ mod tests {
             assert_eq!(p[0].0.opcode, opcode::SEND_MIDDLE, "original segmentation");
         }
         assert_eq!(
-            resp(
-                &mut r,
-                &ack(opcode::ACKNOWLEDGE, 102, 0x60),
-                &[],
-                c.now(),
-                &mut []
-            ),
+            answer(&mut r, 102, 0x60, c.now()),
             Ok(Progress::Failed(Nak::NoResponse)),
             "retry_cnt 2 allows two resends"
         );
@@ -899,13 +903,7 @@ mod tests {
         tx(&mut r, c.now());
         for nak in [101, 101, 102, 102, 103, 103] {
             assert_eq!(
-                resp(
-                    &mut r,
-                    &ack(opcode::ACKNOWLEDGE, nak, 0x60),
-                    &[],
-                    c.now(),
-                    &mut []
-                ),
+                answer(&mut r, nak, 0x60, c.now()),
                 Ok(Progress::Pending),
                 "NAK {nak}"
             );
@@ -961,14 +959,7 @@ mod tests {
             40,
             "go back to the oldest unacknowledged"
         );
-        resp(
-            &mut r,
-            &ack(opcode::ACKNOWLEDGE, 15, 0x1f),
-            &[],
-            c.now(),
-            &mut [],
-        )
-        .unwrap();
+        plain_ack(&mut r, 15, c.now());
         c.advance(Duration::from_millis(2));
         assert_eq!(
             timer(&mut r, c.now()),
@@ -994,14 +985,7 @@ mod tests {
         let p = tx(&mut r, c.now());
         assert_eq!(p.len(), WINDOW as usize);
         assert!(p[ACK_EVERY as usize - 1].0.ack_req);
-        resp(
-            &mut r,
-            &ack(opcode::ACKNOWLEDGE, 15, 0x1f),
-            &[],
-            c.now(),
-            &mut [],
-        )
-        .unwrap();
+        plain_ack(&mut r, 15, c.now());
         let p = tx(&mut r, c.now());
         assert_eq!((p.len(), p[0].0.psn), (16, 64));
     }
@@ -1031,13 +1015,7 @@ mod tests {
         timer(&mut r, c.now());
         assert_eq!(tx(&mut r, c.now())[0].0.psn, 50, "resent after the timer");
         assert_eq!(
-            resp(
-                &mut r,
-                &ack(opcode::ACKNOWLEDGE, 50, 0x21),
-                &[],
-                c.now(),
-                &mut []
-            ),
+            answer(&mut r, 50, 0x21, c.now()),
             Ok(Progress::Failed(Nak::RnrRetryExceeded)),
             "rnr_retry 1"
         );
@@ -1053,16 +1031,7 @@ mod tests {
         start(&mut r, Message::Send { len: 4, imm: None });
         for _ in 0..100 {
             tx(&mut r, c.now());
-            assert_eq!(
-                resp(
-                    &mut r,
-                    &ack(opcode::ACKNOWLEDGE, 0, 0x21),
-                    &[],
-                    c.now(),
-                    &mut []
-                ),
-                Ok(Progress::Pending)
-            );
+            assert_eq!(answer(&mut r, 0, 0x21, c.now()), Ok(Progress::Pending));
             c.advance(Duration::from_millis(1));
             timer(&mut r, c.now());
         }
@@ -1247,8 +1216,7 @@ mod tests {
         .unwrap();
         assert_eq!(r.pop_finished(), None);
         // One ACK covering the first two finishes both, in order.
-        r.on_response(&ack(opcode::ACKNOWLEDGE, 0, 0x1f), &[], c.now(), &mut none)
-            .unwrap();
+        plain_ack(&mut r, 0, c.now());
         assert_eq!(
             (r.pop_finished(), r.pop_finished(), r.pop_finished()),
             (Some(Ok(0)), Some(Ok(0)), None)
@@ -1264,8 +1232,7 @@ mod tests {
             ),
             Err(DropReason::UnexpectedResponse)
         );
-        r.on_response(&ack(opcode::ACKNOWLEDGE, 3, 0x1f), &[], c.now(), &mut none)
-            .unwrap();
+        plain_ack(&mut r, 3, c.now());
         assert_eq!((r.pop_finished(), r.outstanding()), (Some(Ok(0)), 0));
         assert_eq!(r.next_timer(), None, "nothing outstanding, no timer");
     }
