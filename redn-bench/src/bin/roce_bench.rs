@@ -195,12 +195,12 @@ fn main() {
         "   {:>8} {:>12} {:>12} {:>8}",
         "size", "raw UDP", "softnic", "ratio"
     );
-    let total = if quick { 16 << 20 } else { 128 << 20 };
+    let total = if quick { 32 << 20 } else { 128 << 20 };
     let mut at_64k = f64::NAN;
     for size in [64usize, 1024, 4096, 16 << 10, 64 << 10, 256 << 10, 1 << 20] {
         // Raw and softnic take turns, so that a spell of load from elsewhere on a shared
         // machine falls on both; small messages move less (their rate is in messages).
-        let soft_total = if size < 4096 { total / 4 } else { total };
+        let soft_total = total.min(SOFT_MESSAGES * size);
         let mut raws = Vec::with_capacity(BANDWIDTH_ROUNDS);
         let mut softs = Vec::with_capacity(BANDWIDTH_ROUNDS);
         for _ in 0..BANDWIDTH_ROUNDS {
@@ -251,6 +251,8 @@ fn main() {
 
 /// Rounds of each bandwidth row (raw and softnic alternating); the row shows medians.
 const BANDWIDTH_ROUNDS: usize = 3;
+/// WRITEs of one softnic bandwidth round at most (small messages' rounds move fewer bytes).
+const SOFT_MESSAGES: usize = 32 << 10;
 
 /// A softnic latency row: p50, p99, and who took the datagrams off the sockets.
 fn softnic_row(name: &str, s: &redn_bench::stats::Stats, taken: String) {
