@@ -311,11 +311,6 @@ impl Auditor {
         }
     }
 
-    /// The sampling interval.
-    pub fn interval(&self) -> Duration {
-        self.interval
-    }
-
     /// How long the loop may sleep before the next round is due (zero if it is due).
     pub fn until_due(&self, clock: impl Clock) -> Duration {
         self.next
@@ -331,11 +326,6 @@ impl Auditor {
         self.next = Some(now + self.interval);
         self.counters.rounds += 1;
         true
-    }
-
-    /// Forget an offload's own install (uninstalled, terminated).
-    pub fn forget(&mut self, handle: u64) {
-        self.tracks.remove(&TrackId::own(handle));
     }
 
     /// Forget every track not in `live`.
@@ -590,6 +580,13 @@ impl Bans {
         let now = clock.now();
         self.until.retain(|_, t| !matches!(t, Some(t) if *t <= now));
     }
+
+    /// Bans held, ended or not (for the tests of `expire`: the map must not grow with
+    /// every address ever banned).
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.until.len()
+    }
 }
 
 /// `ban_duration` for an audit record.
@@ -619,6 +616,113 @@ mod tests {
             triggers,
             ..Sample::default()
         }
+    }
+
+    #[test]
+    fn budgets_come_from_the_app_rule_in_the_units_the_auditor_counts() {
+        let uid = nix::unistd::getuid().as_raw();
+        let policy = redn_policy::parse_policy(
+            &format!(
+                "[[app]]\nname = \"t\"\nuid = {uid}\noffloads = [\"echo\"]\n\
+                 max_regions = 1\nmax_pinned = \"1M\"\nmax_queues = 4\nmax_remote_clients = 0\n\
+                 [app.client]\nrate_limit_kbps = 80\nwqes_per_second = \"2k\"\n\
+                 triggers_per_second = 300\nwqes_per_invocation = 24\n\
+                 on_violation = \"terminate\"\n"
+            ),
+            "policy.toml",
+        )
+        .unwrap();
+        let b = Budget::of(policy.app("t").unwrap());
+        assert_eq!(
+            b,
+            Budget {
+                wqes_per_trigger: 24,
+                wqes_per_second: Some(2_000),
+                // 80 kbit/s is 10,000 bytes a second.
+                bytes_per_second: Some(10_000),
+                triggers_per_second: Some(300),
+                on_violation: OnViolation::Terminate,
+            }
+        );
+        assert_eq!(b.install_limit(), RateLimit::bytes(10_000));
+        assert_eq!(
+            b.throttle_limit(),
+            RateLimit::bytes(10_000).with_wqes(2_000)
+        );
+        // No WQE budget: a throttled byte flooder is paced at one WQE per 64 bytes.
+        let bytes_only = Budget {
+            wqes_per_second: None,
+            ..b
+        };
+        assert_eq!(
+            bytes_only.throttle_limit(),
+            RateLimit::bytes(10_000).with_wqes(10_000 / 64)
+        );
+    }
+
+    #[test]
+    fn each_violation_details_what_was_measured_against_what() {
+        let loop_budget = Violation::LoopBudget {
+            wqes: 900,
+            triggers: 8,
+            allowed: 144,
+        };
+        assert_eq!(
+            loop_budget.details(),
+            [
+                ("wqes", "900".to_owned()),
+                ("triggers", "8".to_owned()),
+                ("allowed", "144".to_owned())
+            ]
+        );
+        for rate in [
+            Violation::WqeRate {
+                per_second: 30_000,
+                limit: 20_000,
+            },
+            Violation::ByteRate {
+                per_second: 30_000,
+                limit: 20_000,
+            },
+            Violation::TriggerRate {
+                per_second: 30_000,
+                limit: 20_000,
+            },
+        ] {
+            assert_eq!(
+                rate.details(),
+                [
+                    ("measured_per_s", "30000".to_owned()),
+                    ("limit_per_s", "20000".to_owned())
+                ]
+            );
+        }
+        assert_eq!(
+            Violation::StillFlooding { delays: 17 }.details(),
+            [("pacer_delays", "17".to_owned())]
+        );
+    }
+
+    #[test]
+    fn tracks_no_longer_live_are_forgotten_and_samples_counted() {
+        let clock = ManualClock::new();
+        let mut a = Auditor::new(DEFAULT_INTERVAL);
+        let b = budget(OnViolation::Terminate);
+        let (gone, kept) = (TrackId::own(1), TrackId::own(2));
+        let flooded = Sample {
+            bytes: 1_000_000,
+            ..Sample::default()
+        };
+        for t in [gone, kept] {
+            a.observe_track(t, b, Sample::default(), Sample::default(), &clock);
+            clock.advance(RATE_WINDOW);
+            let (v, _) = a.observe_track(t, b, Sample::default(), flooded, &clock);
+            assert!(matches!(v, Some(Verdict::Throttle(..))), "{v:?}");
+        }
+        assert_eq!(a.counters.samples, 4);
+        a.retain(|t| t != gone);
+        assert!(!a.is_track_throttled(gone));
+        assert!(a.is_track_throttled(kept));
     }
 
     #[test]
@@ -803,6 +907,13 @@ mod tests {
         clock.advance(Duration::from_secs(1 << 30));
         assert_eq!(bans.banned(&app("kv", 1000), &clock), Some(None));
         bans.expire(&clock);
+        assert_eq!(bans.banned(&app("kv", 1000), &clock), Some(None));
+        // Ended bans are dropped, bans in force kept.
+        bans.ban(app("kv", 1001), Some(Duration::from_secs(1)), &clock);
+        assert_eq!(bans.held(), 2);
+        clock.advance(Duration::from_secs(1));
+        bans.expire(&clock);
+        assert_eq!(bans.held(), 1);
         assert_eq!(bans.banned(&app("kv", 1000), &clock), Some(None));
     }
 
