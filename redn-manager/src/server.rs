@@ -10,7 +10,7 @@
 //! framing can no longer be trusted — and the loop goes on serving everyone else.
 //!
 //! This file holds the loop itself (its turn, signals, reloads, the auditor's rounds and
-//! `Monitor` feeds); [`connection`] accepts, reads and writes connections, and [`calls`]
+//! `Monitor` feeds); `connection` accepts, reads and writes connections, and `calls`
 //! decodes each call and hands it to the manager.
 
 use crate::audit::{Audit, Event, Record, Severity};
