@@ -395,8 +395,9 @@ impl Manager {
     /// `io.redn.Admin.TriggerTimes`: when offload `handle`'s triggers arrived since the last
     /// call (all its instances: the app's and each remote client's), oldest first, from the
     /// timestamps of their receive completions, and how many older ones were dropped
-    /// (more than `MAX_ARRIVALS`, 4,096, between two calls). The auditor's rounds collect them, and
-    /// so does this call first, so a caller sees every trigger that arrived before it asked.
+    /// (more than `MAX_ARRIVALS`, 4,096, between two calls). The auditor's rounds collect
+    /// them, and so does this call first, so a caller sees every trigger that arrived before
+    /// it asked.
     ///
     /// With the timestamp of the response's receive completion on the client's softnic
     /// (`redn_client::remote::Response::received_ns`, the same host clock), a benchmark gets
