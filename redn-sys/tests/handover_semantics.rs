@@ -35,6 +35,17 @@ fn wait(cq: redn_sys::Cqn, count: u32) -> WrOp {
     WrOp::Wait { cq, count }
 }
 
+/// The master's doorbell step: SEND_EN(q, `pi`), a WAIT for q's first completion, then a
+/// signaled NOP (wr_id 7).
+fn post_step(nic: &SoftNic, m: &Endpoint, q: &Endpoint, pi: u32) {
+    let step = [
+        wr(0, WqeFlags::NONE, enable(q, pi)),
+        wr(0, WqeFlags::NONE, wait(q.cq, 0)),
+        wr(7, SIG, NOP),
+    ];
+    nic.post_send(m.qp.qpn, &step).unwrap();
+}
+
 /// Write `wrs` into `qp`'s ring from index 0 as the one-BB images `encode_wqe` makes, the
 /// one at position `patched` changed by `patch`, and ring the doorbell (wr_ids are the
 /// indices).
@@ -111,15 +122,7 @@ fn enabled_nop_is_refused(checks: bool, patch: impl Fn(&mut [u8])) {
     let pd = nic.alloc_pd().unwrap();
     let (q, m) = doorbell_pair(&nic, pd, 64);
     post_patched(&nic, &q.qp, &[wr(0, SIG, NOP)], 0, patch);
-    nic.post_send(
-        m.qp.qpn,
-        &[
-            wr(0, WqeFlags::NONE, enable(&q, 1)),
-            wr(0, WqeFlags::NONE, wait(q.cq, 0)),
-            wr(7, SIG, NOP),
-        ],
-    )
-    .unwrap();
+    post_step(&nic, &m, &q, 1);
     let done = wait_cqes(&nic, q.cq, 1);
     assert_eq!(done[0].status, Err(Syndrome::LocalQpOperation), "{done:?}");
     assert!(wait_cqes(&nic, m.cq, 1)[0].is_ok());
@@ -268,15 +271,7 @@ fn a_hand_over_runs_a_fetched_wqe_as_it_was_fetched() {
     q.qp.sq
         .buffer
         .write(q.qp.sq.offset, &nop.bytes()[..BB_SIZE]);
-    nic.post_send(
-        m.qp.qpn,
-        &[
-            wr(0, WqeFlags::NONE, enable(&q, 2)),
-            wr(0, WqeFlags::NONE, wait(q.cq, 0)),
-            wr(7, SIG, NOP),
-        ],
-    )
-    .unwrap();
+    post_step(&nic, &m, &q, 2);
     wait_until("the master stalls on q's WAIT", || {
         nic.counters(m.qp.qpn).unwrap().wait_stalls == 1
     });
@@ -303,15 +298,7 @@ fn a_hand_over_runs_an_unsignaled_and_a_signaled_nop_once_each() {
     let (nic, _, q, m) = pair_with(Prefetch::AtExecute);
     nic.post_send(q.qp.qpn, &[wr(0, WqeFlags::NONE, NOP), wr(1, SIG, NOP)])
         .unwrap();
-    nic.post_send(
-        m.qp.qpn,
-        &[
-            wr(0, WqeFlags::NONE, enable(&q, 2)),
-            wr(0, WqeFlags::NONE, wait(q.cq, 0)),
-            wr(7, SIG, NOP),
-        ],
-    )
-    .unwrap();
+    post_step(&nic, &m, &q, 2);
     assert_eq!(wait_cqes(&nic, m.cq, 1)[0].wr_id, 7);
     let done = wait_cqes(&nic, q.cq, 1);
     assert_eq!((done[0].wr_id, done[0].status), (1, Ok(())));
@@ -335,15 +322,7 @@ fn a_hand_over_runs_a_nop_of_sixteen_bbs_as_one_wqe() {
     let (nic, _, q, m) = pair_with(Prefetch::AtExecute);
     let nops: Vec<WorkRequest> = (0..16).map(|i| wr(i, SIG, NOP)).collect();
     post_patched(&nic, &q.qp, &nops, 0, |b| b[off::DS] = 61);
-    nic.post_send(
-        m.qp.qpn,
-        &[
-            wr(0, WqeFlags::NONE, enable(&q, 16)),
-            wr(0, WqeFlags::NONE, wait(q.cq, 0)),
-            wr(7, SIG, NOP),
-        ],
-    )
-    .unwrap();
+    post_step(&nic, &m, &q, 16);
     assert_eq!(wait_cqes(&nic, m.cq, 1)[0].wr_id, 7);
     wait_until("q runs its 16 BBs", || {
         nic.sq_consumed(q.qp.qpn).unwrap() == 16
