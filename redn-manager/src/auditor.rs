@@ -2,9 +2,9 @@
 //! budgets, from the NIC's own counters, so detection never depends on the client's
 //! cooperation.
 //!
-//! The event loop calls [`Auditor::due`] and, every sampling interval (2 ms by default), samples each
-//! offload's queues ([`Sample`]) and hands them to [`Auditor::observe`], which answers with
-//! what to do ([`Verdict`]). Nothing here touches the NIC or a socket: the budget logic runs on
+//! The event loop calls [`Auditor::due`] and, every sampling interval (2 ms by default),
+//! samples each offload's queues ([`Sample`]) and hands them to [`Auditor::observe`], which
+//! answers with what to do ([`Verdict`]). Nothing here touches the NIC or a socket: the budget logic runs on
 //! any [`Clock`], so its tests move a [`redn_sys::clock::ManualClock`] by hand.
 //!
 //! **Budgets** ([`Budget`], from the app's `[app.client]` rule):

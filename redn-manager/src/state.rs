@@ -965,27 +965,18 @@ impl Manager {
         peer: std::net::SocketAddr,
         instance: Installed<DynNic>,
     ) -> bool {
-        let Some(at_install) = self
-            .installed
-            .get(&handle)
-            .map(|o| self.sample(&o.program, &instance))
-        else {
+        let Some(o) = self.installed.get(&handle) else {
             return false;
         };
-        match self.installed.get_mut(&handle) {
-            Some(o) => {
-                o.remote.insert(
-                    id,
-                    RemoteInstance {
-                        peer,
-                        installed: instance,
-                        at_install,
-                    },
-                );
-                true
-            }
-            None => false,
+        let remote = RemoteInstance {
+            peer,
+            at_install: self.sample(&o.program, &instance),
+            installed: instance,
+        };
+        if let Some(o) = self.installed.get_mut(&handle) {
+            o.remote.insert(id, remote);
         }
+        true
     }
 
     /// Whether remote client `id`'s instance of offload `handle` is still held (the data

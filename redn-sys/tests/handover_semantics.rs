@@ -195,9 +195,16 @@ fn a_hand_over_refuses_a_wqe_with_too_few_segments() {
 
 /// One softnic of one PU fetching as `prefetch` says, with a doorbell pair on it.
 fn pair_with(prefetch: Prefetch) -> (SoftNic, Pdn, Endpoint, Endpoint) {
-    let mut cfg = SoftNicConfig::new("handover-prefetch");
+    pair_configured(|c| c.prefetch = prefetch)
+}
+
+/// One softnic of one PU, configured further by `configure`, with a doorbell pair on it.
+fn pair_configured(
+    configure: impl FnOnce(&mut SoftNicConfig),
+) -> (SoftNic, Pdn, Endpoint, Endpoint) {
+    let mut cfg = SoftNicConfig::new("handover-pair");
     cfg.pus = 1;
-    cfg.prefetch = prefetch;
+    configure(&mut cfg);
     let nic = SoftNic::new(cfg).unwrap();
     let pd = nic.alloc_pd().unwrap();
     let (q, m) = doorbell_pair(&nic, pd, 64);
@@ -390,12 +397,7 @@ fn a_nop_with_a_queue_or_cq_number_in_its_segment_ends_the_hand_over() {
 /// whose body holds more steps' images), on a softnic with the fast paths on or off: the
 /// master's first completion, and how far q and the master got once it came.
 fn steps_past_a_long_wait(fast_paths: bool) -> ((u64, bool), u64, u64) {
-    let mut cfg = SoftNicConfig::new("handover-long-wait");
-    cfg.pus = 1;
-    cfg.fast_paths = fast_paths;
-    let nic = SoftNic::new(cfg).unwrap();
-    let pd = nic.alloc_pd().unwrap();
-    let (q, m) = doorbell_pair(&nic, pd, 64);
+    let (nic, _, q, m) = pair_configured(|c| c.fast_paths = fast_paths);
     let nops: Vec<WorkRequest> = (0..16).map(|i| wr(i, SIG, NOP)).collect();
     nic.post_send(q.qp.qpn, &nops).unwrap();
     let mut master = doorbell_master(&q, 9);
