@@ -720,6 +720,43 @@ fn a_fenced_wqe_after_a_read_sees_the_reads_data() {
     );
 }
 
+/// A signaled READ behind a signaled WRITE of many packets, posted together: the READ
+/// waits for the WRITE's acknowledgement, so the WRITE completes first (completions in
+/// WQE order) and the READ brings back what the WRITE wrote.
+#[test]
+fn a_read_behind_a_posted_write_completes_after_it() {
+    let (a, b, ca, _) = pair(7, 0);
+    let x = pattern(48 << 10, 3);
+    a.buf.write(0, &x);
+    let len = x.len() as u32;
+    let wrs = [
+        wr(
+            1,
+            SIG,
+            WrOp::Write {
+                remote: remote_at(&ca.remote, 4096),
+                payload: Payload::Sgl(vec![a.buf.mr.sge(0, len)]),
+                imm: None,
+            },
+        ),
+        wr(
+            2,
+            SIG,
+            WrOp::Read {
+                remote: remote_at(&ca.remote, 4096),
+                sgl: vec![a.buf.mr.sge(1 << 20, len)],
+            },
+        ),
+    ];
+    a.nic.post_send(ca.qp, &wrs).unwrap();
+    let got = wait_cqes(&a.nic, ca.cq, 2);
+    let ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, [1, 2], "completions in WQE order: {got:?}");
+    assert!(got.iter().all(|c| c.is_ok()), "{got:?}");
+    assert_eq!(b.buf.read(4096, x.len()), x, "the WRITE landed");
+    assert_eq!(a.buf.read(1 << 20, x.len()), x, "the READ saw the WRITE");
+}
+
 #[test]
 fn a_dead_peer_fails_its_qp_with_retry_exceeded_and_others_go_on() {
     let local = Local::new(None);
