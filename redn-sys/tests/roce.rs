@@ -15,7 +15,7 @@ use common::*;
 use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
 use redn_program::wqe::{CqeOpcode, Payload, Syndrome, WqeFlags, WrOp};
 use redn_sys::install::{self, RegionBinding};
-use redn_sys::nic::{CqConfig, Nic, QpConfig};
+use redn_sys::nic::{Completion, CqConfig, Nic, QpConfig};
 use redn_sys::softnic::roce::{
     read_record, write_record, DropReason, Faults, QpRecord, RegionRecord, RoceConfig, RoceEndpoint,
 };
@@ -358,7 +358,7 @@ impl Local {
         Conn { qp, cq, remote }
     }
 
-    fn post(&self, c: &Conn, wr_id: u64, op: WrOp) -> redn_sys::nic::Completion {
+    fn post(&self, c: &Conn, wr_id: u64, op: WrOp) -> Completion {
         self.nic.post_send(c.qp, &[wr(wr_id, SIG, op)]).unwrap();
         let got = wait_cqes(&self.nic, c.cq, 1).remove(0);
         assert_eq!(got.wr_id, wr_id);
@@ -720,41 +720,93 @@ fn a_fenced_wqe_after_a_read_sees_the_reads_data() {
     );
 }
 
-/// A signaled READ behind a signaled WRITE of many packets, posted together: the READ
-/// waits for the WRITE's acknowledgement, so the WRITE completes first (completions in
-/// WQE order) and the READ brings back what the WRITE wrote.
-#[test]
-fn a_read_behind_a_posted_write_completes_after_it() {
+/// Where [`behind_a_long_write`]'s WRITE lands at the peer, and how long it is: 256
+/// packets, more than the window keeps on the wire, so the WQEs behind it run before its
+/// last ACK can have come.
+const LONG_AT: u64 = 4096;
+const LONG_LEN: usize = 256 << 10;
+
+/// On a fresh pair: a signaled WRITE of [`LONG_LEN`] bytes (from `a.buf` at 0 to
+/// [`LONG_AT`]) and the signaled WQEs `behind` makes (ids from 2 on), posted in one call;
+/// their completions come in WQE order. Returns the pair's `a`, `b` and `a`'s connection,
+/// the WRITE's bytes and the completions.
+fn behind_a_long_write(
+    behind: impl FnOnce(&Local, &Conn) -> Vec<WrOp>,
+) -> (Local, Local, Conn, Vec<u8>, Vec<Completion>) {
     let (a, b, ca, _) = pair(7, 0);
-    let x = pattern(48 << 10, 3);
+    let x = pattern(LONG_LEN, 3);
     a.buf.write(0, &x);
-    let len = x.len() as u32;
-    let wrs = [
-        wr(
-            1,
-            SIG,
+    let write = WrOp::Write {
+        remote: remote_at(&ca.remote, LONG_AT),
+        payload: Payload::Sgl(vec![a.buf.mr.sge(0, LONG_LEN as u32)]),
+        imm: None,
+    };
+    let wrs: Vec<_> = std::iter::once(write)
+        .chain(behind(&a, &ca))
+        .enumerate()
+        .map(|(i, op)| wr(i as u64 + 1, SIG, op))
+        .collect();
+    a.nic.post_send(ca.qp, &wrs).unwrap();
+    let got = wait_cqes(&a.nic, ca.cq, wrs.len());
+    let ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+    let want: Vec<u64> = (1..=wrs.len() as u64).collect();
+    assert_eq!(ids, want, "completions in WQE order: {got:?}");
+    (a, b, ca, x, got)
+}
+
+/// A NOP and a READ behind a posted WRITE: each waits for the WRITE's acknowledgement, so
+/// the WRITE completes first (whichever path runs the NOP) and the READ brings back what
+/// the WRITE wrote.
+#[test]
+fn a_nop_and_a_read_behind_a_posted_write_complete_after_it() {
+    let at = 1 << 20;
+    let (a, b, _, x, got) = behind_a_long_write(|a, ca| {
+        vec![
+            WrOp::Nop {
+                raw_segments: vec![],
+            },
+            WrOp::Read {
+                remote: remote_at(&ca.remote, LONG_AT),
+                sgl: vec![a.buf.mr.sge(at, LONG_LEN as u32)],
+            },
+        ]
+    });
+    assert!(got.iter().all(|c| c.is_ok()), "{got:?}");
+    assert_eq!(b.buf.read(LONG_AT as usize, LONG_LEN), x, "the WRITE landed");
+    assert_eq!(a.buf.read(at as usize, LONG_LEN), x, "the READ saw the WRITE");
+}
+
+/// A WQE that fails before it sends anything (its gather entry runs past the region), behind
+/// a posted WRITE: the WRITE completes first, as acknowledged, then the WQE's own error;
+/// the WQE behind it is flushed and the QP is in error.
+#[test]
+fn a_local_fault_behind_a_posted_write_completes_after_it() {
+    let (a, b, ca, x, got) = behind_a_long_write(|a, ca| {
+        let past_end = (4 << 20) - 32;
+        vec![
             WrOp::Write {
-                remote: remote_at(&ca.remote, 4096),
-                payload: Payload::Sgl(vec![a.buf.mr.sge(0, len)]),
+                remote: remote_at(&ca.remote, 0),
+                payload: Payload::Sgl(vec![a.buf.mr.sge(past_end, 64)]),
                 imm: None,
             },
-        ),
-        wr(
-            2,
-            SIG,
-            WrOp::Read {
-                remote: remote_at(&ca.remote, 4096),
-                sgl: vec![a.buf.mr.sge(1 << 20, len)],
+            WrOp::Write {
+                remote: remote_at(&ca.remote, 0),
+                payload: Payload::Sgl(vec![a.buf.mr.sge(0, 64)]),
+                imm: None,
             },
-        ),
-    ];
-    a.nic.post_send(ca.qp, &wrs).unwrap();
-    let got = wait_cqes(&a.nic, ca.cq, 2);
-    let ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
-    assert_eq!(ids, [1, 2], "completions in WQE order: {got:?}");
-    assert!(got.iter().all(|c| c.is_ok()), "{got:?}");
-    assert_eq!(b.buf.read(4096, x.len()), x, "the WRITE landed");
-    assert_eq!(a.buf.read(1 << 20, x.len()), x, "the READ saw the WRITE");
+        ]
+    });
+    let status: Vec<_> = got.iter().map(|c| c.status).collect();
+    assert_eq!(
+        status,
+        [
+            Ok(()),
+            Err(Syndrome::LocalProtection),
+            Err(Syndrome::WrFlush)
+        ]
+    );
+    assert_eq!(a.nic.qp_state(ca.qp).unwrap(), QpState::Error);
+    assert_eq!(b.buf.read(LONG_AT as usize, LONG_LEN), x, "the WRITE landed");
 }
 
 #[test]
