@@ -806,7 +806,43 @@ fn a_local_fault_behind_a_posted_write_completes_after_it() {
         ]
     );
     assert_eq!(a.nic.qp_state(ca.qp).unwrap(), QpState::Error);
+    assert_eq!(a.nic.sq_consumed(ca.qp).unwrap(), 3, "every WQE's slot freed");
     assert_eq!(b.buf.read(LONG_AT as usize, LONG_LEN), x, "the WRITE landed");
+}
+
+/// A posted WRITE the peer refuses (past the end of its region), behind a posted WRITE and
+/// with none or two posted after it: the first completes, the refused one fails with a
+/// remote access error, those after it are flushed, the QP is in error, and every WQE's
+/// ring slot is free again (each completion gave back its own).
+#[test]
+fn a_refused_posted_write_fails_and_flushes_those_posted_after_it() {
+    for after in [0, 2] {
+        let (a, _, ca, _, got) = behind_a_long_write(|a, ca| {
+            let refused = WrOp::Write {
+                remote: remote_at(&ca.remote, (4 << 20) - 32),
+                payload: Payload::Sgl(vec![a.buf.mr.sge(0, 64)]),
+                imm: None,
+            };
+            let fine = WrOp::Write {
+                remote: remote_at(&ca.remote, 0),
+                payload: Payload::Sgl(vec![a.buf.mr.sge(0, 64)]),
+                imm: None,
+            };
+            std::iter::once(refused)
+                .chain(std::iter::repeat_n(fine, after))
+                .collect()
+        });
+        let status: Vec<_> = got.iter().map(|c| c.status).collect();
+        let mut want = vec![Ok(()), Err(Syndrome::RemoteAccess)];
+        want.extend(std::iter::repeat_n(Err(Syndrome::WrFlush), after));
+        assert_eq!(status, want, "{after} after");
+        assert_eq!(a.nic.qp_state(ca.qp).unwrap(), QpState::Error);
+        assert_eq!(
+            a.nic.sq_consumed(ca.qp).unwrap(),
+            got.len() as u64,
+            "every WQE's slot freed, {after} after"
+        );
+    }
 }
 
 #[test]
