@@ -845,6 +845,70 @@ fn a_refused_posted_write_fails_and_flushes_those_posted_after_it() {
     }
 }
 
+/// A doorbell-ordered chain stepping a managed RoCE queue: the master (on the same PU)
+/// enables 64 WRITEs and a NOP, waits for the first completion, enables a second NOP and
+/// waits for its completion. The 64 WRITEs are the hand-over's whole budget, so its visit
+/// ends in front of the first NOP with WRITEs still posted, and the next step finds the NOPs
+/// next. They must complete after the WRITEs (a queue whose peer posts does not run its
+/// NOPs on the steps' own plain loop, which completes them at once).
+#[test]
+fn a_chain_step_runs_nops_behind_posted_writes_in_order() {
+    let (a, b) = (Local::new(None), Local::new(None));
+    let q_cq = a.nic.create_cq(CqConfig::new(256)).unwrap();
+    let mut qc = QpConfig::new(a.pd, q_cq);
+    qc.managed_send = true;
+    let q = a.nic.create_qp(qc).unwrap().qpn;
+    let b_cq = b.nic.create_cq(CqConfig::new(256)).unwrap();
+    let qb = b.nic.create_qp(QpConfig::new(b.pd, b_cq)).unwrap().qpn;
+    let mut rq = record(&a.ep, q, 10, 1024);
+    rq.regions.push(region_record("mem", &a.buf));
+    let mut rb = record(&b.ep, qb, 20, 1024);
+    rb.regions.push(region_record("mem", &b.buf));
+    a.ep.connect(&rq, &rb).unwrap();
+    b.ep.connect(&rb, &rq).unwrap();
+    let m_cq = a.nic.create_cq(CqConfig::new(256)).unwrap();
+    let m = a.nic.create_qp(QpConfig::new(a.pd, m_cq)).unwrap().qpn;
+    a.nic.connect(m, m).unwrap();
+
+    let writes = 64u32;
+    let len = 4096u32;
+    let x = pattern((writes * len) as usize, 5);
+    a.buf.write(0, &x);
+    let mut wrs: Vec<_> = (0..writes)
+        .map(|i| {
+            let at = u64::from(i * len);
+            let op = WrOp::Write {
+                remote: remote_at(&rb, at),
+                payload: Payload::Sgl(vec![a.buf.mr.sge(at, len)]),
+                imm: None,
+            };
+            wr(u64::from(i), SIG, op)
+        })
+        .collect();
+    for i in [writes, writes + 1] {
+        let nop = WrOp::Nop {
+            raw_segments: vec![],
+        };
+        wrs.push(wr(u64::from(i), SIG, nop));
+    }
+    a.nic.post_send(q, &wrs).unwrap();
+    let all = writes + 2;
+    let enable = |pi| WrOp::SendEnable { qp: q, pi };
+    let chain = [
+        wr(100, WqeFlags::NONE, enable(all - 1)),
+        wr(101, WqeFlags::NONE, WrOp::Wait { cq: q_cq, count: 0 }),
+        wr(102, WqeFlags::NONE, enable(all)),
+        wr(103, SIG, WrOp::Wait { cq: q_cq, count: all - 1 }),
+    ];
+    a.nic.post_send(m, &chain).unwrap();
+    let got = wait_cqes(&a.nic, q_cq, all as usize);
+    let ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, (0..u64::from(all)).collect::<Vec<_>>(), "in WQE order");
+    assert!(got.iter().all(|c| c.is_ok()), "{got:?}");
+    assert_eq!(wait_cqes(&a.nic, m_cq, 1)[0].wr_id, 103);
+    assert_eq!(b.buf.read(0, x.len()), x, "every WRITE landed");
+}
+
 #[test]
 fn a_dead_peer_fails_its_qp_with_retry_exceeded_and_others_go_on() {
     let local = Local::new(None);
