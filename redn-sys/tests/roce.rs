@@ -772,8 +772,16 @@ fn a_nop_and_a_read_behind_a_posted_write_complete_after_it() {
         ]
     });
     assert!(got.iter().all(|c| c.is_ok()), "{got:?}");
-    assert_eq!(b.buf.read(LONG_AT as usize, LONG_LEN), x, "the WRITE landed");
-    assert_eq!(a.buf.read(at as usize, LONG_LEN), x, "the READ saw the WRITE");
+    assert_eq!(
+        b.buf.read(LONG_AT as usize, LONG_LEN),
+        x,
+        "the WRITE landed"
+    );
+    assert_eq!(
+        a.buf.read(at as usize, LONG_LEN),
+        x,
+        "the READ saw the WRITE"
+    );
 }
 
 /// A WQE that fails before it sends anything (its gather entry runs past the region), behind
@@ -806,8 +814,16 @@ fn a_local_fault_behind_a_posted_write_completes_after_it() {
         ]
     );
     assert_eq!(a.nic.qp_state(ca.qp).unwrap(), QpState::Error);
-    assert_eq!(a.nic.sq_consumed(ca.qp).unwrap(), 3, "every WQE's slot freed");
-    assert_eq!(b.buf.read(LONG_AT as usize, LONG_LEN), x, "the WRITE landed");
+    assert_eq!(
+        a.nic.sq_consumed(ca.qp).unwrap(),
+        3,
+        "every WQE's slot freed"
+    );
+    assert_eq!(
+        b.buf.read(LONG_AT as usize, LONG_LEN),
+        x,
+        "the WRITE landed"
+    );
 }
 
 /// A posted WRITE the peer refuses (past the end of its region), behind a posted WRITE and
@@ -898,7 +914,14 @@ fn a_chain_step_runs_nops_behind_posted_writes_in_order() {
         wr(100, WqeFlags::NONE, enable(all - 1)),
         wr(101, WqeFlags::NONE, WrOp::Wait { cq: q_cq, count: 0 }),
         wr(102, WqeFlags::NONE, enable(all)),
-        wr(103, SIG, WrOp::Wait { cq: q_cq, count: all - 1 }),
+        wr(
+            103,
+            SIG,
+            WrOp::Wait {
+                cq: q_cq,
+                count: all - 1,
+            },
+        ),
     ];
     a.nic.post_send(m, &chain).unwrap();
     let got = wait_cqes(&a.nic, q_cq, all as usize);
