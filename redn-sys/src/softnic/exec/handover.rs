@@ -253,8 +253,9 @@ impl Core {
     /// the fast path's fetch and warming indices (`Fetcher::fetched`, `Fetcher::warmed`);
     /// `at`: its `ci`, `end` and `limit`.
     ///
-    /// Each step warms this queue's ring and snapshots [`WARM_AHEAD`] BBs ahead, and the
-    /// enabled queue's ring [`WARM_ENABLED`] ahead; the loop's start also warms the
+    /// The steps keep this queue's ring and snapshots warm up to [`WARM_AHEAD`] BBs ahead
+    /// (refilled when half of that window is used), and each warms the enabled queue's
+    /// ring [`WARM_ENABLED`] ahead; the loop's start also warms the
     /// enabled queue's next WQEs and its CQ's next entries, which the steps' own hints
     /// reach only some steps in (see the `fetch` module).
     ///
@@ -325,7 +326,11 @@ impl Core {
         let pending = loop {
             // The WAIT at `ci`: run what it waits for, then compare (the queue holds its send
             // CQ, which cannot be destroyed while the queue exists).
-            warm_published(words, geo, snap, warmed, ci, limit.min(ci + WARM_AHEAD));
+            // In batches: once the window is half used up, warm it full again (a look a
+            // step, ~20 instructions fewer than two BBs' hints every step).
+            if *warmed <= ci + WARM_AHEAD / 2 {
+                warm_published(words, geo, snap, warmed, ci, limit.min(ci + WARM_AHEAD));
+            }
             if !(plain && q.run_enabled_nop(q_qp, q_words, &q_geo, q_limit)) {
                 q.run_enabled();
                 plain = !CHECKS && q.core.plain_config();
