@@ -88,26 +88,49 @@ pub(crate) struct RecvQueue {
     pub(crate) consumer: Mutex<u64>,
 }
 
-/// A managed send queue's enabled index, in two halves: the index is the larger. Why two:
+/// A managed send queue's enabled index, in parts: the index is the largest. Why parts:
 /// SEND_ENs run on the queue's own PU (a doorbell-ordered chain's every step) move `own`,
 /// which only that PU's thread writes, with a plain load and store; a shared index would
-/// need a locked exchange (~4 ns a step here). SEND_ENs run anywhere else move `shared`.
-// A cache line of its own: the PU that enables the queue writes it, the queue's PU reads
+/// need a locked exchange (~4 ns a step here). SEND_ENs from another PU of the queue's
+/// softnic with an index below [`PU_SLOTS`] move that PU's word of `by_pu`, which only it
+/// writes, likewise: the word is the hand-off a cross-PU doorbell chain's every step
+/// publishes, and a locked exchange there cost ~40-60 ns a round trip more than a plain
+/// store between two threads of this VM (docs/softnic-performance.md, "Counting a
+/// hand-off's line transfers"). SEND_ENs from anywhere else move `shared`.
+// A cache line of its own: the PUs that enable the queue write it, the queue's PU reads
 // it every round; nothing else may ride with it (`docs/softnic-performance.md`).
 #[derive(Default)]
 #[repr(align(64))]
 pub(crate) struct EnabledIndex {
     shared: AtomicU64,
     own: AtomicU64,
+    /// Word `i`: SEND_ENs from PU `i` of the queue's softnic (not the queue's own PU).
+    by_pu: [AtomicU64; PU_SLOTS],
+    /// Set once any word of `by_pu` has been written: until then `get` does not read them,
+    /// so a queue only its own PU enables pays one load more than two halves did.
+    any_by_pu: AtomicBool,
 }
+
+/// PUs (the first, by index in their softnic) whose SEND_ENs of a queue on another PU
+/// move a word of the queue's enabled index that only they write: as many as fit the
+/// index's cache line beside its other parts.
+pub(crate) const PU_SLOTS: usize = 5;
+const _: () = assert!(std::mem::size_of::<EnabledIndex>() == 64);
 
 impl EnabledIndex {
     /// WQEs below this may be fetched and run.
     #[inline(always)]
     pub(crate) fn get(&self) -> u64 {
-        self.shared
+        let halves = self
+            .shared
             .load(Ordering::Acquire)
-            .max(self.own.load(Ordering::Acquire))
+            .max(self.own.load(Ordering::Acquire));
+        if !self.any_by_pu.load(Ordering::Acquire) {
+            return halves;
+        }
+        self.by_pu
+            .iter()
+            .fold(halves, |m, w| m.max(w.load(Ordering::Acquire)))
     }
 
     /// SEND_EN: advance to the absolute `pi` if that moves the index forward (read modulo
@@ -116,10 +139,34 @@ impl EnabledIndex {
     #[inline(always)]
     pub(crate) fn advance(&self, pi: u32, own_pu: bool) -> bool {
         if !own_pu {
-            let own = self.own.load(Ordering::Acquire);
-            return QpShared::advance_from(&self.shared, own, pi);
+            return self.advance_shared(pi);
         }
         self.advance_own(pi).is_some()
+    }
+
+    /// As `advance(pi, false)`, for PU `pu` of the queue's softnic, which is not the
+    /// queue's own: the caller is that PU's thread (or whoever runs its round), the only
+    /// writer of its word. A PU without a word moves the shared part.
+    #[inline(always)]
+    pub(crate) fn advance_from_pu(&self, pi: u32, pu: usize) -> bool {
+        let Some(word) = self.by_pu.get(pu) else {
+            return self.advance_shared(pi);
+        };
+        let Some(target) = forward(self.get(), pi) else {
+            return false;
+        };
+        // At least the word's own value: `get` read it.
+        word.store(target, Ordering::Release);
+        if !self.any_by_pu.load(Ordering::Relaxed) {
+            // After the word: whoever sees the flag sees the word.
+            self.any_by_pu.store(true, Ordering::Release);
+        }
+        true
+    }
+
+    /// An enable from an enabler with no word of its own: a locked update of `shared`.
+    fn advance_shared(&self, pi: u32) -> bool {
+        QpShared::advance_from(&self.shared, self.get(), pi)
     }
 
     /// `advance(pi, true)`, for the PU thread that runs the queue: the index it moved to, or
@@ -343,8 +390,8 @@ impl QpShared {
         Self::advance_from(index, 0, pi)
     }
 
-    /// As [`Self::advance`], where the index is at least `floor` (the other half of a
-    /// send queue's enabled index): `pi` is read relative to the larger.
+    /// As [`Self::advance`], where the index is at least `floor` (the rest of a send
+    /// queue's enabled index): `pi` is read relative to the larger.
     fn advance_from(index: &AtomicU64, floor: u64, pi: u32) -> bool {
         let cur = index.load(Ordering::Acquire).max(floor);
         let Some(target) = forward(cur, pi) else {
@@ -428,6 +475,59 @@ mod tests {
             "the own PU wrote the shared half"
         );
         assert_eq!(e.get(), 9);
+    }
+
+    #[test]
+    fn another_pu_of_the_softnic_moves_its_own_word_and_the_index_is_the_largest() {
+        use super::PU_SLOTS;
+        let e = EnabledIndex::default();
+        assert!(e.advance_from_pu(4, 1));
+        assert_eq!(e.by_pu[1].load(Ordering::Relaxed), 4);
+        assert_eq!(e.own.load(Ordering::Relaxed), 0, "PU 1 wrote the own half");
+        assert_eq!(e.shared.load(Ordering::Relaxed), 0, "PU 1 wrote the shared part");
+        assert_eq!(e.get(), 4);
+        assert!(!e.advance_from_pu(3, 2), "behind PU 1's word: no move");
+        assert_eq!(e.by_pu[2].load(Ordering::Relaxed), 0);
+        assert!(e.advance(6, true));
+        assert!(e.advance_from_pu(9, 2));
+        assert!(!e.advance(8, false), "behind PU 2's word");
+        assert!(e.advance(10, false));
+        assert_eq!(e.get(), 10);
+        // A PU without a word moves the shared part.
+        assert!(e.advance_from_pu(12, PU_SLOTS));
+        assert_eq!(e.shared.load(Ordering::Relaxed), 12);
+        assert_eq!(e.get(), 12);
+        // Modulo 2^16, relative to the largest part.
+        let e = EnabledIndex::default();
+        assert!(e.advance_from_pu(0x7ff0, 0));
+        assert!(e.advance_from_pu(0xffe0, 3));
+        assert!(!e.advance(0x7fe0, true), "half the range ahead is behind");
+        assert!(e.advance_from_pu(0x10, 0));
+        assert_eq!(e.get(), 0x1_0010);
+    }
+
+    #[test]
+    fn enables_racing_from_several_pus_keep_the_largest() {
+        use std::sync::Arc;
+        let e = Arc::new(EnabledIndex::default());
+        let last: u32 = if cfg!(miri) { 50 } else { 20_000 };
+        let threads: Vec<_> = (0..4)
+            .map(|pu| {
+                let e = Arc::clone(&e);
+                std::thread::spawn(move || {
+                    for pi in 1..=last {
+                        // Each PU enables the same indices, as two PUs racing to enable a
+                        // queue do; the words are each written by their own PU alone.
+                        e.advance_from_pu(pi, pu);
+                        assert!(e.get() >= u64::from(pi), "an enable went backwards");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("enabler");
+        }
+        assert_eq!(e.get(), u64::from(last));
     }
 
     #[test]

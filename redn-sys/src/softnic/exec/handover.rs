@@ -155,7 +155,7 @@ impl SqExec {
         if ci >= limit || qp.state() != QpState::ReadyToSend {
             return false;
         }
-        warm(words, geo, ci + WARM_ENABLED);
+        warm_enabled_nop(words, geo, &qp.sq_wr_ids, ci + WARM_ENABLED);
         let f = &mut self.fetcher;
         if !fetch_signaled_nop(words, geo, &mut f.snap, &mut f.fetched, ci, limit) {
             return false;
@@ -164,6 +164,45 @@ impl SqExec {
         // the caller: see `Core::run_doorbell_steps`.)
         run_signaled_nop(qp, ci);
         c.ci = ci + 1;
+        true
+    }
+
+    /// The PU round's visit of a managed queue that another PU enabled for exactly one
+    /// WQE, a signaled one-BB NOP with nothing to prefetch behind it (a cross-PU
+    /// doorbell-ordered chain's step): run it as [`Self::run_enabled_nop`] runs a same-PU
+    /// step's (fetched as its first 16 bytes, into no snapshot, counted and completed) and
+    /// return true; false, having run nothing, for anything else, which the ordinary visit
+    /// then runs. Why: that NOP's completion is what the other PU is waiting for, and the
+    /// ordinary visit's set-up (its checks, the fast path's loop state and tail) and the
+    /// snapshot's store were most of the time between the target PU finding the enable
+    /// and counting the completion (`chain_profile --cross`, docs/softnic-performance.md,
+    /// "Counting a hand-off's line transfers"). Only with the fast paths on, no WQE checks
+    /// or rate ([`Core::plain_config`]) and no late response to land.
+    #[inline(always)]
+    pub(super) fn run_lone_nop(&mut self) -> bool {
+        let c = &mut self.core;
+        if !c.qp.managed_send || !c.fast_paths || !c.late.is_empty() || !c.plain_config() {
+            return false;
+        }
+        let qp: &QpShared = &c.qp;
+        let ci = c.ci;
+        let limit = qp.enabled.get();
+        if ci >= limit || qp.state() != QpState::ReadyToSend {
+            return false;
+        }
+        let f = &mut self.fetcher;
+        let words = f.geo.ring(f.ring.words());
+        warm_enabled_nop(words, &f.geo, &qp.sq_wr_ids, ci + WARM_ENABLED);
+        if !fetch_signaled_nop(words, &f.geo, &mut f.snap, &mut f.fetched, ci, limit) {
+            return false;
+        }
+        stamp(HandoffEvent::Found);
+        // `retire` publishes the consumed index, as `Core::ran` would.
+        run_signaled_nop(qp, ci);
+        c.ci = ci + 1;
+        // The next visit's cheap check is exact, and in a chain the next round comes
+        // before the next enable: let it be only that check.
+        self.quiet = true;
         true
     }
 
@@ -307,7 +346,7 @@ impl Core {
         let q_geo = q.fetcher.geo;
         let q_words = q_geo.ring(q_qp.sq.buffer.words());
         for i in 0..WARM_ENABLED {
-            warm(q_words, &q_geo, q.core.ci + i);
+            warm_enabled_nop(q_words, &q_geo, &q_qp.sq_wr_ids, q.core.ci + i);
         }
         q_qp.send_cq.warm_entries(WARM_CQES);
         let start = ci;

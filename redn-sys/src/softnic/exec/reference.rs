@@ -613,7 +613,13 @@ impl Core {
                 // Before the publication: the other PU may see it before this one returns.
                 stamp(HandoffEvent::Enabled);
             }
-            if t.enabled.advance(pi, here) {
+            let moved = if here || !Arc::ptr_eq(&t.pus, &self.qp.pus) {
+                t.enabled.advance(pi, here)
+            } else {
+                // Another PU of this softnic: its own word, no locked instruction.
+                t.enabled.advance_from_pu(pi, self.qp.pu)
+            };
+            if moved {
                 if here {
                     // This PU: no notice needed, and the fast path may hand over to it.
                     self.enabled_here = Some((t.qpn, t.send_cq.cqn));
