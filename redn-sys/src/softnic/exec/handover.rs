@@ -192,13 +192,14 @@ impl SqExec {
         }
         let f = &mut self.fetcher;
         let words = f.geo.ring(f.ring.words());
-        warm_enabled_nop(words, &f.geo, &qp.sq_wr_ids, ci + WARM_ENABLED);
         if !fetch_signaled_nop(words, &f.geo, &mut f.snap, &mut f.fetched, ci, limit) {
             return false;
         }
         stamp(HandoffEvent::Found);
         // `retire` publishes the consumed index, as `Core::ran` would.
         run_signaled_nop(qp, ci);
+        // After the completion, which another PU is waiting for: the hint is for later.
+        warm_enabled_nop(words, &f.geo, &qp.sq_wr_ids, ci + 1 + WARM_ENABLED);
         c.ci = ci + 1;
         // The next visit's cheap check is exact, and in a chain the next round comes
         // before the next enable: let it be only that check.
