@@ -484,7 +484,11 @@ mod tests {
         assert!(e.advance_from_pu(4, 1));
         assert_eq!(e.by_pu[1].load(Ordering::Relaxed), 4);
         assert_eq!(e.own.load(Ordering::Relaxed), 0, "PU 1 wrote the own half");
-        assert_eq!(e.shared.load(Ordering::Relaxed), 0, "PU 1 wrote the shared part");
+        assert_eq!(
+            e.shared.load(Ordering::Relaxed),
+            0,
+            "PU 1 wrote the shared part"
+        );
         assert_eq!(e.get(), 4);
         assert!(!e.advance_from_pu(3, 2), "behind PU 1's word: no move");
         assert_eq!(e.by_pu[2].load(Ordering::Relaxed), 0);

@@ -429,16 +429,29 @@ pub(super) fn warm_enabled(
     index: u64,
 ) {
     warm_enabled_nop(ring, geo, wr_ids, index);
-    prefetch_line(snap.slots.as_ptr().wrapping_add(idx(index) & (snap.len() - 1)));
+    prefetch_line(
+        snap.slots
+            .as_ptr()
+            .wrapping_add(idx(index) & (snap.len() - 1)),
+    );
 }
 
 /// [`warm_enabled`] for a queue whose enabled WQEs are run by the signaled-NOP step
 /// (`SqExec::run_enabled_nop`, `SqExec::run_lone_nop`), which writes no snapshot: the
 /// ring slot and the wr_id only.
 #[inline(always)]
-pub(super) fn warm_enabled_nop(ring: &[AtomicU64], geo: &Geometry, wr_ids: &[AtomicU64], index: u64) {
+pub(super) fn warm_enabled_nop(
+    ring: &[AtomicU64],
+    geo: &Geometry,
+    wr_ids: &[AtomicU64],
+    index: u64,
+) {
     warm(ring, geo, index);
-    prefetch_line(wr_ids.as_ptr().wrapping_add(idx(index) & (wr_ids.len() - 1)));
+    prefetch_line(
+        wr_ids
+            .as_ptr()
+            .wrapping_add(idx(index) & (wr_ids.len() - 1)),
+    );
 }
 
 /// How many BBs past the running WQE a queue's published ring slots and their snapshots

@@ -2,6 +2,10 @@
 //! a WAIT on its CQ) the master runs the enabled queue at once instead of leaving it to the
 //! PU's next round (`Siblings`, `Core::run_doorbell_steps`, `SqExec::run_enabled`).
 //!
+//! Also here, because it is that step's NOP run from the other side: a PU's round runs a
+//! queue that another PU enabled for one signaled NOP the same way (`SqExec::run_lone_nop`,
+//! a cross-PU chain's step).
+//!
 //! Invariants: both queues are on this PU, so no other thread runs either; the enabled
 //! queue's WQEs run as its own visit would run them (the same fetches, counts and
 //! completions, in the same order); anything but the step's NOPs, WAITs and SEND_ENs goes
