@@ -20,6 +20,7 @@
 //! ([`crate::dataplane`], through [`Manager::remote_client_spec`]); `InstallOffload`
 //! reports the data plane's address as `endpoint` when one is configured.
 
+use crate::auditor::Sample;
 use redn_policy::{
     verify, AppRule, Grants, KbitRate, PeerIdentity, Policy, TimeSpan, Token, WqeRate,
 };
@@ -238,6 +239,9 @@ struct Offload {
     limit: RateLimit,
     /// Dropped first: the program's queues go before the parking queue they talk to.
     installed: Installed<DynNic>,
+    /// Its queues' counters at install, before anyone could trigger it: the auditor's
+    /// loop budget counts from here.
+    at_install: Sample,
     _parking: Parking,
     /// The instances the data plane installed for remote clients, by the data plane's id
     /// of each; released with the offload (or alone, by the auditor).
@@ -259,6 +263,9 @@ struct RemoteInstance {
     /// The client's address, for the audit trail.
     peer: std::net::SocketAddr,
     installed: Installed<DynNic>,
+    /// Its queues' counters when it was attached, before the client learnt its queue
+    /// numbers: the auditor's loop budget counts from here.
+    at_install: Sample,
 }
 
 /// What the data plane needs to serve a remote client of one installed offload (see
@@ -854,6 +861,7 @@ impl Manager {
         }
         let handle = self.fresh_id();
         let hex = token.to_hex();
+        let at_install = self.sample(&program, &installed);
         self.installed.insert(
             handle,
             Offload {
@@ -864,6 +872,7 @@ impl Manager {
                 data_bindings,
                 limit,
                 installed,
+                at_install,
                 _parking: parking,
                 remote: BTreeMap::new(),
                 retired: (0, 0, 0),
@@ -956,19 +965,18 @@ impl Manager {
         peer: std::net::SocketAddr,
         instance: Installed<DynNic>,
     ) -> bool {
-        match self.installed.get_mut(&handle) {
-            Some(o) => {
-                o.remote.insert(
-                    id,
-                    RemoteInstance {
-                        peer,
-                        installed: instance,
-                    },
-                );
-                true
-            }
-            None => false,
+        let Some(o) = self.installed.get(&handle) else {
+            return false;
+        };
+        let remote = RemoteInstance {
+            peer,
+            at_install: self.sample(&o.program, &instance),
+            installed: instance,
+        };
+        if let Some(o) = self.installed.get_mut(&handle) {
+            o.remote.insert(id, remote);
         }
+        true
     }
 
     /// Whether remote client `id`'s instance of offload `handle` is still held (the data

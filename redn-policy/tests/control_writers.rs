@@ -41,13 +41,7 @@ fn program(
         b.recv(client, sgl);
     }
     b.entry(q, n);
-    b.finish(
-        Iterations::Bounded {
-            invocations: 1,
-            wqes_per_invocation: n,
-        },
-        "nothing",
-    );
+    b.finish(Iterations::bounded(1, n), "nothing");
     b.build().unwrap()
 }
 

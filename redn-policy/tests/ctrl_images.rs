@@ -32,13 +32,7 @@ fn program(swap: bool, image: Operand) -> Program {
     assert_eq!(write.ds(), OWN_DS);
     b.push(q, "target", write, WqeFlags::NONE, Form::Nop);
     b.entry(q, 3);
-    b.finish(
-        Iterations::Bounded {
-            invocations: 1,
-            wqes_per_invocation: 2,
-        },
-        "nothing",
-    );
+    b.finish(Iterations::bounded(1, 2), "nothing");
     let mut p = b.build().unwrap();
     let Op::Cas {
         swap: s,

@@ -54,13 +54,7 @@ fn program(wqes: Vec<(&str, Op, WqeFlags)>) -> Program {
         b.push(w, label, op, flags, Form::Active);
     }
     b.entry(w, n);
-    b.finish(
-        Iterations::Bounded {
-            invocations: 1,
-            wqes_per_invocation: n,
-        },
-        "nothing",
-    );
+    b.finish(Iterations::bounded(1, n), "nothing");
     b.build().unwrap()
 }
 

@@ -33,13 +33,7 @@ fn one_enable(enable: u32, wait: u32, entry: u32) -> Program {
     if entry > 0 {
         b.entry(w, entry);
     }
-    b.finish(
-        Iterations::Bounded {
-            invocations: 1,
-            wqes_per_invocation: 3,
-        },
-        "nothing",
-    );
+    b.finish(Iterations::bounded(1, 3), "nothing");
     b.build().unwrap()
 }
 

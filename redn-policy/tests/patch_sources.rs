@@ -38,13 +38,7 @@ fn program(label: &str, byte: u32, len: u32, source: PatchSource) -> Program {
     b.push(w, "nop", Op::Nop, WqeFlags::NONE, Form::Active);
     b.patch(label, byte, len, source);
     b.entry(q, 4);
-    b.finish(
-        Iterations::Bounded {
-            invocations: 1,
-            wqes_per_invocation: 5,
-        },
-        "nothing",
-    );
+    b.finish(Iterations::bounded(1, 5), "nothing");
     b.build().unwrap()
 }
 

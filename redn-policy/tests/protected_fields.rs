@@ -26,13 +26,7 @@ fn with_patch(op: Op, byte: u32, len: u32) -> Program {
     b.push(q, "w", op, WqeFlags::NONE, Form::Active);
     b.patch("w", byte, len, PatchSource::Trigger { param: "p".into() });
     b.entry(q, 8);
-    b.finish(
-        Iterations::Bounded {
-            invocations: 1,
-            wqes_per_invocation: 1,
-        },
-        "nothing",
-    );
+    b.finish(Iterations::bounded(1, 1), "nothing");
     b.build().unwrap()
 }
 

@@ -32,13 +32,7 @@ fn with_op(role: QueueRole, op: Op) -> Program {
     b.push(q, "target", target, WqeFlags::NONE, Form::Active);
     b.push(q, "op", op, WqeFlags::NONE, Form::Active);
     b.entry(q, 2);
-    b.finish(
-        Iterations::Bounded {
-            invocations: 1,
-            wqes_per_invocation: 2,
-        },
-        "nothing",
-    );
+    b.finish(Iterations::bounded(1, 2), "nothing");
     b.build().unwrap()
 }
 

@@ -25,13 +25,7 @@ fn program(op: Op, patch: Option<(u32, u32, PatchSource)>) -> Program {
         b.patch("en", byte, len, source);
     }
     b.entry(m, 1);
-    b.finish(
-        Iterations::Bounded {
-            invocations: 1,
-            wqes_per_invocation: 4,
-        },
-        "nothing",
-    );
+    b.finish(Iterations::bounded(1, 4), "nothing");
     b.build().unwrap()
 }
 
@@ -174,13 +168,7 @@ fn a_structure_finding_names_the_position_of_its_wqe() {
         Form::Active,
     );
     b.entry(m, 4);
-    b.finish(
-        Iterations::Bounded {
-            invocations: 1,
-            wqes_per_invocation: 4,
-        },
-        "nothing",
-    );
+    b.finish(Iterations::bounded(1, 4), "nothing");
     let r = verify(&b.build().unwrap(), &Grants::new());
     let at = |field: &str| {
         r.findings

@@ -29,13 +29,6 @@ fn program(sq_bbs: u32, rq_slots: u32, wqes: u32, iterations: Iterations) -> Pro
     b.build().unwrap()
 }
 
-fn bounded(invocations: u32, wqes_per_invocation: u32) -> Iterations {
-    Iterations::Bounded {
-        invocations,
-        wqes_per_invocation,
-    }
-}
-
 fn broke(r: &Report, rule: Rule, field: &str) -> bool {
     r.findings
         .iter()
@@ -44,7 +37,7 @@ fn broke(r: &Report, rule: Rule, field: &str) -> bool {
 
 #[test]
 fn rings_exactly_at_their_limits_are_accepted_one_more_refused() {
-    let p = program(16, 32, 4, bounded(1, 4));
+    let p = program(16, 32, 4, Iterations::bounded(1, 4));
     let mut g = Grants::new();
     g.max_ring_bbs = 16;
     g.max_rq_slots = 32;
@@ -64,7 +57,7 @@ fn rings_exactly_at_their_limits_are_accepted_one_more_refused() {
 
 #[test]
 fn the_code_region_exactly_at_its_limit_is_accepted_one_byte_more_refused() {
-    let p = program(16, 32, 4, bounded(1, 4));
+    let p = program(16, 32, 4, Iterations::bounded(1, 4));
     let need = p.code_bytes().unwrap();
     let mut g = Grants::new();
     g.max_code_bytes = need;
@@ -87,7 +80,10 @@ fn a_bounded_budget_holds_exactly_the_wqes_each_invocation_runs() {
         (1, 6, false),
         (1, 5, true),
     ] {
-        let r = verify(&program(16, 1, 6, bounded(invocations, per)), &g);
+        let r = verify(
+            &program(16, 1, 6, Iterations::bounded(invocations, per)),
+            &g,
+        );
         assert_eq!(
             broke(&r, Rule::WqeBudget, "iterations"),
             refused,
@@ -98,9 +94,9 @@ fn a_bounded_budget_holds_exactly_the_wqes_each_invocation_runs() {
     // The policy's own cap on WQEs per invocation, exactly met and one past.
     let mut g = Grants::new();
     g.max_wqes_per_invocation = 8;
-    let r = verify(&program(16, 1, 6, bounded(1, 8)), &g);
+    let r = verify(&program(16, 1, 6, Iterations::bounded(1, 8)), &g);
     assert!(!broke(&r, Rule::WqeBudget, "iterations"), "{}", r.log());
-    let r = verify(&program(16, 1, 6, bounded(1, 9)), &g);
+    let r = verify(&program(16, 1, 6, Iterations::bounded(1, 9)), &g);
     assert!(broke(&r, Rule::WqeBudget, "iterations"), "{}", r.log());
 }
 
@@ -141,7 +137,7 @@ fn number_after(text: &str, before: &str) -> u64 {
 #[test]
 fn what_runs_at_install_may_meet_the_policy_cap_but_not_pass_it() {
     // Six NOPs the entry enables: they run at install, with no trigger.
-    let p = program(16, 1, 6, bounded(1, 6));
+    let p = program(16, 1, 6, Iterations::bounded(1, 6));
     let mut g = Grants::new();
     g.max_wqes_per_invocation = 6;
     let r = verify(&p, &g);
@@ -226,7 +222,7 @@ fn only_the_client_queues_writes_count_as_responses() {
     b.push(w, "w0", write(), WqeFlags::NONE, Form::Active);
     b.entry(c, 2);
     b.entry(w, 1);
-    b.finish(bounded(1, 3), "one WRITE");
+    b.finish(Iterations::bounded(1, 3), "one WRITE");
     let p = b.build().unwrap();
     let mut g = Grants::new();
     g.max_responses_per_trigger = 0;
@@ -260,7 +256,7 @@ fn a_recv_en_past_its_receive_ring_is_a_loop_named_where_it_stands() {
         );
         b.entry(w, 1);
         b.entry(m, 4);
-        b.finish(bounded(1, 4), "nothing");
+        b.finish(Iterations::bounded(1, 4), "nothing");
         b.build().unwrap()
     };
     let g = Grants::new();

@@ -18,13 +18,7 @@ fn program(op: Op, managed_recv: bool, recv_entry: bool) -> Program {
     if recv_entry {
         b.recv_entry(w, 1);
     }
-    b.finish(
-        Iterations::Bounded {
-            invocations: 1,
-            wqes_per_invocation: 2,
-        },
-        "nothing",
-    );
+    b.finish(Iterations::bounded(1, 2), "nothing");
     b.build().unwrap()
 }
 

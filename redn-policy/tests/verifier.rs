@@ -499,10 +499,7 @@ fn corpus() -> Vec<(&'static str, Program, Grants, Rule)> {
     // 33. The average hides the worst: two invocations declared, 16 WQEs in all (8 each on
     // average, under the declared 9), but the first trigger runs all 16.
     let mut p = base();
-    p.iterations = Iterations::Bounded {
-        invocations: 2,
-        wqes_per_invocation: 9,
-    };
+    p.iterations = Iterations::bounded(2, 9);
     p.queues[1].sq_bbs = 32;
     for i in 0..8 {
         push(&mut p, "worker0", &format!("extra{i}"), Op::Nop);
@@ -535,10 +532,7 @@ fn corpus() -> Vec<(&'static str, Program, Grants, Rule)> {
     if let Op::SendEn { count, .. } = &mut wqe_mut(&mut p, "0.answer").op {
         *count = 21;
     }
-    p.iterations = Iterations::Bounded {
-        invocations: 1,
-        wqes_per_invocation: 64,
-    };
+    p.iterations = Iterations::bounded(1, 64);
     v.push(("twenty responses to one trigger", p, g(), Rule::WqeBudget));
 
     // 35. A count the trigger writes: the client chooses how far the answer queue runs.
@@ -989,10 +983,7 @@ fn write_into_response(len: u32) -> Program {
     if let Op::SendEn { count, .. } = &mut wqe_mut(&mut p, "0.w0.go").op {
         *count += 1;
     }
-    p.iterations = Iterations::Bounded {
-        invocations: 1,
-        wqes_per_invocation: 10,
-    };
+    p.iterations = Iterations::bounded(1, 10);
     patch(
         &mut p,
         "0.r0",

@@ -276,12 +276,12 @@ impl Manager {
                 continue;
             };
             let budget = Budget::of(app);
-            let own = std::iter::once((TrackId::own(*handle), &o.installed));
+            let own = std::iter::once((TrackId::own(*handle), &o.installed, o.at_install));
             let remote = o
                 .remote
                 .iter()
-                .map(|(id, r)| (TrackId::remote(*handle, *id), &r.installed));
-            for (track, installed) in own.chain(remote) {
+                .map(|(id, r)| (TrackId::remote(*handle, *id), &r.installed, r.at_install));
+            for (track, installed, at_install) in own.chain(remote) {
                 let mut sample = self.sample(&o.program, installed);
                 let evented = installed
                     .qps
@@ -300,7 +300,8 @@ impl Manager {
                     seen_by = "state-poll";
                 }
                 sampled += 1;
-                let (verdict, queue_error) = auditor.observe_track(track, budget, sample, &clock);
+                let (verdict, queue_error) =
+                    auditor.observe_track(track, budget, at_install, sample, &clock);
                 if queue_error {
                     verdicts.push((track, None, sample, seen_by));
                 }
@@ -394,8 +395,9 @@ impl Manager {
     /// `io.redn.Admin.TriggerTimes`: when offload `handle`'s triggers arrived since the last
     /// call (all its instances: the app's and each remote client's), oldest first, from the
     /// timestamps of their receive completions, and how many older ones were dropped
-    /// (more than [`MAX_ARRIVALS`] between two calls). The auditor's rounds collect them, and
-    /// so does this call first, so a caller sees every trigger that arrived before it asked.
+    /// (more than `MAX_ARRIVALS`, 4,096, between two calls). The auditor's rounds collect
+    /// them, and so does this call first, so a caller sees every trigger that arrived before
+    /// it asked.
     ///
     /// With the timestamp of the response's receive completion on the client's softnic
     /// (`redn_client::remote::Response::received_ns`, the same host clock), a benchmark gets
@@ -863,6 +865,35 @@ mod tests {
         assert!(
             matches!(&e, redn_proto::errors::ManagerError::PolicyDenied { reason } if reason.contains("banned")),
             "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_burst_that_ends_before_the_first_audit_round_is_still_charged() {
+        let (mut m, client) = manager("on_violation = \"terminate\"");
+        let (handle, trigger) = install_server_loop(&mut m, client).unwrap();
+        // No round yet: a busy manager may sample an offload first only after its triggers
+        // were all served (the flake of audit_trail's runaway test).
+        assert_eq!(m.test_run(handle, &trigger, 8).unwrap().sent, 8);
+        let served = |m: &Manager| {
+            let s = m.stats(client).unwrap();
+            s.offloads
+                .iter()
+                .any(|o| o.handle == handle && o.triggers == 8 && o.wqes > 9 * 16)
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !served(&m) {
+            assert!(Instant::now() < deadline, "the triggers were never served");
+            std::thread::yield_now();
+        }
+        let mut auditor = Auditor::new(Duration::ZERO);
+        m.audit_round(&mut auditor, SystemClock);
+        assert_eq!(m.installed_count(), 0, "terminated at its first sample");
+        let bodies: Vec<String> = m.take_records().iter().map(|r| r.body()).collect();
+        assert!(
+            bodies.iter().any(|b| b.starts_with("event=terminate ")
+                && b.contains(&format!("handle={handle} rule=loop-budget"))),
+            "{bodies:?}"
         );
     }
 

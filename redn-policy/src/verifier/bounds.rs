@@ -307,10 +307,7 @@ mod tests {
         p.entry = entry.iter().map(|(q, n)| ((*q).into(), *n)).collect();
         p.recv_entry = recv_entry.iter().map(|(q, n)| ((*q).into(), *n)).collect();
         p.patches.clear();
-        p.iterations = Iterations::Bounded {
-            invocations: 2,
-            wqes_per_invocation: 64,
-        };
+        p.iterations = Iterations::bounded(2, 64);
         p
     }
 

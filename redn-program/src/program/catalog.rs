@@ -262,10 +262,7 @@ pub fn echo(payload: u32, invocations: u32) -> Result<Program, ProgramError> {
     }
     b.entry(w, 2 * n);
     b.finish(
-        Iterations::Bounded {
-            invocations: n,
-            wqes_per_invocation: 3,
-        },
+        Iterations::bounded(n, 3),
         "the payload, by WRITE_IMM (immediate = invocation number)",
     );
     b.build()
@@ -391,10 +388,7 @@ pub fn hash_get(variant: HashVariant, invocations: u32) -> Result<Program, Progr
     }
     let wqes = per_inv_w + w1.map_or(0, |_| 9) + buckets;
     b.finish(
-        Iterations::Bounded {
-            invocations: n,
-            wqes_per_invocation: wqes,
-        },
+        Iterations::bounded(n, wqes),
         "one WRITE_IMM per bucket probed: the value on a hit, zero bytes on a miss",
     );
     b.build()
@@ -613,10 +607,7 @@ pub fn list_find(steps: u32, with_break: bool, invocations: u32) -> Result<Progr
     }
     b.entry(w, 2);
     b.finish(
-        Iterations::Bounded {
-            invocations: n,
-            wqes_per_invocation: per_inv_w + steps + 1,
-        },
+        Iterations::bounded(n, per_inv_w + steps + 1),
         if with_break {
             "the value of the first node whose key matches, or zero bytes"
         } else {

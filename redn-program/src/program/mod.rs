@@ -555,6 +555,18 @@ pub enum Iterations {
     },
 }
 
+impl Iterations {
+    /// [`Iterations::Bounded`]: `invocations` triggers of at most `wqes_per_invocation`
+    /// WQEs each.
+    #[must_use]
+    pub const fn bounded(invocations: u32, wqes_per_invocation: u32) -> Iterations {
+        Iterations::Bounded {
+            invocations,
+            wqes_per_invocation,
+        }
+    }
+}
+
 /// An offload program.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Program {

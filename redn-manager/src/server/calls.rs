@@ -1,0 +1,439 @@
+//! Calls: one message decoded, checked against its interface and the peer, handed to the
+//! [`crate::state::Manager`], and its reply (or named error) encoded.
+
+use super::{Server, SocketKind};
+use crate::audit::{Event, Record, Severity};
+use redn_proto::api::{self, ADMIN, SERVICE};
+use redn_proto::codec::{Call, Reply};
+use redn_proto::errors::{AdminError, ManagerError, Named, ServiceError, WireError};
+use redn_proto::idl;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{Map, Value};
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+impl Server {
+    pub(super) fn handle_message(&mut self, token: usize, msg: &[u8]) {
+        let Some(c) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let fds = std::mem::take(&mut c.fds);
+        if let Some(err) = c.refuse_next.take() {
+            drop(fds);
+            self.send(token, error_reply(&err.to_wire()));
+            return;
+        }
+        let call = match Call::parse(msg, &self.manager.limits.codec) {
+            Ok(call) => call,
+            Err(redn_proto::Error::Protocol { limit, reason }) => {
+                // Bad JSON or headers: the spec closes the connection; we say why first.
+                self.violation(token, limit, reason, true);
+                return;
+            }
+            Err(e) => {
+                self.violation(token, "json", e.to_string(), true);
+                return;
+            }
+        };
+        let now = Instant::now();
+        if now.duration_since(c.window_start) >= Duration::from_secs(1) {
+            c.window_start = now;
+            c.window_requests = 0;
+        }
+        c.window_requests += 1;
+        let rps = self.manager.limits.requests_per_second;
+        if c.window_requests > rps {
+            if !call.oneway {
+                let err = ManagerError::RateLimited {
+                    requests_per_second: rps,
+                };
+                self.send(token, error_reply(&err.to_wire()));
+            }
+            return;
+        }
+        self.counters.requests += 1;
+        if call.method == format!("{ADMIN}.Monitor") && !call.oneway {
+            self.monitor(token, &call);
+            return;
+        }
+        let (result, close) = self.dispatch(token, &call, fds);
+        if !call.oneway {
+            let bytes = match result {
+                Ok(p) => Reply::ok(p).encode(),
+                Err(w) => error_reply(&w),
+            };
+            self.send(token, bytes);
+        }
+        if close {
+            if let Some(c) = self.conns.get_mut(&token) {
+                c.close_after_flush = true;
+            }
+            self.flush(token);
+        }
+    }
+
+    /// Run one call; the reply and whether to close the connection after it.
+    fn dispatch(
+        &mut self,
+        token: usize,
+        call: &Call,
+        fds: Vec<OwnedFd>,
+    ) -> (Result<Map<String, Value>, WireError>, bool) {
+        let Some(c) = self.conns.get(&token) else {
+            return (Err(ServiceError::PermissionDenied {}.to_wire()), true);
+        };
+        let (kind, client) = (c.kind, c.client);
+        let (iface, idl_text) = kind.interface();
+        let Some((interface, method)) = call.method.rsplit_once('.') else {
+            return (
+                Err(ServiceError::MethodNotFound {
+                    method: call.method.clone(),
+                }
+                .to_wire()),
+                false,
+            );
+        };
+        let not_found = || {
+            Err(ServiceError::MethodNotFound {
+                method: call.method.clone(),
+            }
+            .to_wire())
+        };
+        if interface == SERVICE {
+            let r = match method {
+                "GetInfo" => encode(&api::ServiceInfo {
+                    vendor: "RedN".into(),
+                    product: "redn-manager".into(),
+                    version: env!("CARGO_PKG_VERSION").into(),
+                    url: "https://github.com/redn-project/redn-manager".into(),
+                    interfaces: vec![SERVICE.into(), iface.into()],
+                }),
+                "GetInterfaceDescription" => decode::<api::DescribeInterface>(call)
+                    .and_then(|p| match p.interface.as_str() {
+                        i if i == iface => Ok(idl_text),
+                        SERVICE => Ok(idl::SERVICE_IDL),
+                        _ => Err(ServiceError::InterfaceNotFound {
+                            interface: p.interface.clone(),
+                        }
+                        .to_wire()),
+                    })
+                    .map(|text| {
+                        let mut m = Map::new();
+                        m.insert("description".into(), Value::String(text.into()));
+                        m
+                    }),
+                _ => not_found(),
+            };
+            return (r, false);
+        }
+        if interface != iface {
+            return (
+                Err(ServiceError::InterfaceNotFound {
+                    interface: interface.into(),
+                }
+                .to_wire()),
+                false,
+            );
+        }
+        // The process that connected must still be the one behind the connection.
+        if let Err(e) = c.peer.still_same() {
+            let err = ManagerError::PeerChanged {
+                reason: e.to_string(),
+            };
+            return (Err(err.to_wire()), true);
+        }
+        match (kind, client) {
+            (SocketKind::Api, Some(client)) => (self.api_call(client, method, call, fds), false),
+            (SocketKind::Admin, _) => self.admin_call(method, call),
+            (SocketKind::Api, None) => (Err(ServiceError::PermissionDenied {}.to_wire()), true),
+        }
+    }
+
+    fn api_call(
+        &mut self,
+        client: u64,
+        method: &str,
+        call: &Call,
+        mut fds: Vec<OwnedFd>,
+    ) -> Result<Map<String, Value>, WireError> {
+        let m = &mut self.manager;
+        let wire = |e: ManagerError| e.to_wire();
+        match method {
+            "GetInfo" => m.info(client).map_err(wire).and_then(|r| encode(&r)),
+            "ListOffloads" => m
+                .list_offloads(client)
+                .map_err(wire)
+                .and_then(|r| encode(&r)),
+            "RegisterRegion" => {
+                let p: api::RegisterRegion = decode(call)?;
+                let index = usize::try_from(p.fd).unwrap_or(usize::MAX);
+                if index >= fds.len() {
+                    return Err(wire(ManagerError::InvalidParameter {
+                        parameter: "fd".into(),
+                        reason: format!(
+                            "fd index {} but {} file descriptors came with the call",
+                            p.fd,
+                            fds.len()
+                        ),
+                    }));
+                }
+                let fd = fds.swap_remove(index);
+                let r = m.register_region(client, fd).map_err(wire)?;
+                self.audit.event(
+                    &Record::new(Event::RegionRegister, Severity::Notice)
+                        .field("client", client)
+                        .field("region", r.region)
+                        .field("name", p.name.unwrap_or_default())
+                        .field("size", r.size)
+                        .res(true),
+                );
+                encode(&r)
+            }
+            "InstallOffload" => {
+                let p: api::InstallOffload = decode(call)?;
+                let name = p.offload.clone();
+                match m.install(client, p) {
+                    Ok(r) => {
+                        self.audit.event(
+                            &Record::new(Event::OffloadAdmit, Severity::Notice)
+                                .field("client", client)
+                                .field("offload", name)
+                                .field("handle", r.handle)
+                                .res(true),
+                        );
+                        encode(&r)
+                    }
+                    Err(e) => {
+                        let rule = m.take_refused_rules();
+                        let w = e.to_wire();
+                        let reason = match &e {
+                            ManagerError::PolicyDenied { reason } => reason.clone(),
+                            _ => String::new(),
+                        };
+                        let mut rec = Record::new(Event::OffloadRefuse, Severity::Warning)
+                            .field("client", client)
+                            .field("offload", name)
+                            .field("error", w.name.rsplit('.').next().unwrap_or_default());
+                        if !rule.is_empty() {
+                            rec = rec.field("rule", rule);
+                        }
+                        if !reason.is_empty() {
+                            rec = rec.field("reason", reason);
+                        }
+                        self.audit.event(&rec.res(false));
+                        Err(w)
+                    }
+                }
+            }
+            "Uninstall" => {
+                let p: api::Uninstall = decode(call)?;
+                m.uninstall(client, p.handle).map_err(wire)?;
+                self.audit.event(
+                    &Record::new(Event::Teardown, Severity::Notice)
+                        .field("client", client)
+                        .field("handle", p.handle)
+                        .field("reason", "uninstall")
+                        .res(true),
+                );
+                Ok(Map::new())
+            }
+            "Stats" => m.stats(client).map_err(wire).and_then(|r| encode(&r)),
+            _ => Err(ServiceError::MethodNotFound {
+                method: call.method.clone(),
+            }
+            .to_wire()),
+        }
+    }
+
+    fn admin_call(
+        &mut self,
+        method: &str,
+        call: &Call,
+    ) -> (Result<Map<String, Value>, WireError>, bool) {
+        let wire = |e: AdminError| e.to_wire();
+        let m = &mut self.manager;
+        let r = match method {
+            "ListClients" => encode(&m.admin_clients()),
+            "ListOffloads" => encode(&m.admin_offloads()),
+            "ListDevices" => {
+                let mut list = m.admin_devices();
+                if let (Some(dp), Some(dev)) = (&self.dataplane, list.devices.first_mut()) {
+                    dev.packet_drops = dp.packet_drops();
+                    // The total of the same reading, so the two always agree.
+                    dev.packets_dropped = dev.packet_drops.values().sum();
+                }
+                encode(&list)
+            }
+            "Dump" => decode::<api::Dump>(call)
+                .and_then(|p| m.admin_dump(p.handle).map_err(wire))
+                .and_then(|r| encode(&r)),
+            "KillClient" => match decode::<api::KillClient>(call) {
+                Ok(p) => match m.admin_kill(p.client) {
+                    Ok(r) => {
+                        self.audit.event(
+                            &Record::new(Event::Kill, Severity::Warning)
+                                .field("client", p.client)
+                                .field("uninstalled", r.uninstalled)
+                                .res(true),
+                        );
+                        let victims: Vec<usize> = self
+                            .conns
+                            .iter()
+                            .filter(|(_, c)| c.client == Some(p.client))
+                            .map(|(t, _)| *t)
+                            .collect();
+                        for t in victims {
+                            if let Some(c) = self.conns.get_mut(&t) {
+                                // Already forgotten by the manager: nothing to disconnect.
+                                c.client = None;
+                            }
+                            self.close(t);
+                        }
+                        encode(&r)
+                    }
+                    Err(e) => Err(wire(e)),
+                },
+                Err(e) => Err(e),
+            },
+            "ReloadPolicy" => match self.reload("ReloadPolicy") {
+                Ok(r) => encode(&r),
+                Err(e) => Err(wire(e)),
+            },
+            "TestRun" => decode::<api::TestRun>(call).and_then(|p| {
+                let trigger = parse_hex(&p.trigger).ok_or_else(|| {
+                    ServiceError::InvalidParameter {
+                        parameter: "trigger".into(),
+                    }
+                    .to_wire()
+                })?;
+                let r = self
+                    .manager
+                    .test_run(p.handle, &trigger, p.count)
+                    .map_err(wire)?;
+                encode(&r)
+            }),
+            "TriggerTimes" => decode::<api::TriggerTimes>(call).and_then(|p| {
+                let r = self.manager.trigger_times(p.handle).map_err(wire)?;
+                encode(&r)
+            }),
+            _ => Err(ServiceError::MethodNotFound {
+                method: call.method.clone(),
+            }
+            .to_wire()),
+        };
+        (r, false)
+    }
+
+    /// `io.redn.Admin.Monitor`: with `more`, subscribe the connection (records and counters
+    /// follow as replies with `continues`); without, `ExpectedMore`.
+    fn monitor(&mut self, token: usize, call: &Call) {
+        let admin = self
+            .conns
+            .get(&token)
+            .is_some_and(|c| c.kind == SocketKind::Admin);
+        let err = if !admin {
+            Some(
+                ServiceError::MethodNotFound {
+                    method: call.method.clone(),
+                }
+                .to_wire(),
+            )
+        } else if !call.more {
+            Some(ServiceError::ExpectedMore {}.to_wire())
+        } else if !call.parameters.is_empty() {
+            Some(
+                ServiceError::InvalidParameter {
+                    parameter: call.parameters.keys().next().cloned().unwrap_or_default(),
+                }
+                .to_wire(),
+            )
+        } else {
+            None
+        };
+        if let Some(e) = err {
+            self.send(token, error_reply(&e));
+            return;
+        }
+        // The counters at once, then every second.
+        self.monitors.insert(token, Instant::now());
+        self.audit.set_tap(true);
+        let first = stream_reply(&api::MonitorReply {
+            record: None,
+            counters: Some(self.monitor_counters()),
+        });
+        self.send(token, first);
+    }
+}
+
+/// Bytes from hex (an even number of digits), at most 4096 bytes.
+fn parse_hex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 || text.len() > 8192 {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// One reply of a `more` stream.
+pub(super) fn stream_reply<T: Serialize>(value: &T) -> Vec<u8> {
+    let parameters = encode(value).unwrap_or_default();
+    Reply {
+        error: None,
+        parameters,
+        continues: true,
+    }
+    .encode()
+}
+
+pub(super) fn error_reply(w: &WireError) -> Vec<u8> {
+    Reply {
+        error: Some(w.name.clone()),
+        parameters: w.parameters.clone(),
+        continues: false,
+    }
+    .encode()
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Map<String, Value>, WireError> {
+    match serde_json::to_value(value) {
+        Ok(Value::Object(m)) => Ok(m),
+        _ => Ok(Map::new()),
+    }
+}
+
+/// Decode a call's parameters; a missing, unknown or mistyped one is
+/// `org.varlink.service.InvalidParameter` naming it.
+fn decode<T: DeserializeOwned>(call: &Call) -> Result<T, WireError> {
+    let value = Value::Object(call.parameters.clone());
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let parameter = if path.is_empty() || path == "." {
+            // An unknown or missing field: serde names it between backticks.
+            let text = e.inner().to_string();
+            text.split('`')
+                .nth(1)
+                .map_or_else(|| text.clone(), str::to_owned)
+        } else {
+            path
+        };
+        ServiceError::InvalidParameter { parameter }.to_wire()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_run_triggers_are_even_hex() {
+        assert_eq!(parse_hex("2a00ff"), Some(vec![0x2a, 0, 0xff]));
+        assert_eq!(parse_hex(""), Some(vec![]));
+        assert_eq!(parse_hex("2a0"), None, "odd length");
+        assert_eq!(parse_hex("zz"), None);
+        assert_eq!(parse_hex("é"), None, "not ASCII");
+        assert_eq!(parse_hex(&"00".repeat(4097)), None, "over 4096 bytes");
+    }
+}
