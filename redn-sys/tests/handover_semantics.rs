@@ -435,3 +435,34 @@ fn a_wait_or_send_en_of_fifteen_bbs_in_a_run_of_steps_runs_as_the_general_execut
         );
     }
 }
+
+/// A run of doorbell steps that starts one ring slot in (a NOP first, so that the master's
+/// SEND_ENs sit in the slots its WAITs sit in otherwise) runs every step from the WQE it
+/// fetched at each index: q runs exactly the four NOPs it is enabled for, and the master's
+/// own NOP after the chain completes.
+#[test]
+fn a_run_of_steps_one_slot_into_the_ring_runs_each_steps_own_wqes() {
+    let (nic, _, q, m) = pair_with(Prefetch::Depth(0));
+    let nops: Vec<WorkRequest> = (0..6).map(|i| wr(i, SIG, NOP)).collect();
+    nic.post_send(q.qp.qpn, &nops).unwrap();
+    let mut master = vec![wr(0, WqeFlags::NONE, NOP)];
+    master.extend(doorbell_master(&q, 4));
+    master.push(wr(0, WqeFlags::NONE, wait(q.cq, 3)));
+    master.push(wr(7, SIG, NOP));
+    nic.post_send(m.qp.qpn, &master).unwrap();
+    let done = wait_cqes(&nic, m.cq, 1);
+    assert!(done[0].is_ok() && done[0].wr_id == 7, "{done:?}");
+    let q_done = wait_cqes(&nic, q.cq, 4);
+    let ids: Vec<u64> = q_done.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, [0, 1, 2, 3]);
+    assert_eq!(
+        nic.sq_consumed(q.qp.qpn).unwrap(),
+        4,
+        "q ran only what was enabled"
+    );
+    let mc = nic.counters(m.qp.qpn).unwrap();
+    assert_eq!(
+        [Opcode::Nop, Opcode::Wait, Opcode::SendEn].map(|o| mc.by_opcode(o)),
+        [2, 4, 4]
+    );
+}
