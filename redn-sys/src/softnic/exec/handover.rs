@@ -81,6 +81,15 @@ pub(super) fn run_nop(
         return false;
     }
     qp.count_wqes(OP_NOP, 1);
+    mark_unsignaled_nop(snap, slot, checks)
+}
+
+/// [`run_nop`]'s marking of the unsignaled NOP in snapshot `slot`: hot unless WQE checks are
+/// on (`checks`), so that `run_hot` may re-run it. True if it was hot already. Apart so that
+/// the rule a hot slot relies on (hot only with WQE checks off: see the `hot` module) has a
+/// test of its own.
+#[inline(always)]
+fn mark_unsignaled_nop(snap: &mut Snaps, slot: usize, checks: bool) -> bool {
     let hot = snap.hot(slot) != HOT_NONE;
     if !hot && !checks {
         snap.set_derived(slot, HOT_NOP);
@@ -484,5 +493,106 @@ impl Core {
         }
         prefetch_behind(words, geo, snap, fetched, ci, limit);
         Some(slot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redn_program::wqe::{encode_wqe, wqe_index, WorkRequest, WqeFlags, WrOp};
+
+    /// A ring of `entries` one-BB slots at the start of its words, fetched with no prefetch
+    /// and with WQE checks off.
+    fn ring(entries: usize) -> (Vec<AtomicU64>, Geometry, Snaps) {
+        let words = (0..entries * 8).map(|_| AtomicU64::new(0)).collect();
+        let geo = Geometry {
+            base: 0,
+            ring_words: entries * 8,
+            ring_mask: u32::try_from(entries - 1).unwrap(),
+            depth: 0,
+            reach: 1,
+            decisive0: u64::MAX,
+        };
+        (words, geo, Snaps::new(entries))
+    }
+
+    /// Write a one-BB NOP of queue 0x11 with `flags` into slot `index` of `words`.
+    fn put_nop(words: &[AtomicU64], geo: &Geometry, index: u64, flags: WqeFlags) {
+        let nop = WorkRequest {
+            wr_id: 0,
+            flags,
+            op: WrOp::Nop {
+                raw_segments: Vec::new(),
+            },
+        };
+        let e = encode_wqe(&nop, Qpn(0x11), wqe_index(index)).unwrap();
+        let bytes = &e.bytes()[..BB_SIZE];
+        for (w, b) in geo.slot(words, index).iter().zip(bytes.chunks_exact(8)) {
+            w.store(u64::from_ne_bytes(b.try_into().unwrap()), Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn an_unsignaled_nop_is_marked_hot_only_with_wqe_checks_off() {
+        let mut snap = Snaps::new(4);
+        assert!(!mark_unsignaled_nop(&mut snap, 1, false), "not hot before");
+        assert_eq!(snap.hot(1), HOT_NOP);
+        assert!(
+            mark_unsignaled_nop(&mut snap, 1, false),
+            "hot the second time"
+        );
+        assert_eq!(snap.hot(1), HOT_NOP);
+        // With WQE checks on, a re-run without them would skip the index check.
+        assert!(!mark_unsignaled_nop(&mut snap, 2, true));
+        assert_eq!(snap.hot(2), HOT_NONE);
+        assert!(!snap.derived(2));
+        assert!(!mark_unsignaled_nop(&mut snap, 2, true), "still not hot");
+    }
+
+    #[test]
+    fn a_signaled_nop_is_taken_from_its_first_bytes_and_the_fetch_index_moves_past_it() {
+        let (words, geo, mut snap) = ring(8);
+        put_nop(&words, &geo, 5, WqeFlags::SIGNALED);
+        let mut fetched = 5;
+        assert!(fetch_signaled_nop(
+            &words,
+            &geo,
+            &mut snap,
+            &mut fetched,
+            5,
+            6
+        ));
+        assert_eq!(fetched, 6, "the fetch index is past the NOP");
+        assert_eq!(
+            snap[5].bytes, [0; BB_SIZE],
+            "nothing copied into its snapshot"
+        );
+        // Declined, fetch index unmoved: a NOP fetched already, an unsignaled one, one
+        // whose slot has something derived from it.
+        let mut ahead = 7;
+        assert!(!fetch_signaled_nop(
+            &words, &geo, &mut snap, &mut ahead, 5, 6
+        ));
+        assert_eq!(ahead, 7);
+        put_nop(&words, &geo, 6, WqeFlags::NONE);
+        assert!(!fetch_signaled_nop(
+            &words,
+            &geo,
+            &mut snap,
+            &mut fetched,
+            6,
+            7
+        ));
+        put_nop(&words, &geo, 6, WqeFlags::SIGNALED);
+        snap.set_derived(6, HOT_NOP);
+        assert!(!fetch_signaled_nop(
+            &words,
+            &geo,
+            &mut snap,
+            &mut fetched,
+            6,
+            7
+        ));
+        assert_eq!(fetched, 6);
     }
 }
