@@ -393,17 +393,18 @@ fn a_nop_with_a_queue_or_cq_number_in_its_segment_ends_the_hand_over() {
     }
 }
 
-/// The master's doorbell steps with its second WAIT patched to ds 60 (a WQE of 15 BBs,
-/// whose body holds more steps' images), on a softnic with the fast paths on or off: the
-/// master's first completion, and how far q and the master got once it came.
-fn steps_past_a_long_wait(fast_paths: bool) -> ((u64, bool), u64, u64) {
+/// The master's doorbell steps with the WQE at `patched` (its second SEND_EN at 2, its
+/// second WAIT at 3) patched to ds 60 (a WQE of 15 BBs, whose body holds more steps'
+/// images), on a softnic with the fast paths on or off: the master's first completion, and
+/// how far q and the master got once it came.
+fn steps_past_a_long_control(patched: usize, fast_paths: bool) -> ((u64, bool), u64, u64) {
     let (nic, _, q, m) = pair_configured(|c| c.fast_paths = fast_paths);
     let nops: Vec<WorkRequest> = (0..16).map(|i| wr(i, SIG, NOP)).collect();
     nic.post_send(q.qp.qpn, &nops).unwrap();
     let mut master = doorbell_master(&q, 9);
     master.extend((master.len()..18).map(|_| wr(0, WqeFlags::NONE, NOP)));
     master.push(wr(7, SIG, NOP));
-    post_patched(&nic, &m.qp, &master, 3, |b| b[off::DS] = 60);
+    post_patched(&nic, &m.qp, &master, patched, |b| b[off::DS] = 60);
     let first = wait_cqes(&nic, m.cq, 1)[0];
     let consumed = |qp: &QpInfo| nic.sq_consumed(qp.qpn).unwrap();
     wait_until("the master stops", || {
@@ -416,13 +417,52 @@ fn steps_past_a_long_wait(fast_paths: bool) -> ((u64, bool), u64, u64) {
     )
 }
 
-/// A WAIT of ds 60 inside a run of doorbell steps is one WQE of 15 BBs (what its body holds
-/// is not run), as the general executor runs it, not a one-BB step of the hand-over loop.
+/// A WAIT, or a SEND_EN, of ds 60 inside a run of doorbell steps is one WQE of 15 BBs (what
+/// its body holds is not run), as the general executor runs it, not a one-BB step of the
+/// hand-over loop.
 #[test]
-fn a_wait_of_fifteen_bbs_in_a_run_of_steps_runs_as_the_general_executor_runs_it() {
-    let reference = steps_past_a_long_wait(false);
-    // Worked out by hand: the master's NOP at 18 completes; q ran the two NOPs enabled
-    // before the long WAIT; the master consumed its 19 BBs.
-    assert_eq!(reference, ((18, true), 2, 19));
-    assert_eq!(steps_past_a_long_wait(true), reference);
+fn a_wait_or_send_en_of_fifteen_bbs_in_a_run_of_steps_runs_as_the_general_executor_runs_it() {
+    for patched in [3, 2] {
+        let reference = steps_past_a_long_control(patched, false);
+        // Worked out by hand: the master's NOP at 18 completes; q ran the two NOPs enabled
+        // before the long WQE's body (the long SEND_EN itself enables the second); the
+        // master consumed its 19 BBs.
+        assert_eq!(reference, ((18, true), 2, 19), "ds 60 at {patched}");
+        assert_eq!(
+            steps_past_a_long_control(patched, true),
+            reference,
+            "ds 60 at {patched}"
+        );
+    }
+}
+
+/// A run of doorbell steps that starts one ring slot in (a NOP first, so that the master's
+/// SEND_ENs sit in the slots its WAITs sit in otherwise) runs every step from the WQE it
+/// fetched at each index: q runs exactly the four NOPs it is enabled for, and the master's
+/// own NOP after the chain completes.
+#[test]
+fn a_run_of_steps_one_slot_into_the_ring_runs_each_steps_own_wqes() {
+    let (nic, _, q, m) = pair_with(Prefetch::Depth(0));
+    let nops: Vec<WorkRequest> = (0..6).map(|i| wr(i, SIG, NOP)).collect();
+    nic.post_send(q.qp.qpn, &nops).unwrap();
+    let mut master = vec![wr(0, WqeFlags::NONE, NOP)];
+    master.extend(doorbell_master(&q, 4));
+    master.push(wr(0, WqeFlags::NONE, wait(q.cq, 3)));
+    master.push(wr(7, SIG, NOP));
+    nic.post_send(m.qp.qpn, &master).unwrap();
+    let done = wait_cqes(&nic, m.cq, 1);
+    assert!(done[0].is_ok() && done[0].wr_id == 7, "{done:?}");
+    let q_done = wait_cqes(&nic, q.cq, 4);
+    let ids: Vec<u64> = q_done.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, [0, 1, 2, 3]);
+    assert_eq!(
+        nic.sq_consumed(q.qp.qpn).unwrap(),
+        4,
+        "q ran only what was enabled"
+    );
+    let mc = nic.counters(m.qp.qpn).unwrap();
+    assert_eq!(
+        [Opcode::Nop, Opcode::Wait, Opcode::SendEn].map(|o| mc.by_opcode(o)),
+        [2, 4, 4]
+    );
 }

@@ -88,41 +88,91 @@ pub(crate) struct RecvQueue {
     pub(crate) consumer: Mutex<u64>,
 }
 
-/// A managed send queue's enabled index, in two halves: the index is the larger. Why two:
+/// A managed send queue's enabled index, in parts: the index is the largest. Why parts:
 /// SEND_ENs run on the queue's own PU (a doorbell-ordered chain's every step) move `own`,
 /// which only that PU's thread writes, with a plain load and store; a shared index would
-/// need a locked exchange (~4 ns a step here). SEND_ENs run anywhere else move `shared`.
-// A cache line of its own: the PU that enables the queue writes it, the queue's PU reads
+/// need a locked exchange (~4 ns a step here). SEND_ENs from another PU of the queue's
+/// softnic with an index below [`PU_SLOTS`] move that PU's word of `by_pu`, which only it
+/// writes, likewise: the word is the hand-off a cross-PU doorbell chain's every step
+/// publishes, and a locked exchange there cost ~40-60 ns a round trip more than a plain
+/// store between two threads of this VM (docs/softnic-performance.md, "Counting a
+/// hand-off's line transfers"). SEND_ENs from anywhere else move `shared`.
+// A cache line of its own: the PUs that enable the queue write it, the queue's PU reads
 // it every round; nothing else may ride with it (`docs/softnic-performance.md`).
 #[derive(Default)]
 #[repr(align(64))]
 pub(crate) struct EnabledIndex {
     shared: AtomicU64,
     own: AtomicU64,
+    /// Word `i`: SEND_ENs from PU `i` of the queue's softnic (not the queue's own PU).
+    by_pu: [AtomicU64; PU_SLOTS],
+    /// Set once any word of `by_pu` has been written: until then `get` does not read them,
+    /// so a queue only its own PU enables pays one load more than two halves did.
+    any_by_pu: AtomicBool,
 }
+
+/// PUs (the first, by index in their softnic) whose SEND_ENs of a queue on another PU
+/// move a word of the queue's enabled index that only they write: as many as fit the
+/// index's cache line beside its other parts.
+pub(crate) const PU_SLOTS: usize = 5;
+const _: () = assert!(std::mem::size_of::<EnabledIndex>() == 64);
 
 impl EnabledIndex {
     /// WQEs below this may be fetched and run.
     #[inline(always)]
     pub(crate) fn get(&self) -> u64 {
-        self.shared
+        let halves = self
+            .shared
             .load(Ordering::Acquire)
-            .max(self.own.load(Ordering::Acquire))
-    }
-
-    /// SEND_EN: advance to the absolute `pi` if that moves the index forward (read modulo
-    /// 2^16 relative to where it is now, as [`QpShared::advance`] reads it). `own_pu`: the
-    /// caller is the PU thread that runs the queue, the only one that may pass true.
-    #[inline(always)]
-    pub(crate) fn advance(&self, pi: u32, own_pu: bool) -> bool {
-        if !own_pu {
-            let own = self.own.load(Ordering::Acquire);
-            return QpShared::advance_from(&self.shared, own, pi);
+            .max(self.own.load(Ordering::Acquire));
+        if !self.any_by_pu.load(Ordering::Acquire) {
+            return halves;
         }
-        self.advance_own(pi).is_some()
+        self.by_pu
+            .iter()
+            .fold(halves, |m, w| m.max(w.load(Ordering::Acquire)))
     }
 
-    /// `advance(pi, true)`, for the PU thread that runs the queue: the index it moved to, or
+    /// SEND_EN by `by`: advance to the absolute `pi` if that moves the index forward (read
+    /// modulo 2^16 relative to where it is now, as [`QpShared::advance`] reads it), in the
+    /// part `by` owns. The caller is `by`'s thread: only the PU that runs the queue may pass
+    /// [`Enabler::Own`], only PU `i`'s round [`Enabler::Pu`]`(i)`.
+    #[inline(always)]
+    pub(crate) fn advance_by(&self, by: Enabler, pi: u32) -> bool {
+        match by {
+            Enabler::Own => self.advance_own(pi).is_some(),
+            Enabler::Pu(pu) => self.advance_from_pu(pi, pu),
+            Enabler::Other => self.advance_shared(pi),
+        }
+    }
+
+    /// [`Self::advance_by`] for PU `pu` of the queue's softnic, which is not the queue's
+    /// own: the only writer of its word. A PU without a word ([`Enabler::of`] gives none
+    /// such) moves the shared part.
+    #[inline(always)]
+    fn advance_from_pu(&self, pi: u32, pu: usize) -> bool {
+        let Some(word) = self.by_pu.get(pu) else {
+            return self.advance_shared(pi);
+        };
+        let Some(target) = forward(self.get(), pi) else {
+            return false;
+        };
+        // At least the word's own value: `get` read it.
+        word.store(target, Ordering::Release);
+        if !self.any_by_pu.load(Ordering::Relaxed) {
+            // After the word: whoever sees the flag sees the word.
+            self.any_by_pu.store(true, Ordering::Release);
+        }
+        true
+    }
+
+    /// An enable from an enabler with no word of its own: a locked update of `shared`.
+    fn advance_shared(&self, pi: u32) -> bool {
+        QpShared::advance_from(&self.shared, self.get(), pi)
+    }
+
+    /// `advance_by(Enabler::Own, pi)`, for the PU thread that runs the queue: the index it
+    /// moved to, or
     /// None if `pi` was not ahead. That index is one [`Self::get`] returned at the time, so a
     /// later `get` returns at least it (the index only moves forward).
     #[inline(always)]
@@ -130,6 +180,35 @@ impl EnabledIndex {
         let target = forward(self.get(), pi)?;
         self.own.store(target, Ordering::Release);
         Some(target)
+    }
+}
+
+/// Who runs a SEND_EN, as the enabled queue's index sees it: which of its parts the enable
+/// moves ([`EnabledIndex::advance_by`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Enabler {
+    /// The PU that runs the queue: `own`.
+    Own,
+    /// PU `i` of the queue's softnic, `i` below [`PU_SLOTS`] and not the queue's: `by_pu[i]`.
+    Pu(usize),
+    /// Anyone else (a PU of another softnic, or one past the words): `shared`, locked.
+    Other,
+}
+
+impl Enabler {
+    /// The enabler a SEND_EN run by PU `pu` is for a queue on PU `queue_pu`; `same_softnic`:
+    /// the two PUs are of one softnic (one PU set), so their indices compare.
+    #[inline(always)]
+    pub(crate) fn of(same_softnic: bool, queue_pu: usize, pu: usize) -> Self {
+        if !same_softnic {
+            Self::Other
+        } else if pu == queue_pu {
+            Self::Own
+        } else if pu < PU_SLOTS {
+            Self::Pu(pu)
+        } else {
+            Self::Other
+        }
     }
 }
 
@@ -343,8 +422,8 @@ impl QpShared {
         Self::advance_from(index, 0, pi)
     }
 
-    /// As [`Self::advance`], where the index is at least `floor` (the other half of a
-    /// send queue's enabled index): `pi` is read relative to the larger.
+    /// As [`Self::advance`], where the index is at least `floor` (the rest of a send
+    /// queue's enabled index): `pi` is read relative to the larger.
     fn advance_from(index: &AtomicU64, floor: u64, pi: u32) -> bool {
         let cur = index.load(Ordering::Acquire).max(floor);
         let Some(target) = forward(cur, pi) else {
@@ -370,41 +449,41 @@ impl QpShared {
 
 #[cfg(test)]
 mod tests {
-    use super::{EnabledIndex, QpShared};
+    use super::{EnabledIndex, Enabler, QpShared, PU_SLOTS};
     use std::sync::atomic::{AtomicU64, Ordering};
 
     #[test]
     fn the_enabled_index_is_the_larger_half_and_only_moves_forward() {
         let e = EnabledIndex::default();
         assert_eq!(e.get(), 0);
-        assert!(e.advance(3, true));
-        assert!(!e.advance(2, false), "behind the own half: no move");
+        assert!(e.advance_by(Enabler::Own, 3));
+        assert!(!e.advance_by(Enabler::Other, 2), "behind the own half: no move");
         assert_eq!(e.get(), 3);
-        assert!(e.advance(7, false));
+        assert!(e.advance_by(Enabler::Other, 7));
         assert_eq!(e.get(), 7);
-        assert!(!e.advance(5, true), "behind the shared half: no move");
-        assert!(e.advance(8, true));
+        assert!(!e.advance_by(Enabler::Own, 5), "behind the shared half: no move");
+        assert!(e.advance_by(Enabler::Own, 8));
         assert_eq!(e.get(), 8);
         // Indices on the wire are compared modulo 2^16 and wrap; ours keep counting.
         let e = EnabledIndex::default();
-        assert!(e.advance(0x7ff0, true));
-        assert!(e.advance(0xffe0, false));
-        assert!(!e.advance(0x7fe0, true), "half the range ahead is behind");
-        assert!(e.advance(0x10, true));
+        assert!(e.advance_by(Enabler::Own, 0x7ff0));
+        assert!(e.advance_by(Enabler::Other, 0xffe0));
+        assert!(!e.advance_by(Enabler::Own, 0x7fe0), "half the range ahead is behind");
+        assert!(e.advance_by(Enabler::Own, 0x10));
         assert_eq!(e.get(), 0x1_0010);
         assert!(
-            !e.advance(0xfff8, false),
+            !e.advance_by(Enabler::Other, 0xfff8),
             "a wrapped index behind is behind"
         );
         assert_eq!(e.get(), 0x1_0010);
         // Only the low 16 bits count, whatever the 32-bit field holds.
-        assert!(e.advance(0xabcd_0020, true));
+        assert!(e.advance_by(Enabler::Own, 0xabcd_0020));
         assert_eq!(e.get(), 0x1_0020);
         assert!(
-            !e.advance(0x0001_0020, false),
+            !e.advance_by(Enabler::Other, 0x0001_0020),
             "the same index, other high bits"
         );
-        assert!(e.advance(0x8000, false), "0x7fe0 ahead");
+        assert!(e.advance_by(Enabler::Other, 0x8000), "0x7fe0 ahead");
         assert_eq!(e.get(), 0x1_8000);
     }
 
@@ -413,14 +492,14 @@ mod tests {
         // `own` is written with a plain load and store, safe only because one thread (the
         // queue's PU) writes it; an enable from anywhere else must move `shared` alone.
         let e = EnabledIndex::default();
-        assert!(e.advance(7, false));
+        assert!(e.advance_by(Enabler::Other, 7));
         assert_eq!(
             e.own.load(Ordering::Relaxed),
             0,
             "another PU wrote the own half"
         );
         assert_eq!(e.shared.load(Ordering::Relaxed), 7);
-        assert!(e.advance(9, true));
+        assert!(e.advance_by(Enabler::Own, 9));
         assert_eq!(e.own.load(Ordering::Relaxed), 9);
         assert_eq!(
             e.shared.load(Ordering::Relaxed),
@@ -431,12 +510,115 @@ mod tests {
     }
 
     #[test]
+    fn an_enabler_is_the_queue_s_pu_a_pu_with_a_word_of_its_softnic_or_other() {
+        assert_eq!(Enabler::of(true, 2, 2), Enabler::Own);
+        assert_eq!(Enabler::of(true, PU_SLOTS, PU_SLOTS), Enabler::Own, "no word needed");
+        assert_eq!(Enabler::of(true, 2, 0), Enabler::Pu(0));
+        assert_eq!(Enabler::of(true, 0, 2), Enabler::Pu(2));
+        let last = PU_SLOTS - 1;
+        assert_eq!(Enabler::of(true, 0, last), Enabler::Pu(last));
+        assert_eq!(Enabler::of(true, 0, PU_SLOTS), Enabler::Other, "past the words");
+        assert_eq!(Enabler::of(false, 2, 2), Enabler::Other, "another softnic's PU 2");
+        assert_eq!(Enabler::of(false, 2, 0), Enabler::Other);
+    }
+
+    /// The parts of `e`: (shared, own, by_pu).
+    fn parts(e: &EnabledIndex) -> (u64, u64, [u64; PU_SLOTS]) {
+        (
+            e.shared.load(Ordering::Relaxed),
+            e.own.load(Ordering::Relaxed),
+            std::array::from_fn(|i| e.by_pu[i].load(Ordering::Relaxed)),
+        )
+    }
+
+    #[test]
+    fn each_enabler_moves_its_own_part_and_the_index_is_the_largest() {
+        let mut word = [0; PU_SLOTS];
+        word[PU_SLOTS - 1] = 5;
+        for (by, moved) in [
+            (Enabler::Own, (0, 5, [0; PU_SLOTS])),
+            (Enabler::Pu(PU_SLOTS - 1), (0, 0, word)),
+            (Enabler::Other, (5, 0, [0; PU_SLOTS])),
+        ] {
+            let e = EnabledIndex::default();
+            assert!(e.advance_by(by, 5), "{by:?}");
+            assert_eq!(parts(&e), moved, "{by:?}");
+            assert_eq!(e.get(), 5, "{by:?}");
+            assert!(!e.advance_by(by, 5), "{by:?}: not ahead");
+            // Each of the others, behind it, moves nothing; ahead, moves its own part.
+            for other in [Enabler::Own, Enabler::Pu(0), Enabler::Other] {
+                assert!(!e.advance_by(other, 4) || other == by, "{by:?} {other:?}");
+            }
+            assert_eq!(parts(&e), moved, "{by:?}");
+            assert!(e.advance_by(Enabler::Pu(0), 6));
+            assert_eq!(e.by_pu[0].load(Ordering::Relaxed), 6, "{by:?}");
+            assert_eq!(e.get(), 6, "{by:?}");
+        }
+    }
+
+    #[test]
+    fn another_pu_of_the_softnic_moves_its_own_word_and_the_index_is_the_largest() {
+        let e = EnabledIndex::default();
+        assert!(e.advance_by(Enabler::Pu(1), 4));
+        assert_eq!(e.by_pu[1].load(Ordering::Relaxed), 4);
+        assert_eq!(e.own.load(Ordering::Relaxed), 0, "PU 1 wrote the own half");
+        assert_eq!(
+            e.shared.load(Ordering::Relaxed),
+            0,
+            "PU 1 wrote the shared part"
+        );
+        assert_eq!(e.get(), 4);
+        assert!(!e.advance_by(Enabler::Pu(2), 3), "behind PU 1's word: no move");
+        assert_eq!(e.by_pu[2].load(Ordering::Relaxed), 0);
+        assert!(e.advance_by(Enabler::Own, 6));
+        assert!(e.advance_by(Enabler::Pu(2), 9));
+        assert!(!e.advance_by(Enabler::Other, 8), "behind PU 2's word");
+        assert!(e.advance_by(Enabler::Other, 10));
+        assert_eq!(e.get(), 10);
+        // A PU without a word moves the shared part.
+        assert!(e.advance_by(Enabler::Pu(PU_SLOTS), 12));
+        assert_eq!(e.shared.load(Ordering::Relaxed), 12);
+        assert_eq!(e.get(), 12);
+        // Modulo 2^16, relative to the largest part.
+        let e = EnabledIndex::default();
+        assert!(e.advance_by(Enabler::Pu(0), 0x7ff0));
+        assert!(e.advance_by(Enabler::Pu(3), 0xffe0));
+        assert!(!e.advance_by(Enabler::Own, 0x7fe0), "half the range ahead is behind");
+        assert!(e.advance_by(Enabler::Pu(0), 0x10));
+        assert_eq!(e.get(), 0x1_0010);
+    }
+
+    #[test]
+    fn enables_racing_from_several_pus_keep_the_largest() {
+        use std::sync::Arc;
+        let e = Arc::new(EnabledIndex::default());
+        let last: u32 = if cfg!(miri) { 50 } else { 20_000 };
+        let threads: Vec<_> = (0..4)
+            .map(|pu| {
+                let e = Arc::clone(&e);
+                std::thread::spawn(move || {
+                    for pi in 1..=last {
+                        // Each PU enables the same indices, as two PUs racing to enable a
+                        // queue do; the words are each written by their own PU alone.
+                        e.advance_by(Enabler::Pu(pu), pi);
+                        assert!(e.get() >= u64::from(pi), "an enable went backwards");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("enabler");
+        }
+        assert_eq!(e.get(), u64::from(last));
+    }
+
+    #[test]
     fn an_enable_moves_at_most_half_the_16_bit_range() {
         let e = EnabledIndex::default();
-        assert!(e.advance(0x7fff, true), "2^15 - 1 ahead");
+        assert!(e.advance_by(Enabler::Own, 0x7fff), "2^15 - 1 ahead");
         let e = EnabledIndex::default();
-        assert!(!e.advance(0x8000, true), "2^15 ahead reads as behind");
-        assert!(!e.advance(0x1_0000, false), "2^16 ahead is where it is");
+        assert!(!e.advance_by(Enabler::Own, 0x8000), "2^15 ahead reads as behind");
+        assert!(!e.advance_by(Enabler::Other, 0x1_0000), "2^16 ahead is where it is");
         assert_eq!(e.get(), 0);
     }
 
@@ -445,25 +627,25 @@ mod tests {
         // A zero advance is no advance, from the queue's own PU or any other, in either half
         // and across the 32-bit wrap: it reports false (no wake-up, no hand-over).
         let e = EnabledIndex::default();
-        assert!(!e.advance(0, true));
-        assert!(!e.advance(0, false));
+        assert!(!e.advance_by(Enabler::Own, 0));
+        assert!(!e.advance_by(Enabler::Other, 0));
         assert_eq!(e.advance_own(0), None);
-        assert!(e.advance(5, true));
-        assert!(!e.advance(5, true));
-        assert!(!e.advance(5, false));
+        assert!(e.advance_by(Enabler::Own, 5));
+        assert!(!e.advance_by(Enabler::Own, 5));
+        assert!(!e.advance_by(Enabler::Other, 5));
         assert_eq!(e.advance_own(5), None);
-        assert!(e.advance(9, false));
-        assert!(!e.advance(9, false));
-        assert!(!e.advance(9, true));
+        assert!(e.advance_by(Enabler::Other, 9));
+        assert!(!e.advance_by(Enabler::Other, 9));
+        assert!(!e.advance_by(Enabler::Own, 9));
         assert_eq!(e.advance_own(9), None);
         assert_eq!(e.get(), 9);
         let e = EnabledIndex::default();
-        assert!(e.advance(0x7ff0, true));
-        assert!(e.advance(0xffe0, false));
-        assert!(e.advance(0x10, true));
+        assert!(e.advance_by(Enabler::Own, 0x7ff0));
+        assert!(e.advance_by(Enabler::Other, 0xffe0));
+        assert!(e.advance_by(Enabler::Own, 0x10));
         assert_eq!(e.get(), 0x1_0010);
-        assert!(!e.advance(0x10, true));
-        assert!(!e.advance(0x10, false));
+        assert!(!e.advance_by(Enabler::Own, 0x10));
+        assert!(!e.advance_by(Enabler::Other, 0x10));
         assert_eq!(e.get(), 0x1_0010);
         // A receive queue's index (RECV_EN) likewise.
         let r = AtomicU64::new(0);

@@ -169,8 +169,14 @@ impl Core {
                             Control::Blocked => {
                                 // A completion another awake PU is about to produce for
                                 // this visit's SEND_EN: wait here for it (`enabled_away`).
-                                if !LEAN && self.spin_for_away(&snap[slot].bytes) {
-                                    continue;
+                                if !LEAN {
+                                    // The spin's idle time warms what the next steps touch
+                                    // (a visit warms only at its start).
+                                    let to = limit.min(ci + WARM_AHEAD);
+                                    let window = (words, geo, &*snap, &mut *warmed, ci, to);
+                                    if self.spin_for_away(&snap[slot].bytes, window) {
+                                        continue;
+                                    }
                                 }
                                 stop = true;
                                 break;
@@ -208,7 +214,7 @@ impl Core {
             // What the next SEND_EN will enable, hinted now (see `warm`): a managed queue
             // fetches nothing past its enabled index, so without this its next WQE's line,
             // written by the host, would be fetched after the enable, in the hand-off.
-            warm(words, geo, ci + WARM_ENABLED);
+            warm_enabled(words, geo, snap, &self.qp.sq_wr_ids, ci + WARM_ENABLED);
         }
         f.fetched = fetched;
         self.ci = ci;
@@ -344,12 +350,22 @@ impl Core {
     /// awake PU whose send CQ `w` waits on (`enabled_away`), spin until the WAIT passes
     /// (true) or the bound passes (false; see `pu::spin_for`). The WAIT then runs as any
     /// other: this only decides when its count is read again.
+    ///
+    /// `window`: this queue's ring and snapshots, how far they are warmed and the BBs to
+    /// warm ([`warm_published`]) before it spins: the master of a cross-PU chain stays in
+    /// one visit for up to `BURST` WQEs, and only its start warmed them.
     #[inline(never)]
-    pub(super) fn spin_for_away(&mut self, w: &[u8; BB_SIZE]) -> bool {
+    pub(super) fn spin_for_away(
+        &mut self,
+        w: &[u8; BB_SIZE],
+        window: (&[AtomicU64], &Geometry, &Snaps, &mut u64, u64, u64),
+    ) -> bool {
         let cqn = Be32::read(w, off::WAIT_OBJ).get();
         if self.enabled_away & (1 << (cqn % 64)) == 0 {
             return false;
         }
+        let (words, geo, snap, warmed, from, to) = window;
+        warm_published(words, geo, snap, warmed, from, to);
         let count = Be32::read(w, off::WAIT_PI).get();
         let Some((_, cq)) = self.objs.cq(&self.nic, Cqn(cqn)) else {
             return false;

@@ -412,6 +412,48 @@ pub(super) fn warm_published(
     *warmed = i;
 }
 
+/// What a managed queue's next enable will have it touch, hinted some BBs ahead of where it
+/// stopped ([`WARM_ENABLED`]): the ring slot of BB `index` ([`warm`]), the snapshot its fetch
+/// will write, and its wr_id, which the completion reads (`QpShared::retire`; the host
+/// wrote it, eight to a line, when it posted). For a queue another PU enables: each
+/// enable's visit then finds these lines in its cache instead of waiting for each in turn
+/// inside the hand-off, where the snapshot's store held up the CQ lock's locked
+/// instruction that follows it (see docs/softnic-performance.md, "Counting a hand-off's
+/// line transfers").
+#[inline(always)]
+pub(super) fn warm_enabled(
+    ring: &[AtomicU64],
+    geo: &Geometry,
+    snap: &Snaps,
+    wr_ids: &[AtomicU64],
+    index: u64,
+) {
+    warm_enabled_nop(ring, geo, wr_ids, index);
+    prefetch_line(
+        snap.slots
+            .as_ptr()
+            .wrapping_add(idx(index) & (snap.len() - 1)),
+    );
+}
+
+/// [`warm_enabled`] for a queue whose enabled WQEs are run by the signaled-NOP step
+/// (`SqExec::run_enabled_nop`, `SqExec::run_lone_nop`), which writes no snapshot: the
+/// ring slot and the wr_id only.
+#[inline(always)]
+pub(super) fn warm_enabled_nop(
+    ring: &[AtomicU64],
+    geo: &Geometry,
+    wr_ids: &[AtomicU64],
+    index: u64,
+) {
+    warm(ring, geo, index);
+    prefetch_line(
+        wr_ids
+            .as_ptr()
+            .wrapping_add(idx(index) & (wr_ids.len() - 1)),
+    );
+}
+
 /// How many BBs past the running WQE a queue's published ring slots and their snapshots
 /// are warmed ([`warm_published`]): when a visit starts, and by a doorbell step's master
 /// as it goes.

@@ -2,6 +2,10 @@
 //! a WAIT on its CQ) the master runs the enabled queue at once instead of leaving it to the
 //! PU's next round (`Siblings`, `Core::run_doorbell_steps`, `SqExec::run_enabled`).
 //!
+//! Also here, because it is that step's NOP run from the other side: a PU's round runs a
+//! queue that another PU enabled for one signaled NOP the same way (`SqExec::run_lone_nop`,
+//! a cross-PU chain's step).
+//!
 //! Invariants: both queues are on this PU, so no other thread runs either; the enabled
 //! queue's WQEs run as its own visit would run them (the same fetches, counts and
 //! completions, in the same order); anything but the step's NOPs, WAITs and SEND_ENs goes
@@ -77,6 +81,15 @@ pub(super) fn run_nop(
         return false;
     }
     qp.count_wqes(OP_NOP, 1);
+    mark_unsignaled_nop(snap, slot, checks)
+}
+
+/// [`run_nop`]'s marking of the unsignaled NOP in snapshot `slot`: hot unless WQE checks are
+/// on (`checks`), so that `run_hot` may re-run it. True if it was hot already. Apart so that
+/// the rule a hot slot relies on (hot only with WQE checks off: see the `hot` module) has a
+/// test of its own.
+#[inline(always)]
+fn mark_unsignaled_nop(snap: &mut Snaps, slot: usize, checks: bool) -> bool {
     let hot = snap.hot(slot) != HOT_NONE;
     if !hot && !checks {
         snap.set_derived(slot, HOT_NOP);
@@ -155,7 +168,7 @@ impl SqExec {
         if ci >= limit || qp.state() != QpState::ReadyToSend {
             return false;
         }
-        warm(words, geo, ci + WARM_ENABLED);
+        warm_enabled_nop(words, geo, &qp.sq_wr_ids, ci + WARM_ENABLED);
         let f = &mut self.fetcher;
         if !fetch_signaled_nop(words, geo, &mut f.snap, &mut f.fetched, ci, limit) {
             return false;
@@ -164,6 +177,46 @@ impl SqExec {
         // the caller: see `Core::run_doorbell_steps`.)
         run_signaled_nop(qp, ci);
         c.ci = ci + 1;
+        true
+    }
+
+    /// The PU round's visit of a managed queue that another PU enabled for exactly one
+    /// WQE, a signaled one-BB NOP with nothing to prefetch behind it (a cross-PU
+    /// doorbell-ordered chain's step): run it as [`Self::run_enabled_nop`] runs a same-PU
+    /// step's (fetched as its first 16 bytes, into no snapshot, counted and completed) and
+    /// return true; false, having run nothing, for anything else, which the ordinary visit
+    /// then runs. Why: that NOP's completion is what the other PU is waiting for, and the
+    /// ordinary visit's set-up (its checks, the fast path's loop state and tail) and the
+    /// snapshot's store were most of the time between the target PU finding the enable
+    /// and counting the completion (`chain_profile --cross`, docs/softnic-performance.md,
+    /// "Counting a hand-off's line transfers"). Only with the fast paths on, no WQE checks
+    /// or rate ([`Core::plain_config`]) and no late response to land.
+    #[inline(always)]
+    pub(super) fn run_lone_nop(&mut self) -> bool {
+        let c = &mut self.core;
+        if !c.qp.managed_send || !c.fast_paths || !c.late.is_empty() || !c.plain_config() {
+            return false;
+        }
+        let qp: &QpShared = &c.qp;
+        let ci = c.ci;
+        let limit = qp.enabled.get();
+        if ci >= limit || qp.state() != QpState::ReadyToSend {
+            return false;
+        }
+        let f = &mut self.fetcher;
+        let words = f.geo.ring(f.ring.words());
+        if !fetch_signaled_nop(words, &f.geo, &mut f.snap, &mut f.fetched, ci, limit) {
+            return false;
+        }
+        stamp(HandoffEvent::Found);
+        // `retire` publishes the consumed index, as `Core::ran` would.
+        run_signaled_nop(qp, ci);
+        // After the completion, which another PU is waiting for: the hint is for later.
+        warm_enabled_nop(words, &f.geo, &qp.sq_wr_ids, ci + 1 + WARM_ENABLED);
+        c.ci = ci + 1;
+        // The next visit's cheap check is exact, and in a chain the next round comes
+        // before the next enable: let it be only that check.
+        self.quiet = true;
         true
     }
 
@@ -253,8 +306,9 @@ impl Core {
     /// the fast path's fetch and warming indices (`Fetcher::fetched`, `Fetcher::warmed`);
     /// `at`: its `ci`, `end` and `limit`.
     ///
-    /// Each step warms this queue's ring and snapshots [`WARM_AHEAD`] BBs ahead, and the
-    /// enabled queue's ring [`WARM_ENABLED`] ahead; the loop's start also warms the
+    /// The steps keep this queue's ring and snapshots warm up to [`WARM_AHEAD`] BBs ahead
+    /// (refilled when half of that window is used), and each warms the enabled queue's
+    /// ring [`WARM_ENABLED`] ahead; the loop's start also warms the
     /// enabled queue's next WQEs and its CQ's next entries, which the steps' own hints
     /// reach only some steps in (see the `fetch` module).
     ///
@@ -306,7 +360,7 @@ impl Core {
         let q_geo = q.fetcher.geo;
         let q_words = q_geo.ring(q_qp.sq.buffer.words());
         for i in 0..WARM_ENABLED {
-            warm(q_words, &q_geo, q.core.ci + i);
+            warm_enabled_nop(q_words, &q_geo, &q_qp.sq_wr_ids, q.core.ci + i);
         }
         q_qp.send_cq.warm_entries(WARM_CQES);
         let start = ci;
@@ -325,7 +379,11 @@ impl Core {
         let pending = loop {
             // The WAIT at `ci`: run what it waits for, then compare (the queue holds its send
             // CQ, which cannot be destroyed while the queue exists).
-            warm_published(words, geo, snap, warmed, ci, limit.min(ci + WARM_AHEAD));
+            // In batches: once the window is half used up, warm it full again (a look a
+            // step, ~20 instructions fewer than two BBs' hints every step).
+            if *warmed <= ci + WARM_AHEAD / 2 {
+                warm_published(words, geo, snap, warmed, ci, limit.min(ci + WARM_AHEAD));
+            }
             if !(plain && q.run_enabled_nop(q_qp, q_words, &q_geo, q_limit)) {
                 q.run_enabled();
                 plain = !CHECKS && q.core.plain_config();
@@ -435,5 +493,106 @@ impl Core {
         }
         prefetch_behind(words, geo, snap, fetched, ci, limit);
         Some(slot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redn_program::wqe::{encode_wqe, wqe_index, WorkRequest, WqeFlags, WrOp};
+
+    /// A ring of `entries` one-BB slots at the start of its words, fetched with no prefetch
+    /// and with WQE checks off.
+    fn ring(entries: usize) -> (Vec<AtomicU64>, Geometry, Snaps) {
+        let words = (0..entries * 8).map(|_| AtomicU64::new(0)).collect();
+        let geo = Geometry {
+            base: 0,
+            ring_words: entries * 8,
+            ring_mask: u32::try_from(entries - 1).unwrap(),
+            depth: 0,
+            reach: 1,
+            decisive0: u64::MAX,
+        };
+        (words, geo, Snaps::new(entries))
+    }
+
+    /// Write a one-BB NOP of queue 0x11 with `flags` into slot `index` of `words`.
+    fn put_nop(words: &[AtomicU64], geo: &Geometry, index: u64, flags: WqeFlags) {
+        let nop = WorkRequest {
+            wr_id: 0,
+            flags,
+            op: WrOp::Nop {
+                raw_segments: Vec::new(),
+            },
+        };
+        let e = encode_wqe(&nop, Qpn(0x11), wqe_index(index)).unwrap();
+        let bytes = &e.bytes()[..BB_SIZE];
+        for (w, b) in geo.slot(words, index).iter().zip(bytes.chunks_exact(8)) {
+            w.store(u64::from_ne_bytes(b.try_into().unwrap()), Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn an_unsignaled_nop_is_marked_hot_only_with_wqe_checks_off() {
+        let mut snap = Snaps::new(4);
+        assert!(!mark_unsignaled_nop(&mut snap, 1, false), "not hot before");
+        assert_eq!(snap.hot(1), HOT_NOP);
+        assert!(
+            mark_unsignaled_nop(&mut snap, 1, false),
+            "hot the second time"
+        );
+        assert_eq!(snap.hot(1), HOT_NOP);
+        // With WQE checks on, a re-run without them would skip the index check.
+        assert!(!mark_unsignaled_nop(&mut snap, 2, true));
+        assert_eq!(snap.hot(2), HOT_NONE);
+        assert!(!snap.derived(2));
+        assert!(!mark_unsignaled_nop(&mut snap, 2, true), "still not hot");
+    }
+
+    #[test]
+    fn a_signaled_nop_is_taken_from_its_first_bytes_and_the_fetch_index_moves_past_it() {
+        let (words, geo, mut snap) = ring(8);
+        put_nop(&words, &geo, 5, WqeFlags::SIGNALED);
+        let mut fetched = 5;
+        assert!(fetch_signaled_nop(
+            &words,
+            &geo,
+            &mut snap,
+            &mut fetched,
+            5,
+            6
+        ));
+        assert_eq!(fetched, 6, "the fetch index is past the NOP");
+        assert_eq!(
+            snap[5].bytes, [0; BB_SIZE],
+            "nothing copied into its snapshot"
+        );
+        // Declined, fetch index unmoved: a NOP fetched already, an unsignaled one, one
+        // whose slot has something derived from it.
+        let mut ahead = 7;
+        assert!(!fetch_signaled_nop(
+            &words, &geo, &mut snap, &mut ahead, 5, 6
+        ));
+        assert_eq!(ahead, 7);
+        put_nop(&words, &geo, 6, WqeFlags::NONE);
+        assert!(!fetch_signaled_nop(
+            &words,
+            &geo,
+            &mut snap,
+            &mut fetched,
+            6,
+            7
+        ));
+        put_nop(&words, &geo, 6, WqeFlags::SIGNALED);
+        snap.set_derived(6, HOT_NOP);
+        assert!(!fetch_signaled_nop(
+            &words,
+            &geo,
+            &mut snap,
+            &mut fetched,
+            6,
+            7
+        ));
+        assert_eq!(fetched, 6);
     }
 }

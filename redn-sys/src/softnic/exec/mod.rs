@@ -141,7 +141,9 @@ const OP_RECV_EN: u8 = Opcode::RecvEn as u8;
 pub(crate) struct SqExec {
     core: Core,
     fetcher: Fetcher,
-    /// The last visit did nothing.
+    /// The next visit first checks cheaply whether there is anything to do
+    /// (`Core::nothing_to_do`): set after a visit that did nothing, or that ran the one WQE
+    /// the queue was enabled for (`run_lone_nop`).
     quiet: bool,
 }
 
@@ -265,6 +267,9 @@ impl SqExec {
         // manager's queues, most of the time); a busy one goes straight on.
         if self.quiet && self.core.nothing_to_do() {
             return RunOutcome::Idle;
+        }
+        if self.run_lone_nop() {
+            return RunOutcome::Progress;
         }
         let outcome = self.core.run(&mut self.fetcher, budget, siblings);
         self.core.land_at_visit_end();

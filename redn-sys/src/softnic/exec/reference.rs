@@ -629,12 +629,15 @@ impl Core {
             if !t.managed_send {
                 return Err(Fail::Syndrome(Syndrome::LocalQpOperation));
             }
-            let here = t.pu == self.qp.pu && Arc::ptr_eq(&t.pus, &self.qp.pus);
+            use crate::softnic::qp::Enabler;
+            // Another PU of this softnic moves a word of its own: no locked instruction.
+            let by = Enabler::of(Arc::ptr_eq(&t.pus, &self.qp.pus), t.pu, self.qp.pu);
+            let here = by == Enabler::Own;
             if !here {
                 // Before the publication: the other PU may see it before this one returns.
                 stamp(HandoffEvent::Enabled);
             }
-            if t.enabled.advance(pi, here) {
+            if t.enabled.advance_by(by, pi) {
                 if here {
                     // This PU: no notice needed, and the fast path may hand over to it.
                     self.enabled_here = Some((t.qpn, t.send_cq.cqn));
