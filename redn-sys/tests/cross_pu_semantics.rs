@@ -10,8 +10,7 @@
 mod common;
 use common::*;
 use redn_program::wqe::{
-    encode_wqe, off, wqe_index, CqeOpcode, Opcode, Syndrome, WorkRequest, WqeFlags, WrOp,
-    BB_SIZE,
+    encode_wqe, off, wqe_index, CqeOpcode, Opcode, Syndrome, WorkRequest, WqeFlags, WrOp, BB_SIZE,
 };
 use redn_sys::nic::{Nic, QpInfo};
 use redn_sys::softnic::{SoftNic, SoftNicConfig};
@@ -121,19 +120,21 @@ fn a_cross_pu_chain_of_signaled_nops_completes_each_once_in_order() {
 #[test]
 fn with_wqe_checks_a_cross_pu_step_refuses_a_nop_with_another_index() {
     let (nic, q, m) = cross_pair(|c| c.wqe_checks = true);
-    write_ring(&nic, &q.qp, &[wr(0, SIG, NOP), wr(1, SIG, NOP)], 2, |i, b| {
-        if i == 1 {
-            b[off::WQE_INDEX + 1] = 5;
-        }
-    });
+    write_ring(
+        &nic,
+        &q.qp,
+        &[wr(0, SIG, NOP), wr(1, SIG, NOP)],
+        2,
+        |i, b| {
+            if i == 1 {
+                b[off::WQE_INDEX + 1] = 5;
+            }
+        },
+    );
     post_master(&nic, &m, &q, 2);
     let done = wait_cqes(&nic, q.cq, 2);
     assert_eq!(done[0].status, Ok(()), "{done:?}");
-    assert_eq!(
-        done[1].status,
-        Err(Syndrome::LocalQpOperation),
-        "{done:?}"
-    );
+    assert_eq!(done[1].status, Err(Syndrome::LocalQpOperation), "{done:?}");
     assert_eq!(wait_cqes(&nic, m.cq, 1)[0].status, Ok(()));
     assert_eq!(nic.counters(q.qp.qpn).unwrap().errors, 1);
 }
@@ -144,11 +145,17 @@ fn with_wqe_checks_a_cross_pu_step_refuses_a_nop_with_another_index() {
 #[test]
 fn a_queue_in_error_flushes_the_nop_another_pu_enables() {
     let (nic, q, m) = cross_pair(|_| {});
-    write_ring(&nic, &q.qp, &[wr(0, SIG, NOP), wr(1, SIG, NOP)], 1, |i, b| {
-        if i == 0 {
-            b[off::DS] = 0;
-        }
-    });
+    write_ring(
+        &nic,
+        &q.qp,
+        &[wr(0, SIG, NOP), wr(1, SIG, NOP)],
+        1,
+        |i, b| {
+            if i == 0 {
+                b[off::DS] = 0;
+            }
+        },
+    );
     // Step one: the failing NOP; its error completion is what the master's WAIT counts.
     let first = [wr(
         0,

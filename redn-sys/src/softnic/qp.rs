@@ -457,18 +457,27 @@ mod tests {
         let e = EnabledIndex::default();
         assert_eq!(e.get(), 0);
         assert!(e.advance_by(Enabler::Own, 3));
-        assert!(!e.advance_by(Enabler::Other, 2), "behind the own half: no move");
+        assert!(
+            !e.advance_by(Enabler::Other, 2),
+            "behind the own half: no move"
+        );
         assert_eq!(e.get(), 3);
         assert!(e.advance_by(Enabler::Other, 7));
         assert_eq!(e.get(), 7);
-        assert!(!e.advance_by(Enabler::Own, 5), "behind the shared half: no move");
+        assert!(
+            !e.advance_by(Enabler::Own, 5),
+            "behind the shared half: no move"
+        );
         assert!(e.advance_by(Enabler::Own, 8));
         assert_eq!(e.get(), 8);
         // Indices on the wire are compared modulo 2^16 and wrap; ours keep counting.
         let e = EnabledIndex::default();
         assert!(e.advance_by(Enabler::Own, 0x7ff0));
         assert!(e.advance_by(Enabler::Other, 0xffe0));
-        assert!(!e.advance_by(Enabler::Own, 0x7fe0), "half the range ahead is behind");
+        assert!(
+            !e.advance_by(Enabler::Own, 0x7fe0),
+            "half the range ahead is behind"
+        );
         assert!(e.advance_by(Enabler::Own, 0x10));
         assert_eq!(e.get(), 0x1_0010);
         assert!(
@@ -512,13 +521,25 @@ mod tests {
     #[test]
     fn an_enabler_is_the_queue_s_pu_a_pu_with_a_word_of_its_softnic_or_other() {
         assert_eq!(Enabler::of(true, 2, 2), Enabler::Own);
-        assert_eq!(Enabler::of(true, PU_SLOTS, PU_SLOTS), Enabler::Own, "no word needed");
+        assert_eq!(
+            Enabler::of(true, PU_SLOTS, PU_SLOTS),
+            Enabler::Own,
+            "no word needed"
+        );
         assert_eq!(Enabler::of(true, 2, 0), Enabler::Pu(0));
         assert_eq!(Enabler::of(true, 0, 2), Enabler::Pu(2));
         let last = PU_SLOTS - 1;
         assert_eq!(Enabler::of(true, 0, last), Enabler::Pu(last));
-        assert_eq!(Enabler::of(true, 0, PU_SLOTS), Enabler::Other, "past the words");
-        assert_eq!(Enabler::of(false, 2, 2), Enabler::Other, "another softnic's PU 2");
+        assert_eq!(
+            Enabler::of(true, 0, PU_SLOTS),
+            Enabler::Other,
+            "past the words"
+        );
+        assert_eq!(
+            Enabler::of(false, 2, 2),
+            Enabler::Other,
+            "another softnic's PU 2"
+        );
         assert_eq!(Enabler::of(false, 2, 0), Enabler::Other);
     }
 
@@ -568,7 +589,10 @@ mod tests {
             "PU 1 wrote the shared part"
         );
         assert_eq!(e.get(), 4);
-        assert!(!e.advance_by(Enabler::Pu(2), 3), "behind PU 1's word: no move");
+        assert!(
+            !e.advance_by(Enabler::Pu(2), 3),
+            "behind PU 1's word: no move"
+        );
         assert_eq!(e.by_pu[2].load(Ordering::Relaxed), 0);
         assert!(e.advance_by(Enabler::Own, 6));
         assert!(e.advance_by(Enabler::Pu(2), 9));
@@ -583,7 +607,10 @@ mod tests {
         let e = EnabledIndex::default();
         assert!(e.advance_by(Enabler::Pu(0), 0x7ff0));
         assert!(e.advance_by(Enabler::Pu(3), 0xffe0));
-        assert!(!e.advance_by(Enabler::Own, 0x7fe0), "half the range ahead is behind");
+        assert!(
+            !e.advance_by(Enabler::Own, 0x7fe0),
+            "half the range ahead is behind"
+        );
         assert!(e.advance_by(Enabler::Pu(0), 0x10));
         assert_eq!(e.get(), 0x1_0010);
     }
@@ -617,8 +644,14 @@ mod tests {
         let e = EnabledIndex::default();
         assert!(e.advance_by(Enabler::Own, 0x7fff), "2^15 - 1 ahead");
         let e = EnabledIndex::default();
-        assert!(!e.advance_by(Enabler::Own, 0x8000), "2^15 ahead reads as behind");
-        assert!(!e.advance_by(Enabler::Other, 0x1_0000), "2^16 ahead is where it is");
+        assert!(
+            !e.advance_by(Enabler::Own, 0x8000),
+            "2^15 ahead reads as behind"
+        );
+        assert!(
+            !e.advance_by(Enabler::Other, 0x1_0000),
+            "2^16 ahead is where it is"
+        );
         assert_eq!(e.get(), 0);
     }
 

@@ -665,23 +665,24 @@ impl Core {
             self.flush(f);
             return;
         }
+        self.fail(self.ci, bbs, self.wqe[off::OPCODE], syndrome);
+        self.ci += bbs;
+        self.flush(f);
+    }
+
+    /// The WQE of `bbs` BBs at `ci` failed with `syndrome`: its error completion (after
+    /// any late responses land), and the QP to error. What the caller flushes is its own:
+    /// the ring behind it (`fault`), or the posted WQEs behind it (`settle_oldest`).
+    fn fail(&mut self, ci: u64, bbs: u64, opcode: u8, syndrome: Syndrome) {
         if !self.late.is_empty() {
             self.land();
         }
-        let ci = self.ci;
         // Counted first: whoever sees the error completion or state sees the error counted.
         bump(&self.qp.counters.errors, 1);
-        self.qp.retire(
-            ci,
-            ci + bbs,
-            CqeOpcode::ReqErr,
-            self.wqe[off::OPCODE],
-            0,
-            syndrome as u8,
-        );
-        self.ci += bbs;
+        let syndrome = syndrome as u8;
+        self.qp
+            .retire(ci, ci + bbs, CqeOpcode::ReqErr, opcode, 0, syndrome);
         self.qp.enter_error();
-        self.flush(f);
     }
 
     /// In the error state: complete every outstanding WQE with a flush error. True if any.
@@ -751,15 +752,7 @@ impl Core {
                 Some(true)
             }
             Err(nak) => {
-                if !self.late.is_empty() {
-                    self.land();
-                }
-                // Counted first: whoever sees the error completion sees the error counted.
-                bump(&self.qp.counters.errors, 1);
-                let syndrome = nak.syndrome() as u8;
-                self.qp
-                    .retire(p.ci, p.ci + p.bbs, CqeOpcode::ReqErr, p.opcode, 0, syndrome);
-                self.qp.enter_error();
+                self.fail(p.ci, p.bbs, p.opcode, nak.syndrome());
                 self.flush_posted();
                 Some(false)
             }
