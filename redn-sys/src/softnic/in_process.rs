@@ -132,6 +132,7 @@ impl Transport for InProcess {
         remote: RemoteAddr,
         data: &[u8],
         imm: Option<u32>,
+        _ack: bool,
     ) -> Result<(), Nak> {
         let (t, span) = self.remote_span(keys, remote, data.len() as u64, Access::REMOTE_WRITE)?;
         self.place_write(t, data.len(), imm, || span.write(data))
@@ -144,6 +145,7 @@ impl Transport for InProcess {
         remote: RemoteAddr,
         src: &Span<'_>,
         imm: Option<u32>,
+        _ack: bool,
     ) -> Result<(), Nak> {
         let (t, span) = self.remote_span(keys, remote, src.len as u64, Access::REMOTE_WRITE)?;
         self.place_write(t, src.len, imm, || span.copy_from(src))
@@ -161,7 +163,13 @@ impl Transport for InProcess {
         Ok(())
     }
 
-    fn send(&self, _keys: &mut KeyCache, data: &[u8], imm: Option<u32>) -> Result<(), Nak> {
+    fn send(
+        &self,
+        _keys: &mut KeyCache,
+        data: &[u8],
+        imm: Option<u32>,
+        _ack: bool,
+    ) -> Result<(), Nak> {
         let t = self.live()?;
         let idx = consume_recv(t, &self.keys, data.len(), |recv_keys, sgl| {
             scatter(t, recv_keys, sgl, data)

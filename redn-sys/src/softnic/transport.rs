@@ -12,6 +12,7 @@ use crate::mem::{AccessFault, KeyCache, Span};
 use crate::wqe::{RemoteAddr, Syndrome};
 use std::any::Any;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// The atomic a requester asks for; values are host-order u64s.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,6 +102,9 @@ impl Nak {
 
 /// How a requester reaches its responder. `keys` is the requester's cache of the responder's
 /// keys, so the hot path does not lock the responder's key table.
+///
+/// `ack` on a WRITE or SEND: its outcome is waited for (the WQE is signaled), so a windowed
+/// transport asks for its ACK at once rather than with a later message's (see `windowed`).
 pub(crate) trait Transport: Send + Sync {
     fn write(
         &self,
@@ -108,6 +112,7 @@ pub(crate) trait Transport: Send + Sync {
         remote: RemoteAddr,
         data: &[u8],
         imm: Option<u32>,
+        ack: bool,
     ) -> Result<(), Nak>;
     /// WRITE straight from a checked local window (the one-segment fast path).
     fn write_from(
@@ -116,11 +121,18 @@ pub(crate) trait Transport: Send + Sync {
         remote: RemoteAddr,
         src: &Span<'_>,
         imm: Option<u32>,
+        ack: bool,
     ) -> Result<(), Nak>;
     /// READ straight into a checked local window (the one-segment fast path).
     fn read_into(&self, keys: &mut KeyCache, remote: RemoteAddr, dst: &Span<'_>)
         -> Result<(), Nak>;
-    fn send(&self, keys: &mut KeyCache, data: &[u8], imm: Option<u32>) -> Result<(), Nak>;
+    fn send(
+        &self,
+        keys: &mut KeyCache,
+        data: &[u8],
+        imm: Option<u32>,
+        ack: bool,
+    ) -> Result<(), Nak>;
     fn read(&self, keys: &mut KeyCache, remote: RemoteAddr, out: &mut [u8]) -> Result<(), Nak>;
     fn atomic(&self, keys: &mut KeyCache, remote: RemoteAddr, op: AtomicOp) -> Result<u64, Nak>;
     /// True if WRITEs and SENDs are posted: `write`, `write_from` and `send` return once
@@ -139,6 +151,11 @@ pub(crate) trait Transport: Send + Sync {
     /// Forget every posted message and outcome not taken (the queue went to error and
     /// flushes them).
     fn abandon(&self) {}
+    /// When a windowed transport next needs its owner's visit (through [`Self::settle`])
+    /// for what it has posted: a retransmission or an ACK to ask for. None if never.
+    fn next_timer(&self) -> Option<Instant> {
+        None
+    }
     /// The transport as `Any`, so the executor can find an in-process peer and reach it
     /// without a dynamic call on its fast path.
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;

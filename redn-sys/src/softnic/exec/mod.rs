@@ -420,7 +420,12 @@ impl Core {
         }
         let limit = self.limit();
         if self.ci >= limit {
-            return RunOutcome::Idle;
+            if self.posted.is_empty() {
+                return RunOutcome::Idle;
+            }
+            // Messages posted to a windowed peer are outstanding: take their outcomes,
+            // and let the transport's timers run.
+            return self.settle_at_rest(RunOutcome::Idle);
         }
         stamp(HandoffEvent::Found);
         self.refresh(f);

@@ -195,16 +195,23 @@ impl Core {
             }
         }
 
-        // A windowed peer's posted messages: a WRITE or SEND posts behind them (taking the
-        // outcomes that came); anything else, or a fenced WQE, waits for all of them, so
-        // that READ and atomic results, WAITs and completions see them acknowledged.
+        // A windowed peer's posted messages: a WRITE or SEND posts behind them, and an
+        // unsignaled WAIT, SEND_EN, RECV_EN or NOP runs behind them (taking the outcomes
+        // that came), as a ConnectX runs a WQE before the ACKs of earlier ones are back; a
+        // READ or an atomic (which the transport runs alone), a fenced WQE, and a signaled
+        // one (completions come in order) wait for all of them.
         let posts = self.windowed
             && matches!(
                 opcode,
                 Opcode::RdmaWrite | Opcode::RdmaWriteImm | Opcode::Send | Opcode::SendImm
             );
-        if !self.posted.is_empty() && !self.settle(!posts || WqeFlags(flags).waits_for_responses())
-        {
+        let control = matches!(
+            opcode,
+            Opcode::Wait | Opcode::SendEn | Opcode::RecvEn | Opcode::Nop
+        );
+        let wait = WqeFlags(flags).waits_for_responses()
+            || !(posts || control && !WqeFlags(flags).signaled());
+        if !self.posted.is_empty() && !self.settle(wait) {
             // One failed: the queue is in error, and its next visit flushes this WQE.
             return Step::Blocked;
         }
@@ -364,6 +371,7 @@ impl Core {
             if len > MAX_MESSAGE {
                 return Err(Fail::Syndrome(Syndrome::LocalLength));
             }
+            let ack = self.signaled();
             let src = self
                 .local_keys
                 .get(&self.nic.keys, lkey)
@@ -373,7 +381,7 @@ impl Core {
                 .peer
                 .as_ref()
                 .ok_or(Fail::Syndrome(Syndrome::TransportRetryExceeded))?;
-            peer.write_from(&mut self.remote_keys, remote, &src, imm)
+            peer.write_from(&mut self.remote_keys, remote, &src, imm, ack)
                 .map_err(Fail::from)?;
             return Ok(len);
         }
@@ -382,9 +390,21 @@ impl Core {
             .peer
             .as_ref()
             .ok_or(Fail::Syndrome(Syndrome::TransportRetryExceeded))?;
-        peer.write(&mut self.remote_keys, remote, &self.scratch[..len], imm)
-            .map_err(Fail::from)?;
+        let ack = self.signaled();
+        peer.write(
+            &mut self.remote_keys,
+            remote,
+            &self.scratch[..len],
+            imm,
+            ack,
+        )
+        .map_err(Fail::from)?;
         Ok(len as u64)
+    }
+
+    /// The WQE being run is signaled.
+    fn signaled(&self) -> bool {
+        WqeFlags(self.wqe[off::FM_CE_SE]).signaled()
     }
 
     pub(super) fn op_send(&mut self, opcode: Opcode, ds: usize) -> Result<u64, Fail> {
@@ -394,7 +414,8 @@ impl Core {
             .peer
             .as_ref()
             .ok_or(Fail::Syndrome(Syndrome::TransportRetryExceeded))?;
-        peer.send(&mut self.remote_keys, &self.scratch[..len], imm)
+        let ack = self.signaled();
+        peer.send(&mut self.remote_keys, &self.scratch[..len], imm, ack)
             .map_err(Fail::from)?;
         Ok(len as u64)
     }
@@ -774,23 +795,36 @@ impl Core {
         }
     }
 
-    /// The end of a windowed queue's visit (`outcome`): with nothing more to run, wait for
-    /// the outcomes of what it posted, one by one, until more WQEs are posted (then the
-    /// next visit runs them first); with more to run, take only what has come.
+    /// The end of a windowed queue's visit (`outcome`), and a visit of one with nothing to
+    /// run but posted messages: with nothing more to run, wait for the outcomes of what it
+    /// posted, one by one, up to the last signaled one (a completion the host waits for),
+    /// until more WQEs are posted (then the next visit runs them first); otherwise take
+    /// only what has come. Unsignaled messages left outstanding are settled by later
+    /// visits, which the PU makes by the transport's next timer (a retransmission, or an
+    /// ACK to ask for) if nothing else comes first.
     pub(super) fn settle_at_rest(&mut self, outcome: RunOutcome) -> RunOutcome {
         let mut settled = false;
         while !self.posted.is_empty() {
             let rest = self.ci >= self.limit() && self.qp.state() == QpState::ReadyToSend;
-            match self.settle_oldest(rest) {
+            let wait = rest && self.posted.iter().any(|p| p.signaled);
+            match self.settle_oldest(wait) {
                 Some(true) => settled = true,
                 Some(false) => return RunOutcome::Progress,
                 None => break,
             }
         }
         if settled {
-            RunOutcome::Progress
+            return RunOutcome::Progress;
+        }
+        let timer = if self.posted.is_empty() {
+            None
         } else {
-            outcome
+            self.peer.as_ref().and_then(|p| p.next_timer())
+        };
+        match (outcome, timer) {
+            (RunOutcome::Idle, Some(t)) => RunOutcome::RetryAt(t),
+            (RunOutcome::RetryAt(a), Some(t)) => RunOutcome::RetryAt(a.min(t)),
+            (o, _) => o,
         }
     }
 }

@@ -842,7 +842,7 @@ impl Memory for Glue<'_> {
     }
 
     fn write(&mut self, va: u64, rkey: u32, data: &[u8], imm: Option<u32>) -> Result<(), Nak> {
-        self.ip.write(self.keys, remote(va, rkey), data, imm)
+        self.ip.write(self.keys, remote(va, rkey), data, imm, false)
     }
 
     fn complete_imm(&mut self, len: u32, imm: u32) -> Result<(), Nak> {
@@ -850,7 +850,7 @@ impl Memory for Glue<'_> {
     }
 
     fn send(&mut self, data: &[u8], imm: Option<u32>) -> Result<(), Nak> {
-        self.ip.send(self.keys, data, imm)
+        self.ip.send(self.keys, data, imm, false)
     }
 
     fn read(&mut self, va: u64, rkey: u32, out: &mut [u8]) -> Result<(), Nak> {
@@ -964,6 +964,10 @@ impl RoceTransport {
             if done(req) {
                 return;
             }
+            if req.solicit() {
+                // What it waits for did not ask for an ACK: ask now (sent by the transmit).
+                continue;
+            }
             // A host-driven app's thread polls until the answer or the requester's next timer
             // (a retransmission), never sleeping: it is in a call to the softnic already,
             // and a sleep would hand every answer over from the receive thread to it.
@@ -999,14 +1003,15 @@ impl RoceTransport {
     }
 
     /// Post a SEND or WRITE whose payload `fill` puts into an empty buffer: wait for room in
-    /// the window, start it, send what is due, and take what has arrived.
-    fn post(&self, msg: Message, fill: impl FnOnce(&mut Vec<u8>)) {
+    /// the window, start it (its last packet asking for an ACK with `ack`), send what is
+    /// due, and take what has arrived.
+    fn post(&self, msg: Message, ack: bool, fill: impl FnOnce(&mut Vec<u8>)) {
         let mut req = self.lock();
         self.take_arrived(&mut req, &mut []);
         self.drive(&mut req, &mut [], |r| r.has_room(&msg));
         let mut data = req.buffer();
         fill(&mut data);
-        req.start(msg, data);
+        req.start(msg, data, ack);
         self.transmit(&mut req);
         // The ACKs of what went out before, if they are here: the executor settles them next.
         self.conn.poller.poll_with(&self.inner);
@@ -1019,7 +1024,7 @@ impl RoceTransport {
         let mut req = self.lock();
         self.drive(&mut req, read_out, |r| r.outstanding() == 0);
         let before = req.finished();
-        req.start(msg, Vec::new());
+        req.start(msg, Vec::new(), true);
         self.drive(&mut req, read_out, |r| r.outstanding() == 0);
         if req.finished() > before {
             req.pop_last_finished().unwrap_or(Err(Nak::NoResponse))
@@ -1041,6 +1046,7 @@ impl Transport for RoceTransport {
         remote: RemoteAddr,
         data: &[u8],
         imm: Option<u32>,
+        ack: bool,
     ) -> Result<(), Nak> {
         let msg = Message::Write {
             va: remote.addr.0,
@@ -1048,7 +1054,7 @@ impl Transport for RoceTransport {
             len: Self::len32(data.len())?,
             imm,
         };
-        self.post(msg, |b| b.extend_from_slice(data));
+        self.post(msg, ack, |b| b.extend_from_slice(data));
         Ok(())
     }
 
@@ -1058,6 +1064,7 @@ impl Transport for RoceTransport {
         remote: RemoteAddr,
         src: &Span<'_>,
         imm: Option<u32>,
+        ack: bool,
     ) -> Result<(), Nak> {
         let msg = Message::Write {
             va: remote.addr.0,
@@ -1065,7 +1072,7 @@ impl Transport for RoceTransport {
             len: Self::len32(src.len)?,
             imm,
         };
-        self.post(msg, |b| {
+        self.post(msg, ack, |b| {
             b.resize(src.len, 0);
             src.read(b);
         });
@@ -1084,12 +1091,18 @@ impl Transport for RoceTransport {
         Ok(())
     }
 
-    fn send(&self, _keys: &mut KeyCache, data: &[u8], imm: Option<u32>) -> Result<(), Nak> {
+    fn send(
+        &self,
+        _keys: &mut KeyCache,
+        data: &[u8],
+        imm: Option<u32>,
+        ack: bool,
+    ) -> Result<(), Nak> {
         let msg = Message::Send {
             len: Self::len32(data.len())?,
             imm,
         };
-        self.post(msg, |b| b.extend_from_slice(data));
+        self.post(msg, ack, |b| b.extend_from_slice(data));
         Ok(())
     }
 
@@ -1148,6 +1161,10 @@ impl Transport for RoceTransport {
 
     fn abandon(&self) {
         self.lock().clear();
+    }
+
+    fn next_timer(&self) -> Option<Instant> {
+        self.lock().next_timer()
     }
 
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {

@@ -22,8 +22,18 @@ use std::time::{Duration, Instant};
 
 /// Packets sent past the oldest unacknowledged one before the requester waits for ACKs.
 pub const WINDOW: u32 = 64;
-/// Every this many packets of a long message asks for an ACK, so the window keeps moving.
+/// Every packet whose PSN is a multiple of this, less one, asks for an ACK (AckReq), so that
+/// the window keeps moving whatever the messages' sizes; so does the last packet of a
+/// message whose outcome is waited for (a signaled WQE's). Other packets do not: the
+/// responder acknowledges them with the next ACK it sends (ACKs are cumulative), and a
+/// request-answer exchange sends one datagram a side, not two.
 pub const ACK_EVERY: u32 = 16;
+/// How long the newest packet sent may go without an ACK asked for (the sender fell quiet
+/// after packets that did not ask) before the requester asks, by sending it again with
+/// AckReq: a duplicate, which the responder acknowledges without running it again (C9-105).
+/// Short against the ACK timeout (at most a quarter of it), so that a quiet sender's last
+/// messages are acknowledged, not retransmitted.
+pub const SOLICIT_AFTER: Duration = Duration::from_millis(1);
 /// SENDs and WRITEs outstanding (started, not yet acknowledged) at most.
 pub const MAX_MESSAGES: usize = 32;
 /// Payload bytes of the outstanding messages at most: the requester keeps a copy of each
@@ -134,6 +144,8 @@ struct Outstanding {
     npsn: u32,
     /// A SEND's or WRITE's payload, kept for retransmission.
     data: Vec<u8>,
+    /// Its last packet asks for an ACK (someone waits for its outcome).
+    ack: bool,
 }
 
 impl Outstanding {
@@ -168,6 +180,14 @@ pub struct Requester {
     rnr: u8,
     deadline: Option<Instant>,
     rnr_until: Option<Instant>,
+    /// The newest SEND/WRITE packet sent asked for an ACK (or none was sent): nothing to
+    /// solicit.
+    asked: bool,
+    /// When to ask for an ACK of the newest packet sent, which did not ask (see
+    /// [`SOLICIT_AFTER`]).
+    solicit_at: Option<Instant>,
+    /// A copy of the newest packet sent, asking for an ACK, goes out with the next transmit.
+    solicit_due: bool,
     /// Outcomes of finished messages not yet taken, oldest first.
     finished: VecDeque<Outcome>,
     /// A message failed: nothing more goes out (the QP is going to error).
@@ -195,6 +215,9 @@ impl Requester {
             rnr: attrs.rnr_retry,
             deadline: None,
             rnr_until: None,
+            asked: true,
+            solicit_at: None,
+            solicit_due: false,
             finished: VecDeque::new(),
             failed: false,
             spare: Vec::new(),
@@ -241,9 +264,11 @@ impl Requester {
 
     /// Start a message (see [`Self::has_room`]; a caller that starts one without room
     /// only widens the window) with its payload (a SEND's or WRITE's `len` bytes; empty
-    /// for a READ or atomic). Its packets go out through [`Self::transmit`]. Once a message
+    /// for a READ or atomic). With `ack`, its last packet asks for an ACK (its outcome is
+    /// waited for: a signaled WQE); without, it is acknowledged with what follows it (see
+    /// [`ACK_EVERY`]). Its packets go out through [`Self::transmit`]. Once a message
     /// failed, nothing starts and no outcome comes.
-    pub fn start(&mut self, msg: Message, data: Vec<u8>) {
+    pub fn start(&mut self, msg: Message, data: Vec<u8>, ack: bool) {
         if self.failed {
             self.recycle(data);
             return;
@@ -264,6 +289,7 @@ impl Requester {
             self.rnr = self.attrs.rnr_retry;
             self.deadline = None;
             self.rnr_until = None;
+            self.clear_solicit();
         }
         self.request_due = true;
         self.read_done = 0;
@@ -274,6 +300,7 @@ impl Requester {
             first,
             npsn,
             data,
+            ack,
         });
     }
 
@@ -319,6 +346,30 @@ impl Requester {
         self.bytes = 0;
         self.deadline = None;
         self.rnr_until = None;
+        self.clear_solicit();
+    }
+
+    /// Nothing sent is waiting for an ACK to be asked for.
+    fn clear_solicit(&mut self) {
+        self.asked = true;
+        self.solicit_at = None;
+        self.solicit_due = false;
+    }
+
+    /// Someone waits for an outcome: if the newest packet sent did not ask for an ACK, a copy
+    /// of it that asks goes out with the next [`Self::transmit`] (true), rather than after
+    /// [`SOLICIT_AFTER`].
+    pub fn solicit(&mut self) -> bool {
+        if self.asked || self.solicit_due || !self.unacknowledged_sent() {
+            return false;
+        }
+        self.solicit_due = true;
+        true
+    }
+
+    /// SEND/WRITE packets were sent and not all are acknowledged.
+    fn unacknowledged_sent(&self) -> bool {
+        self.msgs.front().is_some_and(|m| m.msg.posted()) && psn::diff(self.sent, self.una) > 0
     }
 
     fn recycle(&mut self, mut data: Vec<u8>) {
@@ -338,6 +389,7 @@ impl Requester {
         if self.msgs.is_empty() {
             self.deadline = None;
             self.rnr_until = None;
+            self.clear_solicit();
         }
     }
 
@@ -365,6 +417,20 @@ impl Requester {
         let mut any = false;
         match front.msg {
             Message::Send { .. } | Message::Write { .. } => {
+                if self.solicit_due {
+                    self.solicit_due = false;
+                    if self.unacknowledged_sent() {
+                        // Not progress: the ACK timer runs on.
+                        let newest = psn::add(self.sent, psn::MASK);
+                        if let Some(m) = self.msgs.iter().find(|m| psn::diff(newest, m.end()) < 0) {
+                            let (mut h, range) = self.packet(m, newest);
+                            h.ack_req = true;
+                            emit(&h, range.clone(), m.data.get(range).unwrap_or(&[]));
+                            self.asked = true;
+                            self.solicit_at = None;
+                        }
+                    }
+                }
                 let mut at = 0;
                 while psn::diff(self.sent, self.next_psn) < 0
                     && psn::diff(self.sent, self.una) < i32::try_from(WINDOW).unwrap_or(i32::MAX)
@@ -382,7 +448,11 @@ impl Requester {
                     let (h, range) = self.packet(m, self.sent);
                     emit(&h, range.clone(), m.data.get(range).unwrap_or(&[]));
                     self.sent = psn::add(self.sent, 1);
+                    self.asked = h.ack_req;
                     any = true;
+                }
+                if any {
+                    self.solicit_at = (!self.asked).then(|| now + self.solicit_delay());
                 }
             }
             Message::Read { va, rkey, len } => {
@@ -453,7 +523,7 @@ impl Requester {
         };
         let op = if write { op + WRITE_AFTER_SEND } else { op };
         let mut h = Header::new(op, self.dest_qp, at);
-        h.ack_req = is_last || k % ACK_EVERY == ACK_EVERY - 1;
+        h.ack_req = (is_last && m.ack) || at % ACK_EVERY == ACK_EVERY - 1;
         if is_last {
             h.imm = imm;
         }
@@ -463,14 +533,24 @@ impl Requester {
         (h, from as usize..to as usize)
     }
 
-    /// When the requester next needs [`Self::on_timer`]: the ACK timeout or the end of an
-    /// RNR wait.
+    /// When the requester next needs [`Self::on_timer`]: the ACK timeout, the end of an RNR
+    /// wait, or the time to ask for the ACK of a quiet sender's newest packet.
     #[must_use]
     pub fn next_timer(&self) -> Option<Instant> {
         if self.msgs.is_empty() {
             return None;
         }
-        self.rnr_until.or(self.deadline)
+        match (self.rnr_until.or(self.deadline), self.solicit_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// How long the newest packet waits before the requester asks for its ACK.
+    fn solicit_delay(&self) -> Duration {
+        self.attrs
+            .ack_timeout()
+            .map_or(SOLICIT_AFTER, |t| (t / 4).min(SOLICIT_AFTER))
     }
 
     /// Go back to the oldest unacknowledged PSN: resend from there.
@@ -486,6 +566,10 @@ impl Requester {
     pub fn on_timer(&mut self, now: Instant) {
         if self.msgs.is_empty() {
             return;
+        }
+        if self.solicit_at.is_some_and(|t| now >= t) {
+            self.solicit_at = None;
+            self.solicit_due = true;
         }
         if let Some(t) = self.rnr_until {
             if now >= t {
@@ -591,8 +675,10 @@ impl Requester {
                         return Err(DropReason::UnexpectedResponse);
                     }
                     self.una = psn::add(h.psn, 1);
-                    if psn::diff(self.sent, self.una) < 0 {
+                    if psn::diff(self.sent, self.una) <= 0 {
+                        // Everything sent is acknowledged: nothing to ask for.
                         self.sent = self.una;
+                        self.clear_solicit();
                     }
                     self.retries = self.attrs.retry_cnt;
                     self.rnr = self.attrs.rnr_retry;
@@ -776,7 +862,7 @@ mod tests {
     /// Start `msg` with a payload of its length, byte i being i mod 251.
     fn start(r: &mut Requester, msg: Message) {
         let data = (0..msg.payload()).map(|i| (i % 251) as u8).collect();
-        r.start(msg, data);
+        r.start(msg, data, true);
     }
 
     #[test]
