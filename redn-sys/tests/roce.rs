@@ -13,7 +13,7 @@
 mod common;
 use common::*;
 use redn_program::program::catalog::{self, HashVariant, BUCKET_STRIDE};
-use redn_program::wqe::{CqeOpcode, Payload, Syndrome, WqeFlags, WrOp};
+use redn_program::wqe::{CqeOpcode, Payload, Syndrome, WorkRequest, WqeFlags, WrOp};
 use redn_sys::install::{self, RegionBinding};
 use redn_sys::nic::{Completion, CqConfig, Nic, QpConfig};
 use redn_sys::softnic::roce::{
@@ -1214,6 +1214,93 @@ fn connect_locals(
             remote: ra,
         },
     )
+}
+
+/// `n` unsignaled 100 B WRITEs from `a` to `b` (message i at `i * 128`, bytes i), posted
+/// and left: the queue has nothing more to run and nobody waits for their outcomes.
+fn unsignaled_writes(a: &Local, ca: &Conn, n: usize) -> Vec<WorkRequest> {
+    (0..n)
+        .map(|i| {
+            let at = (i * 128) as u64;
+            a.buf.write(at as usize, &[i as u8; 100]);
+            wr(
+                i as u64,
+                WqeFlags::NONE,
+                WrOp::Write {
+                    remote: remote_at(&ca.remote, at),
+                    payload: Payload::Sgl(vec![a.buf.mr.sge(at, 100)]),
+                    imm: None,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Wait until `b` holds every WRITE of [`unsignaled_writes`].
+fn await_unsignaled_writes(b: &Local, n: usize) {
+    let deadline = Instant::now() + patience(10);
+    for i in 0..n {
+        while b.buf.read(i * 128, 100) != [i as u8; 100] {
+            assert!(Instant::now() < deadline, "WRITE {i} never landed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Unsignaled WRITEs ask for no ACK (but every 16th PSN), so their queue at rest leaves
+/// them outstanding; their requester then asks for the ACK once, by sending the newest
+/// packet again with AckReq, and the responder's one ACK covers them all: no
+/// retransmission, no second ACK. A signaled WQE behind them completes after them.
+#[test]
+fn unsignaled_writes_at_rest_are_acknowledged_by_one_asked_for_ack() {
+    let (a, b, ca, _) = pair(7, 0);
+    // PSNs 10..=14: none is 15 mod 16, so none asks.
+    a.nic
+        .post_send(ca.qp, &unsignaled_writes(&a, &ca, 5))
+        .unwrap();
+    await_unsignaled_writes(&b, 5);
+    // The ask goes 1 ms after the last send (a quarter of the 67 ms ACK timeout is more);
+    // a retransmission would come after the ACK timeout, well inside this wait.
+    std::thread::sleep(Duration::from_millis(300));
+    let (sent, acks) = (a.ep.counters().sent, b.ep.counters().sent);
+    assert_eq!((sent, acks), (6, 1), "five WRITEs, one ask, one ACK");
+    let r = a.post(
+        &ca,
+        9,
+        WrOp::Nop {
+            raw_segments: vec![],
+        },
+    );
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(a.nic.qp_state(ca.qp).unwrap(), QpState::ReadyToSend);
+    assert_eq!(a.ep.counters().sent, 6, "the NOP sends nothing");
+}
+
+/// Unsignaled WRITEs left at rest on a lossy link still all land: their queue, with
+/// nothing to run, is visited by its requester's timers, which ask for ACKs and resend
+/// what was lost.
+#[test]
+fn unsignaled_writes_at_rest_survive_loss_reordering_and_duplication() {
+    let (a, b, ca, _) = connect_locals(
+        Local::new(Some(FAULTS)),
+        Local::new(Some(FAULTS)),
+        7,
+        0,
+        |_, _| {},
+    );
+    let n = 200;
+    let wrs = unsignaled_writes(&a, &ca, n);
+    for part in wrs.chunks(20) {
+        a.nic.post_send(ca.qp, part).unwrap();
+    }
+    await_unsignaled_writes(&b, n);
+    assert!(
+        a.ep.counters().dropped + b.ep.counters().dropped > 0,
+        "the faults were felt: {:?} {:?}",
+        a.ep.drops().snapshot(),
+        b.ep.drops().snapshot()
+    );
+    assert_eq!(a.nic.qp_state(ca.qp).unwrap(), QpState::ReadyToSend);
 }
 
 #[test]

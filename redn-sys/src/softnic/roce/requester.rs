@@ -1441,4 +1441,111 @@ mod tests {
         start(&mut r, read);
         assert!(!r.has_room(&write(1)), "nothing passes a READ");
     }
+
+    /// Start a WRITE of `len` bytes whose outcome nobody waits for (an unsignaled WQE's).
+    fn start_unasked(r: &mut Requester, len: u32) {
+        r.start(write(len), vec![7; len as usize], false);
+    }
+
+    #[test]
+    fn only_waited_for_messages_and_every_sixteenth_psn_ask_for_an_ack() {
+        let c = ManualClock::new();
+        // PSNs 10..: one-packet WRITEs, unsignaled but for the fourth.
+        let mut r = Requester::new(attrs(), 7, 10);
+        for i in 0..8 {
+            if i == 3 {
+                r.start(write(100), vec![1; 100], true);
+            } else {
+                start_unasked(&mut r, 100);
+            }
+        }
+        let p = tx(&mut r, c.now());
+        let asking: Vec<u32> = p
+            .iter()
+            .filter(|(h, _)| h.ack_req)
+            .map(|(h, _)| h.psn)
+            .collect();
+        // PSN 13 is the signaled one's; 15 is the sixteenth PSN's (15 mod 16).
+        assert_eq!(asking, [13, 15]);
+        // A long message asks on its PSNs 15 mod 16 too, and not at its unsignaled end.
+        let mut r = Requester::new(attrs(), 7, 0);
+        start_unasked(&mut r, 40 * 256);
+        let p = tx(&mut r, c.now());
+        assert_eq!(p.len(), 40);
+        let asking: Vec<u32> = p
+            .iter()
+            .filter(|(h, _)| h.ack_req)
+            .map(|(h, _)| h.psn)
+            .collect();
+        assert_eq!(asking, [15, 31]);
+    }
+
+    #[test]
+    fn a_quiet_senders_unasked_packets_are_asked_for_by_a_duplicate() {
+        let c = ManualClock::new();
+        let mut r = Requester::new(attrs(), 7, 100);
+        start_unasked(&mut r, 100);
+        start_unasked(&mut r, 300);
+        let sent_at = c.now();
+        assert_eq!(tx(&mut r, sent_at).len(), 3, "PSNs 100, 101, 102");
+        // ACK timeout 1.05 ms: the ACK is asked for after a quarter of it.
+        let ask_at = sent_at + Duration::from_nanos((4096u64 << 8) / 4);
+        assert_eq!(r.next_timer(), Some(ask_at));
+        c.advance(Duration::from_micros(200));
+        r.on_timer(c.now());
+        assert!(tx(&mut r, c.now()).is_empty(), "not yet");
+        c.advance(Duration::from_micros(63));
+        assert_eq!(timer(&mut r, c.now()), Progress::Pending);
+        let p = tx(&mut r, c.now());
+        assert_eq!(p.len(), 1, "one duplicate: {p:?}");
+        let (h, range) = &p[0];
+        assert_eq!(
+            (h.psn, h.opcode, h.ack_req, range.clone()),
+            (102, opcode::WRITE_LAST, true, 256..300),
+            "the newest packet again, asking"
+        );
+        // The ACK timer was not re-armed by the duplicate; nothing more is asked for.
+        assert_eq!(
+            r.next_timer(),
+            Some(sent_at + Duration::from_nanos(4096 << 8))
+        );
+        assert!(!r.solicit(), "the newest packet sent asked");
+        plain_ack(&mut r, 102, c.now());
+        assert_eq!(
+            (outcome(&mut r), outcome(&mut r), r.next_timer()),
+            (Progress::Done(0), Progress::Done(0), None)
+        );
+    }
+
+    #[test]
+    fn a_wait_asks_at_once_and_an_ack_of_everything_cancels_the_ask() {
+        let c = ManualClock::new();
+        let mut r = Requester::new(attrs(), 7, 0);
+        assert!(!r.solicit(), "nothing sent");
+        start_unasked(&mut r, 10);
+        assert!(!r.solicit(), "nothing sent yet");
+        tx(&mut r, c.now());
+        assert!(r.solicit(), "someone waits: ask now");
+        assert!(!r.solicit(), "already asked");
+        let p = tx(&mut r, c.now());
+        assert_eq!((p.len(), p[0].0.psn, p[0].0.ack_req), (1, 0, true));
+        // Another unasked packet, then an ACK of everything before its ask is due.
+        start_unasked(&mut r, 10);
+        tx(&mut r, c.now());
+        plain_ack(&mut r, 1, c.now());
+        assert_eq!(r.next_timer(), None, "nothing outstanding, no ask");
+        assert!(!r.solicit());
+        // An ACK of part of what was sent leaves the ask armed for the rest.
+        start_unasked(&mut r, 10);
+        start_unasked(&mut r, 10);
+        let at = c.now();
+        tx(&mut r, at);
+        plain_ack(&mut r, 2, at);
+        assert_eq!(outcome(&mut r), Progress::Done(0));
+        assert_eq!(outcome(&mut r), Progress::Done(0));
+        c.advance(SOLICIT_AFTER);
+        r.on_timer(c.now());
+        let p = tx(&mut r, c.now());
+        assert_eq!((p.len(), p[0].0.psn, p[0].0.ack_req), (1, 3, true));
+    }
 }
