@@ -43,6 +43,9 @@ OPTIONS:
     --quick      fewer round trips and bytes (a few seconds)
     --answered-only
                  only the raw UDP and the answered WRITE_IMM rows (for profiling them)
+    --stream-only
+                 only one long 64 KiB WRITE stream and its raw UDP baseline (2 GiB each;
+                 256 MiB with --quick), for profiling the bandwidth row
     --spin-us N  how long a waiting requester polls the socket before it sleeps and
                  leaves the socket to its endpoint's receive thread (default 50)
     -h, --help   this text
@@ -65,10 +68,12 @@ const ECHO_AT: u64 = 5 << 20;
 
 fn main() {
     let (mut quick, mut spin_us, mut peer, mut answered_only) = (false, 50u64, false, false);
+    let mut stream_only = false;
     read_command_line("roce_bench", USAGE, &mut |name, value| {
         match name {
             "--quick" => quick = true,
             "--answered-only" => answered_only = true,
+            "--stream-only" => stream_only = true,
             "--spin-us" => spin_us = parse_in("--spin-us", value(), 0..=1_000_000)?,
             "--peer" => peer = true,
             _ => return Ok(false),
@@ -121,6 +126,22 @@ fn main() {
     let spin_p50 = udp_ping(&mut c, "spin", pings);
     udp_ping(&mut c, "block", pings);
     let mut client = Client::connect(&mut c, spin);
+    if stream_only {
+        // One long 64 KiB stream each, for `perf` to sample.
+        let total = if quick { 256 << 20 } else { 2 << 30 };
+        let raw = udp_stream(&mut c, 64 << 10, total);
+        let soft = client.write_bandwidth(64 << 10, total);
+        println!(
+            "\n64 KiB WRITE stream of {} MiB: raw UDP {:.0} MB/s, softnic {:.0} MB/s ({:.0}%)",
+            total >> 20,
+            raw / 1e6,
+            soft / 1e6,
+            100.0 * soft / raw
+        );
+        c.say("done");
+        let _ = child.wait();
+        return;
+    }
     let n = if quick { 1_000 } else { 10_000 };
     let ops: &[&str] = if answered_only {
         &[]
