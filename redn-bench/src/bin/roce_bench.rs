@@ -898,6 +898,9 @@ struct Server {
     mr: MrInfo,
     answers: std::thread::JoinHandle<()>,
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// The answering thread sleeps while this is set (the offload rows: it has no work,
+    /// and its polls would take turns on the cores from the threads that have).
+    paused: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The offload row's server side: a QP whose send queue holds, for each of `rounds`
@@ -906,6 +909,8 @@ struct Server {
 /// post runs during the row (reported back as a count of host posts).
 fn serve_offload(c: &mut Control, s: &Server, rounds: usize) {
     let nic = &s.nic;
+    // No host on the path, and none taking turns on the cores with it.
+    s.paused.store(true, std::sync::atomic::Ordering::Release);
     let send_cq = nic.create_cq(CqConfig::new(1 << 16)).expect("cq");
     let recv_cq = nic.create_cq(CqConfig::new(1 << 16)).expect("cq");
     let slots = u32::try_from(rounds.next_power_of_two().max(64)).expect("rounds");
@@ -958,6 +963,8 @@ fn serve_offload(c: &mut Control, s: &Server, rounds: usize) {
     write_record(&mut c.writer, &ours).expect("record");
     // This thread sleeps in the control read until the client has had every answer.
     assert_eq!(c.hear(), "offload done");
+    s.paused.store(false, std::sync::atomic::Ordering::Release);
+    s.answers.thread().unpark();
     let posts = nic.counters(qp).expect("counters").host_posts - before;
     c.say(&format!("host_posts {posts}"));
 }
@@ -991,6 +998,8 @@ fn serve_softnic(c: &mut Control, spin: Duration) -> Server {
     let pong = theirs.region("pong").expect("pong region").clone();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop2 = Arc::clone(&stop);
+    let paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let paused2 = Arc::clone(&paused);
     let nic2 = Arc::clone(&nic);
     let answer_mr = mr.clone();
     let t = std::thread::spawn(move || {
@@ -999,6 +1008,10 @@ fn serve_softnic(c: &mut Control, spin: Duration) -> Server {
         let mut answered = 0u64;
         let mut last_work = Instant::now();
         while !stop2.load(std::sync::atomic::Ordering::Acquire) {
+            if paused2.load(std::sync::atomic::Ordering::Acquire) {
+                std::thread::park_timeout(Duration::from_millis(50));
+                continue;
+            }
             out.clear();
             nic2.poll_cq(cq, 64, &mut out).expect("poll");
             for comp in &out {
@@ -1056,5 +1069,6 @@ fn serve_softnic(c: &mut Control, spin: Duration) -> Server {
         mr,
         answers: t,
         stop,
+        paused,
     }
 }

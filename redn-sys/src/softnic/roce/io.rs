@@ -24,6 +24,10 @@ pub struct RecvBatch {
     bufs: Vec<Box<[u8]>>,
     lens: Vec<usize>,
     from: Vec<SocketAddrV4>,
+    /// Datagrams the next receive asks for (1..=BATCH): one after a receive that found
+    /// none (a poller's common case: one plain `recvfrom`, no batch headers to build), eight
+    /// times more after one that filled what it asked for.
+    want: usize,
 }
 
 impl Default for RecvBatch {
@@ -34,6 +38,7 @@ impl Default for RecvBatch {
                 .collect(),
             lens: vec![0; BATCH],
             from: vec![SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0); BATCH],
+            want: 1,
         }
     }
 }
@@ -44,6 +49,21 @@ impl RecvBatch {
     #[must_use]
     pub fn get(&self, i: usize) -> (&[u8], SocketAddrV4) {
         (&self.bufs[i][..self.lens[i].min(RECV_BUF)], self.from[i])
+    }
+
+    /// How many datagrams the next receive asks for at most.
+    #[must_use]
+    pub fn want(&self) -> usize {
+        self.want
+    }
+
+    /// After a receive that asked for `self.want` and got `n`: what the next asks for.
+    fn adapt(&mut self, n: usize) {
+        self.want = match n {
+            0 => 1,
+            n if n >= self.want => (self.want * 8).min(BATCH),
+            _ => self.want,
+        };
     }
 
     /// Put a datagram in slot `i` (for wrappers and tests that make their own).
@@ -59,8 +79,8 @@ impl RecvBatch {
 pub trait DatagramIo: Send + Sync {
     /// Send every datagram to its address (blocking while the socket's buffer is full).
     fn send(&self, batch: &[(SocketAddrV4, &[u8])]) -> io::Result<()>;
-    /// Receive up to [`BATCH`] datagrams; wait up to `wait` for the first (`None`: do not
-    /// wait). Returns how many arrived.
+    /// Receive up to [`RecvBatch::want`] datagrams (at most [`BATCH`]); wait up to `wait`
+    /// for the first (`None`: do not wait). Returns how many arrived.
     fn recv(&self, batch: &mut RecvBatch, wait: Option<Duration>) -> io::Result<usize>;
     /// The address datagrams are sent from and received at.
     fn local_addr(&self) -> SocketAddrV4;
@@ -177,6 +197,11 @@ impl UdpIo {
 impl DatagramIo for UdpIo {
     fn send(&self, batch: &[(SocketAddrV4, &[u8])]) -> io::Result<()> {
         let fd = self.socket.as_raw_fd();
+        if let [(to, d)] = batch {
+            // One datagram (a request or an answer of a request-answer exchange): a plain
+            // `sendto`, without the batch's headers.
+            return send_one(fd, *to, d);
+        }
         // The headers live on the stack (6 KiB): a PU polling an idle socket calls this and
         // `recv` at every turn, and three heap vectors a call were a visible share of it.
         let mut arrays = MsgArrays::new();
@@ -232,50 +257,126 @@ impl DatagramIo for UdpIo {
                 return Ok(0);
             }
         }
-        let mut arrays = MsgArrays::new();
-        for (iov, b) in arrays.iovs.iter_mut().zip(batch.bufs.iter_mut()) {
-            *iov = libc::iovec {
-                iov_base: b.as_mut_ptr().cast(),
-                iov_len: b.len(),
-            };
-        }
-        let msgs = arrays.link(BATCH);
-        // SAFETY: BATCH initialised headers pointing into `arrays`' addresses and iovecs and
-        // the batch's buffers (each iovec's length is its buffer's), all alive for this call.
-        let n = unsafe {
-            libc::recvmmsg(
-                fd,
-                msgs.as_mut_ptr(),
-                BATCH_U32,
-                libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
-            )
+        let want = batch.want.clamp(1, BATCH);
+        let n = if want == 1 {
+            recv_one(fd, batch)?
+        } else {
+            recv_many(fd, batch, want)?
         };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return match e.kind() {
-                io::ErrorKind::WouldBlock
-                | io::ErrorKind::Interrupted
-                | io::ErrorKind::ConnectionRefused => Ok(0),
-                _ => Err(e),
-            };
-        }
-        // 0 <= n <= BATCH.
-        let n = n.unsigned_abs() as usize;
-        for i in 0..n {
-            batch.lens[i] = arrays.msgs[i].msg_len as usize;
-            let a = arrays.addrs[i];
-            batch.from[i] = SocketAddrV4::new(
-                Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-                u16::from_be(a.sin_port),
-            );
-        }
+        batch.adapt(n);
         Ok(n)
     }
 
     fn local_addr(&self) -> SocketAddrV4 {
         self.local
     }
+}
+
+/// An error of a send or receive call: Ok for what is not the socket's fault (nothing to
+/// receive, an interrupted call, an ICMP error an earlier datagram brought back), which
+/// the caller treats as nothing received or the datagram lost.
+fn benign(e: io::Error) -> io::Result<()> {
+    match e.kind() {
+        io::ErrorKind::WouldBlock
+        | io::ErrorKind::Interrupted
+        | io::ErrorKind::ConnectionRefused => Ok(()),
+        _ => Err(e),
+    }
+}
+
+/// Send one datagram to `to` (blocking while the socket's buffer is full).
+fn send_one(fd: i32, to: SocketAddrV4, d: &[u8]) -> io::Result<()> {
+    let addr = sockaddr_of(to);
+    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_in>()).unwrap_or(16);
+    loop {
+        // SAFETY: `d` is valid for `d.len()` bytes and `addr` for `len`, for this call.
+        let r = unsafe {
+            libc::sendto(
+                fd,
+                d.as_ptr().cast(),
+                d.len(),
+                0,
+                std::ptr::from_ref(&addr).cast(),
+                len,
+            )
+        };
+        if r >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock => {}
+            // A peer's port with nobody bound: the datagram is lost, like any other.
+            io::ErrorKind::ConnectionRefused => return Ok(()),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Receive one datagram into slot 0, not waiting: 1, or 0 if none is there.
+fn recv_one(fd: i32, batch: &mut RecvBatch) -> io::Result<usize> {
+    let mut addr = sockaddr_of(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_in>()).unwrap_or(16);
+    let buf = &mut batch.bufs[0];
+    // SAFETY: `buf` is valid for `buf.len()` bytes and `addr` for `len`, for this call.
+    let r = unsafe {
+        libc::recvfrom(
+            fd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+            std::ptr::from_mut(&mut addr).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return benign(io::Error::last_os_error()).map(|()| 0);
+    }
+    // 0 <= r <= buf.len().
+    batch.lens[0] = r.unsigned_abs();
+    batch.from[0] = SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)),
+        u16::from_be(addr.sin_port),
+    );
+    Ok(1)
+}
+
+/// Receive up to `want` datagrams (2..=BATCH) in one `recvmmsg`, not waiting.
+fn recv_many(fd: i32, batch: &mut RecvBatch, want: usize) -> io::Result<usize> {
+    let mut arrays = MsgArrays::new();
+    for (iov, b) in arrays.iovs.iter_mut().zip(batch.bufs.iter_mut()) {
+        *iov = libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
+        };
+    }
+    let msgs = arrays.link(want);
+    // SAFETY: `want` (<= BATCH) initialised headers pointing into `arrays`' addresses and
+    // iovecs and the batch's buffers (each iovec's length is its buffer's), all alive
+    // for this call.
+    let n = unsafe {
+        libc::recvmmsg(
+            fd,
+            msgs.as_mut_ptr(),
+            u32::try_from(want).unwrap_or(BATCH_U32),
+            libc::MSG_DONTWAIT,
+            std::ptr::null_mut(),
+        )
+    };
+    if n < 0 {
+        return benign(io::Error::last_os_error()).map(|()| 0);
+    }
+    // 0 <= n <= want.
+    let n = n.unsigned_abs() as usize;
+    for i in 0..n {
+        batch.lens[i] = arrays.msgs[i].msg_len as usize;
+        let a = arrays.addrs[i];
+        batch.from[i] = SocketAddrV4::new(
+            Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+            u16::from_be(a.sin_port),
+        );
+    }
+    Ok(n)
 }
 
 /// Faults to inject on the datagrams an endpoint sends, each in parts per thousand, from a
@@ -383,6 +484,44 @@ mod tests {
         }
         assert_eq!(got, msgs);
         assert!(UdpIo::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)).is_err());
+    }
+
+    /// A poller that found nothing asks for one datagram (a plain `recvfrom`); one that
+    /// filled what it asked for asks for eight times more, up to a batch; a single datagram
+    /// goes out with a plain `sendto`. Every datagram arrives whole, in order, with its
+    /// sender, whichever call carried it.
+    #[test]
+    fn receives_ask_for_more_as_datagrams_queue_and_one_after_none() {
+        let a = UdpIo::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let b = UdpIo::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let mut rb = RecvBatch::default();
+        assert_eq!(rb.want(), 1);
+        assert_eq!(b.recv(&mut rb, None).unwrap(), 0);
+        assert_eq!(rb.want(), 1, "none found: one next");
+        // One datagram alone (sendto), then 80 in one call (sendmmsg).
+        a.send(&[(b.local_addr(), &[7u8; 33][..])]).unwrap();
+        let msgs: Vec<Vec<u8>> = (0..80u8).map(|i| vec![i; usize::from(i) + 1]).collect();
+        let batch: Vec<_> = msgs.iter().map(|m| (b.local_addr(), &m[..])).collect();
+        a.send(&batch).unwrap();
+        let mut got = Vec::new();
+        let mut asked = Vec::new();
+        while got.len() < 81 {
+            let want = rb.want();
+            let n = b.recv(&mut rb, Some(Duration::from_secs(10))).unwrap();
+            assert!(n > 0 && n <= want, "{n} of {want}");
+            asked.push(want);
+            for i in 0..n {
+                let (d, from) = rb.get(i);
+                assert_eq!(from, a.local_addr());
+                got.push(d.to_vec());
+            }
+        }
+        assert_eq!(got[0], [7u8; 33]);
+        assert_eq!(got[1..], msgs[..]);
+        // 1, 8, then whole batches (the rest of 81 fits in 1 + 8 + 64 + 8).
+        assert_eq!(asked[..3], [1, 8, BATCH]);
+        assert_eq!(b.recv(&mut rb, None).unwrap(), 0);
+        assert_eq!(rb.want(), 1, "none found again: one next");
     }
 
     /// Records what it is asked to send.
