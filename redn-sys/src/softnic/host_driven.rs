@@ -69,9 +69,12 @@ impl HostDriven {
 }
 
 /// PU `index`'s rounds: its queues, then (when they had nothing, and on the last round)
-/// its idle work, until a round does nothing.
+/// its idle work, until a round does nothing. A round right after idle work that did
+/// something (a datagram taken in) polls it again only if its queues did something too:
+/// the app is waiting for what just came, and its next call polls again.
 fn rounds(index: usize, pu: &mut PuQueues, shared: &Arc<Shared>) {
     let notice = &shared.pus.pus[index].0.changed;
+    let mut idle_did = false;
     for round in 0..MAX_ROUNDS {
         if notice.load(Ordering::Relaxed) && notice.swap(false, Ordering::AcqRel) {
             pu.take_changes(index, shared);
@@ -79,8 +82,11 @@ fn rounds(index: usize, pu: &mut PuQueues, shared: &Arc<Shared>) {
         // A rate-limited queue's deadline needs no timer here: the app's next call looks
         // again.
         let (mut progress, _deadline) = pu.scan();
-        if !progress || round + 1 == MAX_ROUNDS {
-            progress |= pu.poll_idle();
+        if (!progress && !idle_did) || round + 1 == MAX_ROUNDS {
+            idle_did = pu.poll_idle();
+            progress |= idle_did;
+        } else {
+            idle_did = false;
         }
         if !progress {
             return;
@@ -200,5 +206,29 @@ mod tests {
         for t in 0..queues.len() {
             assert_eq!(buf.load_u64(4096 * (t + 1)), PER_THREAD - 1);
         }
+    }
+
+    /// Idle work that finds something on its first poll only, counting its polls.
+    struct Once(std::sync::atomic::AtomicUsize);
+    impl crate::softnic::idle::IdleWork for Once {
+        fn poll(&self) -> bool {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0
+        }
+        fn parking(&self) {}
+    }
+
+    /// A call's rounds poll the idle work while its queues have nothing, and not again
+    /// right after a poll that found something (the app waits for what came; its next
+    /// call polls again): one poll that finds, one more call, one more poll.
+    #[test]
+    fn a_call_does_not_poll_again_right_after_idle_work_found_something() {
+        let nic = host_driven_nic(1);
+        let work = std::sync::Arc::new(Once(std::sync::atomic::AtomicUsize::new(0)));
+        nic.shared.idle.add(0, work.clone());
+        nic.shared.pus.mark_changed(0);
+        nic.progress();
+        assert_eq!(work.0.load(std::sync::atomic::Ordering::Relaxed), 1);
+        nic.progress();
+        assert_eq!(work.0.load(std::sync::atomic::Ordering::Relaxed), 2);
     }
 }
