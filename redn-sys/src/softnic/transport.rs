@@ -2,11 +2,11 @@
 //!
 //! A [`Transport`] carries one request of an RC connection to the peer and brings back its
 //! answer (a windowed one posts WRITEs and SENDs and settles their outcomes later, in
-//! order: [`Transport::windowed`]); what a requester asks ([`AtomicOp`]) and how a responder refuses ([`Nak`]) are
-//! defined here too. Queue pairs of one softnic, and of two softnic instances in one
-//! process, use `in_process::InProcess`; QPs connected over RoCEv2 use the `roce`
-//! endpoint's transport, whose receive side calls the same responder functions when packets
-//! arrive.
+//! order: [`Transport::windowed`]); what a requester asks ([`AtomicOp`]) and how a
+//! responder refuses ([`Nak`]) are defined here too. Queue pairs of one softnic, and of two
+//! softnic instances in one process, use `in_process::InProcess`; QPs connected over RoCEv2
+//! use the `roce` endpoint's transport, whose receive side calls the same responder
+//! functions when packets arrive.
 
 use crate::mem::{AccessFault, KeyCache, Span};
 use crate::wqe::{RemoteAddr, Syndrome};
