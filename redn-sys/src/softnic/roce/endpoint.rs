@@ -1021,14 +1021,15 @@ impl RoceTransport {
     /// due, and take what has arrived.
     fn post(&self, msg: Message, ack: bool, fill: impl FnOnce(&mut Vec<u8>)) {
         let mut req = self.lock();
-        let now = Instant::now();
-        self.take_arrived(&mut req, &mut [], now);
+        self.take_arrived(&mut req, &mut [], Instant::now());
         if !req.has_room(&msg) {
-            self.drive(&mut req, &mut [], now, |r| r.has_room(&msg));
+            self.drive(&mut req, &mut [], Instant::now(), |r| r.has_room(&msg));
         }
         let mut data = req.buffer();
         fill(&mut data);
         req.start(msg, data, ack);
+        // Read after the copy (a large message's takes a while): the timers start now.
+        let now = Instant::now();
         self.transmit(&mut req, now);
         // The ACKs of what went out before, if they are here: the executor settles them next.
         self.conn.poller.poll_with(&self.inner);
