@@ -950,8 +950,8 @@ impl RoceTransport {
     }
 
     /// Take the responses waiting in the mailbox and let time pass to `now`, without
-    /// waiting; then send what that made due. (One clock read serves a call's steps: on
-    /// our VMs a read costs ~100 ns, and a post made several.)
+    /// waiting; then send what that made due. (A call reads the clock once or twice, not
+    /// at each step: a read costs 30-100 ns on our VMs, and a post used to make six.)
     fn take_arrived(&self, req: &mut Requester, read_out: &mut [u8], now: Instant) {
         while let Some(r) = self.conn.mailbox.take() {
             self.take(req, &r, read_out, now);
