@@ -703,16 +703,9 @@ impl Client {
         let mut got = 0;
         let deadline = Instant::now() + Duration::from_secs(30);
         while got < n {
-            self.out.clear();
-            got += self
-                .side
-                .nic
-                .poll_cq(self.side.cq, n - got, &mut self.out)
-                .expect("poll");
-            for c in &self.out {
-                assert!(c.is_ok(), "completion failed: {c:?}");
-            }
-            if self.out.is_empty() {
+            let took = self.take(n - got);
+            got += took;
+            if took == 0 {
                 std::thread::yield_now();
             }
             assert!(Instant::now() < deadline, "the softnic stopped answering");
@@ -790,6 +783,15 @@ impl Client {
     /// yielded took a quarter of the two cores' time in `perf`), and 100 us is a small
     /// part of the queue's work (256 WRITEs).
     fn reap(&mut self, max: usize) -> usize {
+        let got = self.take(max);
+        if got == 0 {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        got
+    }
+
+    /// Take up to `max` completions that have come, each of which must be good; how many.
+    fn take(&mut self, max: usize) -> usize {
         self.out.clear();
         let got = self
             .side
@@ -798,9 +800,6 @@ impl Client {
             .expect("poll");
         for c in &self.out {
             assert!(c.is_ok(), "completion failed: {c:?}");
-        }
-        if got == 0 {
-            std::thread::sleep(Duration::from_micros(100));
         }
         got
     }

@@ -112,6 +112,19 @@ fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> 
     }
 }
 
+/// The size of a `sockaddr_in`, as the socket calls take it.
+fn sockaddr_len() -> libc::socklen_t {
+    libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_in>()).unwrap_or(16)
+}
+
+/// The address a receive call wrote.
+fn addr_from(a: &libc::sockaddr_in) -> SocketAddrV4 {
+    SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+        u16::from_be(a.sin_port),
+    )
+}
+
 fn sockaddr_of(a: SocketAddrV4) -> libc::sockaddr_in {
     libc::sockaddr_in {
         sin_family: libc::sa_family_t::try_from(libc::AF_INET).unwrap_or(2),
@@ -140,8 +153,7 @@ impl MsgArrays {
 
     /// Point the first `n` headers at their address and iovec; those headers.
     fn link(&mut self, n: usize) -> &mut [libc::mmsghdr] {
-        let namelen =
-            libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_in>()).unwrap_or(16);
+        let namelen = sockaddr_len();
         for i in 0..n {
             let h = &mut self.msgs[i].msg_hdr;
             h.msg_name = std::ptr::from_mut(&mut self.addrs[i]).cast();
@@ -223,16 +235,12 @@ impl DatagramIo for UdpIo {
                 // alive for this call; `left` is the number of headers from `done` on.
                 let n = unsafe { libc::sendmmsg(fd, first, left, 0) };
                 if n < 0 {
-                    let e = io::Error::last_os_error();
-                    match e.kind() {
-                        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock => continue,
-                        // A peer's port with nobody bound (an ICMP error from an earlier
-                        // datagram): that packet is lost, like any other; go on.
-                        io::ErrorKind::ConnectionRefused => {
+                    match benign(io::Error::last_os_error())? {
+                        Benign::Again => continue,
+                        Benign::PeerGone => {
                             done += 1;
                             continue;
                         }
-                        _ => return Err(e),
                     }
                 }
                 // n >= 0 checked above.
@@ -272,14 +280,21 @@ impl DatagramIo for UdpIo {
     }
 }
 
-/// An error of a send or receive call: Ok for what is not the socket's fault (nothing to
-/// receive, an interrupted call, an ICMP error an earlier datagram brought back), which
-/// the caller treats as nothing received or the datagram lost.
-fn benign(e: io::Error) -> io::Result<()> {
+/// A send or receive error that is not the socket's fault.
+enum Benign {
+    /// The call was interrupted, or would have blocked (nothing to receive; a full buffer):
+    /// a sender calls again, a receiver has nothing.
+    Again,
+    /// A peer's port with nobody bound (the ICMP error an earlier datagram brought back): a
+    /// sender's datagram is lost, like any other, and it goes on with the next.
+    PeerGone,
+}
+
+/// What the error `e` of a send or receive call means; Err for one the caller gets.
+fn benign(e: io::Error) -> io::Result<Benign> {
     match e.kind() {
-        io::ErrorKind::WouldBlock
-        | io::ErrorKind::Interrupted
-        | io::ErrorKind::ConnectionRefused => Ok(()),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(Benign::Again),
+        io::ErrorKind::ConnectionRefused => Ok(Benign::PeerGone),
         _ => Err(e),
     }
 }
@@ -287,7 +302,7 @@ fn benign(e: io::Error) -> io::Result<()> {
 /// Send one datagram to `to` (blocking while the socket's buffer is full).
 fn send_one(fd: i32, to: SocketAddrV4, d: &[u8]) -> io::Result<()> {
     let addr = sockaddr_of(to);
-    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_in>()).unwrap_or(16);
+    let len = sockaddr_len();
     loop {
         // SAFETY: `d` is valid for `d.len()` bytes and `addr` for `len`, for this call.
         let r = unsafe {
@@ -303,12 +318,8 @@ fn send_one(fd: i32, to: SocketAddrV4, d: &[u8]) -> io::Result<()> {
         if r >= 0 {
             return Ok(());
         }
-        let e = io::Error::last_os_error();
-        match e.kind() {
-            io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock => {}
-            // A peer's port with nobody bound: the datagram is lost, like any other.
-            io::ErrorKind::ConnectionRefused => return Ok(()),
-            _ => return Err(e),
+        if let Benign::PeerGone = benign(io::Error::last_os_error())? {
+            return Ok(());
         }
     }
 }
@@ -316,7 +327,7 @@ fn send_one(fd: i32, to: SocketAddrV4, d: &[u8]) -> io::Result<()> {
 /// Receive one datagram into slot 0, not waiting: 1, or 0 if none is there.
 fn recv_one(fd: i32, batch: &mut RecvBatch) -> io::Result<usize> {
     let mut addr = sockaddr_of(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
-    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_in>()).unwrap_or(16);
+    let mut len = sockaddr_len();
     let buf = &mut batch.bufs[0];
     // SAFETY: `buf` is valid for `buf.len()` bytes and `addr` for `len`, for this call.
     let r = unsafe {
@@ -330,21 +341,18 @@ fn recv_one(fd: i32, batch: &mut RecvBatch) -> io::Result<usize> {
         )
     };
     if r < 0 {
-        return benign(io::Error::last_os_error()).map(|()| 0);
+        return benign(io::Error::last_os_error()).map(|_| 0);
     }
     // 0 <= r <= buf.len().
     batch.lens[0] = r.unsigned_abs();
-    batch.from[0] = SocketAddrV4::new(
-        Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)),
-        u16::from_be(addr.sin_port),
-    );
+    batch.from[0] = addr_from(&addr);
     Ok(1)
 }
 
 /// Receive up to `want` datagrams (2..=BATCH) in one `recvmmsg`, not waiting.
 fn recv_many(fd: i32, batch: &mut RecvBatch, want: usize) -> io::Result<usize> {
     let mut arrays = MsgArrays::new();
-    for (iov, b) in arrays.iovs.iter_mut().zip(batch.bufs.iter_mut()) {
+    for (iov, b) in arrays.iovs.iter_mut().zip(batch.bufs.iter_mut()).take(want) {
         *iov = libc::iovec {
             iov_base: b.as_mut_ptr().cast(),
             iov_len: b.len(),
@@ -364,17 +372,13 @@ fn recv_many(fd: i32, batch: &mut RecvBatch, want: usize) -> io::Result<usize> {
         )
     };
     if n < 0 {
-        return benign(io::Error::last_os_error()).map(|()| 0);
+        return benign(io::Error::last_os_error()).map(|_| 0);
     }
     // 0 <= n <= want.
     let n = n.unsigned_abs() as usize;
     for i in 0..n {
         batch.lens[i] = arrays.msgs[i].msg_len as usize;
-        let a = arrays.addrs[i];
-        batch.from[i] = SocketAddrV4::new(
-            Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-            u16::from_be(a.sin_port),
-        );
+        batch.from[i] = addr_from(&arrays.addrs[i]);
     }
     Ok(n)
 }

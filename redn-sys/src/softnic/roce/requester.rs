@@ -1442,6 +1442,14 @@ mod tests {
         assert!(!r.has_room(&write(1)), "nothing passes a READ");
     }
 
+    /// The PSNs of the packets in `p` that ask for an ACK.
+    fn asking(p: &[(Header, Range<usize>)]) -> Vec<u32> {
+        p.iter()
+            .filter(|(h, _)| h.ack_req)
+            .map(|(h, _)| h.psn)
+            .collect()
+    }
+
     /// Start a WRITE of `len` bytes whose outcome nobody waits for (an unsignaled WQE's).
     fn start_unasked(r: &mut Requester, len: u32) {
         r.start(write(len), vec![7; len as usize], false);
@@ -1460,24 +1468,14 @@ mod tests {
             }
         }
         let p = tx(&mut r, c.now());
-        let asking: Vec<u32> = p
-            .iter()
-            .filter(|(h, _)| h.ack_req)
-            .map(|(h, _)| h.psn)
-            .collect();
         // PSN 13 is the signaled one's; 15 is the sixteenth PSN's (15 mod 16).
-        assert_eq!(asking, [13, 15]);
+        assert_eq!(asking(&p), [13, 15]);
         // A long message asks on its PSNs 15 mod 16 too, and not at its unsignaled end.
         let mut r = Requester::new(attrs(), 7, 0);
         start_unasked(&mut r, 40 * 256);
         let p = tx(&mut r, c.now());
         assert_eq!(p.len(), 40);
-        let asking: Vec<u32> = p
-            .iter()
-            .filter(|(h, _)| h.ack_req)
-            .map(|(h, _)| h.psn)
-            .collect();
-        assert_eq!(asking, [15, 31]);
+        assert_eq!(asking(&p), [15, 31]);
     }
 
     #[test]
