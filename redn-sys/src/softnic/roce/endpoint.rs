@@ -1032,6 +1032,8 @@ impl RoceTransport {
         let now = Instant::now();
         self.transmit(&mut req, now);
         // The ACKs of what went out before, if they are here: the executor settles them next.
+        // Not redundant with the PU's idle polls: a PU posting a stream polls only every 64th
+        // busy round, and without this the 64 KiB stream fell from 0.76 to 0.57 of raw UDP.
         self.conn.poller.poll_with(&self.inner);
         self.take_arrived(&mut req, &mut [], now);
     }
