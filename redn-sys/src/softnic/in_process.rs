@@ -243,15 +243,21 @@ fn consume_recv(
         // Counted by the requester (its rnr_waits), not here.
         return Err(Nak::ReceiverNotReady);
     }
-    let mut raw = [0u8; 64 * 16];
-    let slot = &mut raw[..t.rq.ring.stride];
-    t.rq.ring.buffer.read(t.rq.ring.entry_off(idx), slot);
-    let sgl = crate::wqe::decode_recv(slot);
-    let room: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
-    let placed = if len as u64 > room {
-        Err((Syndrome::LocalLength, Nak::RemoteInvalid))
+    let placed = if len == 0 {
+        // Nothing lands in the receive (a WRITE with immediate, an empty SEND): its scatter
+        // list is not read, which spares a WRITE_IMM's responder a ring read and a decode.
+        place(keys, &[])
     } else {
-        place(keys, &sgl)
+        let mut raw = [0u8; 64 * 16];
+        let slot = &mut raw[..t.rq.ring.stride];
+        t.rq.ring.buffer.read(t.rq.ring.entry_off(idx), slot);
+        let sgl = crate::wqe::decode_recv(slot);
+        let room: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
+        if len as u64 > room {
+            Err((Syndrome::LocalLength, Nak::RemoteInvalid))
+        } else {
+            place(keys, &sgl)
+        }
     };
     *consumed += 1;
     drop(consumed);
