@@ -555,8 +555,11 @@ impl RoceEndpoint {
         *peer = Some(Arc::new(RoceTransport {
             conn,
             inner: Arc::clone(&self.inner),
-            req: Mutex::new(Requester::new(attrs, remote.qpn, local.psn)),
-            wire: Mutex::new((Vec::new(), Vec::new())),
+            sending: Mutex::new(Sending {
+                req: Requester::new(attrs, remote.qpn, local.psn),
+                bytes: Vec::new(),
+                frames: Vec::new(),
+            }),
             reads_allowed: local.max_rd_atomic > 0 && remote.max_dest_rd_atomic > 0,
         }));
         drop(peer);
@@ -886,8 +889,16 @@ impl Memory for Glue<'_> {
     }
 }
 
-/// Datagrams laid end to end, and where each one starts and ends.
-type Wire = (Vec<u8>, Vec<(usize, usize)>);
+/// A QP's requester and the datagrams of its last transmission, under one lock: every
+/// transmission runs with the requester held, and a second lock for the buffers alone cost
+/// two atomic operations on each of the several transmits a post or a settle makes.
+struct Sending {
+    req: Requester,
+    /// Datagrams laid end to end (kept for their capacity)...
+    bytes: Vec<u8>,
+    /// ...and where each one starts and ends.
+    frames: Vec<(usize, usize)>,
+}
 
 /// How a QP connected over RoCE reaches its peer. WRITEs and SENDs are posted: each goes
 /// out as soon as the requester's window has room (see `requester`), and the executor takes
@@ -897,18 +908,15 @@ type Wire = (Vec<u8>, Vec<(usize, usize)>);
 struct RoceTransport {
     conn: Arc<Conn>,
     inner: Arc<Inner>,
-    req: Mutex<Requester>,
-    /// The datagrams of one transmission and their bounds, kept for their capacity (locked
-    /// only inside `transmit`, with `req` held).
-    wire: Mutex<Wire>,
+    sending: Mutex<Sending>,
     /// READs and atomics may go out: this side's `max_rd_atomic` and the peer's
     /// `max_dest_rd_atomic` are both at least 1 (one is ever outstanding: see `requester`).
     reads_allowed: bool,
 }
 
 impl RoceTransport {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Requester> {
-        self.req.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sending> {
+        self.sending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// True if the QP or the endpoint is going away: nothing will answer.
@@ -921,13 +929,12 @@ impl RoceTransport {
     }
 
     /// Send the packets the requester has due at `now` (with the replies its PU holds).
-    fn transmit(&self, req: &mut Requester, now: Instant) {
+    fn transmit(&self, s: &mut Sending, now: Instant) {
         let route = Route {
             src: self.inner.local,
             dst: self.conn.remote,
         };
-        let mut wire = self.wire.lock().unwrap_or_else(|e| e.into_inner());
-        let (bytes, frames) = &mut *wire;
+        let Sending { req, bytes, frames } = s;
         bytes.clear();
         frames.clear();
         req.transmit(now, |h, _, payload| {
@@ -943,8 +950,8 @@ impl RoceTransport {
     }
 
     /// Take a response from the mailbox, at `now`.
-    fn take(&self, req: &mut Requester, r: &Response, read_out: &mut [u8], now: Instant) {
-        if let Err(why) = req.on_response(&r.header, &r.payload, now, read_out) {
+    fn take(&self, s: &mut Sending, r: &Response, read_out: &mut [u8], now: Instant) {
+        if let Err(why) = s.req.on_response(&r.header, &r.payload, now, read_out) {
             self.inner.drops.count(why);
         }
     }
@@ -952,12 +959,12 @@ impl RoceTransport {
     /// Take the responses waiting in the mailbox and let time pass to `now`, without
     /// waiting; then send what that made due. (A call reads the clock once or twice, not
     /// at each step: a read costs 30-100 ns on our VMs, and a post used to make six.)
-    fn take_arrived(&self, req: &mut Requester, read_out: &mut [u8], now: Instant) {
+    fn take_arrived(&self, s: &mut Sending, read_out: &mut [u8], now: Instant) {
         while let Some(r) = self.conn.mailbox.take() {
-            self.take(req, &r, read_out, now);
+            self.take(s, &r, read_out, now);
         }
-        req.on_timer(now);
-        self.transmit(req, now);
+        s.req.on_timer(now);
+        self.transmit(s, now);
     }
 
     /// Send what is due, then until `done(req)`: wait for a response (polling the socket,
@@ -966,18 +973,18 @@ impl RoceTransport {
     /// oldest message fails with "retry exceeded" (nothing will answer).
     fn drive(
         &self,
-        req: &mut Requester,
+        s: &mut Sending,
         read_out: &mut [u8],
         now: Instant,
         done: impl Fn(&Requester) -> bool,
     ) {
         let mut now = now;
         loop {
-            self.transmit(req, now);
-            if done(req) {
+            self.transmit(s, now);
+            if done(&s.req) {
                 return;
             }
-            if req.solicit() {
+            if s.req.solicit() {
                 // What it waits for did not ask for an ACK: ask now (sent by the transmit).
                 continue;
             }
@@ -991,7 +998,7 @@ impl RoceTransport {
             };
             let got = self.conn.mailbox.wait(
                 spin,
-                req.next_timer(),
+                s.req.next_timer(),
                 || self.gone(),
                 || {
                     self.conn.poller.poll_with(&self.inner);
@@ -1009,9 +1016,9 @@ impl RoceTransport {
             );
             now = Instant::now();
             match got {
-                Some(r) => self.take(req, &r, read_out, now),
-                None if self.gone() => req.fail(Nak::NoResponse),
-                None => req.on_timer(now),
+                Some(r) => self.take(s, &r, read_out, now),
+                None if self.gone() => s.req.fail(Nak::NoResponse),
+                None => s.req.on_timer(now),
             }
         }
     }
@@ -1020,34 +1027,34 @@ impl RoceTransport {
     /// the window, start it (its last packet asking for an ACK with `ack`), send what is
     /// due, and take what has arrived.
     fn post(&self, msg: Message, ack: bool, fill: impl FnOnce(&mut Vec<u8>)) {
-        let mut req = self.lock();
-        self.take_arrived(&mut req, &mut [], Instant::now());
-        if !req.has_room(&msg) {
-            self.drive(&mut req, &mut [], Instant::now(), |r| r.has_room(&msg));
+        let mut s = self.lock();
+        self.take_arrived(&mut s, &mut [], Instant::now());
+        if !s.req.has_room(&msg) {
+            self.drive(&mut s, &mut [], Instant::now(), |r| r.has_room(&msg));
         }
-        let mut data = req.buffer();
+        let mut data = s.req.buffer();
         fill(&mut data);
-        req.start(msg, data, ack);
+        s.req.start(msg, data, ack);
         // Read after the copy (a large message's takes a while): the timers start now.
         let now = Instant::now();
-        self.transmit(&mut req, now);
+        self.transmit(&mut s, now);
         // The ACKs of what went out before, if they are here: the executor settles them next.
         // Not redundant with the PU's idle polls: a PU posting a stream polls only every 64th
         // busy round, and without this the 64 KiB stream fell from 0.76 to 0.57 of raw UDP.
         self.conn.poller.poll_with(&self.inner);
-        self.take_arrived(&mut req, &mut [], now);
+        self.take_arrived(&mut s, &mut [], now);
     }
 
     /// Run a READ or an atomic alone: once every posted message has finished (their
     /// outcomes wait for the executor), send it and wait for its answer.
     fn run(&self, msg: Message, read_out: &mut [u8]) -> Result<u64, Nak> {
-        let mut req = self.lock();
-        self.drive(&mut req, read_out, Instant::now(), |r| r.outstanding() == 0);
-        let before = req.finished();
-        req.start(msg, Vec::new(), true);
-        self.drive(&mut req, read_out, Instant::now(), |r| r.outstanding() == 0);
-        if req.finished() > before {
-            req.pop_last_finished().unwrap_or(Err(Nak::NoResponse))
+        let mut s = self.lock();
+        self.drive(&mut s, read_out, Instant::now(), |r| r.outstanding() == 0);
+        let before = s.req.finished();
+        s.req.start(msg, Vec::new(), true);
+        self.drive(&mut s, read_out, Instant::now(), |r| r.outstanding() == 0);
+        if s.req.finished() > before {
+            s.req.pop_last_finished().unwrap_or(Err(Nak::NoResponse))
         } else {
             // An earlier message failed: nothing more went out.
             Err(Nak::NoResponse)
@@ -1169,23 +1176,23 @@ impl Transport for RoceTransport {
     }
 
     fn settle(&self, wait: bool) -> Option<Result<(), Nak>> {
-        let mut req = self.lock();
+        let mut s = self.lock();
         let now = Instant::now();
-        self.take_arrived(&mut req, &mut [], now);
+        self.take_arrived(&mut s, &mut [], now);
         if wait {
-            self.drive(&mut req, &mut [], now, |r| {
+            self.drive(&mut s, &mut [], now, |r| {
                 r.finished() > 0 || r.outstanding() == 0
             });
         }
-        req.pop_finished().map(|o| o.map(|_| ()))
+        s.req.pop_finished().map(|o| o.map(|_| ()))
     }
 
     fn abandon(&self) {
-        self.lock().clear();
+        self.lock().req.clear();
     }
 
     fn next_timer(&self) -> Option<Instant> {
-        self.lock().next_timer()
+        self.lock().req.next_timer()
     }
 
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
