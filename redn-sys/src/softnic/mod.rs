@@ -52,8 +52,8 @@ use cq::CqShared;
 use events::AsyncEvents;
 use in_process::InProcess;
 use qp::{QpShared, Ring};
-use shared::Shared;
-use std::collections::{HashMap, HashSet};
+use shared::{ObjectMap, Shared};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -110,8 +110,8 @@ impl SoftNic {
             config,
             keys: Arc::new(KeyTable::new()),
             pds: Mutex::new(HashSet::new()),
-            cqs: RwLock::new(HashMap::new()),
-            qps: RwLock::new(HashMap::new()),
+            cqs: RwLock::new(ObjectMap::default()),
+            qps: RwLock::new(ObjectMap::default()),
             objects_generation: CacheLine(AtomicU64::new(0)),
             next_pdn: AtomicU32::new(1),
             next_qpn: AtomicU32::new(0x100),
@@ -532,18 +532,23 @@ impl Nic for SoftNic {
         let pi = q.posted.load(Ordering::Acquire);
         let consumed = q.consumed.load(Ordering::Acquire);
         // Encode everything first: a bad request posts nothing. Only the encoded bytes are
-        // staged (64 per one-BB WQE, where an `EncodedWqe` holds the 1 KiB maximum), and each
-        // WQE's first slot is remembered for its wr_id.
-        let mut staged: Vec<u8> = Vec::with_capacity(wrs.len() * BB_SIZE);
-        let mut firsts: Vec<u64> = Vec::with_capacity(wrs.len());
+        // staged (64 per one-BB WQE, where an `EncodedWqe` holds the 1 KiB maximum); a lone
+        // WQE, the common post, is written from where it was encoded, with no allocation.
         let mut one = [0u8; MAX_WQE_BYTES];
+        let mut many: Vec<u8> = Vec::new();
         let mut at = pi;
         for wr in wrs {
             let bbs = bbs_for_ds(encode_wqe_into(wr, qp, wqe_index(at), &mut one)?);
-            firsts.push(at);
             at += bbs as u64;
-            staged.extend_from_slice(&one[..bbs * BB_SIZE]);
+            if wrs.len() > 1 {
+                many.extend_from_slice(&one[..bbs * BB_SIZE]);
+            }
         }
+        let staged: &[u8] = if wrs.len() > 1 {
+            &many
+        } else {
+            &one[..idx(at - pi) * BB_SIZE]
+        };
         if at - consumed > q.sq.entries {
             return Err(Error::QueueFull {
                 qpn: qp,
@@ -555,9 +560,12 @@ impl Nic for SoftNic {
             let bb: &[u8; BB_SIZE] = bb.try_into().expect("chunks of one BB");
             q.sq.buffer.write_block(q.sq.entry_off(pi + i as u64), bb);
         }
+        // Each WQE's wr_id goes with its first slot; its size is in its own control segment.
         let slot_mask = q.sq.entries - 1;
-        for (wr, first) in wrs.iter().zip(firsts) {
+        let mut first = pi;
+        for wr in wrs {
             q.sq_wr_ids[idx(first & slot_mask)].store(wr.wr_id, Ordering::Relaxed);
+            first += bbs_for_ds(staged[idx(first - pi) * BB_SIZE + crate::wqe::off::DS]) as u64;
         }
         q.posted.store(at, Ordering::Release);
         q.counters

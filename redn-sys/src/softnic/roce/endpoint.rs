@@ -11,7 +11,7 @@ use crate::mem::{KeyCache, Span};
 use crate::softnic::idle::IdleWork;
 use crate::softnic::in_process::InProcess;
 use crate::softnic::qp::QpShared;
-use crate::softnic::shared::Shared;
+use crate::softnic::shared::{ObjectMap, Shared};
 use crate::softnic::transport::{AtomicOp, Nak, Transport};
 use crate::softnic::SoftNic;
 use crate::types::{Access, Qpn, Rkey, VirtAddr};
@@ -340,7 +340,7 @@ struct Inner {
     io: Box<dyn DatagramIo>,
     local: SocketAddrV4,
     nic: Arc<Shared>,
-    conns: RwLock<HashMap<u32, Arc<Conn>>>,
+    conns: RwLock<ObjectMap<Arc<Conn>>>,
     drops: DropCounters,
     sent: AtomicU64,
     received: AtomicU64,
@@ -438,7 +438,7 @@ impl RoceEndpoint {
             local: io.local_addr(),
             io,
             nic: Arc::clone(&nic.shared),
-            conns: RwLock::new(HashMap::new()),
+            conns: RwLock::new(ObjectMap::default()),
             drops: DropCounters::default(),
             sent: AtomicU64::new(0),
             received: AtomicU64::new(0),

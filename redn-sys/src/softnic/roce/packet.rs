@@ -495,12 +495,12 @@ pub fn icrc_ipv4(ip: &[u8; 20], udp: &[u8; 8], body: &[u8]) -> u32 {
     h.finalize()
 }
 
-#[inline]
+#[inline(always)]
 fn be32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
-#[inline]
+#[inline(always)]
 fn be64(b: &[u8], at: usize) -> u64 {
     (u64::from(be32(b, at)) << 32) | u64::from(be32(b, at + 4))
 }
