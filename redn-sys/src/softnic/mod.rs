@@ -574,8 +574,12 @@ impl Nic for SoftNic {
         if !q.managed_send {
             q.doorbell.fetch_max(at, Ordering::AcqRel);
         }
-        q.pus.notify(q.pu);
+        if self.host.is_none() {
+            q.pus.notify(q.pu);
+        }
         drop(guard);
+        // Host-driven, no PU thread is there to tell (its fence was on every post's path):
+        // this call runs the queues.
         self.drive();
         Ok(())
     }
