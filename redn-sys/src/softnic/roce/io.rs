@@ -12,6 +12,9 @@ use super::packet::{MAX_MTU, MAX_OVERHEAD};
 
 /// Datagrams one system call moves at most.
 pub const BATCH: usize = 64;
+/// The batch a receive asks for after one that found a single datagram (see
+/// [`RecvBatch::want`]'s growth).
+const SMALL_BATCH: usize = 8;
 /// [`BATCH`] as the system call takes it.
 const BATCH_U32: u32 = 64;
 const _: () = assert!(BATCH_U32 as usize == BATCH);
@@ -61,7 +64,7 @@ impl RecvBatch {
     fn adapt(&mut self, n: usize) {
         self.want = match n {
             0 => 1,
-            n if n >= self.want => (self.want * 8).min(BATCH),
+            n if n >= self.want => (self.want * SMALL_BATCH).min(BATCH),
             _ => self.want,
         };
     }
@@ -136,16 +139,16 @@ fn sockaddr_of(a: SocketAddrV4) -> libc::sockaddr_in {
     }
 }
 
-/// The arrays one `sendmmsg` or `recvmmsg` call reads: a header per datagram, pointing at
-/// its address and its one iovec.
-struct MsgArrays {
-    msgs: [libc::mmsghdr; BATCH],
-    addrs: [libc::sockaddr_in; BATCH],
-    iovs: [libc::iovec; BATCH],
+/// The arrays one `sendmmsg` or `recvmmsg` call of up to `N` datagrams reads: a header per
+/// datagram, pointing at its address and its one iovec.
+struct MsgArrays<const N: usize> {
+    msgs: [libc::mmsghdr; N],
+    addrs: [libc::sockaddr_in; N],
+    iovs: [libc::iovec; N],
 }
 
-impl MsgArrays {
-    fn new() -> MsgArrays {
+impl<const N: usize> MsgArrays<N> {
+    fn new() -> MsgArrays<N> {
         // SAFETY: all-zero is a valid mmsghdr, sockaddr_in and iovec (null pointers, zero
         // lengths); the pointers are set by `link` before any system call reads them.
         unsafe { std::mem::zeroed() }
@@ -216,7 +219,7 @@ impl DatagramIo for UdpIo {
         }
         // The headers live on the stack (6 KiB): a PU polling an idle socket calls this and
         // `recv` at every turn, and three heap vectors a call were a visible share of it.
-        let mut arrays = MsgArrays::new();
+        let mut arrays = MsgArrays::<BATCH>::new();
         for chunk in batch.chunks(BATCH) {
             for (i, (a, d)) in chunk.iter().enumerate() {
                 arrays.addrs[i] = sockaddr_of(*a);
@@ -269,7 +272,11 @@ impl DatagramIo for UdpIo {
         let n = if want == 1 {
             recv_one(fd, batch)?
         } else {
-            recv_many(fd, batch, want)?
+            if want <= SMALL_BATCH {
+                recv_many::<SMALL_BATCH>(fd, batch, want)?
+            } else {
+                recv_many::<BATCH>(fd, batch, want)?
+            }
         };
         batch.adapt(n);
         Ok(n)
@@ -349,9 +356,12 @@ fn recv_one(fd: i32, batch: &mut RecvBatch) -> io::Result<usize> {
     Ok(1)
 }
 
-/// Receive up to `want` datagrams (2..=BATCH) in one `recvmmsg`, not waiting.
-fn recv_many(fd: i32, batch: &mut RecvBatch, want: usize) -> io::Result<usize> {
-    let mut arrays = MsgArrays::new();
+/// Receive up to `want` datagrams (2..=N, N <= BATCH) in one `recvmmsg`, not waiting. `N`
+/// sizes the headers zeroed for the call: 6 KiB for a full batch, which a poll right after
+/// one datagram arrived (want 8, request-answer traffic's common case) need not pay.
+fn recv_many<const N: usize>(fd: i32, batch: &mut RecvBatch, want: usize) -> io::Result<usize> {
+    let want = want.min(N);
+    let mut arrays = MsgArrays::<N>::new();
     for (iov, b) in arrays.iovs.iter_mut().zip(batch.bufs.iter_mut()).take(want) {
         *iov = libc::iovec {
             iov_base: b.as_mut_ptr().cast(),
