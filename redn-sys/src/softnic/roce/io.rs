@@ -518,12 +518,13 @@ mod tests {
         let batch: Vec<_> = msgs.iter().map(|m| (b.local_addr(), &m[..])).collect();
         a.send(&batch).unwrap();
         let mut got = Vec::new();
-        let mut asked = Vec::new();
+        let (mut asked, mut took) = (Vec::new(), Vec::new());
         while got.len() < 81 {
             let want = rb.want();
             let n = b.recv(&mut rb, Some(Duration::from_secs(10))).unwrap();
             assert!(n > 0 && n <= want, "{n} of {want}");
             asked.push(want);
+            took.push(n);
             for i in 0..n {
                 let (d, from) = rb.get(i);
                 assert_eq!(from, a.local_addr());
@@ -534,6 +535,8 @@ mod tests {
         assert_eq!(got[1..], msgs[..]);
         // 1, 8, then whole batches (the rest of 81 fits in 1 + 8 + 64 + 8).
         assert_eq!(asked[..3], [1, 8, BATCH]);
+        // All queued already, so each call fills what it asked for (a whole batch too).
+        assert_eq!(took[..3], [1, 8, BATCH]);
         assert_eq!(b.recv(&mut rb, None).unwrap(), 0);
         assert_eq!(rb.want(), 1, "none found again: one next");
     }
