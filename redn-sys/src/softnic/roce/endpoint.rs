@@ -21,7 +21,7 @@ use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
@@ -69,11 +69,13 @@ pub struct RoceCounters {
     pub dropped: u64,
 }
 
-/// How long after a host-driven app's last poll of the socket its endpoint's receive thread
-/// leaves the socket to it. Short against the ACK timeout (4.096 µs · 2^14 by default, 67
+/// How long a host-driven app's poll of the socket keeps its endpoint's receive thread off
+/// it: the receive thread looks once a lease whether the app polled since its last look, and
+/// serves the socket itself once a whole lease passed without a poll (so one to two leases
+/// after the app's last). Short against the ACK timeout (4.096 µs · 2^14 by default, 67
 /// ms) because the ACKs the app holds for its next request go when this runs out; long
-/// against a poll loop's gaps, so that the receive thread, which looks again each time it
-/// runs out, does not wake often (1,000 times a second while the app polls).
+/// against a poll loop's gaps, so that the receive thread does not wake often (1,000 times a
+/// second while the app polls).
 const HOST_LEASE: Duration = Duration::from_millis(1);
 
 /// Bytes of payload a post copies before it sends with the clock read before the copy
@@ -225,9 +227,12 @@ struct Conn {
 /// on a small machine take turns on the cores and each finds half the packets). The PU gives
 /// the socket back before it sleeps.
 struct PuPoller {
-    inner: Weak<Inner>,
+    /// Its endpoint. A strong reference (a weak one's upgrade was two atomic operations on
+    /// every poll of an idle loop): the cycle through `Inner::pu_pollers` and the
+    /// connections is broken when the endpoint is dropped, which empties both.
+    inner: Arc<Inner>,
     /// The softnic is host-driven: the PU is the app's thread, present while it calls in
-    /// (`Inner::host_seen`), and the plain ACKs it owes ride on its next request.
+    /// (`Inner::host_polled`), and the plain ACKs it owes ride on its next request.
     host: bool,
     /// This PU counts in `Inner::pollers`.
     present: AtomicBool,
@@ -252,9 +257,9 @@ impl PuPoller {
     /// threads of a round trip take turns on one core, that system call was on the path).
     fn poll_with(&self, inner: &Inner) -> usize {
         if self.host {
-            inner
-                .host_seen
-                .store(inner.now_ns().max(1), Ordering::Relaxed);
+            // A plain store, not a clock read (~40 ns of a ~500 ns poll): the receive thread
+            // asks once a lease whether any poll came.
+            inner.host_polled.store(true, Ordering::Relaxed);
         } else if !self.present.swap(true, Ordering::AcqRel) {
             // A swap, not a load and a store: should another thread ever run this PU's WQEs
             // (and so poll as it), the count must still go up once per presence.
@@ -316,7 +321,7 @@ impl PuPoller {
         self.flush(inner);
         if self.host {
             // The host is about to sleep in a wait: the socket is the receive thread's now.
-            inner.host_seen.store(0, Ordering::Relaxed);
+            inner.host_polled.store(false, Ordering::Relaxed);
             if let Some(t) = inner.rx_thread.get() {
                 t.unpark();
             }
@@ -332,15 +337,11 @@ impl PuPoller {
 
 impl IdleWork for PuPoller {
     fn poll(&self) -> bool {
-        self.inner.upgrade().is_some_and(|inner| {
-            !inner.shutdown.load(Ordering::Acquire) && self.poll_with(&inner) > 0
-        })
+        !self.inner.shutdown.load(Ordering::Acquire) && self.poll_with(&self.inner) > 0
     }
 
     fn parking(&self) {
-        if let Some(inner) = self.inner.upgrade() {
-            self.leave(&inner);
-        }
+        self.leave(&self.inner);
     }
 }
 
@@ -363,29 +364,15 @@ struct Inner {
     rx_thread: OnceLock<Thread>,
     /// Per PU with a connected QP, its turn at the socket (registered as its idle work).
     pu_pollers: Mutex<HashMap<usize, Arc<PuPoller>>>,
-    /// On a host-driven softnic, when (`now_ns`) the app's thread last polled the socket,
-    /// 0 if it has left it: the receive thread stands down for [`HOST_LEASE`] after that.
-    host_seen: AtomicU64,
-    /// Origin of `now_ns`.
+    /// On a host-driven softnic, the app's thread polled the socket since the receive
+    /// thread last looked (false once it has left it): the receive thread stands down for a
+    /// [`HOST_LEASE`] each time it finds it set, and clears it.
+    host_polled: AtomicBool,
+    /// Origin of the published timers ([`RoceTransport::published_timer`]).
     epoch: Instant,
 }
 
 impl Inner {
-    /// Nanoseconds since the endpoint started.
-    fn now_ns(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    /// How long the host-driven app's lease on the socket lasts still; None if it has none.
-    fn host_lease_left(&self) -> Option<Duration> {
-        let seen = self.host_seen.load(Ordering::Relaxed);
-        if seen == 0 {
-            return None;
-        }
-        let age = Duration::from_nanos(self.now_ns().saturating_sub(seen));
-        HOST_LEASE.checked_sub(age).filter(|d| !d.is_zero())
-    }
-
     /// Send the replies that host-driven PUs hold for their next request (their app has
     /// stopped calling in).
     fn flush_host_replies(&self) {
@@ -457,7 +444,7 @@ impl RoceEndpoint {
             pollers: AtomicUsize::new(0),
             rx_thread: OnceLock::new(),
             pu_pollers: Mutex::new(HashMap::new()),
-            host_seen: AtomicU64::new(0),
+            host_polled: AtomicBool::new(false),
             epoch: Instant::now(),
         });
         let rx_inner = Arc::clone(&inner);
@@ -588,7 +575,7 @@ impl RoceEndpoint {
             .unwrap_or_else(|e| e.into_inner());
         Arc::clone(map.entry(pu).or_insert_with(|| {
             let p = Arc::new(PuPoller {
-                inner: Arc::downgrade(&self.inner),
+                inner: Arc::clone(&self.inner),
                 host: self.inner.nic.config.host_driven,
                 present: AtomicBool::new(false),
                 bufs: Mutex::new(None),
@@ -742,8 +729,8 @@ fn receive_loop(inner: &Arc<Inner>) {
     let mut out = Outbox::default();
     // Wake at least this often to notice a shutdown.
     let nap = Duration::from_millis(10);
-    // The host lease this thread last saw run out (whose held replies it sent).
-    let mut lapsed = 0;
+    // A host-driven app held the socket at the last look (its held replies are owed).
+    let mut host_held = false;
     while !inner.shutdown.load(Ordering::Acquire) {
         if inner.pollers.load(Ordering::Acquire) > 0 {
             // The last PU to leave unparks this thread (an unpark before the park makes it
@@ -751,16 +738,15 @@ fn receive_loop(inner: &Arc<Inner>) {
             std::thread::park_timeout(nap);
             continue;
         }
-        if let Some(left) = inner.host_lease_left() {
-            // A host-driven app is calling in: it takes the datagrams itself. Look again
-            // when its lease runs out (its calls renew it; a wait it sleeps in ends it).
-            std::thread::park_timeout(left.min(nap));
+        if inner.host_polled.swap(false, Ordering::Relaxed) {
+            // A host-driven app polled since the last look: it takes the datagrams itself.
+            // Look again after a lease (its polls renew it; a wait it sleeps in ends it).
+            host_held = true;
+            std::thread::park_timeout(HOST_LEASE);
             continue;
         }
-        let seen = inner.host_seen.load(Ordering::Relaxed);
-        if seen != lapsed {
+        if std::mem::take(&mut host_held) {
             // The app stopped calling: the ACKs it held for its next request go now.
-            lapsed = seen;
             inner.flush_host_replies();
         }
         let n = receive_batch(inner, &mut batch, &mut out, Some(nap));
@@ -1408,7 +1394,7 @@ mod tests {
         packet::encode(&mut d, &route, &h, &[7; 8]);
         script.inbox.lock().unwrap().push_back((peer, d));
         let poller = PuPoller {
-            inner: Arc::downgrade(&ep.inner),
+            inner: Arc::clone(&ep.inner),
             host: false,
             present: AtomicBool::new(false),
             bufs: Mutex::new(None),
