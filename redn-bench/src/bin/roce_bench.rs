@@ -932,8 +932,11 @@ fn serve_offload(c: &mut Control, s: &Server, rounds: usize) {
     let nic = &s.nic;
     // No host on the path, and none taking turns on the cores with it.
     s.paused.store(true, std::sync::atomic::Ordering::Release);
-    let send_cq = nic.create_cq(CqConfig::new(1 << 16)).expect("cq");
-    let recv_cq = nic.create_cq(CqConfig::new(1 << 16)).expect("cq");
+    // Only the chain's WAITs count these (its WRITEs are unsignaled; nobody polls): counted
+    // CQs, as RedN's chains use, whose entries carry no completion timestamp (a clock read
+    // a receive, which a ConnectX's hardware clock does not cost).
+    let send_cq = nic.create_cq(CqConfig::counted(1 << 16)).expect("cq");
+    let recv_cq = nic.create_cq(CqConfig::counted(1 << 16)).expect("cq");
     let slots = u32::try_from(rounds.next_power_of_two().max(64)).expect("rounds");
     let mut qc = QpConfig::new(s.pd, send_cq);
     qc.recv_cq = recv_cq;
