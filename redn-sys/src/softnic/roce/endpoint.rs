@@ -771,14 +771,11 @@ fn dispatch(inner: &Inner, from: SocketAddrV4, d: &[u8], out: &mut Outbox) {
         Ok(p) => p,
         Err(why) => return inner.drops.count(why),
     };
-    let conn = inner
-        .conns
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&p.header.dest_qp)
-        .cloned();
+    // Looked up and used under the table's read lock, not cloned out of it (an Arc's two
+    // atomic operations a packet): a connect or a removal waits for the packets in hand.
+    let conns = inner.conns.read().unwrap_or_else(|e| e.into_inner());
     // Unknown QPs get no reply: nothing about which QPs exist leaks.
-    let Some(conn) = conn else {
+    let Some(conn) = conns.get(&p.header.dest_qp) else {
         return inner.drops.count(DropReason::UnknownQp);
     };
     if conn.remote != from {
@@ -786,6 +783,7 @@ fn dispatch(inner: &Inner, from: SocketAddrV4, d: &[u8], out: &mut Outbox) {
     }
     let t = &conn.local.target;
     if t.destroyed.load(Ordering::Acquire) {
+        drop(conns);
         inner
             .conns
             .write()
