@@ -528,17 +528,17 @@ impl Nic for SoftNic {
 
     fn post_send(&self, qp: Qpn, wrs: &[WorkRequest]) -> Result<()> {
         let q = self.shared.qp(qp)?;
-        let guard = q.post.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = q.post.lock().unwrap_or_else(|e| e.into_inner());
+        let one: &mut [u8; MAX_WQE_BYTES] = &mut guard;
         let pi = q.posted.load(Ordering::Acquire);
         let consumed = q.consumed.load(Ordering::Acquire);
         // Encode everything first: a bad request posts nothing. Only the encoded bytes are
         // staged (64 per one-BB WQE, where an `EncodedWqe` holds the 1 KiB maximum); a lone
         // WQE, the common post, is written from where it was encoded, with no allocation.
-        let mut one = [0u8; MAX_WQE_BYTES];
         let mut many: Vec<u8> = Vec::new();
         let mut at = pi;
         for wr in wrs {
-            let bbs = bbs_for_ds(encode_wqe_into(wr, qp, wqe_index(at), &mut one)?);
+            let bbs = bbs_for_ds(encode_wqe_into(wr, qp, wqe_index(at), one)?);
             at += bbs as u64;
             if wrs.len() > 1 {
                 many.extend_from_slice(&one[..bbs * BB_SIZE]);

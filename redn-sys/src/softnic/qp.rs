@@ -253,7 +253,9 @@ pub(crate) struct QpShared {
     /// On a line of its own: written by the PU as it runs, while other PUs read the
     /// queue's identity on every SEND_EN of it.
     pub(crate) consumed: CacheLine<AtomicU64>,
-    pub(crate) post: Mutex<()>,
+    /// Serialises posts (send and receive), and holds the send post's encoding buffer:
+    /// reused, not zeroed 1 KiB at a time (the encoder writes every byte of a WQE's blocks).
+    pub(crate) post: Mutex<Box<[u8; crate::wqe::MAX_WQE_BYTES]>>,
     pub(crate) rq: RecvQueue,
     pub(crate) send_cq: Arc<CqShared>,
     pub(crate) recv_cq: Arc<CqShared>,
@@ -342,7 +344,7 @@ impl QpShared {
             enabled: EnabledIndex::default(),
             posted: AtomicU64::new(0),
             consumed: CacheLine(AtomicU64::new(0)),
-            post: Mutex::new(()),
+            post: Mutex::new(Box::new([0; crate::wqe::MAX_WQE_BYTES])),
             rq: RecvQueue {
                 wr_ids: atomics(rq.entries),
                 ring: rq,
