@@ -170,6 +170,64 @@ impl SoftNic {
         self.drive();
     }
 
+    /// [`Nic::post_send`] to queue pair `q`, without running the queues.
+    fn post_send_to(&self, q: &QpShared, wrs: &[WorkRequest]) -> Result<()> {
+        let qp = q.qpn;
+        let mut guard = q.post.lock().unwrap_or_else(|e| e.into_inner());
+        let one: &mut [u8; MAX_WQE_BYTES] = &mut guard;
+        let pi = q.posted.load(Ordering::Acquire);
+        let consumed = q.consumed.load(Ordering::Acquire);
+        // Encode everything first: a bad request posts nothing. Only the encoded bytes are
+        // staged (64 per one-BB WQE, where an `EncodedWqe` holds the 1 KiB maximum); a lone
+        // WQE, the common post, is written from where it was encoded, with no allocation.
+        let mut many: Vec<u8> = Vec::new();
+        let mut at = pi;
+        for wr in wrs {
+            let bbs = bbs_for_ds(encode_wqe_into(wr, qp, wqe_index(at), one)?);
+            at += bbs as u64;
+            if wrs.len() > 1 {
+                many.extend_from_slice(&one[..bbs * BB_SIZE]);
+            }
+        }
+        let staged: &[u8] = if wrs.len() > 1 {
+            &many
+        } else {
+            &one[..idx(at - pi) * BB_SIZE]
+        };
+        if at - consumed > q.sq.entries {
+            return Err(Error::QueueFull {
+                qpn: qp,
+                queue: "send",
+                capacity: q.sq.entries,
+            });
+        }
+        for (i, bb) in staged.chunks_exact(BB_SIZE).enumerate() {
+            let bb: &[u8; BB_SIZE] = bb.try_into().expect("chunks of one BB");
+            q.sq.buffer.write_block(q.sq.entry_off(pi + i as u64), bb);
+        }
+        // Each WQE's wr_id goes with its first slot; its size is in its own control segment.
+        let slot_mask = q.sq.entries - 1;
+        let mut first = pi;
+        for wr in wrs {
+            q.sq_wr_ids[idx(first & slot_mask)].store(wr.wr_id, Ordering::Relaxed);
+            first += bbs_for_ds(staged[idx(first - pi) * BB_SIZE + crate::wqe::off::DS]) as u64;
+        }
+        q.posted.store(at, Ordering::Release);
+        // Only posts write it, and they hold the post lock: no locked add needed.
+        let posts = &q.counters.host_posts;
+        posts.store(
+            posts.load(Ordering::Relaxed) + wrs.len() as u64,
+            Ordering::Relaxed,
+        );
+        if !q.managed_send {
+            q.doorbell.fetch_max(at, Ordering::AcqRel);
+        }
+        if self.host.is_none() {
+            q.pus.notify(q.pu);
+        }
+        Ok(())
+    }
+
     /// [`Self::progress`], after each call that may give the queues work.
     #[inline]
     fn drive(&self) {
@@ -527,57 +585,9 @@ impl Nic for SoftNic {
     }
 
     fn post_send(&self, qp: Qpn, wrs: &[WorkRequest]) -> Result<()> {
-        let q = self.shared.qp(qp)?;
-        let mut guard = q.post.lock().unwrap_or_else(|e| e.into_inner());
-        let one: &mut [u8; MAX_WQE_BYTES] = &mut guard;
-        let pi = q.posted.load(Ordering::Acquire);
-        let consumed = q.consumed.load(Ordering::Acquire);
-        // Encode everything first: a bad request posts nothing. Only the encoded bytes are
-        // staged (64 per one-BB WQE, where an `EncodedWqe` holds the 1 KiB maximum); a lone
-        // WQE, the common post, is written from where it was encoded, with no allocation.
-        let mut many: Vec<u8> = Vec::new();
-        let mut at = pi;
-        for wr in wrs {
-            let bbs = bbs_for_ds(encode_wqe_into(wr, qp, wqe_index(at), one)?);
-            at += bbs as u64;
-            if wrs.len() > 1 {
-                many.extend_from_slice(&one[..bbs * BB_SIZE]);
-            }
-        }
-        let staged: &[u8] = if wrs.len() > 1 {
-            &many
-        } else {
-            &one[..idx(at - pi) * BB_SIZE]
-        };
-        if at - consumed > q.sq.entries {
-            return Err(Error::QueueFull {
-                qpn: qp,
-                queue: "send",
-                capacity: q.sq.entries,
-            });
-        }
-        for (i, bb) in staged.chunks_exact(BB_SIZE).enumerate() {
-            let bb: &[u8; BB_SIZE] = bb.try_into().expect("chunks of one BB");
-            q.sq.buffer.write_block(q.sq.entry_off(pi + i as u64), bb);
-        }
-        // Each WQE's wr_id goes with its first slot; its size is in its own control segment.
-        let slot_mask = q.sq.entries - 1;
-        let mut first = pi;
-        for wr in wrs {
-            q.sq_wr_ids[idx(first & slot_mask)].store(wr.wr_id, Ordering::Relaxed);
-            first += bbs_for_ds(staged[idx(first - pi) * BB_SIZE + crate::wqe::off::DS]) as u64;
-        }
-        q.posted.store(at, Ordering::Release);
-        q.counters
-            .host_posts
-            .fetch_add(wrs.len() as u64, Ordering::Relaxed);
-        if !q.managed_send {
-            q.doorbell.fetch_max(at, Ordering::AcqRel);
-        }
-        if self.host.is_none() {
-            q.pus.notify(q.pu);
-        }
-        drop(guard);
+        // Under the object table's read lock rather than an Arc cloned out of it (two atomic
+        // operations a post).
+        self.shared.with_qp(qp, |q| self.post_send_to(q, wrs))??;
         // Host-driven, no PU thread is there to tell (its fence was on every post's path):
         // this call runs the queues.
         self.drive();
