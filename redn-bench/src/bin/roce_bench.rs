@@ -200,7 +200,8 @@ fn main() {
     );
     let raw_beside = stats(&raw_all);
     println!(
-        "     raw UDP busy-polling, in blocks between its  {:>9} {:>9}",
+        "   {:<44} {:>9} {:>9}",
+        "  raw UDP busy-polling, in the blocks between",
         us(raw_beside.median),
         us(raw_beside.p99)
     );

@@ -180,19 +180,20 @@ impl SoftNic {
         // Encode everything first: a bad request posts nothing. Only the encoded bytes are
         // staged (64 per one-BB WQE, where an `EncodedWqe` holds the 1 KiB maximum); a lone
         // WQE, the common post, is written from where it was encoded, with no allocation.
+        let lone = wrs.len() == 1;
         let mut many: Vec<u8> = Vec::new();
         let mut at = pi;
         for wr in wrs {
             let bbs = bbs_for_ds(encode_wqe_into(wr, qp, wqe_index(at), one)?);
             at += bbs as u64;
-            if wrs.len() > 1 {
+            if !lone {
                 many.extend_from_slice(&one[..bbs * BB_SIZE]);
             }
         }
-        let staged: &[u8] = if wrs.len() > 1 {
-            &many
-        } else {
+        let staged: &[u8] = if lone {
             &one[..idx(at - pi) * BB_SIZE]
+        } else {
+            &many
         };
         if at - consumed > q.sq.entries {
             return Err(Error::QueueFull {
@@ -222,6 +223,8 @@ impl SoftNic {
         if !q.managed_send {
             q.doorbell.fetch_max(at, Ordering::AcqRel);
         }
+        // A host-driven softnic has no PU thread to tell (the notice was a fence on every
+        // post's path): the caller's `drive` runs the queues.
         if self.host.is_none() {
             q.pus.notify(q.pu);
         }
@@ -588,8 +591,6 @@ impl Nic for SoftNic {
         // Under the object table's read lock rather than an Arc cloned out of it (two atomic
         // operations a post).
         self.shared.with_qp(qp, |q| self.post_send_to(q, wrs))??;
-        // Host-driven, no PU thread is there to tell (its fence was on every post's path):
-        // this call runs the queues.
         self.drive();
         Ok(())
     }

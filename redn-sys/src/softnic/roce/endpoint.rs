@@ -962,20 +962,19 @@ impl RoceTransport {
         }
     }
 
-    /// True if a visit that does not wait has nothing to do: no response has arrived, no
-    /// outcome waits, and no timer is due (the requester changes only under the lock,
-    /// whose release publishes these, and through the mailbox).
+    /// True if a visit that does not wait has nothing to do: no outcome waits and nothing
+    /// has arrived or fallen due (the requester changes only under the lock, whose release
+    /// publishes these, and through the mailbox). Reads the clock only if a timer is set.
     fn nothing_new(&self) -> bool {
-        !self.finished.load(Ordering::Acquire)
-            && self.conn.mailbox.is_empty()
-            && self.published_timer().map_or(true, |t| Instant::now() < t)
+        !self.finished.load(Ordering::Acquire) && !self.arrivals_due(Instant::now)
     }
 
-    /// True if [`Self::take_arrived`] has something to do at `now`: a response waits or a
-    /// timer is due. (With neither, its transmit has nothing either: packets a full window
-    /// held back wait for ACKs, and a go-back or a solicitation is sent where it is made.)
-    fn arrivals_due(&self, now: Instant) -> bool {
-        !self.conn.mailbox.is_empty() || self.published_timer().is_some_and(|t| t <= now)
+    /// True if [`Self::take_arrived`] has something to do at the time `now` gives (read only
+    /// if a timer is set): a response waits or a timer is due. (With neither, its transmit
+    /// has nothing either: packets a full window held back wait for ACKs, and a go-back or
+    /// a solicitation is sent where it is made.)
+    fn arrivals_due(&self, now: impl FnOnce() -> Instant) -> bool {
+        !self.conn.mailbox.is_empty() || self.published_timer().is_some_and(|t| t <= now())
     }
 
     /// True if the QP or the endpoint is going away: nothing will answer.
@@ -1088,7 +1087,7 @@ impl RoceTransport {
     fn post(&self, msg: Message, ack: bool, fill: impl FnOnce(&mut Vec<u8>)) {
         let mut s = self.lock();
         let mut now = Instant::now();
-        if self.arrivals_due(now) {
+        if self.arrivals_due(|| now) {
             self.take_arrived(&mut s, &mut [], now);
         }
         if !s.req.has_room(&msg) {

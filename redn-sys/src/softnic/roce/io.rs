@@ -217,8 +217,9 @@ impl DatagramIo for UdpIo {
             // `sendto`, without the batch's headers.
             return send_one(fd, *to, d);
         }
-        // The headers live on the stack (6 KiB): a PU polling an idle socket calls this and
-        // `recv` at every turn, and three heap vectors a call were a visible share of it.
+        // The headers live on the stack (6 KiB): three heap vectors a call were a visible
+        // share of a busy PU's sends. (A lone datagram, above, and a poll of an idle socket
+        // need none.)
         let mut arrays = MsgArrays::<BATCH>::new();
         for chunk in batch.chunks(BATCH) {
             for (i, (a, d)) in chunk.iter().enumerate() {
@@ -269,14 +270,10 @@ impl DatagramIo for UdpIo {
             }
         }
         let want = batch.want.clamp(1, BATCH);
-        let n = if want == 1 {
-            recv_one(fd, batch)?
-        } else {
-            if want <= SMALL_BATCH {
-                recv_many::<SMALL_BATCH>(fd, batch, want)?
-            } else {
-                recv_many::<BATCH>(fd, batch, want)?
-            }
+        let n = match want {
+            1 => recv_one(fd, batch)?,
+            2..=SMALL_BATCH => recv_many::<SMALL_BATCH>(fd, batch, want)?,
+            _ => recv_many::<BATCH>(fd, batch, want)?,
         };
         batch.adapt(n);
         Ok(n)
