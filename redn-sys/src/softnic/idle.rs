@@ -9,11 +9,25 @@
 
 use std::sync::{Arc, Mutex};
 
+/// What a poll of idle work did, least to most: any but `Nothing` counts as progress (the PU
+/// stays awake).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Found {
+    /// Nothing was ready.
+    Nothing,
+    /// Work that leaves the PU's queues nothing new: data placed in memory, a reply sent, a
+    /// datagram dropped. A host-driven call returns at once, so that the app sees what landed
+    /// (`host_driven::rounds`).
+    Placed,
+    /// Work that may give the queues something to run: a completion a WAIT may count, a
+    /// response a requester takes, a QP put in error. The queues are scanned again.
+    QueueWork,
+}
+
 /// Something a PU polls while it is awake and idle.
 pub(crate) trait IdleWork: Send + Sync {
-    /// Do what is ready now, without blocking; true if anything was done (the PU then
-    /// counts the round as progress and stays awake).
-    fn poll(&self) -> bool;
+    /// Do what is ready now, without blocking; what that was.
+    fn poll(&self) -> Found;
     /// The PU is about to park: stop counting on it until its next [`Self::poll`].
     fn parking(&self);
 }

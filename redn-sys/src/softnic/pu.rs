@@ -8,7 +8,7 @@
 //! was waiting for) unparks it if it parks (`wake` has the handshake).
 
 use super::exec::{RunOutcome, Siblings, SqExec};
-use super::idle::IdleWork;
+use super::idle::{Found, IdleWork};
 use super::shared::Shared;
 use super::wake::{self, PuSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -187,13 +187,13 @@ impl PuQueues {
         (progress, deadline)
     }
 
-    /// Poll the idle work once; true if any of it did something.
-    pub(crate) fn poll_idle(&self) -> bool {
-        let mut progress = false;
+    /// Poll the idle work once; the most any of it did.
+    pub(crate) fn poll_idle(&self) -> Found {
+        let mut found = Found::Nothing;
         for w in &self.idle_work {
-            progress |= w.poll();
+            found = found.max(w.poll());
         }
-        progress
+        found
     }
 }
 
@@ -230,7 +230,7 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
             0
         };
         if busy_rounds % BUSY_ROUNDS_PER_IDLE_POLL == 0 {
-            progress |= round.poll_idle();
+            progress |= round.poll_idle() != Found::Nothing;
         }
         if progress {
             if parking {

@@ -8,7 +8,7 @@ use super::packet::{self, opcode, DropCounters, DropReason, Header, Route, Syndr
 use super::requester::{Message, Requester, RequesterAttrs};
 use super::responder::{Memory, Responder};
 use crate::mem::{KeyCache, Span};
-use crate::softnic::idle::IdleWork;
+use crate::softnic::idle::{Found, IdleWork};
 use crate::softnic::in_process::InProcess;
 use crate::softnic::qp::QpShared;
 use crate::softnic::shared::{ObjectMap, Shared};
@@ -255,7 +255,9 @@ impl PuPoller {
     /// not queued behind the ACK's system call, and in a run of requests and answers each
     /// side pays one `sendmmsg` a turn, not two (on a busy two-core machine, where the
     /// threads of a round trip take turns on one core, that system call was on the path).
-    fn poll_with(&self, inner: &Inner) -> usize {
+    ///
+    /// Returns how many datagrams it took and the most their handling did.
+    fn poll_with(&self, inner: &Inner) -> (usize, Found) {
         if self.host {
             // A plain store, not a clock read (~40 ns of a ~500 ns poll): the receive thread
             // asks once a lease whether any poll came.
@@ -336,8 +338,11 @@ impl PuPoller {
 }
 
 impl IdleWork for PuPoller {
-    fn poll(&self) -> bool {
-        !self.inner.shutdown.load(Ordering::Acquire) && self.poll_with(&self.inner) > 0
+    fn poll(&self) -> Found {
+        if self.inner.shutdown.load(Ordering::Acquire) {
+            return Found::Nothing;
+        }
+        self.poll_with(&self.inner).1
     }
 
     fn parking(&self) {
@@ -694,13 +699,14 @@ impl Outbox {
 }
 
 /// Receive one batch (waiting up to `wait` for its first datagram) and hand each datagram
-/// to its QP, leaving the replies in `out`; how many arrived.
+/// to its QP, leaving the replies in `out`; how many arrived and the most their handling
+/// did.
 fn receive_batch(
     inner: &Inner,
     batch: &mut RecvBatch,
     out: &mut Outbox,
     wait: Option<Duration>,
-) -> usize {
+) -> (usize, Found) {
     let n = match inner.io.recv(batch, wait) {
         Ok(n) => n,
         Err(_) => {
@@ -710,14 +716,15 @@ fn receive_batch(
         }
     };
     if n == 0 {
-        return 0;
+        return (0, Found::Nothing);
     }
     inner.received.fetch_add(n as u64, Ordering::Relaxed);
+    let mut found = Found::Nothing;
     for i in 0..n {
         let (d, from) = batch.get(i);
-        dispatch(inner, from, d, out);
+        found = found.max(dispatch(inner, from, d, out));
     }
-    n
+    (n, found)
 }
 
 /// The receive thread: serves the socket while no PU does, blocked in the kernel between
@@ -749,7 +756,7 @@ fn receive_loop(inner: &Arc<Inner>) {
             // The app stopped calling: the ACKs it held for its next request go now.
             inner.flush_host_replies();
         }
-        let n = receive_batch(inner, &mut batch, &mut out, Some(nap));
+        let (n, _) = receive_batch(inner, &mut batch, &mut out, Some(nap));
         if n > 0 {
             inner
                 .by_receive_thread
@@ -760,7 +767,11 @@ fn receive_loop(inner: &Arc<Inner>) {
 }
 
 /// Check one datagram and hand it to the QP it names.
-fn dispatch(inner: &Inner, from: SocketAddrV4, d: &[u8], out: &mut Outbox) {
+fn dispatch(inner: &Inner, from: SocketAddrV4, d: &[u8], out: &mut Outbox) -> Found {
+    let dropped = |why| {
+        inner.drops.count(why);
+        Found::Placed
+    };
     let p = match packet::decode(
         &Route {
             src: from,
@@ -769,17 +780,17 @@ fn dispatch(inner: &Inner, from: SocketAddrV4, d: &[u8], out: &mut Outbox) {
         d,
     ) {
         Ok(p) => p,
-        Err(why) => return inner.drops.count(why),
+        Err(why) => return dropped(why),
     };
     // Looked up and used under the table's read lock, not cloned out of it (an Arc's two
     // atomic operations a packet): a connect or a removal waits for the packets in hand.
     let conns = inner.conns.read().unwrap_or_else(|e| e.into_inner());
     // Unknown QPs get no reply: nothing about which QPs exist leaks.
     let Some(conn) = conns.get(&p.header.dest_qp) else {
-        return inner.drops.count(DropReason::UnknownQp);
+        return dropped(DropReason::UnknownQp);
     };
     if conn.remote != from {
-        return inner.drops.count(DropReason::WrongSource);
+        return dropped(DropReason::WrongSource);
     }
     let t = &conn.local.target;
     if t.destroyed.load(Ordering::Acquire) {
@@ -789,10 +800,10 @@ fn dispatch(inner: &Inner, from: SocketAddrV4, d: &[u8], out: &mut Outbox) {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&p.header.dest_qp);
-        return inner.drops.count(DropReason::UnknownQp);
+        return dropped(DropReason::UnknownQp);
     }
     if t.state() == QpState::Error {
-        return inner.drops.count(DropReason::QpInError);
+        return dropped(DropReason::QpInError);
     }
     if packet::is_response(p.header.opcode) {
         let r = Response {
@@ -800,9 +811,10 @@ fn dispatch(inner: &Inner, from: SocketAddrV4, d: &[u8], out: &mut Outbox) {
             payload: p.payload.to_vec(),
         };
         if !conn.mailbox.push(r) {
-            inner.drops.count(DropReason::UnexpectedResponse);
+            return dropped(DropReason::UnexpectedResponse);
         }
-        return;
+        // The requester takes it in its queue's next visit.
+        return Found::QueueWork;
     }
     let mut guard = conn.responder.lock().unwrap_or_else(|e| e.into_inner());
     let (responder, keys) = &mut *guard;
@@ -815,6 +827,24 @@ fn dispatch(inner: &Inner, from: SocketAddrV4, d: &[u8], out: &mut Outbox) {
         out.push(local, remote, h, payload)
     }) {
         inner.drops.count(why);
+    }
+    // What the queues see of a request: a receive it consumed (a completion a WAIT may
+    // count), or the QP put in error (its queues flush). A WRITE without immediate, a READ
+    // or an atomic only places or reads memory and replies.
+    let memory_only = matches!(
+        p.header.opcode,
+        opcode::WRITE_FIRST
+            | opcode::WRITE_MIDDLE
+            | opcode::WRITE_LAST
+            | opcode::WRITE_ONLY
+            | opcode::READ_REQUEST
+            | opcode::COMPARE_SWAP
+            | opcode::FETCH_ADD
+    );
+    if memory_only && t.state() != QpState::Error {
+        Found::Placed
+    } else {
+        Found::QueueWork
     }
 }
 
@@ -1367,7 +1397,7 @@ mod tests {
         });
         // The softnic stays up for the test (its PUs run the QP).
         let Rig {
-            nic: _nic,
+            nic,
             ep,
             buf,
             mr,
@@ -1396,7 +1426,8 @@ mod tests {
             present: AtomicBool::new(false),
             bufs: Mutex::new(None),
         };
-        assert_eq!(poller.poll_with(&ep.inner), 1);
+        // A WRITE leaves the queues nothing new (a host-driven call returns at once).
+        assert_eq!(poller.poll_with(&ep.inner), (1, Found::Placed));
         let mut placed = [0u8; 8];
         buf.read(64, &mut placed);
         assert_eq!(placed, [7; 8], "placed at once");
@@ -1425,13 +1456,52 @@ mod tests {
         let mut d2 = Vec::new();
         packet::encode(&mut d2, &route, &h2, &[8; 8]);
         script.inbox.lock().unwrap().push_back((peer, d2));
-        assert_eq!(poller.poll_with(&ep.inner), 1);
+        assert_eq!(poller.poll_with(&ep.inner).0, 1);
         assert!(script.sent.lock().unwrap().is_empty(), "held for the round");
-        assert_eq!(poller.poll_with(&ep.inner), 0);
+        assert_eq!(poller.poll_with(&ep.inner), (0, Found::Nothing));
         let sent = std::mem::take(&mut *script.sent.lock().unwrap());
         assert_eq!(sent.len(), 1, "sent at the next poll");
         let ack = decode(&back, &sent[0][0]).expect("a valid ACK").header;
         assert_eq!((ack.opcode, ack.psn), (opcode::ACKNOWLEDGE, 501));
+
+        // What other arrivals leave the queues: a WRITE with immediate a receive's
+        // completion (or an RNR NAK, with none posted), a response the requester takes and a
+        // refused request (its QP in error) are queue work; a datagram dropped is not.
+        let mut imm = Header::new(opcode::WRITE_ONLY_IMM, qp.0, 502);
+        imm.reth = h.reth;
+        imm.imm = Some(9);
+        let mut ack = Header::new(opcode::ACKNOWLEDGE, qp.0, 0);
+        ack.aeth = Some(Aeth {
+            syndrome: 0,
+            msn: 0,
+        });
+        // A WRITE its responder refuses (a wrong key) puts the QP in error: its queues flush.
+        let mut refused = Header::new(opcode::WRITE_ONLY, qp.0, 502);
+        refused.reth = Some(Reth {
+            va: mr.addr.0 + 64,
+            rkey: mr.lkey.0 ^ 0xff,
+            len: 8,
+        });
+        for (header, payload, found) in [
+            (imm, &[9u8; 8][..], Found::QueueWork),
+            (ack, &[][..], Found::QueueWork),
+            (refused, &[1u8; 8][..], Found::QueueWork),
+        ] {
+            let mut d = Vec::new();
+            packet::encode(&mut d, &route, &header, payload);
+            script.inbox.lock().unwrap().push_back((peer, d));
+            assert_eq!(
+                poller.poll_with(&ep.inner),
+                (1, found),
+                "{header:?} {:?}",
+                ep.inner.drops.snapshot()
+            );
+        }
+        assert_eq!(nic.qp_state(qp).unwrap(), QpState::Error);
+        script.inbox.lock().unwrap().push_back((peer, vec![0; 3]));
+        assert_eq!(poller.poll_with(&ep.inner), (1, Found::Placed), "a runt");
+        poller.flush(&ep.inner);
+        script.sent.lock().unwrap().clear();
 
         // Nothing held: leaving sends nothing and gives up this poller's presence (the
         // count also has the softnic's own PU while it is awake, so only the flag is
