@@ -144,6 +144,9 @@ impl Side {
             "host_posts 0",
             "the offload ran with no server host post"
         );
+        // As on the server: no queue of this block in the next block's rounds.
+        self.nic.destroy_qp(qp).expect("destroy the offload qp");
+        self.nic.destroy_cq(cq).expect("destroy the offload cq");
         v
     }
 }

@@ -178,6 +178,12 @@ fn serve_offload(c: &mut Control, s: &Server, rounds: usize) {
     s.paused.store(false, std::sync::atomic::Ordering::Release);
     s.answers.thread().unpark();
     let posts = nic.counters(qp).expect("counters").host_posts - before;
+    // Gone before the next block's: a parked queue left behind would add its visit to
+    // every later block's PU rounds.
+    nic.destroy_qp(qp).expect("destroy the offload qp");
+    for cq in [send_cq, recv_cq] {
+        nic.destroy_cq(cq).expect("destroy an offload cq");
+    }
     c.say(&format!("host_posts {posts}"));
 }
 
