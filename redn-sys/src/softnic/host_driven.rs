@@ -123,17 +123,30 @@ mod tests {
         SoftNic::new(cfg).unwrap()
     }
 
-    /// The call that posts runs the WQE: a loopback WRITE has run when `post_send`
-    /// returns, with no other thread to run it.
-    #[test]
-    fn a_post_runs_its_wqe_before_it_returns() {
-        let nic = host_driven_nic(1);
+    /// A QP of `nic` connected to itself, with 4 KiB registered: the memory, its region
+    /// and the QP.
+    fn loopback_qp(
+        nic: &SoftNic,
+    ) -> (
+        std::sync::Arc<SharedBuffer>,
+        crate::nic::MrInfo,
+        crate::types::Qpn,
+    ) {
         let pd = nic.alloc_pd().unwrap();
         let buf = SharedBuffer::new(4096);
         let mr = nic.reg_mr(pd, &buf, 0, 4096, Access::ALL).unwrap();
         let cq = nic.create_cq(CqConfig::new(16)).unwrap();
         let qp = nic.create_qp(QpConfig::new(pd, cq)).unwrap().qpn;
         nic.connect(qp, qp).unwrap();
+        (buf, mr, qp)
+    }
+
+    /// The call that posts runs the WQE: a loopback WRITE has run when `post_send`
+    /// returns, with no other thread to run it.
+    #[test]
+    fn a_post_runs_its_wqe_before_it_returns() {
+        let nic = host_driven_nic(1);
+        let (buf, mr, qp) = loopback_qp(&nic);
         buf.write(0, b"inline!!");
         let op = WrOp::Write {
             remote: RemoteAddr {
@@ -279,12 +292,7 @@ mod tests {
     fn a_call_scans_again_only_after_idle_work_that_gave_the_queues_work() {
         for (found, run_by_first_call) in [(Found::QueueWork, 1), (Found::Placed, 0)] {
             let nic = std::sync::Arc::new(host_driven_nic(1));
-            let pd = nic.alloc_pd().unwrap();
-            let buf = SharedBuffer::new(4096);
-            let mr = nic.reg_mr(pd, &buf, 0, 4096, Access::ALL).unwrap();
-            let cq = nic.create_cq(CqConfig::new(16)).unwrap();
-            let qp = nic.create_qp(QpConfig::new(pd, cq)).unwrap().qpn;
-            nic.connect(qp, qp).unwrap();
+            let (buf, mr, qp) = loopback_qp(&nic);
             let wr = WorkRequest {
                 wr_id: 1,
                 flags: WqeFlags::SIGNALED,
