@@ -2186,7 +2186,7 @@ mod tests {
     /// The format example of the module docs is a valid program.
     #[test]
     fn the_documented_example_loads() {
-        let source = include_str!("definition.rs");
+        let source = include_str!("mod.rs");
         let start = source.find("//! ```toml\n").expect("example") + "//! ```toml\n".len();
         let len = source[start..].find("//! ```\n").expect("end of example");
         let text: String = source[start..start + len]
