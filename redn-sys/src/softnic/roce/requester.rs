@@ -431,12 +431,20 @@ impl Requester {
                         }
                     }
                 }
-                let mut at = 0;
+                // The message holding `sent`, looked for from the back: the PSNs of `msgs`
+                // run contiguously, so it is the newest that starts at or before `sent`, and
+                // after a post that is the message just started (from the front, each send
+                // walked every unacknowledged message, up to 16 for unsignaled streams).
+                let mut at = self
+                    .msgs
+                    .iter()
+                    .rposition(|m| psn::diff(self.sent, m.first) >= 0)
+                    .unwrap_or(0);
                 while psn::diff(self.sent, self.next_psn) < 0
                     && psn::diff(self.sent, self.una) < i32::try_from(WINDOW).unwrap_or(i32::MAX)
                 {
-                    // The message holding `sent`: the PSNs of `msgs` run contiguously to
-                    // `next_psn`, so one is found.
+                    // Past the messages `sent` has passed: the PSNs of `msgs` run contiguously
+                    // to `next_psn`, so one holds it.
                     while self
                         .msgs
                         .get(at)
