@@ -142,10 +142,10 @@ pub(crate) trait Transport: Send + Sync {
     fn windowed(&self) -> bool {
         false
     }
-    /// The outcome of the oldest posted message whose outcome was not taken yet; with
-    /// `wait`, waiting for it (until it is known or the transport gives up), else None
-    /// if it is not known yet (or nothing is posted).
-    fn settle(&self, _wait: bool) -> Option<Result<(), Nak>> {
+    /// The outcome of the oldest posted message whose outcome was not taken yet, asked for
+    /// as [`Ask`] says: with `Wait`, waiting for it (until it is known or the transport
+    /// gives up); otherwise None if it is not known yet (or nothing is posted).
+    fn settle(&self, _ask: Ask) -> Option<Result<(), Nak>> {
         None
     }
     /// Forget every posted message and outcome not taken (the queue went to error and
@@ -159,6 +159,21 @@ pub(crate) trait Transport: Send + Sync {
     /// The transport as `Any`, so the executor can find an in-process peer and reach it
     /// without a dynamic call on its fast path.
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
+}
+
+/// How an executor asks a windowed transport for a posted message's outcome
+/// ([`Transport::settle`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// Wait until it is known (or the transport gives up).
+    Wait,
+    /// Take it if it is known, after taking what has come and running the timers that
+    /// have fallen due (a retransmission, an ACK to ask for): a queue at rest.
+    Now,
+    /// Take it if it has come, without reading the clock: between the WQEs of a visit (a
+    /// clock read for each was on the RoCE round trip's path), whose end asks [`Ask::Now`],
+    /// so a timer that fell due fires at most a visit late, never early.
+    Arrived,
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ use super::in_process::InProcess;
 use super::qp::{bump, QpShared, Ring};
 use super::rate::Limiter;
 use super::shared::Shared;
-use super::transport::{AtomicOp, Nak, Transport};
+use super::transport::{Ask, AtomicOp, Nak, Transport};
 use crate::clock::{Clock, SystemClock};
 use crate::conv::{idx, low32, small32};
 use crate::mem::{KeyCache, KeyTable, SharedBuffer, Span};

@@ -740,12 +740,12 @@ impl Core {
 /// A windowed peer's posted messages (see `Core::posted`).
 impl Core {
     /// Write the completions of posted WQEs whose outcomes the peer has: every one (`all`,
-    /// waiting for each in turn) or the ones known now. False if one failed: its error
-    /// completion and the flushes of those after it are written and the queue is in error
-    /// (its next visit flushes the WQEs from `ci` on).
+    /// waiting for each in turn) or the ones that have come (no clock read: between WQEs;
+    /// the visit's end runs the timers). False if one failed: its error completion and the
+    /// flushes of those after it are written and the queue is in error (next visit: flush).
     pub(super) fn settle(&mut self, all: bool) -> bool {
         while !self.posted.is_empty() {
-            match self.settle_oldest(all) {
+            match self.settle_oldest(if all { Ask::Wait } else { Ask::Arrived }) {
                 Some(true) => {}
                 Some(false) => return false,
                 None => break,
@@ -755,13 +755,13 @@ impl Core {
     }
 
     /// Settle the oldest posted WQE: Some(true) if it completed, Some(false) if it failed
-    /// (see [`Self::settle`]), None if its outcome is not known yet (only without `wait`).
-    fn settle_oldest(&mut self, wait: bool) -> Option<bool> {
+    /// (see [`Self::settle`]), None if its outcome is not known yet (only without waiting).
+    fn settle_oldest(&mut self, ask: Ask) -> Option<bool> {
         let p = *self.posted.front()?;
-        let outcome = match self.peer.as_ref().and_then(|peer| peer.settle(wait)) {
+        let outcome = match self.peer.as_ref().and_then(|peer| peer.settle(ask)) {
             Some(o) => o,
             // A peer that holds nothing for a posted WQE will never answer for it.
-            None if wait => Err(Nak::NoResponse),
+            None if ask == Ask::Wait => Err(Nak::NoResponse),
             None => return None,
         };
         self.posted.pop_front();
@@ -807,7 +807,7 @@ impl Core {
         while !self.posted.is_empty() {
             let rest = self.ci >= self.limit() && self.qp.state() == QpState::ReadyToSend;
             let wait = rest && self.posted.iter().any(|p| p.signaled);
-            match self.settle_oldest(wait) {
+            match self.settle_oldest(if wait { Ask::Wait } else { Ask::Now }) {
                 Some(true) => settled = true,
                 Some(false) => return RunOutcome::Progress,
                 None => break,

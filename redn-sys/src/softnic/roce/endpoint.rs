@@ -12,7 +12,7 @@ use crate::softnic::idle::{Found, IdleWork};
 use crate::softnic::in_process::InProcess;
 use crate::softnic::qp::QpShared;
 use crate::softnic::shared::{ObjectMap, Shared};
-use crate::softnic::transport::{AtomicOp, Nak, Transport};
+use crate::softnic::transport::{Ask, AtomicOp, Nak, Transport};
 use crate::softnic::SoftNic;
 use crate::types::{Access, Qpn, Rkey, VirtAddr};
 use crate::wqe::RemoteAddr;
@@ -999,6 +999,12 @@ impl RoceTransport {
         !self.finished.load(Ordering::Acquire) && !self.arrivals_due(Instant::now)
     }
 
+    /// True if no outcome waits and no response has come, whatever the timers: what a
+    /// visit asks between WQEs ([`Ask::Arrived`]), without reading the clock.
+    fn nothing_arrived(&self) -> bool {
+        !self.finished.load(Ordering::Acquire) && self.conn.mailbox.is_empty()
+    }
+
     /// True if [`Self::take_arrived`] has something to do at the time `now` gives (read only
     /// if a timer is set): a response waits or a timer is due. (With neither, its transmit
     /// has nothing either: packets a full window held back wait for ACKs, and a go-back or
@@ -1272,16 +1278,22 @@ impl Transport for RoceTransport {
         true
     }
 
-    fn settle(&self, wait: bool) -> Option<Result<(), Nak>> {
-        // A PU at rest visits its windowed queues at every turn: most find nothing new, and
-        // the lock, clock reads and transmit they made were a third of a RoCE client's poll.
-        if !wait && self.nothing_new() {
+    fn settle(&self, ask: Ask) -> Option<Result<(), Nak>> {
+        // A PU at rest visits its windowed queues at every turn, and a queue asks before
+        // each WQE it runs behind posted messages: most find nothing new, and the lock,
+        // clock reads and transmit they made were a third of a RoCE client's poll.
+        let nothing = match ask {
+            Ask::Wait => false,
+            Ask::Now => self.nothing_new(),
+            Ask::Arrived => self.nothing_arrived(),
+        };
+        if nothing {
             return None;
         }
         let mut s = self.lock();
         let now = Instant::now();
         self.take_arrived(&mut s, &mut [], now);
-        if wait {
+        if ask == Ask::Wait {
             self.drive(&mut s, &mut [], now, |r| {
                 r.finished() > 0 || r.outstanding() == 0
             });
