@@ -992,17 +992,25 @@ impl RoceTransport {
         }
     }
 
-    /// True if a visit that does not wait has nothing to do: no outcome waits and nothing
-    /// has arrived or fallen due (the requester changes only under the lock, whose release
-    /// publishes these, and through the mailbox). Reads the clock only if a timer is set.
+    /// True if a visit that does not wait has nothing to do: nothing has arrived (see
+    /// [`Self::nothing_arrived`]) and no timer has fallen due. Reads the clock only if a
+    /// timer is set.
     fn nothing_new(&self) -> bool {
-        !self.finished.load(Ordering::Acquire) && !self.arrivals_due(Instant::now)
+        self.nothing_arrived() && !self.timer_due(Instant::now)
     }
 
     /// True if no outcome waits and no response has come, whatever the timers: what a
-    /// visit asks between WQEs ([`Ask::Arrived`]), without reading the clock.
+    /// visit asks between WQEs ([`Ask::Arrived`]), without reading the clock. (The
+    /// requester changes only under the lock, whose release publishes its state, and
+    /// through the mailbox.)
     fn nothing_arrived(&self) -> bool {
         !self.finished.load(Ordering::Acquire) && self.conn.mailbox.is_empty()
+    }
+
+    /// True if the published timer has fallen due at the time `now` gives (read only if a
+    /// timer is set).
+    fn timer_due(&self, now: impl FnOnce() -> Instant) -> bool {
+        self.published_timer().is_some_and(|t| t <= now())
     }
 
     /// True if [`Self::take_arrived`] has something to do at the time `now` gives (read only
@@ -1010,7 +1018,7 @@ impl RoceTransport {
     /// has nothing either: packets a full window held back wait for ACKs, and a go-back or
     /// a solicitation is sent where it is made.)
     fn arrivals_due(&self, now: impl FnOnce() -> Instant) -> bool {
-        !self.conn.mailbox.is_empty() || self.published_timer().is_some_and(|t| t <= now())
+        !self.conn.mailbox.is_empty() || self.timer_due(now)
     }
 
     /// True if the QP or the endpoint is going away: nothing will answer.
