@@ -703,6 +703,47 @@ fn a_read_reverses_bytes_only_across_one_byte_entries_at_descending_addresses() 
     }
 }
 
+#[test]
+fn a_byte_reversing_read_is_checked_as_the_window_its_bytes_cover() {
+    // The executor checks a run of one-byte entries at descending addresses as the one
+    // window its bytes cover. A run that ends at either edge of its region lands; one that
+    // reaches past the end is refused whole (local protection), and none of it lands, as
+    // when each entry was checked on its own.
+    for path in PATHS {
+        let l = loopback(path, false);
+        let edge = Region::new(&l.nic, l.ep.pd, 64, ALL);
+        l.mem.write(0, b"ABCD");
+        let read = |top: u64| WrOp::Read {
+            remote: l.mem.mr.remote(0),
+            sgl: (0..4).map(|k| edge.mr.sge(top - k, 1)).collect(),
+        };
+        for (top, at) in [(63, 60), (3, 0)] {
+            let done = l.run(&[wr(1, SIG, read(top))]).remove(0);
+            assert!(
+                done.is_ok(),
+                "{path:?}: a run ending at byte {top}: {done:?}"
+            );
+            assert_eq!(
+                edge.read(at, 4),
+                b"DCBA",
+                "{path:?}: a run ending at byte {top}"
+            );
+        }
+        edge.write(60, b"wxyz");
+        let done = l.run(&[wr(1, SIG, read(65))]).remove(0);
+        assert_eq!(
+            done.status,
+            Err(Syndrome::LocalProtection),
+            "{path:?}: two of the run's bytes past the region"
+        );
+        assert_eq!(
+            edge.read(60, 4),
+            b"wxyz",
+            "{path:?}: nothing of a refused run lands"
+        );
+    }
+}
+
 /// A byte rate of 30,000 bytes a second on the loopback queue: a burst of 30 bytes (one
 /// millisecond's), which the bucket starts with.
 fn byte_rate(l: &Loopback) {

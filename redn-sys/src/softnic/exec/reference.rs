@@ -425,6 +425,11 @@ impl Core {
         let w = &self.wqe;
         let lkey = Be32::read(w, seg + off::SEG_LKEY).get();
         let addr = VirtAddr(Be64::read(w, seg + off::SEG_ADDR).get());
+        self.check_local_at(lkey, addr, len)
+    }
+
+    /// Check that `len` bytes at `addr` may be written through `lkey`.
+    fn check_local_at(&mut self, lkey: u32, addr: VirtAddr, len: u64) -> Result<(), Fail> {
         self.local_keys
             .get(&self.nic.keys, lkey)
             .and_then(|r| r.check(self.qp.pd, addr, len, Access::LOCAL_WRITE))
@@ -474,11 +479,27 @@ impl Core {
                 .map_err(Fail::from)?;
             return Ok(total);
         }
-        for s in 2..ds {
-            let len = u64::from(Be32::read(&self.wqe, s * SEG_SIZE).get());
-            if len != 0 {
-                self.check_local_write(s * SEG_SIZE, len)?;
+        // The scatter list as runs of entries: one-byte entries at descending consecutive
+        // addresses under one key (RedN's byte-reversing READ, `Builder::advance_count`) make
+        // one run, checked as the one window their bytes cover (the same bytes as checking
+        // each); every other entry is a run of its own. The writes below find the same runs.
+        let mut s = 2;
+        while s < ds {
+            let seg = s * SEG_SIZE;
+            let len = u64::from(Be32::read(&self.wqe, seg).get());
+            let run = if len == 1 {
+                self.reversed_run(s, ds)
+            } else {
+                1
+            };
+            if run > 1 {
+                let lkey = Be32::read(&self.wqe, seg + off::SEG_LKEY).get();
+                let last = Be64::read(&self.wqe, seg + off::SEG_ADDR).get() - (run as u64 - 1);
+                self.check_local_at(lkey, VirtAddr(last), run as u64)?;
+            } else if len != 0 {
+                self.check_local_write(seg, len)?;
             }
+            s += run;
         }
         let total = idx(total);
         if self.scratch.len() < total {
@@ -517,10 +538,8 @@ impl Core {
                 1
             };
             if run > 1 {
-                // One-byte entries at descending addresses under one key (RedN's
-                // byte-reversing READ, `Builder::advance_count`): each byte was checked
-                // above, so the window they cover together is inside the same region; one
-                // write of the reversed bytes instead of a read-modify-write per byte.
+                // A byte-reversing run, checked above as one window: one write of the
+                // reversed bytes instead of a read-modify-write per byte.
                 let mut rev = [0u8; MAX_DS as usize];
                 for (k, b) in data[at..at + run].iter().enumerate() {
                     rev[run - 1 - k] = *b;
