@@ -744,6 +744,76 @@ fn a_byte_reversing_read_is_checked_as_the_window_its_bytes_cover() {
     }
 }
 
+#[test]
+fn a_read_with_any_scatter_byte_outside_its_region_is_refused_and_lands_nothing() {
+    // The executor checks a READ's scatter list as runs (see the test above); every byte of
+    // every entry is still checked. Cases that a run taken too widely, too narrowly or
+    // from the wrong entry would let through: a two-byte entry across the region's end
+    // followed by a one-byte entry just below it (not a byte-reversing run: the first entry
+    // is two bytes), and a byte-reversing run that reaches below the region's start.
+    for path in PATHS {
+        let base = |l: &Loopback| {
+            let edge = Region::new(&l.nic, l.ep.pd, 64, ALL);
+            edge.write(60, b"wxyz");
+            edge.write(0, b"abcd");
+            edge
+        };
+        let read = |l: &Loopback, sgl| WrOp::Read {
+            remote: l.mem.mr.remote(0),
+            sgl,
+        };
+        let l = loopback(path, false);
+        let edge = base(&l);
+        let across_the_end = vec![edge.mr.sge(63, 2), edge.mr.sge(62, 1)];
+        let done = l.run(&[wr(1, SIG, read(&l, across_the_end))]).remove(0);
+        assert_eq!(
+            done.status,
+            Err(Syndrome::LocalProtection),
+            "{path:?}: a two-byte entry across the end"
+        );
+        assert_eq!(edge.read(60, 4), b"wxyz", "{path:?}: nothing lands");
+
+        let l = loopback(path, false);
+        let edge = base(&l);
+        let below = |k: u64| {
+            let mut e = edge.mr.sge(0, 1);
+            e.addr.0 = e.addr.0 + 1 - k;
+            e
+        };
+        let done = l
+            .run(&[wr(1, SIG, read(&l, (0..4).map(below).collect()))])
+            .remove(0);
+        assert_eq!(
+            done.status,
+            Err(Syndrome::LocalProtection),
+            "{path:?}: a reversing run below the start"
+        );
+        assert_eq!(edge.read(0, 4), b"abcd", "{path:?}: nothing lands");
+    }
+}
+
+#[test]
+fn a_reads_zero_length_scatter_entries_are_skipped_unchecked() {
+    // rdma-core skips zero-length entries, whatever key and address they carry (the encoder
+    // drops them, so this WQE is patched after encoding); the entry after one is checked
+    // and lands as usual.
+    for path in PATHS {
+        let l = loopback(path, false);
+        l.mem.write(0, b"ABCD");
+        let read = WrOp::Read {
+            remote: l.mem.mr.remote(0),
+            sgl: vec![l.mem.mr.sge(1000, 4), l.mem.mr.sge(2000, 4)],
+        };
+        let done = run_patched(&l, read, |b| {
+            b[32..36].fill(0);
+            b[36..40].copy_from_slice(&0xdead_beef_u32.to_be_bytes());
+        });
+        assert!(done.is_ok(), "{path:?}: {done:?}");
+        assert_eq!(l.mem.read(2000, 4), b"ABCD", "{path:?}");
+        assert_eq!(l.mem.read(1000, 4), [0; 4], "{path:?}: the skipped entry");
+    }
+}
+
 /// A byte rate of 30,000 bytes a second on the loopback queue: a burst of 30 bytes (one
 /// millisecond's), which the bucket starts with.
 fn byte_rate(l: &Loopback) {
