@@ -814,6 +814,38 @@ fn a_reads_zero_length_scatter_entries_are_skipped_unchecked() {
     }
 }
 
+#[test]
+fn a_read_reads_no_scatter_entry_past_its_ds() {
+    // A READ of two entries is exactly one BB. The executor's copy of a WQE keeps, past its
+    // BBs, what an earlier and longer WQE left there: here a third "entry" with a key that
+    // names nothing, written by a two-BB NOP (a three-entry READ's bytes with the opcode
+    // patched). The READ reads its ds entries and no more, and succeeds.
+    for path in PATHS {
+        let l = loopback(path, false);
+        l.mem.write(0, b"ABCD");
+        let qp = &l.ep.qp;
+        let sgl = |n: u64| (0..n).map(|k| l.mem.mr.sge(1000 + 100 * k, 2)).collect();
+        let read = |n| WrOp::Read {
+            remote: l.mem.mr.remote(0),
+            sgl: sgl(n),
+        };
+        let mut nop = encode_wqe(&wr(1, SIG, read(3)), qp.qpn, 0).unwrap();
+        nop.bytes_mut()[3] = Opcode::Nop as u8;
+        nop.bytes_mut()[68..72].copy_from_slice(&0xdead_beef_u32.to_be_bytes());
+        let two = encode_wqe(&wr(2, SIG, read(2)), qp.qpn, 2).unwrap();
+        assert_eq!((nop.bbs(), two.bbs()), (2, 1));
+        qp.sq.buffer.write(qp.sq.offset, nop.bytes());
+        qp.sq.buffer.write(qp.sq.offset + 128, two.bytes());
+        l.nic.note_posted(qp.qpn, 0, 2, 1).unwrap();
+        l.nic.note_posted(qp.qpn, 2, 3, 2).unwrap();
+        l.nic.ring_doorbell(qp.qpn, 3).unwrap();
+        let done = wait_cqes(&l.nic, l.ep.cq, 2);
+        assert!(done.iter().all(Completion::is_ok), "{path:?}: {done:?}");
+        assert_eq!(l.mem.read(1000, 2), b"AB", "{path:?}");
+        assert_eq!(l.mem.read(1100, 2), b"CD", "{path:?}");
+    }
+}
+
 /// A byte rate of 30,000 bytes a second on the loopback queue: a burst of 30 bytes (one
 /// millisecond's), which the bucket starts with.
 fn byte_rate(l: &Loopback) {
