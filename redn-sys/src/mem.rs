@@ -641,9 +641,7 @@ impl KeyTable {
         let key_index = u32::try_from(index).map_err(|_| RegisterError::Full)?;
         let slot = &mut slots[index];
         slot.tag = slot.tag.wrapping_add(1);
-        // Index 0 would give keys 0x01..0xff; start at 1 so key 0 and INVALID_LKEY (0x100)
-        // never name a region.
-        let key = ((key_index + 2) << 8) | u32::from(slot.tag);
+        let key = Self::key(key_index, slot.tag);
         let region = Arc::new(MemoryRegion {
             lkey: Lkey(key),
             pd,
@@ -676,6 +674,13 @@ impl KeyTable {
         r
     }
 
+    /// The key of slot `index` under `tag` (the inverse of [`Self::index`] and [`Self::tag`]).
+    /// Slot 0 is `2 << 8`: the keys below, 0 and INVALID_LKEY (0x100) among them, name no
+    /// region.
+    fn key(index: u32, tag: u8) -> u32 {
+        ((index + 2) << 8) | u32::from(tag)
+    }
+
     /// The tag a key carries: its low byte.
     fn tag(key: u32) -> u8 {
         (key & 0xff) as u8
@@ -693,6 +698,33 @@ impl KeyTable {
             .filter(|s| s.tag == Self::tag(key))
             .and_then(|s| s.region.clone())
             .ok_or(AccessFault::UnknownKey(key))
+    }
+
+    /// Resolve `key` and, under the same read lock, the regions registered in the `ahead`
+    /// slots after its own: `found` gets `key`'s region first, then each of the others with
+    /// its key. Fails as [`KeyTable::lookup`] does if `key` names no region (and then
+    /// `found` gets nothing).
+    pub fn lookup_run(
+        &self,
+        key: u32,
+        ahead: usize,
+        mut found: impl FnMut(u32, Arc<MemoryRegion>),
+    ) -> Result<(), AccessFault> {
+        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+        let index = Self::index(key).ok_or(AccessFault::UnknownKey(key))?;
+        let region = slots
+            .get(index)
+            .filter(|s| s.tag == Self::tag(key))
+            .and_then(|s| s.region.clone())
+            .ok_or(AccessFault::UnknownKey(key))?;
+        found(key, region);
+        for (i, slot) in slots.iter().enumerate().skip(index + 1).take(ahead) {
+            // Slots hold indices below `max_slots`, so every index here has a key.
+            if let (Some(region), Ok(i)) = (&slot.region, u32::try_from(i)) {
+                found(Self::key(i, slot.tag), Arc::clone(region));
+            }
+        }
+        Ok(())
     }
 
     /// Current generation: changes whenever a region goes away.
@@ -723,9 +755,15 @@ pub struct KeyCache {
     /// [`KeyCache::region_at`]). Starts at 1 and only grows: neither 0 (what a remembered
     /// epoch is before anything was resolved) nor [`KeyCache::STALE`] is ever current.
     epoch: u64,
+    /// The table slot of the last key a miss resolved, the last one it read ahead included
+    /// (see [`KeyCache::miss`]).
+    last_miss: Option<usize>,
 }
 
 const KEY_CACHE_SIZE: usize = 8;
+
+/// Slots after its own that a miss reads ahead when it follows a miss on the slot before.
+const READ_AHEAD: usize = 3;
 
 impl Default for KeyCache {
     fn default() -> KeyCache {
@@ -747,6 +785,7 @@ impl KeyCache {
             regions: Vec::new(),
             next: 0,
             epoch: 1,
+            last_miss: None,
         }
     }
 
@@ -815,19 +854,40 @@ impl KeyCache {
         if let Some(i) = self.keys[..n].iter().position(|&k| k == key) {
             return Ok(i);
         }
-        let r = table.lookup(key)?;
+        // A miss on the slot after the last miss's: the queue is walking keys registered one
+        // after another, as an unrolled chain walks its code windows (one key each, taken in
+        // order at install), each used once. Take the next slots' keys too, under the one
+        // lock. Anything else takes the one key, so scattered keys cost no more than before.
+        let slot = KeyTable::index(key);
+        let ahead = if slot.is_some() && slot == self.last_miss.map(|s| s + 1) {
+            READ_AHEAD
+        } else {
+            0
+        };
+        let mut first = None;
+        table.lookup_run(key, ahead, |k, region| {
+            let i = self.insert(k, region);
+            first.get_or_insert(i);
+        })?;
+        self.last_miss = slot.map(|s| s + ahead);
+        first.ok_or(AccessFault::UnknownKey(key))
+    }
+
+    /// Put `key`'s region in a free entry, or in place of the oldest; its index.
+    fn insert(&mut self, key: u32, region: Arc<MemoryRegion>) -> usize {
+        let n = self.regions.len();
         let i = if n < KEY_CACHE_SIZE {
-            self.regions.push(r);
+            self.regions.push(region);
             n
         } else {
             let i = self.next;
             self.next = (self.next + 1) % KEY_CACHE_SIZE;
-            self.regions[i] = r;
+            self.regions[i] = region;
             self.epoch += 1;
             i
         };
         self.keys[i] = key;
-        Ok(i)
+        i
     }
 }
 
@@ -1062,10 +1122,11 @@ mod tests {
         let mut cache = KeyCache::new();
         let e0 = cache.current_epoch(&t);
         assert!(e0 != 0 && e0 != KeyCache::STALE);
-        // Filling free entries changes no entry's meaning.
-        let first = cache.find(&t, keys[0]).unwrap();
-        for &k in &keys[1..KEY_CACHE_SIZE] {
-            cache.find(&t, k).unwrap();
+        // Filling free entries changes no entry's meaning. (Filled from the last slot down,
+        // so that no miss follows a miss on the slot before: that would read ahead.)
+        let mut first = KEY_CACHE_SIZE;
+        for &k in keys[..KEY_CACHE_SIZE].iter().rev() {
+            first = cache.find(&t, k).unwrap();
         }
         assert_eq!(cache.current_epoch(&t), e0);
         assert_eq!(cache.region_at(first).unwrap().lkey.0, keys[0]);
@@ -1081,6 +1142,79 @@ mod tests {
         cache.find(&t, keys[2]).unwrap();
         let e2 = cache.current_epoch(&t);
         assert!(e2 != e1 && e2 != KeyCache::STALE);
+    }
+
+    /// `n` regions registered one after another in a new table (so in consecutive slots),
+    /// with their keys.
+    fn consecutive_regions(n: usize) -> (KeyTable, Vec<u32>) {
+        let t = KeyTable::new();
+        let buf = SharedBuffer::new(64 * n);
+        let keys = (0..n)
+            .map(|i| {
+                t.register(Pdn(1), &buf, i * 64, 64, Access::ALL)
+                    .unwrap()
+                    .lkey
+                    .0
+            })
+            .collect();
+        (t, keys)
+    }
+
+    /// The keys a cache holds, in entry order.
+    fn held(cache: &KeyCache) -> Vec<u32> {
+        cache.keys[..cache.regions.len()].to_vec()
+    }
+
+    #[test]
+    fn a_miss_after_a_miss_on_the_slot_before_reads_the_next_slots_ahead() {
+        let (t, keys) = consecutive_regions(12);
+        let mut cache = KeyCache::new();
+        cache.find(&t, keys[0]).unwrap();
+        assert_eq!(held(&cache), [keys[0]], "a first miss takes its key alone");
+        cache.find(&t, keys[1]).unwrap();
+        assert_eq!(held(&cache), keys[..1 + 1 + READ_AHEAD]);
+        // The next miss is the slot after the last one read ahead: it reads ahead again.
+        for &k in &keys[2..=1 + READ_AHEAD] {
+            cache.find(&t, k).unwrap();
+        }
+        assert_eq!(held(&cache).len(), 2 + READ_AHEAD, "those were hits");
+        let next = 2 + READ_AHEAD;
+        cache.find(&t, keys[next]).unwrap();
+        let now = held(&cache);
+        for k in &keys[next..=next + READ_AHEAD] {
+            assert!(now.contains(k), "{k:#x} read ahead: {now:x?}");
+        }
+        assert!(!now.contains(&keys[next + READ_AHEAD + 1]), "{now:x?}");
+        // Misses out of order take their own key only.
+        let mut cache = KeyCache::new();
+        for i in [9, 3, 4 + 2, 5] {
+            cache.find(&t, keys[i]).unwrap();
+        }
+        assert_eq!(held(&cache), [keys[9], keys[3], keys[6], keys[5]]);
+    }
+
+    #[test]
+    fn keys_read_ahead_resolve_as_the_table_does_across_holes_and_reused_slots() {
+        // A walk over consecutive slots, some empty, one reused under a new tag: every key
+        // resolves to its own region or is refused exactly as the table refuses it.
+        let (t, keys) = consecutive_regions(10);
+        t.deregister(Lkey(keys[6])).unwrap();
+        t.deregister(Lkey(keys[4])).unwrap();
+        let buf = SharedBuffer::new(64);
+        let reused = t.register(Pdn(1), &buf, 0, 64, Access::ALL).unwrap().lkey.0;
+        assert_eq!(KeyTable::index(reused), KeyTable::index(keys[4]));
+        let mut walk: Vec<u32> = keys.clone();
+        walk.insert(5, reused);
+        for start in 0..3 {
+            let mut cache = KeyCache::new();
+            for &k in &walk[start..] {
+                match (cache.get(&t, k), t.lookup(k)) {
+                    (Ok(r), Ok(want)) => assert_eq!(r.lkey, want.lkey, "key {k:#x}"),
+                    (Err(e), Err(want)) => assert_eq!(e, want, "key {k:#x}"),
+                    (got, want) => panic!("key {k:#x}: cache {got:?}, table {want:?}"),
+                }
+            }
+        }
     }
 
     #[test]
