@@ -701,8 +701,8 @@ impl KeyTable {
     }
 
     /// Resolve `key` and, under the same read lock, the regions registered in the `ahead`
-    /// slots after its own: `found` gets `key`'s region first, then each of the others with
-    /// its key. Fails as [`KeyTable::lookup`] does if `key` names no region (and then
+    /// slots after its own: `found` gets each of the others with its key, then `key`'s own
+    /// region last. Fails as [`KeyTable::lookup`] does if `key` names no region (and then
     /// `found` gets nothing).
     pub fn lookup_run(
         &self,
@@ -717,13 +717,13 @@ impl KeyTable {
             .filter(|s| s.tag == Self::tag(key))
             .and_then(|s| s.region.clone())
             .ok_or(AccessFault::UnknownKey(key))?;
-        found(key, region);
         for (i, slot) in slots.iter().enumerate().skip(index + 1).take(ahead) {
             // Slots hold indices below `max_slots`, so every index here has a key.
             if let (Some(region), Ok(i)) = (&slot.region, u32::try_from(i)) {
                 found(Self::key(i, slot.tag), Arc::clone(region));
             }
         }
+        found(key, region);
         Ok(())
     }
 
@@ -864,13 +864,13 @@ impl KeyCache {
         } else {
             0
         };
-        let mut first = None;
-        table.lookup_run(key, ahead, |k, region| {
-            let i = self.insert(k, region);
-            first.get_or_insert(i);
-        })?;
+        // `key`'s own entry is inserted last, so that none of the others can take its place
+        // (a cache that was cleared refills free entries, then replaces from wherever its
+        // oldest was).
+        let mut last = None;
+        table.lookup_run(key, ahead, |k, region| last = Some(self.insert(k, region)))?;
         self.last_miss = slot.map(|s| s + ahead);
-        first.ok_or(AccessFault::UnknownKey(key))
+        last.ok_or(AccessFault::UnknownKey(key))
     }
 
     /// Put `key`'s region in a free entry, or in place of the oldest; its index.
@@ -1172,7 +1172,10 @@ mod tests {
         cache.find(&t, keys[0]).unwrap();
         assert_eq!(held(&cache), [keys[0]], "a first miss takes its key alone");
         cache.find(&t, keys[1]).unwrap();
-        assert_eq!(held(&cache), keys[..1 + 1 + READ_AHEAD]);
+        let mut want = vec![keys[0]];
+        want.extend(&keys[2..=1 + READ_AHEAD]);
+        want.push(keys[1]);
+        assert_eq!(held(&cache), want, "the key's own entry last");
         // The next miss is the slot after the last one read ahead: it reads ahead again.
         for &k in &keys[2..=1 + READ_AHEAD] {
             cache.find(&t, k).unwrap();
@@ -1212,6 +1215,39 @@ mod tests {
                     (Ok(r), Ok(want)) => assert_eq!(r.lkey, want.lkey, "key {k:#x}"),
                     (Err(e), Err(want)) => assert_eq!(e, want, "key {k:#x}"),
                     (got, want) => panic!("key {k:#x}: cache {got:?}, table {want:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_key_read_with_others_ahead_resolves_to_its_own_region_whatever_the_cache_held() {
+        // A cache cleared by a deregistration refills its free entries, then replaces from
+        // wherever its oldest entry was. Whatever that is, a miss that reads ahead returns
+        // the entry of the key asked for, not one the read-ahead put in its place.
+        let (t, keys) = consecutive_regions(3 * KEY_CACHE_SIZE);
+        let (scattered, walk) = keys.split_at(2 * KEY_CACHE_SIZE);
+        for before in 0..2 * KEY_CACHE_SIZE {
+            let mut cache = KeyCache::new();
+            // Misses from the last slot down read nothing ahead; past 8 they replace
+            // entries, moving where the next replacement goes.
+            for &k in scattered[..before].iter().rev() {
+                cache.find(&t, k).unwrap();
+            }
+            for fill in 0..KEY_CACHE_SIZE {
+                let mut cache = KeyCache {
+                    generation: cache.generation,
+                    keys: cache.keys,
+                    regions: cache.regions.clone(),
+                    next: cache.next,
+                    epoch: cache.epoch,
+                    last_miss: None,
+                };
+                cache.regions.truncate(fill);
+                for &k in walk {
+                    let i = cache.find(&t, k).unwrap();
+                    let got = cache.region_at(i).unwrap().lkey.0;
+                    assert_eq!(got, k, "after {before} misses, {fill} entries kept");
                 }
             }
         }
