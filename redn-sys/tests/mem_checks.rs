@@ -257,7 +257,7 @@ fn a_full_key_cache_replaces_its_entries_in_turn_and_moves_its_epoch() {
     // The cache's size (`KEY_CACHE_SIZE` in mem.rs).
     const ENTRIES: usize = 8;
     let (buf, _, t) = patterned(4096);
-    let keys: Vec<u32> = (0..3 * ENTRIES)
+    let mut keys: Vec<u32> = (0..3 * ENTRIES)
         .map(|i| {
             t.register(PD, &buf, i * 64, 64, Access::ALL)
                 .unwrap()
@@ -265,6 +265,9 @@ fn a_full_key_cache_replaces_its_entries_in_turn_and_moves_its_epoch() {
                 .0
         })
         .collect();
+    // Looked up from the last registered down: a miss right after a miss on the slot before
+    // would read the next slots ahead, and this test is about one key a miss.
+    keys.reverse();
     let mut cache = KeyCache::new();
     let mut epochs = Epochs(Vec::new());
     epochs.push_new(cache.current_epoch(&t));
