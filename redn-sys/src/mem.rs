@@ -693,10 +693,15 @@ impl KeyTable {
     /// Resolve a key.
     pub fn lookup(&self, key: u32) -> Result<Arc<MemoryRegion>, AccessFault> {
         let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+        Self::resolve(&slots, key).map(|(_, region)| region)
+    }
+
+    /// `key`'s slot index and region in `slots` (the table's, read under its lock).
+    fn resolve(slots: &[KeySlot], key: u32) -> Result<(usize, Arc<MemoryRegion>), AccessFault> {
         Self::index(key)
-            .and_then(|i| slots.get(i))
-            .filter(|s| s.tag == Self::tag(key))
-            .and_then(|s| s.region.clone())
+            .and_then(|i| Some(i).zip(slots.get(i)))
+            .filter(|(_, s)| s.tag == Self::tag(key))
+            .and_then(|(i, s)| Some(i).zip(s.region.clone()))
             .ok_or(AccessFault::UnknownKey(key))
     }
 
@@ -711,12 +716,7 @@ impl KeyTable {
         mut found: impl FnMut(u32, Arc<MemoryRegion>),
     ) -> Result<(), AccessFault> {
         let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
-        let index = Self::index(key).ok_or(AccessFault::UnknownKey(key))?;
-        let region = slots
-            .get(index)
-            .filter(|s| s.tag == Self::tag(key))
-            .and_then(|s| s.region.clone())
-            .ok_or(AccessFault::UnknownKey(key))?;
+        let (index, region) = Self::resolve(&slots, key)?;
         for (i, slot) in slots.iter().enumerate().skip(index + 1).take(ahead) {
             // Slots hold indices below `max_slots`, so every index here has a key.
             if let (Some(region), Ok(i)) = (&slot.region, u32::try_from(i)) {

@@ -487,15 +487,10 @@ impl Core {
         while s < ds {
             let seg = s * SEG_SIZE;
             let len = u64::from(Be32::read(&self.wqe, seg).get());
-            let run = if len == 1 {
-                self.reversed_run(s, ds)
-            } else {
-                1
-            };
+            let run = self.reversed_run(s, ds);
             if run > 1 {
-                let lkey = Be32::read(&self.wqe, seg + off::SEG_LKEY).get();
-                let last = Be64::read(&self.wqe, seg + off::SEG_ADDR).get() - (run as u64 - 1);
-                self.check_local_at(lkey, VirtAddr(last), run as u64)?;
+                let (lkey, lowest) = self.run_window(seg, run);
+                self.check_local_at(lkey, lowest, run as u64)?;
             } else if len != 0 {
                 self.check_local_write(seg, len)?;
             }
@@ -532,11 +527,7 @@ impl Core {
         while s < ds {
             let seg = s * SEG_SIZE;
             let len = Be32::read(&self.wqe, seg).get() as usize;
-            let run = if len == 1 {
-                self.reversed_run(s, ds)
-            } else {
-                1
-            };
+            let run = self.reversed_run(s, ds);
             if run > 1 {
                 // A byte-reversing run, checked above as one window: one write of the
                 // reversed bytes instead of a read-modify-write per byte.
@@ -544,9 +535,8 @@ impl Core {
                 for (k, b) in data[at..at + run].iter().enumerate() {
                     rev[run - 1 - k] = *b;
                 }
-                let lkey = Be32::read(&self.wqe, seg + off::SEG_LKEY).get();
-                let last = Be64::read(&self.wqe, seg + off::SEG_ADDR).get() - (run as u64 - 1);
-                self.write_local_at(lkey, VirtAddr(last), &rev[..run]);
+                let (lkey, lowest) = self.run_window(seg, run);
+                self.write_local_at(lkey, lowest, &rev[..run]);
             } else if len != 0 {
                 self.write_local(seg, &data[at..at + len]);
             }
@@ -558,7 +548,8 @@ impl Core {
     }
 
     /// How many data segments from `s` on (of `ds`) are one-byte entries under the same key
-    /// at descending consecutive addresses (at least 1: the one at `s`, itself one byte).
+    /// at descending consecutive addresses: at least 1, and exactly 1 unless the entry at
+    /// `s` is itself one byte.
     pub(super) fn reversed_run(&self, s: usize, ds: usize) -> usize {
         let w = &self.wqe;
         let seg = |i: usize| {
@@ -569,13 +560,25 @@ impl Core {
                 Be64::read(w, at + off::SEG_ADDR).get(),
             )
         };
-        let (_, lkey, addr) = seg(s);
+        let (len, lkey, addr) = seg(s);
+        if len != 1 {
+            return 1;
+        }
         let mut n = 1;
         while s + n < ds && seg(s + n) == (1, lkey, addr.wrapping_sub(n as u64)) && addr >= n as u64
         {
             n += 1;
         }
         n
+    }
+
+    /// The key and lowest address of the window a byte-reversing run of `run` entries
+    /// covers, its first entry at byte `seg` (the highest address; `reversed_run` found the
+    /// others below it, so the subtraction stays above 0).
+    fn run_window(&self, seg: usize, run: usize) -> (u32, VirtAddr) {
+        let lkey = Be32::read(&self.wqe, seg + off::SEG_LKEY).get();
+        let highest = Be64::read(&self.wqe, seg + off::SEG_ADDR).get();
+        (lkey, VirtAddr(highest - (run as u64 - 1)))
     }
 
     pub(super) fn op_atomic(&mut self, opcode: Opcode, ds: usize) -> Result<u64, Fail> {
