@@ -414,8 +414,10 @@ pub enum AccessFault {
 }
 
 /// A registered memory region: a window of a [`SharedBuffer`] with a key, a protection domain
-/// and access rights.
-#[derive(Debug)]
+/// and access rights. A descriptor, held by value: the key table keeps one in its slot and a
+/// key cache copies it (a clone shares the buffer and keeps it alive, so a cached copy stays
+/// safe to use after a deregistration, as an mkey a NIC has cached does).
+#[derive(Clone, Debug)]
 pub struct MemoryRegion {
     /// Local key (equal to the remote key, as on mlx5).
     pub lkey: Lkey,
@@ -562,10 +564,19 @@ impl Default for KeyTable {
     }
 }
 
+/// One key's entry: the region's descriptor itself, in the table's array, as a NIC keeps an
+/// mkey's context in its table. Why not behind a pointer: an unrolled chain names a new key
+/// with every WQE that patches code (the installer gives every code window its own key), so
+/// a queue's key cache misses on each. With each region in an allocation of its own,
+/// written by the host's core at install, every miss was a cache-line transfer from that
+/// core plus a locked increment of the region's reference count, serialised with the next;
+/// here a miss reads the slots it resolves in order, from one array, and only increments the
+/// shared buffer's count, which stays in the PU's cache (measured in
+/// docs/softnic-performance.md, "Session 37").
 #[derive(Debug, Default)]
 struct KeySlot {
     tag: u8,
-    region: Option<Arc<MemoryRegion>>,
+    region: Option<MemoryRegion>,
 }
 
 /// Why a registration was refused.
@@ -603,7 +614,8 @@ impl KeyTable {
         KeyTable::default()
     }
 
-    /// Register `len` bytes of `buffer` at `off`.
+    /// Register `len` bytes of `buffer` at `off`; the new region's descriptor (the table
+    /// keeps its own copy).
     pub fn register(
         &self,
         pd: Pdn,
@@ -611,7 +623,7 @@ impl KeyTable {
         off: usize,
         len: usize,
         access: Access,
-    ) -> Result<Arc<MemoryRegion>, RegisterError> {
+    ) -> Result<MemoryRegion, RegisterError> {
         if len == 0 {
             return Err(RegisterError::Empty);
         }
@@ -642,7 +654,7 @@ impl KeyTable {
         let slot = &mut slots[index];
         slot.tag = slot.tag.wrapping_add(1);
         let key = Self::key(key_index, slot.tag);
-        let region = Arc::new(MemoryRegion {
+        let region = MemoryRegion {
             lkey: Lkey(key),
             pd,
             addr: VirtAddr(buffer.addr().0 + off as u64),
@@ -650,13 +662,13 @@ impl KeyTable {
             access,
             buffer: Arc::clone(buffer),
             buffer_off: off,
-        });
-        slot.region = Some(Arc::clone(&region));
+        };
+        slot.region = Some(region.clone());
         Ok(region)
     }
 
     /// Remove a region; later lookups of its key fail. Returns the region if it existed.
-    pub fn deregister(&self, key: Lkey) -> Option<Arc<MemoryRegion>> {
+    pub fn deregister(&self, key: Lkey) -> Option<MemoryRegion> {
         let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
         let slot = slots.get_mut(Self::index(key.0)?)?;
         if slot.tag != Self::tag(key.0) {
@@ -690,37 +702,37 @@ impl KeyTable {
         ((key >> 8) as usize).checked_sub(2)
     }
 
-    /// Resolve a key.
-    pub fn lookup(&self, key: u32) -> Result<Arc<MemoryRegion>, AccessFault> {
+    /// Resolve a key: a copy of its region's descriptor.
+    pub fn lookup(&self, key: u32) -> Result<MemoryRegion, AccessFault> {
         let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
-        Self::resolve(&slots, key).map(|(_, region)| region)
+        Self::resolve(&slots, key).map(|(_, region)| region.clone())
     }
 
     /// `key`'s slot index and region in `slots` (the table's, read under its lock).
-    fn resolve(slots: &[KeySlot], key: u32) -> Result<(usize, Arc<MemoryRegion>), AccessFault> {
+    fn resolve(slots: &[KeySlot], key: u32) -> Result<(usize, &MemoryRegion), AccessFault> {
         Self::index(key)
             .and_then(|i| Some(i).zip(slots.get(i)))
             .filter(|(_, s)| s.tag == Self::tag(key))
-            .and_then(|(i, s)| Some(i).zip(s.region.clone()))
+            .and_then(|(i, s)| Some(i).zip(s.region.as_ref()))
             .ok_or(AccessFault::UnknownKey(key))
     }
 
     /// Resolve `key` and, under the same read lock, the regions registered in the `ahead`
-    /// slots after its own: `found` gets each of the others with its key, then `key`'s own
+    /// slots after its own: `found` sees each of the others with its key, then `key`'s own
     /// region last. Fails as [`KeyTable::lookup`] does if `key` names no region (and then
     /// `found` gets nothing).
     pub fn lookup_run(
         &self,
         key: u32,
         ahead: usize,
-        mut found: impl FnMut(u32, Arc<MemoryRegion>),
+        mut found: impl FnMut(u32, &MemoryRegion),
     ) -> Result<(), AccessFault> {
         let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
         let (index, region) = Self::resolve(&slots, key)?;
         for (i, slot) in slots.iter().enumerate().skip(index + 1).take(ahead) {
             // Slots hold indices below `max_slots`, so every index here has a key.
             if let (Some(region), Ok(i)) = (&slot.region, u32::try_from(i)) {
-                found(Self::key(i, slot.tag), Arc::clone(region));
+                found(Self::key(i, slot.tag), region);
             }
         }
         found(key, region);
@@ -733,7 +745,7 @@ impl KeyTable {
     }
 
     /// Every registered region (for listings).
-    pub fn regions(&self) -> Vec<Arc<MemoryRegion>> {
+    pub fn regions(&self) -> Vec<MemoryRegion> {
         let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
         slots.iter().filter_map(|s| s.region.clone()).collect()
     }
@@ -747,7 +759,7 @@ pub struct KeyCache {
     /// The keys of `regions`, inline so a hit compares plain integers without following
     /// pointers.
     keys: [u32; KEY_CACHE_SIZE],
-    regions: Vec<Arc<MemoryRegion>>,
+    regions: Vec<MemoryRegion>,
     next: usize,
     /// Changes whenever an entry stops meaning what it meant (the cache was cleared or an
     /// entry replaced), so an entry's index can be remembered beside this number and trusted
@@ -838,7 +850,7 @@ impl KeyCache {
     /// bounds-checks.
     #[inline(always)]
     pub fn region_at(&self, i: usize) -> Option<&MemoryRegion> {
-        self.regions.get(i).map(|r| &**r)
+        self.regions.get(i)
     }
 
     #[cold]
@@ -874,15 +886,15 @@ impl KeyCache {
     }
 
     /// Put `key`'s region in a free entry, or in place of the oldest; its index.
-    fn insert(&mut self, key: u32, region: Arc<MemoryRegion>) -> usize {
+    fn insert(&mut self, key: u32, region: &MemoryRegion) -> usize {
         let n = self.regions.len();
         let i = if n < KEY_CACHE_SIZE {
-            self.regions.push(region);
+            self.regions.push(region.clone());
             n
         } else {
             let i = self.next;
             self.next = (self.next + 1) % KEY_CACHE_SIZE;
-            self.regions[i] = region;
+            self.regions[i].clone_from(region);
             self.epoch += 1;
             i
         };

@@ -276,12 +276,7 @@ impl SoftNic {
 
     /// Every registered region's key and extent (for listings and audits).
     pub fn regions(&self) -> Vec<MrInfo> {
-        self.shared
-            .keys
-            .regions()
-            .iter()
-            .map(|r| MrInfo::of(r))
-            .collect()
+        self.shared.keys.regions().iter().map(MrInfo::of).collect()
     }
 
     /// The PU a queue pair runs on.
