@@ -68,6 +68,13 @@ impl Core {
                     }
                 }
             }
+            // Keep the ring and snapshots warm ahead of a long visit (a visit warms only at its
+            // start; one can run `BURST` WQEs): without this each WQE past the first
+            // `WARM_AHEAD` waited for its ring line, which the host wrote on its core
+            // (docs/softnic-performance.md, "Session 37").
+            if !LEAN && *warmed <= ci + WARM_AHEAD / 2 {
+                warm_published(words, geo, snap, warmed, ci, limit.min(ci + WARM_AHEAD));
+            }
             let Some(slot) = fetch_one_bb(words, geo, snap, &mut fetched, ci, limit) else {
                 break;
             };
