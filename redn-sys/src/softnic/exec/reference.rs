@@ -482,9 +482,13 @@ impl Core {
         // The scatter list as runs of entries: one-byte entries at descending consecutive
         // addresses under one key (RedN's byte-reversing READ, `Builder::advance_count`) make
         // one run, checked as the one window their bytes cover (the same bytes as checking
-        // each); every other entry is a run of its own. The writes below find the same runs.
+        // each); every other entry is a run of its own. Bit `s` of `starts` marks the entry
+        // each run starts at, so the writes below take the same runs without finding them
+        // again (entries are fewer than 64: `ds` is six bits).
+        let mut starts = 0u64;
         let mut s = 2;
         while s < ds {
+            starts |= 1 << s;
             let seg = s * SEG_SIZE;
             let len = u64::from(Be32::read(&self.wqe, seg).get());
             let run = self.reversed_run(s, ds);
@@ -527,11 +531,18 @@ impl Core {
         while s < ds {
             let seg = s * SEG_SIZE;
             let len = Be32::read(&self.wqe, seg).get() as usize;
-            let run = self.reversed_run(s, ds);
+            // Up to the next run's start, or the last entry. (`s` is at most 62.)
+            let later = starts & !((2u64 << s) - 1);
+            let run = if later == 0 {
+                ds - s
+            } else {
+                later.trailing_zeros() as usize - s
+            };
             if run > 1 {
                 // A byte-reversing run, checked above as one window: one write of the
-                // reversed bytes instead of a read-modify-write per byte.
-                let mut rev = [0u8; MAX_DS as usize];
+                // reversed bytes instead of a read-modify-write per byte. (A power of two
+                // long, so zeroing it is two stores, not a call.)
+                let mut rev = [0u8; 64];
                 for (k, b) in data[at..at + run].iter().enumerate() {
                     rev[run - 1 - k] = *b;
                 }
