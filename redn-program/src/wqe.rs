@@ -991,10 +991,15 @@ pub fn encode_recv(sgl: &[Sge], slot_entries: usize) -> Result<Vec<u8>, WqeError
 
 /// Decode a receive WQE: entries up to the terminator or the end of the slot.
 pub fn decode_recv(b: &[u8]) -> Vec<Sge> {
+    recv_entries(b).collect()
+}
+
+/// A receive WQE's entries, decoded as they are walked (no allocation: a responder places
+/// every SEND through them): up to the terminator or the end of the slot.
+pub fn recv_entries(b: &[u8]) -> impl Iterator<Item = Sge> + Clone + '_ {
     b.chunks_exact(SEG_SIZE)
         .map(Sge::decode)
         .take_while(|s| s.lkey.0 != INVALID_LKEY)
-        .collect()
 }
 
 /// The opcode nibble of a CQE (`op_own >> 4`).

@@ -13,7 +13,7 @@ use crate::types::{Access, Lkey, Pdn, Rkey, VirtAddr};
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 const WORD: usize = 8;
 const WORDS_PER_LINE: usize = 8;
@@ -704,8 +704,15 @@ impl KeyTable {
 
     /// Resolve a key: a copy of its region's descriptor.
     pub fn lookup(&self, key: u32) -> Result<MemoryRegion, AccessFault> {
-        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
-        Self::resolve(&slots, key).map(|(_, region)| region.clone())
+        self.view().region(key).cloned()
+    }
+
+    /// The table as it stands, held under its read lock until the view is dropped: for a
+    /// caller that resolves several keys and uses their regions together (a receive's
+    /// scatter list, checked whole and then written), with one lock and no copies.
+    /// Registrations and deregistrations wait for it, so hold it briefly.
+    pub fn view(&self) -> KeyView<'_> {
+        KeyView(self.slots.read().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// `key`'s slot index and region in `slots` (the table's, read under its lock).
@@ -748,6 +755,17 @@ impl KeyTable {
     pub fn regions(&self) -> Vec<MemoryRegion> {
         let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
         slots.iter().filter_map(|s| s.region.clone()).collect()
+    }
+}
+
+/// A [`KeyTable`] held still for a moment ([`KeyTable::view`]).
+#[derive(Debug)]
+pub struct KeyView<'t>(RwLockReadGuard<'t, Vec<KeySlot>>);
+
+impl KeyView<'_> {
+    /// The region `key` names, as [`KeyTable::lookup`] resolves it.
+    pub fn region(&self, key: u32) -> Result<&MemoryRegion, AccessFault> {
+        KeyTable::resolve(&self.0, key).map(|(_, region)| region)
     }
 }
 

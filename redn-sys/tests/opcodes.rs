@@ -466,6 +466,80 @@ fn send_scatters_into_a_posted_receive_across_two_nics() {
     assert_eq!(p.server_nic.counters(p.server.qp.qpn).unwrap().recvs, 1);
 }
 
+/// The responder checks every entry a SEND's bytes reach before it places any, and only
+/// those: a refused entry (a key that names nothing, or a window past its region) places no
+/// byte anywhere and fails the receive and the SEND; an entry past the message's end is not
+/// looked at.
+#[test]
+fn a_receive_places_nothing_if_any_entry_the_data_reaches_is_refused() {
+    use redn_program::wqe::{Sge, Syndrome};
+    use redn_sys::Lkey;
+    let send = |p: &Pair, data: &[u8]| {
+        p.client_nic
+            .post_send(
+                p.client.qp.qpn,
+                &[wr(
+                    1,
+                    SIG,
+                    WrOp::Send {
+                        payload: Payload::Inline(data.to_vec()),
+                        imm: None,
+                    },
+                )],
+            )
+            .unwrap();
+        (
+            wait_cqes(&p.client_nic, p.client.cq, 1).remove(0),
+            wait_cqes(&p.server_nic, p.server.cq, 1).remove(0),
+        )
+    };
+    let unknown = |addr| Sge {
+        addr,
+        len: 8,
+        lkey: Lkey(0x00de_ad01),
+    };
+    for (what, second) in [
+        ("a key that names nothing", None),
+        ("a window past its region's end", Some(4092)),
+    ] {
+        let p = pair();
+        let bad = second.map_or_else(|| unknown(p.sbuf.mr.addr), |at| p.sbuf.mr.sge(at, 8));
+        p.server_nic
+            .post_recv(p.server.qp.qpn, 7, &[p.sbuf.mr.sge(10, 3), bad])
+            .unwrap();
+        let (c, s) = send(&p, b"keyADDRESS!");
+        assert_eq!(c.status, Err(Syndrome::RemoteOperation), "{what}");
+        assert_eq!(
+            (s.wr_id, s.status),
+            (7, Err(Syndrome::LocalProtection)),
+            "{what}"
+        );
+        assert_eq!(
+            p.sbuf.read(10, 3),
+            [0; 3],
+            "{what}: the first entry got nothing"
+        );
+    }
+    // The message ends in the second entry: the third, whose key names nothing, is not read.
+    let p = pair();
+    p.server_nic
+        .post_recv(
+            p.server.qp.qpn,
+            8,
+            &[
+                p.sbuf.mr.sge(10, 3),
+                p.sbuf.mr.sge(200, 16),
+                unknown(p.sbuf.mr.addr),
+            ],
+        )
+        .unwrap();
+    let (c, s) = send(&p, b"keyADDRESS!");
+    assert!(c.is_ok(), "{c:?}");
+    assert_eq!((s.wr_id, s.byte_len, s.status), (8, 11, Ok(())));
+    assert_eq!(p.sbuf.read(10, 3), b"key");
+    assert_eq!(p.sbuf.read(200, 9), b"ADDRESS!\0");
+}
+
 #[test]
 fn write_with_immediate_consumes_a_receive() {
     let p = pair();
