@@ -430,6 +430,18 @@ fn pair() -> Pair {
     }
 }
 
+impl Pair {
+    /// Post one signaled SEND (wr_id 1) from the client.
+    fn send(&self, payload: Payload, imm: Option<u32>) {
+        self.client_nic
+            .post_send(
+                self.client.qp.qpn,
+                &[wr(1, SIG, WrOp::Send { payload, imm })],
+            )
+            .unwrap();
+    }
+}
+
 #[test]
 fn send_scatters_into_a_posted_receive_across_two_nics() {
     let p = pair();
@@ -441,19 +453,7 @@ fn send_scatters_into_a_posted_receive_across_two_nics() {
         )
         .unwrap();
     p.cbuf.write(0, b"keyADDRESS!");
-    p.client_nic
-        .post_send(
-            p.client.qp.qpn,
-            &[wr(
-                1,
-                SIG,
-                WrOp::Send {
-                    payload: Payload::Sgl(vec![p.cbuf.mr.sge(0, 11)]),
-                    imm: Some(0xbeef),
-                },
-            )],
-        )
-        .unwrap();
+    p.send(Payload::Sgl(vec![p.cbuf.mr.sge(0, 11)]), Some(0xbeef));
     let sc = wait_cqes(&p.server_nic, p.server.cq, 1).remove(0);
     assert_eq!(
         (sc.wr_id, sc.opcode, sc.byte_len, sc.imm),
@@ -475,19 +475,7 @@ fn a_receive_places_nothing_if_any_entry_the_data_reaches_is_refused() {
     use redn_program::wqe::{Sge, Syndrome};
     use redn_sys::Lkey;
     let send = |p: &Pair, data: &[u8]| {
-        p.client_nic
-            .post_send(
-                p.client.qp.qpn,
-                &[wr(
-                    1,
-                    SIG,
-                    WrOp::Send {
-                        payload: Payload::Inline(data.to_vec()),
-                        imm: None,
-                    },
-                )],
-            )
-            .unwrap();
+        p.send(Payload::Inline(data.to_vec()), None);
         (
             wait_cqes(&p.client_nic, p.client.cq, 1).remove(0),
             wait_cqes(&p.server_nic, p.server.cq, 1).remove(0),
@@ -570,19 +558,7 @@ fn write_with_immediate_consumes_a_receive() {
 #[test]
 fn send_without_a_receive_waits_until_one_is_posted() {
     let p = pair();
-    p.client_nic
-        .post_send(
-            p.client.qp.qpn,
-            &[wr(
-                1,
-                SIG,
-                WrOp::Send {
-                    payload: Payload::Inline(b"hi".to_vec()),
-                    imm: None,
-                },
-            )],
-        )
-        .unwrap();
+    p.send(Payload::Inline(b"hi".to_vec()), None);
     // The SEND finds no receive: it waits (and is counted), with no completion.
     wait_until("the SEND finds no receive", || {
         p.client_nic.counters(p.client.qp.qpn).unwrap().rnr_waits > 0
@@ -601,19 +577,7 @@ fn send_longer_than_the_receive_is_refused_by_the_responder() {
     p.server_nic
         .post_recv(p.server.qp.qpn, 1, &[p.sbuf.mr.sge(0, 4)])
         .unwrap();
-    p.client_nic
-        .post_send(
-            p.client.qp.qpn,
-            &[wr(
-                1,
-                SIG,
-                WrOp::Send {
-                    payload: Payload::Inline(b"too long".to_vec()),
-                    imm: None,
-                },
-            )],
-        )
-        .unwrap();
+    p.send(Payload::Inline(b"too long".to_vec()), None);
     let c = wait_cqes(&p.client_nic, p.client.cq, 1).remove(0);
     assert_eq!(
         c.status,
