@@ -603,8 +603,9 @@ impl Default for KeyTable {
 /// a queue's key cache misses on each. With each region in an allocation of its own,
 /// written by the host's core at install, every miss was a cache-line transfer from that
 /// core plus a locked increment of the region's reference count, serialised with the next;
-/// here a miss reads the slots it resolves in order, from one array, and only increments the
-/// shared buffer's count, which stays in the PU's cache (measured in
+/// here a miss reads the slots it resolves in order, from one array, and touches only the
+/// shared buffer's count, which stays in the PU's cache (and not even that when it replaces
+/// an entry of the same buffer: `MemoryRegion::clone_from`; measured in
 /// docs/softnic-performance.md, "Session 37").
 #[derive(Debug, Default)]
 struct KeySlot {
