@@ -768,7 +768,7 @@ impl KeyTable {
         ahead: usize,
         mut found: impl FnMut(u32, &MemoryRegion),
     ) -> Result<(), AccessFault> {
-        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+        let KeyView(slots) = self.view();
         let (index, region) = Self::resolve(&slots, key)?;
         for (i, slot) in slots.iter().enumerate().skip(index + 1).take(ahead) {
             // Slots hold indices below `max_slots`, so every index here has a key.
@@ -787,7 +787,7 @@ impl KeyTable {
 
     /// Every registered region (for listings).
     pub fn regions(&self) -> Vec<MemoryRegion> {
-        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+        let KeyView(slots) = self.view();
         slots.iter().filter_map(|s| s.region.clone()).collect()
     }
 }
