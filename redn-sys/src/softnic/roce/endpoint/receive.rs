@@ -1,0 +1,312 @@
+//! The receive side: the receive thread's loop, the check and dispatch of every datagram to
+//! the responder or requester of the QP it names, the replies a batch gathers, and the glue
+//! from the responder to the softnic's memory and receive queues.
+
+use super::mailbox::Response;
+use super::{Inner, HOST_LEASE};
+use crate::mem::KeyCache;
+use crate::softnic::idle::Found;
+use crate::softnic::in_process::InProcess;
+use crate::softnic::qp::QpShared;
+use crate::softnic::roce::io::RecvBatch;
+use crate::softnic::roce::packet::{self, opcode, DropReason, Header, Route, Syndrome};
+use crate::softnic::roce::responder::Memory;
+use crate::softnic::transport::{AtomicOp, Nak, Transport};
+use crate::types::{Access, Rkey, VirtAddr};
+use crate::wqe::RemoteAddr;
+use crate::{QpState, Result};
+use std::net::SocketAddrV4;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Replies gathered from one batch of received datagrams, sent in one call.
+pub(super) struct Outbox {
+    pub(super) bytes: Vec<u8>,
+    /// (destination, start, end) of each encoded reply.
+    pub(super) frames: Vec<(SocketAddrV4, usize, usize)>,
+    /// The last reply is a plain ACK to this QP: a later one to it replaces it (ACKs are
+    /// cumulative, so only the newest of a batch needs to go).
+    last_ack: Option<u32>,
+    /// Every reply held is a plain ACK (true when empty): nothing a requester waits on to
+    /// go on, which a host-driven PU may hold for its next request.
+    pub(super) only_acks: bool,
+}
+
+impl Default for Outbox {
+    fn default() -> Outbox {
+        Outbox {
+            bytes: Vec::new(),
+            frames: Vec::new(),
+            last_ack: None,
+            only_acks: true,
+        }
+    }
+}
+
+impl Outbox {
+    pub(super) fn push(
+        &mut self,
+        local: SocketAddrV4,
+        to: SocketAddrV4,
+        h: &Header,
+        payload: &[u8],
+    ) {
+        let plain_ack = h.opcode == opcode::ACKNOWLEDGE
+            && h.aeth
+                .is_some_and(|a| Syndrome::of(a.syndrome) == Syndrome::Ack);
+        if plain_ack && self.last_ack == Some(h.dest_qp) {
+            if let Some((_, start, _)) = self.frames.pop() {
+                self.bytes.truncate(start);
+            }
+        }
+        let start = self.bytes.len();
+        packet::encode(
+            &mut self.bytes,
+            &Route {
+                src: local,
+                dst: to,
+            },
+            h,
+            payload,
+        );
+        self.frames.push((to, start, self.bytes.len()));
+        self.last_ack = plain_ack.then_some(h.dest_qp);
+        self.only_acks &= plain_ack;
+    }
+
+    pub(super) fn flush(&mut self, inner: &Inner) {
+        if !self.frames.is_empty() {
+            let batch: Vec<(SocketAddrV4, &[u8])> = self
+                .frames
+                .iter()
+                .map(|&(a, s, e)| (a, &self.bytes[s..e]))
+                .collect();
+            inner.send(&batch);
+        }
+        self.clear();
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.bytes.clear();
+        self.frames.clear();
+        self.last_ack = None;
+        self.only_acks = true;
+    }
+}
+
+/// Receive one batch (waiting up to `wait` for its first datagram) and hand each datagram
+/// to its QP, leaving the replies in `out`; how many arrived and the most their handling
+/// did.
+pub(super) fn receive_batch(
+    inner: &Inner,
+    batch: &mut RecvBatch,
+    out: &mut Outbox,
+    wait: Option<Duration>,
+) -> (usize, Found) {
+    let n = match inner.io.recv(batch, wait) {
+        Ok(n) => n,
+        Err(_) => {
+            // A socket error is not the packets' fault; do not spin on it.
+            std::thread::sleep(Duration::from_millis(1));
+            0
+        }
+    };
+    if n == 0 {
+        return (0, Found::Nothing);
+    }
+    inner.received.fetch_add(n as u64, Ordering::Relaxed);
+    let mut found = Found::Nothing;
+    for i in 0..n {
+        let (d, from) = batch.get(i);
+        found = found.max(dispatch(inner, from, d, out));
+    }
+    (n, found)
+}
+
+/// The receive thread: serves the socket while no PU does, blocked in the kernel between
+/// datagrams (it never spins: a spinning receive thread takes turns on the cores with the
+/// PUs and hosts that have the work), and sleeps while a PU is present at the socket.
+pub(super) fn receive_loop(inner: &Arc<Inner>) {
+    let _ = inner.rx_thread.set(std::thread::current());
+    let mut batch = RecvBatch::default();
+    let mut out = Outbox::default();
+    // Wake at least this often to notice a shutdown.
+    let nap = Duration::from_millis(10);
+    // A host-driven app held the socket at the last look (its held replies are owed).
+    let mut host_held = false;
+    while !inner.shutdown.load(Ordering::Acquire) {
+        if inner.pollers.load(Ordering::Acquire) > 0 {
+            // The last PU to leave unparks this thread (an unpark before the park makes it
+            // return at once).
+            std::thread::park_timeout(nap);
+            continue;
+        }
+        if inner.host_polled.swap(false, Ordering::Relaxed) {
+            // A host-driven app polled since the last look: it takes the datagrams itself.
+            // Look again after a lease (its polls renew it; a wait it sleeps in ends it).
+            host_held = true;
+            std::thread::park_timeout(HOST_LEASE);
+            continue;
+        }
+        if std::mem::take(&mut host_held) {
+            // The app stopped calling: the ACKs it held for its next request go now.
+            inner.flush_host_replies();
+        }
+        let (n, _) = receive_batch(inner, &mut batch, &mut out, Some(nap));
+        if n > 0 {
+            inner
+                .by_receive_thread
+                .fetch_add(n as u64, Ordering::Relaxed);
+            out.flush(inner);
+        }
+    }
+}
+
+/// Check one datagram and hand it to the QP it names.
+pub(super) fn dispatch(inner: &Inner, from: SocketAddrV4, d: &[u8], out: &mut Outbox) -> Found {
+    let dropped = |why| {
+        inner.drops.count(why);
+        Found::Placed
+    };
+    let p = match packet::decode(
+        &Route {
+            src: from,
+            dst: inner.local,
+        },
+        d,
+    ) {
+        Ok(p) => p,
+        Err(why) => return dropped(why),
+    };
+    // Looked up and used under the table's read lock, not cloned out of it (an Arc's two
+    // atomic operations a packet): a connect or a removal waits for the packets in hand.
+    let conns = inner.conns.read().unwrap_or_else(|e| e.into_inner());
+    // Unknown QPs get no reply: nothing about which QPs exist leaks.
+    let Some(conn) = conns.get(&p.header.dest_qp) else {
+        return dropped(DropReason::UnknownQp);
+    };
+    if conn.remote != from {
+        return dropped(DropReason::WrongSource);
+    }
+    let t = &conn.local.target;
+    if t.destroyed.load(Ordering::Acquire) {
+        drop(conns);
+        inner
+            .conns
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&p.header.dest_qp);
+        return dropped(DropReason::UnknownQp);
+    }
+    if t.state() == QpState::Error {
+        return dropped(DropReason::QpInError);
+    }
+    if packet::is_response(p.header.opcode) {
+        let r = Response {
+            header: p.header,
+            payload: p.payload.to_vec(),
+        };
+        if !conn.mailbox.push(r) {
+            return dropped(DropReason::UnexpectedResponse);
+        }
+        // The requester takes it in its queue's next visit.
+        return Found::QueueWork;
+    }
+    let mut guard = conn.responder.lock().unwrap_or_else(|e| e.into_inner());
+    let (responder, keys) = &mut *guard;
+    let mut mem = Glue {
+        ip: &conn.local,
+        keys,
+    };
+    let (local, remote) = (inner.local, conn.remote);
+    if let Err(why) = responder.handle(&p, &mut mem, &mut |h: &Header, payload: &[u8]| {
+        out.push(local, remote, h, payload)
+    }) {
+        inner.drops.count(why);
+    }
+    // What the queues see of a request: a receive it consumed (a completion a WAIT may
+    // count), or the QP put in error (its queues flush). A WRITE without immediate, a READ
+    // or an atomic only places or reads memory and replies.
+    let memory_only = matches!(
+        p.header.opcode,
+        opcode::WRITE_FIRST
+            | opcode::WRITE_MIDDLE
+            | opcode::WRITE_LAST
+            | opcode::WRITE_ONLY
+            | opcode::READ_REQUEST
+            | opcode::COMPARE_SWAP
+            | opcode::FETCH_ADD
+    );
+    if memory_only && t.state() != QpState::Error {
+        Found::Placed
+    } else {
+        Found::QueueWork
+    }
+}
+
+/// The responder's memory: the softnic's own responder functions (those the in-process
+/// transport runs), with this connection's cache of the local key table.
+pub(super) struct Glue<'a> {
+    ip: &'a InProcess,
+    keys: &'a mut KeyCache,
+}
+
+pub(super) fn remote(va: u64, rkey: u32) -> RemoteAddr {
+    RemoteAddr {
+        addr: VirtAddr(va),
+        rkey: Rkey(rkey),
+    }
+}
+
+impl Memory for Glue<'_> {
+    fn check_write(&mut self, va: u64, rkey: u32, len: u32) -> Result<(), Nak> {
+        let t = &self.ip.target;
+        self.keys
+            .get(&self.ip.keys, rkey)
+            .and_then(|r| {
+                r.check(t.pd, VirtAddr(va), u64::from(len), Access::REMOTE_WRITE)
+                    .map(|_| ())
+            })
+            .map_err(Nak::RemoteAccess)
+    }
+
+    fn write(&mut self, va: u64, rkey: u32, data: &[u8], imm: Option<u32>) -> Result<(), Nak> {
+        self.ip.write(self.keys, remote(va, rkey), data, imm, false)
+    }
+
+    fn complete_imm(&mut self, len: u32, imm: u32) -> Result<(), Nak> {
+        self.ip.complete_write_imm(len as usize, imm)
+    }
+
+    fn send(&mut self, data: &[u8], imm: Option<u32>) -> Result<(), Nak> {
+        self.ip.send(self.keys, data, imm, false)
+    }
+
+    fn read(&mut self, va: u64, rkey: u32, out: &mut [u8]) -> Result<(), Nak> {
+        self.ip.read(self.keys, remote(va, rkey), out)
+    }
+
+    fn atomic(&mut self, va: u64, rkey: u32, op: AtomicOp) -> Result<u64, Nak> {
+        self.ip.atomic(self.keys, remote(va, rkey), op)
+    }
+
+    fn recv_ready(&mut self) -> bool {
+        let t: &QpShared = &self.ip.target;
+        let consumed = *t.rq.consumer.lock().unwrap_or_else(|e| e.into_inner());
+        let limit = if t.managed_recv {
+            t.rq.enabled.load(Ordering::Acquire)
+        } else {
+            t.rq.posted.load(Ordering::Acquire)
+        };
+        consumed < limit
+    }
+
+    fn fail(&mut self, nak: Nak) {
+        // An access error or invalid request: to error with the QP's asynchronous event
+        // (nothing more if the in-process responder function already refused it); any
+        // other class C error: to error.
+        crate::softnic::in_process::refuse(&self.ip.target, nak);
+        self.ip.target.enter_error();
+    }
+}
