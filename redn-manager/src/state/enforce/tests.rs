@@ -1,0 +1,254 @@
+//! Enforcement: what the auditor's findings do to offloads, clients and queues.
+
+use super::*;
+use crate::auditor::Auditor;
+use redn_policy::PeerIdentity;
+use redn_sys::clock::SystemClock;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn manager(client_keys: &str) -> (Manager, u64) {
+    let nic = Arc::new(redn_sys::softnic::SoftNic::with_pus(1).unwrap());
+    manager_on(client_keys, nic)
+}
+
+/// A manager on `nic` whose one app rule has `[app.client]` keys `client_keys`, and a
+/// client it matches.
+fn manager_on(client_keys: &str, nic: Arc<DynNic>) -> (Manager, u64) {
+    let uid = nix::unistd::getuid().as_raw();
+    let policy = redn_policy::parse_policy(
+        &format!(
+            "[[app]]\nname = \"t\"\nuid = {uid}\noffloads = [\"server-loop\", \"echo\"]\n\
+             max_regions = 4\nmax_pinned = \"16M\"\nmax_queues = 32\n\
+             max_remote_clients = 4\n[app.client]\nrate_limit_kbps = \"infinity\"\n\
+             wqes_per_second = \"infinity\"\nwqes_per_invocation = 16\n{client_keys}\n"
+        ),
+        "policy.toml",
+    )
+    .unwrap();
+    let mut m = Manager::with_catalog(policy, nic, "softnic").unwrap();
+    let client = m.connect(PeerIdentity {
+        uid,
+        gid: 0,
+        pid: std::process::id(),
+        exe: "/t".into(),
+        cgroup: "/".into(),
+        start_time: 0,
+    });
+    (m, client)
+}
+
+fn install_server_loop(
+    m: &mut Manager,
+    client: u64,
+) -> Result<(u64, Vec<u8>), redn_proto::errors::ManagerError> {
+    let region = redn_client::SealedRegion::create("t", 1 << 16).unwrap();
+    let fd = region.fd().as_fd().try_clone_to_owned().unwrap();
+    let r = m.register_region(client, fd)?;
+    let (request, trigger) = server_loop_over(&r);
+    Ok((m.install(client, request)?.handle, trigger))
+}
+
+#[test]
+fn a_banned_runaway_is_freed_entirely_told_and_refused_again() {
+    let (mut m, client) = manager("on_violation = \"ban\"\nban_duration = \"1h\"");
+    let before = m.nic().objects();
+    let (handle, trigger) = install_server_loop(&mut m, client).unwrap();
+    assert_ne!(m.nic().objects(), before);
+    let mut auditor = Auditor::new(Duration::ZERO);
+    m.audit_round(&mut auditor, SystemClock);
+    assert_eq!(m.test_run(handle, &trigger, 32).unwrap().sent, 32);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while m.installed_count() > 0 {
+        assert!(Instant::now() < deadline, "the runaway was never stopped");
+        m.audit_round(&mut auditor, SystemClock);
+        std::thread::yield_now();
+    }
+    // Every queue, key, CQ and domain of the install and its parking side is gone.
+    assert_eq!(m.nic().objects(), before);
+    let bodies: Vec<String> = m.take_records().iter().map(|r| r.body()).collect();
+    assert!(bodies.iter().any(|b| b.starts_with("event=terminate ")
+        && b.contains(&format!("handle={handle} rule=loop-budget"))));
+    assert!(bodies
+        .iter()
+        .any(|b| b.starts_with("event=ban ") && b.contains("duration=3600s")));
+    let notes = m.stats(client).unwrap().terminated.unwrap();
+    assert_eq!((notes[0].handle, notes[0].banned), (handle, true));
+    let e = install_server_loop(&mut m, client).unwrap_err();
+    assert!(
+        matches!(&e, redn_proto::errors::ManagerError::PolicyDenied { reason } if reason.contains("banned")),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_burst_that_ends_before_the_first_audit_round_is_still_charged() {
+    let (mut m, client) = manager("on_violation = \"terminate\"");
+    let (handle, trigger) = install_server_loop(&mut m, client).unwrap();
+    // No round yet: a busy manager may sample an offload first only after its triggers
+    // were all served (the flake of audit_trail's runaway test).
+    assert_eq!(m.test_run(handle, &trigger, 8).unwrap().sent, 8);
+    let served = |m: &Manager| {
+        let s = m.stats(client).unwrap();
+        s.offloads
+            .iter()
+            .any(|o| o.handle == handle && o.triggers == 8 && o.wqes > 9 * 16)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !served(&m) {
+        assert!(Instant::now() < deadline, "the triggers were never served");
+        std::thread::yield_now();
+    }
+    let mut auditor = Auditor::new(Duration::ZERO);
+    m.audit_round(&mut auditor, SystemClock);
+    assert_eq!(m.installed_count(), 0, "terminated at its first sample");
+    let bodies: Vec<String> = m.take_records().iter().map(|r| r.body()).collect();
+    assert!(
+        bodies.iter().any(|b| b.starts_with("event=terminate ")
+            && b.contains(&format!("handle={handle} rule=loop-budget"))),
+        "{bodies:?}"
+    );
+}
+
+/// Install echo for `client`, then make its client-facing queue refuse a trigger as
+/// responder (longer than the receive it lands in: to error, with an asynchronous
+/// event); run audit rounds until the `queue-error` record, and return it.
+fn responder_error_record(m: &mut Manager, client: u64) -> (u64, String) {
+    let echo = m
+        .install(
+            client,
+            api::InstallOffload {
+                offload: "echo".into(),
+                regions: vec![],
+                parameters: None,
+            },
+        )
+        .unwrap()
+        .handle;
+    let mut auditor = Auditor::new(Duration::ZERO);
+    m.audit_round(&mut auditor, SystemClock);
+    let parked = m.installed[&echo]._parking._qp.qpn();
+    let wr = WorkRequest {
+        wr_id: 0,
+        flags: WqeFlags::NONE,
+        op: WrOp::Send {
+            payload: Payload::Inline(vec![7; 128]),
+            imm: None,
+        },
+    };
+    m.nic().post_send(parked, &[wr]).unwrap();
+    // The sender's queue goes to error on the NAK, which the responder returns after
+    // raising its event: from then on the event is there to be taken.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !matches!(m.nic().qp_state(parked), Ok(QpState::Error)) {
+        assert!(Instant::now() < deadline, "the sender never saw the NAK");
+        std::thread::yield_now();
+    }
+    let record = loop {
+        assert!(Instant::now() < deadline, "no queue-error record");
+        m.audit_round(&mut auditor, SystemClock);
+        let found = m
+            .take_records()
+            .iter()
+            .map(Record::body)
+            .find(|b| b.starts_with("event=queue-error "));
+        if let Some(b) = found {
+            break b;
+        }
+        std::thread::yield_now();
+    };
+    // Reported once: later rounds are quiet.
+    for _ in 0..3 {
+        m.audit_round(&mut auditor, SystemClock);
+    }
+    assert!(m.take_records().is_empty());
+    (echo, record)
+}
+
+#[test]
+fn a_responder_error_is_learnt_from_its_asynchronous_event_once() {
+    let (mut m, client) = manager("on_violation = \"terminate\"");
+    let (echo, record) = responder_error_record(&mut m, client);
+    assert!(
+        record.contains(&format!(" handle={echo} queues=1 "))
+            && record.ends_with(" seen_by=async-event res=failed"),
+        "{record}"
+    );
+    assert_eq!(m.async_events(), 1);
+}
+
+#[test]
+fn lost_events_make_the_auditor_read_queue_states_instead() {
+    let lossy = Arc::new(redn_sys::fault::FailingNic::new(
+        redn_sys::softnic::SoftNic::with_pus(1).unwrap(),
+    ));
+    lossy.lose_async_events(true);
+    let (mut m, client) = manager_on("on_violation = \"terminate\"", lossy.clone());
+    let (echo, record) = responder_error_record(&mut m, client);
+    assert!(
+        record.contains(&format!(" handle={echo} queues=1 "))
+            && record.ends_with(" seen_by=state-poll res=failed"),
+        "{record}"
+    );
+    assert_eq!((m.async_events(), m.nic().async_events_lost()), (0, 1));
+}
+
+#[test]
+fn trigger_times_are_the_receive_stamps_of_each_trigger_once() {
+    let (mut m, client) = manager("on_violation = \"throttle\"");
+    let (handle, trigger) = install_server_loop(&mut m, client).unwrap();
+    assert_eq!(
+        m.trigger_times(handle + 1).unwrap_err(),
+        AdminError::NoSuchOffload { handle: handle + 1 }
+    );
+    let before = redn_sys::softnic::completion_clock_ns();
+    assert_eq!(m.test_run(handle, &trigger, 3).unwrap().sent, 3);
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} arrivals seen",
+            got.len()
+        );
+        let r = m.trigger_times(handle).unwrap();
+        assert_eq!(r.dropped, 0);
+        got.extend(r.received_ns);
+        std::thread::yield_now();
+    }
+    let after = redn_sys::softnic::completion_clock_ns();
+    assert_eq!(got.len(), 3, "each trigger once");
+    assert!(got.windows(2).all(|w| w[0] <= w[1]));
+    assert!(
+        got[0] >= before && got[2] <= after,
+        "{before} {got:?} {after}"
+    );
+    // Taken: the next call has nothing new.
+    assert!(m.trigger_times(handle).unwrap().received_ns.is_empty());
+}
+
+#[test]
+fn app_exit_keeps_or_tears_down_by_rule_and_unknown_handles_are_named() {
+    let (mut m, client) = manager("on_violation = \"terminate\"");
+    let (handle, _) = install_server_loop(&mut m, client).unwrap();
+    assert_eq!(
+        m.test_run(handle + 100, &[0; 14], 1).unwrap_err(),
+        AdminError::NoSuchOffload {
+            handle: handle + 100
+        }
+    );
+    assert!(matches!(
+        m.test_run(handle, &[0; 3], 1),
+        Err(AdminError::TestRunFailed { reason }) if reason.contains("14-byte")
+    ));
+    // keep_serving_after_exit defaults to true.
+    assert_eq!(m.app_exited(client), (1, 0));
+    assert_eq!(m.installed_count(), 1);
+    let body = m.take_records()[0].body();
+    assert!(
+        body.starts_with(&format!("event=app-exit client={client} uid="))
+            && body.ends_with("policy=keep kept=1 torn_down=0 res=success"),
+        "{body}"
+    );
+}
