@@ -1,0 +1,419 @@
+//! The auditor on remote clients: a runaway instance terminated, a client over its WQE or
+//! trigger rate throttled, a banned address refused, each alone while neighbours are served.
+
+use super::remote_clients::{remote, remote_within, say_hello};
+use super::*;
+
+/// The first audit record on the manager's syslog socket holding every one of `needles`.
+fn audit_record_with(m: &Manager, needles: &[&str]) -> String {
+    let syslog = m.syslog.as_ref().unwrap();
+    let mut buf = [0u8; 2048];
+    let start = Instant::now();
+    loop {
+        assert!(start.elapsed() < DEADLINE, "no record with {needles:?}");
+        let n = recv(syslog, &mut buf).expect("audit records within the deadline");
+        let rec = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if needles.iter().all(|n| rec.contains(n)) {
+            return rec;
+        }
+    }
+}
+
+/// An app's server-loop serving key 0x2a ("hello"), and a remote client served once.
+struct ServerLoop {
+    app: Client,
+    /// Holds the app's table mapped while the offload reads it.
+    _table: TwoChoiceTable,
+    handle: u64,
+    token: String,
+    endpoint: String,
+    calm: RemoteClient,
+}
+
+fn server_loop_with_a_calm_client(m: &Manager) -> ServerLoop {
+    let mut app = m.client();
+    let mut table = TwoChoiceTable::create(64).unwrap();
+    let (_, installed) = app.install_table("server-loop", &mut table).unwrap();
+    table.set(0x2a, b"hello").unwrap();
+    let endpoint = installed.endpoint.clone().expect("an endpoint");
+    let (handle, token) = (installed.handle, installed.token.clone());
+    let mut calm = remote(&endpoint, handle, &token).unwrap();
+    assert_eq!(calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    ServerLoop {
+        app,
+        _table: table,
+        handle,
+        token,
+        endpoint,
+        calm,
+    }
+}
+
+#[test]
+fn a_remote_clients_runaway_instance_alone_is_terminated() {
+    // server-loop spends 56 WQEs a round against a budget of 50 a trigger: each trigger
+    // overdraws by 6, so a client that keeps triggering breaks the one-round slack within
+    // about nine, while one that triggers a few times stays inside it.
+    let m = Manager::start_with_dataplane(
+        &policy("", "")
+            .replace("\"echo\"]", "\"echo\", \"server-loop\"]")
+            .replace("wqes_per_invocation = 64", "wqes_per_invocation = 50"),
+    );
+    let mut s = server_loop_with_a_calm_client(&m);
+    let (handle, token, endpoint) = (s.handle, s.token.clone(), s.endpoint.clone());
+    // What the runaway waits for once terminated never comes: it need not wait long.
+    let mut runaway = remote_within(&endpoint, handle, &token, Duration::from_secs(1)).unwrap();
+    let mut served = 0u32;
+    let stopped = loop {
+        match runaway.get(0x2a) {
+            Ok(v) => {
+                assert_eq!(v.as_deref(), Some(&b"hello"[..]));
+                served += 1;
+                assert!(served < 10_000, "the runaway instance was never stopped");
+            }
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(
+            stopped,
+            ClientError::Timeout { .. } | ClientError::ResponseFailed { .. }
+        ),
+        "{stopped:?}"
+    );
+    assert!(
+        served >= 4,
+        "stopped after {served} gets, inside its budget"
+    );
+    let record = audit_record_with(
+        &m,
+        &[
+            "event=terminate ",
+            &format!(" handle={handle} "),
+            " instance=",
+            " peer=127.0.0.1:",
+            " rule=loop-budget ",
+        ],
+    );
+    assert!(record.contains("offload=server-loop"), "{record}");
+    assert!(record.ends_with("res=success"), "{record}");
+    assert!(!record.contains(&token), "the token leaked: {record}");
+    audit_record_with(
+        &m,
+        &[
+            "event=remote-exit ",
+            "reason=\"instance terminated by the auditor\"",
+        ],
+    );
+    // Nobody else was touched: the offload stays installed and the calm client is served.
+    let list: api::InstalledList =
+        m.admin_call("io.redn.Admin.ListOffloads", serde_json::json!({}));
+    assert_eq!(
+        list.offloads.iter().map(|o| o.handle).collect::<Vec<_>>(),
+        [handle]
+    );
+    for _ in 0..2 {
+        assert_eq!(s.calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    }
+    assert_eq!(
+        s.calm.sessions_opened(),
+        1,
+        "the calm client kept its instance"
+    );
+    let stats = stats(&mut s.app);
+    assert_eq!(
+        stats.terminated, None,
+        "the app's own install was not touched"
+    );
+}
+
+/// A remote client on a thread of its own getting key 0x2a as fast as it can until `stop`
+/// is set; it returns the GETs served and the sessions it opened.
+#[allow(clippy::type_complexity)] // a flag and a thread handle, used once each
+fn flood(
+    endpoint: &str,
+    handle: u64,
+    token: &str,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<(u64, u64)>,
+) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (endpoint, token, flag) = (endpoint.to_owned(), token.to_owned(), stop.clone());
+    let flooder = std::thread::spawn(move || {
+        let mut c = remote(&endpoint, handle, &token).unwrap();
+        let mut served = 0u64;
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            assert_eq!(c.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+            served += 1;
+        }
+        (served, c.sessions_opened())
+    });
+    (stop, flooder)
+}
+
+/// A manager whose app serves server-loop, its remote clients under `on_violation =
+/// "throttle"` and the policy `policy` makes of the default one; a calm client, and a
+/// flooder getting until the auditor throttles it for `rule`. Returns the manager, the app
+/// with its calm client, the throttle record and the flooder's GETs and sessions.
+fn flood_until_throttled(
+    policy_of: impl Fn(String) -> String,
+    rule: &str,
+) -> (Manager, ServerLoop, String, (u64, u64)) {
+    let m = Manager::start_with_dataplane(&policy_of(
+        policy("", "")
+            .replace("\"echo\"]", "\"echo\", \"server-loop\"]")
+            .replace(
+                "on_violation = \"terminate\"",
+                "on_violation = \"throttle\"",
+            ),
+    ));
+    let s = server_loop_with_a_calm_client(&m);
+    let (stop, flooder) = flood(&s.endpoint, s.handle, &s.token);
+    let record = audit_record_with(
+        &m,
+        &[
+            "event=throttle ",
+            &format!(" handle={} ", s.handle),
+            " instance=",
+            " peer=127.0.0.1:",
+            &format!(" rule={rule} "),
+        ],
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let flooded = flooder.join().unwrap();
+    (m, s, record, flooded)
+}
+
+#[test]
+fn a_remote_client_over_its_wqe_rate_alone_is_throttled() {
+    // 64 WQEs a trigger covers server-loop's 56; 2,000 WQEs a second is some 35 gets, far
+    // below what a client getting as fast as it can asks for.
+    let (m, mut s, record, (served, sessions)) = flood_until_throttled(
+        |p| p.replace("wqes_per_second = \"infinity\"", "wqes_per_second = 2000"),
+        "wqes-per-second",
+    );
+    let token = s.token.clone();
+    assert!(record.contains("paced_wqes_per_s=2000"), "{record}");
+    assert!(!record.contains(&token), "the token leaked: {record}");
+    // Paced, not cut off: the flooder kept its one instance throughout.
+    assert!(served > 0);
+    assert_eq!(sessions, 1);
+    // The calm client and the offload are left as they were.
+    assert_eq!(s.calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    assert_eq!(s.calm.sessions_opened(), 1);
+    let list: api::InstalledList =
+        m.admin_call("io.redn.Admin.ListOffloads", serde_json::json!({}));
+    assert_eq!(list.offloads.len(), 1);
+}
+
+/// A TCP connection to `endpoint` from `source` (a loopback address of its own: the data
+/// plane knows remote clients by address, and the kernel would pick 127.0.0.1).
+fn connect_from(source: &str, endpoint: &str) -> std::net::TcpStream {
+    use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let from: std::net::SocketAddrV4 = format!("{source}:0").parse().unwrap();
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrIn::from(from),
+    )
+    .unwrap();
+    let to: std::net::SocketAddrV4 = endpoint.parse().unwrap();
+    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(to)).unwrap();
+    std::net::TcpStream::from(fd)
+}
+
+/// Say hello for `handle` with `token` from `source`, as a client there would (its record
+/// at that address, with a response region); the open connection and the answer.
+fn hello_from(
+    source: &str,
+    endpoint: &str,
+    handle: u64,
+    token: &str,
+) -> (std::net::TcpStream, dataplane::Answer) {
+    let hello = dataplane::Hello {
+        handle,
+        token: redn_client::remote::parse_token(token).unwrap(),
+        record: client_record(source),
+    };
+    say_hello(connect_from(source, endpoint), &hello)
+}
+
+#[test]
+fn a_banned_remote_client_alone_is_refused_for_its_ban() {
+    // As in the runaway test, server-loop overdraws its budget by 6 WQEs a trigger; the
+    // policy bans for an hour.
+    let m = Manager::start_with_dataplane(
+        &policy("", "")
+            .replace("\"echo\"]", "\"echo\", \"server-loop\"]")
+            .replace("wqes_per_invocation = 64", "wqes_per_invocation = 50")
+            .replace(
+                "on_violation = \"terminate\"",
+                "on_violation = \"ban\"\nban_duration = \"1h\"",
+            ),
+    );
+    // The calm client, at 127.0.0.1 as the runaway will be, already holds its instance.
+    let mut s = server_loop_with_a_calm_client(&m);
+    let (handle, token, endpoint) = (s.handle, s.token.clone(), s.endpoint.clone());
+    // A neighbour at another address holds an instance throughout.
+    let (neighbour, answer) = hello_from("127.0.0.2", &endpoint, handle, &token);
+    assert!(
+        matches!(answer, dataplane::Answer::Accepted(_)),
+        "{answer:?}"
+    );
+    // The runaway, at 127.0.0.1, gets until the auditor cuts it off.
+    let mut runaway = remote_within(&endpoint, handle, &token, Duration::from_secs(1)).unwrap();
+    let mut served = 0u32;
+    while runaway.get(0x2a).is_ok() {
+        served += 1;
+        assert!(served < 10_000, "the runaway instance was never stopped");
+    }
+    let ban = audit_record_with(
+        &m,
+        &[
+            "event=ban ",
+            &format!(" handle={handle} "),
+            " address=127.0.0.1 ",
+            " duration=3600s ",
+        ],
+    );
+    assert!(
+        ban.contains(" rule=loop-budget ") && ban.contains(" instance="),
+        "{ban}"
+    );
+    assert!(!ban.contains(&token), "the token leaked: {ban}");
+    // Its reconnects are refused for the ban, by name...
+    match runaway.get(0x2a) {
+        Err(ClientError::RemoteRefused {
+            refusal: Refusal::Banned,
+            reason,
+        }) => assert!(
+            reason.contains("127.0.0.1") && reason.contains("banned"),
+            "{reason}"
+        ),
+        other => panic!("expected Banned, got {other:?}"),
+    }
+    let (_, again) = hello_from("127.0.0.1", &endpoint, handle, &token);
+    assert!(
+        matches!(again, dataplane::Answer::Refused(Refusal::Banned, _)),
+        "{again:?}"
+    );
+    audit_record_with(
+        &m,
+        &["event=remote-connect ", " error=Banned ", "res=failed"],
+    );
+    // ...and nobody else is touched: another address says hello, the neighbour keeps its
+    // instance, the offload stays, the app reconnects.
+    let (_newcomer, fresh) = hello_from("127.0.0.3", &endpoint, handle, &token);
+    assert!(matches!(fresh, dataplane::Answer::Accepted(_)), "{fresh:?}");
+    neighbour.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let open = (&neighbour).read(&mut byte);
+    assert!(
+        matches!(&open, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the neighbour's connection was closed: {open:?}"
+    );
+    let list: api::InstalledList =
+        m.admin_call("io.redn.Admin.ListOffloads", serde_json::json!({}));
+    let entry = list.offloads.iter().find(|o| o.handle == handle).unwrap();
+    assert_eq!(
+        (
+            entry.remote_clients,
+            entry.remote_terminated,
+            entry.remote_banned
+        ),
+        (3, 1, 1)
+    );
+    // An instance held before the ban is judged on its own: the calm client, at the
+    // banned address, is served on.
+    assert_eq!(s.calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    assert_eq!(s.calm.sessions_opened(), 1);
+    let mut reconnected = m.client();
+    let fresh = stats(&mut reconnected);
+    assert_eq!(
+        fresh.terminated, None,
+        "the app's own install was not touched"
+    );
+    let stats = stats(&mut s.app);
+    let notes = stats.remote_terminated.expect("the app is told");
+    assert_eq!(notes.len(), 1);
+    let n = &notes[0];
+    assert_eq!(
+        (n.handle, n.offload.as_str(), n.rule.as_str(), n.banned),
+        (handle, "server-loop", "loop-budget", true)
+    );
+    assert!(n.peer.starts_with("127.0.0.1:"), "{n:?}");
+    // An admin sees the same through `redn`, as JSON and as a table.
+    let admin = m.admin().display().to_string();
+    let redn = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_redn"));
+        stdout_of(c.args(["-s", &admin]).args(args))
+    };
+    let stat: serde_json::Value = serde_json::from_str(&redn(&["-j", "stat", "show"])).unwrap();
+    assert_eq!(stat[0]["handle"], handle);
+    assert_eq!(
+        (
+            &stat[0]["remote_clients"],
+            &stat[0]["remote_terminated"],
+            &stat[0]["remote_banned"]
+        ),
+        (&3.into(), &1.into(), &1.into())
+    );
+    let dev: serde_json::Value = serde_json::from_str(&redn(&["-j", "dev", "show"])).unwrap();
+    let dev = dev.as_array().expect("an array of devices");
+    assert_eq!(dev.len(), 1);
+    assert_eq!(dev[0]["backend"], "softnic");
+    assert_eq!(dev[0]["dataplane"], endpoint.as_str());
+    assert!(dev[0]["node_guid"].is_null() && dev[0]["pci_address"].is_null());
+    assert!(dev[0]["qp"].as_u64().unwrap() > 0, "{dev:?}");
+    let table = redn(&["dev"]);
+    let mut lines = table.lines();
+    assert!(
+        lines.next().unwrap().starts_with("IFINDEX  IFNAME"),
+        "{table}"
+    );
+    let row = lines.next().unwrap();
+    assert!(
+        row.starts_with("0 ") && row.contains(" softnic ") && row.contains(" - "),
+        "{table}"
+    );
+    // The data plane's address, then what it dropped (a number).
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[cells.len() - 2], endpoint, "{table}");
+    assert!(cells[cells.len() - 1].parse::<u64>().is_ok(), "{table}");
+}
+
+#[test]
+fn a_remote_client_over_its_trigger_rate_is_throttled() {
+    // Each GET is one trigger of server-loop's 56 WQEs, inside every WQE budget; 100
+    // triggers a second is far below what a client getting as fast as it can sends.
+    let (_m, mut s, record, (_, sessions)) = flood_until_throttled(
+        |p| {
+            p.replace(
+                "wqes_per_invocation",
+                "triggers_per_second = 100\nwqes_per_invocation",
+            )
+        },
+        "triggers-per-second",
+    );
+    assert_eq!(sessions, 1, "paced, not cut off");
+    assert!(record.contains(" limit_per_s=100 "), "{record}");
+    // The WQEs of 100 triggers a second at what each ran in the window: 56, or a little
+    // more or less with a round in flight when the window opened or closed (a loaded
+    // machine measured 54: a counted trigger whose round had not finished).
+    let paced: u64 = record
+        .split(" paced_wqes_per_s=")
+        .nth(1)
+        .and_then(|v| v.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{record}"));
+    assert!((5000..=6000).contains(&paced), "{record}");
+    assert_eq!(s.calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    assert_eq!(s.calm.sessions_opened(), 1);
+}
