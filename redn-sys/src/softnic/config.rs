@@ -60,6 +60,11 @@ pub struct SoftNicConfig {
     ///
     /// [`SoftNic::progress`]: super::SoftNic::progress
     pub host_driven: bool,
+    /// CPUs to pin the PU threads to: PU `i` runs only on `pu_cpus[i % len]`. Empty (the
+    /// default): the kernel places them. Each must be one this process may run on. For cores
+    /// kept free of other threads: a pinned PU cannot move away from another busy thread on
+    /// its CPU (`softnic::affinity` says why pin at all).
+    pub pu_cpus: Vec<usize>,
 }
 
 impl SoftNicConfig {
@@ -73,6 +78,7 @@ impl SoftNicConfig {
             wqe_checks: false,
             fast_paths: true,
             host_driven: false,
+            pu_cpus: Vec::new(),
         }
     }
 }

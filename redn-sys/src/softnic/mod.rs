@@ -12,6 +12,7 @@
 //! a seam so a network transport can follow.
 
 // Module order is dependency order: each imports only modules listed before it.
+mod affinity;
 mod cache_line;
 mod config;
 mod cq;
@@ -105,6 +106,8 @@ impl SoftNic {
                 detail: format!("{} is outside 1..=64", config.pus),
             });
         }
+        affinity::check(&config.pu_cpus)?;
+        pu::read_cores();
         let pus = Arc::new(PuSet::new(config.pus));
         let shared = Arc::new(Shared {
             config,
@@ -130,6 +133,7 @@ impl SoftNic {
                 host,
             });
         }
+        let mut pinned = Ok(());
         for i in 0..pus.len() {
             let p = Arc::clone(&pus);
             let w = Arc::downgrade(&shared);
@@ -141,13 +145,20 @@ impl SoftNic {
                     what: "processing unit thread",
                     detail: e.to_string(),
                 })?;
+            let cpus = &shared.config.pu_cpus;
+            if pinned.is_ok() && !cpus.is_empty() {
+                pinned = affinity::pin(&t, cpus[i % cpus.len()]);
+            }
             threads.push(t);
         }
-        Ok(SoftNic {
+        let nic = SoftNic {
             shared,
             threads,
             host: None,
-        })
+        };
+        // A PU that could not be pinned: dropping `nic` stops and joins every PU thread.
+        pinned?;
+        Ok(nic)
     }
 
     /// A softnic with default settings and `pus` processing units.

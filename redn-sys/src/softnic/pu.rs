@@ -35,10 +35,20 @@ const SPIN_CROWDED: Duration = Duration::from_micros(5);
 /// PU threads of this process that are not parked, over all softnic instances.
 static AWAKE_PUS: AtomicUsize = AtomicUsize::new(0);
 
-/// The cores this process may use (read once).
+/// The cores this process may use, as the first thread to start a softnic saw them.
+static CORES: OnceLock<usize> = OnceLock::new();
+
+/// Read the cores this process may use, from the thread that starts a softnic, before any
+/// PU thread runs. `available_parallelism` reads the calling thread's CPU set, and a PU
+/// pinned to one CPU (`SoftNicConfig::pu_cpus`) would see one core: every awake PU would
+/// then count as crowded, and each cross-PU hand-off took twice as long.
+pub(crate) fn read_cores() {
+    CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+}
+
+/// The cores this process may use ([`read_cores`]; 1 if no softnic was started).
 fn cores() -> usize {
-    static CORES: OnceLock<usize> = OnceLock::new();
-    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    CORES.get().copied().unwrap_or(1)
 }
 
 /// Whether the process's awake PUs outnumber its cores now.

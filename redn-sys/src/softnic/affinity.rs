@@ -1,0 +1,202 @@
+//! Pinning PU threads to CPUs ([`SoftNicConfig::pu_cpus`](super::SoftNicConfig::pu_cpus)).
+//!
+//! Unpinned, the kernel sometimes leaves two PUs that hand work to each other on one CPU
+//! for many milliseconds while another idles, and every hand-off then waits for a context
+//! switch (`docs/softnic-performance.md`, "Both PUs on one CPU"). Pinned, each PU keeps its
+//! core. But a pinned PU cannot move away from another busy thread on its CPU either, so
+//! pinning is the operator's choice, for cores that other threads are kept off
+//! (`isolcpus`, other services' `CPUAffinity=`), as a poll-mode driver's cores are. Off by
+//! default.
+
+use crate::{Error, Result};
+use std::os::unix::thread::JoinHandleExt;
+use std::thread::JoinHandle;
+
+/// CPUs a `cpu_set_t` can name (`CPU_SETSIZE`).
+pub(crate) const MAX_CPUS: usize = 1024;
+
+/// The CPUs this process may run on (`sched_getaffinity(2)`), in order.
+pub(crate) fn allowed_cpus() -> Result<Vec<usize>> {
+    let mut set = empty_set();
+    // SAFETY: `set` is a valid, writable `cpu_set_t` of the size passed; pid 0 is this
+    // thread, whose mask the kernel copies into it.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    if rc != 0 {
+        return Err(Error::InvalidConfig {
+            what: "pu_cpus",
+            detail: format!(
+                "cannot read this process's CPUs: {}",
+                std::io::Error::last_os_error()
+            ),
+        });
+    }
+    let is_set = |cpu: usize| {
+        // SAFETY: `CPU_ISSET` reads bit `cpu` of `set`; `cpu` < CPU_SETSIZE, the set's size.
+        unsafe { libc::CPU_ISSET(cpu, &set) }
+    };
+    Ok((0..MAX_CPUS).filter(|&cpu| is_set(cpu)).collect())
+}
+
+/// Check that every CPU of `cpus` is one this process may run on.
+pub(crate) fn check(cpus: &[usize]) -> Result<()> {
+    if cpus.is_empty() {
+        return Ok(());
+    }
+    let allowed = allowed_cpus()?;
+    match cpus.iter().find(|c| !allowed.contains(c)) {
+        None => Ok(()),
+        Some(cpu) => Err(Error::InvalidConfig {
+            what: "pu_cpus",
+            detail: format!(
+                "CPU {cpu} is not one this process may run on ({})",
+                ranges(&allowed)
+            ),
+        }),
+    }
+}
+
+/// Pin the thread of `handle` to `cpu` (one [`check`] accepted).
+pub(crate) fn pin(handle: &JoinHandle<()>, cpu: usize) -> Result<()> {
+    let mut set = empty_set();
+    if cpu < MAX_CPUS {
+        // SAFETY: `set` is a valid `cpu_set_t` and `cpu` < CPU_SETSIZE, its size in bits.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: the thread of `handle` has not been joined (we hold the handle), so its
+    // `pthread_t` is valid; `set` is a valid `cpu_set_t` of the size passed.
+    let rc = unsafe {
+        libc::pthread_setaffinity_np(handle.as_pthread_t(), std::mem::size_of_val(&set), &set)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(Error::InvalidConfig {
+            what: "pu_cpus",
+            detail: format!(
+                "cannot pin a PU to CPU {cpu}: {}",
+                std::io::Error::from_raw_os_error(rc)
+            ),
+        })
+    }
+}
+
+fn empty_set() -> libc::cpu_set_t {
+    // SAFETY: `cpu_set_t` is a plain bit array, for which all zeros is the empty set.
+    unsafe { std::mem::zeroed() }
+}
+
+/// `0-3,6` for the CPUs 0, 1, 2, 3 and 6 (as `taskset -c` and the kernel's lists write them).
+fn ranges(cpus: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let start = cpus[i];
+        while i + 1 < cpus.len() && cpus[i + 1] == cpus[i] + 1 {
+            i += 1;
+        }
+        out.push(if cpus[i] == start {
+            start.to_string()
+        } else {
+            format!("{start}-{}", cpus[i])
+        });
+        i += 1;
+    }
+    out.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::softnic::{SoftNic, SoftNicConfig};
+
+    /// `Cpus_allowed_list` of the thread called `name`, once it has named itself (a new
+    /// thread sets its name when it starts running).
+    fn cpus_of_started(name: &str) -> Vec<String> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let found = cpus_of_threads(name);
+            if !found.is_empty() || std::time::Instant::now() > deadline {
+                return found;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// `Cpus_allowed_list` of each of this process's threads called `name`.
+    fn cpus_of_threads(name: &str) -> Vec<String> {
+        let mut found = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task").unwrap() {
+            let dir = task.unwrap().path();
+            let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+                continue;
+            };
+            if comm.trim_end() != name {
+                continue;
+            }
+            let status = std::fs::read_to_string(dir.join("status")).unwrap();
+            let line = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .unwrap();
+            found.push(line.trim().to_owned());
+        }
+        found
+    }
+
+    #[test]
+    fn each_pu_thread_runs_only_on_its_cpu() {
+        let cpus = allowed_cpus().unwrap();
+        let last = *cpus.last().unwrap();
+        let mut cfg = SoftNicConfig::new("pin-test");
+        cfg.pus = 3;
+        cfg.pu_cpus = vec![last, cpus[0]];
+        let nic = SoftNic::new(cfg).unwrap();
+        assert_eq!(cpus_of_started("pin-test-pu0"), [last.to_string()]);
+        assert_eq!(cpus_of_started("pin-test-pu1"), [cpus[0].to_string()]);
+        // PU 2 takes the list from its start again.
+        assert_eq!(cpus_of_started("pin-test-pu2"), [last.to_string()]);
+        drop(nic);
+        assert!(
+            cpus_of_threads("pin-test-pu0").is_empty(),
+            "the PUs stop with the NIC"
+        );
+
+        let mut cfg = SoftNicConfig::new("unpinned");
+        cfg.pus = 1;
+        let nic = SoftNic::new(cfg).unwrap();
+        assert_eq!(cpus_of_started("unpinned-pu0"), [ranges(&cpus)]);
+        drop(nic);
+    }
+
+    #[test]
+    fn a_softnic_refuses_a_cpu_it_may_not_run_on_and_starts_no_pu() {
+        let cpus = allowed_cpus().unwrap();
+        let outside = (0..MAX_CPUS).find(|c| !cpus.contains(c)).unwrap();
+        let mut cfg = SoftNicConfig::new("pin-refused");
+        cfg.pu_cpus = vec![outside];
+        let err = SoftNic::new(cfg).err().unwrap().to_string();
+        assert!(err.contains(&format!("CPU {outside}")), "{err}");
+        assert!(cpus_of_threads("pin-refused-pu0").is_empty());
+    }
+
+    #[test]
+    fn cpu_lists_are_written_as_ranges() {
+        assert_eq!(ranges(&[]), "");
+        assert_eq!(ranges(&[0]), "0");
+        assert_eq!(ranges(&[0, 1, 2, 3, 6]), "0-3,6");
+        assert_eq!(ranges(&[1, 3, 4, 7, 8, 9]), "1,3-4,7-9");
+    }
+
+    #[test]
+    fn a_cpu_this_process_may_not_run_on_is_named() {
+        let cpus = allowed_cpus().unwrap();
+        assert!(!cpus.is_empty());
+        check(&cpus).unwrap();
+        let outside = (0..MAX_CPUS).find(|c| !cpus.contains(c)).unwrap();
+        let err = check(&[cpus[0], outside]).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("CPU {outside} is not one this process may run on")),
+            "{err}"
+        );
+    }
+}
