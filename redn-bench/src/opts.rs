@@ -1,6 +1,6 @@
 //! Reading the command line: `--help`, `--name value` / `--name=value`, whole numbers in a
 //! range, and the options softnic_bench and offload_bench both take (`--quick`, `--pus N`,
-//! `--prefetch P`).
+//! `--prefetch P`, `--pu-cpus LIST`).
 
 use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
 use std::ops::RangeInclusive;
@@ -16,15 +16,19 @@ pub struct CommonOpts {
     pub cores: usize,
     /// `--prefetch`: the softnic's WQE prefetch model.
     pub prefetch: Prefetch,
+    /// `--pu-cpus`: the CPUs PU threads are pinned to (`SoftNicConfig::pu_cpus`); empty:
+    /// not pinned.
+    pub pu_cpus: Vec<usize>,
 }
 
 impl CommonOpts {
-    /// A softnic called `name` with `pus` PUs and the `--prefetch` asked for; WQE checks off
-    /// (their cost is not what the benchmarks measure).
+    /// A softnic called `name` with `pus` PUs and the `--prefetch` and `--pu-cpus` asked for;
+    /// WQE checks off (their cost is not what the benchmarks measure).
     pub fn softnic(&self, name: &str, pus: usize) -> redn_sys::Result<SoftNic> {
         let mut cfg = SoftNicConfig::new(name);
         cfg.pus = pus;
         cfg.prefetch = self.prefetch;
+        cfg.pu_cpus.clone_from(&self.pu_cpus);
         SoftNic::new(cfg)
     }
 }
@@ -53,6 +57,25 @@ pub fn parse_in(name: &str, v: Option<String>, range: RangeInclusive<u64>) -> Re
 pub fn parse_num(name: &str, v: Option<String>) -> Result<usize, String> {
     let n = parse_in(name, v, 1..=u64::MAX)?;
     usize::try_from(n).map_err(|_| format!("{name}: {n} is too large"))
+}
+
+/// The value of `--pu-cpus`: CPU numbers separated by commas (`0,1`), at most 64.
+pub fn parse_cpus(v: Option<String>) -> Result<Vec<usize>, String> {
+    let v = v.ok_or("--pu-cpus needs a value")?;
+    let cpus = v
+        .split(',')
+        .map(|c| {
+            c.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n < 1024)
+                .ok_or_else(|| format!("--pu-cpus: '{c}' is not a CPU number (0..=1023)"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if cpus.len() > 64 {
+        return Err("--pu-cpus: at most 64 CPUs (one a PU)".into());
+    }
+    Ok(cpus)
 }
 
 fn parse_prefetch(v: Option<String>) -> Result<Prefetch, String> {
@@ -108,8 +131,8 @@ fn read_each(help: &str, arg: &mut ArgReader<'_>) -> Result<(), String> {
     Ok(())
 }
 
-/// Read the command line as [`read_command_line`] does; `--quick`, `--pus N` and
-/// `--prefetch P` are read here, any other argument goes to `other`.
+/// Read the command line as [`read_command_line`] does; `--quick`, `--pus N`, `--prefetch P`
+/// and `--pu-cpus LIST` are read here, any other argument goes to `other`.
 pub fn parse_args(
     bench: &str,
     help: &str,
@@ -118,11 +141,13 @@ pub fn parse_args(
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (mut quick, mut pus) = (false, None);
     let mut prefetch = Prefetch::Depth(8);
+    let mut pu_cpus = Vec::new();
     read_command_line(bench, help, &mut |name, value| {
         match name {
             "--quick" => quick = true,
             "--pus" => pus = Some(parse_num("--pus", value())?),
             "--prefetch" => prefetch = parse_prefetch(value())?,
+            "--pu-cpus" => pu_cpus = parse_cpus(value())?,
             name => return other(name, value),
         }
         Ok(true)
@@ -136,5 +161,6 @@ pub fn parse_args(
         pus,
         cores,
         prefetch,
+        pu_cpus,
     }
 }

@@ -25,7 +25,7 @@
 //! prints at the end the PU's completion-to-completion gaps by where the step is in its
 //! chain (see [`StepGaps`]): a short chain's first steps apart from its steady state.
 
-use redn_bench::opts::{parse_in, read_command_line};
+use redn_bench::opts::{parse_cpus, parse_in, read_command_line};
 use redn_bench::queues::{flags_if, nop, post_endless_wait, push_doorbell_master, SqWriter};
 use redn_bench::setup::{counting_cq, loopback_qp, Region};
 use redn_bench::Ctx;
@@ -33,7 +33,7 @@ use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
 use redn_sys::conv::idx;
 use redn_sys::nic::Nic;
 use redn_sys::softnic::handoff_trace::{self, HandoffEvent};
-use redn_sys::softnic::SoftNic;
+use redn_sys::softnic::{SoftNic, SoftNicConfig};
 use redn_sys::{Cqn, Pdn};
 use std::time::{Duration, Instant};
 
@@ -42,7 +42,7 @@ chain_profile: one long doorbell-ordered NOP chain on one softnic PU (for profil
 
 USAGE:
     cargo run --release -p redn-bench --bin chain_profile -- [--write] [--cross] [--spin]
-        [--parked N] [--idle N] [STEPS [ROUNDS]]
+        [--parked N] [--idle N] [--pu-cpus LIST] [STEPS [ROUNDS]]
 
     STEPS    chain length, 1..=8000 (default 4000)
     ROUNDS   chains to run one after another (default 5)
@@ -63,6 +63,8 @@ USAGE:
              between looks (~280 µs here, so sleeping rounds an 8000-step chain's time up
              by as much as 35 ns a step): use it for wall-clock timing, not under a
              profiler (it takes a core of its own; the PU has the other)
+    --pu-cpus LIST  pin PU i to the i-th CPU of LIST (comma-separated, e.g. 0,1): with
+             --cross, PUs that the kernel may otherwise leave on one CPU for a while
 
 Prints ns per step for each round. Under valgrind --tool=callgrind --collect-atstart=no
 --toggle-collect='redn_sys::softnic::exec::SqExec::run', the instruction total /
@@ -79,6 +81,7 @@ struct Opts {
     idle: u64,
     steps: u64,
     rounds: u64,
+    pu_cpus: Vec<usize>,
 }
 
 fn parse_args() -> Opts {
@@ -90,6 +93,7 @@ fn parse_args() -> Opts {
         idle: 0,
         steps: 4000,
         rounds: 5,
+        pu_cpus: Vec::new(),
     };
     let mut positionals = 0;
     read_command_line("chain_profile", USAGE, &mut |name, value| {
@@ -99,6 +103,7 @@ fn parse_args() -> Opts {
             "--spin" => o.spin = true,
             "--parked" => o.parked = parse_in("--parked", value(), 0..=1000)?,
             "--idle" => o.idle = parse_in("--idle", value(), 0..=1000)?,
+            "--pu-cpus" => o.pu_cpus = parse_cpus(value())?,
             a if a.starts_with('-') => return Ok(false),
             a => {
                 let v = Some(a.to_string());
@@ -132,8 +137,12 @@ fn run(o: &Opts) -> Result<(), String> {
         idle,
         steps,
         rounds,
+        ref pu_cpus,
     } = *o;
-    let nic = SoftNic::with_pus(if cross { 2 } else { 1 }).ctx("softnic")?;
+    let mut cfg = SoftNicConfig::new("softnic0");
+    cfg.pus = if cross { 2 } else { 1 };
+    cfg.pu_cpus.clone_from(pu_cpus);
+    let nic = SoftNic::new(cfg).ctx("softnic")?;
     let pd = nic.alloc_pd().ctx("alloc_pd")?;
     let cq = || counting_cq(&nic);
     // Queues parked on a WAIT for a completion that never comes (their CQ has none).

@@ -61,6 +61,8 @@ OPTIONS:
                         (default 5, quick 3)
     --prefetch P        softnic WQE prefetch: at-execute | adversarial | depth:N | N
                         (default depth:8, the softnic default)
+    --pu-cpus LIST      pin PU i of each softnic to the i-th CPU of LIST (comma-separated,
+                        taken again from its start past its end); default: not pinned
     --only SECTION      constructs | hash | list (default: all three)
     -h, --help          this text
 

@@ -51,6 +51,8 @@ OPTIONS:
                         (default 256, quick 32)
     --prefetch P        softnic WQE prefetch: at-execute | adversarial | depth:N | N
                         (default depth:8, the softnic default)
+    --pu-cpus LIST      pin PU i of each softnic to the i-th CPU of LIST (comma-separated,
+                        taken again from its start past its end); default: not pinned
     --only SECTION      latency | throughput | visits (default: all three)
     --orders LIST       latency orders to run, comma-separated from wq, completion,
                         doorbell (default: all)
