@@ -263,13 +263,18 @@ fn run(opts: &Options) -> anyhow::Result<()> {
     // The data plane's RoCEv2 endpoints are the softnic's own.
     let softnic: Option<Arc<redn_sys::softnic::SoftNic>>;
     let (nic, backend): (Arc<crate::state::DynNic>, String) = match &loaded.config.backend {
-        Backend::SoftNic { pus, prefetch } => {
+        Backend::SoftNic {
+            pus,
+            prefetch,
+            pu_cpus,
+        } => {
             if let Some(p) = system::memlock_problem() {
                 eprintln!("redn-manager: note (softnic pins nothing): {p}");
             }
             let mut cfg = redn_sys::softnic::SoftNicConfig::new("redn-manager");
             cfg.pus = *pus;
             cfg.prefetch = crate::backend::softnic_prefetch(*prefetch);
+            cfg.pu_cpus.clone_from(pu_cpus);
             let nic = redn_sys::softnic::SoftNic::new(cfg).context("cannot start the softnic")?;
             let nic = Arc::new(nic);
             softnic = Some(Arc::clone(&nic));

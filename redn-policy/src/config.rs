@@ -35,9 +35,11 @@
 //! - `node_guid = "0002:c903:00a1:b2c3"` (as `ibv_devinfo` prints it) or `"0x0002c90300a1b2c3"`;
 //! - `pci_address = "0000:3b:00.0"` (`[DOMAIN:]BUS:DEVICE.FUNCTION`, as `lspci -D` prints it).
 //!
-//! The softnic backend takes `pus` (processing units, 1..=64, default 1) and `prefetch`
-//! (`"at-execute"`, `"depth:N"` with N ≥ 1, or `"adversarial"`; default `"depth:8"`); these
-//! keys are refused for mlx5 and the device keys are refused for softnic.
+//! The softnic backend takes `pus` (processing units, 1..=64, default 1), `prefetch`
+//! (`"at-execute"`, `"depth:N"` with N ≥ 1, or `"adversarial"`; default `"depth:8"`) and
+//! `pu_cpus` (a CPU for each PU to be pinned to, as many as `pus`, no CPU twice; default
+//! none: not pinned); these keys are refused for mlx5 and the device keys are refused for
+//! softnic.
 
 use crate::error::{Error, Result};
 use crate::source::{invalid, read_capped, Document, Invalid, KeyPath};
@@ -63,6 +65,8 @@ pub const DEFAULT_ADMIN_MODE: FileMode = FileMode(0o600);
 pub const DEFAULT_SYSLOG_SOCKET: &str = "/dev/log";
 /// Default syslog identifier (`audit.identifier`).
 pub const DEFAULT_IDENTIFIER: &str = "redn-manager";
+/// Largest CPU number `backend.pu_cpus` takes (a `cpu_set_t` names 1,024 CPUs).
+pub const MAX_CPU: usize = 1023;
 /// Largest softnic processing-unit count (`backend.pus`).
 pub const MAX_SOFTNIC_PUS: usize = 64;
 /// Longest unix socket path in bytes (`sun_path` is 108 bytes with its terminating NUL).
@@ -169,6 +173,9 @@ pub enum Backend {
         pus: usize,
         /// WQE prefetch model (`prefetch`); default `depth:8`.
         prefetch: Prefetch,
+        /// The CPU each PU is pinned to (`pu_cpus`): empty (the default), or one for each
+        /// PU, each below [`MAX_CPU`] and none twice.
+        pu_cpus: Vec<usize>,
     },
     /// A ConnectX NIC through rdma-core (`kind = "mlx5"`).
     Mlx5 {
@@ -512,6 +519,7 @@ struct RawBackend {
     pci_address: Option<PciAddress>,
     pus: Option<u64>,
     prefetch: Option<Prefetch>,
+    pu_cpus: Option<Vec<u64>>,
 }
 
 #[derive(Clone, Copy, Deserialize)]
@@ -775,15 +783,19 @@ impl RawBackend {
                             format!("{pus} processing units is outside 1..={MAX_SOFTNIC_PUS}"),
                         )
                     })?;
+                let pu_cpus = pu_cpus(self.pu_cpus.unwrap_or_default(), pus)
+                    .map_err(|why| invalid(at.key("pu_cpus"), why))?;
                 Ok(Backend::SoftNic {
                     pus,
                     prefetch: self.prefetch.unwrap_or_default(),
+                    pu_cpus,
                 })
             }
             BackendKind::Mlx5 => {
                 for (key, set) in [
                     ("pus", self.pus.is_some()),
                     ("prefetch", self.prefetch.is_some()),
+                    ("pu_cpus", self.pu_cpus.is_some()),
                 ] {
                     if set {
                         return Err(invalid(
@@ -807,6 +819,33 @@ impl RawBackend {
             }
         }
     }
+}
+
+/// `backend.pu_cpus` for `pus` processing units: empty, or a CPU for each PU, none twice.
+fn pu_cpus(cpus: Vec<u64>, pus: usize) -> std::result::Result<Vec<usize>, String> {
+    if cpus.is_empty() {
+        return Ok(Vec::new());
+    }
+    if cpus.len() != pus {
+        return Err(format!(
+            "{} CPUs for {pus} processing units: list one CPU for each PU, or none",
+            cpus.len()
+        ));
+    }
+    let mut out: Vec<usize> = Vec::with_capacity(cpus.len());
+    for cpu in cpus {
+        let n = usize::try_from(cpu)
+            .ok()
+            .filter(|&n| n <= MAX_CPU)
+            .ok_or_else(|| format!("CPU {cpu} is outside 0..={MAX_CPU}"))?;
+        if out.contains(&n) {
+            return Err(format!(
+                "CPU {n} is listed twice: each PU is pinned to a CPU of its own"
+            ));
+        }
+        out.push(n);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

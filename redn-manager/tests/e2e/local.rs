@@ -778,3 +778,67 @@ fn the_manager_runs_unprivileged_on_the_softnic() {
     assert_eq!(info.app, "tester");
     assert!(m.log().contains("capabilities: none held"), "{}", m.log());
 }
+
+/// The CPUs this test process may run on (`Cpus_allowed_list`, as `0-3,6`).
+fn allowed_cpus() -> Vec<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim();
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        cpus.extend(a.parse::<usize>().unwrap()..=b.parse::<usize>().unwrap());
+    }
+    cpus
+}
+
+/// The manager's config with `extra` added to its `[backend]`.
+fn with_backend_keys(m: &Manager, extra: &str) {
+    let text = std::fs::read_to_string(m.config())
+        .unwrap()
+        .replace("pus = 1\n", &format!("pus = 1\n{extra}\n"));
+    std::fs::write(m.config(), text).unwrap();
+}
+
+#[test]
+fn the_softnic_pus_run_on_the_cpus_the_config_names() {
+    let cpus = allowed_cpus();
+    let last = *cpus.last().unwrap();
+    let m = Manager::configure(&policy("", ""));
+    with_backend_keys(&m, &format!("pu_cpus = [{last}]"));
+    let m = m.launch(&[], &[]);
+    let pid = m.child.as_ref().unwrap().id();
+    // The PU thread, "redn-manager-pu0" cut to the kernel's 15 characters.
+    let mut pinned = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = task.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim_end() == "redn-manager-pu" {
+            let status = std::fs::read_to_string(dir.join("status")).unwrap();
+            pinned.extend(
+                status
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                    .map(|l| l.trim().to_owned()),
+            );
+        }
+    }
+    assert_eq!(pinned, [last.to_string()], "{}", m.log());
+    drop(m);
+
+    // A CPU the manager may not run on: it refuses to start, naming the key and the CPU.
+    let outside = (0..1024).find(|c| !cpus.contains(c)).unwrap();
+    let m = Manager::configure(&policy("", ""));
+    with_backend_keys(&m, &format!("pu_cpus = [{outside}]"));
+    let out = m.run_once(&[]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("pu_cpus") && err.contains(&format!("CPU {outside} is not one")),
+        "{err}"
+    );
+    assert!(!m.api().exists());
+}

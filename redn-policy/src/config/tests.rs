@@ -34,6 +34,7 @@ fn minimal_softnic_gets_the_defaults() {
             backend: Backend::SoftNic {
                 pus: 1,
                 prefetch: Prefetch::Depth(NonZeroU32::new(8).unwrap()),
+                pu_cpus: Vec::new(),
             },
             dataplane: Dataplane { listen: None },
             audit: AuditConfig {
@@ -136,8 +137,23 @@ fn softnic_settings() {
         c.backend,
         Backend::SoftNic {
             pus: 64,
-            prefetch: Prefetch::Adversarial
+            prefetch: Prefetch::Adversarial,
+            pu_cpus: Vec::new(),
         }
+    );
+    let c = parse("[backend]\nkind = \"softnic\"\npus = 2\npu_cpus = [3, 1023]\n").unwrap();
+    assert_eq!(
+        c.backend,
+        Backend::SoftNic {
+            pus: 2,
+            prefetch: Prefetch::default(),
+            pu_cpus: vec![3, 1023],
+        }
+    );
+    let c = parse("[backend]\nkind = \"softnic\"\npus = 2\npu_cpus = []\n").unwrap();
+    assert!(
+        matches!(c.backend, Backend::SoftNic { ref pu_cpus, .. } if pu_cpus.is_empty()),
+        "an empty list pins nothing"
     );
     for (text, p) in [
         ("at-execute", Prefetch::AtExecute),
@@ -180,6 +196,32 @@ fn backend_keys_must_fit_the_kind() {
         "[backend]\nkind = \"mlx5\"\ndevice = \"auto\"\npus = 2\n",
         4,
         "backend.pus",
+    );
+    error(
+        "[backend]\nkind = \"mlx5\"\ndevice = \"auto\"\npu_cpus = [0]\n",
+        4,
+        "backend.pu_cpus",
+    );
+    for (cpus, why) in [
+        ("[0]", "1 CPUs for 2 processing units"),
+        ("[0, 1, 2]", "3 CPUs for 2 processing units"),
+        ("[1, 1]", "CPU 1 is listed twice"),
+        ("[0, 1024]", "CPU 1024 is outside 0..=1023"),
+    ] {
+        let e = error(
+            &format!("[backend]\nkind = \"softnic\"\npus = 2\npu_cpus = {cpus}\n"),
+            4,
+            "backend.pu_cpus",
+        );
+        assert!(e.contains(why), "{cpus}: {e}");
+    }
+    let e = parse("[backend]\nkind = \"softnic\"\npus = 2\npu_cpus = [0, -1]\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("manager.toml:4:"), "{e}");
+    assert!(
+        e.contains("backend.pu_cpus[1]: invalid value: integer `-1`"),
+        "{e}"
     );
     let e = error("[backend]\nkind = \"softnic\"\npus = 0\n", 3, "backend.pus");
     assert!(e.contains("outside 1..=64"), "{e}");
