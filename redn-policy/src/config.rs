@@ -174,7 +174,7 @@ pub enum Backend {
         /// WQE prefetch model (`prefetch`); default `depth:8`.
         prefetch: Prefetch,
         /// The CPU each PU is pinned to (`pu_cpus`): empty (the default), or one for each
-        /// PU, each below [`MAX_CPU`] and none twice.
+        /// PU, each at most [`MAX_CPU`] and none twice.
         pu_cpus: Vec<usize>,
     },
     /// A ConnectX NIC through rdma-core (`kind = "mlx5"`).
