@@ -164,3 +164,26 @@ pub fn parse_args(
         pu_cpus,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_are_read_and_bounded() {
+        assert_eq!(parse_cpus(Some("0,1".into())), Ok(vec![0, 1]));
+        assert_eq!(parse_cpus(Some(" 3 , 1023".into())), Ok(vec![3, 1023]));
+        for (bad, why) in [
+            ("1024", "'1024' is not a CPU number"),
+            ("0,,1", "'' is not a CPU number"),
+            ("-1", "'-1' is not a CPU number"),
+            ("a", "'a' is not a CPU number"),
+        ] {
+            let e = parse_cpus(Some(bad.into())).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        let many = (0..65).map(|c| c.to_string()).collect::<Vec<_>>().join(",");
+        assert!(parse_cpus(Some(many)).unwrap_err().contains("at most 64"));
+        assert!(parse_cpus(None).unwrap_err().contains("needs a value"));
+    }
+}
