@@ -15,7 +15,8 @@ use std::thread::JoinHandle;
 /// CPUs a `cpu_set_t` can name (`CPU_SETSIZE`).
 pub(crate) const MAX_CPUS: usize = 1024;
 
-/// The CPUs this process may run on (`sched_getaffinity(2)`), in order.
+/// The CPUs the calling thread may run on (`sched_getaffinity(2)`), in order: the set the
+/// PU threads it starts inherit, so the CPUs they may be pinned to.
 pub(crate) fn allowed_cpus() -> Result<Vec<usize>> {
     let mut set = empty_set();
     // SAFETY: `set` is a valid, writable `cpu_set_t` of the size passed; pid 0 is this
@@ -37,7 +38,7 @@ pub(crate) fn allowed_cpus() -> Result<Vec<usize>> {
     Ok((0..MAX_CPUS).filter(|&cpu| is_set(cpu)).collect())
 }
 
-/// Check that every CPU of `cpus` is one this process may run on.
+/// Check that every CPU of `cpus` is one this process may run on (by [`allowed_cpus`]).
 pub(crate) fn check(cpus: &[usize]) -> Result<()> {
     if cpus.is_empty() {
         return Ok(());
