@@ -3,12 +3,18 @@
 use crate::opts::CommonOpts;
 use std::time::Instant;
 
-/// The report's head: `title`, then the cores, the PUs (`pus` says how many, where), the
-/// prefetch and the kind of run, with a warning in a debug build.
+/// The report's head: `title`, then the cores, the PUs (`pus` says how many, where), where
+/// their threads may run, the prefetch and the kind of run, with a warning in a debug build.
 pub fn print_head(title: &str, o: &CommonOpts, pus: &str) {
     println!("{title}");
+    let placed = if o.pu_cpus.is_empty() {
+        "placed by the kernel".to_owned()
+    } else {
+        let cpus: Vec<String> = o.pu_cpus.iter().map(ToString::to_string).collect();
+        format!("pinned to CPUs {}", cpus.join(","))
+    };
     println!(
-        "   {} cores, {pus}, prefetch {:?}, {}{}",
+        "   {} cores, {pus}, PU threads {placed}, prefetch {:?}, {}{}",
         o.cores,
         o.prefetch,
         if o.quick { "quick run" } else { "full run" },
