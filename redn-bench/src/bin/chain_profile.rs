@@ -63,8 +63,8 @@ USAGE:
              between looks (~280 µs here, so sleeping rounds an 8000-step chain's time up
              by as much as 35 ns a step): use it for wall-clock timing, not under a
              profiler (it takes a core of its own; the PU has the other)
-    --pu-cpus LIST  pin PU i to the i-th CPU of LIST (comma-separated, e.g. 0,1): with
-             --cross, PUs that the kernel may otherwise leave on one CPU for a while
+    --pu-cpus LIST  pin PU i to the i-th CPU of LIST (comma-separated, e.g. 0,1), so
+             that with --cross the kernel cannot leave both PUs on one CPU for a while
 
 Prints ns per step for each round. Under valgrind --tool=callgrind --collect-atstart=no
 --toggle-collect='redn_sys::softnic::exec::SqExec::run', the instruction total /
