@@ -170,6 +170,18 @@ mod tests {
     }
 
     #[test]
+    fn pinning_to_a_cpu_no_set_can_name_is_an_error() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let _ = rx.recv();
+        });
+        let err = pin(&t, MAX_CPUS).unwrap_err().to_string();
+        assert!(err.contains("cannot pin a PU to CPU 1024"), "{err}");
+        drop(tx);
+        t.join().unwrap();
+    }
+
+    #[test]
     fn a_softnic_refuses_a_cpu_it_may_not_run_on_and_starts_no_pu() {
         let cpus = allowed_cpus().unwrap();
         let outside = (0..MAX_CPUS).find(|c| !cpus.contains(c)).unwrap();
