@@ -276,6 +276,13 @@ fn run(opts: &Options) -> anyhow::Result<()> {
             cfg.prefetch = crate::backend::softnic_prefetch(*prefetch);
             cfg.pu_cpus.clone_from(pu_cpus);
             let nic = redn_sys::softnic::SoftNic::new(cfg).context("cannot start the softnic")?;
+            if !pu_cpus.is_empty() {
+                let cpus: Vec<String> = pu_cpus.iter().map(ToString::to_string).collect();
+                eprintln!(
+                    "redn-manager: softnic: {pus} processing unit(s) pinned to CPU(s) {}",
+                    cpus.join(",")
+                );
+            }
             let nic = Arc::new(nic);
             softnic = Some(Arc::clone(&nic));
             (nic, "softnic".into())

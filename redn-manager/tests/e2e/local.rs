@@ -827,6 +827,8 @@ fn the_softnic_pus_run_on_the_cpus_the_config_names() {
         }
     }
     assert_eq!(pinned, [last.to_string()], "{}", m.log());
+    let said = format!("softnic: 1 processing unit(s) pinned to CPU(s) {last}");
+    assert!(m.log().contains(&said), "{}", m.log());
     drop(m);
 
     // A CPU the manager may not run on: it refuses to start, naming the key and the CPU.
