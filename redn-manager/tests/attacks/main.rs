@@ -1,0 +1,256 @@
+//! Hostile clients against the real `redn-manager` binary: each test is one attack, run
+//! as an attacker would (real processes, real sockets, other uids), and what must hold
+//! while it runs: the daemon stays up and keeps serving everyone else. `docs/attacks.md`
+//! lists them with what each pins.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod dataplane;
+mod definitions;
+mod records;
+mod sockets;
+
+use common::*;
+use redn_proto::client::Connection;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+/// A uid with no rule and no privileges: the attacker.
+const HOSTILE_UID: &str = "65534";
+
+/// This test binary again, as `uid`, doing attack `role` against `socket`.
+fn hostile_as(uid: &str, role: &str, socket: &Path) -> Child {
+    Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+        ])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "hostile_entry",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("REDN_ATTACK", role)
+        .env("REDN_MANAGER_SOCKET", socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The next "HOSTILE ..." line the attacker printed, without the prefix.
+fn hostile_line(out: &mut impl BufRead) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the attacker exited");
+        if let Some((_, rest)) = line.split_once("HOSTILE ") {
+            return rest.trim().to_owned();
+        }
+    }
+}
+
+/// An attacker process and its stdout.
+struct Attacker {
+    child: Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Attacker {
+    /// Start attack `role` against `socket` as `uid`.
+    fn start_as(uid: &str, role: &str, socket: &Path) -> Attacker {
+        let mut child = hostile_as(uid, role, socket);
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Attacker { child, out }
+    }
+
+    /// Start attack `role` against `socket` as uid 65534.
+    fn start(role: &str, socket: &Path) -> Attacker {
+        Attacker::start_as(HOSTILE_UID, role, socket)
+    }
+
+    /// Its next report.
+    fn line(&mut self) -> String {
+        hostile_line(&mut self.out)
+    }
+
+    /// Tell it to let go (close its stdin) and wait for it to exit cleanly.
+    fn finish(mut self) {
+        drop(self.child.stdin.take());
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+/// The clients the manager lists to its admin.
+fn admin_clients(m: &Manager) -> Vec<redn_proto::api::ClientEntry> {
+    let mut c = m.raw(&m.admin());
+    let r: redn_proto::api::ClientList = c.call("io.redn.Admin.ListClients", &(), &[]).unwrap();
+    r.clients
+}
+
+/// Open `n` connections to `socket`, sending `bytes` (with `fds`) on each; those still
+/// open and how many the manager cut (their write failed).
+fn open_sending(
+    socket: &Path,
+    n: usize,
+    bytes: &[u8],
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> (Vec<Connection>, usize) {
+    let mut held = Vec::new();
+    let mut cut = 0;
+    for _ in 0..n {
+        let mut c = Connection::connect(socket, DEADLINE).unwrap();
+        match c.send_bytes(bytes, fds) {
+            Ok(()) => held.push(c),
+            Err(_) => cut += 1,
+        }
+    }
+    (held, cut)
+}
+
+/// Report `what` to the test, then hold everything until stdin closes.
+fn report_and_hold(what: &str) {
+    println!("HOSTILE {what}");
+    std::io::stdout().flush().unwrap();
+    let mut rest = String::new();
+    let _ = std::io::stdin().read_line(&mut rest);
+}
+
+/// Not a test: the body of the attacker processes the tests start (see `hostile`).
+#[test]
+#[ignore = "run by the other tests as an attacker process"]
+fn hostile_entry() {
+    let Ok(role) = std::env::var("REDN_ATTACK") else {
+        return;
+    };
+    let socket = std::path::PathBuf::from(std::env::var("REDN_MANAGER_SOCKET").unwrap());
+    match role.as_str() {
+        "hold-connections" => {
+            // Open connections until the manager refuses one, each proven served by a
+            // call; say how it ended; hold them until stdin closes.
+            let mut held = Vec::new();
+            let verdict = loop {
+                let mut c = match Connection::connect(&socket, DEADLINE) {
+                    Ok(c) => c,
+                    Err(e) => break format!("connect-failed {e}"),
+                };
+                // A connection refused at accept gets its error unprompted and is closed,
+                // so the send may fail: the reply is read either way.
+                let _ = c.send_bytes(b"{\"method\":\"org.varlink.service.GetInfo\"}\0", &[]);
+                let call = c.read_reply();
+                match call {
+                    Ok(r) if r.error.is_none() => held.push(c),
+                    Ok(r) => {
+                        break format!(
+                            "refused {} {}",
+                            r.error.unwrap_or_default(),
+                            r.parameters
+                                .get("resource")
+                                .and_then(|v| v.as_str())
+                                .unwrap_or_default()
+                        )
+                    }
+                    Err(e) => break format!("stalled after {} connections: {e}", held.len()),
+                }
+                if held.len() > 5000 {
+                    break "never refused".into();
+                }
+            };
+            report_and_hold(&format!("{verdict} held={}", held.len()));
+        }
+        "flood-unread" => {
+            // Pipeline requests with large replies on many connections and never read
+            // one: each connection stays just under the pending-output cap (about 3.8 MB
+            // of replies each), so none is dropped for it.
+            let request = b"{\"method\":\"org.varlink.service.GetInterfaceDescription\",\
+                            \"parameters\":{\"interface\":\"io.redn.Manager\"}}\0";
+            let burst = request.repeat(FLOOD_REQUESTS);
+            let (_held, cut) = open_sending(&socket, FLOOD_CONNECTIONS, &burst, &[]);
+            assert_eq!(cut, 0);
+            report_and_hold("sent");
+        }
+        "slow-loris" => {
+            // On many connections, a message just under the size cap, never finished.
+            let partial = vec![b' '; LORIS_BYTES];
+            let (_held, cut) = open_sending(&socket, LORIS_CONNECTIONS, &partial, &[]);
+            report_and_hold(&format!("sent cut={cut}"));
+        }
+        "hold-fds" => {
+            // On as many connections as the manager takes, the first byte of a message
+            // with four fds riding on it, the message never finished.
+            let files: Vec<std::fs::File> = (0..4)
+                .map(|_| std::fs::File::open("/dev/null").unwrap())
+                .collect();
+            let fds: Vec<_> = files.iter().map(std::os::fd::AsFd::as_fd).collect();
+            let _held = open_sending(&socket, 64, b"{", &fds);
+            report_and_hold("sent");
+        }
+        "churn" => {
+            // Connect, call, hang up, as fast as the manager answers; tally the answers.
+            let mut tally = std::collections::BTreeMap::<String, usize>::new();
+            for _ in 0..CHURN_ROUNDS {
+                let Ok(mut c) = Connection::connect(&socket, DEADLINE) else {
+                    *tally.entry("connect-failed".into()).or_default() += 1;
+                    continue;
+                };
+                let _ = c.send_bytes(b"{\"method\":\"org.varlink.service.GetInfo\"}\0", &[]);
+                let answer = match c.read_reply() {
+                    Ok(r) => r.error.unwrap_or_else(|| "served".into()),
+                    Err(e) => format!("no-reply:{e}"),
+                };
+                *tally.entry(answer).or_default() += 1;
+            }
+            let text: Vec<String> = tally.iter().map(|(k, n)| format!("{k}={n}")).collect();
+            println!("HOSTILE {}", text.join(" "));
+        }
+        other => panic!("unknown attack {other}"),
+    }
+}
+
+/// Connections the reply flood uses, and requests on each (under the rate limit).
+const FLOOD_CONNECTIONS: usize = 32;
+
+const FLOOD_REQUESTS: usize = 700;
+
+/// Connections the churn attack opens and closes, one after another.
+const CHURN_ROUNDS: usize = 3000;
+
+/// Connections the slow-loris attack uses, and the unfinished message on each.
+const LORIS_CONNECTIONS: usize = 64;
+
+const LORIS_BYTES: usize = (1 << 20) - 64;
+
+/// Subscribe to `Monitor` on the admin socket.
+fn monitor(m: &Manager) -> Connection {
+    let mut c = m.raw(&m.admin());
+    c.send_bytes(
+        b"{\"method\":\"io.redn.Admin.Monitor\",\"more\":true}\0",
+        &[],
+    )
+    .unwrap();
+    c
+}
+
+/// The next counters `Monitor` sends (records in between skipped).
+fn next_counters(c: &mut Connection) -> redn_proto::api::MonitorCounters {
+    loop {
+        let r = c.read_reply().unwrap();
+        assert!(r.error.is_none(), "{r:?}");
+        if let Some(k) = r.parameters.get("counters") {
+            return serde_json::from_value(k.clone()).unwrap();
+        }
+    }
+}
+
+/// A manager whose API socket anyone may connect to (the attacker runs as another uid).
+fn open_manager(wrapper: &[&str]) -> Manager {
+    let m = Manager::configure(&policy("", ""));
+    let config = std::fs::read_to_string(m.config()).unwrap();
+    std::fs::write(m.config(), config.replace("0660", "0666")).unwrap();
+    m.launch(&[], wrapper)
+}
