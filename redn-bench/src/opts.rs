@@ -2,7 +2,7 @@
 //! range, and the options softnic_bench and offload_bench both take (`--quick`, `--pus N`,
 //! `--prefetch P`, `--pu-cpus LIST`).
 
-use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig};
+use redn_sys::softnic::{Prefetch, SoftNic, SoftNicConfig, MAX_CPUS};
 use std::ops::RangeInclusive;
 
 /// The options softnic_bench and offload_bench both take.
@@ -68,8 +68,13 @@ pub fn parse_cpus(v: Option<String>) -> Result<Vec<usize>, String> {
             c.trim()
                 .parse::<usize>()
                 .ok()
-                .filter(|&n| n < 1024)
-                .ok_or_else(|| format!("--pu-cpus: '{c}' is not a CPU number (0..=1023)"))
+                .filter(|&n| n < MAX_CPUS)
+                .ok_or_else(|| {
+                    format!(
+                        "--pu-cpus: '{c}' is not a CPU number (0..={})",
+                        MAX_CPUS - 1
+                    )
+                })
         })
         .collect::<Result<Vec<_>, _>>()?;
     if cpus.len() > 64 {

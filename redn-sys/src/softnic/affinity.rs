@@ -12,8 +12,10 @@ use crate::{Error, Result};
 use std::os::unix::thread::JoinHandleExt;
 use std::thread::JoinHandle;
 
-/// CPUs a `cpu_set_t` can name (`CPU_SETSIZE`).
-pub(crate) const MAX_CPUS: usize = 1024;
+/// CPUs a `cpu_set_t` can name (`CPU_SETSIZE`): [`SoftNicConfig::pu_cpus`] takes CPUs below it.
+///
+/// [`SoftNicConfig::pu_cpus`]: super::SoftNicConfig::pu_cpus
+pub const MAX_CPUS: usize = 1024;
 
 /// The CPUs the calling thread may run on (`sched_getaffinity(2)`), in order: the set the
 /// PU threads it starts inherit, so the CPUs they may be pinned to.
