@@ -7,6 +7,10 @@
 //! pinning is the operator's choice, for cores that other threads are kept off
 //! (`isolcpus`, other services' `CPUAffinity=`), as a poll-mode driver's cores are. Off by
 //! default.
+//!
+//! Unpinned, a busy PU that finds a lower-numbered awake PU of its softnic on its CPU moves
+//! itself off that PU's CPU ([`step_aside`], called from the PU loop): its CPU set narrowed,
+//! which migrates it at once, then given back whole.
 
 use crate::{Error, Result};
 use std::os::unix::thread::JoinHandleExt;
@@ -81,6 +85,44 @@ pub(crate) fn pin(handle: &JoinHandle<()>, cpu: usize) -> Result<()> {
             ),
         })
     }
+}
+
+/// Move the calling thread off the CPUs in `avoid` if its CPU set has others: narrow the
+/// set to those (the kernel migrates a running thread out of a set it leaves before the call
+/// returns), then give it its whole set back, so the thread stays where it landed and the
+/// scheduler may move it again later. The CPU it landed on, or None if it did not move (no
+/// other CPU in its set, or the kernel refused).
+pub(crate) fn step_aside(avoid: &[u32]) -> Option<u32> {
+    let mut whole = empty_set();
+    // SAFETY: `whole` is a valid, writable `cpu_set_t` of the size passed; pid 0 is the
+    // calling thread.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&whole), &mut whole) };
+    if rc != 0 {
+        return None;
+    }
+    let mut narrowed = whole;
+    for cpu in avoid.iter().filter_map(|&c| usize::try_from(c).ok()) {
+        if cpu < MAX_CPUS {
+            // SAFETY: `narrowed` is a valid `cpu_set_t` and `cpu` < CPU_SETSIZE, its size.
+            unsafe { libc::CPU_CLR(cpu, &mut narrowed) };
+        }
+    }
+    // SAFETY: `CPU_COUNT` only reads the valid set `narrowed`.
+    if unsafe { libc::CPU_COUNT(&narrowed) } == 0 {
+        return None;
+    }
+    // SAFETY: pid 0 is the calling thread; `narrowed` is a valid `cpu_set_t` of the size
+    // passed.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&narrowed), &narrowed) };
+    if rc != 0 {
+        return None;
+    }
+    let landed = super::wake::current_cpu();
+    // SAFETY: as above, with the set the thread had; the kernel accepted it before, so the
+    // call only fails if the CPUs went offline, and then the thread keeps the narrowed set,
+    // which the kernel also accepted.
+    let _ = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&whole), &whole) };
+    landed
 }
 
 fn empty_set() -> libc::cpu_set_t {
@@ -169,6 +211,44 @@ mod tests {
         let nic = SoftNic::new(cfg).unwrap();
         assert_eq!(cpus_of_started("unpinned-pu0"), [ranges(&cpus)]);
         drop(nic);
+    }
+
+    /// The calling thread's `Cpus_allowed_list`.
+    fn own_cpus() -> String {
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        let line = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap();
+        line.trim().to_owned()
+    }
+
+    /// A thread steps off the CPUs it is told to avoid, to one of its set, and keeps its
+    /// whole set afterwards; with no other CPU in its set it stays and says so.
+    #[test]
+    fn a_thread_steps_off_the_cpus_it_avoids_and_keeps_its_set() {
+        std::thread::spawn(|| {
+            let cpus = allowed_cpus().unwrap();
+            let before = own_cpus();
+            let all: Vec<u32> = cpus.iter().map(|&c| u32::try_from(c).unwrap()).collect();
+            assert_eq!(step_aside(&all), None, "every CPU of its set avoided");
+            assert_eq!(own_cpus(), before);
+            if cpus.len() < 2 {
+                eprintln!("skipped the move: this process may run on one CPU only ({before})");
+                return;
+            }
+            for &avoid in &all {
+                let landed = step_aside(&[avoid]).expect("another CPU to go to");
+                assert_ne!(landed, avoid, "still on the CPU it avoids");
+                assert!(
+                    all.contains(&landed),
+                    "landed on CPU {landed}, outside {before}"
+                );
+                assert_eq!(own_cpus(), before, "the whole set given back");
+            }
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

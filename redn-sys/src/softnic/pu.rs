@@ -7,6 +7,7 @@
 //! of its queues (a doorbell, a SEND_EN, a completion a WAIT is counting, a receive a SEND
 //! was waiting for) unparks it if it parks (`wake` has the handshake).
 
+use super::affinity;
 use super::exec::{RunOutcome, Siblings, SqExec};
 use super::idle::{Found, IdleWork};
 use super::shared::Shared;
@@ -147,6 +148,10 @@ const DEADLINE_NEAR: Duration = Duration::from_micros(20);
 /// Rounds with queue work between two polls of the PU's idle work.
 const BUSY_ROUNDS_PER_IDLE_POLL: u32 = 64;
 
+/// At most one move a PU makes off a CPU it shares with another busy PU ([`step_aside`]) in
+/// this long: a move is two system calls and a migration.
+const STEP_ASIDE_EVERY: Duration = Duration::from_millis(1);
+
 /// The queues one PU runs and what it polls when they have nothing: the state of a PU's
 /// round, kept by its thread, or by a host-driven softnic's handle for the calling thread
 /// (`host_driven`), so both run the same round.
@@ -229,6 +234,9 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
     let mut parking = false;
     // The clock as this loop last read it.
     let mut last_clock: Option<Instant> = None;
+    // When this PU last moved off a CPU it shared with another PU; pinned PUs stay put.
+    let mut last_step: Option<Instant> = None;
+    let may_step_aside = nic.upgrade().is_some_and(|s| s.config.pu_cpus.is_empty());
     loop {
         if pus.shutdown.load(Ordering::Acquire) {
             return;
@@ -250,6 +258,9 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
             progress |= round.poll_idle() != Found::Nothing;
         }
         if progress {
+            if may_step_aside {
+                step_aside(&pus, index, crowded, &mut last_step);
+            }
             if parking {
                 me.awake();
                 parking = false;
@@ -316,9 +327,108 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
     }
 }
 
+/// A busy PU's look at its CPU (every round with queue work: `sched_getcpu` reads the
+/// kernel's restartable-sequence area, a few nanoseconds): note it, and if a lower-numbered
+/// awake PU of its set was last seen there too while the process's awake PUs fit its cores
+/// (`crowded` says whether they do not), move to another CPU ([`affinity::step_aside`]), at
+/// most once every [`STEP_ASIDE_EVERY`]. Whether it moved.
+///
+/// Why: the kernel places a woken thread near its waker or where it last ran, so two PUs
+/// woken together often land on one CPU while another idles, and its load balancer leaves
+/// them there for milliseconds (a task that ran within `sched_migration_cost_ns`, 0.5 ms, is
+/// "cache hot" and is not pulled). Two PUs with work then run at half speed, and a cross-PU
+/// hand-off waits for a context switch (`docs/softnic-performance.md`, "PUs that step
+/// aside"). Only busy PUs move: an idle PU that shares a CPU yields it instead.
+fn step_aside(
+    pus: &PuSet,
+    me: usize,
+    crowded: impl FnOnce() -> bool,
+    last_step: &mut Option<Instant>,
+) -> bool {
+    let Some(cpu) = wake::current_cpu() else {
+        return false;
+    };
+    let mine = &pus.pus[me].0;
+    mine.note_cpu(cpu);
+    let Some(avoid) = pus.crowding(me, cpu) else {
+        return false;
+    };
+    if crowded() {
+        return false;
+    }
+    let now = Instant::now();
+    if last_step.is_some_and(|t| now.duration_since(t) < STEP_ASIDE_EVERY) {
+        return false;
+    }
+    *last_step = Some(now);
+    match affinity::step_aside(&avoid) {
+        Some(landed) => {
+            mine.note_cpu(landed);
+            true
+        }
+        None => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// PU 1 of `set` (the calling thread) moves off the CPU it finds PU 0 on: PU 0 noted
+    /// where the thread runs, then `step_aside`; retried, since the thread may migrate
+    /// between the two reads of its CPU. The CPU it left, or None if it did not move.
+    fn move_off_pu0(set: &PuSet, last: &mut Option<Instant>) -> Option<u32> {
+        for _ in 0..100 {
+            let here = wake::current_cpu().unwrap();
+            set.pus[0].0.note_cpu(here);
+            let tried = *last;
+            if step_aside(set, 1, || false, last) {
+                return Some(here);
+            }
+            assert_eq!(*last, tried, "tried to move and did not");
+        }
+        None
+    }
+
+    /// A busy PU on the CPU of a lower-numbered awake PU moves off it and notes where it
+    /// landed, at most once every `STEP_ASIDE_EVERY`; a PU alone on its CPU stays, and so
+    /// does one whose process has more awake PUs than cores.
+    #[test]
+    fn a_busy_pu_steps_off_another_pus_cpu_once_a_period() {
+        std::thread::spawn(|| {
+            if affinity::allowed_cpus().unwrap().len() < 2 {
+                eprintln!("skipped: this process may run on one CPU only");
+                return;
+            }
+            let set = PuSet::new(2);
+            let mut last = None;
+            set.pus[0].0.note_cpu(100_000);
+            assert!(
+                !step_aside(&set, 1, || false, &mut last),
+                "alone on its CPU"
+            );
+            assert!(last.is_none());
+            for _ in 0..10 {
+                set.pus[0].0.note_cpu(wake::current_cpu().unwrap());
+                assert!(
+                    !step_aside(&set, 1, || true, &mut last),
+                    "crowded: it stays"
+                );
+                assert!(last.is_none());
+            }
+            let left = move_off_pu0(&set, &mut last).expect("moved off PU 0's CPU");
+            assert!(!set.shares_cpu(0, left), "PU 1 noted the CPU it landed on");
+            assert_eq!(
+                move_off_pu0(&set, &mut last),
+                None,
+                "moved twice in a period"
+            );
+            last = last.map(|t| t - STEP_ASIDE_EVERY);
+            assert!(move_off_pu0(&set, &mut last).is_some(), "a period later");
+        })
+        .join()
+        .unwrap();
+    }
 
     /// The spin's loop returns as soon as its condition holds, and gives up (having polled
     /// at least one batch) when it never does.

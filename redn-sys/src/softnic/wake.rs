@@ -141,6 +141,30 @@ impl PuSet {
         })
     }
 
+    /// The CPUs the other awake PUs of this set were last seen on, if one with a lower index
+    /// than `me` was last seen on `cpu`, where `me` runs: then `me` is the one of them that
+    /// should move ([`super::affinity::step_aside`]), and those are the CPUs to move off.
+    /// Only the higher-numbered PU of a pair moves, so two PUs that find each other on one
+    /// CPU do not both move, to the same other CPU.
+    pub(crate) fn crowding(&self, me: usize, cpu: u32) -> Option<Vec<u32>> {
+        let awake = |p: &PuNotify| !p.sleeping.load(Ordering::Relaxed);
+        let lower_here = self.pus[..me.min(self.pus.len())]
+            .iter()
+            .any(|p| p.0.cpu.load(Ordering::Relaxed) == cpu && awake(&p.0));
+        if !lower_here {
+            return None;
+        }
+        Some(
+            self.pus
+                .iter()
+                .enumerate()
+                .filter(|&(i, p)| i != me && awake(&p.0))
+                .map(|(_, p)| p.0.cpu.load(Ordering::Relaxed))
+                .filter(|&c| c != NO_CPU)
+                .collect(),
+        )
+    }
+
     pub(crate) fn notify_all(&self) {
         for i in 0..self.pus.len() {
             self.notify(i);
@@ -204,5 +228,38 @@ mod tests {
         set.pus[1].0.note_cpu(5);
         assert!(!set.shares_cpu(0, 4), "PU 1 moved away");
         assert!(set.shares_cpu(2, 5));
+    }
+
+    /// Of two awake PUs last seen on one CPU only the higher-numbered one is told to move,
+    /// and off every CPU the other awake PUs were last seen on; parked PUs and PUs not yet
+    /// seen neither crowd a CPU nor are avoided.
+    #[test]
+    fn only_the_higher_of_two_pus_on_one_cpu_moves_off_the_others_cpus() {
+        let set = PuSet::new(4);
+        set.pus[0].0.note_cpu(2);
+        set.pus[1].0.note_cpu(2);
+        set.pus[2].0.note_cpu(7);
+        assert_eq!(set.crowding(1, 2), Some(vec![2, 7]), "PU 0 is on CPU 2 too");
+        assert_eq!(
+            set.crowding(0, 2),
+            None,
+            "PU 0 stays: no lower PU is on CPU 2"
+        );
+        assert_eq!(set.crowding(2, 7), None, "alone on CPU 7");
+        assert_eq!(
+            set.crowding(3, 9),
+            None,
+            "PU 3 has not looked, and no PU is on 9"
+        );
+        assert_eq!(set.crowding(3, 7), Some(vec![2, 2, 7]), "PU 2 is on CPU 7");
+        set.pus[0].0.prepare_to_park();
+        assert_eq!(set.crowding(1, 2), None, "PU 0 is parking");
+        assert_eq!(
+            set.crowding(3, 7),
+            Some(vec![2, 7]),
+            "a parking PU is not avoided"
+        );
+        set.pus[0].0.awake();
+        assert_eq!(set.crowding(1, 2), Some(vec![2, 7]), "PU 0 is awake again");
     }
 }
