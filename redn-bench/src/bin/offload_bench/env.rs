@@ -14,7 +14,7 @@ use redn_sys::conv::idx;
 use redn_sys::install::RegionBinding;
 use redn_sys::nic::{CompChannel, Completion, CqConfig, Nic, QpConfig};
 use redn_sys::softnic::SoftNic;
-use redn_sys::{Access, Cqn, Pdn, Qpn};
+use redn_sys::{Access, Cqn, Pdn, Qpn, VirtAddr};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,8 @@ pub(crate) struct Env {
     cpd: Pdn,
     /// Server data: the hash table, the list, the values, scratch.
     pub(crate) data: Region,
-    /// Client memory: responses at 0, READ landing area at READ_AT.
+    /// Client memory: responses at 0, the drained rows' per-PU answer areas at RESP_LEN
+    /// (`ClientSide::apart`), READ landing area at READ_AT.
     pub(crate) cbuf: Region,
     /// The client CQ every client QP of an installation uses.
     pub(crate) ccq: Cqn,
@@ -141,7 +142,7 @@ impl Env {
 
     /// Region bindings for an installation; `scratch` is the `data` region of the Builder
     /// programs (4 KiB of its own per instance).
-    fn regions(&self, scratch: u64) -> HashMap<String, RegionBinding> {
+    fn regions(&self, scratch: u64, response: (u64, u64)) -> HashMap<String, RegionBinding> {
         let local = |offset, len| RegionBinding::Local {
             buffer: std::sync::Arc::clone(&self.data.buf),
             offset,
@@ -159,9 +160,9 @@ impl Env {
         m.insert(
             "response".to_string(),
             RegionBinding::Remote {
-                addr: self.cbuf.mr.addr,
+                addr: VirtAddr(self.cbuf.mr.addr.0 + response.0),
                 rkey: self.cbuf.mr.lkey.into(),
-                len: RESP_LEN,
+                len: response.1,
             },
         );
         m
@@ -181,6 +182,50 @@ pub(crate) struct Inst {
     pub(crate) pus: Vec<usize>,
     /// The client PU its client QP runs on.
     pub(crate) client_pu: usize,
+    /// The client CQ its answers complete on.
+    pub(crate) ccq: Cqn,
+}
+
+/// The client end of an installation: the client PU its QP runs on, the client CQ its
+/// completions land in, and where in the client's buffer (offset, length) its answers are
+/// written.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ClientSide {
+    pub(crate) pu: usize,
+    pub(crate) cq: Cqn,
+    pub(crate) response: (u64, u64),
+}
+
+/// How many answer areas `ClientSide::apart` has, each `RESP_LEN / APART_AREAS` bytes.
+const APART_AREAS: u64 = 16;
+
+impl ClientSide {
+    /// The client end every row shares: client PU `pu`, the client CQ, answers at 0.
+    pub(crate) fn shared(env: &Env, pu: usize) -> ClientSide {
+        ClientSide {
+            pu,
+            cq: env.ccq,
+            response: (0, RESP_LEN),
+        }
+    }
+
+    /// A client end of its own for group `group` (of `APART_AREAS`): client PU `pu`, the CQ
+    /// `cq`, answers in the group's own area after the shared one, so that server PUs
+    /// answering different groups write no cache line or CQ in common, as answers to clients
+    /// on different hosts would not.
+    pub(crate) fn apart(pu: usize, cq: Cqn, group: u64) -> Result<ClientSide, String> {
+        let len = RESP_LEN / APART_AREAS;
+        if group >= APART_AREAS {
+            return Err(format!(
+                "client group {group}: the client buffer has {APART_AREAS} answer areas"
+            ));
+        }
+        Ok(ClientSide {
+            pu,
+            cq,
+            response: (RESP_LEN + group * len, len),
+        })
+    }
 }
 
 impl Inst {
@@ -203,14 +248,14 @@ impl Inst {
 
     pub(crate) fn diag(&self, env: &Env) -> String {
         let mut s = diag(&env.server, &self.server_qps(), &self.installed.cqs);
-        s += &diag(&env.client, &[self.cqp], &[env.ccq]);
+        s += &diag(&env.client, &[self.cqp], &[self.ccq]);
         s
     }
 }
 
 /// Install `program` on the server with a fresh client QP (send ring `sq_bbs`, `rq_slots`
-/// receive slots) connected to its client-facing queue.
-/// Install `program` for a new client QP on client PU `client_pu`.
+/// receive slots) on client PU `client_pu`, connected to its client-facing queue; the
+/// client end every row shares (`ClientSide::shared`).
 pub(crate) fn install(
     env: &Env,
     program: &Program,
@@ -219,13 +264,26 @@ pub(crate) fn install(
     rq_slots: u32,
     client_pu: usize,
 ) -> Result<Inst, String> {
-    let mut c = QpConfig::new(env.cpd, env.ccq);
+    let side = ClientSide::shared(env, client_pu);
+    install_for(env, program, scratch, sq_bbs, rq_slots, side)
+}
+
+/// [`install`] with the client end `side`.
+pub(crate) fn install_for(
+    env: &Env,
+    program: &Program,
+    scratch: u64,
+    sq_bbs: u32,
+    rq_slots: u32,
+    side: ClientSide,
+) -> Result<Inst, String> {
+    let mut c = QpConfig::new(env.cpd, side.cq);
     c.sq_bbs = sq_bbs;
     c.rq_slots = rq_slots;
     c.rq_sges = 1;
-    c.pu = Some(client_pu);
+    c.pu = Some(side.pu);
     let cinfo = env.client.create_qp(c).ctx("create client QP")?;
-    let regions = env.regions(scratch);
+    let regions = env.regions(scratch, side.response);
     let t_inst = Instant::now();
     let r = redn_sys::install::install(&env.server, program, &regions, &mut |q| {
         SoftNic::connect_pair(&env.client, cinfo.qpn, &env.server, q)
@@ -259,7 +317,8 @@ pub(crate) fn install(
         capacity,
         served: 0,
         pus,
-        client_pu,
+        client_pu: side.pu,
+        ccq: side.cq,
     })
 }
 

@@ -93,8 +93,15 @@ Section 1 (Table 3, construct throughput; median over reps, ops/s):
                 managed queue; every other `if` is taken. Several instances per PU, all
                 started by their doorbells at once; done at the last conditional WQE's CQE.
   if in hash-get    the catalog's hash-get (one bucket, hits), triggers pipelined by the
-                client: a GET is READ + if + else + WAITs/ENABLEs + the response. Target:
-                GETs/s on 2 server PUs ≥ 1.7× those on 1 (clients on as many PUs).
+                client: a GET is READ + if + else + WAITs/ENABLEs + the response.
+                backlog drained: the same GETs with the clients out of the way: each
+                instance is installed without its entry enables, every trigger is sent
+                and received first, the client's PUs park, and the server's PUs then
+                drain the backlog alone (host asleep), timed from the enables' post to
+                the last answer's completion stamp; the instances of each server PU
+                answer into a client CQ and response area of their own. Target: drained
+                GETs/s on 2 server PUs ≥ 1.7× those on 1, printed beside the native GET
+                loop's own 1-to-2-thread ratio in the same run.
   while, unrolled   list-find without break over an 8-node list, key absent (every
                 iteration runs), triggers pipelined: iterations/s.
   while, recycled   a minimal recycled loop built with the Builder: two managed queues that
