@@ -1,6 +1,8 @@
 //! Timing the native baselines: the CPU doing what the softnic does, on the same buffers.
 
 use crate::stats::{ns, stats, Stats};
+use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+use nix::unistd::Pid;
 use redn_sys::conv::idx;
 use redn_sys::mem::SharedBuffer;
 use std::hint::black_box;
@@ -30,17 +32,30 @@ pub fn mean_ns_samples<T>(
 }
 
 /// `f(0)`, ..., `f(threads - 1)`, each on a thread of its own, released together by a
-/// barrier; the results in order (`Err` where the thread panicked).
+/// barrier; the results in order (`Err` where the thread panicked). Thread `i` runs on the
+/// `i`-th CPU this process may use (taken again from the first past the last): a baseline is
+/// what the machine does with its threads well placed. Unpinned, threads started together
+/// often share one CPU for the first milliseconds while another idles, and a two-thread
+/// run of a few milliseconds then measured 0.7-2.2× a one-thread run.
 pub fn on_threads<R: Send>(
     threads: usize,
     f: impl Fn(usize) -> R + Sync,
 ) -> Vec<std::thread::Result<R>> {
+    let cpus = allowed_cpus();
     let barrier = Barrier::new(threads);
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|i| {
-                let (b, f) = (&barrier, &f);
+                let (b, f, cpus) = (&barrier, &f, &cpus);
                 s.spawn(move || {
+                    if let Some(&cpu) = cpus.get(i % cpus.len().max(1)) {
+                        let mut set = CpuSet::new();
+                        // A CPU the process may use: pinning only fails if it went offline,
+                        // and then the thread runs where the kernel puts it.
+                        if set.set(cpu).is_ok() {
+                            let _ = sched_setaffinity(Pid::from_raw(0), &set);
+                        }
+                    }
                     b.wait();
                     f(i)
                 })
@@ -48,6 +63,16 @@ pub fn on_threads<R: Send>(
             .collect();
         hs.into_iter().map(|h| h.join()).collect()
     })
+}
+
+/// The CPUs the calling thread may run on, in order (none if they cannot be read).
+fn allowed_cpus() -> Vec<usize> {
+    match sched_getaffinity(Pid::from_raw(0)) {
+        Ok(set) => (0..CpuSet::count())
+            .filter(|&c| set.is_set(c).unwrap_or(false))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
 /// Round trip of one 8-byte message between two CPU threads through a SharedBuffer: the floor

@@ -376,7 +376,8 @@ fn native_worker(op: TOp, q: &TpQp, count: usize) -> (Instant, Instant, Vec<f64>
     (start, Instant::now(), iv)
 }
 
-/// Native rate (ops/s) with one thread per QP, plus per-chunk times.
+/// Native rate (ops/s) with one thread per QP (each on a CPU of its own: `on_threads`), plus
+/// per-chunk times.
 fn native_run(op: TOp, qps: &[TpQp], count: usize) -> (f64, Vec<f64>) {
     if qps.len() == 1 {
         let (s, e, iv) = native_worker(op, &qps[0], count);
