@@ -418,11 +418,14 @@ mod tests {
             }
             let left = move_off_pu0(&set, &mut last).expect("moved off PU 0's CPU");
             assert!(!set.shares_cpu(0, left), "PU 1 noted the CPU it landed on");
-            assert_eq!(
-                move_off_pu0(&set, &mut last),
-                None,
-                "moved twice in a period"
-            );
+            // Not again within the period (a preempted test thread may see it pass).
+            let moved_at = last.expect("the move was noted");
+            if move_off_pu0(&set, &mut last).is_some() {
+                assert!(
+                    moved_at.elapsed() >= STEP_ASIDE_EVERY,
+                    "moved twice in a period"
+                );
+            }
             last = last.map(|t| t - STEP_ASIDE_EVERY);
             assert!(move_off_pu0(&set, &mut last).is_some(), "a period later");
         })
