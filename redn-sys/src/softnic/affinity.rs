@@ -91,7 +91,7 @@ pub(crate) fn pin(handle: &JoinHandle<()>, cpu: usize) -> Result<()> {
 /// set to those (the kernel migrates a running thread out of a set it leaves before the call
 /// returns), then give it its whole set back, so the thread stays where it landed and the
 /// scheduler may move it again later. The CPU it landed on, or None if it did not move (no
-/// other CPU in its set, or the kernel refused).
+/// CPU of its set to avoid, no other CPU in its set, or the kernel refused).
 pub(crate) fn step_aside(avoid: &[u32]) -> Option<u32> {
     let mut whole = empty_set();
     // SAFETY: `whole` is a valid, writable `cpu_set_t` of the size passed; pid 0 is the
@@ -108,7 +108,11 @@ pub(crate) fn step_aside(avoid: &[u32]) -> Option<u32> {
         }
     }
     // SAFETY: `CPU_COUNT` only reads the valid set `narrowed`.
-    if unsafe { libc::CPU_COUNT(&narrowed) } == 0 {
+    let others = unsafe { libc::CPU_COUNT(&narrowed) };
+    // SAFETY: `CPU_EQUAL` only reads the valid sets `narrowed` and `whole`.
+    let unchanged = unsafe { libc::CPU_EQUAL(&narrowed, &whole) };
+    if others == 0 || unchanged {
+        // Nowhere else to go, or nothing to leave.
         return None;
     }
     // SAFETY: pid 0 is the calling thread; `narrowed` is a valid `cpu_set_t` of the size
@@ -232,6 +236,12 @@ mod tests {
             let before = own_cpus();
             let all: Vec<u32> = cpus.iter().map(|&c| u32::try_from(c).unwrap()).collect();
             assert_eq!(step_aside(&all), None, "every CPU of its set avoided");
+            assert_eq!(own_cpus(), before);
+            let outside: Vec<u32> = (0..=MAX_CPUS)
+                .filter(|c| !cpus.contains(c))
+                .map(|c| u32::try_from(c).unwrap())
+                .collect();
+            assert_eq!(step_aside(&outside), None, "no CPU of its set avoided");
             assert_eq!(own_cpus(), before);
             if cpus.len() < 2 {
                 eprintln!("skipped the move: this process may run on one CPU only ({before})");
