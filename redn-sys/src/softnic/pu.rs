@@ -350,10 +350,7 @@ fn step_aside(
     };
     let mine = &pus.pus[me].0;
     mine.note_cpu(cpu);
-    let Some(avoid) = pus.crowding(me, cpu) else {
-        return false;
-    };
-    if crowded() {
+    if !pus.lower_pu_on(me, cpu) || crowded() {
         return false;
     }
     let now = Instant::now();
@@ -361,7 +358,7 @@ fn step_aside(
         return false;
     }
     *last_step = Some(now);
-    match affinity::step_aside(&avoid) {
+    match affinity::step_aside(&pus.cpus_of_others(me)) {
         Some(landed) => {
             mine.note_cpu(landed);
             true

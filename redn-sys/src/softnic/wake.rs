@@ -141,28 +141,26 @@ impl PuSet {
         })
     }
 
-    /// The CPUs the other awake PUs of this set were last seen on, if one with a lower index
-    /// than `me` was last seen on `cpu`, where `me` runs: then `me` is the one of them that
-    /// should move ([`super::affinity::step_aside`]), and those are the CPUs to move off.
-    /// Only the higher-numbered PU of a pair moves, so two PUs that find each other on one
-    /// CPU do not both move, to the same other CPU.
-    pub(crate) fn crowding(&self, me: usize, cpu: u32) -> Option<Vec<u32>> {
-        let awake = |p: &PuNotify| !p.sleeping.load(Ordering::Relaxed);
-        let lower_here = self.pus[..me.min(self.pus.len())]
+    /// Whether an awake PU of this set with a lower index than `me` was last seen on `cpu`,
+    /// where `me` runs: then `me` is the one of the two that should move
+    /// ([`super::affinity::step_aside`]). Only the higher-numbered PU of a pair moves, so two
+    /// PUs that find each other on one CPU do not both move, to the same other CPU.
+    pub(crate) fn lower_pu_on(&self, me: usize, cpu: u32) -> bool {
+        self.pus[..me.min(self.pus.len())].iter().any(|p| {
+            p.0.cpu.load(Ordering::Relaxed) == cpu && !p.0.sleeping.load(Ordering::Relaxed)
+        })
+    }
+
+    /// The CPUs the awake PUs of this set other than `me` were last seen on: where a PU that
+    /// steps aside should not go.
+    pub(crate) fn cpus_of_others(&self, me: usize) -> Vec<u32> {
+        self.pus
             .iter()
-            .any(|p| p.0.cpu.load(Ordering::Relaxed) == cpu && awake(&p.0));
-        if !lower_here {
-            return None;
-        }
-        Some(
-            self.pus
-                .iter()
-                .enumerate()
-                .filter(|&(i, p)| i != me && awake(&p.0))
-                .map(|(_, p)| p.0.cpu.load(Ordering::Relaxed))
-                .filter(|&c| c != NO_CPU)
-                .collect(),
-        )
+            .enumerate()
+            .filter(|&(i, p)| i != me && !p.0.sleeping.load(Ordering::Relaxed))
+            .map(|(_, p)| p.0.cpu.load(Ordering::Relaxed))
+            .filter(|&c| c != NO_CPU)
+            .collect()
     }
 
     pub(crate) fn notify_all(&self) {
@@ -239,27 +237,20 @@ mod tests {
         set.pus[0].0.note_cpu(2);
         set.pus[1].0.note_cpu(2);
         set.pus[2].0.note_cpu(7);
-        assert_eq!(set.crowding(1, 2), Some(vec![2, 7]), "PU 0 is on CPU 2 too");
-        assert_eq!(
-            set.crowding(0, 2),
-            None,
+        assert!(set.lower_pu_on(1, 2), "PU 0 is on CPU 2 too");
+        assert!(
+            !set.lower_pu_on(0, 2),
             "PU 0 stays: no lower PU is on CPU 2"
         );
-        assert_eq!(set.crowding(2, 7), None, "alone on CPU 7");
-        assert_eq!(
-            set.crowding(3, 9),
-            None,
-            "PU 3 has not looked, and no PU is on 9"
-        );
-        assert_eq!(set.crowding(3, 7), Some(vec![2, 2, 7]), "PU 2 is on CPU 7");
+        assert!(!set.lower_pu_on(2, 7), "alone on CPU 7");
+        assert!(!set.lower_pu_on(3, 9), "no PU is on CPU 9");
+        assert!(set.lower_pu_on(3, 7), "PU 2 is on CPU 7");
+        assert_eq!(set.cpus_of_others(1), [2, 7], "PU 3 has not looked");
+        assert_eq!(set.cpus_of_others(3), [2, 2, 7]);
         set.pus[0].0.prepare_to_park();
-        assert_eq!(set.crowding(1, 2), None, "PU 0 is parking");
-        assert_eq!(
-            set.crowding(3, 7),
-            Some(vec![2, 7]),
-            "a parking PU is not avoided"
-        );
+        assert!(!set.lower_pu_on(1, 2), "PU 0 is parking");
+        assert_eq!(set.cpus_of_others(3), [2, 7], "a parking PU is not avoided");
         set.pus[0].0.awake();
-        assert_eq!(set.crowding(1, 2), Some(vec![2, 7]), "PU 0 is awake again");
+        assert!(set.lower_pu_on(1, 2), "PU 0 is awake again");
     }
 }
