@@ -171,16 +171,7 @@ fn pipelined(
     resp_len: u32,
     mode: WaitMode,
 ) -> Result<(f64, f64), String> {
-    let mut before = 0;
-    for (i, inst) in insts.iter_mut().enumerate() {
-        for _ in 0..count * resp {
-            env.client.post_recv(inst.cqp, 0, &[]).ctx("post_recv")?;
-        }
-        for k in 0..count {
-            inst.csq.push(&env.client, &send_wr(msg(i, k)))?;
-        }
-        before += inst.wqes(env)?;
-    }
+    let before = load_triggers(env, insts, count, resp, msg)?;
     let base = env.client.cq_produced(env.ccq).ctx("cq_produced")?;
     let total = insts.len() as u64 * count * resp;
     let mut pus: Vec<usize> = insts.iter().flat_map(|i| i.pus.iter().copied()).collect();
@@ -205,7 +196,7 @@ fn pipelined(
             "pipelined response wrong (expected {resp_len} bytes): {c:?}"
         ));
     }
-    for inst in insts.iter_mut() {
+    for inst in insts.iter() {
         let n = cqes.iter().filter(|c| c.qpn == inst.cqp).count() as u64;
         if n != count * resp {
             return Err(format!(
@@ -214,15 +205,9 @@ fn pipelined(
                 count * resp
             ));
         }
-        inst.served += count;
-    }
-    std::thread::sleep(Duration::from_micros(300));
-    let mut after = 0;
-    for inst in insts.iter() {
-        after += inst.wqes(env)?;
     }
     let ops = (insts.len() as u64 * count) as f64;
-    Ok((ops / secs, (after - before) as f64 / ops))
+    Ok((ops / secs, wqes_per_trigger(env, insts, count, before)?))
 }
 
 /// The server alone draining a backlog, for the scaling target with the clients out of the
@@ -255,16 +240,7 @@ fn drained(
     for &cq in &cqs {
         bases.push(env.client.cq_produced(cq).ctx("cq_produced")?);
     }
-    let mut before = 0;
-    for (i, inst) in insts.iter_mut().enumerate() {
-        for _ in 0..count {
-            env.client.post_recv(inst.cqp, 0, &[]).ctx("post_recv")?;
-        }
-        for k in 0..count {
-            inst.csq.push(&env.client, &send_wr(msg(i, k)))?;
-        }
-        before += inst.wqes(env)?;
-    }
+    let before = load_triggers(env, insts, count, 1, msg)?;
     for inst in insts.iter() {
         inst.csq.ring(&env.client)?;
     }
@@ -339,6 +315,38 @@ fn drained(
         }
         end = cqes.iter().map(|c| c.cqe.timestamp).fold(end, u64::max);
     }
+    let ops = (insts.len() as u64 * count) as f64;
+    let secs = Duration::from_nanos(end.saturating_sub(t0)).as_secs_f64();
+    Ok((ops / secs, wqes_per_trigger(env, insts, count, before)?))
+}
+
+/// Before a run: `count` triggers (from `msg(instance, k)`) encoded into each instance's
+/// client send ring, not rung, and `resp` receives per trigger posted for the answers. The
+/// WQEs the server has run on the instances' queues so far.
+fn load_triggers(
+    env: &Env,
+    insts: &mut [Inst],
+    count: u64,
+    resp: u64,
+    msg: &dyn Fn(usize, u64) -> Vec<u8>,
+) -> Result<u64, String> {
+    let mut before = 0;
+    for (i, inst) in insts.iter_mut().enumerate() {
+        for _ in 0..count * resp {
+            env.client.post_recv(inst.cqp, 0, &[]).ctx("post_recv")?;
+        }
+        for k in 0..count {
+            inst.csq.push(&env.client, &send_wr(msg(i, k)))?;
+        }
+        before += inst.wqes(env)?;
+    }
+    Ok(before)
+}
+
+/// After a run of `count` triggers to each of `insts`: count them served, give the PUs a
+/// moment to publish their counters (a PU does at the end of a burst), and return the WQEs
+/// the server ran per trigger since it had run `before`.
+fn wqes_per_trigger(env: &Env, insts: &mut [Inst], count: u64, before: u64) -> Result<f64, String> {
     for inst in insts.iter_mut() {
         inst.served += count;
     }
@@ -347,9 +355,7 @@ fn drained(
     for inst in insts.iter() {
         after += inst.wqes(env)?;
     }
-    let ops = (insts.len() as u64 * count) as f64;
-    let secs = Duration::from_nanos(end.saturating_sub(t0)).as_secs_f64();
-    Ok((ops / secs, (after - before) as f64 / ops))
+    Ok((after - before) as f64 / (insts.len() as u64 * count) as f64)
 }
 
 /// One [`drained`] run: `count` triggers to each of `k` instances per PU on `p` PUs,
