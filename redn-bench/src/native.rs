@@ -1,10 +1,9 @@
 //! Timing the native baselines: the CPU doing what the softnic does, on the same buffers.
 
 use crate::stats::{ns, stats, Stats};
-use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
-use nix::unistd::Pid;
 use redn_sys::conv::idx;
 use redn_sys::mem::SharedBuffer;
+use redn_sys::softnic::{allowed_cpus, pin_calling_thread};
 use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::Instant;
@@ -41,7 +40,7 @@ pub fn on_threads<R: Send>(
     threads: usize,
     f: impl Fn(usize) -> R + Sync,
 ) -> Vec<std::thread::Result<R>> {
-    let cpus = allowed_cpus();
+    let cpus = allowed_cpus().unwrap_or_default();
     let barrier = Barrier::new(threads);
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
@@ -49,12 +48,9 @@ pub fn on_threads<R: Send>(
                 let (b, f, cpus) = (&barrier, &f, &cpus);
                 s.spawn(move || {
                     if let Some(&cpu) = cpus.get(i % cpus.len().max(1)) {
-                        let mut set = CpuSet::new();
                         // A CPU the process may use: pinning only fails if it went offline,
                         // and then the thread runs where the kernel puts it.
-                        if set.set(cpu).is_ok() {
-                            let _ = sched_setaffinity(Pid::from_raw(0), &set);
-                        }
+                        let _ = pin_calling_thread(cpu);
                     }
                     b.wait();
                     f(i)
@@ -63,16 +59,6 @@ pub fn on_threads<R: Send>(
             .collect();
         hs.into_iter().map(|h| h.join()).collect()
     })
-}
-
-/// The CPUs the calling thread may run on, in order (none if they cannot be read).
-fn allowed_cpus() -> Vec<usize> {
-    match sched_getaffinity(Pid::from_raw(0)) {
-        Ok(set) => (0..CpuSet::count())
-            .filter(|&c| set.is_set(c).unwrap_or(false))
-            .collect(),
-        Err(_) => Vec::new(),
-    }
 }
 
 /// Round trip of one 8-byte message between two CPU threads through a SharedBuffer: the floor

@@ -23,25 +23,29 @@ pub const MAX_CPUS: usize = 1024;
 
 /// The CPUs the calling thread may run on (`sched_getaffinity(2)`), in order: the set the
 /// PU threads it starts inherit, so the CPUs they may be pinned to.
-pub(crate) fn allowed_cpus() -> Result<Vec<usize>> {
-    let mut set = empty_set();
-    // SAFETY: `set` is a valid, writable `cpu_set_t` of the size passed; pid 0 is this
-    // thread, whose mask the kernel copies into it.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
-    if rc != 0 {
-        return Err(Error::InvalidConfig {
-            what: "pu_cpus",
-            detail: format!(
-                "cannot read this process's CPUs: {}",
-                std::io::Error::last_os_error()
-            ),
-        });
-    }
+pub fn allowed_cpus() -> Result<Vec<usize>> {
+    let set = own_set().map_err(|e| Error::InvalidConfig {
+        what: "pu_cpus",
+        detail: format!("cannot read this process's CPUs: {e}"),
+    })?;
     let is_set = |cpu: usize| {
         // SAFETY: `CPU_ISSET` reads bit `cpu` of `set`; `cpu` < CPU_SETSIZE, the set's size.
         unsafe { libc::CPU_ISSET(cpu, &set) }
     };
     Ok((0..MAX_CPUS).filter(|&cpu| is_set(cpu)).collect())
+}
+
+/// The calling thread's CPU set.
+fn own_set() -> std::io::Result<libc::cpu_set_t> {
+    let mut set = empty_set();
+    // SAFETY: `set` is a valid, writable `cpu_set_t` of the size passed; pid 0 is this
+    // thread, whose mask the kernel copies into it.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    if rc == 0 {
+        Ok(set)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Check that every CPU of `cpus` is one this process may run on (by [`allowed_cpus`]).
@@ -64,23 +68,36 @@ pub(crate) fn check(cpus: &[usize]) -> Result<()> {
 
 /// Pin the thread of `handle` to `cpu` (one [`check`] accepted).
 pub(crate) fn pin(handle: &JoinHandle<()>, cpu: usize) -> Result<()> {
+    // The thread of `handle` has not been joined (we hold the handle), so its `pthread_t`
+    // is valid.
+    pin_thread(handle.as_pthread_t(), cpu, "a PU")
+}
+
+/// Pin the calling thread to `cpu`, one of [`allowed_cpus`] (the benchmarks place their
+/// native baselines' threads so).
+pub fn pin_calling_thread(cpu: usize) -> Result<()> {
+    // SAFETY: `pthread_self` has no preconditions and always succeeds.
+    let me = unsafe { libc::pthread_self() };
+    pin_thread(me, cpu, "a thread")
+}
+
+/// Pin `thread`, a live thread of this process, to `cpu`; `who` names it in the error.
+fn pin_thread(thread: libc::pthread_t, cpu: usize, who: &str) -> Result<()> {
     let mut set = empty_set();
     if cpu < MAX_CPUS {
         // SAFETY: `set` is a valid `cpu_set_t` and `cpu` < CPU_SETSIZE, its size in bits.
         unsafe { libc::CPU_SET(cpu, &mut set) };
     }
-    // SAFETY: the thread of `handle` has not been joined (we hold the handle), so its
-    // `pthread_t` is valid; `set` is a valid `cpu_set_t` of the size passed.
-    let rc = unsafe {
-        libc::pthread_setaffinity_np(handle.as_pthread_t(), std::mem::size_of_val(&set), &set)
-    };
+    // SAFETY: the callers pass a live thread's `pthread_t`; `set` is a valid `cpu_set_t`
+    // of the size passed.
+    let rc = unsafe { libc::pthread_setaffinity_np(thread, std::mem::size_of_val(&set), &set) };
     if rc == 0 {
         Ok(())
     } else {
         Err(Error::InvalidConfig {
             what: "pu_cpus",
             detail: format!(
-                "cannot pin a PU to CPU {cpu}: {}",
+                "cannot pin {who} to CPU {cpu}: {}",
                 std::io::Error::from_raw_os_error(rc)
             ),
         })
@@ -93,13 +110,7 @@ pub(crate) fn pin(handle: &JoinHandle<()>, cpu: usize) -> Result<()> {
 /// scheduler may move it again later. The CPU it landed on, or None if it did not move (no
 /// CPU of its set to avoid, no other CPU in its set, or the kernel refused).
 pub(crate) fn step_aside(avoid: &[u32]) -> Option<u32> {
-    let mut whole = empty_set();
-    // SAFETY: `whole` is a valid, writable `cpu_set_t` of the size passed; pid 0 is the
-    // calling thread.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&whole), &mut whole) };
-    if rc != 0 {
-        return None;
-    }
+    let whole = own_set().ok()?;
     let mut narrowed = whole;
     for cpu in avoid.iter().filter_map(|&c| usize::try_from(c).ok()) {
         if cpu < MAX_CPUS {

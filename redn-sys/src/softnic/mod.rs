@@ -32,7 +32,7 @@ mod wake;
 // After `pu` and `shared`, whose round it runs.
 mod host_driven;
 
-pub use affinity::MAX_CPUS;
+pub use affinity::{allowed_cpus, pin_calling_thread, MAX_CPUS};
 pub use config::{Prefetch, SoftNicConfig};
 pub use cq::completion_clock_ns;
 pub use exec::MAX_MESSAGE;

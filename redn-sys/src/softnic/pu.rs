@@ -234,9 +234,11 @@ pub(crate) fn run(index: usize, pus: Arc<PuSet>, nic: Weak<Shared>) {
     let mut parking = false;
     // The clock as this loop last read it.
     let mut last_clock: Option<Instant> = None;
-    // When this PU last moved off a CPU it shared with another PU; pinned PUs stay put.
+    // When this PU last moved off a CPU it shared with another PU; pinned PUs, and the PU of
+    // a softnic that has one, stay put.
     let mut last_step: Option<Instant> = None;
-    let may_step_aside = nic.upgrade().is_some_and(|s| s.config.pu_cpus.is_empty());
+    let may_step_aside =
+        pus.len() > 1 && nic.upgrade().is_some_and(|s| s.config.pu_cpus.is_empty());
     loop {
         if pus.shutdown.load(Ordering::Acquire) {
             return;

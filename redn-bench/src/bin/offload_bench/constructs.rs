@@ -174,9 +174,7 @@ fn pipelined(
     let before = load_triggers(env, insts, count, resp, msg)?;
     let base = env.client.cq_produced(env.ccq).ctx("cq_produced")?;
     let total = insts.len() as u64 * count * resp;
-    let mut pus: Vec<usize> = insts.iter().flat_map(|i| i.pus.iter().copied()).collect();
-    pus.sort_unstable();
-    pus.dedup();
+    let pus = server_pus(insts);
     let mut client_pus: Vec<usize> = insts.iter().map(|i| i.client_pu).collect();
     client_pus.sort_unstable();
     client_pus.dedup();
@@ -264,9 +262,7 @@ fn drained(
     }
     // The client's PUs park after 50 µs with nothing to do.
     std::thread::sleep(Duration::from_micros(300));
-    let mut pus: Vec<usize> = insts.iter().flat_map(|i| i.pus.iter().copied()).collect();
-    pus.sort_unstable();
-    pus.dedup();
+    let pus = server_pus(insts);
     env.wake_pus(&[], &pus)?;
     let t0 = completion_clock_ns();
     for inst in insts.iter() {
@@ -318,6 +314,14 @@ fn drained(
     let ops = (insts.len() as u64 * count) as f64;
     let secs = Duration::from_nanos(end.saturating_sub(t0)).as_secs_f64();
     Ok((ops / secs, wqes_per_trigger(env, insts, count, before)?))
+}
+
+/// The server PUs the queues of `insts` run on, each once.
+fn server_pus(insts: &[Inst]) -> Vec<usize> {
+    let mut pus: Vec<usize> = insts.iter().flat_map(|i| i.pus.iter().copied()).collect();
+    pus.sort_unstable();
+    pus.dedup();
+    pus
 }
 
 /// Before a run: `count` triggers (from `msg(instance, k)`) encoded into each instance's
@@ -776,29 +780,25 @@ pub(crate) fn constructs_section(
     if all >= 2 {
         let mut runs: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
         let mut natives: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-        let mut failed = None;
         // The first pair is a warm-up.
-        'reps: for rep in 0..=o.reps {
-            for (i, p) in [1, 2].into_iter().enumerate() {
-                let k = if p == 1 { hash_k.0 } else { hash_k.1 };
-                match drained_run(env, &hash, p, k, u64::from(hash_n), &hmsg, 64) {
-                    Ok(r) if rep > 0 => runs[i].push(r),
-                    Ok(_) => {}
-                    Err(e) => {
-                        failed = Some(e);
-                        break 'reps;
+        let measured = (|| {
+            for rep in 0..=o.reps {
+                for (i, p) in [1, 2].into_iter().enumerate() {
+                    let k = if p == 1 { hash_k.0 } else { hash_k.1 };
+                    let r = drained_run(env, &hash, p, k, u64::from(hash_n), &hmsg, 64)?;
+                    if rep > 0 {
+                        runs[i].push(r);
+                        natives[i].push(native_parallel(p, native_n, &native_get_loop));
                     }
                 }
-                if rep > 0 {
-                    natives[i].push(native_parallel(p, native_n, &native_get_loop));
-                }
             }
-        }
+            Ok::<(), String>(())
+        })();
         let name = "if in hash-get (GETs, backlog drained)";
         for (i, p) in [1, 2].into_iter().enumerate() {
-            let r = match &failed {
-                Some(e) => Err(e.clone()),
-                None => Ok(TpRow {
+            let r = match &measured {
+                Err(e) => Err(e.clone()),
+                Ok(()) => Ok(TpRow {
                     rates: runs[i].iter().map(|r| r.0).collect(),
                     wqes_per_op: median(&runs[i].iter().map(|r| r.1).collect::<Vec<_>>()),
                     native: median(&natives[i]),
@@ -808,13 +808,11 @@ pub(crate) fn constructs_section(
             row(name, "hash-get drained", p, r, None, None, WaitMode::Spin);
         }
         scaling = Err("the drained rows failed");
-        if failed.is_none() {
+        if measured.is_ok() {
             let ratios = |v: &[Vec<f64>; 2]| -> Vec<f64> {
                 v[1].iter().zip(&v[0]).map(|(two, one)| two / one).collect()
             };
-            let rates = runs
-                .clone()
-                .map(|r| r.iter().map(|x| x.0).collect::<Vec<_>>());
+            let rates = runs.each_ref().map(|r| r.iter().map(|x| x.0).collect());
             scaling = Ok((ratios(&rates), ratios(&natives)));
         }
     }
