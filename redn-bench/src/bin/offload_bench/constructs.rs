@@ -723,7 +723,7 @@ pub(crate) fn constructs_section(
         Ok(v) => v,
         Err(e) => return Err(format!("if program: {e}")),
     };
-    for &p in &pu_sets {
+    for &p in pu_sets.iter().filter(|_| o.row("if")) {
         let mode = mode_for(p, false);
         let k = if p == 1 { if_k.0 } else { if_k.1 };
         let r = repeated(1, o.reps, || if_run(env, &if_progs[..p], k, if_n, mode)).map(|v| TpRow {
@@ -754,7 +754,7 @@ pub(crate) fn constructs_section(
         let b = k % BUCKETS;
         single_msg(env, hkey(b), b)
     };
-    for &p in &pu_sets {
+    for &p in pu_sets.iter().filter(|_| o.row("pipelined")) {
         let mode = mode_for(p, true);
         let k = if p == 1 { hash_k.0 } else { hash_k.1 };
         let r = pipelined_row(
@@ -776,8 +776,12 @@ pub(crate) fn constructs_section(
     // The same GETs drained from a backlog by the server alone (the scaling target's rows):
     // a 1-PU run and a 2-PU run in turn, and the native loop on 1 and 2 threads in turn, so
     // each ratio compares runs made in the same state of the machine.
-    let mut scaling = Err("needs --pus 2");
-    if all >= 2 {
+    let mut scaling = Err(if o.row("drained") {
+        "needs --pus 2"
+    } else {
+        "not in --rows"
+    });
+    if all >= 2 && o.row("drained") {
         let mut runs: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
         let mut natives: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
         // The first pair is a warm-up.
@@ -822,7 +826,7 @@ pub(crate) fn constructs_section(
     let head = fill_list(env);
     let lmsg = move |_i: usize, _k: u64| list_msg(head, 0xdead, false);
     let iterations = f64::from(LIST_STEPS);
-    for &p in &pu_sets {
+    for &p in pu_sets.iter().filter(|_| o.row("unrolled")) {
         let mode = mode_for(p, true);
         let k = if p == 1 { list_k.0 } else { list_k.1 };
         let r = pipelined_row(
@@ -844,7 +848,7 @@ pub(crate) fn constructs_section(
 
     // Recycled `while`: the minimal loop.
     let lp = loop_program().map_err(|e| e.to_string())?;
-    for &p in &pu_sets {
+    for &p in pu_sets.iter().filter(|_| o.row("recycled")) {
         let r = repeated(0, o.reps, || loop_run(env, &lp, p, window)).map(|rates| TpRow {
             rates,
             wqes_per_op: 6.0,
@@ -869,7 +873,7 @@ pub(crate) fn constructs_section(
 
     // Recycled `while`: server-loop, triggers pipelined.
     let sl = catalog::server_loop().map_err(|e| e.to_string())?;
-    for &p in &pu_sets {
+    for &p in pu_sets.iter().filter(|_| o.row("server-loop")) {
         let mode = mode_for(p, true);
         let r = pipelined_row(env, &sl, p, 1, sl_n, o.reps, &hmsg, 64, 1.0, mode);
         let r = pipelined_tp(r, &|| native(p, &native_get_loop));
@@ -899,6 +903,7 @@ pub(crate) fn constructs_section(
             mops(r),
             verdict(r >= IF_TARGET)
         ),
+        None if !o.row("if") => println!("   target: if ≥ {} M/s: not run", IF_TARGET / 1e6),
         None => println!(
             "   target: if ≥ {} M/s on one PU: not measured: NOT MET",
             IF_TARGET / 1e6
@@ -911,6 +916,10 @@ pub(crate) fn constructs_section(
             CX5_LOOP / 1e6,
             mops(r),
             verdict(r >= LOOP_TARGET)
+        ),
+        None if !o.row("recycled") => println!(
+            "   target: recycled while ≥ {} M iterations/s: not run",
+            LOOP_TARGET / 1e6
         ),
         None => println!(
             "   target: recycled while ≥ {} M iterations/s on one PU: not measured: NOT MET",
@@ -935,6 +944,10 @@ pub(crate) fn constructs_section(
             spread(&relative).trim_end_matches('×')
         )
         }
+        Err(why) if !o.row("drained") => println!(
+            "   target: hash-get GETs/s from 1 to 2 server PUs ≥ {GET_SCALING_TARGET}×: not run \
+             ({why})"
+        ),
         Err(why) => println!(
             "   target: hash-get GETs/s from 1 to 2 server PUs ≥ {GET_SCALING_TARGET}×: not \
              measured ({why}): NOT MET"

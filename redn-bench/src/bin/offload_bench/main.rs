@@ -64,6 +64,9 @@ OPTIONS:
     --pu-cpus LIST      pin PU i of each softnic to the i-th CPU of LIST (comma-separated,
                         taken again from its start past its end); default: not pinned
     --only SECTION      constructs | hash | list (default: all three)
+    --rows LIST         the constructs section's rows to run, comma-separated from if,
+                        pipelined, drained, unrolled, recycled, server-loop (default: all;
+                        for profiling one row)
     -h, --help          this text
 
 Setup: a server softnic (--pus PUs) runs the offloads; a client softnic (as many PUs)
@@ -149,11 +152,33 @@ struct Opts {
     constructs: bool,
     hash: bool,
     list: bool,
+    /// The constructs section's rows to run (`--rows`; `None`: all).
+    rows: Option<Vec<String>>,
 }
+
+impl Opts {
+    /// True if the constructs row `name` is to run.
+    fn row(&self, name: &str) -> bool {
+        self.rows
+            .as_ref()
+            .map_or(true, |r| r.iter().any(|x| x == name))
+    }
+}
+
+/// The constructs section's rows, as `--rows` names them.
+const ROWS: [&str; 6] = [
+    "if",
+    "pipelined",
+    "drained",
+    "unrolled",
+    "recycled",
+    "server-loop",
+];
 
 fn parse_args() -> Opts {
     let (mut samples, mut reps) = (None, None);
     let mut only: Option<String> = None;
+    let mut rows: Option<Vec<String>> = None;
     let common = redn_bench::opts::parse_args("offload_bench", HELP, |name, value| {
         match name {
             "--samples" => samples = Some(parse_num("--samples", value())?),
@@ -166,6 +191,17 @@ fn parse_args() -> Opts {
                     ))
                 }
             },
+            "--rows" => {
+                let list = value().unwrap_or_default();
+                let names: Vec<String> = list.split(',').map(str::to_string).collect();
+                if let Some(bad) = names.iter().find(|n| !ROWS.contains(&n.as_str())) {
+                    return Err(format!(
+                        "--rows: expected names from {}, got {bad:?}",
+                        ROWS.join(", ")
+                    ));
+                }
+                rows = Some(names);
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -178,6 +214,7 @@ fn parse_args() -> Opts {
         constructs: on("constructs"),
         hash: on("hash"),
         list: on("list"),
+        rows,
         common,
     }
 }
