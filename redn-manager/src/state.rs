@@ -167,7 +167,15 @@ impl Limits {
         match name {
             "message-bytes" => self.codec.max_message = small(n)?,
             "fds-per-message" => {
-                self.codec.max_fds = small(n)?.min(redn_proto::fds::SCM_MAX_FD);
+                let most = redn_proto::fds::SCM_MAX_FD;
+                let n = small(n)?;
+                if n > most {
+                    return Err(format!(
+                        "--limit {name}={value}: at most {most} (the kernel's SCM_MAX_FD: no \
+                         message can carry more)"
+                    ));
+                }
+                self.codec.max_fds = n;
             }
             "nesting" => self.codec.max_depth = small(n)?,
             "requests-per-second" => {
@@ -949,7 +957,11 @@ mod tests {
     #[test]
     fn limits_are_set_by_name_and_refuse_nonsense() {
         let mut l = Limits::default();
-        l.set("fds-per-message", "1000").unwrap();
+        assert!(l
+            .set("fds-per-message", "1000")
+            .unwrap_err()
+            .contains("at most 253"));
+        l.set("fds-per-message", "253").unwrap();
         assert_eq!(l.codec.max_fds, redn_proto::fds::SCM_MAX_FD);
         l.set("connections-per-uid", "3").unwrap();
         assert_eq!(l.max_connections_per_uid, 3);

@@ -380,8 +380,9 @@ impl fmt::Display for PciAddress {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Dataplane {
-    /// Where remote clients connect (`listen`, `"IP:PORT"`, IPv6 as `"[::1]:7471"`; port not
-    /// 0; no host names, so that starting needs no DNS). `None`: no remote clients.
+    /// Where remote clients connect (`listen`, `"IP:PORT"`, IPv6 as `"[::1]:7471"` but not
+    /// with the softnic, whose RoCEv2 speaks IPv4; port not 0; no host names, so that
+    /// starting needs no DNS). `None`: no remote clients.
     pub listen: Option<SocketAddr>,
 }
 
@@ -724,6 +725,16 @@ impl RawManager {
             ));
         }
         let backend = self.backend.validate(&root.key("backend"))?;
+        let listen = self.dataplane.listen.map(|l| l.0);
+        if let (Backend::SoftNic { .. }, Some(addr)) = (&backend, listen) {
+            // Refused here rather than at start, so that `--check` catches it.
+            if addr.is_ipv6() {
+                return Err(invalid(
+                    root.key("dataplane").key("listen"),
+                    format!("{addr} is IPv6, and the softnic's RoCEv2 speaks IPv4 only"),
+                ));
+            }
+        }
         let audit = AuditConfig {
             socket: self
                 .audit
@@ -739,9 +750,7 @@ impl RawManager {
             api,
             admin,
             backend,
-            dataplane: Dataplane {
-                listen: self.dataplane.listen.map(|l| l.0),
-            },
+            dataplane: Dataplane { listen },
             audit,
         })
     }

@@ -356,6 +356,26 @@ fn bad_listen_addresses_are_refused() {
     );
 }
 
+/// The softnic speaks RoCEv2 over IPv4 only: an IPv6 data plane is refused when the file is
+/// loaded (so `--check` says so), not when the manager starts; a ConnectX may have one.
+#[test]
+fn an_ipv6_data_plane_is_refused_for_the_softnic_only() {
+    let v6 = "[dataplane]\nlisten = \"[2001:db8::1]:7471\"\n";
+    let e = error(
+        &format!("[backend]\nkind = \"softnic\"\n{v6}"),
+        4,
+        "dataplane.listen",
+    );
+    assert!(e.contains("IPv4 only"), "{e}");
+    let c = parse(&format!(
+        "[backend]\nkind = \"mlx5\"\ndevice = \"auto\"\n{v6}"
+    ))
+    .unwrap();
+    assert!(c.dataplane.listen.is_some_and(|a| a.is_ipv6()));
+    let c = parse("[backend]\nkind = \"softnic\"\n[dataplane]\nlisten = \"192.0.2.10:7471\"\n");
+    assert!(c.unwrap().dataplane.listen.is_some_and(|a| a.is_ipv4()));
+}
+
 #[test]
 fn audit_checks() {
     let sn = "[backend]\nkind = \"softnic\"\n";

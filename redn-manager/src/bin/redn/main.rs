@@ -41,6 +41,8 @@ enum Output {
     },
     /// Text for people, and the same as JSON.
     Text { text: String, json: Value },
+    /// Printed as it came (`monitor follow`): nothing is left to print.
+    Streamed,
 }
 
 /// A command's failure that is not an error of `redn` itself: printed as it is, exit 1.
@@ -357,17 +359,9 @@ fn monitor(opts: &Options) -> Result<Output> {
             .write_all(line.as_bytes())
             .and_then(|()| out.flush())
             .is_err()
+            || !reply.continues
         {
-            return Ok(Output::Text {
-                text: String::new(),
-                json: json!([]),
-            });
-        }
-        if !reply.continues {
-            return Ok(Output::Text {
-                text: String::new(),
-                json: json!([]),
-            });
+            return Ok(Output::Streamed);
         }
     }
 }
@@ -559,6 +553,7 @@ fn print_output(opts: &Options, out: &Output) {
         Output::Text { json, .. } if opts.json => print_json(json),
         Output::Text { text, .. } => emit(&format!("{text}\n")),
         Output::Rows { rows, columns } => emit(&table_text(rows, columns, opts.details)),
+        Output::Streamed => {}
     }
 }
 
