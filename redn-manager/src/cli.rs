@@ -35,7 +35,8 @@ socket and io.redn.Admin on the admin socket, as manager.toml says.
 Sockets come from systemd socket activation (LISTEN_FDS; names manager or varlink,
 and admin) or are bound here, each under PATH.lock: a second manager on the same
 paths refuses to start. With NOTIFY_SOCKET set, READY=1 is sent once serving.
-SIGHUP reloads policy.toml (the old one stays if the new one does not load);
+SIGHUP reloads manager.toml ([audit] at once, other changes need a restart),
+policy.toml and offloads.d/, all or nothing: the old stay if one does not load;
 SIGTERM and SIGINT uninstall everything and exit 0.
 ";
 

@@ -6,7 +6,7 @@
 //! cargo run -p redn-policy --example gen_offloads -- DIR     # writes DIR instead
 //! ```
 //!
-//! A test (`tests/definitions.rs`) fails when a file differs from what this writes.
+//! A test (`tests/definitions/`) fails when a file differs from what this writes.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

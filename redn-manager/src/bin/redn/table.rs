@@ -93,7 +93,8 @@ pub const COMMANDS: &[Cmd] = &[
         args: "",
         completes: None,
         options: &[],
-        summary: "load policy.toml again (the old policy stays if the new one is broken)",
+        summary: "load manager.toml, policy.toml and offloads.d/ again, as SIGHUP does \
+                  (all or nothing: the old ones stay if one is broken)",
     },
     Cmd {
         object: "monitor",
