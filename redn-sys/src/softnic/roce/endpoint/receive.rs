@@ -21,16 +21,47 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Replies gathered from one batch of received datagrams, sent in one call.
+///
+/// A plain ACK or an RNR NAK supersedes the one of its kind held for the same QP of the
+/// same peer when that is the QP's last reply held (nothing it must not overtake came
+/// after it): an ACK is cumulative, and RNR NAKs for a packet retried too soon say the
+/// same thing again. So a batch answers a burst of one QP's duplicates, or of SENDs that
+/// find no receive, with one datagram, however the burst interleaves with other QPs'; a
+/// peer flooding them costs the PU no more sends than batches (at most 64 datagrams each
+/// under load), where it once cost one a datagram (`docs/attacks.md`, "The data plane").
 pub(super) struct Outbox {
     pub(super) bytes: Vec<u8>,
     /// (destination, start, end) of each encoded reply.
     pub(super) frames: Vec<(SocketAddrV4, usize, usize)>,
-    /// The last reply is a plain ACK to this QP: a later one to it replaces it (ACKs are
-    /// cumulative, so only the newest of a batch needs to go).
-    last_ack: Option<u32>,
+    /// The QP number each frame goes to and what it is, for the superseding above.
+    kinds: Vec<(u32, Reply)>,
     /// Every reply held is a plain ACK (true when empty): nothing a requester waits on to
     /// go on, which a host-driven PU may hold for its next request.
     pub(super) only_acks: bool,
+}
+
+/// What a held reply is, as far as superseding goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reply {
+    /// A plain ACK.
+    Ack,
+    /// An RNR NAK.
+    Rnr,
+    /// Anything else (a response, another NAK): superseded by nothing.
+    Other,
+}
+
+impl Reply {
+    fn of(h: &Header) -> Reply {
+        if h.opcode != opcode::ACKNOWLEDGE {
+            return Reply::Other;
+        }
+        match h.aeth.map(|a| Syndrome::of(a.syndrome)) {
+            Some(Syndrome::Ack) => Reply::Ack,
+            Some(Syndrome::Rnr(_)) => Reply::Rnr,
+            _ => Reply::Other,
+        }
+    }
 }
 
 impl Default for Outbox {
@@ -38,7 +69,7 @@ impl Default for Outbox {
         Outbox {
             bytes: Vec::new(),
             frames: Vec::new(),
-            last_ack: None,
+            kinds: Vec::new(),
             only_acks: true,
         }
     }
@@ -52,14 +83,7 @@ impl Outbox {
         h: &Header,
         payload: &[u8],
     ) {
-        let plain_ack = h.opcode == opcode::ACKNOWLEDGE
-            && h.aeth
-                .is_some_and(|a| Syndrome::of(a.syndrome) == Syndrome::Ack);
-        if plain_ack && self.last_ack == Some(h.dest_qp) {
-            if let Some((_, start, _)) = self.frames.pop() {
-                self.bytes.truncate(start);
-            }
-        }
+        let reply = Reply::of(h);
         let start = self.bytes.len();
         packet::encode(
             &mut self.bytes,
@@ -70,9 +94,26 @@ impl Outbox {
             h,
             payload,
         );
-        self.frames.push((to, start, self.bytes.len()));
-        self.last_ack = plain_ack.then_some(h.dest_qp);
-        self.only_acks &= plain_ack;
+        let end = self.bytes.len();
+        if reply != Reply::Other {
+            // The QP's last reply held, if it is one of this kind, takes the new one's bytes
+            // where it stands (both are a BTH and an AETH: the same length): its place is
+            // after everything else held for that QP, so order per QP is kept.
+            let last = (0..self.frames.len())
+                .rev()
+                .find(|&i| self.frames[i].0 == to && self.kinds[i].0 == h.dest_qp);
+            if let Some(i) = last.filter(|&i| self.kinds[i].1 == reply) {
+                let (_, s, e) = self.frames[i];
+                if e - s == end - start {
+                    self.bytes.copy_within(start..end, s);
+                    self.bytes.truncate(start);
+                    return;
+                }
+            }
+        }
+        self.frames.push((to, start, end));
+        self.kinds.push((h.dest_qp, reply));
+        self.only_acks &= reply == Reply::Ack;
     }
 
     pub(super) fn flush(&mut self, inner: &Inner) {
@@ -90,7 +131,7 @@ impl Outbox {
     pub(super) fn clear(&mut self) {
         self.bytes.clear();
         self.frames.clear();
-        self.last_ack = None;
+        self.kinds.clear();
         self.only_acks = true;
     }
 }

@@ -244,6 +244,98 @@ fn a_batch_sends_only_the_newest_plain_ack_to_a_qp() {
     assert_eq!(psns, [(7, 3), (8, 9), (7, 4), (7, 5)]);
 }
 
+/// The frames `out` holds, as (destination port, QP, PSN, syndrome).
+fn held(out: &Outbox, local: SocketAddrV4) -> Vec<(u16, u32, u32, u8)> {
+    out.frames
+        .iter()
+        .map(|&(to, s, e)| {
+            let route = Route {
+                src: local,
+                dst: to,
+            };
+            let h = decode(&route, &out.bytes[s..e]).expect("valid").header;
+            (
+                to.port(),
+                h.dest_qp,
+                h.psn,
+                h.aeth.map_or(0, |a| a.syndrome),
+            )
+        })
+        .collect()
+}
+
+/// A peer flooding duplicates on two QPs in turn, or SENDs its QP has no receive for, gets
+/// one reply a QP a batch, not one a datagram; and a peer whose QP has the number of
+/// another peer's QP never has its ACK taken by that one's (the numbers are the peers' own
+/// choice, and every remote client's first QP has the same one).
+#[test]
+fn a_batch_answers_each_peers_qp_once_for_its_acks_and_once_for_its_rnr_naks() {
+    let me = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1000);
+    let (victim, attacker) = (
+        SocketAddrV4::new(Ipv4Addr::LOCALHOST, 2000),
+        SocketAddrV4::new(Ipv4Addr::LOCALHOST, 3000),
+    );
+    let rnr = 0x20 | 14;
+    let mut out = Outbox::default();
+    for psn in 0..32 {
+        out.push(me, attacker, &ack(0x100, psn, Syndrome::ACK), &[]);
+        out.push(me, attacker, &ack(0x101, psn, Syndrome::ACK), &[]);
+        out.push(me, attacker, &ack(0x102, 7, rnr), &[]);
+        if psn == 3 {
+            out.push(me, victim, &ack(0x100, 40, Syndrome::ACK), &[]);
+        }
+    }
+    let ack = Syndrome::ACK;
+    assert_eq!(
+        held(&out, me),
+        [
+            (3000, 0x100, 31, ack),
+            (3000, 0x101, 31, ack),
+            (3000, 0x102, 7, rnr),
+            (2000, 0x100, 40, ack),
+        ],
+        "the newest of each kind a QP, where its first stood; the victim's ACK kept"
+    );
+    assert!(!out.only_acks, "an RNR NAK is held");
+    // Bytes of superseded replies are not kept.
+    assert_eq!(
+        out.bytes.len(),
+        out.frames.iter().map(|&(_, s, e)| e - s).sum()
+    );
+}
+
+/// Superseding never reorders a QP's replies: a plain ACK or RNR NAK is replaced only while
+/// it is the QP's last reply held, so one after a response or another kind of reply to
+/// the same QP is held as well (an ACK must not overtake the READ response it follows).
+#[test]
+fn a_reply_after_another_kind_to_the_same_qp_is_held_after_it() {
+    let me = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1000);
+    let to = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 2000);
+    let rnr = 0x20 | 14;
+    let mut out = Outbox::default();
+    out.push(me, to, &ack(7, 1, Syndrome::ACK), &[]);
+    let mut read = Header::new(opcode::READ_RESPONSE_ONLY, 7, 2);
+    read.aeth = Some(Aeth {
+        syndrome: Syndrome::ACK,
+        msn: 1,
+    });
+    out.push(me, to, &read, &[5; 8]);
+    out.push(me, to, &ack(7, 3, Syndrome::ACK), &[]);
+    out.push(me, to, &ack(7, 4, rnr), &[]);
+    out.push(me, to, &ack(7, 5, Syndrome::ACK), &[]);
+    let ack = Syndrome::ACK;
+    assert_eq!(
+        held(&out, me),
+        [
+            (2000, 7, 1, ack),
+            (2000, 7, 2, ack),
+            (2000, 7, 3, ack),
+            (2000, 7, 4, rnr),
+            (2000, 7, 5, ack),
+        ]
+    );
+}
+
 /// Datagrams the test releases to whoever receives (the PU's polls, its waits, the
 /// receive thread), and every datagram sent.
 struct Held {
