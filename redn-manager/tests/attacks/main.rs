@@ -7,6 +7,7 @@
 mod common;
 mod dataplane;
 mod definitions;
+mod flood;
 mod records;
 mod sockets;
 
