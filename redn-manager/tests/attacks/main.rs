@@ -8,6 +8,7 @@ mod common;
 mod dataplane;
 mod definitions;
 mod flood;
+mod lifecycle;
 mod records;
 mod sockets;
 

@@ -586,7 +586,10 @@ impl Nic for SoftNic {
             .ok_or(Error::NoSuchQp(qp))?;
         q.enter_error();
         q.destroyed.store(true, Ordering::Release);
-        q.peer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let peer = q.peer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(p) = peer {
+            p.detach();
+        }
         q.send_cq.users.fetch_sub(1, Ordering::AcqRel);
         q.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
         self.bump_objects();

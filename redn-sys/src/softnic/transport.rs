@@ -151,6 +151,10 @@ pub(crate) trait Transport: Send + Sync {
     /// Forget every posted message and outcome not taken (the queue went to error and
     /// flushes them).
     fn abandon(&self) {}
+    /// The queue pair was destroyed: let go of what the transport registered for it
+    /// elsewhere (a RoCE endpoint's entry for its QP number), so that nothing keeps the
+    /// destroyed queue, its rings and its connection state alive.
+    fn detach(&self) {}
     /// When a windowed transport next needs its owner's visit (through [`Self::settle`])
     /// for what it has posted: a retransmission or an ACK to ask for. None if never.
     fn next_timer(&self) -> Option<Instant> {

@@ -470,3 +470,35 @@ fn writes_in_flight_complete_in_order_as_their_acks_come() {
     assert_eq!(take(4), [(0, true), (1, true), (2, true), (3, true)]);
     assert_eq!(nic.qp_state(qp).unwrap(), QpState::ReadyToSend);
 }
+
+/// Destroying a connected QP lets go of its connection at once: before, the endpoint's map
+/// kept it (and through it the destroyed QP, its rings, CQ and responder, ~66 KiB a remote
+/// client's session) until a datagram for that QP number came from its peer, which a
+/// departed client never sends, so a manager's memory grew with every session ended.
+#[test]
+fn a_destroyed_qp_leaves_nothing_in_its_endpoint() {
+    let local = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 4791);
+    let peer = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 4792);
+    let script = Arc::new(Script {
+        local,
+        reader: std::thread::current().id(),
+        inbox: Mutex::new(VecDeque::new()),
+        sent: Mutex::new(Vec::new()),
+    });
+    let rig = Rig::new(Box::new(Arc::clone(&script)), peer, 14);
+    let conns = |ep: &RoceEndpoint| ep.inner.conns.read().unwrap().len();
+    assert_eq!(conns(&rig.ep), 1);
+    let target = Arc::downgrade(&rig.nic.shared.qp(rig.qp).unwrap());
+    rig.nic.destroy_qp(rig.qp).unwrap();
+    assert_eq!(conns(&rig.ep), 0, "the connection is still registered");
+    // Nothing else holds the destroyed QP once its PU has let go of its queues.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while target.strong_count() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the destroyed QP is still held ({} references)",
+            target.strong_count()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

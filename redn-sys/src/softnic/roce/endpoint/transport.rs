@@ -436,6 +436,16 @@ impl Transport for RoceTransport {
         self.lock().req.clear();
     }
 
+    fn detach(&self) {
+        // Its own entry only: the endpoint's map is keyed by QP number, and a number may
+        // one day name another QP's connection.
+        let qpn = self.conn.local.target.qpn.0;
+        let mut conns = self.inner.conns.write().unwrap_or_else(|e| e.into_inner());
+        if conns.get(&qpn).is_some_and(|c| Arc::ptr_eq(c, &self.conn)) {
+            conns.remove(&qpn);
+        }
+    }
+
     fn next_timer(&self) -> Option<Instant> {
         self.published_timer()
     }
