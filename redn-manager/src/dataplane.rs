@@ -242,10 +242,12 @@ impl Dataplane {
                 let i = c.instance.as_ref()?;
                 if !manager.has_offload(i.handle) {
                     Some((*t, "offload uninstalled"))
-                } else if !manager.has_remote(i.handle, *t as u64) {
-                    Some((*t, "instance terminated by the auditor"))
-                } else {
+                } else if manager.has_remote(i.handle, *t as u64) {
                     None
+                } else if manager.take_failed_remote(i.handle, *t as u64) {
+                    Some((*t, "its queues failed"))
+                } else {
+                    Some((*t, "instance terminated by the auditor"))
                 }
             })
             .collect();
@@ -338,6 +340,8 @@ impl Dataplane {
             let _ = registry.deregister(&mut c.stream);
             if let Some(i) = c.instance.take() {
                 manager.detach_remote(i.handle, token as u64);
+                // Released for a failed queue and closed before the reap said so: forgotten.
+                manager.take_failed_remote(i.handle, token as u64);
                 audit.event(
                     &i.record(Event::RemoteExit, Severity::Info, token, c.peer)
                         .field("reason", why),

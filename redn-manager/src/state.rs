@@ -314,6 +314,9 @@ pub struct Manager {
     /// Per client, what the auditor terminated of its offloads and their remote clients
     /// (for `Stats`).
     notes: BTreeMap<u64, enforce::Notes>,
+    /// Remote clients' instances (offload handle, instance id) released because a queue of
+    /// theirs went to error, until the data plane closes their connections and says why.
+    failed_remotes: std::collections::BTreeSet<(u64, u64)>,
     /// Asynchronous events taken from the NIC.
     async_events: u64,
     /// The NIC's count of lost asynchronous events when last read.
@@ -422,6 +425,7 @@ impl Manager {
             dataplane_endpoint: None,
             bans: crate::auditor::Bans::default(),
             notes: BTreeMap::new(),
+            failed_remotes: std::collections::BTreeSet::new(),
             async_events: 0,
             async_events_lost: 0,
             outbox: Vec::new(),
@@ -757,6 +761,13 @@ impl Manager {
         self.installed
             .get(&handle)
             .is_some_and(|o| o.remote.contains_key(&id))
+    }
+
+    /// True (once) if remote client `id`'s instance of offload `handle` was released because
+    /// a queue of its went to error (see `audit_round`), so that the data plane can say why
+    /// it closes the client's connection.
+    pub fn take_failed_remote(&mut self, handle: u64, id: u64) -> bool {
+        self.failed_remotes.remove(&(handle, id))
     }
 
     /// Release remote client `id`'s instance of offload `handle`, keeping its counters.

@@ -312,14 +312,26 @@ impl Manager {
         }
         for (track, verdict, sample, seen_by) in verdicts {
             match (verdict, track.remote) {
-                (None, _) => {
-                    let r = self
+                (None, remote) => {
+                    let mut r = self
                         .track_record(Event::QueueError, Severity::Warning, track)
                         .field("queues", sample.queues_in_error)
                         .field("errors", sample.errors)
-                        .field("seen_by", seen_by)
-                        .res(false);
-                    self.outbox.push(r);
+                        .field("seen_by", seen_by);
+                    // A remote client's instance with a queue in error can never serve again
+                    // (a QP stays in error): it is released, so that it holds none of the
+                    // app's `max_remote_clients` slots, and the data plane's reap closes
+                    // the client's connection. (An app's own install stays for the app to
+                    // see and uninstall.)
+                    if let Some(id) = remote {
+                        self.detach_remote(track.handle, id);
+                        let released = !self.has_remote(track.handle, id);
+                        if released {
+                            self.failed_remotes.insert((track.handle, id));
+                        }
+                        r = r.field("released", released);
+                    }
+                    self.outbox.push(r.res(false));
                 }
                 (Some(Verdict::Throttle(v, limit)), _) => self.throttle(track, Some(&v), limit),
                 (Some(Verdict::Unthrottle(limit)), _) => self.throttle(track, None, limit),
