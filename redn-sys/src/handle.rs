@@ -220,6 +220,11 @@ impl<N: Nic + ?Sized> QueuePair<N> {
         &self.recv_cq
     }
 
+    /// Move it to the error state: nothing more runs on it (what is posted is flushed).
+    pub fn set_error(&self) -> Result<()> {
+        self.pd.nic.set_qp_error(self.info.qpn)
+    }
+
     /// Destroy now and say whether the NIC agreed. Its CQs and protection domain are
     /// released after it if this was their last user.
     pub fn release(mut self) -> Result<()> {

@@ -42,8 +42,16 @@ struct Objects<N: Nic + ?Sized>(Vec<Owned<N>>);
 
 impl<N: Nic + ?Sized> Objects<N> {
     /// Release every object, newest first, going on past failures; the first failure is the
-    /// result.
+    /// result. Every queue pair goes to error before any object goes, so no WQE of the
+    /// install runs once the first of its queues or CQs is gone: none can enable or wait
+    /// on a number after it is freed (numbers come back to other installs, in turn).
     fn release(&mut self) -> Result<(), Error> {
+        for object in &self.0 {
+            if let Owned::Qp(qp) = object {
+                // A queue already gone or in error needs nothing; its destroy reports it.
+                let _ = qp.set_error();
+            }
+        }
         let mut result = Ok(());
         while let Some(object) = self.0.pop() {
             let released = match object {

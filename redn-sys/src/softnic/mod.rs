@@ -43,7 +43,7 @@ use crate::nic::{
     AsyncEvent, CompChannel, Completion, CqConfig, MrInfo, Nic, ObjectCounts, QpConfig, QpCounters,
     QpInfo, RateLimit, RingInfo, RingPlacement,
 };
-use crate::types::{Access, Cqn, Lkey, Pdn, Qpn, MAX_QPN};
+use crate::types::{Access, Cqn, Lkey, Pdn, Qpn};
 use crate::wqe::{
     bbs_for_ds, encode_recv, encode_wqe_into, wqe_index, Sge, WorkRequest, BB_SIZE, MAX_WQE_BYTES,
     SEG_SIZE,
@@ -60,6 +60,12 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use wake::PuSet;
+
+/// The first QP number handed out (lower ones are left out, as on a ConnectX, whose
+/// firmware keeps the lowest for itself).
+const FIRST_QPN: u32 = 0x100;
+/// The first CQ number handed out.
+const FIRST_CQN: u32 = 0x80;
 
 /// A software RDMA NIC. Dropping it stops its processing units.
 #[must_use = "dropping the softnic stops its processing units"]
@@ -118,8 +124,8 @@ impl SoftNic {
             qps: RwLock::new(ObjectMap::default()),
             objects_generation: CacheLine(AtomicU64::new(0)),
             next_pdn: AtomicU32::new(1),
-            next_qpn: AtomicU32::new(0x100),
-            next_cqn: AtomicU32::new(0x80),
+            next_qpn: AtomicU32::new(FIRST_QPN),
+            next_cqn: AtomicU32::new(FIRST_CQN),
             incoming: (0..pus.len()).map(|_| Mutex::new(Vec::new())).collect(),
             pus: Arc::clone(&pus),
             events: Arc::new(AsyncEvents::default()),
@@ -441,24 +447,26 @@ impl Nic for SoftNic {
 
     fn create_cq(&self, cfg: CqConfig) -> Result<Cqn> {
         check_pow2("CQ depth", cfg.depth.max(1).next_power_of_two(), 1 << 20)?;
-        let cqn = self.shared.next_cqn.fetch_add(1, Ordering::Relaxed);
-        if cqn > MAX_QPN {
-            return Err(Error::InvalidConfig {
+        let cqn = shared::next_number(&self.shared.next_cqn, FIRST_CQN, &self.shared.cqs)
+            .ok_or_else(|| Error::InvalidConfig {
                 what: "CQ number",
-                detail: "24-bit CQ numbers exhausted".into(),
-            });
-        }
+                detail: "every 24-bit CQ number is in use".into(),
+            })?;
         let cq = Arc::new(CqShared::new(
             Cqn(cqn),
             cfg,
             Arc::clone(&self.shared.pus),
             Arc::clone(&self.shared.events),
         ));
-        self.shared
-            .cqs
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(cqn, cq);
+        let mut cqs = self.shared.cqs.write().unwrap_or_else(|e| e.into_inner());
+        // Taken meanwhile only if every other number was handed out since `next_number`.
+        if cqs.contains_key(&cqn) {
+            return Err(Error::InvalidConfig {
+                what: "CQ number",
+                detail: format!("{cqn:#x} was taken while the CQ was made"),
+            });
+        }
+        cqs.insert(cqn, cq);
         Ok(Cqn(cqn))
     }
 
@@ -497,13 +505,11 @@ impl Nic for SoftNic {
         }
         let send_cq = self.shared.cq(cfg.send_cq)?;
         let recv_cq = self.shared.cq(cfg.recv_cq)?;
-        let qpn = self.shared.next_qpn.fetch_add(1, Ordering::Relaxed);
-        if qpn > MAX_QPN {
-            return Err(Error::InvalidConfig {
+        let qpn = shared::next_number(&self.shared.next_qpn, FIRST_QPN, &self.shared.qps)
+            .ok_or_else(|| Error::InvalidConfig {
                 what: "QP number",
-                detail: "24-bit QP numbers exhausted".into(),
-            });
-        }
+                detail: "every 24-bit QP number is in use".into(),
+            })?;
         let pu = cfg.pu.unwrap_or(qpn as usize) % self.shared.pus.len();
         let sq = Self::alloc_ring(
             cfg.sq_placement,
@@ -539,11 +545,19 @@ impl Nic for SoftNic {
             rq: Self::ring_info(&qp.rq.ring),
             pu,
         };
-        self.shared
-            .qps
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(qpn, Arc::clone(&qp));
+        let mut qps = self.shared.qps.write().unwrap_or_else(|e| e.into_inner());
+        // Taken meanwhile only if every other number was handed out since `next_number`.
+        if qps.contains_key(&qpn) {
+            drop(qps);
+            qp.send_cq.users.fetch_sub(1, Ordering::AcqRel);
+            qp.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::InvalidConfig {
+                what: "QP number",
+                detail: format!("{qpn:#x} was taken while the QP was made"),
+            });
+        }
+        qps.insert(qpn, Arc::clone(&qp));
+        drop(qps);
         self.shared.adopt(qp);
         Ok(info)
     }

@@ -7,7 +7,7 @@ use super::events::AsyncEvents;
 use super::qp::QpShared;
 use super::wake::PuSet;
 use crate::mem::KeyTable;
-use crate::types::{Cqn, Qpn};
+use crate::types::{Cqn, Qpn, MAX_QPN};
 use crate::{Error, Result};
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -63,6 +63,33 @@ pub(crate) struct Shared {
     pub(crate) events: Arc<AsyncEvents>,
     /// Per PU, what it polls while idle (a RoCE endpoint's socket).
     pub(crate) idle: super::idle::IdleHooks,
+}
+
+/// The next free QP or CQ number of `table` after the last one `counter` handed out:
+/// numbers run from `first` to [`MAX_QPN`] (24 bits, as the NIC's) and then from `first`
+/// again, skipping those in use; None if every one is. In turn, as Linux's rxe hands out QP
+/// numbers (`xa_alloc_cyclic` in `__rxe_add_to_pool`, `rxe_pool.c`), so a number freed
+/// comes back only after every other one has been handed out since: anything still naming
+/// the old object by number (a WQE of a queue being torn down, a datagram in flight) has
+/// long gone by then. Counting up forever instead ran out after 2^24 objects (an hour of a
+/// remote client's hellos, three queues each), and every install failed from then on.
+pub(crate) fn next_number<V>(
+    counter: &AtomicU32,
+    first: u32,
+    table: &RwLock<ObjectMap<V>>,
+) -> Option<u32> {
+    let in_use = table.read().unwrap_or_else(|e| e.into_inner());
+    for _ in first..=MAX_QPN {
+        let step = |n: u32| Some(if n >= MAX_QPN { first } else { n + 1 });
+        // The closure always gives a value: the update cannot fail.
+        let n = counter
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, step)
+            .unwrap_or(first);
+        if !in_use.contains_key(&n) {
+            return Some(n);
+        }
+    }
+    None
 }
 
 impl Shared {
@@ -128,8 +155,59 @@ pub(crate) fn with_object<O, T>(
 
 #[cfg(test)]
 mod tests {
-    use super::{ObjectHasher, ObjectMap};
+    use super::{next_number, ObjectHasher, ObjectMap};
+    use crate::nic::{CqConfig, Nic, QpConfig};
+    use crate::softnic::{SoftNic, SoftNicConfig};
+    use crate::types::MAX_QPN;
     use std::hash::{BuildHasher, BuildHasherDefault};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::RwLock;
+
+    /// Numbers come in turn up to the 24-bit limit and then from the first again, skipping
+    /// those in use; with every one in use, none.
+    #[test]
+    fn numbers_wrap_past_the_last_and_skip_those_in_use() {
+        let table: RwLock<ObjectMap<()>> = RwLock::new(ObjectMap::default());
+        let counter = AtomicU32::new(MAX_QPN - 1);
+        table.write().unwrap().insert(MAX_QPN, ());
+        table.write().unwrap().insert(0x101, ());
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            got.push(next_number(&counter, 0x100, &table).unwrap());
+        }
+        assert_eq!(got, [MAX_QPN - 1, 0x100, 0x102]);
+        // A table holding every number from 0xffff00 on, a counter inside that range.
+        let full: RwLock<ObjectMap<()>> =
+            RwLock::new((0x00ff_ff00..=MAX_QPN).map(|n| (n, ())).collect());
+        let counter = AtomicU32::new(0x00ff_ff80);
+        assert_eq!(next_number(&counter, 0x00ff_ff00, &full), None);
+        full.write().unwrap().remove(&0x00ff_ff10);
+        assert_eq!(next_number(&counter, 0x00ff_ff00, &full), Some(0x00ff_ff10));
+    }
+
+    /// A softnic's QP and CQ numbers come back round once the 24 bits are used up, so
+    /// queues can be made and destroyed for ever; the numbers of queues still alive are
+    /// never handed out again (before, every create failed once 2^24 numbers had gone).
+    #[test]
+    fn queue_numbers_are_reused_after_a_full_turn_never_while_in_use() {
+        let nic = SoftNic::new(SoftNicConfig::new("numbers")).unwrap();
+        let pd = nic.alloc_pd().unwrap();
+        let kept_cq = nic.create_cq(CqConfig::new(4)).unwrap();
+        let kept_qp = nic.create_qp(QpConfig::new(pd, kept_cq)).unwrap().qpn;
+        nic.shared.next_cqn.store(MAX_QPN, Ordering::Relaxed);
+        nic.shared.next_qpn.store(MAX_QPN, Ordering::Relaxed);
+        let (mut cqs, mut qps) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            let cq = nic.create_cq(CqConfig::new(4)).unwrap();
+            let qp = nic.create_qp(QpConfig::new(pd, cq)).unwrap().qpn;
+            nic.destroy_qp(qp).unwrap();
+            nic.destroy_cq(cq).unwrap();
+            cqs.push(cq.0);
+            qps.push(qp.0);
+        }
+        assert_eq!(cqs, [MAX_QPN, kept_cq.0 + 1, kept_cq.0 + 2], "CQ numbers");
+        assert_eq!(qps, [MAX_QPN, kept_qp.0 + 1, kept_qp.0 + 2], "QP numbers");
+    }
 
     /// Consecutive object numbers, as the softnic hands them out, land apart in both the
     /// bucket bits and the control-byte bits of the hash; keys of other types hash by
