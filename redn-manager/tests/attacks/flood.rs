@@ -13,7 +13,7 @@
 
 use super::*;
 use redn_sys::softnic::roce::packet::{self, opcode, psn, Aeth, Header, Reth, Route, Syndrome};
-use redn_sys::softnic::roce::{QpRecord, RegionRecord};
+use redn_sys::softnic::roce::QpRecord;
 use std::collections::HashMap;
 use std::net::{SocketAddrV4, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -216,32 +216,19 @@ impl Attacker {
     /// Say hello for `served` with a record naming our socket and QP number `qpn`; the
     /// index of the new QP.
     fn hello(&mut self, served: &Served, qpn: u32) -> usize {
-        use redn_proto::dataplane::{Answer, Hello, ANSWER_HEADER_LEN};
-        use std::io::Read;
+        use redn_proto::dataplane::{Answer, Hello};
         let start_psn = 0x12_3456;
-        let mut record = QpRecord::new(qpn, start_psn, self.me);
-        record.regions = vec![RegionRecord {
-            name: "response".into(),
-            addr: 0x10_0000,
-            rkey: 7,
-            len: 4096,
-            rights: 2,
-        }];
         let hello = Hello {
             handle: served.installed.handle,
             token: redn_client::remote::parse_token(&served.installed.token).unwrap(),
-            record: record.encode().unwrap(),
+            record: qp_record(qpn, start_psn, self.me).encode().unwrap(),
         }
         .encode()
         .unwrap();
         let mut tcp = TcpStream::connect(served.endpoint()).unwrap();
         tcp.set_read_timeout(Some(DEADLINE)).unwrap();
         tcp.write_all(&hello).unwrap();
-        let mut header = [0u8; ANSWER_HEADER_LEN];
-        tcp.read_exact(&mut header).unwrap();
-        let mut body = vec![0u8; Answer::body_len(&header).unwrap()];
-        tcp.read_exact(&mut body).unwrap();
-        let server = match Answer::decode(&header, &body).unwrap() {
+        let server = match read_answer(&mut tcp) {
             Answer::Accepted(a) => QpRecord::decode(&a.record).unwrap(),
             Answer::Refused(why, text) => panic!("hello refused: {why}: {text}"),
         };

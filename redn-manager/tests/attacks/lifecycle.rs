@@ -17,9 +17,9 @@
 
 use super::*;
 use nix::sys::socket::{setsockopt, sockopt};
-use redn_proto::dataplane::{Answer, Hello, Refusal, ANSWER_HEADER_LEN};
+use redn_proto::dataplane::{Answer, Hello, Refusal};
 use redn_sys::softnic::roce::packet::{self, opcode, psn, Aeth, Header, Reth, Route, Syndrome};
-use redn_sys::softnic::roce::{QpRecord, RegionRecord};
+use redn_sys::softnic::roce::QpRecord;
 use std::io::Read;
 use std::net::{Shutdown, SocketAddrV4, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
@@ -69,18 +69,10 @@ impl Door {
     }
 
     fn hello_bytes(&self, peer: &Peer, qpn: u32) -> Vec<u8> {
-        let mut record = QpRecord::new(qpn, START_PSN, peer.me);
-        record.regions = vec![RegionRecord {
-            name: "response".into(),
-            addr: 0x10_0000,
-            rkey: 7,
-            len: 4096,
-            rights: 2,
-        }];
         Hello {
             handle: self.handle,
             token: self.token,
-            record: record.encode().unwrap(),
+            record: qp_record(qpn, START_PSN, peer.me).encode().unwrap(),
         }
         .encode()
         .unwrap()
@@ -90,11 +82,7 @@ impl Door {
     /// refusal.
     fn hello(&self, peer: &Peer, qpn: u32) -> Result<Session, Refusal> {
         let mut tcp = self.send_hello(peer, qpn);
-        let mut header = [0u8; ANSWER_HEADER_LEN];
-        tcp.read_exact(&mut header).unwrap();
-        let mut body = vec![0u8; Answer::body_len(&header).unwrap()];
-        tcp.read_exact(&mut body).unwrap();
-        match Answer::decode(&header, &body).unwrap() {
+        match read_answer(&mut tcp) {
             Answer::Accepted(a) => Ok(Session {
                 server: QpRecord::decode(&a.record).unwrap(),
                 tcp,

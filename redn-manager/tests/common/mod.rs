@@ -293,14 +293,37 @@ pub fn which(name: &str) -> Option<PathBuf> {
 /// The exchange record a remote client at `ip` sends in its hello, encoded: QP 0x42, PSN 1,
 /// and a writable 4 KiB `response` region.
 pub fn client_record(ip: &str) -> Vec<u8> {
-    use redn_sys::softnic::roce::{QpRecord, RegionRecord};
-    let mut record = QpRecord::new(0x42, 1, format!("{ip}:4791").parse().unwrap());
-    record.regions = vec![RegionRecord {
+    qp_record(0x42, 1, format!("{ip}:4791").parse().unwrap())
+        .encode()
+        .unwrap()
+}
+
+/// The exchange record of a remote client's QP `qpn` at `at`, its PSNs from `psn`, with a
+/// writable 4 KiB `response` region (at an address and key the client makes up: only the
+/// offload's answers use them).
+pub fn qp_record(
+    qpn: u32,
+    psn: u32,
+    at: std::net::SocketAddrV4,
+) -> redn_sys::softnic::roce::QpRecord {
+    let mut record = redn_sys::softnic::roce::QpRecord::new(qpn, psn, at);
+    record.regions = vec![redn_sys::softnic::roce::RegionRecord {
         name: "response".into(),
         addr: 0x10_0000,
         rkey: 7,
         len: 4096,
         rights: 2,
     }];
-    record.encode().unwrap()
+    record
+}
+
+/// The data plane's answer to a hello, read off `tcp`.
+pub fn read_answer(tcp: &mut std::net::TcpStream) -> redn_proto::dataplane::Answer {
+    use redn_proto::dataplane::{Answer, ANSWER_HEADER_LEN};
+    use std::io::Read;
+    let mut header = [0u8; ANSWER_HEADER_LEN];
+    tcp.read_exact(&mut header).unwrap();
+    let mut body = vec![0u8; Answer::body_len(&header).unwrap()];
+    tcp.read_exact(&mut body).unwrap();
+    Answer::decode(&header, &body).unwrap()
 }
