@@ -61,8 +61,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use wake::PuSet;
 
-/// The first QP number handed out (lower ones are left out, as on a ConnectX, whose
-/// firmware keeps the lowest for itself).
+/// The first QP number handed out, and again after the last: QPs 0 and 1 are InfiniBand's
+/// management QPs (SMI, GSI), and the softnic has always begun well past them.
 const FIRST_QPN: u32 = 0x100;
 /// The first CQ number handed out.
 const FIRST_CQN: u32 = 0x80;
