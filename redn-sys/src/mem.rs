@@ -16,6 +16,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 const WORD: usize = 8;
+/// Buffers of this many bytes or more are mappings of their own (see [`SharedBuffer::new`]):
+/// glibc's own threshold for that, before it raises it.
+pub const MAP_AT: usize = 128 << 10;
+/// `mmap`'s flags for a buffer's own memory.
+const ANONYMOUS: libc::c_int = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
 const WORDS_PER_LINE: usize = 8;
 
 /// One cache line of words: what heap buffers are allocated in, so they start on a line.
@@ -65,9 +70,24 @@ impl fmt::Debug for SharedBuffer {
 impl SharedBuffer {
     /// A zeroed buffer of `len` bytes rounded up to whole words (at least one word), starting
     /// on a cache line: a 64-byte WQE or payload then touches one line, not two.
+    ///
+    /// From [`MAP_AT`] bytes on, the buffer is an anonymous mapping of its own, unmapped when
+    /// it drops: a queue's rings and code region come and go with every install, and from
+    /// the heap they left the allocator's pages pinned by whatever small allocation landed
+    /// among them (glibc raises its mmap threshold past a freed block's size, so later
+    /// rings came from the heap too): 3,000 installs and uninstalls left a manager whose
+    /// audit queue held records hundreds of MB bigger with nothing installed.
     #[must_use]
     pub fn new(len: usize) -> Arc<SharedBuffer> {
         let n = len.div_ceil(WORD).max(1);
+        if n * WORD >= MAP_AT {
+            // SAFETY: an anonymous mapping is backed by no file that could shrink under it.
+            let mapped = unsafe { Self::mapping(n * WORD, ANONYMOUS, -1) };
+            // Out of mappings (`vm.max_map_count`): the heap still serves.
+            if let Ok(b) = mapped {
+                return b;
+            }
+        }
         let lines: Box<[Line]> = (0..n.div_ceil(WORDS_PER_LINE))
             .map(|_| Line(Default::default()))
             .collect();
@@ -115,18 +135,33 @@ impl SharedBuffer {
         len: usize,
     ) -> std::io::Result<Arc<SharedBuffer>> {
         use std::os::fd::AsRawFd;
+        // SAFETY: this function's own contract, which is `mapping`'s for a file.
+        unsafe { Self::mapping(len, libc::MAP_SHARED, fd.as_raw_fd()) }
+    }
+
+    /// A buffer over a fresh read-write mapping of `len` bytes (`flags` for `mmap`, file
+    /// `fd` or -1 for none), which it unmaps when it drops (zeroed if anonymous).
+    ///
+    /// # Safety
+    /// With a file, as [`Self::map_shared`]: the file stays at least `len` bytes long while
+    /// the buffer lives.
+    unsafe fn mapping(
+        len: usize,
+        flags: libc::c_int,
+        fd: libc::c_int,
+    ) -> std::io::Result<Arc<SharedBuffer>> {
         if len == 0 || len % WORD != 0 {
             return Err(std::io::ErrorKind::InvalidInput.into());
         }
-        // SAFETY: a fresh shared mapping at an address the kernel picks aliases no Rust
-        // object; the arguments are plain values and `fd` is open (borrowed).
+        // SAFETY: a fresh mapping at an address the kernel picks aliases no Rust object; the
+        // arguments are plain values, and `fd` is open or -1 (the caller's).
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
+                flags,
+                fd,
                 0,
             )
         };
@@ -142,8 +177,8 @@ impl SharedBuffer {
         });
         // SAFETY: the mapping is page aligned (so 8-byte aligned) and `len` a nonzero
         // multiple of 8 (checked above), valid for reads and writes until `release` unmaps
-        // it, backed for its whole length and touched here only through this buffer (this
-        // function's contract).
+        // it, backed for its whole length (the caller's contract for a file) and touched
+        // here only through this buffer.
         Ok(unsafe { SharedBuffer::from_raw(ptr, len, release) })
     }
 

@@ -405,3 +405,43 @@ fn stale_keys_do_not_resolve_to_new_regions() {
         Err(RegisterError::OutsideBuffer { .. })
     ));
 }
+
+/// A mapping of this process starts at `addr` (from `/proc/self/maps`).
+#[cfg(not(miri))]
+fn a_mapping_starts_at(addr: u64) -> bool {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split('-').next())
+        .any(|start| u64::from_str_radix(start, 16) == Ok(addr))
+}
+
+/// From `MAP_AT` bytes on a buffer is a zeroed mapping of its own, gone when the buffer
+/// drops, so that rings freed by an uninstall go back to the kernel whatever the heap holds
+/// around them; a smaller one comes from the heap.
+#[test]
+#[cfg(not(miri))]
+fn large_buffers_are_mappings_of_their_own_that_go_when_dropped() {
+    let big = SharedBuffer::new(MAP_AT);
+    let at = big.addr().0;
+    assert!(
+        a_mapping_starts_at(at),
+        "{big:?} is not a mapping of its own"
+    );
+    assert_eq!(big.len(), MAP_AT);
+    assert!((0..MAP_AT).step_by(4096).all(|o| big.load_u64(o) == 0));
+    big.store_u64(MAP_AT - 8, 7);
+    assert_eq!(big.load_u64(MAP_AT - 8), 7);
+    drop(big);
+    assert!(
+        !a_mapping_starts_at(at),
+        "the mapping stayed after the drop"
+    );
+    let small = SharedBuffer::new(MAP_AT - 8);
+    assert!(!a_mapping_starts_at(small.addr().0), "{small:?}");
+    assert_eq!(
+        small.addr().0 % 64,
+        0,
+        "a heap buffer starts on a cache line"
+    );
+}
