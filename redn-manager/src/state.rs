@@ -205,6 +205,10 @@ impl Limits {
 struct Region {
     buffer: Arc<SharedBuffer>,
     size: u64,
+    /// Taken over from a closed connection of the same app (`Manager::adopt`): the process
+    /// holding it now has neither its id nor its memory, so it is kept only while an offload
+    /// of the client binds it.
+    adopted: bool,
 }
 
 /// An app connection and what it holds.
@@ -506,7 +510,10 @@ impl Manager {
                 continue;
             };
             if let Some(me) = self.clients.get_mut(&client) {
-                me.regions.extend(c.regions);
+                me.regions.extend(c.regions.into_iter().map(|(id, mut r)| {
+                    r.adopted = true;
+                    (id, r)
+                }));
             }
             if let Some(notes) = self.notes.remove(&old) {
                 self.notes.entry(client).or_default().merge(notes);
@@ -516,7 +523,37 @@ impl Manager {
                 adopted += 1;
             }
         }
+        self.release_unbound_adopted(client);
         adopted
+    }
+
+    /// Release `client`'s adopted regions that none of its offloads binds: nothing can use
+    /// them again (see `Region::adopted`), and kept they would count against the app's
+    /// quotas for as long as any of its offloads serves. An app that restarts under
+    /// `keep_serving_after_exit`, installs anew and uninstalls its old offload would
+    /// otherwise strand a region a restart until `max_regions` refused it.
+    fn release_unbound_adopted(&mut self, client: u64) {
+        let bound = |buffer: &Arc<SharedBuffer>| {
+            self.installed
+                .values()
+                .filter(|o| o.client == client)
+                .flat_map(|o| o.data_bindings.values())
+                .any(|b| matches!(b, RegionBinding::Local { buffer: held, .. } if Arc::ptr_eq(held, buffer)))
+        };
+        let Some(c) = self.clients.get(&client) else {
+            return;
+        };
+        let unbound: Vec<u64> = c
+            .regions
+            .iter()
+            .filter(|(_, r)| r.adopted && !bound(&r.buffer))
+            .map(|(id, _)| *id)
+            .collect();
+        if let Some(c) = self.clients.get_mut(&client) {
+            for id in unbound {
+                c.regions.remove(&id);
+            }
+        }
     }
 
     /// Its connection closed: its offloads keep serving if its app rule says so
@@ -538,9 +575,17 @@ impl Manager {
                 c.connected = false;
             }
         } else {
-            self.clients.remove(&client);
+            self.forget(client);
         }
         removed
+    }
+
+    /// Drop client `client` and what was kept for it: its regions and its notes of what the
+    /// auditor terminated (client ids are never reused, so a note left behind would stay
+    /// for the life of the daemon).
+    fn forget(&mut self, client: u64) {
+        self.clients.remove(&client);
+        self.notes.remove(&client);
     }
 
     fn uninstall_all(&mut self, client: u64) -> usize {
@@ -708,7 +753,14 @@ impl Manager {
         let addr = buffer.addr().0;
         let id = self.fresh_id();
         if let Some(c) = self.clients.get_mut(&client) {
-            c.regions.insert(id, Region { buffer, size });
+            c.regions.insert(
+                id,
+                Region {
+                    buffer,
+                    size,
+                    adopted: false,
+                },
+            );
         }
         Ok(api::RegionRegistered {
             region: id,

@@ -125,7 +125,7 @@ impl Manager {
             return Err(AdminError::NoSuchClient { client });
         }
         let n = self.uninstall_all(client);
-        self.clients.remove(&client);
+        self.forget(client);
         Ok(api::Killed {
             uninstalled: u32::try_from(n).unwrap_or(u32::MAX),
         })

@@ -610,8 +610,7 @@ impl Manager {
     fn forget_if_idle(&mut self, client: u64) {
         let holds = self.installed.values().any(|o| o.client == client);
         if !holds && self.clients.get(&client).is_some_and(|c| !c.connected) {
-            self.clients.remove(&client);
-            self.notes.remove(&client);
+            self.forget(client);
         }
     }
 

@@ -238,6 +238,7 @@ impl Manager {
         match self.installed.get(&handle) {
             Some(o) if o.client == client => {
                 self.remove_offload(handle);
+                self.release_unbound_adopted(client);
                 Ok(())
             }
             _ => Err(ManagerError::NoSuchHandle { handle }),

@@ -3,6 +3,7 @@
 //! while it runs: the daemon stays up and keeps serving everyone else. `docs/attacks.md`
 //! lists them with what each pins.
 
+mod app_lifecycle;
 #[path = "../common/mod.rs"]
 mod common;
 mod dataplane;
