@@ -445,3 +445,22 @@ fn large_buffers_are_mappings_of_their_own_that_go_when_dropped() {
         "a heap buffer starts on a cache line"
     );
 }
+
+/// A mapping's length must be a nonzero number of words: a memfd an app shares is mapped
+/// with its own length, which the manager takes from the file.
+#[test]
+#[cfg(not(miri))]
+fn a_mapping_of_no_bytes_or_of_part_of_a_word_is_refused() {
+    for len in [0, 12] {
+        // SAFETY: anonymous, so no file to shrink; refused before any mapping is made.
+        let got = unsafe { SharedBuffer::mapping(len, ANONYMOUS, -1) };
+        assert_eq!(
+            got.map(|_| ()).map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::InvalidInput),
+            "{len} bytes"
+        );
+    }
+    // SAFETY: as above.
+    let one = unsafe { SharedBuffer::mapping(8, ANONYMOUS, -1) }.unwrap();
+    assert_eq!(one.len(), 8);
+}
