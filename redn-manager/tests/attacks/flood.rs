@@ -273,15 +273,26 @@ impl Attacker {
         let mut trigger = [0u8; 14];
         trigger[..6].copy_from_slice(&1u64.to_le_bytes()[..6]);
         trigger[6..].copy_from_slice(&table.to_be_bytes());
-        let writes = self.replies.writes.load(Ordering::Acquire);
+        // One at a time, each sent again after an RNR NAK, as a requester would: the
+        // offload enables its next receive as it serves a trigger, so a trigger that comes
+        // before that (back to back, on a loaded machine) finds none and is NAKed.
         for _ in 0..4 {
+            let writes = self.replies.writes.load(Ordering::Acquire);
             let d = self.send_at(qp, self.qps[qp].epsn, true, &trigger);
-            self.sock.send_to(&d, self.server()).unwrap();
+            loop {
+                let rnr = self.replies.rnr_naks.load(Ordering::Acquire);
+                self.sock.send_to(&d, self.server()).unwrap();
+                wait_for("the offload never answered the attacker's trigger", || {
+                    self.replies.writes.load(Ordering::Acquire) > writes
+                        || self.replies.rnr_naks.load(Ordering::Acquire) > rnr
+                });
+                if self.replies.writes.load(Ordering::Acquire) > writes {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
             self.qps[qp].epsn = psn::add(self.qps[qp].epsn, 1);
         }
-        wait_for("the offload never answered the attacker's triggers", || {
-            self.replies.writes.load(Ordering::Acquire) >= writes + 4
-        });
         self.sync();
     }
 
