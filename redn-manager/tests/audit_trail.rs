@@ -217,17 +217,8 @@ fn app_policy(name: &str, offloads: &str, extra: &str, client: &str) -> String {
 fn install_server_loop(c: &mut Client) -> Result<(u64, String), redn_client::Error> {
     let region = SealedRegion::create("table", 1 << 16).unwrap();
     let r = c.register_region(&region, "table")?;
-    let i = c.install(
-        "server-loop",
-        &[
-            ("table", r.region, 0, 4096),
-            ("values", r.region, 4096, 4096),
-        ],
-    )?;
-    // key0 (6 bytes LE) · bucket0 (8 bytes BE): the table's first bucket.
-    let mut trigger = vec![0x2a, 0, 0, 0, 0, 0];
-    trigger.extend_from_slice(&r.addr.to_be_bytes());
-    Ok((i.handle, hex(&trigger)))
+    let (handle, trigger) = common::try_install_server_loop(c, &r)?;
+    Ok((handle, hex(&trigger)))
 }
 
 fn hex(b: &[u8]) -> String {

@@ -468,23 +468,6 @@ fn install_server_loop(c: &mut Client, r: &api::RegionRegistered) -> (u64, Vec<u
     try_install_server_loop(c, r).unwrap()
 }
 
-fn try_install_server_loop(
-    c: &mut Client,
-    r: &api::RegionRegistered,
-) -> redn_client::Result<(u64, Vec<u8>)> {
-    let i = c.install(
-        "server-loop",
-        &[
-            ("table", r.region, 0, 4096),
-            ("values", r.region, 4096, 4096),
-        ],
-    )?;
-    // key0 (6 bytes, little-endian) · bucket0 (8 bytes, big-endian address).
-    let mut trigger = vec![0x2a, 0, 0, 0, 0, 0];
-    trigger.extend_from_slice(&r.addr.to_be_bytes());
-    Ok((i.handle, trigger))
-}
-
 /// `call` until it is not refused `QuotaExceeded`: what an app does while its earlier
 /// connection's hang-up is not settled yet (its client still counts against the app's
 /// quotas). The result, and how many refusals came first.
@@ -1261,7 +1244,7 @@ fn offloads_terminated_then_hung_up_leave_no_notes_behind() {
 /// region goes as soon as none of the app's offloads binds it
 /// (`Manager::release_unbound_adopted`). Before, it stranded a region a restart. Regions go
 /// with the client that registered them; a hang-up holding an offload kept them all, bound
-/// or not, and `Manager::adopt` (`state.rs`) handed them all to the next connection; they
+/// or not, and `Manager::adopt` (`state/clients.rs`) handed them all to the next connection; they
 /// were released only when a connection ended holding no offload. There is
 /// no `UnregisterRegion`, and the new process can learn neither their ids (`GetInfo` gives a
 /// count, `Stats` offloads) nor reach their memory (its predecessor's memfds). So after

@@ -327,3 +327,22 @@ pub fn read_answer(tcp: &mut std::net::TcpStream) -> redn_proto::dataplane::Answ
     tcp.read_exact(&mut body).unwrap();
     Answer::decode(&header, &body).unwrap()
 }
+
+/// Install server-loop over `r`: its table in the region's first 4 KiB, its values in the
+/// next; its handle and a trigger for key 0x2a in the table's first bucket (the key, 6 bytes
+/// little-endian, then the bucket's address, 8 bytes big-endian).
+pub fn try_install_server_loop(
+    c: &mut Client,
+    r: &redn_proto::api::RegionRegistered,
+) -> redn_client::Result<(u64, Vec<u8>)> {
+    let i = c.install(
+        "server-loop",
+        &[
+            ("table", r.region, 0, 4096),
+            ("values", r.region, 4096, 4096),
+        ],
+    )?;
+    let mut trigger = vec![0x2a, 0, 0, 0, 0, 0];
+    trigger.extend_from_slice(&r.addr.to_be_bytes());
+    Ok((i.handle, trigger))
+}
