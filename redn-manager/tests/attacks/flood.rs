@@ -395,17 +395,24 @@ fn udp_socket(addr: SocketAddrV4) -> (u64, u64) {
         u32::from_ne_bytes(addr.ip().octets()),
         addr.port()
     );
-    let table = std::fs::read_to_string("/proc/net/udp").unwrap();
-    let row: Vec<&str> = table
-        .lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .find(|f| f.get(1) == Some(&local.as_str()))
-        .unwrap_or_else(|| panic!("no UDP socket at {addr} in /proc/net/udp"));
-    let queued = row[4].split(':').nth(1).unwrap();
-    (
-        u64::from_str_radix(queued, 16).unwrap(),
-        row[12].parse().unwrap(),
-    )
+    // The table is made a page at a time as it is read, so a row can be missed while other
+    // sockets come and go (other tests, in parallel): read again before giving up.
+    for _ in 0..100 {
+        let table = std::fs::read_to_string("/proc/net/udp").unwrap();
+        let row = table
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|f| f.get(1) == Some(&local.as_str()));
+        if let Some(row) = row {
+            let queued = row[4].split(':').nth(1).unwrap();
+            return (
+                u64::from_str_radix(queued, 16).unwrap(),
+                row[12].parse().unwrap(),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    panic!("no UDP socket at {addr} in /proc/net/udp")
 }
 
 /// The good client's GETs during one window.

@@ -554,7 +554,13 @@ fn a_client_that_vanishes_while_the_offload_answers_it_is_released_with_its_conn
         return;
     }
     drop(session);
-    let end = tcp_socket(server, client).expect("the manager's end is gone");
+    // Read again if missed: the table is made a page at a time while sockets come and go.
+    let mut end = None;
+    wait_for("the manager's end is gone", || {
+        end = tcp_socket(server, client);
+        end.is_some()
+    });
+    let end = end.unwrap();
     assert_eq!(
         end.timer, 2,
         "no keepalive timer on the manager's end: {end:?}"
