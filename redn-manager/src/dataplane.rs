@@ -119,6 +119,9 @@ pub struct Dataplane {
     psn_seed: u32,
     /// Connections in all (pending and served).
     max_connections: usize,
+    /// The last `accept` failed (not for an empty backlog): connections may wait in the
+    /// backlog with no edge to come for them.
+    accept_stalled: bool,
 }
 
 impl std::fmt::Debug for Dataplane {
@@ -163,6 +166,7 @@ impl Dataplane {
             serial: 0,
             psn_seed,
             max_connections: crate::state::Limits::default().max_dataplane_connections,
+            accept_stalled: false,
         })
     }
 
@@ -199,6 +203,12 @@ impl Dataplane {
     /// second: a sum of counters, without the by-reason map).
     pub fn packets_dropped(&self) -> u64 {
         self.endpoints.values().map(|ep| ep.drops().total()).sum()
+    }
+
+    /// Whether the last `accept` failed with connections maybe left in the backlog: the
+    /// server's loop then offers the listener's token again in a moment.
+    pub fn accept_stalled(&self) -> bool {
+        self.accept_stalled
     }
 
     /// Register the listener with the event loop.
@@ -268,9 +278,26 @@ impl Dataplane {
         loop {
             let (mut stream, peer) = match self.listener.accept() {
                 Ok(s) => s,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.accept_stalled = false;
+                    return;
+                }
+                // A signal, or a connection reset while it waited in the backlog.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                    ) =>
+                {
+                    continue
+                }
                 Err(e) => {
-                    audit.event(&refusal_record(None, "AcceptFailed", &e.to_string()));
+                    // EMFILE and the like: the rest stay in the backlog until the server's
+                    // loop tries again (`accept_stalled`), said once a stall.
+                    if !self.accept_stalled {
+                        audit.event(&refusal_record(None, "AcceptFailed", &e.to_string()));
+                    }
+                    self.accept_stalled = true;
                     return;
                 }
             };

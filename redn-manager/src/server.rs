@@ -28,7 +28,7 @@ use redn_proto::api::{self, ADMIN, MANAGER};
 use redn_proto::codec::MessageBuffer;
 use redn_proto::errors::{AdminError, ManagerError, Named};
 use redn_proto::idl;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -73,6 +73,10 @@ const AUDIT_RETRY: Duration = Duration::from_millis(10);
 /// How long a hang-up waits for its process's pidfd before it counts as a plain disconnect:
 /// a dying process's sockets close just before its pidfd turns readable.
 const HANGUP_GRACE: Duration = Duration::from_millis(50);
+/// How soon the loop tries a listener again after `accept` failed for want of a resource
+/// (`EMFILE`, `ENFILE`, `ENOBUFS`): the listeners are edge-triggered, so the connections
+/// left in the backlog would otherwise wait for the next one to arrive.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
 /// An app connection that hung up while its process still seemed alive.
 struct Hangup {
@@ -156,6 +160,9 @@ pub struct Server {
     monitors: HashMap<usize, Instant>,
     /// `manager.toml` as loaded, and where, for reloads.
     config: Option<(std::path::PathBuf, redn_policy::ManagerConfig)>,
+    /// Listeners (by index) whose last `accept` failed with connections maybe left in
+    /// their backlogs: tried again every [`ACCEPT_RETRY`].
+    accept_stalled: BTreeSet<usize>,
 }
 
 impl std::fmt::Debug for Server {
@@ -213,6 +220,7 @@ impl Server {
             hangups: HashMap::new(),
             monitors: HashMap::new(),
             config: None,
+            accept_stalled: BTreeSet::new(),
         })
     }
 
@@ -279,6 +287,7 @@ impl Server {
             let _ = self.poll.registry().deregister(l);
         }
         self.listeners.clear();
+        self.accept_stalled.clear();
         self.closed = true;
         let (conns, offloads) = (self.conns.len(), self.manager.installed_count());
         let tokens: Vec<usize> = self.conns.keys().copied().collect();
@@ -335,6 +344,14 @@ impl Server {
         if self.audit.queued() > 0 || !self.hangups.is_empty() || !self.monitors.is_empty() {
             wake = Some(wake.map_or(AUDIT_RETRY, |w| w.min(AUDIT_RETRY)));
         }
+        let accepts_stalled = !self.accept_stalled.is_empty()
+            || self
+                .dataplane
+                .as_ref()
+                .is_some_and(Dataplane::accept_stalled);
+        if accepts_stalled {
+            wake = Some(wake.map_or(ACCEPT_RETRY, |w| w.min(ACCEPT_RETRY)));
+        }
         if let Some(w) = wake {
             timeout = Some(timeout.map_or(w, |t| t.min(w)));
         }
@@ -355,6 +372,19 @@ impl Server {
             .collect();
         for t in std::mem::take(&mut self.unfinished) {
             ready.push((t, true, false));
+        }
+        if accepts_stalled {
+            // No edge will come for what is already in a backlog: look again.
+            for index in self.accept_stalled.clone() {
+                ready.push((FIRST_LISTENER + index, true, false));
+            }
+            if self
+                .dataplane
+                .as_ref()
+                .is_some_and(Dataplane::accept_stalled)
+            {
+                ready.push((crate::dataplane::FIRST_TOKEN, true, false));
+            }
         }
         // Before any request: an app whose exit is now visible is not served as alive.
         self.resolve_hangups(false);

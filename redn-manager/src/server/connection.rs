@@ -29,15 +29,22 @@ impl Server {
             let kind = *kind;
             let stream = match listener.accept() {
                 Ok((s, _)) => s,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.accept_stalled.remove(&index);
+                    return;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    // EMFILE and the like: leave the rest in the backlog for now.
-                    self.audit.event(
-                        &Record::new(Event::Refuse, Severity::Warning)
-                            .field("reason", format!("accept: {e}"))
-                            .res(false),
-                    );
+                    // EMFILE and the like: leave the rest in the backlog, to be tried
+                    // again in a moment (see `ACCEPT_RETRY`), and say so once a stall.
+                    if self.accept_stalled.insert(index) {
+                        self.audit.event(
+                            &Record::new(Event::Refuse, Severity::Warning)
+                                .field("socket", format!("{kind:?}"))
+                                .field("reason", format!("accept: {e}"))
+                                .res(false),
+                        );
+                    }
                     return;
                 }
             };

@@ -119,8 +119,17 @@ fn raw_hello(
     handle: u64,
     token: [u8; 32],
 ) -> (redn_sys::softnic::roce::QpRecord, std::net::TcpStream) {
-    use redn_proto::dataplane::{Answer, Hello, ANSWER_HEADER_LEN};
-    use std::io::Read;
+    let s = std::net::TcpStream::connect(endpoint).unwrap();
+    hello_on(s, handle, token)
+}
+
+/// [`raw_hello`] on a connection already made.
+fn hello_on(
+    mut s: std::net::TcpStream,
+    handle: u64,
+    token: [u8; 32],
+) -> (redn_sys::softnic::roce::QpRecord, std::net::TcpStream) {
+    use redn_proto::dataplane::{Answer, Hello};
     let hello = Hello {
         handle,
         token,
@@ -128,14 +137,9 @@ fn raw_hello(
     }
     .encode()
     .unwrap();
-    let mut s = std::net::TcpStream::connect(endpoint).unwrap();
     s.set_read_timeout(Some(DEADLINE)).unwrap();
     s.write_all(&hello).unwrap();
-    let mut header = [0u8; ANSWER_HEADER_LEN];
-    s.read_exact(&mut header).unwrap();
-    let mut body = vec![0u8; Answer::body_len(&header).unwrap()];
-    s.read_exact(&mut body).unwrap();
-    match Answer::decode(&header, &body).unwrap() {
+    match read_answer(&mut s) {
         Answer::Accepted(a) => (
             redn_sys::softnic::roce::QpRecord::decode(&a.record).unwrap(),
             s,
@@ -240,4 +244,23 @@ fn hostile_roce_datagrams_are_dropped_unanswered_counted_and_serving_goes_on() {
         drops.contains("wrong_source=") && drops.contains("unknown_qp="),
         "{out}"
     );
+}
+
+#[test]
+fn a_remote_client_left_in_the_backlog_by_a_failed_accept_is_taken_once_fds_free_up() {
+    // As for the varlink sockets: the data plane's listener is edge-triggered too.
+    let m = Manager::start_with_dataplane(&policy("", ""));
+    let served = ServedHashGet::install(&m);
+    let starved = FdStarvation::start(&m);
+    let waiting = std::net::TcpStream::connect(&served.endpoint).unwrap();
+    wait_for("the data plane's accept to fail for want of fds", || {
+        m.log().contains("AcceptFailed")
+    });
+    starved.end();
+    // Nothing else connects: the waiting connection alone must be taken and served.
+    let (record, _held) = hello_on(waiting, served.installed.handle, served.token);
+    assert_ne!(record.qpn, 0);
+    assert_eq!(m.log().matches("AcceptFailed").count(), 1, "{}", m.log());
+    let mut client = served.remote_client();
+    assert_eq!(client.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
 }

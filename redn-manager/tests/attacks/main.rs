@@ -257,3 +257,44 @@ fn open_manager(wrapper: &[&str]) -> Manager {
     std::fs::write(m.config(), config.replace("0660", "0666")).unwrap();
     m.launch(&[], wrapper)
 }
+
+/// The manager's soft fd limit lowered to its lowest free fd, so that its next `accept`
+/// (or any other open) fails with `EMFILE`, as a manager short of fds would see it; the
+/// limit it had comes back with [`FdStarvation::end`].
+struct FdStarvation {
+    pid: u32,
+    soft: String,
+}
+
+impl FdStarvation {
+    fn start(m: &Manager) -> FdStarvation {
+        let pid = m.child.as_ref().unwrap().id();
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+        let soft = limits
+            .lines()
+            .find_map(|l| l.strip_prefix("Max open files"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap()
+            .to_owned();
+        let open: std::collections::BTreeSet<u32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        let lowest_free = (0..).find(|n| !open.contains(n)).unwrap();
+        FdStarvation::set(pid, &lowest_free.to_string());
+        FdStarvation { pid, soft }
+    }
+
+    fn set(pid: u32, soft: &str) {
+        let status = Command::new("prlimit")
+            .arg(format!("--pid={pid}"))
+            .arg(format!("--nofile={soft}:"))
+            .status()
+            .unwrap();
+        assert!(status.success(), "prlimit --nofile={soft}: failed");
+    }
+
+    fn end(self) {
+        FdStarvation::set(self.pid, &self.soft);
+    }
+}

@@ -397,3 +397,27 @@ fn a_connection_flooding_calls_gets_its_turn_and_no_more() {
         "the admin waited behind the whole backlog: {listed:?}"
     );
 }
+
+#[test]
+fn a_connection_left_in_the_backlog_by_a_failed_accept_is_taken_once_fds_free_up() {
+    // The listener is edge-triggered: a connection the manager could not accept (no fd
+    // free) raised its one edge already. Once fds free up it must still be taken, without
+    // waiting for another connection to arrive.
+    let m = open_manager(&[]);
+    let starved = FdStarvation::start(&m);
+    let mut waiting = Connection::connect(&m.api(), DEADLINE).unwrap();
+    wait_for("the manager's accept to fail for want of fds", || {
+        m.log().contains("accept: Too many open files")
+    });
+    starved.end();
+    // Nothing else connects: the waiting connection alone must be served.
+    waiting
+        .send_bytes(b"{\"method\":\"io.redn.Manager.GetInfo\"}\0", &[])
+        .unwrap();
+    let reply = waiting.read_reply().unwrap();
+    assert_eq!(reply.error, None, "{reply:?}");
+    assert_eq!(reply.parameters["app"], "tester", "{reply:?}");
+    // The stall was said once, not at every retry.
+    let said = m.log().matches("accept: Too many open files").count();
+    assert_eq!(said, 1, "{}", m.log());
+}
