@@ -80,7 +80,30 @@ pub struct Session {
     pub invocations: u32,
     /// Triggers sent on it.
     pub served: u32,
+    /// When it was opened or last sent a trigger.
+    last_used: Instant,
 }
+
+impl Session {
+    /// Whether the manager closed the session's connection: it released the instance (the
+    /// app uninstalled the offload, the auditor stopped it, or a new client took the slot
+    /// of this idle one: the app's `evict_idle_after`). The manager writes nothing after
+    /// its answer, so anything but "no data yet" means the session is over.
+    fn closed_by_manager(&self) -> bool {
+        let mut byte = [0u8; 1];
+        if self.stream.set_nonblocking(true).is_err() {
+            return true;
+        }
+        let peeked = self.stream.peek(&mut byte);
+        let restored = self.stream.set_nonblocking(false).is_ok();
+        !restored || !matches!(peeked, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+}
+
+/// How long a session may sit unused before the next trigger first checks that the
+/// manager still holds it (a look at its connection: three system calls, so not on every
+/// trigger of a busy client).
+const STALE_AFTER: Duration = Duration::from_millis(100);
 
 /// A remote client of one installed offload.
 pub struct RemoteClient {
@@ -259,6 +282,7 @@ impl RemoteClient {
                     accepted,
                     manager,
                     served: 0,
+                    last_used: Instant::now(),
                 });
                 Ok(())
             }
@@ -313,7 +337,13 @@ impl RemoteClient {
             .session
             .as_ref()
             .is_some_and(|s| s.invocations != 0 && s.served >= s.invocations);
-        if used_up {
+        // A session unused for a while may have been released by the manager since: a
+        // trigger sent on it would only time out.
+        let released = self
+            .session
+            .as_ref()
+            .is_some_and(|s| s.last_used.elapsed() >= STALE_AFTER && s.closed_by_manager());
+        if used_up || released {
             self.close_session();
         }
         if self.session.is_none() {
@@ -375,6 +405,7 @@ impl RemoteClient {
         }
         let qp = s.qp;
         s.served += 1;
+        s.last_used = Instant::now();
         self.triggers_sent += 1;
         let send = WorkRequest {
             wr_id: 0,

@@ -84,6 +84,16 @@ impl RemoteInstance {
     }
 }
 
+/// A hello accepted: the client's instance, installed, and the answer to send; with them,
+/// when the app was at `max_remote_clients`, the client that makes room (its connection's
+/// token, and how long it has been idle).
+struct Served {
+    instance: RemoteInstance,
+    installed: Installed<DynNic>,
+    accepted: Accepted,
+    evict: Option<(usize, std::time::Duration)>,
+}
+
 /// The `remote-connect` record of a refusal: who (if known), which refusal, why.
 fn refusal_record(peer: Option<SocketAddr>, error: &str, reason: &str) -> Record {
     let r = Record::new(Event::RemoteConnect, Severity::Warning);
@@ -442,20 +452,27 @@ impl Dataplane {
         audit: &mut Audit,
     ) {
         let peer = self.conns.get(&token).map(|c| c.peer);
-        let result = self
-            .serve(token, bytes, manager)
-            .and_then(|(instance, installed, a)| {
-                let attached = peer.is_some_and(|peer| {
-                    manager.attach_remote(instance.handle, token as u64, peer, installed)
-                });
-                if attached {
-                    Ok((instance, a))
-                } else {
-                    Err(refuse(Refusal::AccessDenied, "the offload was uninstalled"))
-                }
+        let result = self.serve(token, bytes, manager).and_then(|served| {
+            let attached = peer.is_some_and(|peer| {
+                let handle = served.instance.handle;
+                manager.attach_remote(handle, token as u64, peer, served.installed)
             });
+            if attached {
+                Ok((served.instance, served.accepted, served.evict))
+            } else {
+                Err(refuse(Refusal::AccessDenied, "the offload was uninstalled"))
+            }
+        });
         let answer = match result {
-            Ok((instance, accepted)) => {
+            Ok((instance, accepted, evict)) => {
+                // The newcomer is installed: only now does the idle client make room.
+                if let Some((idlest, idle)) = evict {
+                    let why = format!(
+                        "idle for {:.1}s, its slot taken by a new client",
+                        idle.as_secs_f64()
+                    );
+                    self.close(registry, idlest, manager, audit, &why);
+                }
                 if let Some(c) = self.conns.get_mut(&token) {
                     audit.event(
                         &instance
@@ -471,13 +488,32 @@ impl Dataplane {
         self.answer(registry, token, answer, manager, audit);
     }
 
+    /// Of app `app`'s remote clients, the one idle longest (no trigger counted by the
+    /// auditor), if for at least `after`: its connection's token and how long.
+    fn idlest_client(
+        &self,
+        app: &str,
+        after: std::time::Duration,
+        manager: &Manager,
+    ) -> Option<(usize, std::time::Duration)> {
+        let now = std::time::Instant::now();
+        self.conns
+            .iter()
+            .filter_map(|(t, c)| {
+                let i = c.instance.as_ref().filter(|i| i.app == app)?;
+                Some((*t, manager.remote_idle(i.handle, *t as u64, now)?))
+            })
+            .filter(|(_, idle)| *idle >= after)
+            .max_by_key(|(t, idle)| (*idle, std::cmp::Reverse(*t)))
+    }
+
     /// Check the hello and install the client's instance.
     fn serve(
         &mut self,
         token: usize,
         bytes: &[u8],
         manager: &Manager,
-    ) -> Result<(RemoteInstance, Installed<DynNic>, Accepted), (Refusal, String)> {
+    ) -> Result<Served, (Refusal, String)> {
         let (peer, local) = match self.conns.get(&token) {
             Some(c) => (c.peer, c.local),
             None => return Err(refuse(Refusal::InvalidHello, "connection gone")),
@@ -552,14 +588,23 @@ impl Dataplane {
             .filter(|c| c.instance.as_ref().is_some_and(|i| i.app == spec.app))
             .count();
         let max = rule.quota.max_remote_clients;
+        let mut evict = None;
         if serving as u64 >= u64::from(max) {
-            return Err(refuse(
-                Refusal::TooManyClients,
-                format!(
-                    "app {:?} has {serving} remote clients; its max_remote_clients is {max}",
-                    spec.app
-                ),
-            ));
+            let after = rule.client.evict_idle_after.as_duration();
+            evict = after.and_then(|after| self.idlest_client(spec.app, after, manager));
+            if evict.is_none() {
+                let idle = after.map_or_else(String::new, |after| {
+                    format!(", none of them idle for {after:?}")
+                });
+                return Err(refuse(
+                    Refusal::TooManyClients,
+                    format!(
+                        "app {:?} has {serving} remote clients{idle}; its \
+                         max_remote_clients is {max}",
+                        spec.app
+                    ),
+                ));
+            }
         }
         let IpAddr::V4(local_ip) = local.ip() else {
             return Err(refuse(Refusal::NoDevice, "the hello came over IPv6"));
@@ -648,20 +693,21 @@ impl Dataplane {
             Iterations::Bounded { invocations, .. } => invocations,
             Iterations::Recycled { .. } => 0,
         };
-        Ok((
-            RemoteInstance {
+        Ok(Served {
+            instance: RemoteInstance {
                 handle: hello.handle,
                 app: spec.app.to_owned(),
                 offload: spec.program.name.clone(),
             },
             installed,
-            Accepted {
+            accepted: Accepted {
                 invocations,
                 trigger_len: spec.program.trigger_len,
                 offload: spec.program.name.clone(),
                 record,
             },
-        ))
+            evict,
+        })
     }
 
     fn answer(

@@ -281,6 +281,10 @@ struct RemoteInstance {
     /// Its queues' counters when it was attached, before the client learnt its queue
     /// numbers: the auditor's loop budget counts from here.
     at_install: Sample,
+    /// Its triggers as the auditor last counted them, and when that count last moved (or
+    /// the attach): how long the client has been idle, for `evict_idle_after`.
+    triggers_seen: u64,
+    active_at: std::time::Instant,
 }
 
 /// What the data plane needs to serve a remote client of one installed offload (see
@@ -642,10 +646,13 @@ impl Manager {
         let Some(o) = self.installed.get(&handle) else {
             return false;
         };
+        let at_install = self.sample(&o.program, &instance);
         let remote = RemoteInstance {
             peer,
-            at_install: self.sample(&o.program, &instance),
+            at_install,
             installed: instance,
+            triggers_seen: at_install.triggers,
+            active_at: std::time::Instant::now(),
         };
         if let Some(o) = self.installed.get_mut(&handle) {
             o.remote.insert(id, remote);
@@ -659,6 +666,19 @@ impl Manager {
         self.installed
             .get(&handle)
             .is_some_and(|o| o.remote.contains_key(&id))
+    }
+
+    /// How long remote client `id` of offload `handle` has sent no trigger, as of the
+    /// auditor's latest round (from its attach if it never has); `None` if it holds no
+    /// instance.
+    pub fn remote_idle(
+        &self,
+        handle: u64,
+        id: u64,
+        now: std::time::Instant,
+    ) -> Option<std::time::Duration> {
+        let r = self.installed.get(&handle)?.remote.get(&id)?;
+        Some(now.saturating_duration_since(r.active_at))
     }
 
     /// True (once) if remote client `id`'s instance of offload `handle` was released because

@@ -22,6 +22,7 @@
 //! on_violation = "ban"               # "throttle" | "terminate" | "ban"
 //! ban_duration = "1h"                # required with "ban", refused otherwise
 //! token_lifetime = "1d"              # default "1h"; "infinity" allowed
+//! evict_idle_after = "5m"            # default "1m"; "infinity": never
 //! ```
 //!
 //! Every key above is required unless a default is given; unknown keys are refused. Units are
@@ -58,6 +59,12 @@
 //!   its address, or, for the app's own install, the app's connections and installs). A rate
 //!   violation is throttled first whatever this says; see the manager's `docs/audit.md`;
 //! - `token_lifetime`: how long a token handed to a client stays valid.
+//! - `evict_idle_after`: when the app already has `max_remote_clients` remote clients, a
+//!   new client's hello releases the one that has sent no trigger for longest, if that is
+//!   at least this long, instead of being refused `TooManyClients`; `"infinity"`: never.
+//!   Without it, clients that connect and stay silent could hold every slot for as long
+//!   as they keep their connections. A released client's library opens a new session on
+//!   its next request.
 
 use crate::error::{Error, Result};
 use crate::identity::{is_normal_absolute, Matchers, PeerIdentity};
@@ -77,6 +84,8 @@ use std::time::Duration;
 pub const DEFAULT_POLICY_PATH: &str = "/etc/redn/policy.toml";
 /// `token_lifetime` when not given: one hour.
 pub const DEFAULT_TOKEN_LIFETIME: TimeSpan = TimeSpan::Finite(Duration::from_secs(3600));
+/// `evict_idle_after` when not given: a minute.
+pub const DEFAULT_EVICT_IDLE_AFTER: TimeSpan = TimeSpan::Finite(Duration::from_secs(60));
 pub use crate::names::MAX_NAME_LEN;
 
 /// The policy: every app rule, from `policy.toml`. Valid by construction: names are unique,
@@ -248,6 +257,9 @@ pub struct ClientLimits {
     pub on_violation: OnViolation,
     /// How long a token stays valid (`token_lifetime`).
     pub token_lifetime: TimeSpan,
+    /// How long a client must have sent no trigger before a new client at the app's
+    /// `max_remote_clients` may take its place (`evict_idle_after`).
+    pub evict_idle_after: TimeSpan,
 }
 
 /// Triggers per second (`triggers_per_second`): a count like [`WqeRate`], with the same
@@ -377,6 +389,7 @@ struct RawClient {
     on_violation: ViolationKind,
     ban_duration: Option<TimeSpan>,
     token_lifetime: Option<TimeSpan>,
+    evict_idle_after: Option<TimeSpan>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -593,6 +606,14 @@ impl RawClient {
                 "must be longer than 0s: a token that is never valid admits no client",
             ));
         }
+        let evict_idle_after = self.evict_idle_after.unwrap_or(DEFAULT_EVICT_IDLE_AFTER);
+        if evict_idle_after.is_zero() {
+            return Err(invalid(
+                at.key("evict_idle_after"),
+                "must be longer than 0s: a client that just said hello has not been idle; \
+                 use \"infinity\" to never release one for a newcomer",
+            ));
+        }
         Ok(ClientLimits {
             rate_limit_kbps: self.rate_limit_kbps,
             wqes_per_second: self.wqes_per_second,
@@ -600,6 +621,7 @@ impl RawClient {
             wqes_per_invocation,
             on_violation,
             token_lifetime,
+            evict_idle_after,
         })
     }
 }

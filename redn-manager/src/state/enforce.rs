@@ -271,6 +271,8 @@ impl Manager {
         let (failed, missed) = self.take_async_events();
         let mut verdicts = Vec::new();
         let mut sampled = 0;
+        // Remote instances whose trigger count moved since the last round.
+        let mut active = Vec::new();
         for (handle, o) in &self.installed {
             let Some(app) = self.policy.app(&o.app) else {
                 continue;
@@ -300,6 +302,14 @@ impl Manager {
                     seen_by = "state-poll";
                 }
                 sampled += 1;
+                if let Some(id) = track.remote {
+                    if o.remote
+                        .get(&id)
+                        .is_some_and(|r| r.triggers_seen != sample.triggers)
+                    {
+                        active.push((track.handle, id, sample.triggers));
+                    }
+                }
                 let (verdict, queue_error) =
                     auditor.observe_track(track, budget, at_install, sample, &clock);
                 if queue_error {
@@ -308,6 +318,17 @@ impl Manager {
                 if verdict.is_some() {
                     verdicts.push((track, verdict, sample, seen_by));
                 }
+            }
+        }
+        let now = clock.now();
+        for (handle, id, triggers) in active {
+            if let Some(r) = self
+                .installed
+                .get_mut(&handle)
+                .and_then(|o| o.remote.get_mut(&id))
+            {
+                r.triggers_seen = triggers;
+                r.active_at = now;
             }
         }
         for (track, verdict, sample, seen_by) in verdicts {

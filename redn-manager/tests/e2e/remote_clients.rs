@@ -261,6 +261,68 @@ fn remote_clients_past_the_apps_limit_are_refused() {
 }
 
 #[test]
+fn a_new_remote_client_at_the_apps_limit_takes_the_slot_of_the_one_idle_longest() {
+    // Clients that say hello and then stay silent must not hold an app's slots for as
+    // long as they keep their connections: past `evict_idle_after`, a newcomer takes the
+    // place of the one idle longest, never that of a client still sending requests.
+    let two = policy("", "evict_idle_after = \"1s\"")
+        .replace("max_remote_clients = 4", "max_remote_clients = 2");
+    let m = Manager::start_with_dataplane(&two);
+    let (handle, token, endpoint) = kv_app_left_serving(&m);
+    let connect = || remote(&endpoint, handle, &token);
+    let mut busy = connect().unwrap(); // connected first
+    let mut silent = connect().unwrap();
+    match connect() {
+        Err(ClientError::RemoteRefused { refusal, reason }) => {
+            assert_eq!(refusal, Refusal::TooManyClients, "{reason}");
+            assert!(reason.contains("none of them idle for 1s"), "{reason}");
+        }
+        other => panic!("expected TooManyClients, got {other:?}"),
+    }
+    let get = |c: &mut RemoteClient| c.get(0x2a).unwrap();
+    let busy_for = |c: &mut RemoteClient, span: Duration| {
+        let until = Instant::now() + span;
+        while Instant::now() < until {
+            assert_eq!(get(c).as_deref(), Some(&b"hello"[..]));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    busy_for(&mut busy, Duration::from_millis(1500));
+    let mut newcomer = connect().unwrap();
+    let newcomer_instance = *instances(&m.log(), "event=remote-connect", "res=success")
+        .last()
+        .unwrap();
+    assert_eq!(get(&mut newcomer).as_deref(), Some(&b"hello"[..]));
+    // Exactly one client made room, and it was the silent one (the second admitted), not
+    // the busy one connected before it.
+    let log = m.log();
+    let admitted = instances(&log, "event=remote-connect", "res=success");
+    let evicted = instances(&log, "event=remote-exit", "its slot taken by a new client");
+    assert_eq!(evicted, [admitted[1]], "{log}");
+    // The silent client's next GET finds its session gone and opens another, in the place
+    // of the newcomer, now the one idle longest (over 1s).
+    busy_for(&mut busy, Duration::from_millis(1200));
+    let opened = silent.sessions_opened();
+    assert_eq!(get(&mut silent).as_deref(), Some(&b"hello"[..]));
+    assert_eq!(silent.sessions_opened(), opened + 1);
+    let log = m.log();
+    let evicted = instances(&log, "event=remote-exit", "its slot taken by a new client");
+    assert_eq!(evicted.len(), 2, "{log}");
+    assert_eq!(evicted[1], newcomer_instance, "{log}");
+}
+
+/// The `instance=` of each line of `log` that contains both `a` and `b`, in order.
+fn instances(log: &str, a: &str, b: &str) -> Vec<u64> {
+    log.lines()
+        .filter(|l| l.contains(a) && l.contains(b))
+        .filter_map(|l| {
+            let v = l.split(' ').find_map(|f| f.strip_prefix("instance="))?;
+            v.parse().ok()
+        })
+        .collect()
+}
+
+#[test]
 fn an_uninstall_takes_its_remote_clients_instances_with_it() {
     let m = Manager::start_with_dataplane(&policy("", ""));
     let mut app = m.client();
