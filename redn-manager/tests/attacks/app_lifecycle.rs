@@ -1311,12 +1311,14 @@ fn an_app_restarting_under_keep_serving_strands_no_region() {
 /// rounds in earlier runs, peaks to 1 GB), 1.4 MB of heap in use and `ListDevices` at 0
 /// objects; `malloc_trim(0)` called in the manager with gdb took one from 113 MB to 6 MB.
 ///
-/// Partly fixed, so ignored: alone on the machine the stalled run now grows 9 MB, but in a
-/// loaded full-suite run it grew 200 MB against 22 MB reading. Other allocations of an
-/// install above glibc's threshold (a queue's executor snapshots, 128 bytes a ring slot)
-/// still come from the heap after the threshold rises; pinning the threshold at start
-/// (`mallopt`) was tried and left hundreds of mappings in use across the other tests'
-/// loops, so it was not kept.
+/// Partly fixed, so ignored. With the big buffers mapped, alone on the machine the stalled
+/// run grew 9 MB, but in a loaded full-suite run 200 MB against 22 MB reading (376 MB in a
+/// later loaded run): the queued records were still a string each. The queue now keeps its
+/// records in one buffer (`LineQueue`, `audit.rs`): +5 to +7 MB in five of six runs under
+/// another build's load, but +70 MB in the sixth. Other allocations of an install above
+/// glibc's threshold (a queue's executor snapshots, 128 bytes a ring slot) still come from
+/// the heap after the threshold rises; pinning the threshold at start (`mallopt`) was tried
+/// and left hundreds of mappings in use across the other tests' loops, so it was not kept.
 #[test]
 #[ignore = "partly fixed: still grows up to 200 MB under load (see its comment)"]
 fn install_churn_while_the_audit_receiver_is_stalled_leaves_the_manager_its_size() {
