@@ -553,6 +553,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_line_queue_gives_lines_back_in_order_and_compacts_what_was_sent() {
+        let mut q = LineQueue::default();
+        let lines: Vec<String> = (0..50)
+            .map(|i| format!("record {i} {}", "x".repeat(i)))
+            .collect();
+        let mut next = 0;
+        for (i, l) in lines.iter().enumerate() {
+            q.push(l);
+            if i % 3 == 2 {
+                // Send two of every three: the sent part keeps being compacted away.
+                for _ in 0..2 {
+                    assert_eq!(q.front(), Some(lines[next].as_bytes()));
+                    q.pop_front();
+                    next += 1;
+                }
+                let waiting: usize = lines[next..=i].iter().map(String::len).sum();
+                assert!(q.bytes.len() - q.head == waiting);
+                assert!(q.bytes.len() <= 2 * waiting.max(1) + lines[i].len());
+            }
+        }
+        assert_eq!(q.len(), lines.len() - next);
+        while let Some(front) = q.front() {
+            assert_eq!(front, lines[next].as_bytes());
+            q.pop_front();
+            next += 1;
+        }
+        assert_eq!(next, lines.len());
+        assert!(q.is_empty() && q.bytes.is_empty() && q.head == 0);
+        q.pop_front(); // on an empty queue: nothing
+        assert!(q.is_empty());
+    }
+
+    #[test]
     fn long_values_are_cut_at_a_character_boundary_saying_how_long() {
         let short = "é".repeat(MAX_VALUE_BYTES / 2);
         assert_eq!(capped(short.clone()), short, "exactly the cap is kept");
