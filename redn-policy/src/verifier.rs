@@ -12,13 +12,15 @@
 //!   right side of the connection; every static address range lies inside its region; atomic
 //!   targets are 8-byte aligned;
 //! - **self-modification**: every write into a WQE (receive scatter, READ scatter, CAS, atomic
-//!   result, WRITE) lands inside a declared patch point of that source; no patch point covers
-//!   a key, a QP or CQ number, the ds or flag bytes, reserved bytes or an opcode — except the
-//!   operand bytes of a conditional WQE and a CAS whose swap is a static control image of an
-//!   allowed opcode with the queue's real numbers (RedN's `if`, `else`, `break`);
+//!   result, WRITE) lands inside its WQE's blocks and a declared patch point of that source;
+//!   no patch point runs past its WQE's blocks or covers a key, a QP or CQ number, the ds or
+//!   flag bytes, reserved bytes or an opcode — except the operand bytes of a conditional WQE
+//!   and a CAS whose swap is a static control image of an allowed opcode with the queue's real
+//!   numbers (RedN's `if`, `else`, `break`);
 //! - **control words** (`verifier::control`): every value each WQE's first 8 bytes can reach, over
 //!   every order of every write into them (CASes computed bitwise under their masks), is the
-//!   WQE's own operation or a NOP over the same blocks;
+//!   WQE's own operation or a NOP over the same blocks (a WRITE of a NOP template counts as a
+//!   constant only while no patch point covers its remote address or data segment);
 //! - **bounds**: queue count, ring sizes and code bytes within limits (before anything is
 //!   allocated); in a bounded program every count static and no enable past its ring, and
 //!   the worst trigger (`verifier::bounds`: the WQEs each trigger runs, not an average), the install
@@ -28,7 +30,7 @@
 //!   the fence flag (or waits for that completion), as a ConnectX needs;
 //! - **index windows** (`verifier::window`): every count stays within half the range the
 //!   hardware compares it modulo (2^16 queue indices, 2^24 CQ counts), and a recycled
-//!   count moves by a bounded step each round.
+//!   count moves by a bounded step each round from a counter that starts inside the window.
 //!
 //! Addresses and lengths patched at run time (a bucket address, say) cannot be checked
 //! here; the keys can, and the NIC checks every access against them. The installer's narrow
@@ -1057,6 +1059,19 @@ impl<'a> Checker<'a> {
                                 && at < u64::from(pr.offset) + u64::from(pr.len)
                         })
                         .map(|pr| pr.name.clone());
+                    if let Addr::Wqe { .. } = &s.addr {
+                        // Inside the WQE's blocks, as a READ's scatter must be: its patch
+                        // points alone do not say so.
+                        self.range(
+                            q,
+                            (0, "receive"),
+                            &field,
+                            &s.addr,
+                            u64::from(s.len),
+                            Access::NONE,
+                            false,
+                        );
+                    }
                     match (&s.addr, param) {
                         (Addr::Wqe { .. }, Some(param)) => self.code_write(qn, None, &field, &s.addr, u64::from(s.len), &PatchSource::Trigger { param }),
                         (Addr::Wqe { label, byte }, None) => self.find(Some(qn), None, &field, Rule::UndeclaredPatch, format!("trigger bytes {at}.. land in {label}@{byte} but no parameter covers them")),
@@ -1248,6 +1263,24 @@ impl<'a> Checker<'a> {
                     format!(
                         "patch source {} does not exist or is not of that kind",
                         source_name(&pp.source)
+                    ),
+                );
+            }
+            // Bytes past the WQE's blocks are the next WQE's (its control word, count, QP
+            // number), which no protected range of this WQE names.
+            let (size, to) = (w.op.bbs() * 64, u64::from(pp.byte) + u64::from(pp.len));
+            if to > size {
+                self.find(
+                    Some(&qn),
+                    here,
+                    &field,
+                    Rule::OutOfRegion,
+                    format!(
+                        "patch point {}@{}..{to} runs past the WQE's {size} bytes into the next \
+                         WQE's{}",
+                        pp.label,
+                        pp.byte,
+                        self.code_bytes(&pp.label, u64::from(pp.byte), to)
                     ),
                 );
             }

@@ -10,7 +10,8 @@
 //!   the swap replaces the bits of its swap mask, computed bitwise (so masks that splice
 //!   compare and swap bits are followed exactly); compare bytes a trigger patches are
 //!   unknown, so both outcomes are kept;
-//! - a WRITE of 8 constant bytes (a static block nothing writes) onto the word: that value;
+//! - a WRITE of 8 constant bytes (a static block nothing writes, through a WRITE whose remote
+//!   address and data segment no patch point covers) onto the word: that value;
 //! - any other write (a trigger, a READ, an atomic's result, a WRITE of data): its bytes
 //!   become unknown.
 //!
@@ -331,7 +332,7 @@ impl Writers<'_> {
 
 /// The 8 bytes (as a CAS reads them: little-endian) that WRITE `label` copies onto the
 /// control word of `target`, if it copies exactly 8 bytes from a static block nothing ever
-/// writes; `None` otherwise.
+/// writes and nothing may patch the WRITE past its control segment; `None` otherwise.
 pub(super) fn constant_copy(
     program: &Program,
     positions: &HashMap<&str, WqePos>,
@@ -356,6 +357,16 @@ pub(super) fn constant_copy(
         return None;
     };
     if to != target || static_written(name) {
+        return None;
+    }
+    // Every write into a WQE lands in a patch point of it (the other passes check each
+    // source; the installer's keys hold it to them). One over the WRITE's remote address or
+    // data segment makes the copy any bytes its keys reach, or (with the inline bit in the
+    // byte count) the WRITE's own bytes.
+    let segments = (super::SEG_BYTES, u32::MAX);
+    if program.patches.iter().any(|pp| {
+        pp.label == label && super::overlap((pp.byte, pp.byte.saturating_add(pp.len)), segments)
+    }) {
         return None;
     }
     let block = program.statics.iter().find(|b| &b.name == name)?;

@@ -17,9 +17,12 @@
 //!   by the sum of the FETCH_ADDs on its counter. That step must be below half the range,
 //!   every recycled count of one queue (or CQ) must move by the same step (different steps
 //!   drift apart until one target aliases), and an enable of such a queue may not have a
-//!   static count (the queue passes it for good and, 2^16 BBs on, it aliases ahead). A
-//!   count whose step cannot be read off the program (a counter something else also
-//!   writes, a count patched from a trigger) is refused.
+//!   static count (the queue passes it for good and, 2^16 BBs on, it aliases ahead). Its
+//!   counter must start below half the range, as a static count must (the first target it
+//!   lands is that value; later ones move with the queue). A count whose step cannot be
+//!   read off the program (a counter something else also writes, a count patched from a
+//!   trigger, a READ or FETCH_ADD landing it or adding to its counter that something may
+//!   patch) is refused.
 
 use redn_program::program::{Addr, Iterations, Op, PatchSource, Program};
 use std::collections::BTreeMap;
@@ -148,8 +151,8 @@ pub(super) fn check(p: &Program, wait_pi_byte: u32) -> Vec<Refusal> {
                 continue;
             }
             for source in sources {
-                let step = match step_of(p, source) {
-                    Ok(step) => step,
+                let (step, first) = match step_of(p, source) {
+                    Ok(counter) => counter,
                     Err(why) => {
                         out.push(refuse(format!(
                             "{why}: the verifier cannot bound how far it moves {} a round",
@@ -163,6 +166,15 @@ pub(super) fn check(p: &Program, wait_pi_byte: u32) -> Vec<Refusal> {
                     out.push(refuse(format!(
                         "moves {step} {} a round, {window} or more: the hardware reads the \
                          next target as behind {}",
+                        kind.unit(),
+                        kind.what(target)
+                    )));
+                    continue;
+                }
+                if first >= window {
+                    out.push(refuse(format!(
+                        "its counter starts at {first}, {window} {} or more past 0, where {} \
+                         starts: the hardware would read its first target as behind",
                         kind.unit(),
                         kind.what(target)
                     )));
@@ -203,9 +215,21 @@ pub(super) fn check(p: &Program, wait_pi_byte: u32) -> Vec<Refusal> {
     out
 }
 
-/// How far a count patched from `source` moves each round of a recycled loop: the sum of
-/// the FETCH_ADDs on the counter it comes from. `Err` says why that cannot be read off.
-fn step_of(p: &Program, source: &PatchSource) -> Result<u64, String> {
+/// How far a count patched from `source` moves each round of a recycled loop (the sum of
+/// the FETCH_ADDs on the counter it comes from) and where its counter starts (its first 8
+/// bytes, little-endian: the first count it lands). `Err` says why that cannot be read off.
+fn step_of(p: &Program, source: &PatchSource) -> Result<(u64, u64), String> {
+    // The READ or FETCH_ADD that lands the count, and every FETCH_ADD on its counter's
+    // block, must run as written: a patched address, addend, scatter or result would make
+    // the step, the counter or the count anything.
+    let patched = |label: &str| p.patches.iter().any(|pp| pp.label == label);
+    if let PatchSource::Read { label } | PatchSource::AtomicResult { label } = source {
+        if patched(label) {
+            return Err(format!(
+                "its count comes from {label:?}, which may be patched"
+            ));
+        }
+    }
     let counter = match source {
         PatchSource::Read { label } => match find_op(p, label) {
             Some(Op::Read { remote, .. }) => remote,
@@ -238,6 +262,12 @@ fn step_of(p: &Program, source: &PatchSource) -> Result<u64, String> {
             return Err(format!("counter {name:?} is also written by a receive"));
         }
         for w in &q.wqes {
+            if matches!(&w.op, Op::Faa { remote, .. } if at(remote)) && patched(&w.label) {
+                return Err(format!(
+                    "counter {name:?} is added to by {:?}, which may be patched",
+                    w.label
+                ));
+            }
             let other = match &w.op {
                 Op::Faa { result, .. } if result.as_ref().is_some_and(|r| at(&r.addr)) => true,
                 Op::Faa { remote, add, .. } => match remote {
@@ -262,7 +292,15 @@ fn step_of(p: &Program, source: &PatchSource) -> Result<u64, String> {
             }
         }
     }
-    Ok(step)
+    let first = p
+        .statics
+        .iter()
+        .find(|s| &s.name == name)
+        .and_then(|s| s.bytes.get(usize::try_from(*offset).ok()?..)?.get(..8))
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_le_bytes)
+        .ok_or_else(|| format!("counter {name:?} holds no 8 bytes at offset {offset}"))?;
+    Ok((step, first))
 }
 
 /// The operation of WQE `label`.

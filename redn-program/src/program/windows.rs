@@ -23,8 +23,9 @@
 //! block may be a source on either side (it holds what the program keeps there, never ring
 //! bytes). What is refused here, because no window can serve it: a client-facing queue
 //! naming code as a remote address (its peer is the client) or sending WQE bytes, a
-//! FETCH_ADD on a WQE (no patch source says what it may change), and any access to a WQE
-//! outside every patch point declared for its source.
+//! FETCH_ADD on a WQE (no patch source says what it may change), any access to a WQE
+//! outside every patch point declared for its source, and a patch point running past its
+//! WQE's blocks (its window would cover the next WQE's bytes).
 
 use super::layout::CodeLayout;
 use super::{code_usize, Addr, Op, PatchPoint, PatchSource, Program, ProgramError, QueueRole, Sge};
@@ -357,6 +358,15 @@ impl Program {
                                  point declared for it: no key may name them"
                             ));
                         };
+                        // A patch point past the WQE's blocks would give a key over the next
+                        // WQE's bytes (its control word, its count and QP number).
+                        let size = self.wqe_at(*pos).map_or(0, |w| w.op.bbs()) * BB_SIZE as u64;
+                        if to > size {
+                            return refuse(format!(
+                                "names bytes {from}..{to} of WQE {label}, past its {size} bytes: \
+                                 no key may name the next WQE's"
+                            ));
+                        }
                         let wqe_at = layout.sq[pos.queue] + code_usize(pos.bb)? * BB_SIZE;
                         add(
                             q.role,
@@ -562,6 +572,58 @@ mod tests {
             source: PatchSource::Write { label: "x".into() },
         });
         assert!(refusal(&p).contains("names bytes 44..52 of WQE 0.r0"));
+    }
+
+    #[test]
+    fn a_window_ends_at_its_wqes_last_byte_and_never_past_it() {
+        // A two-BB WRITE (four gather entries), and a READ landing at bytes `byte..byte + 8`
+        // of it, declared there.
+        let landing = |byte: u32| {
+            let mut p = with(
+                1,
+                "two",
+                Op::Write {
+                    remote: Addr::region("table", 0),
+                    sgl: (0..4)
+                        .map(|_| Sge::new(Addr::region("values", 0), 8))
+                        .collect(),
+                    imm: None,
+                },
+            );
+            assert_eq!(p.queues[1].wqes.last().unwrap().op.bbs(), 2);
+            p.queues[1].wqes.push(Wqe {
+                label: "x".into(),
+                op: Op::Read {
+                    remote: Addr::region("table", 0),
+                    sgl: vec![Sge::new(Addr::wqe("two", byte as usize), 8)],
+                },
+                flags: WqeFlags::NONE,
+                form: Form::Active,
+            });
+            p.patches.push(crate::program::PatchPoint {
+                label: "two".into(),
+                byte,
+                len: 8,
+                source: PatchSource::Read { label: "x".into() },
+            });
+            p
+        };
+        let p = landing(120);
+        let layout = p.layout().unwrap();
+        let two = p.wqe_positions()["two"];
+        let at = layout.sq[two.queue] + usize::try_from(two.bb).unwrap() * BB_SIZE;
+        assert!(p.code_windows(&layout).unwrap().contains(&CodeWindow {
+            side: QueueRole::Worker,
+            offset: at + 120,
+            len: 8,
+            access: Access::LOCAL_WRITE,
+            what: "WQE two bytes 120..128".into(),
+        }));
+        let e = refusal(&landing(124));
+        assert!(
+            e.contains("names bytes 124..132 of WQE two, past its 128 bytes"),
+            "{e}"
+        );
     }
 
     #[test]
