@@ -1,6 +1,7 @@
-//! A RoCE queue's posted messages while its PU has other work: a queue that waits for
-//! ACKs only when it must (a signaled WQE at rest) leaves its PU free for the other queues
-//! otherwise, even when the ACKs never come.
+//! A RoCE queue's posted messages while its PU has other work: the queue never waits for
+//! its peer's ACKs (the peer decides when they come, and a hostile one never sends them),
+//! so its PU stays free for the other queues whatever the RoCE queue holds: a signaled WQE
+//! at rest, a WQE that must follow its posted messages' outcomes, a full window, a fault.
 //!
 //! Each test connects two softnics of this process over loopback UDP; the responder's
 //! endpoint loses everything it sends (every ACK), so the requester's messages stay
@@ -162,5 +163,74 @@ fn a_signaled_write_before_a_blocked_wait_does_not_hold_its_pu() {
         assert!(Instant::now() < deadline, "the WAIT never blocked");
         std::thread::yield_now();
     }
+    nop_completes_while_ready(&a, q, cq, qa);
+}
+
+/// A signaled WRITE at rest: the host waits for its completion, but the PU does not wait
+/// for the ACK that makes it (a peer that never acknowledged held a manager's only PU for
+/// the ~0.5 s of its retries, per message).
+#[test]
+fn a_signaled_write_at_rest_does_not_hold_its_pu() {
+    let (a, _b, qa, rb) = deaf_pair();
+    let (q, cq) = loopback(&a);
+    a.nic.post_send(qa, &[write(&a, &rb, SIG, 1)]).unwrap();
+    nop_completes_while_ready(&a, q, cq, qa);
+}
+
+/// A signaled NOP behind a posted WRITE must complete after it (completions come in
+/// order), so it runs only once the WRITE's outcome is in: until then the queue's visits
+/// end, and the PU runs its other queues.
+#[test]
+fn a_wqe_that_follows_posted_outcomes_does_not_hold_its_pu() {
+    let (a, _b, qa, rb) = deaf_pair();
+    let (q, cq) = loopback(&a);
+    let nop = WrOp::Nop {
+        raw_segments: vec![],
+    };
+    a.nic
+        .post_send(qa, &[write(&a, &rb, WqeFlags::NONE, 1), wr(2, SIG, nop)])
+        .unwrap();
+    nop_completes_while_ready(&a, q, cq, qa);
+}
+
+/// More unsignaled WRITEs than the requester keeps in flight (32 messages): the one that
+/// finds the window full waits on a later visit for room, not in the PU.
+#[test]
+fn a_full_window_does_not_hold_its_pu() {
+    let (a, _b, qa, rb) = deaf_pair();
+    let (q, cq) = loopback(&a);
+    let writes: Vec<WorkRequest> = (0..40).map(|i| write(&a, &rb, WqeFlags::NONE, i)).collect();
+    a.nic.post_send(qa, &writes).unwrap();
+    let deadline = Instant::now() + patience(30);
+    while a.nic.counters(qa).unwrap().total_wqes() < 32 {
+        assert!(Instant::now() < deadline, "the window never filled");
+        std::thread::yield_now();
+    }
+    nop_completes_while_ready(&a, q, cq, qa);
+    assert_eq!(
+        a.nic.counters(qa).unwrap().total_wqes(),
+        32,
+        "no WRITE past the window's 32 messages ran"
+    );
+}
+
+/// A WQE that faults behind a posted WRITE reports its error after the WRITE's outcome,
+/// which the queue does not wait for: the fault waits for a later visit, the PU goes on.
+#[test]
+fn a_fault_behind_posted_messages_does_not_hold_its_pu() {
+    let (a, _b, qa, rb) = deaf_pair();
+    let (q, cq) = loopback(&a);
+    let mut bad = write(&a, &rb, SIG, 2);
+    if let WrOp::Write { payload, .. } = &mut bad.op {
+        // A local key nothing registered: a local protection fault.
+        *payload = Payload::Sgl(vec![redn_program::wqe::Sge {
+            addr: a.mem.mr.addr,
+            len: 8,
+            lkey: redn_sys::Lkey(0x00ab_cd00),
+        }]);
+    }
+    a.nic
+        .post_send(qa, &[write(&a, &rb, WqeFlags::NONE, 1), bad])
+        .unwrap();
     nop_completes_while_ready(&a, q, cq, qa);
 }

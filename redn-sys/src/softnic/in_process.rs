@@ -223,6 +223,49 @@ pub(crate) fn refuse(t: &QpShared, nak: Nak) -> Nak {
 /// through the receive's scatter list (the bytes of its slot; none when `len` is 0), and
 /// return the receive's index. On a placement failure the responder's QP goes to error
 /// with an error completion for that receive, as a responder does.
+/// How far `t`'s receives may be consumed: a managed receive queue consumes up to what
+/// RECV_EN enabled, whatever the host posted (a NIC-resident loop re-arms the same slots,
+/// their scatter lists staying in the ring); another up to what the host posted.
+fn recv_limit(t: &QpShared) -> u64 {
+    if t.managed_recv {
+        t.rq.enabled.load(Ordering::Acquire)
+    } else {
+        t.rq.posted.load(Ordering::Acquire)
+    }
+}
+
+/// The bytes of receive `idx`'s slot, read into `line` when it fits (a receive slot is at
+/// most 16 entries; most are one or a few, and zeroing 1 KiB cost ~80 instructions a SEND)
+/// or into `large`.
+fn read_recv_slot<'a>(
+    t: &QpShared,
+    idx: u64,
+    line: &'a mut [u8; 64],
+    large: &'a mut Vec<u8>,
+) -> &'a [u8] {
+    let stride = t.rq.ring.stride;
+    let slot = if stride <= line.len() {
+        &mut line[..stride]
+    } else {
+        large.resize(stride, 0);
+        &mut large[..]
+    };
+    t.rq.ring.buffer.read(t.rq.ring.entry_off(idx), slot);
+    slot
+}
+
+/// The room of `t`'s next receive (the bytes its scatter list takes), if one is posted and
+/// enabled: what a SEND arriving in several packets may gather before it is placed.
+pub(crate) fn next_recv_room(t: &QpShared) -> Option<u64> {
+    let consumed = t.rq.consumer.lock().unwrap_or_else(|e| e.into_inner());
+    if *consumed >= recv_limit(t) {
+        return None;
+    }
+    let (mut line, mut large) = ([0u8; 64], Vec::new());
+    let slot = read_recv_slot(t, *consumed, &mut line, &mut large);
+    Some(recv_entries(slot).map(|s| u64::from(s.len)).sum())
+}
+
 fn consume_recv(
     t: &QpShared,
     len: usize,
@@ -230,14 +273,7 @@ fn consume_recv(
 ) -> Result<u64, Nak> {
     let mut consumed = t.rq.consumer.lock().unwrap_or_else(|e| e.into_inner());
     let idx = *consumed;
-    // A managed receive queue consumes up to what RECV_EN enabled, whatever the host posted:
-    // a NIC-resident loop re-arms the same slots (their scatter lists stay in the ring).
-    let limit = if t.managed_recv {
-        t.rq.enabled.load(Ordering::Acquire)
-    } else {
-        t.rq.posted.load(Ordering::Acquire)
-    };
-    if idx >= limit {
+    if idx >= recv_limit(t) {
         // Counted by the requester (its rnr_waits), not here.
         return Err(Nak::ReceiverNotReady);
     }
@@ -246,17 +282,8 @@ fn consume_recv(
         // list is not read, which spares a WRITE_IMM's responder a ring read and a decode.
         place(&[])
     } else {
-        // A receive slot is at most 16 entries; most are one or a few, so the copy goes to
-        // a buffer of one line when it fits (zeroing 1 KiB cost ~80 instructions a SEND).
-        let stride = t.rq.ring.stride;
         let (mut line, mut large) = ([0u8; 64], Vec::new());
-        let slot = if stride <= line.len() {
-            &mut line[..stride]
-        } else {
-            large.resize(stride, 0);
-            &mut large[..]
-        };
-        t.rq.ring.buffer.read(t.rq.ring.entry_off(idx), slot);
+        let slot = read_recv_slot(t, idx, &mut line, &mut large);
         let room: u64 = recv_entries(slot).map(|s| u64::from(s.len)).sum();
         if len as u64 > room {
             Err((Syndrome::LocalLength, Nak::RemoteInvalid))

@@ -80,6 +80,10 @@ pub(crate) enum Nak {
     RemoteOperation,
     /// No receive posted: retry later.
     ReceiverNotReady,
+    /// Not a refusal: a windowed transport's window is full (its peer has not acknowledged
+    /// enough of what was posted), so nothing was sent; the WQE runs again on a later visit
+    /// (an ACK's arrival or the transport's timer brings the PU back). Never reported.
+    WindowFull,
     /// The peer is gone or in error: nothing answers.
     NoResponse,
     /// The peer kept answering "receiver not ready" past the RNR retry count (a network
@@ -94,6 +98,8 @@ impl Nak {
             Nak::RemoteInvalid => Syndrome::RemoteInvalidRequest,
             Nak::RemoteOperation => Syndrome::RemoteOperation,
             Nak::ReceiverNotReady => Syndrome::RnrRetryExceeded,
+            // Never reported (see the variant), but a syndrome must be given.
+            Nak::WindowFull => Syndrome::TransportRetryExceeded,
             Nak::NoResponse => Syndrome::TransportRetryExceeded,
             Nak::RnrRetryExceeded => Syndrome::RnrRetryExceeded,
         }
@@ -143,8 +149,10 @@ pub(crate) trait Transport: Send + Sync {
         false
     }
     /// The outcome of the oldest posted message whose outcome was not taken yet, asked for
-    /// as [`Ask`] says: with `Wait`, waiting for it (until it is known or the transport
-    /// gives up); otherwise None if it is not known yet (or nothing is posted).
+    /// as [`Ask`] says; None if it is not known yet (or nothing is posted). Never waits:
+    /// the peer decides when its ACKs come, so a PU that waited for one would serve none
+    /// of its other queues meanwhile (a peer that never acknowledged held a manager's only
+    /// PU for the ~0.5 s its retries took, per message).
     fn settle(&self, _ask: Ask) -> Option<Result<(), Nak>> {
         None
     }
@@ -169,8 +177,6 @@ pub(crate) trait Transport: Send + Sync {
 /// ([`Transport::settle`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Ask {
-    /// Wait until it is known (or the transport gives up).
-    Wait,
     /// Take it if it is known, after taking what has come and running the timers that
     /// have fallen due (a retransmission, an ACK to ask for): a queue at rest.
     Now,

@@ -228,6 +228,8 @@ enum Control {
 enum Fail {
     /// Try again later (no receive at the peer).
     NotReady,
+    /// Try again later: the windowed peer's window is full ([`Nak::WindowFull`]).
+    WindowFull,
     /// Error completion with this syndrome.
     Syndrome(Syndrome),
 }
@@ -236,6 +238,7 @@ impl From<Nak> for Fail {
     fn from(n: Nak) -> Fail {
         match n {
             Nak::ReceiverNotReady => Fail::NotReady,
+            Nak::WindowFull => Fail::WindowFull,
             other => Fail::Syndrome(other.syndrome()),
         }
     }
@@ -342,14 +345,17 @@ impl Core {
             && self.qp.rate_generation.load(Ordering::Acquire) == self.rate_generation
     }
 
-    /// True if a visit has nothing to do: nothing posted (or enabled) past what has run and
-    /// no error to flush, or parked on a WAIT still short of its count. Most of a manager's
+    /// True if a visit has nothing to do: nothing posted (or enabled) past what has run, no
+    /// error to flush and no message awaiting its outcome from a windowed peer, or parked on a WAIT still short of its count. Most of a manager's
     /// queues, most of the time: checked in a small function of its own, before the
     /// executor's set-up (`run` is out of line).
     #[inline(always)]
     fn nothing_to_do(&mut self) -> bool {
         let state = self.qp.state();
-        (self.ci >= self.limit() && state != QpState::Error) || self.still_parked(state)
+        // Messages posted to a windowed peer wait for outcomes that may arrive at any turn
+        // (their queue never waits for them: `settle_at_rest`).
+        (self.ci >= self.limit() && state != QpState::Error && self.posted.is_empty())
+            || self.still_parked(state)
     }
 
     /// True if the queue is parked on a WAIT (see `parked`) that is still short of its count

@@ -211,9 +211,17 @@ impl Core {
         );
         let wait = WqeFlags(flags).waits_for_responses()
             || !(posts || control && !WqeFlags(flags).signaled());
-        if !self.posted.is_empty() && !self.settle(wait) {
-            // One failed: the queue is in error, and its next visit flushes this WQE.
-            return Step::Blocked;
+        if !self.posted.is_empty() {
+            if !self.settle() {
+                // One failed: the queue is in error, and its next visit flushes this WQE.
+                return Step::Blocked;
+            }
+            if wait && !self.posted.is_empty() {
+                // Their outcomes are not all here: it runs on a later visit, which an
+                // ACK's arrival or the transport's timer brings. The PU never waits for a
+                // peer meanwhile: its other queues go on.
+                return Step::Blocked;
+            }
         }
         let result = match opcode {
             Opcode::Nop => Ok(0),
@@ -264,6 +272,8 @@ impl Core {
                 }
                 Step::Blocked
             }
+            // The peer's window is full: the next visit runs it again (as for `wait` above).
+            Err(Fail::WindowFull) => Step::Blocked,
             Err(Fail::Syndrome(s)) => Step::Fault(s, bbs),
         }
     }
@@ -714,10 +724,17 @@ impl Core {
     /// The WQE at `ci` failed: error completion (always, signaled or not), QP to error, and
     /// flush everything behind it.
     pub(super) fn fault(&mut self, f: &mut Fetcher, syndrome: Syndrome, bbs: u64) {
-        if !self.posted.is_empty() && !self.settle(true) {
-            // A message before it failed: that is the queue's error; this WQE is flushed.
-            self.flush(f);
-            return;
+        if !self.posted.is_empty() {
+            if !self.settle() {
+                // A message before it failed: that is the queue's error; this WQE is flushed.
+                self.flush(f);
+                return;
+            }
+            if !self.posted.is_empty() {
+                // Its error completes after theirs: the WQE runs again on a later visit,
+                // once their outcomes are in (never waited for here: see `step`).
+                return;
+            }
         }
         self.fail(self.ci, bbs, self.wqe[off::OPCODE], syndrome);
         self.ci += bbs;
@@ -772,13 +789,13 @@ impl Core {
 
 /// A windowed peer's posted messages (see `Core::posted`).
 impl Core {
-    /// Write the completions of posted WQEs whose outcomes the peer has: every one (`all`,
-    /// waiting for each in turn) or the ones that have come (no clock read: between WQEs;
-    /// the visit's end runs the timers). False if one failed: its error completion and the
-    /// flushes of those after it are written and the queue is in error (next visit: flush).
-    pub(super) fn settle(&mut self, all: bool) -> bool {
+    /// Write the completions of posted WQEs whose outcomes have come (no clock read: between
+    /// WQEs; the visit's end runs the timers). False if one failed: its error completion and
+    /// the flushes of those after it are written and the queue is in error (next visit:
+    /// flush).
+    pub(super) fn settle(&mut self) -> bool {
         while !self.posted.is_empty() {
-            match self.settle_oldest(if all { Ask::Wait } else { Ask::Arrived }) {
+            match self.settle_oldest(Ask::Arrived) {
                 Some(true) => {}
                 Some(false) => return false,
                 None => break,
@@ -788,15 +805,10 @@ impl Core {
     }
 
     /// Settle the oldest posted WQE: Some(true) if it completed, Some(false) if it failed
-    /// (see [`Self::settle`]), None if its outcome is not known yet (only without waiting).
+    /// (see [`Self::settle`]), None if its outcome is not known yet.
     fn settle_oldest(&mut self, ask: Ask) -> Option<bool> {
         let p = *self.posted.front()?;
-        let outcome = match self.peer.as_ref().and_then(|peer| peer.settle(ask)) {
-            Some(o) => o,
-            // A peer that holds nothing for a posted WQE will never answer for it.
-            None if ask == Ask::Wait => Err(Nak::NoResponse),
-            None => return None,
-        };
+        let outcome = self.peer.as_ref().and_then(|peer| peer.settle(ask))?;
         self.posted.pop_front();
         match outcome {
             Ok(()) => {
@@ -829,18 +841,15 @@ impl Core {
     }
 
     /// The end of a windowed queue's visit (`outcome`), and a visit of one with nothing to
-    /// run but posted messages: with nothing more to run, wait for the outcomes of what it
-    /// posted, one by one, up to the last signaled one (a completion the host waits for),
-    /// until more WQEs are posted (then the next visit runs them first); otherwise take
-    /// only what has come. Unsignaled messages left outstanding are settled by later
-    /// visits, which the PU makes by the transport's next timer (a retransmission, or an
-    /// ACK to ask for) if nothing else comes first.
+    /// run but posted messages: take the outcomes that have come and let the transport's
+    /// timers run, never waiting for more (see [`Transport::settle`]). What is left
+    /// outstanding is settled by later visits: the PU comes back when a response arrives
+    /// for the queue (the endpoint wakes it) or by the transport's next timer (a
+    /// retransmission, or an ACK to ask for), whichever is first.
     pub(super) fn settle_at_rest(&mut self, outcome: RunOutcome) -> RunOutcome {
         let mut settled = false;
         while !self.posted.is_empty() {
-            let rest = self.ci >= self.limit() && self.qp.state() == QpState::ReadyToSend;
-            let wait = rest && self.posted.iter().any(|p| p.signaled);
-            match self.settle_oldest(if wait { Ask::Wait } else { Ask::Now }) {
+            match self.settle_oldest(Ask::Now) {
                 Some(true) => settled = true,
                 Some(false) => return RunOutcome::Progress,
                 None => break,

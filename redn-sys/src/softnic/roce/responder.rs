@@ -33,8 +33,9 @@ pub trait Memory {
     fn read(&mut self, va: u64, rkey: u32, out: &mut [u8]) -> Result<(), Nak>;
     /// Run an atomic on the 8 bytes at `va`, returning the original value.
     fn atomic(&mut self, va: u64, rkey: u32, op: AtomicOp) -> Result<u64, Nak>;
-    /// True if a receive is posted (and enabled) for a SEND or WRITE-with-immediate.
-    fn recv_ready(&mut self) -> bool;
+    /// The room of the next receive (the bytes its scatter list takes), if one is posted
+    /// (and enabled) for a SEND or WRITE-with-immediate.
+    fn recv_room(&mut self) -> Option<u64>;
     /// Move the QP to the error state: a class C error was NAKed with `nak` (an access
     /// error or an invalid request also raises the QP's asynchronous event, as
     /// `in_process::refuse` does for every transport).
@@ -62,6 +63,10 @@ enum Resource {
 enum Partial {
     Send {
         data: Vec<u8>,
+        /// The room of the receive it will land in (taken when the message's last packet
+        /// comes): gathering stops there, so a peer cannot make the responder hold more than
+        /// its receive takes (a first packet and endless middles held 16 MiB a QP).
+        room: u64,
     },
     Write {
         va: u64,
@@ -223,17 +228,24 @@ impl Responder {
                     return Err(Nak::RemoteInvalid);
                 }
                 if h.opcode == SEND_FIRST {
-                    if !mem.recv_ready() {
-                        return Err(Nak::ReceiverNotReady);
-                    }
+                    let room = mem.recv_room().ok_or(Nak::ReceiverNotReady)?;
                     self.partial = Some(Partial::Send {
-                        data: p.payload.to_vec(),
+                        data: Vec::new(),
+                        room: room.min(crate::softnic::MAX_MESSAGE),
                     });
-                } else if let Some(Partial::Send { data }) = &mut self.partial {
-                    if (data.len() + p.payload.len()) as u64 > crate::softnic::MAX_MESSAGE {
+                }
+                if let Some(Partial::Send { data, room }) = &mut self.partial {
+                    data.extend_from_slice(p.payload);
+                    if data.len() as u64 > *room {
+                        // Longer than its receive: placing it now fails as the whole
+                        // message's placement would (the receive completes in error and
+                        // the QP goes to error), with at most a packet more than the
+                        // receive held.
+                        let over = std::mem::take(data);
+                        self.partial = None;
+                        mem.send(&over, None)?;
                         return Err(Nak::RemoteInvalid);
                     }
-                    data.extend_from_slice(p.payload);
                 }
             }
             SEND_LAST | SEND_LAST_IMM | SEND_ONLY | SEND_ONLY_IMM => {
@@ -242,7 +254,7 @@ impl Responder {
                     return Err(Nak::RemoteInvalid);
                 }
                 match &mut self.partial {
-                    Some(Partial::Send { data }) => {
+                    Some(Partial::Send { data, .. }) => {
                         let keep = data.len();
                         data.extend_from_slice(p.payload);
                         let r = mem.send(data, h.imm);
@@ -503,10 +515,12 @@ mod tests {
     use crate::mem::AccessFault;
     use crate::softnic::roce::packet::{AtomicEth, Reth};
 
-    /// Memory of 4 KiB at address 0x1000 with rkey 7, a count of receives, and a log.
+    /// Memory of 4 KiB at address 0x1000 with rkey 7, a count of receives (each of
+    /// `recv_len` bytes), and a log.
     struct Fake {
         mem: Vec<u8>,
         recvs: usize,
+        recv_len: u64,
         sends: Vec<(Vec<u8>, Option<u32>)>,
         write_imms: Vec<u32>,
         atomics: usize,
@@ -518,6 +532,7 @@ mod tests {
             Fake {
                 mem: vec![0; 4096],
                 recvs,
+                recv_len: 1 << 20,
                 sends: vec![],
                 write_imms: vec![],
                 atomics: 0,
@@ -566,6 +581,11 @@ mod tests {
                 return Err(Nak::ReceiverNotReady);
             }
             self.recvs -= 1;
+            if data.len() as u64 > self.recv_len {
+                // As `in_process::consume_recv`: the receive completes in error.
+                self.failed = true;
+                return Err(Nak::RemoteInvalid);
+            }
             self.sends.push((data.to_vec(), imm));
             Ok(())
         }
@@ -583,8 +603,8 @@ mod tests {
             }
             Ok(old)
         }
-        fn recv_ready(&mut self) -> bool {
-            self.recvs > 0
+        fn recv_room(&mut self) -> Option<u64> {
+            (self.recvs > 0).then_some(self.recv_len)
         }
         fn fail(&mut self, _nak: Nak) {
             self.failed = true;
@@ -647,6 +667,58 @@ mod tests {
         assert_eq!(out[0].0.dest_qp, 9);
         assert_eq!(m.sends, [(data, Some(0xabcd))]);
         assert_eq!(r.expected_psn(), 1);
+    }
+
+    #[test]
+    fn a_send_longer_than_its_receive_is_refused_at_the_packet_that_overflows_it() {
+        // A 600-byte receive: FIRST and MIDDLE (512 bytes) fit; the second MIDDLE does not.
+        let mut r = Responder::new(9, 256, 0, 4, 12);
+        let mut m = Fake::new(2);
+        m.recv_len = 600;
+        for (psn, op) in [(0, opcode::SEND_FIRST), (1, opcode::SEND_MIDDLE)] {
+            let (res, out) = run(&mut r, &mut m, req(op, psn, false), &[7; 256]);
+            assert_eq!((res, out.len()), (Ok(()), 0), "{op:#x}: within the receive");
+        }
+        assert!(!m.failed);
+        let (res, out) = run(
+            &mut r,
+            &mut m,
+            req(opcode::SEND_MIDDLE, 2, false),
+            &[7; 256],
+        );
+        assert_eq!(res, Ok(()), "answered");
+        assert_eq!(
+            syn(&out),
+            [(opcode::ACKNOWLEDGE, 2, 0x61)],
+            "invalid request"
+        );
+        assert!(m.failed, "the QP goes to error");
+        assert_eq!(
+            m.recvs, 1,
+            "the receive was consumed (its error completion)"
+        );
+        assert!(m.sends.is_empty(), "nothing delivered");
+        // A message of exactly the receive's room is delivered.
+        let mut r = Responder::new(9, 256, 0, 4, 12);
+        let mut m = Fake::new(1);
+        m.recv_len = 512;
+        run(&mut r, &mut m, req(opcode::SEND_FIRST, 0, false), &[1; 256])
+            .0
+            .unwrap();
+        let (_, out) = run(&mut r, &mut m, req(opcode::SEND_LAST, 1, true), &[2; 256]);
+        assert_eq!(syn(&out), [(opcode::ACKNOWLEDGE, 1, 0x1f)]);
+        assert_eq!(m.sends.len(), 1);
+        assert_eq!(m.sends[0].0.len(), 512);
+        // No receive posted at the first packet: RNR, nothing kept.
+        let mut r = Responder::new(9, 256, 0, 4, 12);
+        let mut m = Fake::new(0);
+        let (_, out) = run(&mut r, &mut m, req(opcode::SEND_FIRST, 0, false), &[1; 256]);
+        assert_eq!(out.len(), 1);
+        assert_eq!(
+            out[0].0.aeth.map(|a| a.syndrome & 0xe0),
+            Some(0x20),
+            "RNR NAK"
+        );
     }
 
     #[test]

@@ -7,7 +7,6 @@ use super::{Inner, HOST_LEASE};
 use crate::mem::KeyCache;
 use crate::softnic::idle::Found;
 use crate::softnic::in_process::InProcess;
-use crate::softnic::qp::QpShared;
 use crate::softnic::roce::io::RecvBatch;
 use crate::softnic::roce::packet::{self, opcode, DropReason, Header, Route, Syndrome};
 use crate::softnic::roce::responder::Memory;
@@ -251,7 +250,9 @@ pub(super) fn dispatch(inner: &Inner, from: SocketAddrV4, d: &[u8], out: &mut Ou
         if !conn.mailbox.push(r) {
             return dropped(DropReason::UnexpectedResponse);
         }
-        // The requester takes it in its queue's next visit.
+        // The requester takes it in its queue's next visit, which its PU makes now even if
+        // it parked (its queue does not wait for the peer: `Transport::settle`).
+        t.pus.notify(t.pu);
         return Found::QueueWork;
     }
     let mut guard = conn.responder.lock().unwrap_or_else(|e| e.into_inner());
@@ -332,15 +333,8 @@ impl Memory for Glue<'_> {
         self.ip.atomic(self.keys, remote(va, rkey), op)
     }
 
-    fn recv_ready(&mut self) -> bool {
-        let t: &QpShared = &self.ip.target;
-        let consumed = *t.rq.consumer.lock().unwrap_or_else(|e| e.into_inner());
-        let limit = if t.managed_recv {
-            t.rq.enabled.load(Ordering::Acquire)
-        } else {
-            t.rq.posted.load(Ordering::Acquire)
-        };
-        consumed < limit
+    fn recv_room(&mut self) -> Option<u64> {
+        crate::softnic::in_process::next_recv_room(&self.ip.target)
     }
 
     fn fail(&mut self, nak: Nak) {

@@ -248,18 +248,23 @@ impl RoceTransport {
         }
     }
 
-    /// Post a SEND or WRITE whose payload `fill` puts into an empty buffer: wait for room in
-    /// the window, start it (its last packet asking for an ACK with `ack`), send what is
-    /// due, and take what has arrived.
-    fn post(&self, msg: Message, ack: bool, fill: impl FnOnce(&mut Vec<u8>)) {
+    /// Post a SEND or WRITE whose payload `fill` puts into an empty buffer: if the window
+    /// has room for it, start it (its last packet asking for an ACK with `ack`), send what
+    /// is due, and take what has arrived. [`Nak::WindowFull`] if it has not: the peer
+    /// decides when its ACKs make room, so the PU does not wait for them (the executor
+    /// runs the WQE again on a later visit).
+    fn post(&self, msg: Message, ack: bool, fill: impl FnOnce(&mut Vec<u8>)) -> Result<(), Nak> {
         let mut s = self.lock();
         let mut now = Instant::now();
         if self.arrivals_due(|| now) {
             self.take_arrived(&mut s, &mut [], now);
         }
         if !s.req.has_room(&msg) {
-            self.drive(&mut s, &mut [], now, |r| r.has_room(&msg));
-            now = Instant::now();
+            // Ask for the ACKs that would make room, if they were not asked for yet.
+            if s.req.solicit() {
+                self.transmit(&mut s, now);
+            }
+            return Err(Nak::WindowFull);
         }
         let mut data = s.req.buffer();
         fill(&mut data);
@@ -277,6 +282,7 @@ impl RoceTransport {
         if !self.conn.mailbox.is_empty() {
             self.take_arrived(&mut s, &mut [], now);
         }
+        Ok(())
     }
 
     /// Run a READ or an atomic alone: once every posted message has finished (their
@@ -315,8 +321,7 @@ impl Transport for RoceTransport {
             len: Self::len32(data.len())?,
             imm,
         };
-        self.post(msg, ack, |b| b.extend_from_slice(data));
-        Ok(())
+        self.post(msg, ack, |b| b.extend_from_slice(data))
     }
 
     fn write_from(
@@ -336,8 +341,7 @@ impl Transport for RoceTransport {
         self.post(msg, ack, |b| {
             b.resize(src.len, 0);
             src.read(b);
-        });
-        Ok(())
+        })
     }
 
     fn read_into(
@@ -363,8 +367,7 @@ impl Transport for RoceTransport {
             len: Self::len32(data.len())?,
             imm,
         };
-        self.post(msg, ack, |b| b.extend_from_slice(data));
-        Ok(())
+        self.post(msg, ack, |b| b.extend_from_slice(data))
     }
 
     fn read(&self, _keys: &mut KeyCache, remote: RemoteAddr, out: &mut [u8]) -> Result<(), Nak> {
@@ -414,7 +417,6 @@ impl Transport for RoceTransport {
         // each WQE it runs behind posted messages: most find nothing new, and the lock,
         // clock reads and transmit they made were a third of a RoCE client's poll.
         let nothing = match ask {
-            Ask::Wait => false,
             Ask::Now => self.nothing_new(),
             Ask::Arrived => self.nothing_arrived(),
         };
@@ -422,13 +424,7 @@ impl Transport for RoceTransport {
             return None;
         }
         let mut s = self.lock();
-        let now = Instant::now();
-        self.take_arrived(&mut s, &mut [], now);
-        if ask == Ask::Wait {
-            self.drive(&mut s, &mut [], now, |r| {
-                r.finished() > 0 || r.outstanding() == 0
-            });
-        }
+        self.take_arrived(&mut s, &mut [], Instant::now());
         s.req.pop_finished().map(|o| o.map(|_| ()))
     }
 
