@@ -48,6 +48,12 @@ pub const FIRST_TOKEN: usize = usize::MAX / 2;
 const MAX_PENDING: usize = 64;
 /// Remote rights bit for WRITE in an exchange record.
 const RIGHT_WRITE: u32 = 2;
+/// RNR retries of the queues that answer a remote client (its record's `rnr_retry`). Not 7,
+/// which RoCE reads as "retry for ever": an answer's receiver is the client, and a client
+/// answering every retry with an RNR NAK (legal for a WRITE with immediate) kept its
+/// instance's queue retransmitting for as long as it liked, at the NAK's own timer. Three
+/// retries, as for a peer that is merely slow to post its receives.
+const REMOTE_CLIENT_RNR_RETRY: u8 = 3;
 /// TCP keepalive: probes after this many idle seconds, this often, this many times, so the
 /// instance of a client whose host vanished is released within about two minutes.
 const KEEPALIVE: (u32, u32, u32) = (60, 10, 6);
@@ -661,6 +667,7 @@ impl Dataplane {
         let mut ours: Option<QpRecord> = None;
         let installed = install(manager.nic(), spec.program, &bindings, &mut |q| {
             let mut r = ep.record(q, psn);
+            r.rnr_retry = REMOTE_CLIENT_RNR_RETRY;
             r.regions.clone_from(&regions);
             ep.connect(&r, &theirs)?;
             ours = Some(r);

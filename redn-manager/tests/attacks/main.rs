@@ -11,6 +11,7 @@ mod definitions;
 mod flood;
 mod lifecycle;
 mod records;
+mod requester;
 mod sockets;
 
 use common::*;
