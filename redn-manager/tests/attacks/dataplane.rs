@@ -251,10 +251,8 @@ fn a_remote_client_left_in_the_backlog_by_a_failed_accept_is_taken_once_fds_free
     // As for the varlink sockets: the data plane's listener is edge-triggered too.
     let m = Manager::start_with_dataplane(&policy("", ""));
     let served = ServedHashGet::install(&m);
-    let starved = FdStarvation::start(&m);
-    let waiting = std::net::TcpStream::connect(&served.endpoint).unwrap();
-    wait_for("the data plane's accept to fail for want of fds", || {
-        m.log().contains("AcceptFailed")
+    let (starved, waiting) = FdStarvation::connect_while_starved(&m, "AcceptFailed", || {
+        std::net::TcpStream::connect(&served.endpoint).unwrap()
     });
     starved.end();
     // Nothing else connects: the waiting connection alone must be taken and served.

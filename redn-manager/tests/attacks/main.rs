@@ -298,4 +298,32 @@ impl FdStarvation {
     fn end(self) {
         FdStarvation::set(self.pid, &self.soft);
     }
+
+    /// Starve `m` of fds, then `connect`, until the manager's log says (`marker`, once more
+    /// than before) that it could not accept: a transient fd the manager closes between the
+    /// look at its table and the new limit leaves a free fd below the limit, and the accept
+    /// then succeeds, so such a round is undone and tried again.
+    fn connect_while_starved<T>(
+        m: &Manager,
+        marker: &str,
+        mut connect: impl FnMut() -> T,
+    ) -> (FdStarvation, T) {
+        let before = m.log().matches(marker).count();
+        for _ in 0..10 {
+            let starved = FdStarvation::start(m);
+            let c = connect();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+            while std::time::Instant::now() < deadline {
+                if m.log().matches(marker).count() > before {
+                    return (starved, c);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            starved.end();
+        }
+        panic!(
+            "the manager's accept never failed for want of fds\n{}",
+            m.log()
+        );
+    }
 }
