@@ -14,7 +14,8 @@
 //! - **self-modification**: every write into a WQE (receive scatter, READ scatter, CAS, atomic
 //!   result, WRITE) lands inside its WQE's blocks and a declared patch point of that source;
 //!   no patch point runs past its WQE's blocks or covers a key, a QP or CQ number, the ds or
-//!   flag bytes, reserved bytes or an opcode — except the operand bytes of a conditional WQE
+//!   flag bytes, reserved bytes, a byte count's top byte (its inline bit) or an opcode —
+//!   except the operand bytes of a conditional WQE
 //!   and a CAS whose swap is a static control image of an allowed opcode with the queue's real
 //!   numbers (RedN's `if`, `else`, `break`);
 //! - **control words** (`verifier::control`): every value each WQE's first 8 bytes can reach, over
@@ -158,7 +159,8 @@ pub enum Rule {
     Misaligned,
     /// A write into a WQE outside every patch point declared for its source.
     UndeclaredPatch,
-    /// A patch point covers a key, a QP/CQ number, ds, flags, reserved bytes or an opcode.
+    /// A patch point covers a key, a QP/CQ number, ds, flags, reserved bytes, a byte
+    /// count's inline bit or an opcode.
     ProtectedField,
     /// A CAS on a control word whose swap is not a static image of an allowed opcode with
     /// real numbers, or whose compare may be patched outside the operand bytes.
@@ -398,6 +400,10 @@ fn protected(op: &Op) -> Vec<(u32, u32, &'static str)> {
     if let Some(first) = first_data {
         for s in first..ds {
             let b = s * SEG_BYTES;
+            // Bit 31 of a byte count makes the segment inline (mlx5's MLX5_INLINE_SEG, which
+            // a ConnectX honours as the softnic does): the WQE's own bytes become the data,
+            // and a WRITE sends them (its keys and addresses) to the peer.
+            v.push((b, b + 1, "byte count's inline bit"));
             v.push((b + 4, b + 8, "lkey"));
         }
     }

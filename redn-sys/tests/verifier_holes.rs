@@ -4,10 +4,9 @@
 //! demonstrates a hole. What they pin: a NOP-reset WRITE whose gather address or byte count
 //! a trigger patches cannot install another opcode; a patch point past its WQE cannot
 //! retarget the next WQE's enable at another install's queue or make a bounded program lap
-//! its ring; a recycled counter starting far ahead cannot run many rounds for one trigger.
-//! The verifier-only side is `redn-policy/tests/verifier_holes.rs`. One hole is still open
-//! and its test ignored: a byte count with the inline bit (docs/attacks.md, "Not yet tried,
-//! or left").
+//! its ring; a recycled counter starting far ahead cannot run many rounds for one trigger;
+//! a bucket length with the inline bit cannot make a response send its own WQE bytes.
+//! The verifier-only side is `redn-policy/tests/verifier_holes.rs`.
 
 mod common;
 use common::{settle, wait_until, Rig};
@@ -369,16 +368,15 @@ fn a_reset_whose_byte_count_the_trigger_patches_cannot_install_another_opcode() 
 }
 
 /// Catalog hash-get: the READ of the bucket lands the bucket's length in the response's
-/// byte count (a patch point, as designed). A bucket whose length has bit 31 set (0x8000000c)
-/// turns the response's gather entry into 12 bytes of inline data: the response WQE's own
-/// lkey and value address go to the client, although the verifier's rule is that WQE bytes
-/// never leave the server (`wrong-side`, "WQE bytes are never a source of data sent to the
-/// client"). The remote client picks the bucket address anywhere in the table (not only at
-/// bucket boundaries), so any 18 bytes of the table it can predict serve as a bucket.
+/// byte count (a patch point, as designed). It landed all four bytes: a bucket whose length
+/// had bit 31 set (0x8000000c) turned the response's gather entry into 12 bytes of inline
+/// data, the response WQE's own lkey and value address, sent to the client, although the
+/// verifier's rule is that WQE bytes never leave the server. The remote client picks the
+/// bucket address anywhere in the table (not only at bucket boundaries), so any 18 bytes of
+/// the table it can predict serve as a bucket. Now the length's top byte lands in a scratch
+/// block and the verifier refuses any patch over a byte count's top byte: the client gets
+/// the value's first 12 bytes.
 #[test]
-#[ignore = "open hole: a patched byte count with bit 31 (inline) makes the response send \
-            its own WQE bytes; closing it needs a catalog format change (docs/attacks.md, \
-            \"Not yet tried, or left\")"]
 fn a_bucket_length_with_the_inline_bit_cannot_send_wqe_bytes_to_the_client() {
     use redn_program::program::catalog::{self, HashVariant};
     let p = catalog::hash_get(HashVariant::Single, 1).unwrap();
@@ -405,6 +403,7 @@ fn a_bucket_length_with_the_inline_bit_cannot_send_wqe_bytes_to_the_client() {
         &resp[..4],
         &resp[4..]
     );
+    assert_eq!(resp[..], [0xee; 12], "the value's first 12 bytes");
 }
 
 /// The server loop with its `c.go` counter starting 2^15 - 1 BBs past the worker's entry

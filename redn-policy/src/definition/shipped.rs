@@ -118,7 +118,8 @@ Trigger:  key0 (6 bytes, little-endian 48-bit key) · bucket0 (8 bytes, big-endi
 Response: the value (WRITE_IMM of the bucket's value bytes from `values`) if the
           bucket's key matches, or a zero-length WRITE_IMM if not; immediate =
           invocation number.
-Buckets are 18 bytes: key (BE48) @0, value length (BE32) @6, value address (BE64) @10.
+Buckets are 18 bytes: key (BE48) @0, value length (BE32, below 2^24: the offload takes
+its low three bytes) @6, value address (BE64) @10.
 Serves 4 triggers per installation (bounded).",
         },
         ShippedOffload {
@@ -152,7 +153,7 @@ Trigger:  head (8 bytes, big-endian address of the first node) · key0 .. key7 (
           key once per step, 6 bytes each, little-endian).
 Response: a WRITE_IMM with the value of each node whose key matches, then a
           zero-length end marker; immediate = invocation number.
-Nodes are 26 bytes: key (BE48) @0, length (BE32) @6, value address (BE64) @10,
+Nodes are 26 bytes: key (BE48) @0, length (BE32, below 2^24) @6, value address (BE64) @10,
 next node (BE64) @18. The last node's next should point at itself, so that a list
 shorter than 8 nodes is re-read harmlessly.
 Serves 4 triggers per installation (bounded).",

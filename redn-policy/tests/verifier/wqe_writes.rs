@@ -13,8 +13,9 @@ fn read_scatter_of(i: usize, len: u32) -> Program {
 
 #[test]
 fn a_read_scatter_running_past_its_patch_point_is_refused() {
-    // The READ's scatter list, as declared: 0.r0@0..3, @4..7, @32..36, @40..48, each exactly
-    // one patch point of that READ. As built it is accepted.
+    // The READ's scatter list, as declared: 0.r0@0..3, @4..7, a scratch byte (the length's
+    // top byte, never the byte count's), @33..36, @40..48, each into WQE bytes exactly one
+    // patch point of that READ. As built it is accepted.
     let r = verify(&base(), &grants());
     assert!(r.accepted(), "{}", r.log());
     // Each entry one byte longer, or as long as the next patch point's end: it starts inside
@@ -23,8 +24,8 @@ fn a_read_scatter_running_past_its_patch_point_is_refused() {
     for (i, from, declared, lens) in [
         (0, 0u32, 3u32, [4u32, 7]),
         (1, 4, 3, [4, 12]),
-        (2, 32, 4, [5, 8]),
-        (3, 40, 8, [9, 16]),
+        (3, 33, 3, [4, 7]),
+        (4, 40, 8, [9, 16]),
     ] {
         for len in lens {
             let r = verify(&read_scatter_of(i, len), &grants());
@@ -65,9 +66,15 @@ fn a_write_spanning_two_patch_points_and_the_gap_between_is_refused() {
 }
 
 /// `base()` with an RDMA WRITE "patcher" on the worker queue writing `len` bytes into the
-/// response WQE at byte 32, where a 4-byte patch point of that WRITE is declared; the queue
-/// enables one more WQE and has room for it.
+/// response WQE at byte 33, where a 3-byte patch point of that WRITE is declared (the byte
+/// count's low three bytes); the queue enables one more WQE and has room for it.
 fn write_into_response(len: u32) -> Program {
+    write_into_response_at(33, 3, len)
+}
+
+/// [`write_into_response`] with the WRITE and its patch point at `byte`, the patch point
+/// `declared` bytes long.
+fn write_into_response_at(byte: u32, declared: u32, len: u32) -> Program {
     let mut p = base();
     let q = p.queues.iter_mut().find(|q| q.name == "worker0").unwrap();
     q.sq_bbs = 16;
@@ -76,7 +83,7 @@ fn write_into_response(len: u32) -> Program {
         Wqe {
             label: "patcher".into(),
             op: Op::Write {
-                remote: Addr::wqe("0.r0", 32),
+                remote: Addr::wqe("0.r0", byte as usize),
                 sgl: vec![Sge::new(Addr::region("values", 0), len)],
                 imm: None,
             },
@@ -91,8 +98,8 @@ fn write_into_response(len: u32) -> Program {
     patch(
         &mut p,
         "0.r0",
-        32,
-        4,
+        byte,
+        declared,
         PatchSource::Write {
             label: "patcher".into(),
         },
@@ -102,21 +109,39 @@ fn write_into_response(len: u32) -> Program {
 
 #[test]
 fn a_write_running_past_its_patch_point_is_refused() {
-    for len in 1..=4 {
+    for len in 1..=3 {
         let r = verify(&write_into_response(len), &grants());
         assert!(r.accepted(), "{len} bytes: {}", r.log());
     }
     // One byte past the patch point (the first byte of the lkey), and all of the lkey.
-    for len in [5u32, 8] {
+    for len in [4u32, 7] {
         let r = verify(&write_into_response(len), &grants());
         let f = only_finding(&r, Rule::UndeclaredPatch, "patcher", "raddr");
         assert_eq!(
             f.detail,
             format!(
-                "writes 0.r0@32..{end} outside every patch point declared for WRITE \
-                 \"patcher\" (code bytes 32..{end}): the installer grants no key over them",
-                end = 32 + len
+                "writes 0.r0@33..{end} outside every patch point declared for WRITE \
+                 \"patcher\" (code bytes 33..{end}): the installer grants no key over them",
+                end = 33 + len
             )
         );
     }
+}
+
+#[test]
+fn a_patch_point_over_a_byte_counts_inline_bit_is_refused() {
+    // The whole byte count (32..36), as the catalog once patched it from a bucket: its top
+    // byte holds the inline bit, which would send the WQE's own bytes to the client.
+    for (byte, declared) in [(32, 4), (32, 1)] {
+        let r = verify(&write_into_response_at(byte, declared, declared), &grants());
+        assert!(r.broke(Rule::ProtectedField), "{}", r.log());
+        assert!(
+            r.log().contains("byte count's inline bit"),
+            "{byte}+{declared}: {}",
+            r.log()
+        );
+    }
+    // The low three bytes are the count's own.
+    let r = verify(&write_into_response_at(33, 3, 3), &grants());
+    assert!(r.accepted(), "{}", r.log());
 }

@@ -30,6 +30,8 @@ use crate::types::Access;
 use crate::wqe::{off, WqeFlags};
 
 /// Bytes of one hash bucket: key (BE48) @0, value length (BE32) @6, value address (BE64) @10.
+/// A probe lands only the length's low three bytes in the response's byte count (its top
+/// byte holds the inline bit): values are below 2^24 bytes.
 pub const BUCKET_LEN: u64 = BUCKET_BYTES as u64;
 /// [`BUCKET_LEN`] as a buffer size.
 pub const BUCKET_BYTES: usize = 18;
@@ -118,7 +120,12 @@ fn probe_read(
     extra: Vec<Sge>,
 ) {
     let mut sgl = Builder::operand_sges(resp);
-    sgl.push(Sge::new(Addr::wqe(resp, 32), 4));
+    // The value length's top byte goes to a scratch block, not to the response's byte count:
+    // its bit 31 would make the data segment inline, and the response would then send the
+    // WQE's own bytes (its key and addresses) to the client. The count's top byte stays 0,
+    // so a value is at most 2^24 - 1 bytes (a message is at most 16 MiB anyway).
+    sgl.push(Sge::new(Addr::static_(LEN_TOP, 0), 1));
+    sgl.push(Sge::new(Addr::wqe(resp, 33), 3));
     sgl.push(Sge::new(Addr::wqe(resp, 40), 8));
     sgl.extend(extra);
     b.patch_sges(
@@ -139,7 +146,11 @@ fn probe_read(
     );
 }
 
+/// The scratch block where a probe's READ drops the top byte of a value's length.
+const LEN_TOP: &str = "len.top";
+
 fn data_regions(b: &mut Builder, table: &str, table_doc: &str) {
+    b.static_block(LEN_TOP, vec![0u8; 8]);
     b.region(
         table,
         RegionRole::Data {

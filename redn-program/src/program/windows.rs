@@ -390,29 +390,33 @@ mod tests {
     use crate::program::{Form, Wqe};
     use crate::wqe::WqeFlags;
 
-    /// The windows of `p` as (side, WQE label, first byte, end byte, rights), sorted.
+    /// The windows of `p` as (side, WQE label or `static:NAME`, first byte, end byte,
+    /// rights), sorted.
     fn named(p: &Program) -> Vec<(QueueRole, String, usize, usize, Access)> {
         let layout = p.layout().unwrap();
+        let wqes = p.wqe_positions().into_iter().map(|(l, pos)| {
+            let at = layout.sq[pos.queue] + usize::try_from(pos.bb).unwrap() * BB_SIZE;
+            (l.to_string(), at, at + 64)
+        });
+        let statics = p
+            .statics
+            .iter()
+            .zip(&layout.statics)
+            .map(|(b, &at)| (format!("static:{}", b.name), at, at + b.bytes.len()));
+        let holders: Vec<(String, usize, usize)> = wqes.chain(statics).collect();
         let mut out: Vec<_> = p
             .code_windows(&layout)
             .unwrap()
             .into_iter()
             .map(|w| {
-                let (label, at) = p
-                    .wqe_positions()
-                    .into_iter()
-                    .map(|(l, pos)| {
-                        (
-                            l,
-                            layout.sq[pos.queue] + usize::try_from(pos.bb).unwrap() * BB_SIZE,
-                        )
-                    })
-                    .filter(|(_, at)| *at <= w.offset && w.offset < at + 64)
-                    .max_by_key(|(_, at)| *at)
-                    .expect("a WQE holds the window");
+                let (label, at, _) = holders
+                    .iter()
+                    .filter(|(_, at, end)| *at <= w.offset && w.offset < *end)
+                    .max_by_key(|(_, at, _)| *at)
+                    .expect("a WQE or a static block holds the window");
                 (
                     w.side,
-                    label.to_string(),
+                    label.clone(),
                     w.offset - at,
                     w.offset - at + w.len,
                     w.access,
@@ -442,8 +446,10 @@ mod tests {
             // The `if` and the `else` share one window over the control word.
             (w, "0.r0".to_string(), 0, 8, cas),
             (w, "0.r0".to_string(), 4, 7, lw),
-            (w, "0.r0".to_string(), 32, 36, lw),
+            (w, "0.r0".to_string(), 33, 36, lw),
             (w, "0.r0".to_string(), 40, 48, lw),
+            // The length's top byte, dropped in a scratch block (a window covers a block).
+            (w, "static:len.top".to_string(), 0, 8, lw),
         ];
         assert_eq!(named(&p), want);
     }
