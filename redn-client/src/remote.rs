@@ -41,15 +41,51 @@ const RIGHT_WRITE: u32 = 2;
 pub struct RemoteOptions {
     /// How long a connection, a hello or a response may take.
     pub timeout: Duration,
+    /// The local address to connect from (a host with several; the manager knows a remote
+    /// client by its address), or the one the kernel picks.
+    pub source: Option<std::net::Ipv4Addr>,
 }
 
 impl Default for RemoteOptions {
-    /// Two seconds for everything.
+    /// Two seconds for everything, from the address the kernel picks.
     fn default() -> RemoteOptions {
         RemoteOptions {
             timeout: Duration::from_secs(2),
+            source: None,
         }
     }
+}
+
+/// A TCP connection to `addr` within `timeout`, from `source` if given.
+fn connect_tcp(
+    addr: SocketAddr,
+    source: Option<std::net::Ipv4Addr>,
+    timeout: Duration,
+) -> std::io::Result<TcpStream> {
+    use nix::sys::socket::{
+        bind, connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn,
+    };
+    let (Some(source), SocketAddr::V4(to)) = (source, addr) else {
+        return TcpStream::connect_timeout(&addr, timeout);
+    };
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrIn::from(std::net::SocketAddrV4::new(source, 0)),
+    )?;
+    // A blocking connect gives up after the send timeout (socket(7)).
+    let tv = nix::sys::time::TimeVal::new(
+        i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+        i64::from(timeout.subsec_micros()),
+    );
+    setsockopt(&fd, sockopt::SendTimeout, &tv)?;
+    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(to))?;
+    Ok(TcpStream::from(fd))
 }
 
 /// One response: the immediate (the invocation number) and the bytes written.
@@ -212,7 +248,7 @@ impl RemoteClient {
         options: RemoteOptions,
     ) -> Result<RemoteClient> {
         let token = parse_token(token)?;
-        let stream = TcpStream::connect_timeout(&addr, options.timeout)
+        let stream = connect_tcp(addr, options.source, options.timeout)
             .map_err(io("connecting to the data plane"))?;
         let LocalNic { nic, ep, pd, cq } =
             LocalNic::start(&stream, addr, "redn-remote-client", 4 * RECEIVES)?;
@@ -347,7 +383,7 @@ impl RemoteClient {
             self.close_session();
         }
         if self.session.is_none() {
-            let stream = TcpStream::connect_timeout(&self.addr, self.options.timeout)
+            let stream = connect_tcp(self.addr, self.options.source, self.options.timeout)
                 .map_err(io("connecting to the data plane"))?;
             self.open(stream)?;
         }

@@ -50,6 +50,9 @@ pub const RATE_TOLERANCE: f64 = 1.25;
 pub const PRESSING_DELAYS: u64 = 16;
 /// Windows in a row without a single pacer hold-back after which a throttle is lifted.
 pub const CALM_WINDOWS: u32 = 10;
+/// How long the auditor remembers a remote client that holds no instance (its rate window
+/// and throttle): one that says hello again within it goes on where it left off.
+pub const CLIENT_MEMORY: Duration = Duration::from_secs(60);
 
 /// What an offload may spend, from its app's rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,6 +130,38 @@ pub struct Sample {
     pub rate_limit_delays: u64,
     /// Queues found in the error state.
     pub queues_in_error: u32,
+}
+
+impl Sample {
+    /// What the counters moved from `base` to `self` (queue states are not counters: 0).
+    #[must_use]
+    pub fn since(self, base: Sample) -> Sample {
+        Sample {
+            wqes: self.wqes.saturating_sub(base.wqes),
+            bytes: self.bytes.saturating_sub(base.bytes),
+            triggers: self.triggers.saturating_sub(base.triggers),
+            errors: self.errors.saturating_sub(base.errors),
+            rate_limit_delays: self
+                .rate_limit_delays
+                .saturating_sub(base.rate_limit_delays),
+            queues_in_error: 0,
+        }
+    }
+
+    /// The counters of `self` and `other` together (queue states: 0).
+    #[must_use]
+    pub fn plus(self, other: Sample) -> Sample {
+        Sample {
+            wqes: self.wqes.saturating_add(other.wqes),
+            bytes: self.bytes.saturating_add(other.bytes),
+            triggers: self.triggers.saturating_add(other.triggers),
+            errors: self.errors.saturating_add(other.errors),
+            rate_limit_delays: self
+                .rate_limit_delays
+                .saturating_add(other.rate_limit_delays),
+            queues_in_error: 0,
+        }
+    }
 }
 
 /// What went wrong.
@@ -275,6 +310,20 @@ impl TrackId {
     }
 }
 
+/// A remote client of one offload, as the auditor holds it to its rate budgets: the
+/// offload and the client's address (the TCP peer's, which it cannot forge). Not one
+/// instance: a bounded offload serves a few triggers a session and the client library
+/// says hello again when one is used up, and a client may hold several sessions at once,
+/// so rates judged per instance started afresh with every hello and each parallel session
+/// had the whole budget. The loop budget stays per instance (WQEs per trigger of each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClientId {
+    /// The offload's handle.
+    pub handle: u64,
+    /// The client's address.
+    pub addr: std::net::IpAddr,
+}
+
 /// Totals for `redn monitor` and the benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AuditorCounters {
@@ -296,6 +345,8 @@ pub struct Auditor {
     interval: Duration,
     next: Option<Instant>,
     tracks: HashMap<TrackId, Track>,
+    /// Remote clients' rate tracks, and when each last had an instance sampled.
+    clients: HashMap<ClientId, (Track, Instant)>,
     /// Totals.
     pub counters: AuditorCounters,
 }
@@ -307,6 +358,7 @@ impl Auditor {
             interval,
             next: None,
             tracks: HashMap::new(),
+            clients: HashMap::new(),
             counters: AuditorCounters::default(),
         }
     }
@@ -328,9 +380,24 @@ impl Auditor {
         true
     }
 
-    /// Forget every track not in `live`.
-    pub fn retain(&mut self, live: impl Fn(TrackId) -> bool) {
+    /// Forget every track not in `live`, and every remote client with no instance sampled
+    /// for [`CLIENT_MEMORY`] (or whose offload is not `live` any more).
+    pub fn retain(&mut self, live: impl Fn(TrackId) -> bool, clock: impl Clock) {
         self.tracks.retain(|id, _| live(*id));
+        let now = clock.now();
+        self.clients.retain(|id, (_, seen)| {
+            live(TrackId::own(id.handle)) && now.saturating_duration_since(*seen) < CLIENT_MEMORY
+        });
+    }
+
+    /// Whether remote client `id` is remembered (its rate window and throttle).
+    pub fn knows_client(&self, id: ClientId) -> bool {
+        self.clients.contains_key(&id)
+    }
+
+    /// Whether remote client `id` is throttled.
+    pub fn is_client_throttled(&self, id: ClientId) -> bool {
+        self.clients.get(&id).is_some_and(|(t, _)| t.throttled)
     }
 
     /// Whether the offload's own install is throttled.
@@ -380,25 +447,83 @@ impl Auditor {
         sample: Sample,
         clock: impl Clock,
     ) -> (Option<Verdict>, bool) {
+        self.observe_with(id, budget, at_install, sample, clock, true)
+    }
+
+    /// [`Auditor::observe_track`] for a remote client's instance: its loop budget and queue
+    /// errors only. Its client's rates are judged over all the client's instances
+    /// ([`Auditor::observe_client`]).
+    pub fn observe_instance(
+        &mut self,
+        id: TrackId,
+        budget: Budget,
+        at_install: Sample,
+        sample: Sample,
+        clock: impl Clock,
+    ) -> (Option<Verdict>, bool) {
+        self.observe_with(id, budget, at_install, sample, clock, false)
+    }
+
+    /// Judge remote client `id`'s rates from `sample`, its counters summed over every
+    /// instance it has held (released ones included, each from its attach), under `budget`.
+    pub fn observe_client(
+        &mut self,
+        id: ClientId,
+        budget: Budget,
+        sample: Sample,
+        clock: impl Clock,
+    ) -> Option<Verdict> {
+        let now = clock.now();
+        let (t, seen) = self
+            .clients
+            .entry(id)
+            .or_insert_with(|| (new_track(budget, Sample::default(), sample, now), now));
+        *seen = now;
+        t.budget = budget;
+        let verdict = judge_rates(t, sample, now);
+        match &verdict {
+            Some(Verdict::Throttle(..)) => {
+                t.throttled = true;
+                self.counters.throttles += 1;
+            }
+            Some(Verdict::Unthrottle(_)) => {
+                t.throttled = false;
+                self.counters.unthrottles += 1;
+            }
+            Some(Verdict::Terminate(_) | Verdict::Ban(..)) => {
+                self.counters.terminations += 1;
+                self.clients.remove(&id);
+            }
+            None => {}
+        }
+        verdict
+    }
+
+    fn observe_with(
+        &mut self,
+        id: TrackId,
+        budget: Budget,
+        at_install: Sample,
+        sample: Sample,
+        clock: impl Clock,
+        rates: bool,
+    ) -> (Option<Verdict>, bool) {
         let now = clock.now();
         self.counters.samples += 1;
-        let t = self.tracks.entry(id).or_insert(Track {
-            budget,
-            base: at_install,
-            window_start: now,
-            window_base: sample,
-            throttled: false,
-            calm_windows: 0,
-            error_reported: false,
-            last_errors: sample.errors,
-            prev_errors: sample.errors,
-        });
+        let t = self
+            .tracks
+            .entry(id)
+            .or_insert_with(|| new_track(budget, at_install, sample, now));
         t.prev_errors = std::mem::replace(&mut t.last_errors, sample.errors);
         // A reload may have changed the budget.
         t.budget = budget;
         let new_error = sample.queues_in_error > 0 && !t.error_reported;
         t.error_reported |= sample.queues_in_error > 0;
-        let verdict = judge(t, sample, now);
+        let verdict = match judge_loop(t, sample) {
+            Some(loop_verdict) => loop_verdict,
+            None if rates => judge_rates(t, sample, now),
+            None => None,
+        };
         match &verdict {
             Some(Verdict::Throttle(..)) => {
                 t.throttled = true;
@@ -418,8 +543,25 @@ impl Auditor {
     }
 }
 
-/// The loop-budget check, then (once a window is complete) the rate checks.
-fn judge(t: &mut Track, s: Sample, now: Instant) -> Option<Verdict> {
+/// A track from its first `sample` at `now`, its loop budget counting from `base`.
+fn new_track(budget: Budget, base: Sample, sample: Sample, now: Instant) -> Track {
+    Track {
+        budget,
+        base,
+        window_start: now,
+        window_base: sample,
+        throttled: false,
+        calm_windows: 0,
+        error_reported: false,
+        last_errors: sample.errors,
+        prev_errors: sample.errors,
+    }
+}
+
+/// The loop-budget check: `Some(verdict)` when the track is over it (`Some(None)`: over,
+/// but already paced as far as its policy goes), `None` when within it.
+#[allow(clippy::option_option)] // "decided, with this verdict" vs "not decided here"
+fn judge_loop(t: &mut Track, s: Sample) -> Option<Option<Verdict>> {
     let b = t.budget;
     let wqes = s.wqes.saturating_sub(t.base.wqes);
     let triggers = s.triggers.saturating_sub(t.base.triggers);
@@ -435,10 +577,16 @@ fn judge(t: &mut Track, s: Sample, now: Instant) -> Option<Verdict> {
         if t.throttled && b.on_violation == OnViolation::Throttle {
             // Already paced, as far as this policy goes: nothing new to do or record.
             t.calm_windows = 0;
-            return None;
+            return Some(None);
         }
-        return Some(apply(t, v));
+        return Some(Some(apply(t, v)));
     }
+    None
+}
+
+/// The rate checks, once a window is complete.
+fn judge_rates(t: &mut Track, s: Sample, now: Instant) -> Option<Verdict> {
+    let b = t.budget;
     let elapsed = now.saturating_duration_since(t.window_start);
     if elapsed < RATE_WINDOW {
         return None;

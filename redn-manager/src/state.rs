@@ -326,6 +326,14 @@ pub struct Manager {
     /// Remote clients' instances (offload handle, instance id) released because a queue of
     /// theirs went to error, until the data plane closes their connections and says why.
     failed_remotes: std::collections::BTreeSet<(u64, u64)>,
+    /// Per remote client (offload and address), what its released instances did (each from
+    /// its attach): its rates are judged over every instance it held
+    /// ([`crate::auditor::ClientId`]).
+    retired_clients: HashMap<crate::auditor::ClientId, Sample>,
+    /// Remote clients the auditor throttled, and at what pace (shared by all their queues).
+    client_pacing: HashMap<crate::auditor::ClientId, RateLimit>,
+    /// Offloads whose own install the auditor throttled (a reload does not re-pace them).
+    own_throttled: std::collections::HashSet<u64>,
     /// Asynchronous events taken from the NIC.
     async_events: u64,
     /// The NIC's count of lost asynchronous events when last read.
@@ -435,6 +443,9 @@ impl Manager {
             bans: crate::auditor::Bans::default(),
             notes: BTreeMap::new(),
             failed_remotes: std::collections::BTreeSet::new(),
+            retired_clients: HashMap::new(),
+            client_pacing: HashMap::new(),
+            own_throttled: std::collections::HashSet::new(),
             async_events: 0,
             async_events_lost: 0,
             outbox: Vec::new(),
@@ -657,6 +668,14 @@ impl Manager {
         if let Some(o) = self.installed.get_mut(&handle) {
             o.remote.insert(id, remote);
         }
+        // A throttled client's new session is paced as its others (their share shrinks).
+        let client = crate::auditor::ClientId {
+            handle,
+            addr: peer.ip(),
+        };
+        if self.client_pacing.contains_key(&client) {
+            self.pace_client_queues(client);
+        }
         true
     }
 
@@ -702,11 +721,23 @@ impl Manager {
         let Some(o) = self.installed.get(&handle) else {
             return;
         };
-        let (t, w, e) = self.instance_counters(&o.program, &instance.installed);
+        let last = self.sample(&o.program, &instance.installed);
+        let (t, w, e) = (last.triggers, last.wqes, last.errors);
         if let Some(o) = self.installed.get_mut(&handle) {
             o.retired.0 += t;
             o.retired.1 += w;
             o.retired.2 += e;
+        }
+        // Its client's rates go on counting what it did (see `retired_clients`).
+        let client = crate::auditor::ClientId {
+            handle,
+            addr: instance.peer.ip(),
+        };
+        let done = last.since(instance.at_install);
+        let total = self.retired_clients.entry(client).or_default();
+        *total = total.plus(done);
+        if self.client_pacing.contains_key(&client) {
+            self.pace_client_queues(client);
         }
     }
 

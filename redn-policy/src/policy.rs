@@ -43,7 +43,9 @@
 //!   down when the app's connection closes.
 //!
 //! Meaning of the per-client keys (`[app.client]`), which apply to each remote client
-//! separately:
+//! separately (a client is its address: every session one address holds, at once or one
+//! after another, shares its rate budgets, throttle and ban; the loop budget is per
+//! session):
 //! - `rate_limit_kbps`: bandwidth, applied as QP pacing on mlx5 and a token bucket on the
 //!   softnic;
 //! - `wqes_per_second`: work requests the client's invocations may execute per second,

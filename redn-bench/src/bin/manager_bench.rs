@@ -285,6 +285,7 @@ fn remote_rows(client: &mut Client, dataplane: std::net::SocketAddr, runs: usize
 
     let options = RemoteOptions {
         timeout: Duration::from_secs(10),
+        ..Default::default()
     };
     let mut table = TwoChoiceTable::create(1024).expect("table");
     let (_, looped) = client

@@ -124,7 +124,7 @@ fn tracks_no_longer_live_are_forgotten_and_samples_counted() {
         assert!(matches!(v, Some(Verdict::Throttle(..))), "{v:?}");
     }
     assert_eq!(a.counters.samples, 4);
-    a.retain(|t| t != gone);
+    a.retain(|t| t != gone, &clock);
     assert!(!a.is_track_throttled(gone));
     assert!(a.is_track_throttled(kept));
 }
@@ -170,7 +170,7 @@ fn each_remote_instance_is_judged_on_its_own_counters() {
     );
     assert_eq!(a.observe(9, b, base, sample(5, 0), &clock).0, None);
     // Its track is gone with it; the others keep theirs.
-    a.retain(|t| t != runaway);
+    a.retain(|t| t != runaway, &clock);
     assert_eq!(
         a.observe_track(calm, b, base, sample(5 + 32, 2), &clock).0,
         None
@@ -537,4 +537,145 @@ fn a_queue_in_error_is_reported_once() {
     );
     assert_eq!(a.observe(1, b, base, bad, &clock), (None, true));
     assert_eq!(a.observe(1, b, base, bad, &clock), (None, false));
+}
+
+fn client() -> ClientId {
+    ClientId {
+        handle: 7,
+        addr: std::net::IpAddr::from([10, 0, 0, 9]),
+    }
+}
+
+#[test]
+fn a_remote_clients_rates_are_judged_over_its_instances_not_per_instance() {
+    let clock = ManualClock::new();
+    let mut a = Auditor::new(DEFAULT_INTERVAL);
+    let b = budget(OnViolation::Terminate);
+    let c = client();
+    // An instance track judges its loop budget only: a flood within it is not its to judge.
+    let t = TrackId::remote(7, 1);
+    let (v, _) = a.observe_instance(t, b, Sample::default(), sample(0, 0), &clock);
+    assert_eq!(v, None);
+    assert!(!a.knows_client(c));
+    assert_eq!(a.observe_client(c, b, sample(0, 0), &clock), None);
+    assert!(a.knows_client(c) && !a.is_client_throttled(c));
+    clock.advance(RATE_WINDOW);
+    // 2,000 WQEs in a window (20,000 a second against 10,000), within the loop budget.
+    let flood = sample(2_000, 200);
+    let (v, _) = a.observe_instance(t, b, Sample::default(), flood, &clock);
+    assert_eq!(v, None, "an instance track does not judge rates");
+    // The same counts, summed over the client's instances, break its WQE budget.
+    match a.observe_client(c, b, flood, &clock) {
+        Some(Verdict::Throttle(Violation::WqeRate { limit, .. }, _)) => assert_eq!(limit, 10_000),
+        other => panic!("expected a WQE-rate throttle, got {other:?}"),
+    }
+    assert!(a.is_client_throttled(c));
+    assert_eq!(a.counters.throttles, 1);
+    // The loop budget still holds per instance: 10 triggers allow 11 × 16 WQEs.
+    let (v, _) = a.observe_instance(t, b, Sample::default(), sample(177, 10), &clock);
+    assert!(
+        matches!(v, Some(Verdict::Terminate(Violation::LoopBudget { .. }))),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn a_remote_client_is_remembered_for_a_while_after_its_last_instance() {
+    let clock = ManualClock::new();
+    let mut a = Auditor::new(DEFAULT_INTERVAL);
+    let b = budget(OnViolation::Throttle);
+    let c = client();
+    a.observe_client(c, b, sample(0, 0), &clock);
+    clock.advance(RATE_WINDOW);
+    assert!(a.observe_client(c, b, sample(5_000, 10), &clock).is_some());
+    // Its offload is still installed: remembered until CLIENT_MEMORY after its last sample.
+    let live = |t: TrackId| t.handle == 7;
+    clock.advance(CLIENT_MEMORY - Duration::from_millis(1));
+    a.retain(live, &clock);
+    assert!(
+        a.knows_client(c) && a.is_client_throttled(c),
+        "a hello now goes on throttled"
+    );
+    clock.advance(Duration::from_millis(1));
+    a.retain(live, &clock);
+    assert!(!a.knows_client(c) && !a.is_client_throttled(c));
+    // Its offload gone: forgotten at once.
+    a.observe_client(c, b, sample(0, 0), &clock);
+    a.retain(|t| t.handle != 7, &clock);
+    assert!(!a.knows_client(c));
+}
+
+#[test]
+fn a_terminated_remote_client_starts_afresh() {
+    let clock = ManualClock::new();
+    let mut a = Auditor::new(DEFAULT_INTERVAL);
+    let b = budget(OnViolation::Terminate);
+    let c = client();
+    a.observe_client(c, b, sample(0, 0), &clock);
+    clock.advance(RATE_WINDOW);
+    assert!(matches!(
+        a.observe_client(c, b, sample(5_000, 10), &clock),
+        Some(Verdict::Throttle(..))
+    ));
+    // Throttled, and still pressing (a trigger flood the pacer did not slow).
+    let b = Budget {
+        triggers_per_second: Some(10),
+        ..b
+    };
+    clock.advance(RATE_WINDOW);
+    let v = a.observe_client(c, b, sample(5_100, 500), &clock);
+    assert!(
+        matches!(v, Some(Verdict::Terminate(Violation::StillFlooding { .. }))),
+        "{v:?}"
+    );
+    assert!(!a.knows_client(c));
+    assert_eq!(a.counters.terminations, 1);
+}
+
+#[test]
+fn samples_subtract_and_add_field_by_field() {
+    let a = Sample {
+        wqes: 10,
+        bytes: 20,
+        triggers: 3,
+        errors: 2,
+        rate_limit_delays: 5,
+        queues_in_error: 1,
+    };
+    let base = Sample {
+        wqes: 4,
+        bytes: 25,
+        triggers: 1,
+        errors: 2,
+        rate_limit_delays: 1,
+        queues_in_error: 1,
+    };
+    let d = a.since(base);
+    assert_eq!(
+        d,
+        Sample {
+            wqes: 6,
+            bytes: 0,
+            triggers: 2,
+            errors: 0,
+            rate_limit_delays: 4,
+            queues_in_error: 0,
+        }
+    );
+    assert_eq!(
+        d.plus(base),
+        Sample {
+            wqes: 10,
+            bytes: 25,
+            triggers: 3,
+            errors: 2,
+            rate_limit_delays: 5,
+            queues_in_error: 0,
+        }
+    );
+    let max = Sample {
+        wqes: u64::MAX,
+        ..Sample::default()
+    };
+    assert_eq!(max.plus(max).wqes, u64::MAX);
 }

@@ -7,16 +7,28 @@
 use super::DynNic;
 use super::Manager;
 use crate::audit::{Event, Record, Severity};
-use crate::auditor::{describe_span, Auditor, Banned, Budget, Sample, TrackId, Verdict, Violation};
+use crate::auditor::{
+    describe_span, Auditor, Banned, Budget, ClientId, Sample, TrackId, Verdict, Violation,
+};
 use redn_program::program::{Program, QueueRole};
 use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
 use redn_proto::api;
 use redn_proto::errors::AdminError;
 use redn_sys::clock::Clock;
 use redn_sys::install::Installed;
-use redn_sys::nic::AsyncEvent;
+use redn_sys::nic::{AsyncEvent, RateLimit};
 use redn_sys::QpState;
 use std::collections::HashSet;
+
+/// `limit` shared out among `n` queues: each rate a share (at least 1: 0 is "not paced").
+fn share(limit: RateLimit, n: usize) -> RateLimit {
+    let n = u64::try_from(n.max(1)).unwrap_or(u64::MAX);
+    let part = |r: u64| if r == 0 { 0 } else { (r / n).max(1) };
+    RateLimit {
+        wqes_per_sec: part(limit.wqes_per_sec),
+        bytes_per_sec: part(limit.bytes_per_sec),
+    }
+}
 
 /// Auditor notes a client keeps for `Stats`, at most (of each kind; for remote clients,
 /// the newest).
@@ -273,6 +285,9 @@ impl Manager {
         let mut sampled = 0;
         // Remote instances whose trigger count moved since the last round.
         let mut active = Vec::new();
+        // Per remote client, its budget and what its live instances did since their attach.
+        let mut clients: std::collections::BTreeMap<ClientId, (Budget, Sample)> =
+            std::collections::BTreeMap::new();
         for (handle, o) in &self.installed {
             let Some(app) = self.policy.app(&o.app) else {
                 continue;
@@ -302,16 +317,23 @@ impl Manager {
                     seen_by = "state-poll";
                 }
                 sampled += 1;
-                if let Some(id) = track.remote {
-                    if o.remote
-                        .get(&id)
-                        .is_some_and(|r| r.triggers_seen != sample.triggers)
-                    {
+                let remote = track.remote.and_then(|id| Some((id, o.remote.get(&id)?)));
+                if let Some((id, r)) = remote {
+                    if r.triggers_seen != sample.triggers {
                         active.push((track.handle, id, sample.triggers));
                     }
+                    let client = ClientId {
+                        handle: track.handle,
+                        addr: r.peer.ip(),
+                    };
+                    let c = clients.entry(client).or_insert((budget, Sample::default()));
+                    c.1 = c.1.plus(sample.since(at_install));
                 }
-                let (verdict, queue_error) =
-                    auditor.observe_track(track, budget, at_install, sample, &clock);
+                let (verdict, queue_error) = if remote.is_some() {
+                    auditor.observe_instance(track, budget, at_install, sample, &clock)
+                } else {
+                    auditor.observe_track(track, budget, at_install, sample, &clock)
+                };
                 if queue_error {
                     verdicts.push((track, None, sample, seen_by));
                 }
@@ -369,10 +391,38 @@ impl Manager {
                 }
             }
         }
-        auditor.retain(|t| match t.remote {
-            None => self.installed.contains_key(&t.handle),
-            Some(id) => self.has_remote(t.handle, id),
-        });
+        // Each remote client's rates, over every instance it held: what it did in those it
+        // has now, and in those released before.
+        let mut client_verdicts = Vec::new();
+        for (client, (budget, live)) in clients {
+            let total = self
+                .retired_clients
+                .get(&client)
+                .map_or(live, |r| live.plus(*r));
+            if let Some(v) = auditor.observe_client(client, budget, total, &clock) {
+                client_verdicts.push((client, v));
+            }
+        }
+        for (client, verdict) in client_verdicts {
+            match verdict {
+                Verdict::Throttle(v, limit) => self.pace_client(client, Some((&v, limit))),
+                Verdict::Unthrottle(_) => self.pace_client(client, None),
+                Verdict::Terminate(v) => self.terminate_client(client, &v, None),
+                Verdict::Ban(v, span) => self.terminate_client(client, &v, Some(span)),
+            }
+        }
+        auditor.retain(
+            |t| match t.remote {
+                None => self.installed.contains_key(&t.handle),
+                Some(id) => self.has_remote(t.handle, id),
+            },
+            &clock,
+        );
+        // What the auditor no longer remembers need not be kept either: a client coming
+        // back after that starts a new window, which its old counts would not enter.
+        self.retired_clients.retain(|c, _| auditor.knows_client(*c));
+        self.client_pacing
+            .retain(|c, _| auditor.is_client_throttled(*c));
         self.bans.expire(&clock);
         sampled
     }
@@ -550,6 +600,88 @@ impl Manager {
             });
     }
 
+    /// Throttle remote `client` for violation `v` at `limit` (over all its instances'
+    /// queues together), or with `None` lift its throttle; with an audit record.
+    fn pace_client(&mut self, client: ClientId, throttle: Option<(&Violation, RateLimit)>) {
+        match throttle {
+            Some((_, limit)) => self.client_pacing.insert(client, limit),
+            None => self.client_pacing.remove(&client),
+        };
+        let (ok, instances) = self.pace_client_queues(client);
+        let r = match throttle {
+            Some((v, _)) => self
+                .offload_record(Event::Throttle, Severity::Warning, client.handle)
+                .field("address", client.addr)
+                .field("rule", v.rule())
+                .fields(v.details()),
+            None => self
+                .offload_record(Event::Unthrottle, Severity::Notice, client.handle)
+                .field("address", client.addr),
+        };
+        let installed = self.installed.get(&client.handle).map(|o| o.limit);
+        let paced = throttle.map(|t| t.1).or(installed).unwrap_or_default();
+        let r = r
+            .field("instances", instances)
+            .field("paced_wqes_per_s", paced.wqes_per_sec)
+            .field("paced_bytes_per_s", paced.bytes_per_sec)
+            .res(ok);
+        self.outbox.push(r);
+    }
+
+    /// Pace every queue of remote `client`'s instances: at its throttle limit shared out
+    /// among them (each queue a share, so that together they stay within it whichever of
+    /// them does the work), or as the offload's queues are paced if it is not throttled.
+    /// Whether every queue took it, and how many instances it has.
+    pub(super) fn pace_client_queues(&mut self, client: ClientId) -> (bool, usize) {
+        let Some(o) = self.installed.get(&client.handle) else {
+            return (false, 0);
+        };
+        let instances: Vec<_> = o
+            .remote
+            .values()
+            .filter(|r| r.peer.ip() == client.addr)
+            .collect();
+        let queues: Vec<redn_sys::Qpn> = instances
+            .iter()
+            .flat_map(|r| r.installed.qps.iter().map(|q| q.qpn))
+            .collect();
+        let limit = match self.client_pacing.get(&client) {
+            Some(l) => share(*l, queues.len()),
+            None => o.limit,
+        };
+        let n = instances.len();
+        let mut ok = true;
+        for q in queues {
+            ok &= self.nic.set_rate_limit(q, limit).is_ok();
+        }
+        (ok, n)
+    }
+
+    /// Remote `client` broke its budget past throttling: every instance it holds is
+    /// terminated, and with `ban` its address banned (once).
+    fn terminate_client(
+        &mut self,
+        client: ClientId,
+        v: &Violation,
+        ban: Option<Option<std::time::Duration>>,
+    ) {
+        let ids: Vec<u64> = self
+            .installed
+            .get(&client.handle)
+            .map(|o| {
+                o.remote
+                    .iter()
+                    .filter(|(_, r)| r.peer.ip() == client.addr)
+                    .map(|(id, _)| *id)
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.client_pacing.remove(&client);
+        for (i, id) in ids.into_iter().enumerate() {
+            self.terminate_remote(client.handle, id, v, if i == 0 { ban } else { None });
+        }
+    }
+
     /// Pace the queues of `track`'s instance at `limit`: a throttle for violation `v`, or
     /// with `None` the lifting of one.
     fn throttle(&mut self, track: TrackId, v: Option<&Violation>, limit: redn_sys::nic::RateLimit) {
@@ -565,6 +697,11 @@ impl Manager {
             if let Some(o) = self.installed.get_mut(&track.handle) {
                 // Remote clients installed later are paced the same way.
                 o.limit = limit;
+            }
+            if v.is_some() {
+                self.own_throttled.insert(track.handle);
+            } else {
+                self.own_throttled.remove(&track.handle);
             }
         }
         let r = match v {
@@ -717,11 +854,49 @@ impl Manager {
         for h in &doomed {
             self.tear_down(*h, Teardown::Reload);
         }
+        self.own_throttled.retain(|h| !doomed.contains(h));
+        self.repace_after_reload();
         let clients: Vec<u64> = self.clients.keys().copied().collect();
         for c in clients {
             self.forget_if_idle(c);
         }
         doomed.len()
+    }
+
+    /// A reload may have changed an app's `rate_limit_kbps`: pace what it installed as the
+    /// new rule says (every queue of the app's install and of its remote clients' instances)
+    /// and as new instances will be, except what the auditor throttled (paced at its budgets,
+    /// which the next audit round reads from the new rule).
+    fn repace_after_reload(&mut self) {
+        let handles: Vec<u64> = self.installed.keys().copied().collect();
+        for h in handles {
+            let Some(o) = self.installed.get(&h) else {
+                continue;
+            };
+            let Some(rule) = self.policy.app(&o.app) else {
+                continue;
+            };
+            let c = &rule.client;
+            let limit = super::rate_limit((c.rate_limit_kbps, redn_policy::WqeRate::Unlimited));
+            if limit == o.limit || self.own_throttled.contains(&h) {
+                continue;
+            }
+            let own: Vec<redn_sys::Qpn> = o.installed.qps.iter().map(|q| q.qpn).collect();
+            let addrs: std::collections::BTreeSet<std::net::IpAddr> =
+                o.remote.values().map(|r| r.peer.ip()).collect();
+            if let Some(o) = self.installed.get_mut(&h) {
+                o.limit = limit;
+            }
+            for q in own {
+                let _ = self.nic.set_rate_limit(q, limit);
+            }
+            for addr in addrs {
+                let client = ClientId { handle: h, addr };
+                if !self.client_pacing.contains_key(&client) {
+                    self.pace_client_queues(client);
+                }
+            }
+        }
     }
 
     /// The app behind `client` exited (its pidfd said so): apply its rule's

@@ -314,7 +314,7 @@ impl Setup {
             self.door.endpoint.parse().unwrap(),
             self.door.handle,
             &token,
-            redn_client::remote::RemoteOptions { timeout: DEADLINE },
+            redn_client::remote::RemoteOptions { timeout: DEADLINE, ..Default::default() },
         )
     }
 

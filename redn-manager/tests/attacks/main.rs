@@ -8,6 +8,7 @@ mod app_lifecycle;
 mod common;
 mod dataplane;
 mod definitions;
+mod enforcement;
 mod flood;
 mod lifecycle;
 mod records;

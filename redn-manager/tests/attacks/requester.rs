@@ -66,7 +66,7 @@ impl Door {
             self.endpoint.parse().unwrap(),
             self.handle,
             &token,
-            redn_client::remote::RemoteOptions { timeout: DEADLINE },
+            redn_client::remote::RemoteOptions { timeout: DEADLINE, ..Default::default() },
         )
         .unwrap()
     }

@@ -175,8 +175,8 @@ fn flood_until_throttled(
         &[
             "event=throttle ",
             &format!(" handle={} ", s.handle),
-            " instance=",
-            " peer=127.0.0.1:",
+            // A remote client is its address: all its sessions are paced together.
+            " address=127.0.0.1 ",
             &format!(" rule={rule} "),
         ],
     );

@@ -419,6 +419,7 @@ fn runaways(r: &mut Run) -> Result<(Vec<f64>, Vec<f64>)> {
             &off.token,
             RemoteOptions {
                 timeout: Duration::from_millis(200),
+                ..Default::default()
             },
         )?;
         let first = Instant::now();

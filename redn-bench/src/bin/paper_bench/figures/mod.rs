@@ -169,7 +169,7 @@ impl Run {
             self.manager.dataplane,
             off.handle,
             &off.token,
-            RemoteOptions { timeout },
+            RemoteOptions { timeout, ..Default::default() },
         )?)
     }
 
