@@ -20,6 +20,7 @@ use nix::sys::socket::{getsockopt, sockopt};
 use redn_policy::PeerIdentity;
 use std::fs;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Why a peer could not be identified.
@@ -80,12 +81,28 @@ impl Procfs {
     }
 
     /// `/proc/PID/exe`.
+    ///
+    /// The link's text is a path in the peer's own mount namespace: a process of any user
+    /// can bind-mount its own program over an app's path in a namespace of its own and run
+    /// it from there. So the path is kept only if the file at it, as the manager sees it, is
+    /// the very file the process runs (same device and inode, as `stat` of the link and of
+    /// the path give them); otherwise the path gets a suffix no rule's absolute path has.
     pub fn exe(&self, pid: i32) -> Result<PathBuf, PeerError> {
-        let path = self.root.join(format!("{pid}/exe"));
-        fs::read_link(&path).map_err(|e| PeerError::Proc {
-            path,
+        let link = self.root.join(format!("{pid}/exe"));
+        let path = fs::read_link(&link).map_err(|e| PeerError::Proc {
+            path: link.clone(),
             reason: e.to_string(),
-        })
+        })?;
+        let running = fs::metadata(&link).map(|m| (m.dev(), m.ino()));
+        let here = fs::metadata(&path).map(|m| (m.dev(), m.ino()));
+        match (running, here) {
+            (Ok(a), Ok(b)) if a == b => Ok(path),
+            _ => {
+                let mut elsewhere = path.into_os_string();
+                elsewhere.push(" (not the file at this path)");
+                Ok(PathBuf::from(elsewhere))
+            }
+        }
     }
 
     /// The cgroup v2 path (the `0::` line of `/proc/PID/cgroup`); `/` if there is none.

@@ -189,6 +189,11 @@ impl Server {
         let mut mio_listeners = Vec::new();
         for (i, (l, kind)) in listeners.into_iter().enumerate() {
             l.set_nonblocking(true)?;
+            // Accepted connections inherit it: every write a peer makes then carries its
+            // writer's pid (and a write made before the accept always does), so bytes from
+            // any process but the one identified at accept are told apart (see `read`).
+            nix::sys::socket::setsockopt(&l, nix::sys::socket::sockopt::PassCred, &true)
+                .map_err(io::Error::from)?;
             let mut l = UnixListener::from_std(l);
             poll.registry()
                 .register(&mut l, Token(FIRST_LISTENER + i), Interest::READABLE)?;

@@ -8,7 +8,7 @@ use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
 use redn_policy::SocketConfig;
 use std::fs::{self, File, OpenOptions};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::{UnixDatagram, UnixListener};
 use std::path::{Path, PathBuf};
 
@@ -94,12 +94,18 @@ pub fn bind_locked(cfg: &SocketConfig) -> Result<BoundSocket, StartError> {
         fs::create_dir_all(dir).map_err(path_err("cannot create the directory of", path))?;
     }
     let lock = lock_path(path);
+    // Readable by the manager's user alone: `flock` needs no more than a read-only fd, so a
+    // lock file others may open lets any user hold it and keep the manager from starting.
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o600)
         .open(&lock)
         .map_err(path_err("cannot open the lock file", &lock))?;
+    // One left by an older version with a wider mode is narrowed too.
+    file.set_permissions(fs::Permissions::from_mode(0o600))
+        .map_err(path_err("cannot set the mode of", &lock))?;
     let held = Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
         if errno == nix::errno::Errno::EWOULDBLOCK {
             StartError::AlreadyRunning {
@@ -121,15 +127,20 @@ pub fn bind_locked(cfg: &SocketConfig) -> Result<BoundSocket, StartError> {
         Ok(_) => return Err(StartError::NotASocket(path.clone())),
         Err(_) => {}
     }
-    let listener = UnixListener::bind(path).map_err(path_err("cannot bind", path))?;
+    // The socket listens as soon as it is bound, before its mode can be set: bound under a
+    // umask that leaves it to the manager's user alone, it is widened (group first, then
+    // mode) only once it is what the config says. (Under the shipped units systemd binds it,
+    // with the unit's mode.)
+    let old_umask = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = UnixListener::bind(path);
+    nix::sys::stat::umask(old_umask);
+    let listener = bound.map_err(path_err("cannot bind", path))?;
     let socket = BoundSocket {
         listener,
         path: path.clone(),
         _lock: Some(held),
         bound_here: true,
     };
-    fs::set_permissions(path, fs::Permissions::from_mode(cfg.mode.bits()))
-        .map_err(path_err("cannot set the mode of", path))?;
     if let Some(group) = &cfg.group {
         let gid = match group.parse::<u32>() {
             Ok(n) => nix::unistd::Gid::from_raw(n),
@@ -147,6 +158,8 @@ pub fn bind_locked(cfg: &SocketConfig) -> Result<BoundSocket, StartError> {
             source: e.into(),
         })?;
     }
+    fs::set_permissions(path, fs::Permissions::from_mode(cfg.mode.bits()))
+        .map_err(path_err("cannot set the mode of", path))?;
     Ok(socket)
 }
 

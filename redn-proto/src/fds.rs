@@ -26,6 +26,10 @@ pub struct Received {
     pub len: usize,
     /// The fds that came with them, already owned (closed on drop) and close-on-exec.
     pub fds: Vec<OwnedFd>,
+    /// The process that wrote them, when the socket passes credentials (`SO_PASSCRED`,
+    /// inherited from a listener that has it: the kernel then stamps every write with its
+    /// writer, and one read never spans two writers).
+    pub sender_pid: Option<i32>,
 }
 
 /// Receive bytes and any fds from a stream socket, without blocking if the socket is
@@ -35,7 +39,7 @@ pub struct Received {
 /// [`Error::Io`] (`recvmsg`), including `WouldBlock`; [`Error::Protocol`] (`fds`) if the
 /// kernel truncated the control data (the connection must be closed then).
 pub fn recv_with_fds(socket: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Received> {
-    let mut space = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
+    let mut space = nix::cmsg_space!([RawFd; SCM_MAX_FD], nix::sys::socket::UnixCredentials);
     let mut iov = [IoSliceMut::new(buf)];
     let msg = recvmsg::<UnixAddr>(
         socket.as_raw_fd(),
@@ -55,18 +59,27 @@ pub fn recv_with_fds(socket: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Received>
         )
     })?;
     let mut fds = Vec::new();
+    let mut sender_pid = None;
     for c in cmsgs {
-        if let ControlMessageOwned::ScmRights(raw) = c {
-            for fd in raw {
-                // SAFETY: the kernel installed `fd` in this process for this message just
-                // now (SCM_RIGHTS), and nothing else has seen the number: wrapping it makes
-                // this the one owner, which closes it.
-                #[allow(unsafe_code)]
-                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+        match c {
+            ControlMessageOwned::ScmRights(raw) => {
+                for fd in raw {
+                    // SAFETY: the kernel installed `fd` in this process for this message
+                    // just now (SCM_RIGHTS), and nothing else has seen the number: wrapping
+                    // it makes this the one owner, which closes it.
+                    #[allow(unsafe_code)]
+                    fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+                }
             }
+            ControlMessageOwned::ScmCredentials(cred) => sender_pid = Some(cred.pid()),
+            _ => {}
         }
     }
-    Ok(Received { len, fds })
+    Ok(Received {
+        len,
+        fds,
+        sender_pid,
+    })
 }
 
 /// Send `bytes` with `fds` on the first byte (the rest, if the socket takes only part, is

@@ -316,6 +316,32 @@ impl Server {
                 self.close(token);
                 return;
             }
+            // Only the process identified at accept speaks on its connection: not a process
+            // it forked or handed the socket to, and not the process that connected and
+            // then ran another program before the accept read its exe (which would have
+            // been identified as that program: the process running it is not the writer).
+            let connected = c.peer.identity.pid;
+            if let Some(pid) = got.sender_pid.filter(|&p| u32::try_from(p) != Ok(connected)) {
+                let reason = format!(
+                    "bytes on this connection came from process {pid}, not from process \
+                     {connected}, which opened it"
+                );
+                self.audit.event(
+                    &Record::new(Event::Refuse, Severity::Warning)
+                        .peer(&c.peer.identity)
+                        .field("reason", &reason)
+                        .res(false),
+                );
+                let err = ManagerError::PeerChanged { reason };
+                self.send(token, error_reply(&err.to_wire()));
+                if let Some(c) = self.conns.get_mut(&token) {
+                    c.close_after_flush = true;
+                    c.fds.clear();
+                    c.input.clear();
+                }
+                self.flush(token);
+                return;
+            }
             if !got.fds.is_empty() {
                 // Admins pass no fds.
                 let max = if c.kind == SocketKind::Api {

@@ -4,6 +4,7 @@
 //! lists them with what each pins.
 
 mod app_lifecycle;
+mod authorization;
 #[path = "../common/mod.rs"]
 mod common;
 mod dataplane;
