@@ -679,3 +679,32 @@ fn samples_subtract_and_add_field_by_field() {
     };
     assert_eq!(max.plus(max).wqes, u64::MAX);
 }
+
+#[test]
+fn a_throttled_remote_client_that_calms_down_is_unthrottled() {
+    let clock = ManualClock::new();
+    let mut a = Auditor::new(DEFAULT_INTERVAL);
+    let b = budget(OnViolation::Terminate);
+    let c = client();
+    a.observe_client(c, b, sample(0, 0), &clock);
+    clock.advance(RATE_WINDOW);
+    let mut s = sample(5_000, 10);
+    assert!(matches!(
+        a.observe_client(c, b, s, &clock),
+        Some(Verdict::Throttle(..))
+    ));
+    // Windows in which the pacer never held it back: lifted after CALM_WINDOWS of them.
+    for w in 1..=CALM_WINDOWS {
+        clock.advance(RATE_WINDOW);
+        s.wqes += 10;
+        let v = a.observe_client(c, b, s, &clock);
+        if w < CALM_WINDOWS {
+            assert_eq!(v, None, "window {w}");
+            assert!(a.is_client_throttled(c));
+        } else {
+            assert_eq!(v, Some(Verdict::Unthrottle(b.install_limit())));
+        }
+    }
+    assert!(!a.is_client_throttled(c) && a.knows_client(c));
+    assert_eq!((a.counters.throttles, a.counters.unthrottles), (1, 1));
+}
