@@ -481,20 +481,8 @@ impl Auditor {
         *seen = now;
         t.budget = budget;
         let verdict = judge_rates(t, sample, now);
-        match &verdict {
-            Some(Verdict::Throttle(..)) => {
-                t.throttled = true;
-                self.counters.throttles += 1;
-            }
-            Some(Verdict::Unthrottle(_)) => {
-                t.throttled = false;
-                self.counters.unthrottles += 1;
-            }
-            Some(Verdict::Terminate(_) | Verdict::Ban(..)) => {
-                self.counters.terminations += 1;
-                self.clients.remove(&id);
-            }
-            None => {}
+        if settle_verdict(t, &verdict, &mut self.counters) {
+            self.clients.remove(&id);
         }
         verdict
     }
@@ -524,23 +512,36 @@ impl Auditor {
             None if rates => judge_rates(t, sample, now),
             None => None,
         };
-        match &verdict {
-            Some(Verdict::Throttle(..)) => {
-                t.throttled = true;
-                self.counters.throttles += 1;
-            }
-            Some(Verdict::Unthrottle(_)) => {
-                t.throttled = false;
-                self.counters.unthrottles += 1;
-            }
-            Some(Verdict::Terminate(_) | Verdict::Ban(..)) => {
-                self.counters.terminations += 1;
-                self.tracks.remove(&id);
-            }
-            None => {}
+        if settle_verdict(t, &verdict, &mut self.counters) {
+            self.tracks.remove(&id);
         }
         (verdict, new_error)
     }
+}
+
+/// What `verdict` does to track `t` and the totals; true if the track ends with it (its
+/// instance, or client, is terminated).
+fn settle_verdict(
+    t: &mut Track,
+    verdict: &Option<Verdict>,
+    counters: &mut AuditorCounters,
+) -> bool {
+    match verdict {
+        Some(Verdict::Throttle(..)) => {
+            t.throttled = true;
+            counters.throttles += 1;
+        }
+        Some(Verdict::Unthrottle(_)) => {
+            t.throttled = false;
+            counters.unthrottles += 1;
+        }
+        Some(Verdict::Terminate(_) | Verdict::Ban(..)) => {
+            counters.terminations += 1;
+            return true;
+        }
+        None => {}
+    }
+    false
 }
 
 /// A track from its first `sample` at `now`, its loop budget counting from `base`.
