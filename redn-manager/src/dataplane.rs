@@ -91,13 +91,13 @@ impl RemoteInstance {
 }
 
 /// A hello accepted: the client's instance, installed, and the answer to send; with them,
-/// when the app was at `max_remote_clients`, the client that makes room (its connection's
-/// token, and how long it has been idle).
+/// when the app was at `max_remote_clients`, the session that makes room (its connection's
+/// token, and why: see `Dataplane::make_room`).
 struct Served {
     instance: RemoteInstance,
     installed: Installed<DynNic>,
     accepted: Accepted,
-    evict: Option<(usize, std::time::Duration)>,
+    evict: Option<(usize, String)>,
 }
 
 /// The `remote-connect` record of a refusal: who (if known), which refusal, why.
@@ -472,12 +472,8 @@ impl Dataplane {
         let answer = match result {
             Ok((instance, accepted, evict)) => {
                 // The newcomer is installed: only now does the idle client make room.
-                if let Some((idlest, idle)) = evict {
-                    let why = format!(
-                        "idle for {:.1}s, its slot taken by a new client",
-                        idle.as_secs_f64()
-                    );
-                    self.close(registry, idlest, manager, audit, &why);
+                if let Some((session, why)) = evict {
+                    self.close(registry, session, manager, audit, &why);
                 }
                 if let Some(c) = self.conns.get_mut(&token) {
                     audit.event(
@@ -494,23 +490,60 @@ impl Dataplane {
         self.answer(registry, token, answer, manager, audit);
     }
 
-    /// Of app `app`'s remote clients, the one idle longest (no trigger counted by the
-    /// auditor), if for at least `after`: its connection's token and how long.
-    fn idlest_client(
+    /// The session of app `app` that makes room for a newcomer at `newcomer`, the app being
+    /// at `max_remote_clients`: the one idle longest (no trigger counted by the auditor),
+    /// if for at least `after`; else, when one address holds at least two sessions more
+    /// than the newcomer's, that address's idlest, so that no address keeps every slot from
+    /// the others by keeping its sessions busy enough (after the swap it still holds as
+    /// many as the newcomer's, so they do not take turns). Its connection's token, and why.
+    fn make_room(
         &self,
         app: &str,
-        after: std::time::Duration,
+        after: Option<std::time::Duration>,
+        newcomer: IpAddr,
         manager: &Manager,
-    ) -> Option<(usize, std::time::Duration)> {
+    ) -> Option<(usize, String)> {
         let now = std::time::Instant::now();
-        self.conns
+        let sessions: Vec<(usize, IpAddr, std::time::Duration)> = self
+            .conns
             .iter()
             .filter_map(|(t, c)| {
                 let i = c.instance.as_ref().filter(|i| i.app == app)?;
-                Some((*t, manager.remote_idle(i.handle, *t as u64, now)?))
+                Some((
+                    *t,
+                    c.peer.ip(),
+                    manager.remote_idle(i.handle, *t as u64, now)?,
+                ))
             })
-            .filter(|(_, idle)| *idle >= after)
-            .max_by_key(|(t, idle)| (*idle, std::cmp::Reverse(*t)))
+            .collect();
+        let idlest = |of: &mut dyn Iterator<Item = &(usize, IpAddr, std::time::Duration)>| {
+            of.max_by_key(|(t, _, idle)| (*idle, std::cmp::Reverse(*t)))
+                .map(|(t, _, idle)| (*t, *idle))
+        };
+        if let Some(after) = after {
+            if let Some((t, idle)) = idlest(&mut sessions.iter().filter(|s| s.2 >= after)) {
+                let why = format!(
+                    "idle for {:.1}s, its slot taken by a new client",
+                    idle.as_secs_f64()
+                );
+                return Some((t, why));
+            }
+        }
+        let held = |a: IpAddr| sessions.iter().filter(|s| s.1 == a).count();
+        let (top, n) = sessions
+            .iter()
+            .map(|s| (s.1, held(s.1)))
+            .max_by_key(|&(a, n)| (n, std::cmp::Reverse(a)))?;
+        if n < held(newcomer) + 2 {
+            return None;
+        }
+        let (t, _) = idlest(&mut sessions.iter().filter(|s| s.1 == top))?;
+        let why = format!(
+            "its address held {n} of the app's {} sessions; a client at another address \
+             took one",
+            sessions.len()
+        );
+        Some((t, why))
     }
 
     /// Check the hello and install the client's instance.
@@ -597,11 +630,12 @@ impl Dataplane {
         let mut evict = None;
         if serving as u64 >= u64::from(max) {
             let after = rule.client.evict_idle_after.as_duration();
-            evict = after.and_then(|after| self.idlest_client(spec.app, after, manager));
+            evict = self.make_room(spec.app, after, peer.ip(), manager);
             if evict.is_none() {
                 let idle = after.map_or_else(String::new, |after| {
                     format!(", none of them idle for {after:?}")
                 });
+                let idle = format!("{idle} and no address holding two more than yours");
                 return Err(refuse(
                     Refusal::TooManyClients,
                     format!(

@@ -64,6 +64,8 @@
 //! - `evict_idle_after`: when the app already has `max_remote_clients` remote clients, a
 //!   new client's hello releases the one that has sent no trigger for longest, if that is
 //!   at least this long, instead of being refused `TooManyClients`; `"infinity"`: never.
+//!   (Whatever it says, an address holding two sessions more than the newcomer's gives up
+//!   its idlest: no address keeps every slot from the others.)
 //!   Without it, clients that connect and stay silent could hold every slot for as long
 //!   as they keep their connections. A released client's library opens a new session on
 //!   its next request.

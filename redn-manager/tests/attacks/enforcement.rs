@@ -513,8 +513,6 @@ fn hello_from(source: &str, a: &App) -> (std::net::TcpStream, redn_proto::datapl
 }
 
 #[test]
-#[ignore = "open: no per-address share of max_remote_clients yet (docs/attacks.md, \
-            \"Not yet tried, or left\")"]
 fn one_address_cannot_hold_every_slot_of_an_app_for_a_trigger_a_second() {
     // max_remote_clients = 4, idle clients evicted after 1 s. The attacker, at 127.0.0.1,
     // opens four sessions and triggers each once every 400 ms: far inside every budget,
