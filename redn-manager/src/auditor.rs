@@ -24,7 +24,8 @@
 //! **Escalation.** A rate violation first throttles (the client's queues are paced at its
 //! budget), whatever `on_violation` says. A throttled client that keeps pressing against the
 //! pacer for a whole window (the NIC's `rate_limit_delays` counter keeps climbing) has shown
-//! it will not slow down: under `terminate` or `ban` it is then terminated (and banned). A
+//! it will not slow down: under `terminate` or `ban` it is then terminated (and banned), as
+//! is one over a budget again within [`REPEAT_AFTER`] of its throttle being lifted. A
 //! loop-budget violation goes straight to `on_violation`: a runaway loop cannot be slowed into
 //! compliance. `throttle` never terminates anyone.
 //!
@@ -50,6 +51,11 @@ pub const RATE_TOLERANCE: f64 = 1.25;
 pub const PRESSING_DELAYS: u64 = 16;
 /// Windows in a row without a single pacer hold-back after which a throttle is lifted.
 pub const CALM_WINDOWS: u32 = 10;
+/// A rate violation this soon after a throttle was lifted is not throttled again but goes
+/// to `on_violation`, as a client still pressing against its pacer does: bursts shorter
+/// than a window, each followed by the calm that lifts the throttle, otherwise cycled
+/// throttle and release for ever at several times the budget.
+pub const REPEAT_AFTER: Duration = Duration::from_secs(10);
 /// How long the auditor remembers a remote client that holds no instance (its rate window
 /// and throttle): one that says hello again within it goes on where it left off.
 pub const CLIENT_MEMORY: Duration = Duration::from_secs(60);
@@ -274,6 +280,8 @@ struct Track {
     throttled: bool,
     /// Windows in a row a throttled offload did not touch its pacer.
     calm_windows: u32,
+    /// When its throttle was last lifted (see [`REPEAT_AFTER`]).
+    let_off_at: Option<Instant>,
     /// A queue in error was already reported.
     error_reported: bool,
     /// Error completions in the latest sample, and in the one before.
@@ -553,6 +561,7 @@ fn new_track(budget: Budget, base: Sample, sample: Sample, now: Instant) -> Trac
         window_base: sample,
         throttled: false,
         calm_windows: 0,
+        let_off_at: None,
         error_reported: false,
         last_errors: sample.errors,
         prev_errors: sample.errors,
@@ -603,8 +612,11 @@ fn judge_rates(t: &mut Track, s: Sample, now: Instant) -> Option<Verdict> {
     let trigger_flood = over(trigger_rate, b.triggers_per_second);
     if t.throttled {
         let delays = s.rate_limit_delays.saturating_sub(w.rate_limit_delays);
-        // A trigger flood the pacer did not slow is pressing as hard as one it holds back.
-        if delays >= PRESSING_DELAYS || trigger_flood.is_some() {
+        // A trigger flood the pacer did not slow is pressing as hard as one it holds back;
+        // so are bytes over the budget that the pacer never saw (a peer's NAKs drawing
+        // retransmissions, which go out unpaced).
+        let byte_flood = over(rate(s.bytes, w.bytes), b.bytes_per_second);
+        if delays >= PRESSING_DELAYS || trigger_flood.is_some() || byte_flood.is_some() {
             t.calm_windows = 0;
             return match b.on_violation {
                 OnViolation::Throttle => None,
@@ -614,13 +626,25 @@ fn judge_rates(t: &mut Track, s: Sample, now: Instant) -> Option<Verdict> {
         t.calm_windows = if delays == 0 { t.calm_windows + 1 } else { 0 };
         if t.calm_windows >= CALM_WINDOWS {
             t.calm_windows = 0;
+            t.let_off_at = Some(now);
             return Some(Verdict::Unthrottle(b.install_limit()));
         }
         return None;
     }
+    // Let off a throttle moments ago and over a budget again: past throttling.
+    let repeat = b.on_violation != OnViolation::Throttle
+        && t.let_off_at
+            .is_some_and(|at| now.saturating_duration_since(at) < REPEAT_AFTER);
+    let first_or_repeat = |t: &Track, v: Violation| {
+        if repeat {
+            apply(t, v)
+        } else {
+            throttle(t, v)
+        }
+    };
     let wqe_rate = rate(s.wqes, w.wqes);
     if let Some(limit) = over(wqe_rate, b.wqes_per_second) {
-        return Some(throttle(
+        return Some(first_or_repeat(
             t,
             Violation::WqeRate {
                 per_second: to_u64(wqe_rate),
@@ -630,13 +654,20 @@ fn judge_rates(t: &mut Track, s: Sample, now: Instant) -> Option<Verdict> {
     }
     let byte_rate = rate(s.bytes, w.bytes);
     if let Some(limit) = over(byte_rate, b.bytes_per_second) {
-        return Some(throttle(
+        return Some(first_or_repeat(
             t,
             Violation::ByteRate {
                 per_second: to_u64(byte_rate),
                 limit,
             },
         ));
+    }
+    if let (Some(limit), true) = (trigger_flood, repeat) {
+        let v = Violation::TriggerRate {
+            per_second: to_u64(trigger_rate),
+            limit,
+        };
+        return Some(apply(t, v));
     }
     if let Some(limit) = trigger_flood {
         // Triggers cannot be paced: their WQEs are, at the trigger budget times what each

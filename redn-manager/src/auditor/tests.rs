@@ -708,3 +708,123 @@ fn a_throttled_remote_client_that_calms_down_is_unthrottled() {
     assert!(!a.is_client_throttled(c) && a.knows_client(c));
     assert_eq!((a.counters.throttles, a.counters.unthrottles), (1, 1));
 }
+
+#[test]
+fn a_throttled_client_whose_bytes_stay_over_budget_is_still_flooding() {
+    // Bytes the pacer never held back (retransmissions a peer's NAKs drew) keep a
+    // throttled client over its byte budget: that presses as hard as a held-back flood.
+    let clock = ManualClock::new();
+    let mut a = Auditor::new(DEFAULT_INTERVAL);
+    let b = budget(OnViolation::Terminate);
+    let c = client();
+    let bytes = |n: u64| Sample {
+        bytes: n,
+        ..Sample::default()
+    };
+    a.observe_client(c, b, bytes(0), &clock);
+    clock.advance(RATE_WINDOW);
+    // 1 MB/s budget: 200 KB in a window is 2 MB/s.
+    assert!(matches!(
+        a.observe_client(c, b, bytes(200_000), &clock),
+        Some(Verdict::Throttle(Violation::ByteRate { .. }, _))
+    ));
+    // Within the budget while throttled (and no pacer hold-backs): nothing new.
+    clock.advance(RATE_WINDOW);
+    assert_eq!(a.observe_client(c, b, bytes(280_000), &clock), None);
+    // Over it again, with no hold-back to show for it: still flooding.
+    clock.advance(RATE_WINDOW);
+    let v = a.observe_client(c, b, bytes(480_000), &clock);
+    assert!(
+        matches!(
+            v,
+            Some(Verdict::Terminate(Violation::StillFlooding { delays: 0 }))
+        ),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn a_client_over_budget_again_soon_after_its_throttle_was_lifted_goes_to_on_violation() {
+    let clock = ManualClock::new();
+    let mut a = Auditor::new(DEFAULT_INTERVAL);
+    let c = client();
+    let run = |a: &mut Auditor, on: OnViolation, wqes: &mut u64| {
+        let b = budget(on);
+        // A burst: throttled.
+        a.observe_client(c, b, sample(*wqes, 0), &clock);
+        clock.advance(RATE_WINDOW);
+        *wqes += 5_000;
+        let v = a.observe_client(c, b, sample(*wqes, 0), &clock);
+        assert!(matches!(v, Some(Verdict::Throttle(..))), "{v:?}");
+        // Calm until let off.
+        for _ in 0..CALM_WINDOWS {
+            clock.advance(RATE_WINDOW);
+            a.observe_client(c, b, sample(*wqes, 0), &clock);
+        }
+        assert!(!a.is_client_throttled(c));
+        // Another burst soon after.
+        clock.advance(RATE_WINDOW);
+        *wqes += 5_000;
+        a.observe_client(c, b, sample(*wqes, 0), &clock)
+    };
+    let mut wqes = 0;
+    let v = run(&mut a, OnViolation::Terminate, &mut wqes);
+    assert!(
+        matches!(v, Some(Verdict::Terminate(Violation::WqeRate { .. }))),
+        "{v:?}"
+    );
+    assert!(!a.knows_client(c));
+    // Under throttle: throttled again.
+    let v = run(&mut a, OnViolation::Throttle, &mut wqes);
+    assert!(
+        matches!(v, Some(Verdict::Throttle(Violation::WqeRate { .. }, _))),
+        "{v:?}"
+    );
+    // Long after being let off: a first offence again.
+    a.retain(|_| false, &clock);
+    let b = budget(OnViolation::Terminate);
+    a.observe_client(c, b, sample(wqes, 0), &clock);
+    clock.advance(RATE_WINDOW);
+    wqes += 5_000;
+    assert!(matches!(
+        a.observe_client(c, b, sample(wqes, 0), &clock),
+        Some(Verdict::Throttle(..))
+    ));
+    for _ in 0..CALM_WINDOWS {
+        clock.advance(RATE_WINDOW);
+        a.observe_client(c, b, sample(wqes, 0), &clock);
+    }
+    clock.advance(REPEAT_AFTER);
+    assert_eq!(a.observe_client(c, b, sample(wqes, 0), &clock), None);
+    clock.advance(RATE_WINDOW);
+    wqes += 5_000;
+    let v = a.observe_client(c, b, sample(wqes, 0), &clock);
+    assert!(matches!(v, Some(Verdict::Throttle(..))), "{v:?}");
+}
+
+#[test]
+fn a_trigger_flood_soon_after_its_throttle_was_lifted_goes_to_on_violation() {
+    let clock = ManualClock::new();
+    let mut a = Auditor::new(DEFAULT_INTERVAL);
+    let c = client();
+    let b = Budget {
+        triggers_per_second: Some(100),
+        ..budget(OnViolation::Ban(TimeSpan::Finite(Duration::from_secs(60))))
+    };
+    a.observe_client(c, b, sample(0, 0), &clock);
+    clock.advance(RATE_WINDOW);
+    assert!(matches!(
+        a.observe_client(c, b, sample(100, 100), &clock),
+        Some(Verdict::Throttle(Violation::TriggerRate { .. }, _))
+    ));
+    for _ in 0..CALM_WINDOWS {
+        clock.advance(RATE_WINDOW);
+        a.observe_client(c, b, sample(100, 100), &clock);
+    }
+    clock.advance(RATE_WINDOW);
+    let v = a.observe_client(c, b, sample(200, 200), &clock);
+    assert!(
+        matches!(v, Some(Verdict::Ban(Violation::TriggerRate { .. }, _))),
+        "{v:?}"
+    );
+}

@@ -193,6 +193,12 @@ pub struct Requester {
     /// A message failed: nothing more goes out (the QP is going to error).
     failed: bool,
     spare: Vec<Vec<u8>>,
+    /// The PSN after the newest SEND/WRITE packet ever sent: one before it goes out again.
+    fresh: u32,
+    /// Payload bytes of SEND/WRITE packets sent again (go-back-N after a NAK or a timeout,
+    /// a copy that asks for an ACK), since the requester was made: retransmissions cost the
+    /// QP as much as first sends, and its owner charges them (see `resent_bytes`).
+    resent: u64,
 }
 
 impl Requester {
@@ -213,6 +219,8 @@ impl Requester {
             gap_retried: None,
             retries: attrs.retry_cnt,
             rnr: attrs.rnr_retry,
+            fresh: start,
+            resent: 0,
             deadline: None,
             rnr_until: None,
             asked: true,
@@ -302,6 +310,12 @@ impl Requester {
             data,
             ack,
         });
+    }
+
+    /// Payload bytes of SEND/WRITE packets sent again so far (see `resent`).
+    #[must_use]
+    pub fn resent_bytes(&self) -> u64 {
+        self.resent
     }
 
     /// The outcome of the oldest finished message not taken yet.
@@ -425,6 +439,7 @@ impl Requester {
                         if let Some(m) = self.msgs.iter().find(|m| psn::diff(newest, m.end()) < 0) {
                             let (mut h, range) = self.packet(m, newest);
                             h.ack_req = true;
+                            self.resent += range.len() as u64;
                             emit(&h, range.clone(), m.data.get(range).unwrap_or(&[]));
                             self.asked = true;
                             self.solicit_at = None;
@@ -454,8 +469,14 @@ impl Requester {
                     }
                     let Some(m) = self.msgs.get(at) else { break };
                     let (h, range) = self.packet(m, self.sent);
+                    if psn::diff(self.sent, self.fresh) < 0 {
+                        self.resent += range.len() as u64;
+                    }
                     emit(&h, range.clone(), m.data.get(range).unwrap_or(&[]));
                     self.sent = psn::add(self.sent, 1);
+                    if psn::diff(self.sent, self.fresh) > 0 {
+                        self.fresh = self.sent;
+                    }
                     self.asked = h.ack_req;
                     any = true;
                 }

@@ -162,11 +162,19 @@ impl RoceTransport {
         let Sending { req, bytes, frames } = s;
         bytes.clear();
         frames.clear();
+        let resent = req.resent_bytes();
         req.transmit(now, |h, _, payload| {
             let start = bytes.len();
             packet::encode(bytes, &route, h, payload);
             frames.push((start, bytes.len()));
         });
+        // A retransmission moves its bytes again: the QP's byte counter, which the manager's
+        // auditor holds to `rate_limit_kbps`, counts them too (a peer's NAKs could
+        // otherwise make it send again and again, charged to nobody).
+        let again = req.resent_bytes() - resent;
+        if again != 0 {
+            crate::softnic::qp::bump(&self.conn.local.target.counters.bytes, again);
+        }
         if !frames.is_empty() {
             self.conn
                 .poller

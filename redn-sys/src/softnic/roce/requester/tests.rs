@@ -773,3 +773,38 @@ fn a_wait_asks_at_once_and_an_ack_of_everything_cancels_the_ask() {
     let p = tx(&mut r, c.now());
     assert_eq!((p.len(), p[0].0.psn, p[0].0.ack_req), (1, 3, true));
 }
+
+#[test]
+fn packets_sent_again_are_counted_as_resent_bytes_and_first_sends_are_not() {
+    let c = ManualClock::new();
+    let mut r = Requester::new(attrs(), 7, 100);
+    start(
+        &mut r,
+        Message::Send {
+            len: 256 * 5,
+            imm: None,
+        },
+    );
+    assert_eq!(tx(&mut r, c.now()).len(), 5);
+    assert_eq!(r.resent_bytes(), 0, "first sends");
+    // A sequence NAK at 102: 102..=104 go out again.
+    assert_eq!(answer(&mut r, 102, 0x60, c.now()), Ok(Progress::Pending));
+    assert_eq!(tx(&mut r, c.now()).len(), 3);
+    assert_eq!(r.resent_bytes(), 3 * 256);
+    // The next message's packets are new.
+    plain_ack(&mut r, 104, c.now());
+    start(
+        &mut r,
+        Message::Send {
+            len: 100,
+            imm: None,
+        },
+    );
+    assert_eq!(tx(&mut r, c.now()).len(), 1);
+    assert_eq!(r.resent_bytes(), 3 * 256, "a new message is no resend");
+    // An ACK timeout resends it.
+    c.advance(Duration::from_millis(2));
+    timer(&mut r, c.now());
+    assert_eq!(tx(&mut r, c.now()).len(), 1);
+    assert_eq!(r.resent_bytes(), 3 * 256 + 100);
+}
