@@ -794,7 +794,8 @@ fn a_client_over_budget_again_soon_after_its_throttle_was_lifted_goes_to_on_viol
         clock.advance(RATE_WINDOW);
         a.observe_client(c, b, sample(wqes, 0), &clock);
     }
-    clock.advance(REPEAT_AFTER);
+    // The burst's window ends exactly REPEAT_AFTER after the let-off: no longer "soon".
+    clock.advance(REPEAT_AFTER - RATE_WINDOW);
     assert_eq!(a.observe_client(c, b, sample(wqes, 0), &clock), None);
     clock.advance(RATE_WINDOW);
     wqes += 5_000;
