@@ -876,8 +876,8 @@ impl Manager {
             let Some(rule) = self.policy.app(&o.app) else {
                 continue;
             };
-            let c = &rule.client;
-            let limit = super::rate_limit((c.rate_limit_kbps, redn_policy::WqeRate::Unlimited));
+            // As at install, and as an unthrottled client is paced again.
+            let limit = Budget::of(rule).install_limit();
             if limit == o.limit || self.own_throttled.contains(&h) {
                 continue;
             }
