@@ -351,3 +351,30 @@ fn a_responder_error_moves_the_responder_to_error_flushes_its_receives_and_raise
         assert_eq!(client.qp_state(c.qp.qpn).unwrap(), QpState::Error, "{what}");
     }
 }
+
+#[test]
+fn a_quiet_managed_queue_moved_to_error_flushes_what_was_posted_but_never_enabled() {
+    // A managed queue holds WQEs nobody enabled; its visits find nothing to run, so the PU
+    // checks it cheaply (the quiet check). Moved to error, it must still flush every posted
+    // WQE (ibv_modify_qp(3): outstanding work requests complete with IBV_WC_WR_FLUSH_ERR).
+    let nic = nic(1, Prefetch::Depth(8));
+    let pd = nic.alloc_pd().unwrap();
+    let a = endpoint(&nic, pd, |c| c.managed_send = true);
+    let b = endpoint(&nic, pd, |_| {});
+    nic.connect(a.qp.qpn, b.qp.qpn).unwrap();
+    let three: Vec<_> = (0..3).map(|i| wr(i, SIG, nop())).collect();
+    nic.post_send(a.qp.qpn, &three).unwrap();
+    // The PU visits every queue it owns each round: two rounds that ran one of b's WQEs
+    // each have visited a and found it idle.
+    for id in [10, 11] {
+        nic.post_send(b.qp.qpn, &[wr(id, SIG, nop())]).unwrap();
+        assert_eq!(wait_cqes(&nic, b.cq, 1)[0].wr_id, id);
+    }
+    expect_no_cqe(&nic, a.cq, 20);
+    nic.set_qp_error(a.qp.qpn).unwrap();
+    let flushed = wait_cqes(&nic, a.cq, 3);
+    for (i, c) in flushed.iter().enumerate() {
+        assert_eq!(c.wr_id, i as u64);
+        assert_eq!(c.status, Err(Syndrome::WrFlush));
+    }
+}
