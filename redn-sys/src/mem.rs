@@ -13,7 +13,8 @@ use crate::types::{Access, Lkey, Pdn, Rkey, VirtAddr};
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use read_mostly::{ReadGuard, ReadMostly};
+use std::sync::{Arc, Mutex};
 
 const WORD: usize = 8;
 /// Buffers of this many bytes or more are mappings of their own (see [`SharedBuffer::new`]):
@@ -610,7 +611,8 @@ impl MemoryRegion {
 /// deregistration so per-queue key caches know when to drop what they hold.
 #[derive(Debug)]
 pub struct KeyTable {
-    slots: RwLock<Vec<KeySlot>>,
+    /// Read by every PU on a key-cache miss, changed by registrations: see [`ReadMostly`].
+    slots: ReadMostly<Vec<KeySlot>>,
     /// Indices of empty slots, so a registration takes one without scanning the table (an
     /// install registers a key per code window: thousands for a large program). Changed only
     /// under the `slots` write lock.
@@ -624,7 +626,7 @@ pub struct KeyTable {
 impl Default for KeyTable {
     fn default() -> KeyTable {
         KeyTable {
-            slots: RwLock::default(),
+            slots: ReadMostly::default(),
             free: Mutex::default(),
             generation: AtomicU64::default(),
             max_slots: MAX_KEY_SLOTS,
@@ -708,7 +710,7 @@ impl KeyTable {
                 buffer_len: buffer.len(),
             });
         }
-        let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.slots.write();
         let free = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let index = match free {
             Some(i) => i,
@@ -738,7 +740,7 @@ impl KeyTable {
 
     /// Remove a region; later lookups of its key fail. Returns the region if it existed.
     pub fn deregister(&self, key: Lkey) -> Option<MemoryRegion> {
-        let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.slots.write();
         let slot = slots.get_mut(Self::index(key.0)?)?;
         if slot.tag != Self::tag(key.0) {
             return None;
@@ -781,7 +783,7 @@ impl KeyTable {
     /// scatter list, checked whole and then written), with one lock and no copies.
     /// Registrations and deregistrations wait for it, so hold it briefly.
     pub fn view(&self) -> KeyView<'_> {
-        KeyView(self.slots.read().unwrap_or_else(|e| e.into_inner()))
+        KeyView(self.slots.read())
     }
 
     /// `key`'s slot index and region in `slots` (the table's, read under its lock).
@@ -829,7 +831,7 @@ impl KeyTable {
 
 /// A [`KeyTable`] held still for a moment ([`KeyTable::view`]).
 #[derive(Debug)]
-pub struct KeyView<'t>(RwLockReadGuard<'t, Vec<KeySlot>>);
+pub struct KeyView<'t>(ReadGuard<'t, Vec<KeySlot>>);
 
 impl KeyView<'_> {
     /// The region `key` names, as [`KeyTable::lookup`] resolves it.
@@ -1014,5 +1016,6 @@ fn merge(word: &AtomicU64, at: usize, part: &[u8]) {
     });
 }
 
+mod read_mostly;
 #[cfg(test)]
 mod tests;
