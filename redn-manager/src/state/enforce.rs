@@ -694,10 +694,9 @@ impl Manager {
             ok &= self.nic.set_rate_limit(qpn, limit).is_ok();
         }
         if track.remote.is_none() {
-            if let Some(o) = self.installed.get_mut(&track.handle) {
-                // Remote clients installed later are paced the same way.
-                o.limit = limit;
-            }
+            // The offload's `limit` stays its rule's: each remote client is judged and
+            // throttled as a client of its own, never at the app's pace (a client that
+            // came while the app was throttled would keep that pace after the lift).
             if v.is_some() {
                 self.own_throttled.insert(track.handle);
             } else {
@@ -866,7 +865,8 @@ impl Manager {
     /// A reload may have changed an app's `rate_limit_kbps`: pace what it installed as the
     /// new rule says (every queue of the app's install and of its remote clients' instances)
     /// and as new instances will be, except what the auditor throttled (paced at its budgets,
-    /// which the next audit round reads from the new rule).
+    /// which the next audit round reads from the new rule). The app's install and each
+    /// remote client are apart: a throttled install's unthrottled clients are re-paced.
     fn repace_after_reload(&mut self) {
         let handles: Vec<u64> = self.installed.keys().copied().collect();
         for h in handles {
@@ -878,7 +878,7 @@ impl Manager {
             };
             // As at install, and as an unthrottled client is paced again.
             let limit = Budget::of(rule).install_limit();
-            if limit == o.limit || self.own_throttled.contains(&h) {
+            if limit == o.limit {
                 continue;
             }
             let own: Vec<redn_sys::Qpn> = o.installed.qps.iter().map(|q| q.qpn).collect();
@@ -887,8 +887,10 @@ impl Manager {
             if let Some(o) = self.installed.get_mut(&h) {
                 o.limit = limit;
             }
-            for q in own {
-                let _ = self.nic.set_rate_limit(q, limit);
+            if !self.own_throttled.contains(&h) {
+                for q in own {
+                    let _ = self.nic.set_rate_limit(q, limit);
+                }
             }
             for addr in addrs {
                 let client = ClientId { handle: h, addr };

@@ -181,6 +181,17 @@ impl SoftNic {
         &self.shared.config
     }
 
+    /// The pacing queue pair `qp` was last given ([`Nic::set_rate_limit`]; unlimited if
+    /// never), as `ibv_query_qp(3)` reports a QP's attributes back.
+    ///
+    /// # Errors
+    /// `NoSuchQp` for a queue pair this NIC does not have.
+    pub fn rate_limit(&self, qp: Qpn) -> Result<RateLimit> {
+        let q = self.shared.qp(qp)?;
+        let limit = *q.rate.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(limit)
+    }
+
     /// Run the PUs' rounds now on a host-driven softnic ([`SoftNicConfig::host_driven`]);
     /// nothing on one with PU threads. For an app that waits without another call into the
     /// softnic, say for the word an answering WRITE lands (a CQ poll runs them too).

@@ -13,20 +13,23 @@ fn manager(client_keys: &str) -> (Manager, u64) {
     manager_on(client_keys, nic)
 }
 
+/// A policy of one app rule, for this process's uid, with `[app.client]` keys
+/// `client_keys`.
+fn policy_text(client_keys: &str) -> String {
+    let uid = nix::unistd::getuid().as_raw();
+    format!(
+        "[[app]]\nname = \"t\"\nuid = {uid}\noffloads = [\"server-loop\", \"echo\"]\n\
+         max_regions = 4\nmax_pinned = \"16M\"\nmax_queues = 32\n\
+         max_remote_clients = 4\n[app.client]\nrate_limit_kbps = \"infinity\"\n\
+         wqes_per_second = \"infinity\"\nwqes_per_invocation = 16\n{client_keys}\n"
+    )
+}
+
 /// A manager on `nic` whose one app rule has `[app.client]` keys `client_keys`, and a
 /// client it matches.
 fn manager_on(client_keys: &str, nic: Arc<DynNic>) -> (Manager, u64) {
     let uid = nix::unistd::getuid().as_raw();
-    let policy = redn_policy::parse_policy(
-        &format!(
-            "[[app]]\nname = \"t\"\nuid = {uid}\noffloads = [\"server-loop\", \"echo\"]\n\
-             max_regions = 4\nmax_pinned = \"16M\"\nmax_queues = 32\n\
-             max_remote_clients = 4\n[app.client]\nrate_limit_kbps = \"infinity\"\n\
-             wqes_per_second = \"infinity\"\nwqes_per_invocation = 16\n{client_keys}\n"
-        ),
-        "policy.toml",
-    )
-    .unwrap();
+    let policy = redn_policy::parse_policy(&policy_text(client_keys), "policy.toml").unwrap();
     let mut m = Manager::with_catalog(policy, nic, "softnic").unwrap();
     let client = m.connect(PeerIdentity {
         uid,
@@ -251,4 +254,60 @@ fn app_exit_keeps_or_tears_down_by_rule_and_unknown_handles_are_named() {
             && body.ends_with("policy=keep kept=1 torn_down=0 res=success"),
         "{body}"
     );
+}
+
+#[test]
+fn a_throttled_installs_remote_clients_are_paced_by_the_rule_and_reloads() {
+    // The app's own install throttled by the auditor; remote clients attached before and
+    // during the throttle. Each remote client is a client of its own: paced as the rule
+    // says (not at the app's throttle), and re-paced when a reload changes the rule.
+    let nic = Arc::new(redn_sys::softnic::SoftNic::with_pus(1).unwrap());
+    let (mut m, client) = manager_on("on_violation = \"throttle\"", nic.clone());
+    let (handle, _) = install_server_loop(&mut m, client).unwrap();
+    // Two more installs lend their queues as remote clients' instances of `handle`.
+    let lend = |m: &mut Manager, id: u64, at: &str| -> Vec<redn_sys::Qpn> {
+        let (spare, _) = install_server_loop(m, client).unwrap();
+        let o = m.installed.remove(&spare).unwrap();
+        let qps = o.installed.qps.iter().map(|q| q.qpn).collect();
+        assert!(m.attach_remote(handle, id, at.parse().unwrap(), o.installed));
+        qps
+    };
+    let before = lend(&mut m, 1, "127.0.0.2:4000");
+    let throttle = RateLimit::default().with_wqes(100);
+    let v = crate::auditor::Violation::WqeRate {
+        per_second: 1_000,
+        limit: 100,
+    };
+    m.throttle(crate::auditor::TrackId::own(handle), Some(&v), throttle);
+    let own = m.installed[&handle].installed.qps[0].qpn;
+    assert_eq!(nic.rate_limit(own).unwrap(), throttle);
+    let during = lend(&mut m, 2, "127.0.0.3:4000");
+    let limits = |qps: &[redn_sys::Qpn]| -> Vec<RateLimit> {
+        qps.iter().map(|q| nic.rate_limit(*q).unwrap()).collect()
+    };
+    let unlimited = RateLimit::default();
+    assert!(limits(&before).iter().all(|l| *l == unlimited));
+    assert!(limits(&during).iter().all(|l| *l == unlimited));
+    // What a client saying hello now is installed with (`Dataplane::serve`).
+    let token = m.installed[&handle].token.clone();
+    assert_eq!(
+        m.remote_client_spec(handle, &token).unwrap().limit,
+        unlimited,
+        "a client that comes while the app is throttled would get the app's pace"
+    );
+    // A reload lowers rate_limit_kbps to 8 (1,000 bytes a second).
+    let policy = policy_text("on_violation = \"throttle\"")
+        .replace("rate_limit_kbps = \"infinity\"", "rate_limit_kbps = 8");
+    m.policy = redn_policy::parse_policy(&policy, "policy.toml").unwrap();
+    assert_eq!(m.enforce_reloaded_policy(), 0);
+    let paced = RateLimit::bytes(1_000);
+    for (what, qps) in [("before", &before), ("during", &during)] {
+        assert!(
+            limits(qps).iter().all(|l| *l == paced),
+            "a client attached {what} the app's throttle after the reload: {:?}",
+            limits(qps)
+        );
+    }
+    // The app's own queues keep its throttle until the auditor lifts it.
+    assert_eq!(nic.rate_limit(own).unwrap(), throttle);
 }
