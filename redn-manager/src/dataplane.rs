@@ -97,8 +97,24 @@ struct Served {
     instance: RemoteInstance,
     installed: Installed<DynNic>,
     accepted: Accepted,
-    evict: Option<(usize, String)>,
+    evict: Option<Eviction>,
 }
+
+/// The session that makes room for a newcomer ([`Dataplane::make_room`]).
+struct Eviction {
+    /// Its connection's token.
+    session: usize,
+    /// Why, for its `remote-exit` record.
+    why: String,
+    /// Taken by the address rule (not for idling): the newcomer's address is remembered in
+    /// [`Dataplane::address_wins`].
+    by_address: bool,
+}
+
+/// How long an address that took a slot by the address rule and gave it up may not take
+/// another by that rule, counted from the first: a client that says hello, hangs up and
+/// says hello again would otherwise evict a busy session at every turn.
+const ADDRESS_WIN_HOLD: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The `remote-connect` record of a refusal: who (if known), which refusal, why.
 fn refusal_record(peer: Option<SocketAddr>, error: &str, reason: &str) -> Record {
@@ -138,6 +154,9 @@ pub struct Dataplane {
     /// The last `accept` failed (not for an empty backlog): connections may wait in the
     /// backlog with no edge to come for them.
     accept_stalled: bool,
+    /// Per app and address, the last session that took its slot by the address rule and
+    /// when (see [`ADDRESS_WIN_HOLD`]); entries older than that are dropped at the next win.
+    address_wins: HashMap<(String, IpAddr), (usize, std::time::Instant)>,
 }
 
 impl std::fmt::Debug for Dataplane {
@@ -183,6 +202,7 @@ impl Dataplane {
             psn_seed,
             max_connections: crate::state::Limits::default().max_dataplane_connections,
             accept_stalled: false,
+            address_wins: HashMap::new(),
         })
     }
 
@@ -472,8 +492,15 @@ impl Dataplane {
         let answer = match result {
             Ok((instance, accepted, evict)) => {
                 // The newcomer is installed: only now does the idle client make room.
-                if let Some((session, why)) = evict {
-                    self.close(registry, session, manager, audit, &why);
+                if let Some(e) = evict {
+                    self.close(registry, e.session, manager, audit, &e.why);
+                    if let (true, Some(peer)) = (e.by_address, peer) {
+                        let now = std::time::Instant::now();
+                        self.address_wins
+                            .retain(|_, (_, at)| now.duration_since(*at) < ADDRESS_WIN_HOLD);
+                        self.address_wins
+                            .insert((instance.app.clone(), peer.ip()), (token, now));
+                    }
                 }
                 if let Some(c) = self.conns.get_mut(&token) {
                     audit.event(
@@ -492,17 +519,19 @@ impl Dataplane {
 
     /// The session of app `app` that makes room for a newcomer at `newcomer`, the app being
     /// at `max_remote_clients`: the one idle longest (no trigger counted by the auditor),
-    /// if for at least `after`; else, when one address holds at least two sessions more
-    /// than the newcomer's, that address's idlest, so that no address keeps every slot from
-    /// the others by keeping its sessions busy enough (after the swap it still holds as
-    /// many as the newcomer's, so they do not take turns). Its connection's token, and why.
+    /// if for at least `after`; else, when addresses hold at least two sessions more than
+    /// the newcomer's, the idlest session of those holding the most, so that no address
+    /// keeps every slot from the others by keeping its sessions busy enough (after the swap
+    /// it still holds as many as the newcomer's, so they do not take turns). Not by that
+    /// rule for an address that gave up what it took so within [`ADDRESS_WIN_HOLD`]
+    /// ([`Self::address_rule_barred`]), so that it cannot take turns with itself.
     fn make_room(
         &self,
         app: &str,
         after: Option<std::time::Duration>,
         newcomer: IpAddr,
         manager: &Manager,
-    ) -> Option<(usize, String)> {
+    ) -> Option<Eviction> {
         let now = std::time::Instant::now();
         let sessions: Vec<(usize, IpAddr, std::time::Duration)> = self
             .conns
@@ -526,24 +555,43 @@ impl Dataplane {
                     "idle for {:.1}s, its slot taken by a new client",
                     idle.as_secs_f64()
                 );
-                return Some((t, why));
+                return Some(Eviction {
+                    session: t,
+                    why,
+                    by_address: false,
+                });
             }
         }
         let held = |a: IpAddr| sessions.iter().filter(|s| s.1 == a).count();
-        let (top, n) = sessions
-            .iter()
-            .map(|s| (s.1, held(s.1)))
-            .max_by_key(|&(a, n)| (n, std::cmp::Reverse(a)))?;
-        if n < held(newcomer) + 2 {
+        let n = sessions.iter().map(|s| held(s.1)).max()?;
+        if n < held(newcomer) + 2 || self.address_rule_barred(app, newcomer, now) {
             return None;
         }
-        let (t, _) = idlest(&mut sessions.iter().filter(|s| s.1 == top))?;
+        // Every address holding the most is a candidate alike: which one loses must not
+        // depend on how the addresses compare (an attacker picks its addresses).
+        let (t, _) = idlest(&mut sessions.iter().filter(|s| held(s.1) == n))?;
         let why = format!(
             "its address held {n} of the app's {} sessions; a client at another address \
              took one",
             sessions.len()
         );
-        Some((t, why))
+        Some(Eviction {
+            session: t,
+            why,
+            by_address: true,
+        })
+    }
+
+    /// True if `addr` took a slot of app `app` by the address rule less than
+    /// [`ADDRESS_WIN_HOLD`] ago and no longer holds it.
+    fn address_rule_barred(&self, app: &str, addr: IpAddr, now: std::time::Instant) -> bool {
+        let Some(&(session, at)) = self.address_wins.get(&(app.to_owned(), addr)) else {
+            return false;
+        };
+        let held = self.conns.get(&session).is_some_and(|c| {
+            c.peer.ip() == addr && c.instance.as_ref().is_some_and(|i| i.app == app)
+        });
+        !held && now.duration_since(at) < ADDRESS_WIN_HOLD
     }
 
     /// Check the hello and install the client's instance.
@@ -635,7 +683,15 @@ impl Dataplane {
                 let idle = after.map_or_else(String::new, |after| {
                     format!(", none of them idle for {after:?}")
                 });
-                let idle = format!("{idle} and no address holding two more than yours");
+                let now = std::time::Instant::now();
+                let idle = if self.address_rule_barred(spec.app, peer.ip(), now) {
+                    format!(
+                        "{idle}, and your address gave up the slot it took from another \
+                         address less than {ADDRESS_WIN_HOLD:?} ago"
+                    )
+                } else {
+                    format!("{idle} and no address holding two more than yours")
+                };
                 return Err(refuse(
                     Refusal::TooManyClients,
                     format!(

@@ -579,9 +579,10 @@ impl Manager {
             o.remote_terminated += 1;
             o.remote_banned += u64::from(ban.is_some());
         }
+        let banned = ban.is_some();
         if let (Some(span), Some(r)) = (ban, ban_record) {
             let who = Banned::Remote {
-                app,
+                app: app.clone(),
                 addr: peer.ip(),
             };
             self.bans.ban(who, span, redn_sys::clock::SystemClock);
@@ -596,8 +597,11 @@ impl Manager {
                 instance: id,
                 peer: peer.to_string(),
                 rule: v.rule().into(),
-                banned: ban.is_some(),
+                banned,
             });
+        if banned {
+            self.end_sessions_of_banned(&app, peer.ip(), v);
+        }
     }
 
     /// Throttle remote `client` for violation `v` at `limit` (over all its instances'
@@ -655,6 +659,27 @@ impl Manager {
             ok &= self.nic.set_rate_limit(q, limit).is_ok();
         }
         (ok, n)
+    }
+
+    /// Address `addr` was just banned from app `app`'s offloads: its sessions with any of
+    /// them end too (terminated for `v`, without a ban record of their own), as new ones are
+    /// refused: a ban is of the address, not of the offload it flooded.
+    fn end_sessions_of_banned(&mut self, app: &str, addr: std::net::IpAddr, v: &Violation) {
+        let sessions: Vec<(u64, u64)> = self
+            .installed
+            .iter()
+            .filter(|(_, o)| o.app == app)
+            .flat_map(|(h, o)| {
+                o.remote
+                    .iter()
+                    .filter(|(_, r)| r.peer.ip() == addr)
+                    .map(|(id, _)| (*h, *id))
+            })
+            .collect();
+        for (handle, id) in sessions {
+            self.client_pacing.remove(&ClientId { handle, addr });
+            self.terminate_remote(handle, id, v, None);
+        }
     }
 
     /// Remote `client` broke its budget past throttling: every instance it holds is

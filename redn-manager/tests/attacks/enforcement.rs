@@ -33,67 +33,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The default test policy with server-loop allowed and `edit` applied to it.
-fn server_loop_policy(edit: impl Fn(String) -> String) -> String {
-    edit(policy("", "").replace("\"echo\"]", "\"echo\", \"server-loop\"]"))
-}
-
-/// An app serving server-loop over a table holding key 0x2a ("hello").
-struct App {
-    _app: Client,
-    _table: TwoChoiceTable,
-    handle: u64,
-    token: String,
-    endpoint: String,
-}
-
-fn server_loop_app(m: &Manager) -> App {
-    let mut app = m.client();
-    let mut table = TwoChoiceTable::create(64).unwrap();
-    let (_, installed) = app.install_table("server-loop", &mut table).unwrap();
-    table.set(0x2a, b"hello").unwrap();
-    App {
-        endpoint: installed.endpoint.clone().expect("an endpoint"),
-        handle: installed.handle,
-        token: installed.token.clone(),
-        _app: app,
-        _table: table,
-    }
-}
-
-fn remote_client(a: &App, timeout: Duration) -> Result<RemoteClient, ClientError> {
-    remote_client_from(a, timeout, None)
-}
-
-/// [`remote_client`] connecting from `source` (the manager knows a client by its address:
-/// another address is another client).
-fn remote_client_from(
-    a: &App,
-    timeout: Duration,
-    source: Option<std::net::Ipv4Addr>,
-) -> Result<RemoteClient, ClientError> {
-    RemoteClient::connect(
-        a.endpoint.parse().unwrap(),
-        a.handle,
-        &a.token,
-        RemoteOptions { timeout, source },
-    )
-}
-
-/// Every audit record the manager sent so far and not yet read (waits `settle` first).
-fn drain_records(m: &Manager, settle: Duration) -> Vec<String> {
-    std::thread::sleep(settle);
-    let syslog = m.syslog.as_ref().unwrap();
-    syslog.set_nonblocking(true).unwrap();
-    let mut buf = [0u8; 4096];
-    let mut out = Vec::new();
-    while let Ok(n) = recv(syslog, &mut buf) {
-        out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
-    }
-    syslog.set_nonblocking(false).unwrap();
-    out
-}
-
 /// The first record holding all of `needles` within `within` (others read and dropped).
 fn wait_record(m: &Manager, needles: &[&str], within: Duration) -> Option<String> {
     let syslog = m.syslog.as_ref().unwrap();
@@ -116,10 +55,6 @@ fn wait_record(m: &Manager, needles: &[&str], within: Duration) -> Option<String
     };
     syslog.set_read_timeout(Some(DEADLINE)).unwrap();
     found
-}
-
-fn count(records: &[String], needle: &str) -> usize {
-    records.iter().filter(|r| r.contains(needle)).count()
 }
 
 /// GET key 0x2a on `c` until `until`; the GETs served and the error that ended it, if any.
@@ -162,16 +97,7 @@ fn sessions_shorter_than_the_rate_window_cannot_escape_the_trigger_budget() {
     // 100 triggers a second, banned for an hour over it. The attacker floods GETs (one
     // trigger each) but says hello again every 60 ms: each session is younger than the
     // auditor's first 100 ms rate window when it ends.
-    let m = Manager::start_with_dataplane(&server_loop_policy(|p| {
-        p.replace(
-            "wqes_per_invocation",
-            "triggers_per_second = 100\nwqes_per_invocation",
-        )
-        .replace(
-            "on_violation = \"terminate\"",
-            "on_violation = \"ban\"\nban_duration = \"1h\"",
-        )
-    }));
+    let m = Manager::start_with_dataplane(&trigger_budget_ban_policy());
     let a = server_loop_app(&m);
     let mut c = remote_client(&a, Duration::from_secs(2)).unwrap();
     let total = Duration::from_secs(2);
@@ -431,16 +357,7 @@ fn a_client_that_pauses_whenever_throttled_cannot_flood_again_and_again() {
     // 100 triggers a second, banned over it. The attacker floods on one session until its
     // GETs slow down (it was throttled), pauses for 1.2 s (ten calm windows lift the
     // throttle), and floods again.
-    let m = Manager::start_with_dataplane(&server_loop_policy(|p| {
-        p.replace(
-            "wqes_per_invocation",
-            "triggers_per_second = 100\nwqes_per_invocation",
-        )
-        .replace(
-            "on_violation = \"terminate\"",
-            "on_violation = \"ban\"\nban_duration = \"1h\"",
-        )
-    }));
+    let m = Manager::start_with_dataplane(&trigger_budget_ban_policy());
     let a = server_loop_app(&m);
     let mut c = remote_client(&a, Duration::from_secs(2)).unwrap();
     let start = Instant::now();
@@ -477,91 +394,13 @@ fn a_client_that_pauses_whenever_throttled_cannot_flood_again_and_again() {
     );
 }
 
-/// A TCP connection to `endpoint` from `source` (a loopback address of its own).
-fn connect_from(source: &str, endpoint: &str) -> std::net::TcpStream {
-    use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
-    let fd = socket(
-        AddressFamily::Inet,
-        SockType::Stream,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .unwrap();
-    let from: std::net::SocketAddrV4 = format!("{source}:0").parse().unwrap();
-    bind(
-        std::os::fd::AsRawFd::as_raw_fd(&fd),
-        &SockaddrIn::from(from),
-    )
-    .unwrap();
-    let to: std::net::SocketAddrV4 = endpoint.parse().unwrap();
-    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(to)).unwrap();
-    std::net::TcpStream::from(fd)
-}
-
-/// Say hello for the app's offload from `source`; the connection and the answer.
-fn hello_from(source: &str, a: &App) -> (std::net::TcpStream, redn_proto::dataplane::Answer) {
-    let hello = redn_proto::dataplane::Hello {
-        handle: a.handle,
-        token: redn_client::remote::parse_token(&a.token).unwrap(),
-        record: client_record(source),
-    };
-    let mut tcp = connect_from(source, &a.endpoint);
-    tcp.set_read_timeout(Some(DEADLINE)).unwrap();
-    tcp.write_all(&hello.encode().unwrap()).unwrap();
-    let answer = read_answer(&mut tcp);
-    (tcp, answer)
-}
-
 #[test]
 fn one_address_cannot_hold_every_slot_of_an_app_for_a_trigger_a_second() {
-    // max_remote_clients = 4, idle clients evicted after 1 s. The attacker, at 127.0.0.1,
-    // opens four sessions and triggers each once every 400 ms: far inside every budget,
-    // and never idle long enough to be evicted. A client at 127.0.0.2 says hello meanwhile.
-    let m = Manager::start_with_dataplane(&server_loop_policy(|p| {
-        p.replace(
-            "on_violation = \"terminate\"",
-            "on_violation = \"terminate\"\nevict_idle_after = \"1s\"",
-        )
-    }));
-    let a = server_loop_app(&m);
-    let mut hoard: Vec<RemoteClient> = (0..4)
-        .map(|_| remote_client(&a, Duration::from_secs(2)).unwrap())
-        .collect();
-    let start = Instant::now();
-    let mut answers = std::collections::BTreeMap::<String, u32>::new();
-    let mut accepted = false;
-    let mut last_touch = Instant::now() - Duration::from_secs(1);
-    let mut held = Vec::new();
-    while start.elapsed() < Duration::from_secs(3) {
-        if last_touch.elapsed() >= Duration::from_millis(400) {
-            for c in &mut hoard {
-                c.get(0x2a).unwrap();
-            }
-            last_touch = Instant::now();
-        }
-        let (tcp, answer) = hello_from("127.0.0.2", &a);
-        let key = match &answer {
-            redn_proto::dataplane::Answer::Accepted(_) => {
-                accepted = true;
-                held.push(tcp);
-                "Accepted".to_owned()
-            }
-            redn_proto::dataplane::Answer::Refused(r, _) => format!("{r:?}"),
-        };
-        *answers.entry(key).or_default() += 1;
-        if accepted {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let sessions: Vec<u64> = hoard.iter().map(RemoteClient::sessions_opened).collect();
-    eprintln!(
-        "slot hoarding: the other address's hellos in {:.1}s: {answers:?}; the hoarder's \
-         sessions {sessions:?} (4 triggers every 400 ms)",
-        start.elapsed().as_secs_f64()
-    );
+    // The attacker, at 127.0.0.1, holds all four sessions; a client at 127.0.0.2 says
+    // hello meanwhile.
+    let (got_in, answers) = knock_on_a_hoard([1; 4]);
     assert!(
-        accepted,
+        got_in,
         "one address held all 4 of the app's slots with a trigger per session every 400 ms; \
          another address was refused {answers:?} for 3 s"
     );
@@ -645,16 +484,7 @@ fn a_client_over_its_trigger_budget_does_not_starve_another_clients_gets() {
     // One PU, as shipped. Every client may send 100 triggers a second (banned over it). A
     // calm client GETs as fast as it can, alone and then while the attacker floods in
     // sessions shorter than the auditor's first rate window.
-    let m = Manager::start_with_dataplane(&server_loop_policy(|p| {
-        p.replace(
-            "wqes_per_invocation",
-            "triggers_per_second = 100\nwqes_per_invocation",
-        )
-        .replace(
-            "on_violation = \"terminate\"",
-            "on_violation = \"ban\"\nban_duration = \"1h\"",
-        )
-    }));
+    let m = Manager::start_with_dataplane(&trigger_budget_ban_policy());
     let a = server_loop_app(&m);
     // Another address: a client is its address, so one at the attacker's would share its
     // budget (and its ban).
@@ -1041,16 +871,7 @@ fn sequence_naks_cannot_make_the_manager_resend_an_answer_more_than_its_retries(
 fn short_bursts_between_calm_seconds_cannot_beat_the_trigger_budget() {
     // 100 triggers a second, banned over it. The attacker floods one session for 25 ms at a
     // time and rests 1.1 s in between (the throttle of one burst is lifted by the next).
-    let m = Manager::start_with_dataplane(&server_loop_policy(|p| {
-        p.replace(
-            "wqes_per_invocation",
-            "triggers_per_second = 100\nwqes_per_invocation",
-        )
-        .replace(
-            "on_violation = \"terminate\"",
-            "on_violation = \"ban\"\nban_duration = \"1h\"",
-        )
-    }));
+    let m = Manager::start_with_dataplane(&trigger_budget_ban_policy());
     let a = server_loop_app(&m);
     let mut c = remote_client(&a, Duration::from_secs(2)).unwrap();
     let start = Instant::now();

@@ -10,6 +10,7 @@ mod common;
 mod dataplane;
 mod definitions;
 mod enforcement;
+mod eviction;
 mod flood;
 mod lifecycle;
 mod records;
@@ -328,4 +329,147 @@ impl FdStarvation {
             m.log()
         );
     }
+}
+
+// ---- Remote clients of server-loop (the enforcement and eviction attacks) ----
+
+/// The default test policy with server-loop allowed and `edit` applied to it.
+fn server_loop_policy(edit: impl Fn(String) -> String) -> String {
+    edit(policy("", "").replace("\"echo\"]", "\"echo\", \"server-loop\"]"))
+}
+
+/// [`server_loop_policy`] with every client held to 100 triggers a second, banned for an
+/// hour over it.
+fn trigger_budget_ban_policy() -> String {
+    server_loop_policy(|p| {
+        p.replace(
+            "wqes_per_invocation",
+            "triggers_per_second = 100\nwqes_per_invocation",
+        )
+        .replace(
+            "on_violation = \"terminate\"",
+            "on_violation = \"ban\"\nban_duration = \"1h\"",
+        )
+    })
+}
+
+/// An app serving server-loop over a table holding key 0x2a ("hello").
+struct App {
+    _app: redn_client::Client,
+    _table: redn_client::kv::TwoChoiceTable,
+    handle: u64,
+    token: String,
+    endpoint: String,
+}
+
+fn server_loop_app(m: &Manager) -> App {
+    let mut app = m.client();
+    let mut table = redn_client::kv::TwoChoiceTable::create(64).unwrap();
+    let (_, installed) = app.install_table("server-loop", &mut table).unwrap();
+    table.set(0x2a, b"hello").unwrap();
+    App {
+        endpoint: installed.endpoint.clone().expect("an endpoint"),
+        handle: installed.handle,
+        token: installed.token.clone(),
+        _app: app,
+        _table: table,
+    }
+}
+
+fn remote_client(
+    a: &App,
+    timeout: std::time::Duration,
+) -> Result<redn_client::remote::RemoteClient, redn_client::Error> {
+    remote_client_from(a, timeout, None)
+}
+
+/// [`remote_client`] connecting from `source` (the manager knows a client by its address:
+/// another address is another client).
+fn remote_client_from(
+    a: &App,
+    timeout: std::time::Duration,
+    source: Option<std::net::Ipv4Addr>,
+) -> Result<redn_client::remote::RemoteClient, redn_client::Error> {
+    redn_client::remote::RemoteClient::connect(
+        a.endpoint.parse().unwrap(),
+        a.handle,
+        &a.token,
+        redn_client::remote::RemoteOptions { timeout, source },
+    )
+}
+
+/// Every audit record the manager sent so far and not yet read (waits `settle` first).
+fn drain_records(m: &Manager, settle: std::time::Duration) -> Vec<String> {
+    std::thread::sleep(settle);
+    let syslog = m.syslog.as_ref().unwrap();
+    syslog.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 4096];
+    let mut out = Vec::new();
+    while let Ok(n) = recv(syslog, &mut buf) {
+        out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    syslog.set_nonblocking(false).unwrap();
+    out
+}
+
+fn count(records: &[String], needle: &str) -> usize {
+    records.iter().filter(|r| r.contains(needle)).count()
+}
+
+/// Say hello for the app's offload from `source` ([`hello_at`]); the connection and the
+/// answer.
+fn hello_from(source: &str, a: &App) -> (std::net::TcpStream, redn_proto::dataplane::Answer) {
+    hello_at(source, &a.endpoint, a.handle, &a.token)
+}
+
+/// Four remote clients of server-loop (`max_remote_clients = 4`, idle ones evicted after
+/// 1 s) at 127.0.0.`hoarders[i]`, holding every slot with a GET a session every 400 ms (far
+/// inside every budget, never idle long enough), while a client at 127.0.0.2 says hello
+/// every 100 ms for up to 3 s: whether it got in, and the answers it had.
+fn knock_on_a_hoard(hoarders: [u8; 4]) -> (bool, std::collections::BTreeMap<String, u32>) {
+    use std::time::{Duration, Instant};
+    let m = Manager::start_with_dataplane(&server_loop_policy(|p| {
+        p.replace(
+            "on_violation = \"terminate\"",
+            "on_violation = \"terminate\"\nevict_idle_after = \"1s\"",
+        )
+    }));
+    let a = server_loop_app(&m);
+    let mut hoard: Vec<redn_client::remote::RemoteClient> = hoarders
+        .iter()
+        .map(|h| {
+            let at = Some(std::net::Ipv4Addr::new(127, 0, 0, *h));
+            remote_client_from(&a, Duration::from_secs(2), at).unwrap()
+        })
+        .collect();
+    let start = Instant::now();
+    let mut answers = std::collections::BTreeMap::<String, u32>::new();
+    let mut last_touch = Instant::now() - Duration::from_secs(1);
+    let mut got_in = false;
+    while start.elapsed() < Duration::from_secs(3) {
+        if last_touch.elapsed() >= Duration::from_millis(400) {
+            for c in &mut hoard {
+                c.get(0x2a).unwrap();
+            }
+            last_touch = Instant::now();
+        }
+        let (_tcp, answer) = hello_from("127.0.0.2", &a);
+        let key = match &answer {
+            redn_proto::dataplane::Answer::Accepted(_) => "Accepted".to_owned(),
+            redn_proto::dataplane::Answer::Refused(r, _) => format!("{r:?}"),
+        };
+        *answers.entry(key).or_default() += 1;
+        if matches!(answer, redn_proto::dataplane::Answer::Accepted(_)) {
+            got_in = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let sessions: Vec<u64> = hoard.iter().map(|c| c.sessions_opened()).collect();
+    eprintln!(
+        "slot hoarding from 127.0.0.{hoarders:?}: the newcomer's hellos in {:.1}s: \
+         {answers:?}; the hoarders' sessions {sessions:?}",
+        start.elapsed().as_secs_f64()
+    );
+    (got_in, answers)
 }

@@ -328,6 +328,47 @@ pub fn read_answer(tcp: &mut std::net::TcpStream) -> redn_proto::dataplane::Answ
     Answer::decode(&header, &body).unwrap()
 }
 
+/// A TCP connection to `endpoint` from `source` (a loopback address of its own: the data
+/// plane knows remote clients by address, and the kernel would pick 127.0.0.1).
+pub fn connect_from(source: &str, endpoint: &str) -> std::net::TcpStream {
+    use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+    use std::os::fd::AsRawFd;
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let from: std::net::SocketAddrV4 = format!("{source}:0").parse().unwrap();
+    bind(fd.as_raw_fd(), &SockaddrIn::from(from)).unwrap();
+    let to: std::net::SocketAddrV4 = endpoint.parse().unwrap();
+    connect(fd.as_raw_fd(), &SockaddrIn::from(to)).unwrap();
+    std::net::TcpStream::from(fd)
+}
+
+/// Say hello for offload `handle` with `token` at `endpoint` from `source`, as a client
+/// there would ([`client_record`]: a UDP port nobody serves, so the session never triggers);
+/// the open connection and the answer.
+pub fn hello_at(
+    source: &str,
+    endpoint: &str,
+    handle: u64,
+    token: &str,
+) -> (std::net::TcpStream, redn_proto::dataplane::Answer) {
+    use std::io::Write;
+    let hello = redn_proto::dataplane::Hello {
+        handle,
+        token: redn_client::remote::parse_token(token).unwrap(),
+        record: client_record(source),
+    };
+    let mut tcp = connect_from(source, endpoint);
+    tcp.set_read_timeout(Some(DEADLINE)).unwrap();
+    tcp.write_all(&hello.encode().unwrap()).unwrap();
+    let answer = read_answer(&mut tcp);
+    (tcp, answer)
+}
+
 /// Install server-loop over `r`: its table in the region's first 4 KiB, its values in the
 /// next; its handle and a trigger for key 0x2a in the table's first bucket (the key, 6 bytes
 /// little-endian, then the bucket's address, 8 bytes big-endian).

@@ -1,7 +1,7 @@
 //! The auditor on remote clients: a runaway instance terminated, a client over its WQE or
 //! trigger rate throttled, a banned address refused, each alone while neighbours are served.
 
-use super::remote_clients::{remote, remote_within, say_hello};
+use super::remote_clients::{remote, remote_within};
 use super::*;
 
 /// The first audit record on the manager's syslog socket holding every one of `needles`.
@@ -207,44 +207,6 @@ fn a_remote_client_over_its_wqe_rate_alone_is_throttled() {
     assert_eq!(list.offloads.len(), 1);
 }
 
-/// A TCP connection to `endpoint` from `source` (a loopback address of its own: the data
-/// plane knows remote clients by address, and the kernel would pick 127.0.0.1).
-fn connect_from(source: &str, endpoint: &str) -> std::net::TcpStream {
-    use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
-    let fd = socket(
-        AddressFamily::Inet,
-        SockType::Stream,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .unwrap();
-    let from: std::net::SocketAddrV4 = format!("{source}:0").parse().unwrap();
-    bind(
-        std::os::fd::AsRawFd::as_raw_fd(&fd),
-        &SockaddrIn::from(from),
-    )
-    .unwrap();
-    let to: std::net::SocketAddrV4 = endpoint.parse().unwrap();
-    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(to)).unwrap();
-    std::net::TcpStream::from(fd)
-}
-
-/// Say hello for `handle` with `token` from `source`, as a client there would (its record
-/// at that address, with a response region); the open connection and the answer.
-fn hello_from(
-    source: &str,
-    endpoint: &str,
-    handle: u64,
-    token: &str,
-) -> (std::net::TcpStream, dataplane::Answer) {
-    let hello = dataplane::Hello {
-        handle,
-        token: redn_client::remote::parse_token(token).unwrap(),
-        record: client_record(source),
-    };
-    say_hello(connect_from(source, endpoint), &hello)
-}
-
 #[test]
 fn a_banned_remote_client_alone_is_refused_for_its_ban() {
     // As in the runaway test, server-loop overdraws its budget by 6 WQEs a trigger; the
@@ -258,11 +220,12 @@ fn a_banned_remote_client_alone_is_refused_for_its_ban() {
                 "on_violation = \"ban\"\nban_duration = \"1h\"",
             ),
     );
-    // The calm client, at 127.0.0.1 as the runaway will be, already holds its instance.
+    // The calm client, at 127.0.0.1 as the runaway will be, already holds its instance
+    // (ended with the ban: a ban is of the address).
     let mut s = server_loop_with_a_calm_client(&m);
     let (handle, token, endpoint) = (s.handle, s.token.clone(), s.endpoint.clone());
     // A neighbour at another address holds an instance throughout.
-    let (neighbour, answer) = hello_from("127.0.0.2", &endpoint, handle, &token);
+    let (neighbour, answer) = hello_at("127.0.0.2", &endpoint, handle, &token);
     assert!(
         matches!(answer, dataplane::Answer::Accepted(_)),
         "{answer:?}"
@@ -299,7 +262,7 @@ fn a_banned_remote_client_alone_is_refused_for_its_ban() {
         ),
         other => panic!("expected Banned, got {other:?}"),
     }
-    let (_, again) = hello_from("127.0.0.1", &endpoint, handle, &token);
+    let (_, again) = hello_at("127.0.0.1", &endpoint, handle, &token);
     assert!(
         matches!(again, dataplane::Answer::Refused(Refusal::Banned, _)),
         "{again:?}"
@@ -310,7 +273,7 @@ fn a_banned_remote_client_alone_is_refused_for_its_ban() {
     );
     // ...and nobody else is touched: another address says hello, the neighbour keeps its
     // instance, the offload stays, the app reconnects.
-    let (_newcomer, fresh) = hello_from("127.0.0.3", &endpoint, handle, &token);
+    let (_newcomer, fresh) = hello_at("127.0.0.3", &endpoint, handle, &token);
     assert!(matches!(fresh, dataplane::Answer::Accepted(_)), "{fresh:?}");
     neighbour.set_nonblocking(true).unwrap();
     let mut byte = [0u8; 1];
@@ -328,12 +291,21 @@ fn a_banned_remote_client_alone_is_refused_for_its_ban() {
             entry.remote_terminated,
             entry.remote_banned
         ),
-        (3, 1, 1)
+        (2, 2, 1)
     );
-    // An instance held before the ban is judged on its own: the calm client, at the
-    // banned address, is served on.
-    assert_eq!(s.calm.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
-    assert_eq!(s.calm.sessions_opened(), 1);
+    // The instance the calm client held before the ban ended with it: the address is
+    // banned, so its session does not serve on.
+    let calm = s.calm.get(0x2a);
+    assert!(
+        matches!(
+            calm,
+            Err(ClientError::RemoteRefused {
+                refusal: Refusal::Banned,
+                ..
+            })
+        ),
+        "the calm client at the banned address: {calm:?}"
+    );
     let mut reconnected = m.client();
     let fresh = stats(&mut reconnected);
     assert_eq!(
@@ -342,8 +314,8 @@ fn a_banned_remote_client_alone_is_refused_for_its_ban() {
     );
     let stats = stats(&mut s.app);
     let notes = stats.remote_terminated.expect("the app is told");
-    assert_eq!(notes.len(), 1);
-    let n = &notes[0];
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    let n = notes.iter().find(|n| n.banned).expect("the banned instance");
     assert_eq!(
         (n.handle, n.offload.as_str(), n.rule.as_str(), n.banned),
         (handle, "server-loop", "loop-budget", true)
@@ -363,7 +335,7 @@ fn a_banned_remote_client_alone_is_refused_for_its_ban() {
             &stat[0]["remote_terminated"],
             &stat[0]["remote_banned"]
         ),
-        (&3.into(), &1.into(), &1.into())
+        (&2.into(), &2.into(), &1.into())
     );
     let dev: serde_json::Value = serde_json::from_str(&redn(&["-j", "dev", "show"])).unwrap();
     let dev = dev.as_array().expect("an array of devices");
