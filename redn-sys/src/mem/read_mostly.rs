@@ -162,6 +162,14 @@ mod tests {
     }
 
     #[test]
+    fn debug_shows_the_value() {
+        let lock = ReadMostly::<Vec<u32>>::default();
+        lock.write().push(7);
+        assert_eq!(format!("{lock:?}"), "ReadMostly { value: [7] }");
+        assert_eq!(format!("{:?}", lock.read()), "[7]");
+    }
+
+    #[test]
     fn readers_on_several_threads_read_at_once() {
         let lock = Arc::new(ReadMostly::<u32>::default());
         let all_in = Arc::new(Barrier::new(3));
