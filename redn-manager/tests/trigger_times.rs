@@ -14,7 +14,10 @@ fn each_trigger_arrives_at_the_server_between_its_send_and_its_response() {
     let mut app = m.client();
     let echo = app.install("echo", &[]).unwrap();
     let endpoint = echo.endpoint.clone().expect("an endpoint");
-    let options = RemoteOptions { timeout: DEADLINE, ..Default::default() };
+    let options = RemoteOptions {
+        timeout: DEADLINE,
+        ..Default::default()
+    };
     let mut c = RemoteClient::connect(endpoint.parse().unwrap(), echo.handle, &echo.token, options)
         .unwrap();
     let payload: Vec<u8> = (0..64).collect();

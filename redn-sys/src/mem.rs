@@ -10,10 +10,10 @@
 
 use crate::conv::idx;
 use crate::types::{Access, Lkey, Pdn, Rkey, VirtAddr};
+use read_mostly::{ReadGuard, ReadMostly};
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use read_mostly::{ReadGuard, ReadMostly};
 use std::sync::{Arc, Mutex};
 
 const WORD: usize = 8;

@@ -321,7 +321,10 @@ impl Server {
             // then ran another program before the accept read its exe (which would have
             // been identified as that program: the process running it is not the writer).
             let connected = c.peer.identity.pid;
-            if let Some(pid) = got.sender_pid.filter(|&p| u32::try_from(p) != Ok(connected)) {
+            if let Some(pid) = got
+                .sender_pid
+                .filter(|&p| u32::try_from(p) != Ok(connected))
+            {
                 let reason = format!(
                     "bytes on this connection came from process {pid}, not from process \
                      {connected}, which opened it"

@@ -50,7 +50,10 @@ impl ServedHashGet {
             self.endpoint.parse().unwrap(),
             self.installed.handle,
             &self.installed.token,
-            redn_client::remote::RemoteOptions { timeout: DEADLINE, ..Default::default() },
+            redn_client::remote::RemoteOptions {
+                timeout: DEADLINE,
+                ..Default::default()
+            },
         )
         .unwrap()
     }

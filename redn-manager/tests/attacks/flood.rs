@@ -74,7 +74,10 @@ impl Setup {
             good_offload.endpoint().parse().unwrap(),
             good_offload.installed.handle,
             &good_offload.installed.token,
-            redn_client::remote::RemoteOptions { timeout: DEADLINE, ..Default::default() },
+            redn_client::remote::RemoteOptions {
+                timeout: DEADLINE,
+                ..Default::default()
+            },
         )
         .unwrap();
         assert_eq!(good.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));

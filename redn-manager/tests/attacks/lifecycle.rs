@@ -314,7 +314,10 @@ impl Setup {
             self.door.endpoint.parse().unwrap(),
             self.door.handle,
             &token,
-            redn_client::remote::RemoteOptions { timeout: DEADLINE, ..Default::default() },
+            redn_client::remote::RemoteOptions {
+                timeout: DEADLINE,
+                ..Default::default()
+            },
         )
     }
 

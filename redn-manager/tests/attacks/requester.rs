@@ -66,7 +66,10 @@ impl Door {
             self.endpoint.parse().unwrap(),
             self.handle,
             &token,
-            redn_client::remote::RemoteOptions { timeout: DEADLINE, ..Default::default() },
+            redn_client::remote::RemoteOptions {
+                timeout: DEADLINE,
+                ..Default::default()
+            },
         )
         .unwrap()
     }

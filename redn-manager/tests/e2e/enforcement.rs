@@ -315,7 +315,10 @@ fn a_banned_remote_client_alone_is_refused_for_its_ban() {
     let stats = stats(&mut s.app);
     let notes = stats.remote_terminated.expect("the app is told");
     assert_eq!(notes.len(), 2, "{notes:?}");
-    let n = notes.iter().find(|n| n.banned).expect("the banned instance");
+    let n = notes
+        .iter()
+        .find(|n| n.banned)
+        .expect("the banned instance");
     assert_eq!(
         (n.handle, n.offload.as_str(), n.rule.as_str(), n.banned),
         (handle, "server-loop", "loop-budget", true)

@@ -63,7 +63,10 @@ pub(super) fn remote_within(
     token: &str,
     timeout: Duration,
 ) -> Result<RemoteClient, ClientError> {
-    let options = RemoteOptions { timeout, ..Default::default() };
+    let options = RemoteOptions {
+        timeout,
+        ..Default::default()
+    };
     RemoteClient::connect(endpoint.parse().unwrap(), handle, token, options)
 }
 

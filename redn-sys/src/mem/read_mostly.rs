@@ -83,12 +83,8 @@ impl<T> ReadMostly<T> {
     /// Exclusive access, held until the guard is dropped: waits for every reader.
     pub(crate) fn write(&self) -> WriteGuard<'_, T> {
         // In index order, so that two writers cannot each hold a shard the other waits for.
-        let locks = std::array::from_fn(|i| {
-            self.shards[i]
-                .0
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-        });
+        let locks =
+            std::array::from_fn(|i| self.shards[i].0.write().unwrap_or_else(|e| e.into_inner()));
         // SAFETY: every shard's write lock is held (in `locks`, kept for the guard's life):
         // no reader holds a shard's read lock, and no other writer holds any lock, so this is
         // the only reference to the value.
@@ -156,7 +152,10 @@ mod tests {
             assert!(a < SHARDS && b < SHARDS);
             a != b
         });
-        assert!(differ, "two threads started in turn read one shard, three times");
+        assert!(
+            differ,
+            "two threads started in turn read one shard, three times"
+        );
         // A thread keeps its shard.
         assert_eq!(reader_shard(), reader_shard());
     }

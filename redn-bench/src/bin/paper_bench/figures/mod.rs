@@ -169,7 +169,10 @@ impl Run {
             self.manager.dataplane,
             off.handle,
             &off.token,
-            RemoteOptions { timeout, ..Default::default() },
+            RemoteOptions {
+                timeout,
+                ..Default::default()
+            },
         )?)
     }
 
