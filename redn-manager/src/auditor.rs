@@ -318,19 +318,26 @@ impl TrackId {
     }
 }
 
-/// A remote client of one offload, as the auditor holds it to its rate budgets: the
-/// offload and the client's address (the TCP peer's, which it cannot forge). Not one
-/// instance: a bounded offload serves a few triggers a session and the client library
-/// says hello again when one is used up, and a client may hold several sessions at once,
-/// so rates judged per instance started afresh with every hello and each parallel session
-/// had the whole budget. The loop budget stays per instance (WQEs per trigger of each).
+/// A remote client of one app, as the auditor holds it to its rate budgets: the app's rule
+/// and the client's address (the TCP peer's, which it cannot forge). Not one instance: a
+/// bounded offload serves a few triggers a session and the client library says hello
+/// again when one is used up, and a client may hold several sessions at once, so rates
+/// judged per instance started afresh with every hello and each parallel session had the
+/// whole budget. Nor one offload: the budgets are the app rule's, and a client of two of
+/// its offloads judged per offload had each budget twice (a ban, too, is of the app). The
+/// loop budget stays per instance (WQEs per trigger of each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ClientId {
-    /// The offload's handle.
-    pub handle: u64,
+    /// The app's rule.
+    pub app: AppKey,
     /// The client's address.
     pub addr: std::net::IpAddr,
 }
+
+/// An app rule's name as a number, so that a [`ClientId`] is a plain value: the manager
+/// gives each name it meets the next number (`Manager::app_key`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AppKey(pub u64);
 
 /// Totals for `redn monitor` and the benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -389,13 +396,12 @@ impl Auditor {
     }
 
     /// Forget every track not in `live`, and every remote client with no instance sampled
-    /// for [`CLIENT_MEMORY`] (or whose offload is not `live` any more).
+    /// for [`CLIENT_MEMORY`].
     pub fn retain(&mut self, live: impl Fn(TrackId) -> bool, clock: impl Clock) {
         self.tracks.retain(|id, _| live(*id));
         let now = clock.now();
-        self.clients.retain(|id, (_, seen)| {
-            live(TrackId::own(id.handle)) && now.saturating_duration_since(*seen) < CLIENT_MEMORY
-        });
+        self.clients
+            .retain(|_, (_, seen)| now.saturating_duration_since(*seen) < CLIENT_MEMORY);
     }
 
     /// Whether remote client `id` is remembered (its rate window and throttle).

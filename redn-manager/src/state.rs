@@ -246,6 +246,8 @@ struct Parking {
 struct Offload {
     client: u64,
     app: String,
+    /// `app` as a remote client's identity names it ([`Manager::app_key`]).
+    app_key: crate::auditor::AppKey,
     program: Program,
     token: Token,
     /// The app's data regions as bound (the response binding is per remote client).
@@ -326,10 +328,13 @@ pub struct Manager {
     /// Remote clients' instances (offload handle, instance id) released because a queue of
     /// theirs went to error, until the data plane closes their connections and says why.
     failed_remotes: std::collections::BTreeSet<(u64, u64)>,
-    /// Per remote client (offload and address), what its released instances did (each from
+    /// Per remote client (app and address), what its released instances did (each from
     /// its attach): its rates are judged over every instance it held
     /// ([`crate::auditor::ClientId`]).
     retired_clients: HashMap<crate::auditor::ClientId, Sample>,
+    /// The number each app rule's name is known by in a [`crate::auditor::ClientId`]:
+    /// given at the name's first install, never reused.
+    app_keys: HashMap<String, crate::auditor::AppKey>,
     /// Remote clients the auditor throttled, and at what pace (shared by all their queues).
     client_pacing: HashMap<crate::auditor::ClientId, RateLimit>,
     /// Offloads whose own install the auditor throttled (a reload does not re-pace them).
@@ -444,6 +449,7 @@ impl Manager {
             notes: BTreeMap::new(),
             failed_remotes: std::collections::BTreeSet::new(),
             retired_clients: HashMap::new(),
+            app_keys: HashMap::new(),
             client_pacing: HashMap::new(),
             own_throttled: std::collections::HashSet::new(),
             async_events: 0,
@@ -657,6 +663,7 @@ impl Manager {
         let Some(o) = self.installed.get(&handle) else {
             return false;
         };
+        let o_app_key = o.app_key;
         let at_install = self.sample(&o.program, &instance);
         let remote = RemoteInstance {
             peer,
@@ -670,7 +677,7 @@ impl Manager {
         }
         // A throttled client's new session is paced as its others (their share shrinks).
         let client = crate::auditor::ClientId {
-            handle,
+            app: o_app_key,
             addr: peer.ip(),
         };
         if self.client_pacing.contains_key(&client) {
@@ -722,6 +729,7 @@ impl Manager {
             return;
         };
         let last = self.sample(&o.program, &instance.installed);
+        let app_key = o.app_key;
         let (t, w, e) = (last.triggers, last.wqes, last.errors);
         if let Some(o) = self.installed.get_mut(&handle) {
             o.retired.0 += t;
@@ -730,7 +738,7 @@ impl Manager {
         }
         // Its client's rates go on counting what it did (see `retired_clients`).
         let client = crate::auditor::ClientId {
-            handle,
+            app: app_key,
             addr: instance.peer.ip(),
         };
         let done = last.since(instance.at_install);
@@ -739,6 +747,13 @@ impl Manager {
         if self.client_pacing.contains_key(&client) {
             self.pace_client_queues(client);
         }
+    }
+
+    /// The number app rule `app` is known by in a remote client's identity
+    /// ([`crate::auditor::ClientId`]).
+    fn app_key(&mut self, app: &str) -> crate::auditor::AppKey {
+        let next = crate::auditor::AppKey(u64::try_from(self.app_keys.len()).unwrap_or(u64::MAX));
+        *self.app_keys.entry(app.to_owned()).or_insert(next)
     }
 
     fn instance_counters(

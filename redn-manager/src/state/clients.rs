@@ -138,6 +138,16 @@ impl Manager {
     }
 
     pub(super) fn remove_offload(&mut self, handle: u64) -> bool {
+        // Its remote clients' sessions end with it; what they did goes on counting in their
+        // rates (a client is the app's, and may go on with its other offloads).
+        let sessions: Vec<u64> = self
+            .installed
+            .get(&handle)
+            .map(|o| o.remote.keys().copied().collect())
+            .unwrap_or_default();
+        for id in sessions {
+            self.detach_remote(handle, id);
+        }
         match self.installed.remove(&handle) {
             Some(o) => {
                 if let Err(e) = o.installed.remove() {

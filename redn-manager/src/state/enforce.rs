@@ -285,8 +285,9 @@ impl Manager {
         let mut sampled = 0;
         // Remote instances whose trigger count moved since the last round.
         let mut active = Vec::new();
-        // Per remote client, its budget and what its live instances did since their attach.
-        let mut clients: std::collections::BTreeMap<ClientId, (Budget, Sample)> =
+        // Per remote client, its budget, what its live instances did since their attach, and
+        // the offload its records name (the one it was last seen on).
+        let mut clients: std::collections::BTreeMap<ClientId, (Budget, Sample, u64)> =
             std::collections::BTreeMap::new();
         for (handle, o) in &self.installed {
             let Some(app) = self.policy.app(&o.app) else {
@@ -323,11 +324,15 @@ impl Manager {
                         active.push((track.handle, id, sample.triggers));
                     }
                     let client = ClientId {
-                        handle: track.handle,
+                        app: o.app_key,
                         addr: r.peer.ip(),
                     };
-                    let c = clients.entry(client).or_insert((budget, Sample::default()));
+                    let c =
+                        clients
+                            .entry(client)
+                            .or_insert((budget, Sample::default(), track.handle));
                     c.1 = c.1.plus(sample.since(at_install));
+                    c.2 = track.handle;
                 }
                 let (verdict, queue_error) = if remote.is_some() {
                     auditor.observe_instance(track, budget, at_install, sample, &clock)
@@ -394,19 +399,21 @@ impl Manager {
         // Each remote client's rates, over every instance it held: what it did in those it
         // has now, and in those released before.
         let mut client_verdicts = Vec::new();
-        for (client, (budget, live)) in clients {
+        for (client, (budget, live, handle)) in clients {
             let total = self
                 .retired_clients
                 .get(&client)
                 .map_or(live, |r| live.plus(*r));
             if let Some(v) = auditor.observe_client(client, budget, total, &clock) {
-                client_verdicts.push((client, v));
+                client_verdicts.push((client, handle, v));
             }
         }
-        for (client, verdict) in client_verdicts {
+        for (client, handle, verdict) in client_verdicts {
             match verdict {
-                Verdict::Throttle(v, limit) => self.pace_client(client, Some((&v, limit))),
-                Verdict::Unthrottle(_) => self.pace_client(client, None),
+                Verdict::Throttle(v, limit) => {
+                    self.pace_client(client, handle, Some((&v, limit)));
+                }
+                Verdict::Unthrottle(_) => self.pace_client(client, handle, None),
                 Verdict::Terminate(v) => self.terminate_client(client, &v, None),
                 Verdict::Ban(v, span) => self.terminate_client(client, &v, Some(span)),
             }
@@ -558,6 +565,7 @@ impl Manager {
             return;
         };
         let (client, app, offload) = (o.client, o.app.clone(), o.program.name.clone());
+        let app_key = o.app_key;
         for qpn in queues {
             let _ = self.nic.set_qp_error(qpn);
         }
@@ -600,13 +608,23 @@ impl Manager {
                 banned,
             });
         if banned {
-            self.end_sessions_of_banned(&app, peer.ip(), v);
+            let client = ClientId {
+                app: app_key,
+                addr: peer.ip(),
+            };
+            self.end_sessions_of_banned(client, v);
         }
     }
 
     /// Throttle remote `client` for violation `v` at `limit` (over all its instances'
-    /// queues together), or with `None` lift its throttle; with an audit record.
-    fn pace_client(&mut self, client: ClientId, throttle: Option<(&Violation, RateLimit)>) {
+    /// queues together), or with `None` lift its throttle; with an audit record naming
+    /// offload `handle` (where it was last seen).
+    fn pace_client(
+        &mut self,
+        client: ClientId,
+        handle: u64,
+        throttle: Option<(&Violation, RateLimit)>,
+    ) {
         match throttle {
             Some((_, limit)) => self.client_pacing.insert(client, limit),
             None => self.client_pacing.remove(&client),
@@ -614,15 +632,15 @@ impl Manager {
         let (ok, instances) = self.pace_client_queues(client);
         let r = match throttle {
             Some((v, _)) => self
-                .offload_record(Event::Throttle, Severity::Warning, client.handle)
+                .offload_record(Event::Throttle, Severity::Warning, handle)
                 .field("address", client.addr)
                 .field("rule", v.rule())
                 .fields(v.details()),
             None => self
-                .offload_record(Event::Unthrottle, Severity::Notice, client.handle)
+                .offload_record(Event::Unthrottle, Severity::Notice, handle)
                 .field("address", client.addr),
         };
-        let installed = self.installed.get(&client.handle).map(|o| o.limit);
+        let installed = self.installed.get(&handle).map(|o| o.limit);
         let paced = throttle.map(|t| t.1).or(installed).unwrap_or_default();
         let r = r
             .field("instances", instances)
@@ -637,73 +655,65 @@ impl Manager {
     /// them does the work), or as the offload's queues are paced if it is not throttled.
     /// Whether every queue took it, and how many instances it has.
     pub(super) fn pace_client_queues(&mut self, client: ClientId) -> (bool, usize) {
-        let Some(o) = self.installed.get(&client.handle) else {
-            return (false, 0);
-        };
-        let instances: Vec<_> = o
-            .remote
-            .values()
-            .filter(|r| r.peer.ip() == client.addr)
-            .collect();
-        let queues: Vec<redn_sys::Qpn> = instances
-            .iter()
-            .flat_map(|r| r.installed.qps.iter().map(|q| q.qpn))
-            .collect();
-        let limit = match self.client_pacing.get(&client) {
-            Some(l) => share(*l, queues.len()),
-            None => o.limit,
-        };
-        let n = instances.len();
+        // Each queue with the unthrottled pace of its offload.
+        let mut queues: Vec<(redn_sys::Qpn, RateLimit)> = Vec::new();
+        let mut n = 0;
+        for o in self.installed.values().filter(|o| o.app_key == client.app) {
+            for r in o.remote.values().filter(|r| r.peer.ip() == client.addr) {
+                n += 1;
+                queues.extend(r.installed.qps.iter().map(|q| (q.qpn, o.limit)));
+            }
+        }
+        let throttle = self
+            .client_pacing
+            .get(&client)
+            .map(|l| share(*l, queues.len()));
         let mut ok = true;
-        for q in queues {
-            ok &= self.nic.set_rate_limit(q, limit).is_ok();
+        for (q, unthrottled) in queues {
+            ok &= self
+                .nic
+                .set_rate_limit(q, throttle.unwrap_or(unthrottled))
+                .is_ok();
         }
         (ok, n)
     }
 
-    /// Address `addr` was just banned from app `app`'s offloads: its sessions with any of
-    /// them end too (terminated for `v`, without a ban record of their own), as new ones are
-    /// refused: a ban is of the address, not of the offload it flooded.
-    fn end_sessions_of_banned(&mut self, app: &str, addr: std::net::IpAddr, v: &Violation) {
-        let sessions: Vec<(u64, u64)> = self
-            .installed
+    /// Every session (offload handle, instance id) remote `client` holds, with any of its
+    /// app's offloads.
+    fn sessions_of(&self, client: ClientId) -> Vec<(u64, u64)> {
+        self.installed
             .iter()
-            .filter(|(_, o)| o.app == app)
+            .filter(|(_, o)| o.app_key == client.app)
             .flat_map(|(h, o)| {
                 o.remote
                     .iter()
-                    .filter(|(_, r)| r.peer.ip() == addr)
+                    .filter(|(_, r)| r.peer.ip() == client.addr)
                     .map(|(id, _)| (*h, *id))
             })
-            .collect();
-        for (handle, id) in sessions {
-            self.client_pacing.remove(&ClientId { handle, addr });
+            .collect()
+    }
+
+    /// Remote `client` was just banned from its app's offloads: its other sessions with any
+    /// of them end too (terminated for `v`, without a ban record of their own), as new ones
+    /// are refused: a ban is of the address, not of the offload it flooded.
+    fn end_sessions_of_banned(&mut self, client: ClientId, v: &Violation) {
+        self.client_pacing.remove(&client);
+        for (handle, id) in self.sessions_of(client) {
             self.terminate_remote(handle, id, v, None);
         }
     }
 
-    /// Remote `client` broke its budget past throttling: every instance it holds is
-    /// terminated, and with `ban` its address banned (once).
+    /// Remote `client` broke its budget past throttling: every instance it holds, with any
+    /// of its app's offloads, is terminated, and with `ban` its address banned (once).
     fn terminate_client(
         &mut self,
         client: ClientId,
         v: &Violation,
         ban: Option<Option<std::time::Duration>>,
     ) {
-        let ids: Vec<u64> = self
-            .installed
-            .get(&client.handle)
-            .map(|o| {
-                o.remote
-                    .iter()
-                    .filter(|(_, r)| r.peer.ip() == client.addr)
-                    .map(|(id, _)| *id)
-                    .collect()
-            })
-            .unwrap_or_default();
         self.client_pacing.remove(&client);
-        for (i, id) in ids.into_iter().enumerate() {
-            self.terminate_remote(client.handle, id, v, if i == 0 { ban } else { None });
+        for (i, (handle, id)) in self.sessions_of(client).into_iter().enumerate() {
+            self.terminate_remote(handle, id, v, if i == 0 { ban } else { None });
         }
     }
 
@@ -907,6 +917,7 @@ impl Manager {
                 continue;
             }
             let own: Vec<redn_sys::Qpn> = o.installed.qps.iter().map(|q| q.qpn).collect();
+            let app_key = o.app_key;
             let addrs: std::collections::BTreeSet<std::net::IpAddr> =
                 o.remote.values().map(|r| r.peer.ip()).collect();
             if let Some(o) = self.installed.get_mut(&h) {
@@ -918,7 +929,7 @@ impl Manager {
                 }
             }
             for addr in addrs {
-                let client = ClientId { handle: h, addr };
+                let client = ClientId { app: app_key, addr };
                 if !self.client_pacing.contains_key(&client) {
                     self.pace_client_queues(client);
                 }

@@ -163,6 +163,7 @@ impl Manager {
             }
         }
         let handle = self.fresh_id();
+        let app_key = self.app_key(&app_name);
         let hex = token.to_hex();
         let at_install = self.sample(&program, &installed);
         self.installed.insert(
@@ -170,6 +171,7 @@ impl Manager {
             Offload {
                 client,
                 app: app_name,
+                app_key,
                 program,
                 token,
                 data_bindings,

@@ -311,6 +311,54 @@ fn an_attacker_with_one_address_per_slot_cannot_hold_every_slot_for_ever() {
 // ---- 3. budgets and bans across sessions, ports and offloads ----
 
 #[test]
+fn a_client_of_two_offloads_of_an_app_has_the_apps_budget_once() {
+    // Every client may send 100 triggers a second (judged over 125: the auditor's
+    // tolerance). A client at 127.0.0.2 GETs from two of the app's offloads in turn, a GET
+    // every 5.3 ms (about 180 a second in all, 90 from each, evenly: no catching up after
+    // a slow one): each offload alone sees it under the budget, the app well over it.
+    // Found: the auditor knew a remote client as offload and address, so it judged each
+    // offload's share apart and never throttled (no record in 2.5 s at 178-181 GETs a
+    // second, three runs); a client with the tokens of N offloads of one app had the
+    // budget N times.
+    let m = Manager::start_with_dataplane(&trigger_budget_ban_policy());
+    let a = server_loop_app(&m);
+    let b = server_loop_app(&m);
+    let mut on_a = client_at(&a, 2, Duration::from_millis(500)).unwrap();
+    let mut on_b = client_at(&b, 2, Duration::from_millis(500)).unwrap();
+    let _ = drain_records(&m, Duration::ZERO);
+    let start = Instant::now();
+    let (mut sent, mut records) = (0u32, Vec::new());
+    while start.elapsed() < Duration::from_millis(2_500) {
+        let c = if sent % 2 == 0 { &mut on_a } else { &mut on_b };
+        if c.get(0x2a).is_err() {
+            break;
+        }
+        sent += 1;
+        std::thread::sleep(Duration::from_micros(5_300));
+        records.extend(drain_records(&m, Duration::ZERO));
+    }
+    let secs = start.elapsed().as_secs_f64();
+    records.extend(drain_records(&m, Duration::from_millis(200)));
+    let judged: Vec<&String> = records
+        .iter()
+        .filter(|r| {
+            (r.contains("event=throttle ") || r.contains("event=ban "))
+                && r.contains("address=127.0.0.2")
+        })
+        .collect();
+    eprintln!(
+        "two offloads in turn: {sent} GETs in {secs:.2}s ({:.0}/s); {judged:?}",
+        f64::from(sent) / secs
+    );
+    assert!(
+        !judged.is_empty(),
+        "{:.0} triggers a second over two offloads of the app against a budget of 100 were \
+         never throttled",
+        f64::from(sent) / secs
+    );
+}
+
+#[test]
 fn a_banned_address_keeps_no_session_on_another_offload_of_the_app() {
     // `triggers_per_second = 100`, `ban`. The attacker at 127.0.0.2 holds a session on the
     // app's second server-loop (handle B), then floods the first (handle A) until banned.
