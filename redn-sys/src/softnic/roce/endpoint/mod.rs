@@ -133,6 +133,16 @@ pub(super) struct Inner {
 }
 
 impl Inner {
+    /// The polls made so far by the PUs present at the socket ([`PuPoller::polls`]).
+    fn present_polls(&self) -> u64 {
+        self.pu_pollers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|p| !p.host && p.present.load(Ordering::Acquire))
+            .fold(0, |n, p| n.wrapping_add(p.polls.load(Ordering::Relaxed)))
+    }
+
     /// Send the replies that host-driven PUs hold for their next request (their app has
     /// stopped calling in).
     fn flush_host_replies(&self) {

@@ -10,7 +10,7 @@ use crate::softnic::in_process::InProcess;
 use crate::softnic::roce::io::RecvBatch;
 use crate::softnic::roce::responder::Responder;
 use std::net::SocketAddrV4;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// One connected QP.
@@ -40,6 +40,10 @@ pub(super) struct PuPoller {
     pub(super) host: bool,
     /// This PU counts in `Inner::pollers`.
     pub(super) present: AtomicBool,
+    /// Polls it has made (written by its PU alone, so a plain load and store: a lost step
+    /// is harmless), for the receive thread to tell a present PU that polls from one that
+    /// is off the CPU ([`Inner::present_polls`]).
+    pub(super) polls: AtomicU64,
     /// Receive buffers and the replies of one batch (made at first use).
     bufs: Mutex<Option<Box<(RecvBatch, Outbox)>>>,
 }
@@ -51,6 +55,7 @@ impl PuPoller {
             host: inner.nic.config.host_driven,
             inner,
             present: AtomicBool::new(false),
+            polls: AtomicU64::new(0),
             bufs: Mutex::new(None),
         }
     }
@@ -76,10 +81,14 @@ impl PuPoller {
             // A plain store, not a clock read (~40 ns of a ~500 ns poll): the receive thread
             // asks once a lease whether any poll came.
             inner.host_polled.store(true, Ordering::Relaxed);
-        } else if !self.present.swap(true, Ordering::AcqRel) {
-            // A swap, not a load and a store: should another thread ever run this PU's WQEs
-            // (and so poll as it), the count must still go up once per presence.
-            inner.pollers.fetch_add(1, Ordering::AcqRel);
+        } else {
+            let polls = self.polls.load(Ordering::Relaxed);
+            self.polls.store(polls.wrapping_add(1), Ordering::Relaxed);
+            if !self.present.swap(true, Ordering::AcqRel) {
+                // A swap, not a load and a store: should another thread ever run this PU's
+                // WQEs (and so poll as it), the count must still go up once per presence.
+                inner.pollers.fetch_add(1, Ordering::AcqRel);
+            }
         }
         let mut g = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
         let b = g.get_or_insert_with(|| Box::new((RecvBatch::default(), Outbox::default())));

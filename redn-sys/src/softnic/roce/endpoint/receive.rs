@@ -175,13 +175,25 @@ pub(super) fn receive_loop(inner: &Arc<Inner>) {
     let nap = Duration::from_millis(10);
     // A host-driven app held the socket at the last look (its held replies are owed).
     let mut host_held = false;
+    // The present PUs' polls when this thread last napped beside them.
+    let mut polls_seen = None;
     while !inner.shutdown.load(Ordering::Acquire) {
         if inner.pollers.load(Ordering::Acquire) > 0 {
             // The last PU to leave unparks this thread (an unpark before the park makes it
             // return at once).
             std::thread::park_timeout(nap);
+            // Present PUs that made no poll in a whole nap are off the CPU (a busy machine:
+            // a PU leaves the socket only before it parks): take what waits, rather than
+            // leave it for its sender's retransmission timer (docs/attacks.md, the 67 ms
+            // stall).
+            let polls = inner.present_polls();
+            if polls_seen == Some(polls) && inner.pollers.load(Ordering::Acquire) > 0 {
+                take_batch(inner, &mut batch, &mut out, None);
+            }
+            polls_seen = Some(polls);
             continue;
         }
+        polls_seen = None;
         if inner.host_polled.swap(false, Ordering::Relaxed) {
             // A host-driven app polled since the last look: it takes the datagrams itself.
             // Look again after a lease (its polls renew it; a wait it sleeps in ends it).
@@ -193,13 +205,18 @@ pub(super) fn receive_loop(inner: &Arc<Inner>) {
             // The app stopped calling: the ACKs it held for its next request go now.
             inner.flush_host_replies();
         }
-        let (n, _) = receive_batch(inner, &mut batch, &mut out, Some(nap));
-        if n > 0 {
-            inner
-                .by_receive_thread
-                .fetch_add(n as u64, Ordering::Relaxed);
-            out.flush(inner);
-        }
+        take_batch(inner, &mut batch, &mut out, Some(nap));
+    }
+}
+
+/// The receive thread's take of a batch (waiting up to `wait` for one), its replies sent.
+fn take_batch(inner: &Inner, batch: &mut RecvBatch, out: &mut Outbox, wait: Option<Duration>) {
+    let (n, _) = receive_batch(inner, batch, out, wait);
+    if n > 0 {
+        inner
+            .by_receive_thread
+            .fetch_add(n as u64, Ordering::Relaxed);
+        out.flush(inner);
     }
 }
 

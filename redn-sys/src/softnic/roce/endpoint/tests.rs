@@ -502,3 +502,65 @@ fn a_destroyed_qp_leaves_nothing_in_its_endpoint() {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// Datagrams any thread's receive takes (the receive thread's waits as short sleeps).
+struct Open {
+    local: SocketAddrV4,
+    inbox: Mutex<VecDeque<(SocketAddrV4, Vec<u8>)>>,
+}
+
+impl DatagramIo for Arc<Open> {
+    fn send(&self, _: &[(SocketAddrV4, &[u8])]) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn recv(&self, batch: &mut RecvBatch, wait: Option<Duration>) -> std::io::Result<usize> {
+        let n = hand_over(&mut self.inbox.lock().unwrap(), batch);
+        if n == 0 {
+            std::thread::sleep(wait.unwrap_or_default().min(Duration::from_millis(1)));
+        }
+        Ok(n)
+    }
+
+    fn local_addr(&self) -> SocketAddrV4 {
+        self.local
+    }
+}
+
+#[test]
+fn a_present_pu_that_does_not_poll_does_not_keep_the_socket_from_the_receive_thread() {
+    // A PU counts as present at the socket from its first poll until it parks, and the
+    // receive thread stands down meanwhile. A PU off the CPU on a busy machine polls
+    // nothing for as long: the receive thread must take what arrives within a nap or two,
+    // not leave it for the sender's retransmission timer (docs/attacks.md, the 67 ms stall).
+    let local = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 4791);
+    let peer = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 4792);
+    let io = Arc::new(Open {
+        local,
+        inbox: Mutex::new(VecDeque::new()),
+    });
+    let rig = Rig::new(Box::new(Arc::clone(&io)), peer, 14);
+    // The rig's own PU, idle, has polled and left the socket to park (and polls no more).
+    wait_for("the PU to poll and leave the socket", || {
+        let pollers = rig.ep.inner.pu_pollers.lock().unwrap();
+        !pollers.is_empty()
+            && pollers
+                .values()
+                .all(|p| p.polls.load(Ordering::Relaxed) > 0 && !p.present.load(Ordering::Acquire))
+    });
+    // As a present PU that stopped running: counted, never polling.
+    rig.ep.inner.pollers.fetch_add(1, Ordering::AcqRel);
+    let before = rig.ep.inner.by_receive_thread.load(Ordering::Relaxed);
+    // An ACK for a QP nobody has (dropped, but taken and counted).
+    let mut d = Vec::new();
+    let route = Route {
+        src: peer,
+        dst: local,
+    };
+    packet::encode(&mut d, &route, &ack(0x4242, 1, 0), &[]);
+    io.inbox.lock().unwrap().push_back((peer, d));
+    wait_for("the receive thread to take the datagram", || {
+        rig.ep.inner.by_receive_thread.load(Ordering::Relaxed) > before
+    });
+    rig.ep.inner.pollers.fetch_sub(1, Ordering::AcqRel);
+}
