@@ -154,9 +154,9 @@ pub struct Dataplane {
     /// The last `accept` failed (not for an empty backlog): connections may wait in the
     /// backlog with no edge to come for them.
     accept_stalled: bool,
-    /// Per app and address, the last session that took its slot by the address rule and
-    /// when (see [`ADDRESS_WIN_HOLD`]); entries older than that are dropped at the next win.
-    address_wins: HashMap<(String, IpAddr), (usize, std::time::Instant)>,
+    /// Per app and address, the sessions that took their slots by the address rule in the
+    /// last [`ADDRESS_WIN_HOLD`], and when (older ones are dropped at each look).
+    address_wins: HashMap<(String, IpAddr), Vec<(usize, std::time::Instant)>>,
 }
 
 impl std::fmt::Debug for Dataplane {
@@ -496,10 +496,14 @@ impl Dataplane {
                     self.close(registry, e.session, manager, audit, &e.why);
                     if let (true, Some(peer)) = (e.by_address, peer) {
                         let now = std::time::Instant::now();
+                        self.address_wins.retain(|_, wins| {
+                            wins.retain(|(_, at)| now.duration_since(*at) < ADDRESS_WIN_HOLD);
+                            !wins.is_empty()
+                        });
                         self.address_wins
-                            .retain(|_, (_, at)| now.duration_since(*at) < ADDRESS_WIN_HOLD);
-                        self.address_wins
-                            .insert((instance.app.clone(), peer.ip()), (token, now));
+                            .entry((instance.app.clone(), peer.ip()))
+                            .or_default()
+                            .push((token, now));
                     }
                 }
                 if let Some(c) = self.conns.get_mut(&token) {
@@ -583,15 +587,19 @@ impl Dataplane {
     }
 
     /// True if `addr` took a slot of app `app` by the address rule less than
-    /// [`ADDRESS_WIN_HOLD`] ago and no longer holds it.
+    /// [`ADDRESS_WIN_HOLD`] ago and no longer holds it: any such slot, not only its last
+    /// (an address that keeps its newest win and gives up the one before would otherwise
+    /// take turns with itself).
     fn address_rule_barred(&self, app: &str, addr: IpAddr, now: std::time::Instant) -> bool {
-        let Some(&(session, at)) = self.address_wins.get(&(app.to_owned(), addr)) else {
+        let Some(wins) = self.address_wins.get(&(app.to_owned(), addr)) else {
             return false;
         };
-        let held = self.conns.get(&session).is_some_and(|c| {
-            c.peer.ip() == addr && c.instance.as_ref().is_some_and(|i| i.app == app)
-        });
-        !held && now.duration_since(at) < ADDRESS_WIN_HOLD
+        wins.iter().any(|&(session, at)| {
+            let held = self.conns.get(&session).is_some_and(|c| {
+                c.peer.ip() == addr && c.instance.as_ref().is_some_and(|i| i.app == app)
+            });
+            !held && now.duration_since(at) < ADDRESS_WIN_HOLD
+        })
     }
 
     /// Check the hello and install the client's instance.

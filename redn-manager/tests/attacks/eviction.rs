@@ -287,6 +287,84 @@ fn a_newcomer_that_takes_a_slot_and_leaves_cannot_evict_a_busy_client_again_and_
     );
 }
 
+#[test]
+fn an_address_holding_two_won_slots_cannot_take_turns_evicting_by_the_address_rule() {
+    // `max_remote_clients = 4`, no `evict_idle_after`: only the address rule makes room.
+    // The victim at 127.0.0.2 holds all four slots. The attacker at 127.0.0.3 takes two by
+    // the address rule (4 >= 0 + 2, then 3 >= 1 + 2): 2 against 2. Then, each turn, it
+    // hangs up the older of its two, the victim refills the free slot (3 against 1), and the
+    // attacker says hello again: 3 >= 1 + 2 evicts one of the victim's sessions.
+    // `address_rule_barred` remembers only the address's *last* win (one session token per
+    // app and address, dataplane.rs `address_wins`) and bars only while that one session is
+    // gone; the attacker always keeps the last one and gives up the one before, so it is
+    // never barred: the "hello-and-leave" hole that 66f8fc7 closed, reopened by holding
+    // one slot more. Found (a second red-team pass, now fixed): 8 of 8 turns won; 10 of the victim's 12 sessions closed by
+    // the manager in 1.83 s (2 by the first wins, 8 by the turns), three runs alike.
+    // A secure manager bars an address that gave up *any* slot it took by the address
+    // rule within ADDRESS_WIN_HOLD (count its wins, not remember the last).
+    let m = Manager::start_with_dataplane(&server_loop_policy(|p| p));
+    let a = server_loop_app(&m);
+    let mut victim: Vec<TcpStream> = Vec::new();
+    for _ in 0..4 {
+        let (tcp, ans) = hello_from("127.0.0.2", &a);
+        assert!(accepted(&ans), "victim's hello refused: {ans:?}");
+        victim.push(tcp);
+    }
+    let mut mine: std::collections::VecDeque<TcpStream> = std::collections::VecDeque::new();
+    for i in 0..2 {
+        let (tcp, ans) = hello_from("127.0.0.3", &a);
+        assert!(accepted(&ans), "attacker's win {i} refused: {ans:?}");
+        mine.push_back(tcp);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = drain_records(&m, Duration::from_millis(100));
+    let started = Instant::now();
+    let (mut turns, mut wins, mut refills) = (0, 0, 0);
+    while turns < 8 && started.elapsed() < Duration::from_secs(8) {
+        turns += 1;
+        // Give up the older won slot; the manager sees the hang-up.
+        drop(mine.pop_front());
+        std::thread::sleep(Duration::from_millis(100));
+        // The victim refills it.
+        let (tcp, ans) = hello_from("127.0.0.2", &a);
+        if accepted(&ans) {
+            refills += 1;
+            victim.push(tcp);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let (tcp, ans) = hello_from("127.0.0.3", &a);
+        if accepted(&ans) {
+            wins += 1;
+            mine.push_back(tcp);
+        } else {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let records = drain_records(&m, Duration::from_millis(200));
+    let evictions = count(&records, "a client at another address took one");
+    // The victim's sessions the manager closed (it writes nothing after its answer).
+    let closed = victim
+        .iter()
+        .filter(|t| {
+            t.set_nonblocking(true).unwrap();
+            let r = t.peek(&mut [0u8; 1]);
+            !matches!(r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        })
+        .count();
+    eprintln!(
+        "two held slots, one given up a turn: {turns} turns in {:.2}s, {refills} refills by \
+         the victim, {wins} further wins by the attacker, {evictions} evictions recorded, {closed} of the victim's {} sessions closed",
+        started.elapsed().as_secs_f64(),
+        victim.len()
+    );
+    assert!(
+        wins == 0,
+        "an address that gave up a slot it took by the address rule evicted the victim {wins} \
+         more times in {turns} turns ({closed} victim sessions closed) by keeping its last win"
+    );
+}
+
 // ---- 2. holding every slot from several addresses ----
 
 #[test]
