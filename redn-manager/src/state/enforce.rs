@@ -285,9 +285,11 @@ impl Manager {
         let mut sampled = 0;
         // Remote instances whose trigger count moved since the last round.
         let mut active = Vec::new();
-        // Per remote client, its budget, what its live instances did since their attach, and
-        // the offload its records name (the one it was last seen on).
-        let mut clients: std::collections::BTreeMap<ClientId, (Budget, Sample, u64)> =
+        // Per remote client, its budget, what each of its live instances did since its
+        // attach (offload handle, instance id, counts), and the offload its records name
+        // (the one it was last seen on).
+        type Sessions = Vec<(u64, u64, Sample)>;
+        let mut clients: std::collections::BTreeMap<ClientId, (Budget, Sessions, u64)> =
             std::collections::BTreeMap::new();
         for (handle, o) in &self.installed {
             let Some(app) = self.policy.app(&o.app) else {
@@ -327,11 +329,10 @@ impl Manager {
                         app: o.app_key,
                         addr: r.peer.ip(),
                     };
-                    let c =
-                        clients
-                            .entry(client)
-                            .or_insert((budget, Sample::default(), track.handle));
-                    c.1 = c.1.plus(sample.since(at_install));
+                    let c = clients
+                        .entry(client)
+                        .or_insert((budget, Vec::new(), track.handle));
+                    c.1.push((track.handle, id, sample.since(at_install)));
                     c.2 = track.handle;
                 }
                 let (verdict, queue_error) = if remote.is_some() {
@@ -399,7 +400,21 @@ impl Manager {
         // Each remote client's rates, over every instance it held: what it did in those it
         // has now, and in those released before.
         let mut client_verdicts = Vec::new();
-        for (client, (budget, live, handle)) in clients {
+        for (client, (budget, sessions, handle)) in clients {
+            // Sessions the verdicts above released are in `retired_clients` now: counted
+            // there, not twice.
+            let held: Vec<&(u64, u64, Sample)> = sessions
+                .iter()
+                .filter(|(h, id, _)| self.has_remote(*h, *id))
+                .collect();
+            if held.is_empty() {
+                // All released this round (terminated, banned, failed): nothing left to
+                // pace, and what they did is judged if the client comes back.
+                continue;
+            }
+            let live = held
+                .iter()
+                .fold(Sample::default(), |sum, (_, _, s)| sum.plus(*s));
             let total = self
                 .retired_clients
                 .get(&client)
