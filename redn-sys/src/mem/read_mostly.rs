@@ -46,11 +46,22 @@ impl<T: Default> Default for ReadMostly<T> {
     }
 }
 
+/// As `RwLock`'s: the value if it can be read now, else `<locked>` (never waits, so that
+/// formatting it on a thread that holds the write guard does not deadlock).
 impl<T: std::fmt::Debug> std::fmt::Debug for ReadMostly<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReadMostly")
-            .field("value", &*self.read())
-            .finish()
+        let mut d = f.debug_struct("ReadMostly");
+        match self.shards[reader_shard()].0.try_read() {
+            Ok(_lock) => {
+                // SAFETY: a shard's read lock is held (`_lock`, to the end of this arm), so
+                // no writer holds an exclusive reference (see `read`).
+                d.field("value", unsafe { &*self.value.get() });
+            }
+            Err(_) => {
+                d.field("value", &format_args!("<locked>"));
+            }
+        }
+        d.finish()
     }
 }
 
@@ -161,11 +172,15 @@ mod tests {
     }
 
     #[test]
-    fn debug_shows_the_value() {
+    fn debug_shows_the_value_and_never_waits() {
         let lock = ReadMostly::<Vec<u32>>::default();
         lock.write().push(7);
         assert_eq!(format!("{lock:?}"), "ReadMostly { value: [7] }");
         assert_eq!(format!("{:?}", lock.read()), "[7]");
+        // Formatted by the thread that holds the write guard: no deadlock.
+        let w = lock.write();
+        assert_eq!(format!("{lock:?}"), "ReadMostly { value: <locked> }");
+        drop(w);
     }
 
     #[test]
