@@ -133,14 +133,20 @@ pub(super) struct Inner {
 }
 
 impl Inner {
-    /// The polls made so far by the PUs present at the socket ([`PuPoller::polls`]).
-    fn present_polls(&self) -> u64 {
+    /// The polls made so far by the PUs present at the socket ([`PuPoller::polls`]), and
+    /// whether one of them is in a poll now.
+    fn present_polls(&self) -> (u64, bool) {
         self.pu_pollers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .values()
             .filter(|p| !p.host && p.present.load(Ordering::Acquire))
-            .fold(0, |n, p| n.wrapping_add(p.polls.load(Ordering::Relaxed)))
+            .fold((0, false), |(n, busy), p| {
+                (
+                    n.wrapping_add(p.polls.load(Ordering::Relaxed)),
+                    busy || p.in_poll.load(Ordering::Acquire),
+                )
+            })
     }
 
     /// Send the replies that host-driven PUs hold for their next request (their app has

@@ -44,6 +44,10 @@ pub(super) struct PuPoller {
     /// is harmless), for the receive thread to tell a present PU that polls from one that
     /// is off the CPU ([`Inner::present_polls`]).
     pub(super) polls: AtomicU64,
+    /// It is in a poll: the receive thread does not take the socket over meanwhile, so
+    /// that a QP's later packets are not dispatched before the earlier ones this poll
+    /// holds (a PU can be taken off the CPU mid-poll).
+    pub(super) in_poll: AtomicBool,
     /// Receive buffers and the replies of one batch (made at first use).
     bufs: Mutex<Option<Box<(RecvBatch, Outbox)>>>,
 }
@@ -56,6 +60,7 @@ impl PuPoller {
             inner,
             present: AtomicBool::new(false),
             polls: AtomicU64::new(0),
+            in_poll: AtomicBool::new(false),
             bufs: Mutex::new(None),
         }
     }
@@ -98,7 +103,10 @@ impl PuPoller {
         if !(self.host && b.1.only_acks && b.1.frames.len() < HELD_ACKS) {
             b.1.flush(inner);
         }
-        receive_batch(inner, &mut b.0, &mut b.1, None)
+        self.in_poll.store(true, Ordering::Release);
+        let taken = receive_batch(inner, &mut b.0, &mut b.1, None);
+        self.in_poll.store(false, Ordering::Release);
+        taken
     }
 
     /// Send `frames` (ranges of `bytes`, to `to`) and the replies held since the last poll.

@@ -175,22 +175,29 @@ pub(super) fn receive_loop(inner: &Arc<Inner>) {
     let nap = Duration::from_millis(10);
     // A host-driven app held the socket at the last look (its held replies are owed).
     let mut host_held = false;
-    // The present PUs' polls when this thread last napped beside them.
-    let mut polls_seen = None;
+    // The present PUs' polls when this thread first saw them at that count.
+    let mut polls_seen: Option<(u64, std::time::Instant)> = None;
     while !inner.shutdown.load(Ordering::Acquire) {
         if inner.pollers.load(Ordering::Acquire) > 0 {
             // The last PU to leave unparks this thread (an unpark before the park makes it
             // return at once).
             std::thread::park_timeout(nap);
-            // Present PUs that made no poll in a whole nap are off the CPU (a busy machine:
-            // a PU leaves the socket only before it parks): take what waits, rather than
-            // leave it for its sender's retransmission timer (docs/attacks.md, the 67 ms
-            // stall).
-            let polls = inner.present_polls();
-            if polls_seen == Some(polls) && inner.pollers.load(Ordering::Acquire) > 0 {
-                take_batch(inner, &mut batch, &mut out, None);
+            // Present PUs that made no poll in a whole nap (by the clock: a park may end
+            // early) are off the CPU (a busy machine: a PU leaves the socket only before it
+            // parks): take what waits, rather than leave it for its sender's retransmission
+            // timer (docs/attacks.md, the 67 ms stall). Not while one is in a poll.
+            let (polls, in_poll) = inner.present_polls();
+            match polls_seen {
+                Some((seen, since)) if seen == polls => {
+                    if !in_poll
+                        && since.elapsed() >= nap
+                        && inner.pollers.load(Ordering::Acquire) > 0
+                    {
+                        take_batch(inner, &mut batch, &mut out, None);
+                    }
+                }
+                _ => polls_seen = Some((polls, std::time::Instant::now())),
             }
-            polls_seen = Some(polls);
             continue;
         }
         polls_seen = None;
