@@ -450,9 +450,11 @@ impl Auditor {
     /// Judge track `id`'s latest `sample` under `budget`. `at_install` is the instance's
     /// counters when it was installed, read before any trigger could reach it: the loop
     /// budget charges every WQE after it, so a burst that ends before the track's first
-    /// sample is charged too. Rates are measured from the first sample. Also returns
-    /// whether a queue went to error for the first time (reported once, as an asynchronous
-    /// QP event would be).
+    /// sample is charged too. Rates are measured from the first sample, for the app's own
+    /// install only: a remote client's instance is held to its loop budget and queue
+    /// errors, and its client's rates are judged over all the client's instances
+    /// ([`Auditor::observe_client`]). Also returns whether a queue went to error for the
+    /// first time (reported once, as an asynchronous QP event would be).
     pub fn observe_track(
         &mut self,
         id: TrackId,
@@ -461,21 +463,26 @@ impl Auditor {
         sample: Sample,
         clock: impl Clock,
     ) -> (Option<Verdict>, bool) {
-        self.observe_with(id, budget, at_install, sample, clock, true)
-    }
-
-    /// [`Auditor::observe_track`] for a remote client's instance: its loop budget and queue
-    /// errors only. Its client's rates are judged over all the client's instances
-    /// ([`Auditor::observe_client`]).
-    pub fn observe_instance(
-        &mut self,
-        id: TrackId,
-        budget: Budget,
-        at_install: Sample,
-        sample: Sample,
-        clock: impl Clock,
-    ) -> (Option<Verdict>, bool) {
-        self.observe_with(id, budget, at_install, sample, clock, false)
+        let now = clock.now();
+        self.counters.samples += 1;
+        let t = self
+            .tracks
+            .entry(id)
+            .or_insert_with(|| new_track(budget, at_install, sample, now));
+        t.prev_errors = std::mem::replace(&mut t.last_errors, sample.errors);
+        // A reload may have changed the budget.
+        t.budget = budget;
+        let new_error = sample.queues_in_error > 0 && !t.error_reported;
+        t.error_reported |= sample.queues_in_error > 0;
+        let verdict = match judge_loop(t, sample) {
+            Some(loop_verdict) => loop_verdict,
+            None if id.remote.is_none() => judge_rates(t, sample, now),
+            None => None,
+        };
+        if settle_verdict(t, &verdict, &mut self.counters) {
+            self.tracks.remove(&id);
+        }
+        (verdict, new_error)
     }
 
     /// Judge remote client `id`'s rates from `sample`, its counters summed over every
@@ -499,37 +506,6 @@ impl Auditor {
             self.clients.remove(&id);
         }
         verdict
-    }
-
-    fn observe_with(
-        &mut self,
-        id: TrackId,
-        budget: Budget,
-        at_install: Sample,
-        sample: Sample,
-        clock: impl Clock,
-        rates: bool,
-    ) -> (Option<Verdict>, bool) {
-        let now = clock.now();
-        self.counters.samples += 1;
-        let t = self
-            .tracks
-            .entry(id)
-            .or_insert_with(|| new_track(budget, at_install, sample, now));
-        t.prev_errors = std::mem::replace(&mut t.last_errors, sample.errors);
-        // A reload may have changed the budget.
-        t.budget = budget;
-        let new_error = sample.queues_in_error > 0 && !t.error_reported;
-        t.error_reported |= sample.queues_in_error > 0;
-        let verdict = match judge_loop(t, sample) {
-            Some(loop_verdict) => loop_verdict,
-            None if rates => judge_rates(t, sample, now),
-            None => None,
-        };
-        if settle_verdict(t, &verdict, &mut self.counters) {
-            self.tracks.remove(&id);
-        }
-        (verdict, new_error)
     }
 }
 

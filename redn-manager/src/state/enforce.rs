@@ -335,11 +335,8 @@ impl Manager {
                     c.1.push((track.handle, id, sample.since(at_install)));
                     c.2 = track.handle;
                 }
-                let (verdict, queue_error) = if remote.is_some() {
-                    auditor.observe_instance(track, budget, at_install, sample, &clock)
-                } else {
-                    auditor.observe_track(track, budget, at_install, sample, &clock)
-                };
+                let (verdict, queue_error) =
+                    auditor.observe_track(track, budget, at_install, sample, &clock);
                 if queue_error {
                     verdicts.push((track, None, sample, seen_by));
                 }
@@ -403,18 +400,16 @@ impl Manager {
         for (client, (budget, sessions, handle)) in clients {
             // Sessions the verdicts above released are in `retired_clients` now: counted
             // there, not twice.
-            let held: Vec<&(u64, u64, Sample)> = sessions
+            let held = sessions
                 .iter()
                 .filter(|(h, id, _)| self.has_remote(*h, *id))
-                .collect();
-            if held.is_empty() {
-                // All released this round (terminated, banned, failed): nothing left to
-                // pace, and what they did is judged if the client comes back.
+                .map(|(_, _, s)| *s)
+                .reduce(Sample::plus);
+            // None: all released this round (terminated, banned, failed): nothing left to
+            // pace, and what they did is judged if the client comes back.
+            let Some(live) = held else {
                 continue;
-            }
-            let live = held
-                .iter()
-                .fold(Sample::default(), |sum, (_, _, s)| sum.plus(*s));
+            };
             let total = self
                 .retired_clients
                 .get(&client)
@@ -671,14 +666,16 @@ impl Manager {
     /// Whether every queue took it, and how many instances it has.
     pub(super) fn pace_client_queues(&mut self, client: ClientId) -> (bool, usize) {
         // Each queue with the unthrottled pace of its offload.
-        let mut queues: Vec<(redn_sys::Qpn, RateLimit)> = Vec::new();
-        let mut n = 0;
-        for o in self.installed.values().filter(|o| o.app_key == client.app) {
-            for r in o.remote.values().filter(|r| r.peer.ip() == client.addr) {
-                n += 1;
-                queues.extend(r.installed.qps.iter().map(|q| (q.qpn, o.limit)));
-            }
-        }
+        let sessions = self.sessions_of(client);
+        let queues: Vec<(redn_sys::Qpn, RateLimit)> = sessions
+            .iter()
+            .filter_map(|(h, id)| {
+                let o = self.installed.get(h)?;
+                Some((o, o.remote.get(id)?))
+            })
+            .flat_map(|(o, r)| r.installed.qps.iter().map(|q| (q.qpn, o.limit)))
+            .collect();
+        let n = sessions.len();
         let throttle = self
             .client_pacing
             .get(&client)
