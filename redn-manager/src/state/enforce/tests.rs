@@ -4,6 +4,7 @@ use super::*;
 use crate::auditor::Auditor;
 use redn_policy::PeerIdentity;
 use redn_sys::clock::SystemClock;
+use redn_sys::nic::RateLimit;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
