@@ -811,21 +811,31 @@ fn the_softnic_pus_run_on_the_cpus_the_config_names() {
     with_backend_keys(&m, &format!("pu_cpus = [{last}]"));
     let m = m.launch(&[], &[]);
     let pid = m.child.as_ref().unwrap().id();
-    // The PU thread, "redn-manager-pu0" cut to the kernel's 15 characters.
-    let mut pinned = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let dir = task.unwrap().path();
-        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-        if comm.trim_end() == "redn-manager-pu" {
-            let status = std::fs::read_to_string(dir.join("status")).unwrap();
-            pinned.extend(
-                status
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-                    .map(|l| l.trim().to_owned()),
-            );
+    // The PU thread, "redn-manager-pu0" cut to the kernel's 15 characters. It is pinned by
+    // the thread that spawns it, before READY=1, but it names itself when it first runs,
+    // which on a loaded machine may be after READY=1: until then it answers to the
+    // process's name, so look again until it has its own.
+    let started = Instant::now();
+    let pinned = loop {
+        let mut pinned = Vec::new();
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+            let dir = task.unwrap().path();
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            if comm.trim_end() == "redn-manager-pu" {
+                let status = std::fs::read_to_string(dir.join("status")).unwrap();
+                pinned.extend(
+                    status
+                        .lines()
+                        .filter_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                        .map(|l| l.trim().to_owned()),
+                );
+            }
         }
-    }
+        if !pinned.is_empty() || started.elapsed() > DEADLINE {
+            break pinned;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     assert_eq!(pinned, [last.to_string()], "{}", m.log());
     let said = format!("softnic: 1 processing unit(s) pinned to CPU(s) {last}");
     assert!(m.log().contains(&said), "{}", m.log());
