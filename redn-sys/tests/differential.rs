@@ -132,7 +132,7 @@ fn bbs(op: &WrOp) -> u32 {
 fn random_op(rng: &mut Rng, mr: &redn_sys::nic::MrInfo) -> WrOp {
     let len = 1 + rng.below32(64);
     let at = |rng: &mut Rng, len: u32| rng.below(Q_AREA - u64::from(len) + 1);
-    match rng.below(8) {
+    match rng.below(9) {
         0 => WrOp::Nop {
             raw_segments: Vec::new(),
         },
@@ -150,6 +150,16 @@ fn random_op(rng: &mut Rng, mr: &redn_sys::nic::MrInfo) -> WrOp {
             payload: Payload::Inline((0..len).map(|_| rng.byte()).collect()),
             imm: None,
         },
+        // A byte-reversing READ (`Builder::advance_count`'s): one-byte entries at descending
+        // consecutive addresses, 2 to 6 of them (a WQE of at most two BBs).
+        7 => {
+            let n = 2 + rng.below32(5);
+            let top = at(rng, n) + u64::from(n) - 1;
+            WrOp::Read {
+                remote: mr.remote(at(rng, n)),
+                sgl: (0..u64::from(n)).map(|i| mr.sge(top - i, 1)).collect(),
+            }
+        }
         _ => {
             let word = |rng: &mut Rng| rng.below(Q_AREA / 8) * 8;
             let remote = mr.remote(word(rng));
@@ -542,10 +552,11 @@ fn fast_paths_end_byte_for_byte_where_the_general_executor_does() {
 fn the_programs_reach_every_path() {
     // The soup must exercise what the fast paths optimise: one-BB moves and atomics,
     // multi-BB WQEs, chain steps that complete, hot re-runs (unsignaled WQEs posted again),
-    // patched slots, and planted faults.
+    // byte-reversing READs (replayed when run again), patched slots, and planted faults.
     let mut faults = 0;
     let mut chains = 0;
     let mut patches = 0;
+    let mut reversing = 0;
     for seed in 1..=16 {
         let setup = Setup {
             fast_paths: true,
@@ -560,13 +571,23 @@ fn the_programs_reach_every_path() {
         let nic = SoftNic::new(nic_cfg).unwrap();
         let pd = nic.alloc_pd().unwrap();
         let data = Region::new(&nic, pd, LEN, Access::ALL);
-        patches += program(seed, &data.mr)
-            .batch
+        let batch = program(seed, &data.mr).batch;
+        patches += batch
             .iter()
             .filter(|i| matches!(i, Item::Patch { .. }))
+            .count();
+        reversing += batch
+            .iter()
+            .filter(|i| match i {
+                Item::Op(WrOp::Read { sgl, .. }, _) => {
+                    sgl.len() > 1 && sgl.iter().all(|e| e.len == 1)
+                }
+                _ => false,
+            })
             .count();
     }
     assert!(faults > 0, "no run faulted");
     assert!(chains > 8, "few runs enabled M: {chains}");
     assert!(patches > 0, "no program patches its ring");
+    assert!(reversing > 0, "no program has a byte-reversing READ");
 }

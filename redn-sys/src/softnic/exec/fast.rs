@@ -251,13 +251,15 @@ impl Core {
     ) -> Option<u64> {
         let keys = &self.nic.keys;
         if *flags & DERIVED != 0
-            && e.local_epoch == self.local_keys.current_epoch(keys)
-            && e.remote_epoch == peer.live_epoch(&self.remote_keys)
+            && e.mv.holds(
+                self.local_keys.current_epoch(keys),
+                peer.live_epoch(&self.remote_keys),
+            )
         {
-            if let Some((l, r)) = e.move_buffers(&self.local_keys, &self.remote_keys) {
+            if let Some((l, r)) = e.mv.buffers(&self.local_keys, &self.remote_keys) {
                 e.replay_move(l, r, write);
-                self.count_move(write, e.len as u64);
-                return Some(e.len as u64);
+                self.count_move(write, e.mv.len as u64);
+                return Some(e.mv.len as u64);
             }
         }
         let w = &e.bytes;
@@ -269,29 +271,21 @@ impl Core {
         let len = u64::from(len);
         let lkey = Be32::read(w, seg + off::SEG_LKEY).get();
         let addr = VirtAddr(Be64::read(w, seg + off::SEG_ADDR).get());
-        let remote = remote_of(w);
         let (local_need, remote_need) = if write {
             (Access::NONE, Access::REMOTE_WRITE)
         } else {
             (Access::LOCAL_WRITE, Access::REMOTE_READ)
         };
-        let local_region = self.local_keys.find(keys, lkey).ok()?;
-        let local = self
-            .local_keys
-            .region_at(local_region)?
-            .window(self.qp.pd, addr, len, local_need)?;
-        let (remote_region, far) =
-            peer.remote_window(&mut self.remote_keys, remote, len, remote_need)?;
-        if write {
-            far.copy_from(&local);
-        } else {
-            local.copy_from(&far);
-        }
-        let (local_off, remote_off) = (local.off, far.off);
-        let local_epoch = self.local_keys.current_epoch(keys);
-        let remote_epoch = peer.live_epoch(&self.remote_keys);
-        // Resolved under caches that were current: keep it for next time.
-        if local_epoch != KeyCache::STALE && remote_epoch != KeyCache::STALE {
+        let local = (lkey, addr, local_need);
+        let remote = (remote_of(w), remote_need);
+        let resolved = self.resolve_move(peer, local, remote, len, |local, far| {
+            if write {
+                far.copy_from(local);
+            } else {
+                local.copy_from(far);
+            }
+        })?;
+        if let Some(mv) = resolved {
             let hot = match (signaled || self.wqe_checks, write) {
                 (true, _) => HOT_NONE,
                 (false, true) => HOT_WRITE,
@@ -300,19 +294,122 @@ impl Core {
             *flags = derived_flags(hot);
             *e = Snapshot {
                 bytes: e.bytes,
-                local_epoch,
-                remote_epoch,
-                // Entries of key caches, which hold 8.
-                local_region: small32(local_region),
-                remote_region: small32(remote_region),
-                local_off,
-                remote_off,
-                len: idx(len),
-                line: len == 64 && (local_off | remote_off) % 8 == 0,
+                mv,
+                line: len == 64 && (mv.local_off | mv.remote_off) % 8 == 0,
             };
         }
         self.count_move(write, len);
         Some(len)
+    }
+
+    /// Check a move of `len` bytes between `local` (lkey, address, the rights it needs) and
+    /// `remote` at the in-process `peer` (address, rights) as `execute` checks it, and run
+    /// it with `run(local window, remote window)`. None if a check refused (nothing ran:
+    /// `execute` then runs the WQE and reports the refusal); otherwise where the windows
+    /// are, to replay the move with the same bytes, if both key caches were current (else
+    /// None: it ran, but cannot be replayed).
+    #[inline(always)]
+    fn resolve_move(
+        &mut self,
+        peer: &InProcess,
+        local: (u32, VirtAddr, Access),
+        remote: (RemoteAddr, Access),
+        len: u64,
+        run: impl FnOnce(&Span, &Span),
+    ) -> Option<Option<ResolvedMove>> {
+        let keys = &self.nic.keys;
+        let (lkey, addr, local_need) = local;
+        let local_region = self.local_keys.find(keys, lkey).ok()?;
+        let near = self
+            .local_keys
+            .region_at(local_region)?
+            .window(self.qp.pd, addr, len, local_need)?;
+        let (remote_region, far) =
+            peer.remote_window(&mut self.remote_keys, remote.0, len, remote.1)?;
+        run(&near, &far);
+        let (local_off, remote_off) = (near.off, far.off);
+        let local_epoch = self.local_keys.current_epoch(keys);
+        let remote_epoch = peer.live_epoch(&self.remote_keys);
+        // Resolved under caches that were current: good for next time.
+        Some(
+            (local_epoch != KeyCache::STALE && remote_epoch != KeyCache::STALE).then(|| {
+                ResolvedMove {
+                    local_epoch,
+                    remote_epoch,
+                    // Entries of key caches, which hold 8.
+                    local_region: small32(local_region),
+                    remote_region: small32(remote_region),
+                    local_off,
+                    remote_off,
+                    len: idx(len),
+                }
+            }),
+        )
+    }
+
+    /// `execute`'s RDMA READ with the fast paths on. A byte-reversing READ (one-byte scatter
+    /// entries at descending consecutive addresses under one key, `Builder::advance_count`'s:
+    /// how a recycled loop turns a counter into its next enable's big-endian count) is
+    /// replayed from where its windows were when it last ran with the same segments; the
+    /// first time it is checked and resolved here. Anything else, and anything a check
+    /// refuses, runs as [`Self::op_read`], which reports the refusal.
+    ///
+    /// Why: a recycled loop runs such a READ every round on each of its queues, and the
+    /// general path's staging and per-entry decoding, key look-ups and checks were about
+    /// half a round's instructions (docs/softnic-performance.md, "The recycled loop's
+    /// READ"). It is two BBs, so the one-BB fast path and its hot slots do not take it.
+    pub(super) fn fast_read(&mut self, ds: usize) -> Result<u64, Fail> {
+        // Taken out for the call (and put back): a moved `Arc`, not a counted clone.
+        let Some(peer) = self.direct.take() else {
+            return self.op_read(ds);
+        };
+        let done = self.reversed_read(&peer, ds);
+        self.direct = Some(peer);
+        match done {
+            Some(len) => Ok(len),
+            None => self.op_read(ds),
+        }
+    }
+
+    /// [`Self::fast_read`]'s byte-reversing READ: the bytes moved, or None if this is not
+    /// one, or a check refused it (nothing ran).
+    fn reversed_read(&mut self, peer: &InProcess, ds: usize) -> Option<u64> {
+        // At least two entries; at most two BBs; a late response lands through `op_read`.
+        if self.late_landing || !(4..=REVERSED_MAX_DS).contains(&ds) {
+            return None;
+        }
+        let segs = &self.wqe[SEG_SIZE..ds * SEG_SIZE];
+        let kept = &self.reversed;
+        if kept.ds == ds && kept.segs[..segs.len()] == *segs {
+            let keys = &self.nic.keys;
+            let now = (
+                self.local_keys.current_epoch(keys),
+                peer.live_epoch(&self.remote_keys),
+            );
+            if kept.mv.holds(now.0, now.1) {
+                if let Some((l, r)) = kept.mv.buffers(&self.local_keys, &self.remote_keys) {
+                    let (near, far) = kept.mv.spans(l, r);
+                    reverse_into(&near, &far);
+                    return Some(kept.mv.len as u64);
+                }
+            }
+        }
+        let run = ds - 2;
+        if self.reversed_run(2, ds) != run {
+            return None;
+        }
+        let (lkey, lowest) = self.run_window(2 * SEG_SIZE, run);
+        let local = (lkey, lowest, Access::LOCAL_WRITE);
+        let remote = (remote_of(&self.wqe), Access::REMOTE_READ);
+        let resolved = self.resolve_move(peer, local, remote, run as u64, reverse_into)?;
+        self.reversed.ds = 0;
+        if let Some(mv) = resolved {
+            let n = (ds - 1) * SEG_SIZE;
+            self.reversed.segs[..n].copy_from_slice(&self.wqe[SEG_SIZE..ds * SEG_SIZE]);
+            self.reversed.ds = ds;
+            self.reversed.mv = mv;
+        }
+        Some(run as u64)
     }
 
     /// The fast path's one-BB atomic to an in-process peer, counted; None if `execute` must
@@ -412,4 +509,35 @@ impl Core {
             .count_wqes(if write { OP_WRITE } else { OP_READ }, 1);
         bump(&self.qp.counters.bytes, len);
     }
+}
+
+/// The most segments a byte-reversing READ [`Core::fast_read`] replays may have: two BBs'.
+const REVERSED_MAX_DS: usize = 2 * BB_SEGS as usize;
+
+/// The byte-reversing READ a queue last resolved ([`Core::fast_read`]).
+pub(super) struct ReversedRead {
+    /// Its segments past the control segment (the remote address and the scatter entries),
+    /// the first `ds - 1`.
+    segs: [u8; (REVERSED_MAX_DS - 1) * SEG_SIZE],
+    /// Its segment count; 0: nothing kept.
+    ds: usize,
+    mv: ResolvedMove,
+}
+
+impl ReversedRead {
+    pub(super) const NONE: ReversedRead = ReversedRead {
+        segs: [0; (REVERSED_MAX_DS - 1) * SEG_SIZE],
+        ds: 0,
+        mv: ResolvedMove::NONE,
+    };
+}
+
+/// A byte-reversing READ's move: the bytes of `far` into `near`, last first (both as long,
+/// at most a [`ReversedRead`]'s entries).
+fn reverse_into(near: &Span, far: &Span) {
+    let mut bytes = [0u8; REVERSED_MAX_DS];
+    let bytes = &mut bytes[..far.len];
+    far.read(bytes);
+    bytes.reverse();
+    near.write(bytes);
 }

@@ -110,6 +110,18 @@ const _: () = assert!(SNAPSHOT_SLOTS >= Prefetch::MAX_DEPTH + crate::wqe::MAX_WQ
 #[repr(C, align(64))]
 pub(super) struct Snapshot {
     pub(super) bytes: [u8; BB_SIZE],
+    /// Where the one-BB move these bytes describe turned out to be (nothing for a NOP, or
+    /// before the fast path resolved it).
+    pub(super) mv: ResolvedMove,
+    /// The move is one 8-byte-aligned 64-byte line on both sides (`SharedBuffer::copy_line`).
+    pub(super) line: bool,
+}
+
+/// Where a WRITE's or READ's two windows turned out to be when its keys were checked: good
+/// for the same bytes while [`ResolvedMove::holds`] (a region's PD, bounds and rights cannot
+/// change while it stays registered, so the checks would decide exactly as they did).
+#[derive(Clone, Copy)]
+pub(super) struct ResolvedMove {
     /// `KeyCache::current_epoch` of each side when resolved (0 if nothing was: a NOP, or
     /// never; never `KeyCache::STALE`).
     pub(super) local_epoch: u64,
@@ -121,15 +133,46 @@ pub(super) struct Snapshot {
     pub(super) local_off: usize,
     pub(super) remote_off: usize,
     pub(super) len: usize,
-    /// The move is one 8-byte-aligned 64-byte line on both sides (`SharedBuffer::copy_line`).
-    pub(super) line: bool,
 }
 
-impl Snapshot {
-    /// The buffers of the move resolved in this snapshot: its regions' entries in the two
-    /// key caches (there while the epochs the caller checked hold).
+impl ResolvedMove {
+    pub(super) const NONE: ResolvedMove = ResolvedMove {
+        local_epoch: 0,
+        remote_epoch: 0,
+        local_region: 0,
+        remote_region: 0,
+        local_off: 0,
+        remote_off: 0,
+        len: 0,
+    };
+
+    /// True if the key caches are still at the epochs this was resolved under
+    /// (`KeyCache::current_epoch` of the local cache, `InProcess::live_epoch` of the remote
+    /// one, read now): no region dropped or replaced since, and the target live.
     #[inline(always)]
-    pub(super) fn move_buffers<'k>(
+    pub(super) fn holds(&self, local_epoch: u64, remote_epoch: u64) -> bool {
+        self.local_epoch == local_epoch && self.remote_epoch == remote_epoch
+    }
+
+    /// The move's two windows in `l` (local) and `r` (remote), from [`Self::buffers`].
+    #[inline(always)]
+    pub(super) fn spans<'b>(
+        &self,
+        l: &'b SharedBuffer,
+        r: &'b SharedBuffer,
+    ) -> (Span<'b>, Span<'b>) {
+        let span = |buffer, off| Span {
+            buffer,
+            off,
+            len: self.len,
+        };
+        (span(l, self.local_off), span(r, self.remote_off))
+    }
+
+    /// The buffers of the move: its regions' entries in the two key caches (there while
+    /// [`Self::holds`]).
+    #[inline(always)]
+    pub(super) fn buffers<'k>(
         &self,
         local: &'k KeyCache,
         remote: &'k KeyCache,
@@ -138,29 +181,23 @@ impl Snapshot {
         let r = remote.region_at(self.remote_region as usize)?;
         Some((l.buffer(), r.buffer()))
     }
+}
 
+impl Snapshot {
     /// Run the move resolved in this snapshot between buffers `l` (local) and `r` (remote),
-    /// from [`Snapshot::move_buffers`]: as one line if it is one.
+    /// from [`ResolvedMove::buffers`]: as one line if it is one.
     #[inline(always)]
     pub(super) fn replay_move(&self, l: &SharedBuffer, r: &SharedBuffer, write: bool) {
+        let mv = &self.mv;
         if self.line {
-            let (lw, rw) = (self.local_off / 8, self.remote_off / 8);
+            let (lw, rw) = (mv.local_off / 8, mv.remote_off / 8);
             if write {
                 r.copy_line(rw, l, lw);
             } else {
                 l.copy_line(lw, r, rw);
             }
         } else {
-            let local = Span {
-                buffer: l,
-                off: self.local_off,
-                len: self.len,
-            };
-            let far = Span {
-                buffer: r,
-                off: self.remote_off,
-                len: self.len,
-            };
+            let (local, far) = mv.spans(l, r);
             if write {
                 far.copy_from(&local);
             } else {
@@ -171,13 +208,7 @@ impl Snapshot {
 
     const EMPTY: Snapshot = Snapshot {
         bytes: [0; BB_SIZE],
-        local_epoch: 0,
-        remote_epoch: 0,
-        local_region: 0,
-        remote_region: 0,
-        local_off: 0,
-        remote_off: 0,
-        len: 0,
+        mv: ResolvedMove::NONE,
         line: false,
     };
 }

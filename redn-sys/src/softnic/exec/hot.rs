@@ -97,14 +97,13 @@ pub(super) fn run_hot(
         match hot {
             HOT_NOP => n[0] += 1,
             HOT_WRITE | HOT_READ => {
-                if e.local_epoch != local_epoch
-                    || e.remote_epoch != remote_epoch
+                if !e.mv.holds(local_epoch, remote_epoch)
                     || !local.is_current(table)
                     || !peer.still_current(remote)
                 {
                     break;
                 }
-                let Some((l, r)) = e.move_buffers(local, remote) else {
+                let Some((l, r)) = e.mv.buffers(local, remote) else {
                     break;
                 };
                 // Each direction with its own call and count, so neither is a select.
@@ -115,7 +114,7 @@ pub(super) fn run_hot(
                     e.replay_move(l, r, false);
                     n[2] += 1;
                 }
-                n[3] += e.len as u64;
+                n[3] += e.mv.len as u64;
             }
             _ => break,
         }

@@ -55,6 +55,7 @@ mod hot;
 mod objects;
 mod reference;
 
+use fast::ReversedRead;
 use fetch::*;
 pub(crate) use handover::Siblings;
 use hot::*;
@@ -156,6 +157,11 @@ struct Core {
     local_keys: KeyCache,
     remote_keys: KeyCache,
     peer: Option<Arc<dyn Transport>>,
+    /// `peer` if it is in this process (as `Fetcher::direct`): what the fast paths move
+    /// through.
+    direct: Option<Arc<InProcess>>,
+    /// The byte-reversing READ this queue last resolved (see `Core::fast_read`).
+    reversed: ReversedRead,
     objs: ObjCache,
     limiter: Limiter,
     rate_generation: u64,
@@ -297,6 +303,8 @@ impl Core {
             local_keys: KeyCache::new(),
             remote_keys: KeyCache::new(),
             peer: None,
+            direct: None,
+            reversed: ReversedRead::NONE,
             objs: ObjCache::default(),
             limiter: Limiter::default(),
             rate_generation: 0,
@@ -470,10 +478,11 @@ impl Core {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
-            f.direct = self
+            self.direct = self
                 .peer
                 .clone()
                 .and_then(|p| p.into_any().downcast::<InProcess>().ok());
+            f.direct.clone_from(&self.direct);
             self.windowed = self.peer.as_ref().is_some_and(|p| p.windowed());
         }
         let g = self.qp.rate_generation.load(Ordering::Acquire);

@@ -227,6 +227,7 @@ impl Core {
             Opcode::Nop => Ok(0),
             Opcode::RdmaWrite | Opcode::RdmaWriteImm => self.op_write(opcode, ds),
             Opcode::Send | Opcode::SendImm => self.op_send(opcode, ds),
+            Opcode::RdmaRead if self.fast_paths => self.fast_read(ds),
             Opcode::RdmaRead => self.op_read(ds),
             Opcode::AtomicCs
             | Opcode::AtomicFa
@@ -596,7 +597,7 @@ impl Core {
     /// The key and lowest address of the window a byte-reversing run of `run` entries
     /// covers, its first entry at byte `seg` (the highest address; `reversed_run` found the
     /// others below it, so the subtraction stays above 0).
-    fn run_window(&self, seg: usize, run: usize) -> (u32, VirtAddr) {
+    pub(super) fn run_window(&self, seg: usize, run: usize) -> (u32, VirtAddr) {
         let lkey = Be32::read(&self.wqe, seg + off::SEG_LKEY).get();
         let highest = Be64::read(&self.wqe, seg + off::SEG_ADDR).get();
         (lkey, VirtAddr(highest - (run as u64 - 1)))
