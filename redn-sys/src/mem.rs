@@ -227,14 +227,6 @@ impl SharedBuffer {
     pub fn read(&self, off: usize, dst: &mut [u8]) {
         assert!(self.contains(off, dst.len()), "read outside buffer");
         let words = self.words();
-        if !dst.is_empty() && off % WORD + dst.len() <= WORD {
-            // Inside one word (a field: a counter, an index): one load, no copy loops.
-            let v = words[off / WORD].load(Ordering::Relaxed).to_ne_bytes();
-            for (d, s) in dst.iter_mut().zip(&v[off % WORD..]) {
-                *d = *s;
-            }
-            return;
-        }
         // The bytes before the first word boundary, the whole words, then the rest: the
         // whole words in a loop of one load and one store each (a 4 KiB packet's payload
         // is 512 of them, on the RoCE paths' every packet).
@@ -322,11 +314,6 @@ impl SharedBuffer {
     pub fn write(&self, off: usize, src: &[u8]) {
         assert!(self.contains(off, src.len()), "write outside buffer");
         let words = self.words();
-        if !src.is_empty() && off % WORD + src.len() <= WORD {
-            // Inside one word (a field: a count, an index): one merge.
-            merge(&words[off / WORD], off % WORD, src);
-            return;
-        }
         let (head, body) = src.split_at(head_len(off, src.len()));
         if !head.is_empty() {
             merge(&words[off / WORD], off % WORD, head);
@@ -1024,10 +1011,7 @@ fn head_len(off: usize, len: usize) -> usize {
 fn merge(word: &AtomicU64, at: usize, part: &[u8]) {
     let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
         let mut v = old.to_ne_bytes();
-        // A byte at a time: at most eight, and no call to `memcpy` for a few bytes.
-        for (d, s) in v[at..].iter_mut().zip(part) {
-            *d = *s;
-        }
+        v[at..at + part.len()].copy_from_slice(part);
         Some(u64::from_ne_bytes(v))
     });
 }

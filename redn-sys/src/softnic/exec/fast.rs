@@ -1,12 +1,16 @@
 //! The one-BB fast path: `Core::run_fast` runs consecutive one-BB WQEs (NOPs, WAITs,
 //! enables, one-segment WRITEs and READs and atomics to an in-process peer) inline, with the
 //! same fetches, prefetches, checks, effects, counters and completions as the reference
-//! (`reference`), and hands anything else to `Core::execute`.
+//! (`reference`), and hands anything else to `Core::execute`. Also here, as the one
+//! multi-BB WQE with a fast path: `execute`'s replay of a byte-reversing READ it resolved
+//! before (`Core::fast_read`, a recycled loop's count).
 //!
 //! Invariants: for every WQE it accepts, its effect is `execute`'s; it reports no error of
 //! its own (a refused WQE goes to `execute`, which reports it; only an atomic the responder
 //! already refused is reported here, with the responder's status, as `execute` would); it
-//! stops at the first WQE of more than one BB.
+//! stops at the first WQE of more than one BB. A resolved move (a snapshot's, or the
+//! byte-reversing READ's) is replayed only for the same bytes and while both key caches'
+//! epochs are what they were when it was resolved.
 
 use super::handover::run_nop;
 use super::*;
