@@ -674,3 +674,50 @@ fn a_hot_write_whose_key_cache_entry_was_replaced_writes_its_own_target() {
         }
     }
 }
+
+/// A byte-reversing READ (one-byte entries at descending addresses, a recycled loop's count)
+/// with fewer entries than the one its queue ran before, whose segments begin as that one's
+/// do (the same remote word, the same highest byte): it moves its own two bytes, not the
+/// four of the READ before (`Core::fast_read` keeps one resolved READ a queue, known by its
+/// segments and how many there are). The long READ runs twice, so the second is a replay.
+#[test]
+fn a_shorter_byte_reversing_read_moves_its_own_bytes_after_a_longer_one() {
+    for path in EVERY_PATH {
+        let nic = softnic(path);
+        let pd = nic.alloc_pd().unwrap();
+        let mem = Region::new(&nic, pd, 4096, ALL);
+        let q = looped(&nic, pd, 64);
+        mem.write(0, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        let reversing = |entries: u64| WrOp::Read {
+            remote: mem.mr.remote(0),
+            sgl: (0..entries).map(|i| mem.mr.sge(103 - i, 1)).collect(),
+        };
+        let zero = WrOp::Write {
+            remote: mem.mr.remote(100),
+            payload: Payload::Inline(vec![0; 4]),
+            imm: None,
+        };
+        // The WRITEs are fenced: with late landing the READ before lands first.
+        let ops = [
+            wr(0, WqeFlags::NONE, reversing(4)),
+            wr(1, WqeFlags::FENCE, zero.clone()),
+            wr(2, WqeFlags::NONE, reversing(4)),
+            wr(3, SIG, NOP),
+        ];
+        nic.post_send(q.qp.qpn, &ops).unwrap();
+        assert!(wait_cqes(&nic, q.cq, 1).iter().all(Completion::is_ok));
+        assert_eq!(
+            mem.read(100, 4),
+            [4, 3, 2, 1],
+            "{path:?}: the long READ, replayed"
+        );
+        let ops = [wr(4, WqeFlags::FENCE, zero), wr(5, SIG, reversing(2))];
+        nic.post_send(q.qp.qpn, &ops).unwrap();
+        assert!(wait_cqes(&nic, q.cq, 1).iter().all(Completion::is_ok));
+        assert_eq!(
+            mem.read(100, 4),
+            [0, 0, 2, 1],
+            "{path:?}: the short READ's two bytes"
+        );
+    }
+}
