@@ -334,8 +334,8 @@ pub struct ClientId {
     pub addr: std::net::IpAddr,
 }
 
-/// An app rule's name as a number, so that a [`ClientId`] is a plain value: the manager
-/// gives each name it meets the next number (`Manager::app_key`).
+/// An app rule as a number, so that a [`ClientId`] is a plain value: the manager numbers
+/// each rule it meets by its name and the processes it is for (`state::AppKeys`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AppKey(pub u64);
 

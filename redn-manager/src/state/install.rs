@@ -138,6 +138,7 @@ impl Manager {
         }
         let program = program.clone();
         let app_name = app.name.clone();
+        let app_matchers = app.matchers.clone();
         let app_limits = (app.client.rate_limit_kbps, app.client.wqes_per_second);
         let token = random_token().map_err(|e| ManagerError::NoDevice {
             reason: format!("no random token: {e}"),
@@ -163,7 +164,7 @@ impl Manager {
             }
         }
         let handle = self.fresh_id();
-        let app_key = self.app_key(&app_name);
+        let app_key = self.app_keys.key(&app_name, &app_matchers);
         let hex = token.to_hex();
         let at_install = self.sample(&program, &installed);
         self.installed.insert(
