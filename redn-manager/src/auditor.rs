@@ -705,8 +705,9 @@ pub enum Banned {
     /// is shared by all of the offload's clients). Its hellos to the app's offloads are
     /// refused; clients of other apps are not touched.
     Remote {
-        /// The app rule's name.
-        app: String,
+        /// The app's rule, as it is numbered for its remote clients (a reload that gives the
+        /// rule's name to other processes makes it another app: see [`AppKey`]).
+        app: AppKey,
         /// The client's address.
         addr: std::net::IpAddr,
     },

@@ -642,7 +642,7 @@ impl Dataplane {
             ));
         }
         // After the token, like the sources: a wrong token learns nothing of bans either.
-        if let Some(reason) = manager.remote_ban_refusal(spec.app, peer.ip()) {
+        if let Some(reason) = manager.remote_ban_refusal(spec.app, spec.app_key, peer.ip()) {
             return Err(refuse(Refusal::Banned, reason));
         }
         if IpAddr::V4(*theirs.addr.ip()) != peer.ip() {

@@ -301,6 +301,8 @@ pub struct RemoteClientSpec<'a> {
     pub limit: RateLimit,
     /// The name of the app rule the offload was installed under.
     pub app: &'a str,
+    /// That rule's number for its remote clients (whose bans are keyed by it).
+    pub app_key: crate::auditor::AppKey,
     /// That rule as the policy has it now (`max_remote_clients`, `remote_sources`); `None`
     /// if a reload removed it.
     pub rule: Option<&'a AppRule>,
@@ -803,6 +805,7 @@ impl Manager {
             data_bindings: &o.data_bindings,
             limit: o.limit,
             app: &o.app,
+            app_key: o.app_key,
             rule,
         })
     }

@@ -263,14 +263,14 @@ fn a_ban_policy_bans_for_its_duration() {
         app: name.into(),
         uid,
     };
-    let remote = |name: &str, addr: &str| Banned::Remote {
-        app: name.into(),
+    let remote = |app: u64, addr: &str| Banned::Remote {
+        app: AppKey(app),
         addr: addr.parse().unwrap(),
     };
     let mut bans = Bans::default();
     bans.ban(app("kv", 1000), Some(Duration::from_secs(60)), &clock);
     bans.ban(
-        remote("kv", "192.0.2.7"),
+        remote(1, "192.0.2.7"),
         Some(Duration::from_secs(30)),
         &clock,
     );
@@ -285,21 +285,21 @@ fn a_ban_policy_bans_for_its_duration() {
         "another app"
     );
     assert_eq!(
-        bans.banned(&remote("kv", "192.0.2.7"), &clock),
+        bans.banned(&remote(1, "192.0.2.7"), &clock),
         Some(Some(Duration::from_secs(30)))
     );
     assert_eq!(
-        bans.banned(&remote("kv", "192.0.2.8"), &clock),
+        bans.banned(&remote(1, "192.0.2.8"), &clock),
         None,
         "another address"
     );
     assert_eq!(
-        bans.banned(&remote("other", "192.0.2.7"), &clock),
+        bans.banned(&remote(2, "192.0.2.7"), &clock),
         None,
         "another app's client"
     );
     clock.advance(Duration::from_secs(30));
-    assert_eq!(bans.banned(&remote("kv", "192.0.2.7"), &clock), None);
+    assert_eq!(bans.banned(&remote(1, "192.0.2.7"), &clock), None);
     clock.advance(Duration::from_secs(29));
     assert_eq!(
         bans.banned(&app("kv", 1000), &clock),

@@ -652,13 +652,15 @@ impl Manager {
         self.ban_refusal(&app.name, identity.uid)
     }
 
-    /// Why a remote client at `addr` may not say hello to app `app`'s offloads now: the
-    /// auditor banned its address.
-    pub fn remote_ban_refusal(&self, app: &str, addr: std::net::IpAddr) -> Option<String> {
-        let left = self.ban_left(Banned::Remote {
-            app: app.to_owned(),
-            addr,
-        })?;
+    /// Why a remote client at `addr` may not say hello to the offloads of app `app`
+    /// (numbered `key` for its remote clients) now: the auditor banned its address.
+    pub fn remote_ban_refusal(
+        &self,
+        app: &str,
+        key: crate::auditor::AppKey,
+        addr: std::net::IpAddr,
+    ) -> Option<String> {
+        let left = self.ban_left(Banned::Remote { app: key, addr })?;
         Some(format!(
             "address {addr} is banned from app {app:?}'s offloads by the auditor for {left} \
              more"

@@ -9,7 +9,8 @@
 //! address's busy session over another's idle ones; a newcomer that took a slot and hung up
 //! evicted a busy client again at every hello once it had refilled; a ban ended only the
 //! sessions on the offload that broke the budget, and the banned address's sessions on the
-//! app's other offloads served on. Left (ignored test): an attacker with one address per
+//! app's other offloads served on; a ban followed a rule's name when a reload gave the name
+//! to other processes. Left (ignored test): an attacker with one address per
 //! slot holds every slot. Held: 118 evictions leave one `remote-exit` each and every NIC
 //! object back; a busy client evicted by the address rule learns it in ~0.54 s, not at its
 //! timeout.
@@ -592,4 +593,39 @@ fn many_evictions_give_every_object_back_and_leave_one_record_each() {
     );
     assert_eq!(count(&records, "event=audit-drop"), 0, "records lost");
     assert_eq!(after, baseline, "NIC objects back at the baseline");
+}
+
+/// A reload that gives the app rule's name to other processes (the same uid, now also a
+/// gid) makes it another tenant's rule: an address banned under the old rule stays refused
+/// by the install made under it, and an install made under the new rule serves it.
+/// Found: a remote client was known by the rule's name alone (`AppKey` per name), so the
+/// ban, and any throttle or rate window, followed the name to its new tenant.
+#[test]
+fn a_ban_does_not_follow_a_rule_name_given_to_other_processes() {
+    use std::os::unix::fs::MetadataExt;
+    let m = Manager::start_with_dataplane(&trigger_budget_ban_policy());
+    let old = server_loop_app(&m);
+    let mut flood = client_at(&old, 2, Duration::from_millis(500)).unwrap();
+    let start = Instant::now();
+    let mut banned = false;
+    while !banned && start.elapsed() < Duration::from_secs(5) {
+        banned = matches!(flood.get(0x2a), Err(ClientError::RemoteRefused { .. }));
+    }
+    assert!(banned, "the flood was never banned");
+    // This process's gid: the rule now also asks for it.
+    let gid = std::fs::metadata(&m.dir).unwrap().gid();
+    let moved =
+        trigger_budget_ban_policy().replace("offloads = ", &format!("gid = {gid}\noffloads = "));
+    std::fs::write(m.dir.join("policy.toml"), moved).unwrap();
+    let mut admin = m.raw(&m.admin());
+    let r: redn_proto::api::Reloaded = admin.call("io.redn.Admin.ReloadPolicy", &(), &[]).unwrap();
+    assert_eq!(r.apps, 1);
+    let new = server_loop_app(&m);
+    let (_t, ans) = hello_from("127.0.0.2", &new);
+    assert!(accepted(&ans), "a hello to the new rule's install: {ans:?}");
+    let (_t, ans) = hello_from("127.0.0.2", &old);
+    assert!(
+        matches!(ans, Answer::Refused(Refusal::Banned, _)),
+        "a hello to the old rule's install: {ans:?}"
+    );
 }

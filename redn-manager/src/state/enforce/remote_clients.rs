@@ -39,7 +39,7 @@ impl Manager {
         let Some(peer) = o.remote.get(&id).map(|r| r.peer) else {
             return;
         };
-        let (client, app, offload) = (o.client, o.app.clone(), o.program.name.clone());
+        let (client, offload) = (o.client, o.program.name.clone());
         let app_key = o.app_key;
         for qpn in queues {
             let _ = self.nic.set_qp_error(qpn);
@@ -65,7 +65,7 @@ impl Manager {
         let banned = ban.is_some();
         if let (Some(span), Some(r)) = (ban, ban_record) {
             let who = Banned::Remote {
-                app: app.clone(),
+                app: app_key,
                 addr: peer.ip(),
             };
             self.bans.ban(who, span, redn_sys::clock::SystemClock);
