@@ -335,7 +335,7 @@ pub struct ClientId {
 }
 
 /// An app rule as a number, so that a [`ClientId`] is a plain value: the manager numbers
-/// each rule it meets by its name and the processes it is for (`state::AppKeys`).
+/// each rule it meets by its name and the processes it is for (`state::app_keys::AppKeys`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AppKey(pub u64);
 

@@ -39,9 +39,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 mod admin;
+mod app_keys;
 mod clients;
 mod enforce;
 mod install;
+use app_keys::AppKeys;
 pub use enforce::{server_loop_over, Teardown, MAX_TEST_RUN};
 
 /// The NIC as the manager holds it.
@@ -858,68 +860,10 @@ pub fn describe(p: &Program) -> api::Offload {
     }
 }
 
-/// The numbers app rules are known by in a remote client's identity
-/// ([`crate::auditor::ClientId`]), by name and the processes the rule is for.
-///
-/// Why the matchers too: a remote client's budgets, throttle and ban belong to the app it
-/// reached. A reload that gives a rule's name to other processes (other `uid`, `gid`, `exe`
-/// or `cgroup`) makes it another tenant's rule, whose remote clients must not inherit what
-/// the old tenant's clients did; so the name then gets a new number. A number is never
-/// given twice.
-#[derive(Debug, Default)]
-struct AppKeys {
-    by_name: HashMap<String, (redn_policy::Matchers, crate::auditor::AppKey)>,
-    next: u64,
-}
-
-impl AppKeys {
-    /// The number of the rule named `name` for the processes `matchers` select.
-    fn key(&mut self, name: &str, matchers: &redn_policy::Matchers) -> crate::auditor::AppKey {
-        if let Some((m, key)) = self.by_name.get(name) {
-            if m == matchers {
-                return *key;
-            }
-        }
-        let key = crate::auditor::AppKey(self.next);
-        self.next += 1;
-        self.by_name
-            .insert(name.to_owned(), (matchers.clone(), key));
-        key
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::num::{NonZeroU32, NonZeroU64};
-
-    #[test]
-    fn an_app_rule_given_to_other_processes_is_another_app_for_remote_clients() {
-        let mut keys = AppKeys::default();
-        let of = |uid| {
-            let mut m = redn_policy::Matchers::default();
-            m.uid = Some(uid);
-            m
-        };
-        let kv = keys.key("kv", &of(1000));
-        assert_eq!(
-            keys.key("kv", &of(1000)),
-            kv,
-            "the same rule keeps its number"
-        );
-        let other = keys.key("cache", &of(1000));
-        assert_ne!(other, kv, "another name, another number");
-        let moved = keys.key("kv", &of(2000));
-        assert!(
-            moved != kv && moved != other,
-            "a reload gave kv to uid 2000"
-        );
-        let back = keys.key("kv", &of(1000));
-        assert!(
-            ![kv, other, moved].contains(&back),
-            "given back to uid 1000 it is a new app again: numbers are never reused"
-        );
-    }
 
     #[test]
     fn connection_caps_shrink_to_fit_the_fd_limit() {
