@@ -27,6 +27,7 @@
 //! always do.
 
 use crate::audit::{Audit, Event, Record, Severity};
+use crate::auditor::AppKey;
 use crate::state::{DynNic, Manager};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
@@ -74,7 +75,12 @@ fn keepalive(stream: &TcpStream) {
 /// counters show in `Stats` and it goes with an uninstall.
 struct RemoteInstance {
     handle: u64,
+    /// The app rule's name, for records.
     app: String,
+    /// The app rule's number: whose `max_remote_clients` slots this session takes. Not the
+    /// name: a reload that gives the name to other processes makes it another tenant's
+    /// rule, and the old tenant's sessions must not take the new tenant's slots.
+    app_key: AppKey,
     offload: String,
 }
 
@@ -156,7 +162,7 @@ pub struct Dataplane {
     accept_stalled: bool,
     /// Per app and address, the sessions that took their slots by the address rule in the
     /// last [`ADDRESS_WIN_HOLD`], and when (older ones are dropped at each look).
-    address_wins: HashMap<(String, IpAddr), Vec<(usize, std::time::Instant)>>,
+    address_wins: HashMap<(AppKey, IpAddr), Vec<(usize, std::time::Instant)>>,
 }
 
 impl std::fmt::Debug for Dataplane {
@@ -501,7 +507,7 @@ impl Dataplane {
                             !wins.is_empty()
                         });
                         self.address_wins
-                            .entry((instance.app.clone(), peer.ip()))
+                            .entry((instance.app_key, peer.ip()))
                             .or_default()
                             .push((token, now));
                     }
@@ -521,7 +527,7 @@ impl Dataplane {
         self.answer(registry, token, answer, manager, audit);
     }
 
-    /// The session of app `app` that makes room for a newcomer at `newcomer`, the app being
+    /// The session of app `app` (its rule's number) that makes room for a newcomer at `newcomer`, the app being
     /// at `max_remote_clients`: the one idle longest (no trigger counted by the auditor),
     /// if for at least `after`; else, when addresses hold at least two sessions more than
     /// the newcomer's, the idlest session of those holding the most, so that no address
@@ -531,7 +537,7 @@ impl Dataplane {
     /// ([`Self::address_rule_barred`]), so that it cannot take turns with itself.
     fn make_room(
         &self,
-        app: &str,
+        app: AppKey,
         after: Option<std::time::Duration>,
         newcomer: IpAddr,
         manager: &Manager,
@@ -541,7 +547,7 @@ impl Dataplane {
             .conns
             .iter()
             .filter_map(|(t, c)| {
-                let i = c.instance.as_ref().filter(|i| i.app == app)?;
+                let i = c.instance.as_ref().filter(|i| i.app_key == app)?;
                 Some((
                     *t,
                     c.peer.ip(),
@@ -590,13 +596,13 @@ impl Dataplane {
     /// [`ADDRESS_WIN_HOLD`] ago and no longer holds it: any such slot, not only its last
     /// (an address that keeps its newest win and gives up the one before would otherwise
     /// take turns with itself).
-    fn address_rule_barred(&self, app: &str, addr: IpAddr, now: std::time::Instant) -> bool {
-        let Some(wins) = self.address_wins.get(&(app.to_owned(), addr)) else {
+    fn address_rule_barred(&self, app: AppKey, addr: IpAddr, now: std::time::Instant) -> bool {
+        let Some(wins) = self.address_wins.get(&(app, addr)) else {
             return false;
         };
         wins.iter().any(|&(session, at)| {
             let held = self.conns.get(&session).is_some_and(|c| {
-                c.peer.ip() == addr && c.instance.as_ref().is_some_and(|i| i.app == app)
+                c.peer.ip() == addr && c.instance.as_ref().is_some_and(|i| i.app_key == app)
             });
             !held && now.duration_since(at) < ADDRESS_WIN_HOLD
         })
@@ -680,19 +686,23 @@ impl Dataplane {
         let serving = self
             .conns
             .values()
-            .filter(|c| c.instance.as_ref().is_some_and(|i| i.app == spec.app))
+            .filter(|c| {
+                c.instance
+                    .as_ref()
+                    .is_some_and(|i| i.app_key == spec.app_key)
+            })
             .count();
         let max = rule.quota.max_remote_clients;
         let mut evict = None;
         if serving as u64 >= u64::from(max) {
             let after = rule.client.evict_idle_after.as_duration();
-            evict = self.make_room(spec.app, after, peer.ip(), manager);
+            evict = self.make_room(spec.app_key, after, peer.ip(), manager);
             if evict.is_none() {
                 let idle = after.map_or_else(String::new, |after| {
                     format!(", none of them idle for {after:?}")
                 });
                 let now = std::time::Instant::now();
-                let idle = if self.address_rule_barred(spec.app, peer.ip(), now) {
+                let idle = if self.address_rule_barred(spec.app_key, peer.ip(), now) {
                     format!(
                         "{idle}, and your address gave up the slot it took from another \
                          address less than {ADDRESS_WIN_HOLD:?} ago"
@@ -802,6 +812,7 @@ impl Dataplane {
             instance: RemoteInstance {
                 handle: hello.handle,
                 app: spec.app.to_owned(),
+                app_key: spec.app_key,
                 offload: spec.program.name.clone(),
             },
             installed,

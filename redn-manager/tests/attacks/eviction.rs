@@ -9,8 +9,8 @@
 //! address's busy session over another's idle ones; a newcomer that took a slot and hung up
 //! evicted a busy client again at every hello once it had refilled; a ban ended only the
 //! sessions on the offload that broke the budget, and the banned address's sessions on the
-//! app's other offloads served on; a ban followed a rule's name when a reload gave the name
-//! to other processes. Left (ignored test): an attacker with one address per
+//! app's other offloads served on; a ban, and the `max_remote_clients` slots, followed a
+//! rule's name when a reload gave the name to other processes. Left (ignored test): an attacker with one address per
 //! slot holds every slot. Held: 118 evictions leave one `remote-exit` each and every NIC
 //! object back; a busy client evicted by the address rule learns it in ~0.54 s, not at its
 //! timeout.
@@ -628,4 +628,71 @@ fn a_ban_does_not_follow_a_rule_name_given_to_other_processes() {
         matches!(ans, Answer::Refused(Refusal::Banned, _)),
         "a hello to the old rule's install: {ans:?}"
     );
+}
+
+/// A reload that gives the app rule's name to other processes makes it another tenant's
+/// rule, with `max_remote_clients` slots of its own: the old tenant's sessions, which
+/// serve on, neither take the new tenant's slots nor lose theirs to its clients.
+/// Found: the data plane counted an app's sessions by the rule's name, so with the old
+/// install's two sessions open a hello to the new install was refused `TooManyClients`.
+#[test]
+fn a_rule_name_given_to_other_processes_does_not_share_its_remote_client_slots() {
+    use std::os::unix::fs::MetadataExt;
+    let two_slots = |p: String| p.replace("max_remote_clients = 4", "max_remote_clients = 2");
+    let m = Manager::start_with_dataplane(&server_loop_policy(two_slots));
+    let old = server_loop_app(&m);
+    let held: Vec<TcpStream> = ["127.0.0.2", "127.0.0.3"]
+        .iter()
+        .map(|at| {
+            let (tcp, ans) = hello_from(at, &old);
+            assert!(
+                accepted(&ans),
+                "a hello from {at} to the old install: {ans:?}"
+            );
+            tcp
+        })
+        .collect();
+    let (_t, ans) = hello_from("127.0.0.4", &old);
+    assert!(
+        matches!(ans, Answer::Refused(Refusal::TooManyClients, _)),
+        "a third hello to the old install: {ans:?}"
+    );
+    // This process's gid: the rule now also asks for it.
+    let gid = std::fs::metadata(&m.dir).unwrap().gid();
+    let moved =
+        server_loop_policy(two_slots).replace("offloads = ", &format!("gid = {gid}\noffloads = "));
+    std::fs::write(m.dir.join("policy.toml"), moved).unwrap();
+    let mut admin = m.raw(&m.admin());
+    let r: redn_proto::api::Reloaded = admin.call("io.redn.Admin.ReloadPolicy", &(), &[]).unwrap();
+    assert_eq!(r.apps, 1);
+    let new = server_loop_app(&m);
+    let mut theirs = Vec::new();
+    for at in ["127.0.0.4", "127.0.0.5"] {
+        let (tcp, ans) = hello_from(at, &new);
+        assert!(
+            accepted(&ans),
+            "a hello from {at} to the new install: {ans:?}"
+        );
+        theirs.push(tcp);
+    }
+    let (_t, ans) = hello_from("127.0.0.6", &new);
+    assert!(
+        matches!(ans, Answer::Refused(Refusal::TooManyClients, _)),
+        "a third hello to the new install: {ans:?}"
+    );
+    let (_t, ans) = hello_from("127.0.0.6", &old);
+    assert!(
+        matches!(ans, Answer::Refused(Refusal::TooManyClients, _)),
+        "a third hello to the old install: {ans:?}"
+    );
+    for (tcp, of) in held
+        .iter()
+        .map(|t| (t, "old"))
+        .chain(theirs.iter().map(|t| (t, "new")))
+    {
+        assert!(
+            !closed_by_manager(tcp),
+            "a session of the {of} install was closed"
+        );
+    }
 }
