@@ -123,7 +123,8 @@ pub struct Session {
 impl Session {
     /// Whether the manager closed the session's connection: it released the instance (the
     /// app uninstalled the offload, the auditor stopped it, or a new client took the slot
-    /// of this idle one: the app's `evict_idle_after`). The manager writes nothing after
+    /// of this idle or long-held one: the app's `evict_idle_after`, `evict_held_after`).
+    /// The manager writes nothing after
     /// its answer, so anything but "no data yet" means the session is over.
     fn closed_by_manager(&self) -> bool {
         let mut byte = [0u8; 1];

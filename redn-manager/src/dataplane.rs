@@ -41,6 +41,7 @@ use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The listener's token; connections take the ones after it. Far above the tokens of the
 /// Unix-socket connections, so the two never meet.
@@ -82,6 +83,9 @@ struct RemoteInstance {
     /// rule, and the old tenant's sessions must not take the new tenant's slots.
     app_key: AppKey,
     offload: String,
+    /// When the hello was served: how long the session has held its slot, for
+    /// `evict_held_after`.
+    since: Instant,
 }
 
 impl RemoteInstance {
@@ -112,15 +116,18 @@ struct Eviction {
     session: usize,
     /// Why, for its `remote-exit` record.
     why: String,
-    /// Taken by the address rule (not for idling): the newcomer's address is remembered in
-    /// [`Dataplane::address_wins`].
-    by_address: bool,
+    /// Taken by the address or the tenure rule (not for idling): the newcomer's address is
+    /// remembered in [`Dataplane::address_wins`].
+    by_rule: bool,
+    /// Taken by the tenure rule: until when the evicted session's address may not take a
+    /// slot by that rule ([`Dataplane::tenure_losses`]).
+    loser_barred_until: Option<Instant>,
 }
 
-/// How long an address that took a slot by the address rule and gave it up may not take
-/// another by that rule, counted from the first: a client that says hello, hangs up and
-/// says hello again would otherwise evict a busy session at every turn.
-const ADDRESS_WIN_HOLD: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long an address that took a slot by the address or the tenure rule and gave it up
+/// may not take another by those rules, counted from the first: a client that says hello,
+/// hangs up and says hello again would otherwise evict a busy session at every turn.
+const ADDRESS_WIN_HOLD: Duration = Duration::from_secs(60);
 
 /// The `remote-connect` record of a refusal: who (if known), which refusal, why.
 fn refusal_record(peer: Option<SocketAddr>, error: &str, reason: &str) -> Record {
@@ -160,9 +167,14 @@ pub struct Dataplane {
     /// The last `accept` failed (not for an empty backlog): connections may wait in the
     /// backlog with no edge to come for them.
     accept_stalled: bool,
-    /// Per app and address, the sessions that took their slots by the address rule in the
-    /// last [`ADDRESS_WIN_HOLD`], and when (older ones are dropped at each look).
-    address_wins: HashMap<(AppKey, IpAddr), Vec<(usize, std::time::Instant)>>,
+    /// Per app and address, the sessions that took their slots by the address or the tenure
+    /// rule in the last [`ADDRESS_WIN_HOLD`], and when (older ones are dropped at each look).
+    address_wins: HashMap<(AppKey, IpAddr), Vec<(usize, Instant)>>,
+    /// Per app and address whose session gave its slot up by the tenure rule, until when
+    /// that address may not take one by it: else the evicted client's next hello would
+    /// evict the next session held longest, and that one's the next, one newcomer setting
+    /// off a chain of evictions through every slot.
+    tenure_losses: HashMap<(AppKey, IpAddr), Instant>,
 }
 
 impl std::fmt::Debug for Dataplane {
@@ -209,6 +221,7 @@ impl Dataplane {
             max_connections: crate::state::Limits::default().max_dataplane_connections,
             accept_stalled: false,
             address_wins: HashMap::new(),
+            tenure_losses: HashMap::new(),
         })
     }
 
@@ -499,9 +512,10 @@ impl Dataplane {
             Ok((instance, accepted, evict)) => {
                 // The newcomer is installed: only now does the idle client make room.
                 if let Some(e) = evict {
+                    let loser = self.conns.get(&e.session).map(|c| c.peer.ip());
                     self.close(registry, e.session, manager, audit, &e.why);
-                    if let (true, Some(peer)) = (e.by_address, peer) {
-                        let now = std::time::Instant::now();
+                    let now = Instant::now();
+                    if let (true, Some(peer)) = (e.by_rule, peer) {
                         self.address_wins.retain(|_, wins| {
                             wins.retain(|(_, at)| now.duration_since(*at) < ADDRESS_WIN_HOLD);
                             !wins.is_empty()
@@ -510,6 +524,10 @@ impl Dataplane {
                             .entry((instance.app_key, peer.ip()))
                             .or_default()
                             .push((token, now));
+                    }
+                    if let (Some(until), Some(loser)) = (e.loser_barred_until, loser) {
+                        self.tenure_losses.retain(|_, until| *until > now);
+                        self.tenure_losses.insert((instance.app_key, loser), until);
                     }
                 }
                 if let Some(c) = self.conns.get_mut(&token) {
@@ -527,76 +545,149 @@ impl Dataplane {
         self.answer(registry, token, answer, manager, audit);
     }
 
-    /// The session of app `app` (its rule's number) that makes room for a newcomer at `newcomer`, the app being
-    /// at `max_remote_clients`: the one idle longest (no trigger counted by the auditor),
-    /// if for at least `after`; else, when addresses hold at least two sessions more than
-    /// the newcomer's, the idlest session of those holding the most, so that no address
-    /// keeps every slot from the others by keeping its sessions busy enough (after the swap
-    /// it still holds as many as the newcomer's, so they do not take turns). Not by that
-    /// rule for an address that gave up what it took so within [`ADDRESS_WIN_HOLD`]
-    /// ([`Self::address_rule_barred`]), so that it cannot take turns with itself.
+    /// The session of app `app` (its rule's number) that makes room for a newcomer at
+    /// `newcomer`, the app being at `max_remote_clients` and its rule saying
+    /// `evict_idle_after` (`idle_after`) and `evict_held_after` (`held_after`); or why none
+    /// does, for the refusal. In order:
+    ///
+    /// 1. the one idle longest (no trigger counted by the auditor), if for at least
+    ///    `idle_after`;
+    /// 2. when addresses hold at least two sessions more than the newcomer's, the idlest
+    ///    session of those holding the most, so that no address keeps every slot from the
+    ///    others by keeping its sessions busy enough (after the swap it still holds as many
+    ///    as the newcomer's, so they do not take turns);
+    /// 3. the session held longest, if for at least `held_after`, of an address holding more
+    ///    than the newcomer's, so that no party keeps every slot for ever from as many
+    ///    addresses (each session held that long under contention; they take turns); not
+    ///    for an address whose session gave a slot up by this rule less than `held_after`
+    ///    ago ([`Self::tenure_losses`]), so that the evicted client's next hello does not
+    ///    evict the next session in a chain through every slot.
+    ///
+    /// Rules 2 and 3 not for an address that gave up what it took by them within
+    /// [`ADDRESS_WIN_HOLD`] ([`Self::rule_barred`]), so that it cannot take turns with
+    /// itself.
     fn make_room(
         &self,
         app: AppKey,
-        after: Option<std::time::Duration>,
+        idle_after: Option<Duration>,
+        held_after: Option<Duration>,
         newcomer: IpAddr,
         manager: &Manager,
-    ) -> Option<Eviction> {
-        let now = std::time::Instant::now();
-        let sessions: Vec<(usize, IpAddr, std::time::Duration)> = self
+    ) -> Result<Eviction, String> {
+        /// A session of the app: its token, address, idle time and time held.
+        struct Held {
+            token: usize,
+            addr: IpAddr,
+            idle: Duration,
+            held: Duration,
+        }
+        let now = Instant::now();
+        let sessions: Vec<Held> = self
             .conns
             .iter()
             .filter_map(|(t, c)| {
                 let i = c.instance.as_ref().filter(|i| i.app_key == app)?;
-                Some((
-                    *t,
-                    c.peer.ip(),
-                    manager.remote_idle(i.handle, *t as u64, now)?,
-                ))
+                Some(Held {
+                    token: *t,
+                    addr: c.peer.ip(),
+                    idle: manager.remote_idle(i.handle, *t as u64, now)?,
+                    held: now.duration_since(i.since),
+                })
             })
             .collect();
-        let idlest = |of: &mut dyn Iterator<Item = &(usize, IpAddr, std::time::Duration)>| {
-            of.max_by_key(|(t, _, idle)| (*idle, std::cmp::Reverse(*t)))
-                .map(|(t, _, idle)| (*t, *idle))
+        // Ties go to the older connection, whatever the addresses are: an attacker picks
+        // its addresses, not its connection's token.
+        let most = |of: &mut dyn Iterator<Item = &Held>, by: fn(&Held) -> Duration| {
+            of.max_by_key(|s| (by(s), std::cmp::Reverse(s.token)))
+                .map(|s| (s.token, by(s)))
         };
-        if let Some(after) = after {
-            if let Some((t, idle)) = idlest(&mut sessions.iter().filter(|s| s.2 >= after)) {
+        let mut why_not = Vec::new();
+        if let Some(after) = idle_after {
+            let idle = |s: &Held| s.idle;
+            if let Some((t, idle)) = most(&mut sessions.iter().filter(|s| s.idle >= after), idle) {
                 let why = format!(
                     "idle for {:.1}s, its slot taken by a new client",
                     idle.as_secs_f64()
                 );
-                return Some(Eviction {
+                return Ok(Eviction {
                     session: t,
                     why,
-                    by_address: false,
+                    by_rule: false,
+                    loser_barred_until: None,
+                });
+            }
+            why_not.push(format!("none of them idle for {after:?}"));
+        }
+        if self.rule_barred(app, newcomer, now) {
+            why_not.push(format!(
+                "your address gave up a slot it took from another client less than \
+                 {ADDRESS_WIN_HOLD:?} ago"
+            ));
+            return Err(why_not.join(", "));
+        }
+        let count = |a: IpAddr| sessions.iter().filter(|s| s.addr == a).count();
+        let mine = count(newcomer);
+        let n = sessions.iter().map(|s| count(s.addr)).max().unwrap_or(0);
+        if n >= mine + 2 {
+            // Every address holding the most is a candidate alike.
+            let idle = |s: &Held| s.idle;
+            if let Some((t, _)) = most(&mut sessions.iter().filter(|s| count(s.addr) == n), idle) {
+                let why = format!(
+                    "its address held {n} of the app's {} sessions; a client at another \
+                     address took one",
+                    sessions.len()
+                );
+                return Ok(Eviction {
+                    session: t,
+                    why,
+                    by_rule: true,
+                    loser_barred_until: None,
                 });
             }
         }
-        let held = |a: IpAddr| sessions.iter().filter(|s| s.1 == a).count();
-        let n = sessions.iter().map(|s| held(s.1)).max()?;
-        if n < held(newcomer) + 2 || self.address_rule_barred(app, newcomer, now) {
-            return None;
+        why_not.push("no address holding two more than yours".to_owned());
+        let Some(after) = held_after else {
+            return Err(why_not.join(", "));
+        };
+        if self
+            .tenure_losses
+            .get(&(app, newcomer))
+            .is_some_and(|until| now < *until)
+        {
+            why_not.push(format!(
+                "your address gave up a slot held for {after:?} to a newcomer less than \
+                 {after:?} ago"
+            ));
+            return Err(why_not.join(", "));
         }
-        // Every address holding the most is a candidate alike: which one loses must not
-        // depend on how the addresses compare (an attacker picks its addresses).
-        let (t, _) = idlest(&mut sessions.iter().filter(|s| held(s.1) == n))?;
-        let why = format!(
-            "its address held {n} of the app's {} sessions; a client at another address \
-             took one",
-            sessions.len()
-        );
-        Some(Eviction {
-            session: t,
-            why,
-            by_address: true,
-        })
+        let held = |s: &Held| s.held;
+        let mut past = sessions
+            .iter()
+            .filter(|s| s.held >= after && count(s.addr) > mine);
+        if let Some((t, held)) = most(&mut past, held) {
+            let why = format!(
+                "held its slot for {:.1}s, past the app's evict_held_after ({after:?}); a new \
+                 client took it",
+                held.as_secs_f64()
+            );
+            return Ok(Eviction {
+                session: t,
+                why,
+                by_rule: true,
+                loser_barred_until: Some(now + after),
+            });
+        }
+        why_not.push(format!(
+            "none held for {after:?} by an address holding more sessions than yours"
+        ));
+        Err(why_not.join(", "))
     }
 
-    /// True if `addr` took a slot of app `app` by the address rule less than
+    /// True if `addr` took a slot of app `app` by the address or the tenure rule less than
     /// [`ADDRESS_WIN_HOLD`] ago and no longer holds it: any such slot, not only its last
     /// (an address that keeps its newest win and gives up the one before would otherwise
     /// take turns with itself).
-    fn address_rule_barred(&self, app: AppKey, addr: IpAddr, now: std::time::Instant) -> bool {
+    fn rule_barred(&self, app: AppKey, addr: IpAddr, now: Instant) -> bool {
         let Some(wins) = self.address_wins.get(&(app, addr)) else {
             return false;
         };
@@ -695,29 +786,20 @@ impl Dataplane {
         let max = rule.quota.max_remote_clients;
         let mut evict = None;
         if serving as u64 >= u64::from(max) {
-            let after = rule.client.evict_idle_after.as_duration();
-            evict = self.make_room(spec.app_key, after, peer.ip(), manager);
-            if evict.is_none() {
-                let idle = after.map_or_else(String::new, |after| {
-                    format!(", none of them idle for {after:?}")
-                });
-                let now = std::time::Instant::now();
-                let idle = if self.address_rule_barred(spec.app_key, peer.ip(), now) {
-                    format!(
-                        "{idle}, and your address gave up the slot it took from another \
-                         address less than {ADDRESS_WIN_HOLD:?} ago"
-                    )
-                } else {
-                    format!("{idle} and no address holding two more than yours")
-                };
-                return Err(refuse(
-                    Refusal::TooManyClients,
-                    format!(
-                        "app {:?} has {serving} remote clients{idle}; its \
-                         max_remote_clients is {max}",
-                        spec.app
-                    ),
-                ));
+            let idle_after = rule.client.evict_idle_after.as_duration();
+            let held_after = rule.client.evict_held_after.as_duration();
+            match self.make_room(spec.app_key, idle_after, held_after, peer.ip(), manager) {
+                Ok(e) => evict = Some(e),
+                Err(why_not) => {
+                    return Err(refuse(
+                        Refusal::TooManyClients,
+                        format!(
+                            "app {:?} has {serving} remote clients: {why_not}; its \
+                             max_remote_clients is {max}",
+                            spec.app
+                        ),
+                    ))
+                }
             }
         }
         let IpAddr::V4(local_ip) = local.ip() else {
@@ -813,6 +895,7 @@ impl Dataplane {
                 handle: hello.handle,
                 app: spec.app.to_owned(),
                 app_key: spec.app_key,
+                since: Instant::now(),
                 offload: spec.program.name.clone(),
             },
             installed,

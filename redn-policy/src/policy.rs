@@ -23,6 +23,7 @@
 //! ban_duration = "1h"                # required with "ban", refused otherwise
 //! token_lifetime = "1d"              # default "1h"; "infinity" allowed
 //! evict_idle_after = "5m"            # default "1m"; "infinity": never
+//! evict_held_after = "30m"           # default "10m"; "infinity": never
 //! ```
 //!
 //! Every key above is required unless a default is given; unknown keys are refused. Units are
@@ -69,6 +70,14 @@
 //!   Without it, clients that connect and stay silent could hold every slot for as long
 //!   as they keep their connections. A released client's library opens a new session on
 //!   its next request.
+//! - `evict_held_after`: when neither of the above makes room, the session held longest
+//!   gives its slot up if it has held it at least this long and its address holds more
+//!   sessions than the newcomer's; `"infinity"`: never. Without it, a party with as many
+//!   addresses as `max_remote_clients` that keeps every session busy holds every slot for
+//!   ever. Under contention each session so keeps its slot at least this long, and
+//!   sessions take turns. An address whose session gave a slot up this way may not take
+//!   one this way for as long again (so one newcomer does not set off a chain of
+//!   evictions).
 
 use crate::error::{Error, Result};
 use crate::identity::{is_normal_absolute, Matchers, PeerIdentity};
@@ -90,6 +99,8 @@ pub const DEFAULT_POLICY_PATH: &str = "/etc/redn/policy.toml";
 pub const DEFAULT_TOKEN_LIFETIME: TimeSpan = TimeSpan::Finite(Duration::from_secs(3600));
 /// `evict_idle_after` when not given: a minute.
 pub const DEFAULT_EVICT_IDLE_AFTER: TimeSpan = TimeSpan::Finite(Duration::from_secs(60));
+/// `evict_held_after` when not given: ten minutes.
+pub const DEFAULT_EVICT_HELD_AFTER: TimeSpan = TimeSpan::Finite(Duration::from_secs(600));
 pub use crate::names::MAX_NAME_LEN;
 
 /// The policy: every app rule, from `policy.toml`. Valid by construction: names are unique,
@@ -264,6 +275,9 @@ pub struct ClientLimits {
     /// How long a client must have sent no trigger before a new client at the app's
     /// `max_remote_clients` may take its place (`evict_idle_after`).
     pub evict_idle_after: TimeSpan,
+    /// How long a client must have held its slot before a new client at the app's
+    /// `max_remote_clients` may take it when no client is idle (`evict_held_after`).
+    pub evict_held_after: TimeSpan,
 }
 
 /// Triggers per second (`triggers_per_second`): a count like [`WqeRate`], with the same
@@ -394,6 +408,7 @@ struct RawClient {
     ban_duration: Option<TimeSpan>,
     token_lifetime: Option<TimeSpan>,
     evict_idle_after: Option<TimeSpan>,
+    evict_held_after: Option<TimeSpan>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -618,6 +633,14 @@ impl RawClient {
                  use \"infinity\" to never release one for a newcomer",
             ));
         }
+        let evict_held_after = self.evict_held_after.unwrap_or(DEFAULT_EVICT_HELD_AFTER);
+        if evict_held_after.is_zero() {
+            return Err(invalid(
+                at.key("evict_held_after"),
+                "must be longer than 0s: every newcomer would take a slot just given; \
+                 use \"infinity\" to never release a busy client for a newcomer",
+            ));
+        }
         Ok(ClientLimits {
             rate_limit_kbps: self.rate_limit_kbps,
             wqes_per_second: self.wqes_per_second,
@@ -626,6 +649,7 @@ impl RawClient {
             on_violation,
             token_lifetime,
             evict_idle_after,
+            evict_held_after,
         })
     }
 }

@@ -1,5 +1,6 @@
-//! Red team: the remote-client slot policy (`evict_idle_after`, `Dataplane::make_room`) and
-//! the per-client tracking behind the auditor's budgets, attacked by remote clients.
+//! Red team: the remote-client slot policy (`evict_idle_after`, `evict_held_after`,
+//! `Dataplane::make_room`) and the per-client tracking behind the auditor's budgets,
+//! attacked by remote clients.
 //!
 //! A client is its address (`auditor::ClientId { handle, addr }`); on loopback a client
 //! binds any 127.x.y.z source to appear as another host. Each test asserts what a secure
@@ -10,10 +11,10 @@
 //! evicted a busy client again at every hello once it had refilled; a ban ended only the
 //! sessions on the offload that broke the budget, and the banned address's sessions on the
 //! app's other offloads served on; a ban, and the `max_remote_clients` slots, followed a
-//! rule's name when a reload gave the name to other processes. Left (ignored test): an attacker with one address per
-//! slot holds every slot. Held: 118 evictions leave one `remote-exit` each and every NIC
-//! object back; a busy client evicted by the address rule learns it in ~0.54 s, not at its
-//! timeout.
+//! rule's name when a reload gave the name to other processes; an attacker with one address
+//! per slot held every slot (now the tenure rule, `evict_held_after`, makes room). Held: 118
+//! evictions leave one `remote-exit` each and every NIC object back; a busy client evicted
+//! by the address rule learns it in ~0.54 s, not at its timeout.
 
 #[allow(unused_imports)]
 use super::*;
@@ -369,21 +370,106 @@ fn an_address_holding_two_won_slots_cannot_take_turns_evicting_by_the_address_ru
 // ---- 2. holding every slot from several addresses ----
 
 #[test]
-#[ignore = "a limit of knowing clients by address: docs/attacks.md, \"Not yet tried, or left\""]
 fn an_attacker_with_one_address_per_slot_cannot_hold_every_slot_for_ever() {
-    // Found (design-level): the address rule counts sessions per address, so an attacker
-    // with as many addresses as `max_remote_clients` (4: 127.0.0.3-6, one session each,
-    // a GET each every 400 ms: far inside every budget, never idle for
-    // `evict_idle_after = 1s`) holds every slot: a newcomer at 127.0.0.2 was refused
-    // `TooManyClients` in all 30 hellos over 3 s. Inherent to an identity that is the
-    // address (what a NAT or a /24 gives one party); what would bound it is a tenure rule
-    // (under contention a session past a minimum tenure, the longest-held first, gives its
-    // slot up) or counting by prefix (/24, /64) as well as by address.
-    let (got_in, answers) = knock_on_a_hoard([3, 4, 5, 6]);
+    // Found (design-level, session 41): the address rule counts sessions per address, so an
+    // attacker with as many addresses as `max_remote_clients` (4: 127.0.0.3-6, one session
+    // each, a GET each every 400 ms: far inside every budget, never idle for
+    // `evict_idle_after = 1s`) held every slot: a newcomer at 127.0.0.2 was refused
+    // `TooManyClients` in all 30 hellos over 3 s. Fixed with the tenure rule
+    // (`evict_held_after`, here 1 s): under contention a session held that long, the
+    // longest-held first, gives its slot up.
+    let (got_in, answers) = knock_on_a_hoard([3, 4, 5, 6], "1s");
     assert!(
         got_in,
         "an attacker at four addresses held all 4 slots with a GET per session every \
          400 ms; another address was refused {answers:?} for 3 s"
+    );
+    assert!(
+        answers.get("TooManyClients").is_some_and(|n| *n >= 3),
+        "the newcomer got in before the hoard's sessions had held their slots for 1s: \
+         {answers:?}"
+    );
+}
+
+/// A hello from 127.0.0.`host` to `a` that must be answered `accepted` or not.
+fn hello_expecting(host: u8, a: &App, accept: bool) -> TcpStream {
+    let at = format!("127.0.0.{host}");
+    let (tcp, ans) = hello_from(&at, a);
+    assert_eq!(accepted(&ans), accept, "a hello from {at}: {ans:?}");
+    if !accept {
+        assert!(
+            matches!(ans, Answer::Refused(Refusal::TooManyClients, _)),
+            "a hello from {at}: {ans:?}"
+        );
+    }
+    tcp
+}
+
+#[test]
+fn sessions_past_their_tenure_take_turns_and_one_newcomer_evicts_one() {
+    // `max_remote_clients = 2`, idle sessions never evicted, busy ones after 1 s
+    // (`evict_held_after`): the tenure rule alone makes room. What must hold: a session
+    // keeps its slot for its tenure; a newcomer takes the slot held longest once past it;
+    // the client it evicted cannot evict the next in a chain (its address lost a slot to
+    // the rule less than 1 s ago); and once that has passed, it takes its turn.
+    let m = Manager::start_with_dataplane(&server_loop_policy(|p| {
+        p.replace("max_remote_clients = 4", "max_remote_clients = 2")
+            .replace(
+                "on_violation = \"terminate\"",
+                "on_violation = \"terminate\"\nevict_idle_after = \"infinity\"\n\
+                 evict_held_after = \"1s\"",
+            )
+    }));
+    let a = server_loop_app(&m);
+    let first = hello_expecting(3, &a, true);
+    std::thread::sleep(Duration::from_millis(100));
+    let second = hello_expecting(4, &a, true);
+    // Within their tenure: no room.
+    drop(hello_expecting(2, &a, false));
+    std::thread::sleep(Duration::from_millis(1_100));
+    let newcomer = hello_expecting(2, &a, true);
+    assert!(closed_by_manager(&first), "not the session held longest");
+    assert!(!closed_by_manager(&second), "a second session evicted");
+    // The evicted client at once: its address just lost a slot to the rule, so it does
+    // not take 127.0.0.4's, which is past its tenure.
+    drop(hello_expecting(3, &a, false));
+    assert!(
+        !closed_by_manager(&second),
+        "the evicted client evicted the next"
+    );
+    assert!(
+        !closed_by_manager(&newcomer),
+        "the newcomer lost its slot within its tenure"
+    );
+    // A second past the loss: 127.0.0.3 takes the slot held longest, 127.0.0.4's.
+    std::thread::sleep(Duration::from_millis(1_100));
+    let back = hello_expecting(3, &a, true);
+    assert!(closed_by_manager(&second), "not the session held longest");
+    assert!(
+        !closed_by_manager(&newcomer),
+        "the newcomer evicted out of turn"
+    );
+    assert!(!closed_by_manager(&back));
+    // Both past their tenure: an address holding as many as the one held longest does not
+    // take a second slot by the rule (no accumulating slots by turns); another address
+    // takes the newcomer's, now the one held longest.
+    std::thread::sleep(Duration::from_millis(1_100));
+    drop(hello_expecting(2, &a, false));
+    assert!(!closed_by_manager(&back) && !closed_by_manager(&newcomer));
+    let _fourth = hello_expecting(5, &a, true);
+    assert!(closed_by_manager(&newcomer), "not the session held longest");
+    assert!(!closed_by_manager(&back));
+    // The syslog socket holds few datagrams: the manager's queue sends the rest as it is read.
+    let mut records = Vec::new();
+    let end = Instant::now() + Duration::from_secs(5);
+    while count(&records, "past the app's evict_held_after") < 3 && Instant::now() < end {
+        records.extend(drain_records(&m, Duration::from_millis(50)));
+    }
+    records.extend(drain_records(&m, Duration::from_millis(200)));
+    assert_eq!(
+        count(&records, "past the app's evict_held_after"),
+        3,
+        "one remote-exit a turn: {records:?}"
     );
 }
 

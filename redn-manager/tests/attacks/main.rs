@@ -423,15 +423,22 @@ fn hello_from(source: &str, a: &App) -> (std::net::TcpStream, redn_proto::datapl
 }
 
 /// Four remote clients of server-loop (`max_remote_clients = 4`, idle ones evicted after
-/// 1 s) at 127.0.0.`hoarders[i]`, holding every slot with a GET a session every 400 ms (far
-/// inside every budget, never idle long enough), while a client at 127.0.0.2 says hello
-/// every 100 ms for up to 3 s: whether it got in, and the answers it had.
-fn knock_on_a_hoard(hoarders: [u8; 4]) -> (bool, std::collections::BTreeMap<String, u32>) {
+/// 1 s, busy ones after `held_after`) at 127.0.0.`hoarders[i]`, holding every slot with a
+/// GET a session every 400 ms (far inside every budget, never idle long enough), while a
+/// client at 127.0.0.2 says hello every 100 ms for up to 3 s: whether it got in, and the
+/// answers it had.
+fn knock_on_a_hoard(
+    hoarders: [u8; 4],
+    held_after: &str,
+) -> (bool, std::collections::BTreeMap<String, u32>) {
     use std::time::{Duration, Instant};
     let m = Manager::start_with_dataplane(&server_loop_policy(|p| {
         p.replace(
             "on_violation = \"terminate\"",
-            "on_violation = \"terminate\"\nevict_idle_after = \"1s\"",
+            &format!(
+                "on_violation = \"terminate\"\nevict_idle_after = \"1s\"\n\
+                 evict_held_after = \"{held_after}\""
+            ),
         )
     }));
     let a = server_loop_app(&m);

@@ -72,6 +72,7 @@ fn good_file_parses_to_the_expected_rule() {
                 on_violation: OnViolation::Ban(TimeSpan::Finite(Duration::from_secs(3600))),
                 token_lifetime: TimeSpan::Finite(Duration::from_secs(86_400)),
                 evict_idle_after: DEFAULT_EVICT_IDLE_AFTER,
+                evict_held_after: DEFAULT_EVICT_HELD_AFTER,
             },
         }]
     );
@@ -143,6 +144,7 @@ fn defaults_and_other_violations() {
     assert_eq!(kv.client.on_violation, OnViolation::Throttle);
     assert_eq!(kv.client.token_lifetime, DEFAULT_TOKEN_LIFETIME);
     assert_eq!(kv.client.evict_idle_after, DEFAULT_EVICT_IDLE_AFTER);
+    assert_eq!(kv.client.evict_held_after, DEFAULT_EVICT_HELD_AFTER);
     assert_eq!(kv.quota.max_remote_clients, 0);
     let p = parse(&kv_with(
         "on_violation = \"ban\"\nban_duration = \"1h\"",
@@ -323,6 +325,30 @@ fn evict_idle_after_takes_a_span_or_infinity_and_never_zero() {
     let e = error(&with("\"0s\""), 19, "app \"kv\" client.evict_idle_after");
     assert!(e.contains("use \"infinity\" to never release one"), "{e}");
     let e = error(&with("\"soon\""), 19, "app \"kv\" client.evict_idle_after");
+    assert!(e.contains("invalid duration \"soon\""), "{e}");
+}
+
+#[test]
+fn evict_held_after_takes_a_span_or_infinity_and_never_zero() {
+    let with = |v: &str| {
+        kv_with(
+            "token_lifetime = \"1d\"\n",
+            &format!("token_lifetime = \"1d\"\nevict_held_after = {v}\n"),
+        )
+    };
+    let p = parse(&with("\"30m\"")).unwrap();
+    assert_eq!(
+        p.apps()[0].client.evict_held_after,
+        TimeSpan::Finite(Duration::from_secs(1800))
+    );
+    let p = parse(&with("\"infinity\"")).unwrap();
+    assert_eq!(p.apps()[0].client.evict_held_after, TimeSpan::Infinite);
+    let e = error(&with("\"0s\""), 19, "app \"kv\" client.evict_held_after");
+    assert!(
+        e.contains("use \"infinity\" to never release a busy client"),
+        "{e}"
+    );
+    let e = error(&with("\"soon\""), 19, "app \"kv\" client.evict_held_after");
     assert!(e.contains("invalid duration \"soon\""), "{e}");
 }
 
