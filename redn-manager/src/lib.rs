@@ -20,6 +20,7 @@ pub mod auditor;
 pub mod backend;
 pub mod cli;
 pub mod dataplane;
+pub mod heap_trim;
 pub mod outbox;
 pub mod peer;
 pub mod region;

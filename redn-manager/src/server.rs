@@ -16,6 +16,7 @@
 use crate::audit::{Audit, Event, Record, Severity};
 use crate::auditor::Auditor;
 use crate::dataplane::Dataplane;
+use crate::heap_trim::HeapTrim;
 use crate::outbox::Outbox;
 use crate::peer::{Peer, Procfs};
 use crate::state::Manager;
@@ -163,6 +164,8 @@ pub struct Server {
     /// Listeners (by index) whose last `accept` failed with connections maybe left in
     /// their backlogs: tried again every [`ACCEPT_RETRY`].
     accept_stalled: BTreeSet<usize>,
+    /// Freed heap memory handed back to the kernel after teardowns.
+    heap_trim: HeapTrim,
 }
 
 impl std::fmt::Debug for Server {
@@ -186,6 +189,7 @@ impl Server {
         audit: Audit,
     ) -> io::Result<Server> {
         let poll = Poll::new()?;
+        let nic_objects = held_objects(&manager);
         let mut mio_listeners = Vec::new();
         for (i, (l, kind)) in listeners.into_iter().enumerate() {
             l.set_nonblocking(true)?;
@@ -226,6 +230,7 @@ impl Server {
             monitors: HashMap::new(),
             config: None,
             accept_stalled: BTreeSet::new(),
+            heap_trim: HeapTrim::new(nic_objects, Instant::now()),
         })
     }
 
@@ -357,6 +362,9 @@ impl Server {
         if accepts_stalled {
             wake = Some(wake.map_or(ACCEPT_RETRY, |w| w.min(ACCEPT_RETRY)));
         }
+        if let Some(trim) = self.heap_trim.wake_in(Instant::now()) {
+            wake = Some(wake.map_or(trim, |w| w.min(trim)));
+        }
         if let Some(w) = wake {
             timeout = Some(timeout.map_or(w, |t| t.min(w)));
         }
@@ -426,6 +434,8 @@ impl Server {
             dp.reap(self.poll.registry(), &mut self.manager, &mut self.audit);
         }
         self.audit_round();
+        self.heap_trim
+            .after_turn(held_objects(&self.manager), Instant::now());
         Ok(())
     }
 
@@ -631,6 +641,13 @@ fn exited(peer: &Peer) -> bool {
         nix::poll::PollFlags::POLLIN,
     )];
     matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
+/// The NIC objects the manager holds (protection domains, regions, CQs, QPs): fewer than at
+/// the last turn means something was torn down.
+fn held_objects(manager: &Manager) -> usize {
+    let o = manager.nic().objects();
+    o.pds + o.regions + o.cqs + o.qps
 }
 
 #[cfg(test)]

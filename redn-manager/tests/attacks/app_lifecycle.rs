@@ -1295,32 +1295,21 @@ fn an_app_restarting_under_keep_serving_strands_no_region() {
 
 /// While the audit trail's receiver is stalled or absent (the manager's audit queue full:
 /// 4,096 records, about 1 MB), one app installing and uninstalling offloads leaves the
-/// manager's RSS about where it does with the receiver reading. Before the fix (buffers of
-/// `MAP_AT` bytes or more are mappings of their own, `SharedBuffer::new`), it left it
-/// hundreds of MB above its start with every object freed: each install allocated its
-/// rings and code region on the heap
-/// (`SharedBuffer::new`, `redn-sys/src/mem.rs`; the parking queue's send ring alone is 8,192
-/// WQE slots, 512 KiB) and each install and uninstall queues an audit record
-/// (`Audit::record`, `audit.rs`): the records' small long-lived strings land among the
-/// rings' big short-lived blocks, and glibc returns freed memory only from the top of a
-/// heap (no `malloc_trim`), so every record kept pins the freed pages around it. It levels
-/// off once the queue is full (~2,000 rounds at two records a round) and the memory is
-/// reused by later installs, so it is bounded, but far above the queue's own 1 MB. Measured
-/// on the 2-core VM, 3,000 install-uninstall rounds on one connection: +5 to +7 MB with the
-/// receiver reading, +475 to +516 MB with it stalled (113-740 MB left after 1,200 to 5,000
-/// rounds in earlier runs, peaks to 1 GB), 1.4 MB of heap in use and `ListDevices` at 0
-/// objects; `malloc_trim(0)` called in the manager with gdb took one from 113 MB to 6 MB.
+/// manager's RSS about where it started, as it does with the receiver reading.
 ///
-/// Partly fixed, so ignored. With the big buffers mapped, alone on the machine the stalled
-/// run grew 9 MB, but in a loaded full-suite run 200 MB against 22 MB reading (376 MB in a
-/// later loaded run): the queued records were still a string each. The queue now keeps its
-/// records in one buffer (`LineQueue`, `audit.rs`): +5 to +7 MB in five of six runs under
-/// another build's load, but +70 MB in the sixth. Other allocations of an install above
-/// glibc's threshold (a queue's executor snapshots, 128 bytes a ring slot) still come from
-/// the heap after the threshold rises; pinning the threshold at start (`mallopt`) was tried
-/// and left hundreds of mappings in use across the other tests' loops, so it was not kept.
+/// Found (session 30s): it left the manager hundreds of MB above its start with every
+/// object freed. Each install allocated its rings and code region on the heap, and each
+/// install and uninstall queues an audit record: the records' small long-lived blocks land
+/// among the installs' big short-lived ones, and glibc returns freed memory only from the
+/// top of a heap, so every record kept pins the freed pages around it. Measured on the
+/// 2-core VM, 3,000 rounds: +5 to +7 MB with the receiver reading, +475 to +516 MB stalled.
+/// Big buffers became mappings of their own (`SharedBuffer::new`) and the queue one buffer
+/// (`LineQueue`, `audit.rs`), which left +9 to +17 MB alone on the machine but 70-376 MB
+/// in loaded runs (the executor's snapshots and tables still came from the heap).
+/// Fixed (session 44): after teardowns the manager hands the heap's free pages back,
+/// at most once a second (`heap_trim`, `malloc_trim`): +2 to +4 MB either way, where the
+/// same build without the trim grew +10 and +17 MB in the same minutes.
 #[test]
-#[ignore = "partly fixed: still grows up to 200 MB under load (see its comment)"]
 fn install_churn_while_the_audit_receiver_is_stalled_leaves_the_manager_its_size() {
     let churn = |mut d: Daemon| {
         let region = SealedRegion::create("region", REGION_LEN).unwrap();
@@ -1334,6 +1323,8 @@ fn install_churn_while_the_audit_receiver_is_stalled_leaves_the_manager_its_size
             assert_eq!(d.admin.objects(), d.baseline);
         }
         d.settle_to(1);
+        // The manager hands freed memory back at most once a second (`heap_trim`).
+        std::thread::sleep(redn_manager::heap_trim::TRIM_EVERY + Duration::from_millis(500));
         Growth {
             rounds: 3000,
             before,
@@ -1348,6 +1339,15 @@ fn install_churn_while_the_audit_receiver_is_stalled_leaves_the_manager_its_size
         reading.describe(),
         stalled.describe()
     );
+    for (g, receiver) in [(&reading, "reading"), (&stalled, "stalled")] {
+        assert!(
+            g.rss_kib() <= 12 << 10,
+            "3,000 installs and uninstalls with the audit receiver {receiver} left the \
+             manager {} KiB bigger with nothing installed (heap in use {:?} bytes)",
+            g.rss_kib(),
+            g.after.heap,
+        );
+    }
     assert!(
         stalled.rss_kib() <= 4 * reading.rss_kib().max(0) + (32 << 10),
         "3,000 installs and uninstalls with the audit receiver stalled left the manager {} \
