@@ -625,9 +625,15 @@ impl Dataplane {
             ));
             return Err(why_not.join(", "));
         }
-        let count = |a: IpAddr| sessions.iter().filter(|s| s.addr == a).count();
+        // Counted once: a hello at the limit must not cost the event loop the square of the
+        // app's sessions (up to the data plane's 4,096 connections).
+        let mut per_addr: HashMap<IpAddr, usize> = HashMap::new();
+        for s in &sessions {
+            *per_addr.entry(s.addr).or_default() += 1;
+        }
+        let count = |a: IpAddr| per_addr.get(&a).copied().unwrap_or(0);
         let mine = count(newcomer);
-        let n = sessions.iter().map(|s| count(s.addr)).max().unwrap_or(0);
+        let n = per_addr.values().copied().max().unwrap_or(0);
         if n >= mine + 2 {
             // Every address holding the most is a candidate alike.
             let idle = |s: &Held| s.idle;
