@@ -827,6 +827,17 @@ impl KeyTable {
         let KeyView(slots) = self.view();
         slots.iter().filter_map(|s| s.region.clone()).collect()
     }
+
+    /// How many regions are registered: `regions().len()` without copying them (the
+    /// manager counts its objects every event-loop turn, and an install holds thousands
+    /// of narrow keys).
+    pub fn live(&self) -> usize {
+        let KeyView(slots) = self.view();
+        // Every empty slot is on the free list, which changes only under the write lock
+        // held off by `slots`.
+        let free = self.free.lock().unwrap_or_else(|e| e.into_inner()).len();
+        slots.len() - free
+    }
 }
 
 /// A [`KeyTable`] held still for a moment ([`KeyTable::view`]).

@@ -383,6 +383,23 @@ fn a_replaced_cache_entry_is_all_of_the_new_region_whichever_buffer_it_is_in() {
 }
 
 #[test]
+fn live_counts_the_registered_regions_as_regions_lists_them() {
+    let t = KeyTable::new();
+    let buf = SharedBuffer::new(64);
+    assert_eq!(t.live(), 0);
+    let keys: Vec<Lkey> = (0..4)
+        .map(|_| t.register(Pdn(1), &buf, 0, 64, Access::ALL).unwrap().lkey)
+        .collect();
+    assert_eq!((t.live(), t.regions().len()), (4, 4));
+    t.deregister(keys[1]).unwrap();
+    t.deregister(keys[3]).unwrap();
+    assert!(t.deregister(keys[3]).is_none(), "a key gone twice counts once");
+    assert_eq!((t.live(), t.regions().len()), (2, 2));
+    t.register(Pdn(1), &buf, 0, 64, Access::ALL).unwrap();
+    assert_eq!((t.live(), t.regions().len()), (3, 3), "a free slot taken again");
+}
+
+#[test]
 fn stale_keys_do_not_resolve_to_new_regions() {
     let t = KeyTable::new();
     let buf = SharedBuffer::new(64);

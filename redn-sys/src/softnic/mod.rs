@@ -585,7 +585,7 @@ impl Nic for SoftNic {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .len(),
-            regions: self.shared.keys.regions().len(),
+            regions: self.shared.keys.live(),
             cqs: self
                 .shared
                 .cqs
