@@ -648,128 +648,6 @@ fn a_hash_get_client_is_held_to_its_trigger_budget() {
     );
 }
 
-/// A remote client of its own making (a plain UDP socket its hello names), as in
-/// `requester`: it sends triggers and replies to the offload's answers as it likes.
-mod raw {
-    use super::*;
-    use redn_proto::dataplane::{Answer, Hello};
-    use redn_sys::softnic::roce::packet::{self, opcode, psn, Aeth, Header, Route, Syndrome};
-    use redn_sys::softnic::roce::QpRecord;
-    use std::net::{SocketAddrV4, TcpStream, UdpSocket};
-
-    pub const START_PSN: u32 = 0x12_3456;
-
-    pub struct Session {
-        pub server: QpRecord,
-        pub _tcp: TcpStream,
-        pub epsn: u32,
-    }
-
-    pub struct Peer {
-        sock: UdpSocket,
-        me: SocketAddrV4,
-    }
-
-    impl Peer {
-        pub fn new() -> Peer {
-            let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-            let _ = nix::sys::socket::setsockopt(
-                &sock,
-                nix::sys::socket::sockopt::RcvBufForce,
-                &(32 << 20),
-            );
-            let std::net::SocketAddr::V4(me) = sock.local_addr().unwrap() else {
-                unreachable!("bound to an IPv4 address")
-            };
-            Peer { sock, me }
-        }
-
-        pub fn hello(&self, a: &App, qpn: u32) -> Session {
-            let record = qp_record(qpn, START_PSN, self.me);
-            let hello = Hello {
-                handle: a.handle,
-                token: redn_client::remote::parse_token(&a.token).unwrap(),
-                record: record.encode().unwrap(),
-            }
-            .encode()
-            .unwrap();
-            let mut tcp = TcpStream::connect(&a.endpoint).unwrap();
-            tcp.set_read_timeout(Some(DEADLINE)).unwrap();
-            tcp.write_all(&hello).unwrap();
-            match read_answer(&mut tcp) {
-                Answer::Accepted(a) => Session {
-                    server: QpRecord::decode(&a.record).unwrap(),
-                    _tcp: tcp,
-                    epsn: START_PSN,
-                },
-                Answer::Refused(r, why) => panic!("hello refused: {r}: {why}"),
-            }
-        }
-
-        fn send(&self, server: &QpRecord, h: &Header, payload: &[u8]) {
-            let mut d = Vec::new();
-            let route = Route {
-                src: self.me,
-                dst: server.addr,
-            };
-            packet::encode(&mut d, &route, h, payload);
-            self.sock.send_to(&d, server.addr).unwrap();
-        }
-
-        /// The next datagram within `wait`: its header and payload length.
-        pub fn recv(&self, wait: Duration) -> Option<(Header, usize)> {
-            self.sock
-                .set_read_timeout(Some(wait.max(Duration::from_micros(1))))
-                .unwrap();
-            let mut buf = [0u8; 8192];
-            let (n, from) = self.sock.recv_from(&mut buf).ok()?;
-            let std::net::SocketAddr::V4(from) = from else {
-                unreachable!("IPv4 only")
-            };
-            let p = packet::decode(
-                &Route {
-                    src: from,
-                    dst: self.me,
-                },
-                &buf[..n],
-            )
-            .unwrap();
-            let len = p.payload.len();
-            Some((p.header, len))
-        }
-
-        /// A GET trigger for `key` at `bucket` at the PSN the responder expects.
-        pub fn trigger(&self, s: &mut Session, bucket: u64) {
-            let mut trigger = [0u8; 14];
-            trigger[..6].copy_from_slice(&0x2au64.to_le_bytes()[..6]);
-            trigger[6..].copy_from_slice(&bucket.to_be_bytes());
-            let mut h = Header::new(opcode::SEND_ONLY, s.server.qpn, s.epsn);
-            h.ack_req = true;
-            self.send(&s.server, &h, &trigger);
-            s.epsn = psn::add(s.epsn, 1);
-        }
-
-        /// A sequence NAK ("I expect `at`") to `s`'s QP.
-        pub fn nak_sequence(&self, s: &Session, at: u32) {
-            let mut h = Header::new(opcode::ACKNOWLEDGE, s.server.qpn, at & psn::MASK);
-            h.aeth = Some(Aeth {
-                syndrome: Syndrome::NAK_SEQUENCE,
-                msn: 0,
-            });
-            self.send(&s.server, &h, &[]);
-        }
-
-        pub fn is_request(h: &Header) -> bool {
-            !packet::is_response(h.opcode)
-        }
-
-        pub fn is_rnr(h: &Header) -> bool {
-            h.aeth
-                .is_some_and(|a| matches!(Syndrome::of(a.syndrome), Syndrome::Rnr(_)))
-        }
-    }
-}
-
 #[test]
 #[ignore = "open: retransmissions are not charged to the pacer or the counters, and a NAK \
             that moves forward restores the retries (docs/attacks.md, \"Not yet tried, or \
@@ -794,8 +672,8 @@ fn sequence_naks_cannot_make_the_manager_resend_an_answer_more_than_its_retries(
         _app: app,
         _table: table,
     };
-    let peer = raw::Peer::new();
-    let mut s = peer.hello(&a, 0x42);
+    let peer = raw_peer::Peer::new();
+    let mut s = peer.hello(&raw_peer::Door::of_app(&a), 0x42);
     let table_rec = s.server.region("table").unwrap().clone();
     let buckets = table_rec.len / redn_client::kv::BUCKET_STRIDE;
     let bucket = table_rec.addr
@@ -810,29 +688,29 @@ fn sequence_naks_cannot_make_the_manager_resend_an_answer_more_than_its_retries(
         loop {
             assert!(Instant::now() < end, "no answer");
             s.epsn = at;
-            peer.trigger(&mut s, bucket);
+            peer.trigger_at(&mut s, bucket);
             let Some((h, n)) = peer.recv(Duration::from_millis(200)) else {
                 continue;
             };
-            if raw::Peer::is_request(&h) {
+            if raw_peer::is_request(&h) {
                 writes += 1;
-                write_bytes += n as u64;
+                write_bytes += n.payload as u64;
                 psns.insert(h.psn);
                 break;
             }
-            if raw::Peer::is_rnr(&h) {
+            if raw_peer::is_rnr(&h) {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
             // The ACK of the trigger; its answer follows.
             let (h, n) = loop {
                 let (h, n) = peer.recv(Duration::from_secs(2)).expect("no answer");
-                if raw::Peer::is_request(&h) {
+                if raw_peer::is_request(&h) {
                     break (h, n);
                 }
             };
             writes += 1;
-            write_bytes += n as u64;
+            write_bytes += n.payload as u64;
             psns.insert(h.psn);
             break;
         }
@@ -842,17 +720,17 @@ fn sequence_naks_cannot_make_the_manager_resend_an_answer_more_than_its_retries(
         for _ in 0..7 {
             peer.nak_sequence(&s, first + k);
             while let Some((h, n)) = peer.recv(Duration::from_millis(3)) {
-                if raw::Peer::is_request(&h) {
+                if raw_peer::is_request(&h) {
                     writes += 1;
-                    write_bytes += n as u64;
+                    write_bytes += n.payload as u64;
                 }
             }
         }
     }
     while let Some((h, n)) = peer.recv(Duration::from_millis(100)) {
-        if raw::Peer::is_request(&h) {
+        if raw_peer::is_request(&h) {
             writes += 1;
-            write_bytes += n as u64;
+            write_bytes += n.payload as u64;
         }
     }
     eprintln!(

@@ -11,11 +11,11 @@
 //! manager's kernel dropped (its socket buffer full) are read from `/proc/net/udp`, and the
 //! CPU time of its threads from `/proc/<pid>/task/*/schedstat`.
 
+use super::raw_peer::{bad_key_write, trigger_payload, Peer, Served, Session, START_PSN};
 use super::*;
-use redn_sys::softnic::roce::packet::{self, opcode, psn, Aeth, Header, Reth, Route, Syndrome};
-use redn_sys::softnic::roce::QpRecord;
+use redn_sys::softnic::roce::packet::{self, opcode, psn, Aeth, Header, Route, Syndrome};
 use std::collections::HashMap;
-use std::net::{SocketAddrV4, TcpStream, UdpSocket};
+use std::net::{SocketAddrV4, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -25,28 +25,6 @@ const PROBE_QPN: u32 = 0x7e;
 
 /// How long each phase floods while the good client measures its GETs.
 const WINDOW: Duration = Duration::from_millis(500);
-
-/// An offload an app installed on a table holding key 0x2a ("hello").
-struct Served {
-    _table: redn_client::kv::TwoChoiceTable,
-    installed: redn_client::Installed,
-}
-
-impl Served {
-    fn install(app: &mut redn_client::Client, offload: &str) -> Served {
-        let mut table = redn_client::kv::TwoChoiceTable::create(64).unwrap();
-        let (_, installed) = app.install_table(offload, &mut table).unwrap();
-        table.set(0x2a, b"hello").unwrap();
-        Served {
-            _table: table,
-            installed,
-        }
-    }
-
-    fn endpoint(&self) -> &str {
-        self.installed.endpoint.as_deref().unwrap()
-    }
-}
 
 /// A manager serving two offloads of one app: `server-loop` to the good client (recycled:
 /// its GETs measure the data plane, not a fresh hello every four triggers as hash-get's
@@ -70,16 +48,7 @@ impl Setup {
         let mut app = m.client();
         let good_offload = Served::install(&mut app, "server-loop");
         let hostile_offload = Served::install(&mut app, "hash-get");
-        let mut good = redn_client::remote::RemoteClient::connect(
-            good_offload.endpoint().parse().unwrap(),
-            good_offload.installed.handle,
-            &good_offload.installed.token,
-            redn_client::remote::RemoteOptions {
-                timeout: DEADLINE,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let mut good = good_offload.door.good_client();
         assert_eq!(good.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
         Setup {
             m,
@@ -156,23 +125,14 @@ impl Replies {
     }
 }
 
-/// One of the attacker's QPs as the manager connected it.
-struct HostileQp {
-    /// The manager's record: its QP, its endpoint's address, the app's regions.
-    server: QpRecord,
-    /// The PSN the manager's responder expects next.
-    epsn: u32,
-    /// The TCP connection that holds the instance.
-    _hello: TcpStream,
-}
-
 /// The attacker: one UDP socket, the peer of each QP it said hello for. A thread reads what
 /// the manager sends it, counts it, and acknowledges the offload's WRITEs so that the
 /// manager's side of each QP stays up.
 struct Attacker {
     sock: UdpSocket,
     me: SocketAddrV4,
-    qps: Vec<HostileQp>,
+    /// The QPs it said hello for, as the manager connected them.
+    qps: Vec<Session>,
     /// Which of them is the probe QP.
     probe: Option<usize>,
     /// Our QP number to the manager's, for the reader's ACKs.
@@ -184,17 +144,9 @@ struct Attacker {
 
 impl Attacker {
     fn start() -> Attacker {
-        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-        // Room for a phase's replies should the reader fall behind (forcing past rmem_max
-        // needs root; `lost_replies` says whether any were lost anyway).
-        let _ = nix::sys::socket::setsockopt(
-            &sock,
-            nix::sys::socket::sockopt::RcvBufForce,
-            &(32 << 20),
-        );
-        let std::net::SocketAddr::V4(me) = sock.local_addr().unwrap() else {
-            unreachable!("bound to an IPv4 address")
-        };
+        // Its receive buffer is room for a phase's replies should the reader fall behind
+        // (`lost_replies` says whether any were lost anyway).
+        let Peer { sock, me } = Peer::new();
         let replies = Arc::new(Replies::default());
         let stop = Arc::new(AtomicBool::new(false));
         let peers = Arc::new(Mutex::new(HashMap::new()));
@@ -219,28 +171,9 @@ impl Attacker {
     /// Say hello for `served` with a record naming our socket and QP number `qpn`; the
     /// index of the new QP.
     fn hello(&mut self, served: &Served, qpn: u32) -> usize {
-        use redn_proto::dataplane::{Answer, Hello};
-        let start_psn = 0x12_3456;
-        let hello = Hello {
-            handle: served.installed.handle,
-            token: redn_client::remote::parse_token(&served.installed.token).unwrap(),
-            record: qp_record(qpn, start_psn, self.me).encode().unwrap(),
-        }
-        .encode()
-        .unwrap();
-        let mut tcp = TcpStream::connect(served.endpoint()).unwrap();
-        tcp.set_read_timeout(Some(DEADLINE)).unwrap();
-        tcp.write_all(&hello).unwrap();
-        let server = match read_answer(&mut tcp) {
-            Answer::Accepted(a) => QpRecord::decode(&a.record).unwrap(),
-            Answer::Refused(why, text) => panic!("hello refused: {why}: {text}"),
-        };
-        self.peers.lock().unwrap().insert(qpn, server.qpn);
-        self.qps.push(HostileQp {
-            server,
-            epsn: start_psn,
-            _hello: tcp,
-        });
+        let session = served.door.hello(&qp_record(qpn, START_PSN, self.me));
+        self.peers.lock().unwrap().insert(qpn, session.server.qpn);
+        self.qps.push(session);
         self.qps.len() - 1
     }
 
@@ -273,9 +206,7 @@ impl Attacker {
     /// expected PSN finds no receive and is answered with an RNR NAK, changing nothing.
     fn use_up_receives(&mut self, qp: usize) {
         let table = self.qps[qp].server.region("table").unwrap().addr;
-        let mut trigger = [0u8; 14];
-        trigger[..6].copy_from_slice(&1u64.to_le_bytes()[..6]);
-        trigger[6..].copy_from_slice(&table.to_be_bytes());
+        let trigger = trigger_payload(1, table);
         // One at a time, each sent again after an RNR NAK, as a requester would: the
         // offload enables its next receive as it serves a trigger, so a trigger that comes
         // before that (back to back, on a loaded machine) finds none and is NAKed.
@@ -708,13 +639,7 @@ fn a_clients_floods_from_its_own_queue_pair_are_answered_boundedly_and_others_se
     // released the instance, whose queue can never serve again).
     let dead = |s: &Setup| s.drop_count("qp_in_error") + s.drop_count("unknown_qp");
     let in_error = dead(&s);
-    let mut write = Header::new(opcode::WRITE_ONLY, server_qpn, epsn);
-    write.reth = Some(Reth {
-        va: 0x1000,
-        rkey: 0xbad,
-        len: 8,
-    });
-    let d = a.datagram_from(a.me, &write, &[0; 8]);
+    let d = a.datagram_from(a.me, &bad_key_write(server_qpn, epsn), &[0; 8]);
     let bad_key = phase(
         "bad-rkey",
         &mut s,

@@ -12,23 +12,21 @@
 //! second measured, left every install failing), is fixed and tested in the softnic
 //! (`softnic::shared::tests`), since no test can run that many sessions.
 //!
-//! As in `flood`, the attacker is a remote client of its own making: hellos whose records
-//! name a plain UDP socket it bound, from which it sends hand-built RoCE packets.
+//! As in `flood`, the attacker is a remote client of its own making (`raw_peer`): hellos
+//! whose records name a plain UDP socket it bound, from which it sends hand-built RoCE
+//! packets.
 
+use super::raw_peer::{Door, Peer, Session};
 use super::*;
 use nix::sys::socket::{setsockopt, sockopt};
-use redn_proto::dataplane::{Answer, Hello, Refusal};
-use redn_sys::softnic::roce::packet::{self, opcode, psn, Aeth, Header, Reth, Route, Syndrome};
-use redn_sys::softnic::roce::QpRecord;
+use redn_proto::dataplane::Refusal;
+use redn_sys::softnic::roce::packet::{opcode, Header, Syndrome};
 use std::io::Read;
-use std::net::{Shutdown, SocketAddrV4, TcpStream, UdpSocket};
+use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
 
 /// The app's `max_remote_clients` in [`policy`].
 const MAX_REMOTE_CLIENTS: usize = 4;
-
-/// The PSN the attacker's requests start at (the manager's responder expects it first).
-const START_PSN: u32 = 0x12_3456;
 
 /// The NIC objects the manager holds (protection domains, regions, CQs, QPs).
 fn nic_objects(m: &Manager) -> [u64; 4] {
@@ -36,178 +34,6 @@ fn nic_objects(m: &Manager) -> [u64; 4] {
         m.admin_call("io.redn.Admin.ListDevices", serde_json::json!({}));
     let d = &list.devices[0];
     [d.pd, d.mr, d.cq, d.qp]
-}
-
-/// The manager's resident memory, in KiB.
-fn rss_kib(m: &Manager) -> u64 {
-    let pid = m.child.as_ref().unwrap().id();
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
-/// Where and as what a remote client says hello: the data plane's address and the
-/// offload's handle and token (what the app hands its remote clients).
-#[derive(Clone)]
-struct Door {
-    endpoint: String,
-    handle: u64,
-    token: [u8; 32],
-}
-
-impl Door {
-    /// Connect and send a hello for QP `qpn` at `peer`'s socket (a writable 4 KiB
-    /// `response` region); the connection, answer unread.
-    fn send_hello(&self, peer: &Peer, qpn: u32) -> TcpStream {
-        let mut tcp = TcpStream::connect(&self.endpoint).unwrap();
-        tcp.set_read_timeout(Some(DEADLINE)).unwrap();
-        tcp.write_all(&self.hello_bytes(peer, qpn)).unwrap();
-        tcp
-    }
-
-    fn hello_bytes(&self, peer: &Peer, qpn: u32) -> Vec<u8> {
-        Hello {
-            handle: self.handle,
-            token: self.token,
-            record: qp_record(qpn, START_PSN, peer.me).encode().unwrap(),
-        }
-        .encode()
-        .unwrap()
-    }
-
-    /// Say hello for QP `qpn` at `peer`'s socket and read the answer: the session, or the
-    /// refusal.
-    fn hello(&self, peer: &Peer, qpn: u32) -> Result<Session, Refusal> {
-        let mut tcp = self.send_hello(peer, qpn);
-        match read_answer(&mut tcp) {
-            Answer::Accepted(a) => Ok(Session {
-                server: QpRecord::decode(&a.record).unwrap(),
-                tcp,
-                epsn: START_PSN,
-            }),
-            Answer::Refused(r, _) => Err(r),
-        }
-    }
-}
-
-/// An accepted session: the manager's record and the connection that holds the instance.
-struct Session {
-    server: QpRecord,
-    tcp: TcpStream,
-    /// The PSN the manager's responder expects next.
-    epsn: u32,
-}
-
-/// The attacker's RoCE side: a plain UDP socket its hellos name.
-struct Peer {
-    sock: UdpSocket,
-    me: SocketAddrV4,
-}
-
-impl Peer {
-    fn new() -> Peer {
-        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-        sock.set_read_timeout(Some(DEADLINE)).unwrap();
-        let std::net::SocketAddr::V4(me) = sock.local_addr().unwrap() else {
-            unreachable!("bound to an IPv4 address")
-        };
-        Peer { sock, me }
-    }
-
-    /// Send `h` and `payload` to the manager's endpoint that `server` names.
-    fn send(&self, server: &QpRecord, h: &Header, payload: &[u8]) {
-        let mut d = Vec::new();
-        let route = Route {
-            src: self.me,
-            dst: server.addr,
-        };
-        packet::encode(&mut d, &route, h, payload);
-        self.sock.send_to(&d, server.addr).unwrap();
-    }
-
-    /// The next datagram the manager sends us, decoded.
-    fn recv(&self) -> Header {
-        let mut buf = [0u8; 8192];
-        let (n, from) = self.sock.recv_from(&mut buf).unwrap();
-        let std::net::SocketAddr::V4(from) = from else {
-            unreachable!("IPv4 only")
-        };
-        packet::decode(
-            &Route {
-                src: from,
-                dst: self.me,
-            },
-            &buf[..n],
-        )
-        .unwrap()
-        .header
-    }
-
-    /// The next request the manager sends us (the offload's answer to a trigger: a WRITE
-    /// to our `response`), skipping ACKs.
-    fn answer(&self) -> Header {
-        loop {
-            let h = self.recv();
-            if !packet::is_response(h.opcode) {
-                return h;
-            }
-        }
-    }
-
-    /// The syndrome of the next ACK or NAK the manager sends us.
-    fn next_syndrome(&self) -> u8 {
-        let h = self.recv();
-        assert_eq!(h.opcode, opcode::ACKNOWLEDGE, "{h:?}");
-        h.aeth.unwrap().syndrome
-    }
-
-    /// A GET trigger (a key and a bucket of the app's table) to `s`'s QP at the PSN it
-    /// expects, asking for an ACK: the offload answers with a WRITE to our `response`.
-    fn trigger(&self, s: &mut Session) {
-        let table = s.server.region("table").unwrap().addr;
-        let mut trigger = [0u8; 14];
-        trigger[..6].copy_from_slice(&0x2au64.to_le_bytes()[..6]);
-        trigger[6..].copy_from_slice(&table.to_be_bytes());
-        let mut h = Header::new(opcode::SEND_ONLY, s.server.qpn, s.epsn);
-        h.ack_req = true;
-        self.send(&s.server, &h, &trigger);
-        s.epsn = psn::add(s.epsn, 1);
-    }
-
-    /// A WRITE at the expected PSN to a key that is not the QP's domain's: a remote access
-    /// NAK, and the manager's side of the QP in error.
-    fn write_to_a_bad_key(&self, s: &Session) {
-        let mut h = Header::new(opcode::WRITE_ONLY, s.server.qpn, s.epsn);
-        h.reth = Some(Reth {
-            va: 0x1000,
-            rkey: 0xbad,
-            len: 8,
-        });
-        self.send(&s.server, &h, &[0; 8]);
-    }
-
-    /// A WRITE MIDDLE at the expected PSN with no WRITE in progress: an invalid request
-    /// NAK, and the manager's side of the QP in error.
-    fn write_middle_out_of_sequence(&self, s: &Session) {
-        self.send(
-            &s.server,
-            &Header::new(opcode::WRITE_MIDDLE, s.server.qpn, s.epsn),
-            &[0; 256],
-        );
-    }
-
-    /// ACK the manager's request `h` on `s`'s QP.
-    fn ack(&self, s: &Session, h: &Header) {
-        let mut ack = Header::new(opcode::ACKNOWLEDGE, s.server.qpn, h.psn);
-        ack.aeth = Some(Aeth {
-            syndrome: Syndrome::ACK,
-            msn: 0,
-        });
-        self.send(&s.server, &ack, &[]);
-    }
 }
 
 /// Close `tcp` with a reset instead of a FIN (`SO_LINGER` 0).
@@ -239,13 +65,9 @@ impl Setup {
         let mut table = redn_client::kv::TwoChoiceTable::create(64).unwrap();
         let (_, installed) = app.install_table("hash-get", &mut table).unwrap();
         table.set(0x2a, b"hello").unwrap();
-        let door = Door {
-            endpoint: installed.endpoint.clone().unwrap(),
-            handle: installed.handle,
-            token: redn_client::remote::parse_token(&installed.token).unwrap(),
-        };
+        let door = Door::of(&installed);
         let baseline = nic_objects(&m);
-        let session = door.hello(&Peer::new(), 0x42).unwrap();
+        let session = Peer::new().hello(&door, 0x42);
         let with_one = nic_objects(&m);
         let per_instance = std::array::from_fn(|i| with_one[i] - baseline[i]);
         assert!(
@@ -302,23 +124,10 @@ impl Setup {
 
     /// A good remote client gets key 0x2a, then leaves (its instance released).
     fn serves_a_good_client(&self) {
-        let mut good = self.good_client().unwrap();
+        let mut good = self.door.good_client();
         assert_eq!(good.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
         drop(good);
         self.wait_held(0);
-    }
-
-    fn good_client(&self) -> redn_client::Result<redn_client::remote::RemoteClient> {
-        let token: String = self.door.token.iter().map(|b| format!("{b:02x}")).collect();
-        redn_client::remote::RemoteClient::connect(
-            self.door.endpoint.parse().unwrap(),
-            self.door.handle,
-            &token,
-            redn_client::remote::RemoteOptions {
-                timeout: DEADLINE,
-                ..Default::default()
-            },
-        )
     }
 
     /// The offload's error count in the app's `Stats` (failed completions, over every
@@ -384,11 +193,11 @@ fn sessions_closed_before_any_roce_packet_give_every_object_and_slot_back() {
         let ending = endings[round % endings.len()];
         let _reader = match ending {
             Ending::Unread => {
-                drop(s.door.send_hello(&peer, 0x42));
+                drop(s.door.send_hello(&peer.record(0x42)));
                 None
             }
             _ => {
-                let session = s.door.hello(&peer, 0x42).unwrap();
+                let session = peer.hello(&s.door, 0x42);
                 assert_eq!(s.held(), 1, "{ending:?}: the accepted instance is not held");
                 match ending {
                     Ending::Reset => {
@@ -410,10 +219,10 @@ fn sessions_closed_before_any_roce_packet_give_every_object_and_slot_back() {
     eprintln!("{ROUNDS} sessions, each released within {slowest:?} of its close");
     // Every slot is free: the app's whole allowance is admitted, and no more.
     let sessions: Vec<Session> = (0..MAX_REMOTE_CLIENTS)
-        .map(|_| s.door.hello(&peer, 0x42).unwrap())
+        .map(|_| peer.hello(&s.door, 0x42))
         .collect();
     assert_eq!(
-        s.door.hello(&peer, 0x42).err(),
+        peer.try_hello(&s.door, 0x42).err(),
         Some(Refusal::TooManyClients)
     );
     drop(sessions);
@@ -431,17 +240,17 @@ fn idle_sessions_hold_no_more_than_max_remote_clients_and_free_their_slot_at_clo
     let peer = Peer::new();
     let full = MAX_REMOTE_CLIENTS as u64;
     let mut held: std::collections::VecDeque<Session> = (0..MAX_REMOTE_CLIENTS)
-        .map(|_| s.door.hello(&peer, 0x42).unwrap())
+        .map(|_| peer.hello(&s.door, 0x42))
         .collect();
     for _ in 0..50 {
         assert_eq!(
-            s.door.hello(&peer, 0x43).err(),
+            peer.try_hello(&s.door, 0x43).err(),
             Some(Refusal::TooManyClients)
         );
         assert_eq!(s.held(), full, "a refused hello installed something");
         drop(held.pop_front());
         s.wait_held(full - 1);
-        held.push_back(s.door.hello(&peer, 0x42).unwrap());
+        held.push_back(peer.hello(&s.door, 0x42));
     }
     drop(held);
     s.wait_held(0);
@@ -459,7 +268,7 @@ fn sessions_whose_queue_pair_is_in_error_are_released() {
     let s = Setup::start();
     let peer = Peer::new();
     for round in 0..ROUNDS / 2 {
-        let session = s.door.hello(&peer, 0x42).unwrap();
+        let session = peer.hello(&s.door, 0x42);
         let want = if round % 2 == 0 {
             peer.write_to_a_bad_key(&session);
             Syndrome::NAK_ACCESS
@@ -513,7 +322,7 @@ fn a_client_that_vanishes_while_the_offload_answers_it_is_released_with_its_conn
     let mut s = Setup::start();
     for _ in 0..40 {
         let peer = Peer::new();
-        let mut session = s.door.hello(&peer, 0x42).unwrap();
+        let mut session = peer.hello(&s.door, 0x42);
         peer.trigger(&mut session);
         // The offload's answer came (a WRITE to our response region), unacknowledged.
         peer.answer();
@@ -526,7 +335,7 @@ fn a_client_that_vanishes_while_the_offload_answers_it_is_released_with_its_conn
     let mut sessions = Vec::new();
     for _ in 0..MAX_REMOTE_CLIENTS {
         let peer = Peer::new();
-        let mut session = s.door.hello(&peer, 0x42).unwrap();
+        let mut session = peer.hello(&s.door, 0x42);
         peer.trigger(&mut session);
         peer.answer();
         sessions.push(session);
@@ -542,7 +351,7 @@ fn a_client_that_vanishes_while_the_offload_answers_it_is_released_with_its_conn
     s.serves_a_good_client();
 
     // Vanished without a FIN or a reset.
-    let session = s.door.hello(&Peer::new(), 0x42).unwrap();
+    let session = Peer::new().hello(&s.door, 0x42);
     let (client, server) = (
         session.tcp.local_addr().unwrap(),
         session.tcp.peer_addr().unwrap(),
@@ -638,18 +447,18 @@ fn concurrent_hellos_past_max_remote_clients_some_abandoned_leave_nothing_held()
             let full: Vec<_> = (0..2 * MAX_REMOTE_CLIENTS)
                 .map(|i| {
                     let qpn = 0x100 + u32::try_from(i).unwrap();
-                    scope.spawn(move || door.hello(peer, qpn))
+                    scope.spawn(move || peer.try_hello(door, qpn))
                 })
                 .collect();
             for i in 0..3 {
                 scope.spawn(move || {
-                    let bytes = door.hello_bytes(peer, 0x200 + i);
+                    let bytes = door.hello_bytes(&peer.record(0x200 + i));
                     let mut tcp = TcpStream::connect(&door.endpoint).unwrap();
                     tcp.write_all(&bytes[..bytes.len() / 2]).unwrap();
                 });
             }
             for i in 0..2 {
-                scope.spawn(move || drop(door.send_hello(peer, 0x300 + i)));
+                scope.spawn(move || drop(door.send_hello(&peer.record(0x300 + i))));
             }
             full.into_iter().map(|t| t.join().unwrap()).collect()
         });
@@ -695,25 +504,25 @@ fn sessions_whose_queues_failed_are_released_and_free_the_apps_slots() {
         [Peer::write_to_a_bad_key, Peer::write_middle_out_of_sequence];
     for bad in kinds {
         let peer = Peer::new();
-        let session = s.door.hello(&peer, 0x42).unwrap();
+        let session = peer.hello(&s.door, 0x42);
         bad(&peer, &session);
         peer.next_syndrome();
         dead.push(session);
     }
     // Its requester retrying to a dead port until it gives up.
     let peer = Peer::new();
-    let mut session = s.door.hello(&peer, 0x42).unwrap();
+    let mut session = peer.hello(&s.door, 0x42);
     peer.trigger(&mut session);
     peer.answer();
     drop(peer);
     dead.push(session);
     // Every invocation used (each answer acknowledged, so nothing failed): idle, not dead.
     let peer = Peer::new();
-    let mut idle = s.door.hello(&peer, 0x42).unwrap();
+    let mut idle = peer.hello(&s.door, 0x42);
     for _ in 0..4 {
         peer.trigger(&mut idle);
         let h = peer.answer();
-        peer.ack(&idle, &h);
+        peer.ack(&idle, h.psn);
     }
     let started = Instant::now();
     wait_for("the manager never logged the queue errors", || {
@@ -736,7 +545,7 @@ fn sessions_whose_queues_failed_are_released_and_free_the_apps_slots() {
             .expect("the manager closes a failed session's connection");
     }
     assert_eq!(s.m.log().matches("reason=\"its queues failed\"").count(), 3);
-    let mut good = s.good_client().unwrap();
+    let mut good = s.door.good_client();
     assert_eq!(good.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
     drop(good);
     drop(idle);
@@ -774,7 +583,7 @@ fn ended_sessions_leave_no_memory_in_the_roce_endpoint() {
     // removes its entry from the endpoint: RSS stays flat.
     let control_start = rss_kib(&s.m);
     for _ in 0..sessions {
-        let session = s.door.hello(&peer, 0x42).unwrap();
+        let session = peer.hello(&s.door, 0x42);
         let server = session.server.clone();
         drop(session);
         s.wait_held(0);
@@ -788,7 +597,7 @@ fn ended_sessions_leave_no_memory_in_the_roce_endpoint() {
     // The attack: hello, close, nothing more.
     let leak_start = rss_kib(&s.m);
     for _ in 0..sessions {
-        drop(s.door.hello(&peer, 0x42).unwrap());
+        drop(peer.hello(&s.door, 0x42));
         s.wait_held(0);
     }
     let leak_growth = rss_kib(&s.m).saturating_sub(leak_start);

@@ -13,6 +13,7 @@ mod enforcement;
 mod eviction;
 mod flood;
 mod lifecycle;
+mod raw_peer;
 mod records;
 mod requester;
 mod sockets;
@@ -252,6 +253,17 @@ fn next_counters(c: &mut Connection) -> redn_proto::api::MonitorCounters {
             return serde_json::from_value(k.clone()).unwrap();
         }
     }
+}
+
+/// The manager's resident memory, in KiB.
+fn rss_kib(m: &Manager) -> u64 {
+    let pid = m.child.as_ref().unwrap().id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
 }
 
 /// A manager whose API socket anyone may connect to (the attacker runs as another uid).

@@ -1,5 +1,5 @@
 //! The manager's side as a REQUESTER, and the RC state machines, attacked by a remote client
-//! of its own making (a plain UDP socket its hellos name, as in `flood` and `lifecycle`).
+//! of its own making (`raw_peer`: a plain UDP socket its hellos name).
 //!
 //! The offload's chain answers a trigger with an RDMA WRITE to the client's `response`
 //! region and its requester then waits for the client's ACK: the client decides what comes
@@ -31,232 +31,12 @@
 //! a reserved syndrome (that QP to error), opcode sequence and segment lengths (invalid
 //! request NAK, that QP to error), PSNs wrapping at 2^24 with duplicates.
 
+use super::raw_peer::{Peer, Served, Session, START_PSN};
 use super::*;
-use redn_proto::dataplane::{Answer, Hello};
-use redn_sys::softnic::roce::packet::{self, opcode, psn, Aeth, Header, Route, Syndrome};
-use redn_sys::softnic::roce::QpRecord;
-use std::net::{SocketAddrV4, TcpStream, UdpSocket};
+use redn_sys::softnic::roce::packet::{self, opcode, psn, Header, Syndrome};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// The PSN the attacker's requests start at (the manager's responder expects it first).
-const START_PSN: u32 = 0x12_3456;
-
-/// Where and as what a remote client says hello.
-#[derive(Clone)]
-struct Door {
-    endpoint: String,
-    handle: u64,
-    token: [u8; 32],
-}
-
-impl Door {
-    fn of(installed: &redn_client::Installed) -> Door {
-        Door {
-            endpoint: installed.endpoint.clone().unwrap(),
-            handle: installed.handle,
-            token: redn_client::remote::parse_token(&installed.token).unwrap(),
-        }
-    }
-
-    fn good_client(&self) -> redn_client::remote::RemoteClient {
-        let token: String = self.token.iter().map(|b| format!("{b:02x}")).collect();
-        redn_client::remote::RemoteClient::connect(
-            self.endpoint.parse().unwrap(),
-            self.handle,
-            &token,
-            redn_client::remote::RemoteOptions {
-                timeout: DEADLINE,
-                ..Default::default()
-            },
-        )
-        .unwrap()
-    }
-}
-
-/// An accepted session: the manager's record and the connection that holds the instance.
-struct Session {
-    server: QpRecord,
-    _tcp: TcpStream,
-    /// The PSN the manager's responder expects next.
-    epsn: u32,
-}
-
-/// The attacker's RoCE side.
-struct Peer {
-    sock: UdpSocket,
-    me: SocketAddrV4,
-}
-
-impl Peer {
-    fn new() -> Peer {
-        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let _ = nix::sys::socket::setsockopt(
-            &sock,
-            nix::sys::socket::sockopt::RcvBufForce,
-            &(32 << 20),
-        );
-        let std::net::SocketAddr::V4(me) = sock.local_addr().unwrap() else {
-            unreachable!("bound to an IPv4 address")
-        };
-        Peer { sock, me }
-    }
-
-    /// Say hello for QP `qpn` at our socket, our requests starting at `start_psn`.
-    fn hello(&self, door: &Door, qpn: u32, start_psn: u32) -> Session {
-        self.hello_mtu(door, qpn, start_psn, 4096)
-    }
-
-    /// The same with our path MTU `mtu`.
-    fn hello_mtu(&self, door: &Door, qpn: u32, start_psn: u32, mtu: u16) -> Session {
-        let mut record = qp_record(qpn, start_psn, self.me);
-        record.mtu = mtu;
-        let hello = Hello {
-            handle: door.handle,
-            token: door.token,
-            record: record.encode().unwrap(),
-        }
-        .encode()
-        .unwrap();
-        let mut tcp = TcpStream::connect(&door.endpoint).unwrap();
-        tcp.set_read_timeout(Some(DEADLINE)).unwrap();
-        tcp.write_all(&hello).unwrap();
-        match read_answer(&mut tcp) {
-            Answer::Accepted(a) => Session {
-                server: QpRecord::decode(&a.record).unwrap(),
-                _tcp: tcp,
-                epsn: start_psn,
-            },
-            Answer::Refused(r, why) => panic!("hello refused: {r}: {why}"),
-        }
-    }
-
-    fn send(&self, server: &QpRecord, h: &Header, payload: &[u8]) -> usize {
-        let mut d = Vec::new();
-        let route = Route {
-            src: self.me,
-            dst: server.addr,
-        };
-        packet::encode(&mut d, &route, h, payload);
-        self.sock.send_to(&d, server.addr).unwrap();
-        d.len()
-    }
-
-    /// The next datagram the manager sends us within `wait`, decoded, with its size.
-    fn recv(&self, wait: Duration) -> Option<(Header, usize)> {
-        self.sock
-            .set_read_timeout(Some(wait.max(Duration::from_micros(1))))
-            .unwrap();
-        let mut buf = [0u8; 8192];
-        let (n, from) = match self.sock.recv_from(&mut buf) {
-            Ok(x) => x,
-            Err(_) => return None,
-        };
-        let std::net::SocketAddr::V4(from) = from else {
-            unreachable!("IPv4 only")
-        };
-        let p = packet::decode(
-            &Route {
-                src: from,
-                dst: self.me,
-            },
-            &buf[..n],
-        )
-        .unwrap();
-        Some((p.header, n))
-    }
-
-    /// The next request the manager sends us within `wait` (an offload's answer), skipping
-    /// ACKs and NAKs.
-    fn answer(&self, wait: Duration) -> Option<Header> {
-        let end = Instant::now() + wait;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            let (h, _) = self.recv(left)?;
-            if !packet::is_response(h.opcode) {
-                return Some(h);
-            }
-        }
-    }
-
-    /// Trigger a GET as a requester would: sent again at the same PSN after each RNR NAK
-    /// (the offload enables its receive a moment after the hello), until its answer comes.
-    fn trigger_answered(&self, s: &mut Session) -> Header {
-        let at = s.epsn;
-        let end = Instant::now() + Duration::from_secs(5);
-        loop {
-            s.epsn = at;
-            self.trigger(s);
-            let (h, _) = self
-                .recv(end.saturating_duration_since(Instant::now()))
-                .expect("the offload never answered the trigger");
-            if !packet::is_response(h.opcode) {
-                return h;
-            }
-            if h.aeth
-                .is_some_and(|a| matches!(Syndrome::of(a.syndrome), Syndrome::Rnr(_)))
-            {
-                std::thread::sleep(Duration::from_millis(1));
-                continue;
-            }
-            // An ACK of the trigger: the answer follows.
-            return self
-                .answer(Duration::from_secs(5))
-                .expect("no answer after the ACK");
-        }
-    }
-
-    /// A GET trigger for key 0x2a to `s`'s QP at the PSN it expects, asking for an ACK.
-    fn trigger(&self, s: &mut Session) {
-        let table = s.server.region("table").unwrap().addr;
-        let mut trigger = [0u8; 14];
-        trigger[..6].copy_from_slice(&0x2au64.to_le_bytes()[..6]);
-        trigger[6..].copy_from_slice(&table.to_be_bytes());
-        let mut h = Header::new(opcode::SEND_ONLY, s.server.qpn, s.epsn);
-        h.ack_req = true;
-        self.send(&s.server, &h, &trigger);
-        s.epsn = psn::add(s.epsn, 1);
-    }
-
-    /// An ACKNOWLEDGE (or `op`) with `syndrome` at `psn` to `s`'s QP; the bytes sent.
-    fn reply(&self, s: &Session, op: u8, at: u32, syndrome: u8, payload: &[u8]) -> usize {
-        let mut h = Header::new(op, s.server.qpn, at & psn::MASK);
-        h.aeth = Some(Aeth { syndrome, msn: 0 });
-        if op == opcode::ATOMIC_ACKNOWLEDGE {
-            h.atomic_ack = Some(0xdead_beef);
-        }
-        if op == opcode::READ_RESPONSE_MIDDLE {
-            h.aeth = None;
-        }
-        self.send(&s.server, &h, payload)
-    }
-
-    fn ack(&self, s: &Session, at: u32) {
-        self.reply(s, opcode::ACKNOWLEDGE, at, Syndrome::ACK, &[]);
-    }
-}
-
-/// An offload an app installed on a table holding key 0x2a ("hello").
-struct Served {
-    _table: redn_client::kv::TwoChoiceTable,
-    door: Door,
-}
-
-impl Served {
-    fn install(app: &mut redn_client::Client, offload: &str) -> Served {
-        let mut table = redn_client::kv::TwoChoiceTable::create(64).unwrap();
-        let (_, installed) = app.install_table(offload, &mut table).unwrap();
-        table.set(0x2a, b"hello").unwrap();
-        Served {
-            _table: table,
-            door: Door::of(&installed),
-        }
-    }
-}
 
 /// A manager (one PU) serving `server-loop` (whose answering WRITE is signaled: its
 /// completion waits for the client's ACK) and `hash-get` (unsignaled answers, four
@@ -283,16 +63,6 @@ impl Setup {
             server_loop,
             hash_get,
         }
-    }
-
-    fn rss_kib(&self) -> u64 {
-        let pid = self.m.child.as_ref().unwrap().id();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap()
     }
 }
 
@@ -347,7 +117,7 @@ fn hostile_thread(
                 continue;
             }
             seen.requests += 1;
-            seen.request_bytes += n as u64;
+            seen.request_bytes += n.datagram as u64;
             seen.last_request = Some(start.elapsed());
             if let Some(b) = answer(&peer, &s, &h) {
                 seen.sent += 1;
@@ -363,7 +133,7 @@ fn hostile_thread(
 /// session and that answer's header.
 fn triggered_session(s: &Setup, qpn: u32) -> (Peer, Session, Header) {
     let peer = Peer::new();
-    let mut sess = peer.hello(&s.server_loop.door, qpn, START_PSN);
+    let mut sess = peer.hello(&s.server_loop.door, qpn);
     let h = peer.trigger_answered(&mut sess);
     (peer, sess, h)
 }
@@ -421,7 +191,7 @@ fn four_sessions_that_never_acknowledge_do_not_stall_the_other_clients() {
     let mut sessions: Vec<(Peer, Session)> = (0..4)
         .map(|i| {
             let peer = Peer::new();
-            let sess = peer.hello(&s.server_loop.door, 0x42 + i, START_PSN);
+            let sess = peer.hello(&s.server_loop.door, 0x42 + i);
             (peer, sess)
         })
         .collect();
@@ -643,7 +413,7 @@ fn forged_responses_complete_nothing_and_a_reserved_syndrome_ends_only_that_qp()
     }
     // The WRITE was not completed: it comes again (ACK timeout, 67 ms).
     let again = peer
-        .answer(Duration::from_secs(2))
+        .answer_within(Duration::from_secs(2))
         .expect("the WRITE was not resent: a forged response completed or failed it");
     assert_eq!(again.psn, p, "{again:?}");
     peer.ack(&sess, p);
@@ -659,7 +429,7 @@ fn forged_responses_complete_nothing_and_a_reserved_syndrome_ends_only_that_qp()
     std::thread::sleep(Duration::from_millis(100));
     while peer.recv(Duration::from_millis(1)).is_some() {}
     peer.trigger(&mut sess);
-    let third = peer.answer(Duration::from_millis(500));
+    let third = peer.answer_within(Duration::from_millis(500));
     eprintln!("after a reserved syndrome the next trigger got {third:?}");
     assert!(third.is_none(), "the QP still serves: {third:?}");
     let mut good = s.server_loop.door.good_client();
@@ -720,12 +490,12 @@ fn send_reliably(peer: &Peer, s: &mut Session, packets: &[(u8, Vec<u8>)]) -> u8 
 #[test]
 fn a_send_longer_than_the_receive_is_refused_not_buffered() {
     let s = Setup::start();
-    let before = s.rss_kib();
+    let before = rss_kib(&s.m);
     let mut held = Vec::new();
     let mut syndromes = Vec::new();
     for i in 0..2 {
         let peer = Peer::new();
-        let mut sess = peer.hello(&s.hash_get.door, 0x50 + i, START_PSN);
+        let mut sess = peer.hello(&s.hash_get.door, 0x50 + i);
         let mut packets = vec![(opcode::SEND_FIRST, vec![0x5a; 4096])];
         packets.extend((0..4095).map(|_| (opcode::SEND_MIDDLE, vec![0x5a; 4096])));
         let syn = send_reliably(&peer, &mut sess, &packets);
@@ -734,7 +504,7 @@ fn a_send_longer_than_the_receive_is_refused_not_buffered() {
     }
     // Let the manager settle (nothing should be freed: the SENDs are still in progress).
     std::thread::sleep(Duration::from_millis(200));
-    let after = s.rss_kib();
+    let after = rss_kib(&s.m);
     eprintln!(
         "two unfinished 16 MiB SENDs: last replies {syndromes:02x?}; the manager's RSS \
          {before} KiB -> {after} KiB (+{} KiB)",
@@ -824,7 +594,7 @@ fn segmentation_out_of_order_is_an_invalid_request_for_that_qp_only() {
         .chain(at_1024.iter().map(|(w, p)| (w, p, 1024)));
     for (i, (what, packets, mtu)) in all.enumerate() {
         let peer = Peer::new();
-        let mut sess = peer.hello_mtu(
+        let mut sess = peer.hello_with(
             &s.hash_get.door,
             0x60 + u32::try_from(i).unwrap(),
             START_PSN,
@@ -833,7 +603,7 @@ fn segmentation_out_of_order_is_an_invalid_request_for_that_qp_only() {
         let syn = send_reliably(&peer, &mut sess, packets);
         assert_eq!(syn, Syndrome::NAK_INVALID, "{what}");
         peer.trigger(&mut sess);
-        let a = peer.answer(Duration::from_millis(300));
+        let a = peer.answer_within(Duration::from_millis(300));
         assert!(a.is_none(), "{what}: the QP still serves: {a:?}");
     }
     let mut good = s.hash_get.door.good_client();
@@ -849,7 +619,7 @@ fn psns_wrapping_at_2_24_with_duplicates_are_served_in_order() {
     let s = Setup::start();
     let peer = Peer::new();
     let start = 0xff_fffe;
-    let mut sess = peer.hello(&s.hash_get.door, 0x42, start);
+    let mut sess = peer.hello_with(&s.hash_get.door, 0x42, start, 4096);
     let mut answers = 0;
     for round in 0..4u32 {
         let a = peer.trigger_answered(&mut sess);
