@@ -69,6 +69,8 @@ pub enum Event {
     Terminate,
     /// The auditor banned an app or a remote client's address.
     Ban,
+    /// An admin's `LiftBan`.
+    Unban,
     /// One of an instance's queues went to the error state.
     QueueError,
     /// An app's process exited.
@@ -85,7 +87,7 @@ pub enum Event {
 
 impl Event {
     /// Every event.
-    pub const ALL: [Event; 23] = [
+    pub const ALL: [Event; 24] = [
         Event::Start,
         Event::StopRequested,
         Event::Stop,
@@ -103,6 +105,7 @@ impl Event {
         Event::Unthrottle,
         Event::Terminate,
         Event::Ban,
+        Event::Unban,
         Event::QueueError,
         Event::AppExit,
         Event::Teardown,
@@ -131,6 +134,7 @@ impl Event {
             Event::Unthrottle => "unthrottle",
             Event::Terminate => "terminate",
             Event::Ban => "ban",
+            Event::Unban => "unban",
             Event::QueueError => "queue-error",
             Event::AppExit => "app-exit",
             Event::Teardown => "teardown",

@@ -691,7 +691,7 @@ fn apply(t: &Track, v: Violation) -> Verdict {
 }
 
 /// Who a ban is on.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Banned {
     /// An app (its rule and uid): its connections and installs are refused.
     App {
@@ -736,6 +736,25 @@ impl Bans {
                 (!left.is_zero()).then_some(Some(left))
             }
         }
+    }
+
+    /// The bans in force now, each with what is left of it (`None`: forever), in a
+    /// stable order (for `io.redn.Admin.ListBans`).
+    pub fn in_force(&self, clock: impl Clock) -> Vec<(Banned, Option<Duration>)> {
+        let mut v: Vec<(Banned, Option<Duration>)> = self
+            .until
+            .keys()
+            .filter_map(|who| Some((who.clone(), self.banned(who, &clock)?)))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Lift `who`'s ban (an administrator's order); whether it was in force.
+    pub fn lift(&mut self, who: &Banned, clock: impl Clock) -> bool {
+        let was = self.banned(who, &clock).is_some();
+        self.until.remove(who);
+        was
     }
 
     /// Drop ended bans.

@@ -321,6 +321,37 @@ impl Dataplane {
         }
     }
 
+    /// End the session holding instance `instance` of offload `handle` for an
+    /// administrator (`io.redn.Admin.DisconnectRemote`): its connection closed and its
+    /// instance released, with a `remote-exit` record; false if no such session.
+    pub fn disconnect(
+        &mut self,
+        registry: &Registry,
+        handle: u64,
+        instance: u64,
+        manager: &mut Manager,
+        audit: &mut Audit,
+    ) -> bool {
+        let Ok(token) = usize::try_from(instance) else {
+            return false;
+        };
+        let held = self
+            .conns
+            .get(&token)
+            .and_then(|c| c.instance.as_ref())
+            .is_some_and(|i| i.handle == handle);
+        if held {
+            self.close(
+                registry,
+                token,
+                manager,
+                audit,
+                "disconnected by an administrator",
+            );
+        }
+        held
+    }
+
     /// Release every instance (shutdown).
     pub fn shutdown(&mut self, registry: &Registry, manager: &mut Manager, audit: &mut Audit) {
         let all: Vec<usize> = self.conns.keys().copied().collect();

@@ -43,6 +43,7 @@ mod app_keys;
 mod clients;
 mod enforce;
 mod install;
+pub use admin::BanTarget;
 use app_keys::AppKeys;
 pub use enforce::{server_loop_over, Teardown, MAX_TEST_RUN};
 
@@ -289,6 +290,8 @@ struct RemoteInstance {
     /// the attach): how long the client has been idle, for `evict_idle_after`.
     triggers_seen: u64,
     active_at: std::time::Instant,
+    /// When it was attached, for `io.redn.Admin.ListRemoteClients`.
+    attached_at: std::time::Instant,
 }
 
 /// What the data plane needs to serve a remote client of one installed offload (see
@@ -674,6 +677,7 @@ impl Manager {
             installed: instance,
             triggers_seen: at_install.triggers,
             active_at: std::time::Instant::now(),
+            attached_at: std::time::Instant::now(),
         };
         if let Some(o) = self.installed.get_mut(&handle) {
             o.remote.insert(id, remote);

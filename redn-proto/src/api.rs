@@ -318,6 +318,75 @@ pub struct Killed {
     pub uninstalled: u32,
 }
 
+/// `io.redn.Admin` remote client entry: one session, its own instance of an offload.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct RemoteEntry {
+    pub handle: u64,
+    pub instance: u64,
+    pub app: String,
+    pub offload: String,
+    pub peer: String,
+    pub held_ns: u64,
+    pub idle_ns: u64,
+    pub triggers: u64,
+}
+
+/// `io.redn.Admin.ListRemoteClients` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RemoteList {
+    /// Every remote client's session.
+    pub remotes: Vec<RemoteEntry>,
+}
+
+/// `io.redn.Admin.DisconnectRemote` parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DisconnectRemote {
+    /// The installed offload.
+    pub handle: u64,
+    /// The session's instance (as `ListRemoteClients` shows it).
+    pub instance: u64,
+}
+
+/// `io.redn.Admin` ban entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct BanEntry {
+    pub app: String,
+    pub uid: Option<u32>,
+    pub address: Option<String>,
+    pub left_ns: Option<u64>,
+}
+
+/// `io.redn.Admin.ListBans` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BanList {
+    /// The bans in force.
+    pub bans: Vec<BanEntry>,
+}
+
+/// `io.redn.Admin.LiftBan` parameters: the app rule's name and one of `uid` (a ban on the
+/// app's own installs) or `address` (a ban on a remote client).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct LiftBan {
+    pub app: String,
+    #[serde(default)]
+    pub uid: Option<u32>,
+    #[serde(default)]
+    pub address: Option<String>,
+}
+
+/// `io.redn.Admin.LiftBan` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Lifted {
+    /// Bans lifted: one, or more when a reload gave the app rule's name to other processes
+    /// and both its tenants banned the address.
+    pub lifted: u32,
+}
+
 /// `io.redn.Admin.TestRun` parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

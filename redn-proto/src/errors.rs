@@ -139,6 +139,10 @@ pub enum AdminError {
     ReloadFailed { reason: String },
     /// A test run could not be sent.
     TestRunFailed { reason: String },
+    /// No remote client's session with that handle and instance.
+    NoSuchRemote { handle: u64, instance: u64 },
+    /// No ban in force on that app and address or uid.
+    NoSuchBan { app: String, target: String },
 }
 
 impl Named for AdminError {
@@ -203,6 +207,14 @@ pub fn declared() -> Vec<(String, Vec<String>)> {
         AdminError::NoSuchOffload { handle: 0 },
         AdminError::ReloadFailed { reason: s() },
         AdminError::TestRunFailed { reason: s() },
+        AdminError::NoSuchRemote {
+            handle: 0,
+            instance: 0,
+        },
+        AdminError::NoSuchBan {
+            app: s(),
+            target: s(),
+        },
     ]));
     out
 }

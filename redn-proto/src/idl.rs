@@ -503,6 +503,10 @@ mod tests {
                 "ReloadPolicy",
                 "TestRun",
                 "TriggerTimes",
+                "ListRemoteClients",
+                "DisconnectRemote",
+                "ListBans",
+                "LiftBan",
                 "ListDevices",
                 "Monitor"
             ]

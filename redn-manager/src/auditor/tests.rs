@@ -248,6 +248,42 @@ fn a_runaway_loop_is_terminated_from_the_counters_alone() {
 }
 
 #[test]
+fn bans_in_force_are_listed_with_what_is_left_and_can_be_lifted() {
+    let clock = ManualClock::new();
+    let mut bans = Bans::default();
+    let app = Banned::App {
+        app: "kv".into(),
+        uid: 1000,
+    };
+    let remote = |addr: &str| Banned::Remote {
+        app: AppKey(1),
+        addr: addr.parse().unwrap(),
+    };
+    bans.ban(app.clone(), None, &clock);
+    bans.ban(remote("192.0.2.7"), Some(Duration::from_secs(30)), &clock);
+    bans.ban(remote("192.0.2.8"), Some(Duration::from_secs(10)), &clock);
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(
+        bans.in_force(&clock),
+        [
+            (app.clone(), None),
+            (remote("192.0.2.7"), Some(Duration::from_secs(20)))
+        ],
+        "the ended ban is not listed, though not yet expired"
+    );
+    assert!(
+        !bans.lift(&remote("192.0.2.8"), &clock),
+        "ended: nothing lifted"
+    );
+    assert!(bans.lift(&remote("192.0.2.7"), &clock));
+    assert_eq!(bans.banned(&remote("192.0.2.7"), &clock), None);
+    assert!(!bans.lift(&remote("192.0.2.7"), &clock), "lifted once");
+    assert!(bans.lift(&app, &clock), "a ban for ever");
+    assert_eq!(bans.in_force(&clock), []);
+    assert_eq!(bans.held(), 0, "lifting drops the entries");
+}
+
+#[test]
 fn a_ban_policy_bans_for_its_duration() {
     let base = Sample::default();
     let clock = ManualClock::new();

@@ -296,6 +296,62 @@ impl Server {
                 },
                 Err(e) => Err(e),
             },
+            "ListRemoteClients" => encode(&m.admin_remotes()),
+            "ListBans" => encode(&m.admin_bans()),
+            "DisconnectRemote" => decode::<api::DisconnectRemote>(call).and_then(|p| {
+                let gone = self.dataplane.as_mut().is_some_and(|dp| {
+                    let registry = self.poll.registry();
+                    dp.disconnect(
+                        registry,
+                        p.handle,
+                        p.instance,
+                        &mut self.manager,
+                        &mut self.audit,
+                    )
+                });
+                if gone {
+                    Ok(Map::new())
+                } else {
+                    Err(wire(AdminError::NoSuchRemote {
+                        handle: p.handle,
+                        instance: p.instance,
+                    }))
+                }
+            }),
+            "LiftBan" => decode::<api::LiftBan>(call).and_then(|p| {
+                let invalid = || {
+                    ServiceError::InvalidParameter {
+                        parameter: "address".into(),
+                    }
+                    .to_wire()
+                };
+                let target = match (p.uid, p.address.as_deref()) {
+                    (Some(uid), None) => crate::state::BanTarget::Uid(uid),
+                    (None, Some(a)) => {
+                        crate::state::BanTarget::Address(a.parse().map_err(|_| invalid())?)
+                    }
+                    // Exactly one of the two.
+                    _ => return Err(invalid()),
+                };
+                let r = self.manager.admin_lift_ban(&p.app, target).map_err(wire)?;
+                self.audit.event(
+                    &Record::new(Event::Unban, Severity::Notice)
+                        .field("app", &p.app)
+                        .field(
+                            match target {
+                                crate::state::BanTarget::Uid(_) => "uid",
+                                crate::state::BanTarget::Address(_) => "address",
+                            },
+                            match target {
+                                crate::state::BanTarget::Uid(uid) => uid.to_string(),
+                                crate::state::BanTarget::Address(a) => a.to_string(),
+                            },
+                        )
+                        .field("lifted", r.lifted)
+                        .res(true),
+                );
+                encode(&r)
+            }),
             "ReloadPolicy" => match self.reload("ReloadPolicy") {
                 Ok(r) => encode(&r),
                 Err(e) => Err(wire(e)),

@@ -2,6 +2,25 @@
 //! policy reload.
 
 use super::*;
+use crate::auditor::Banned;
+
+/// Whose ban `io.redn.Admin.LiftBan` lifts, besides the app's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BanTarget {
+    /// The app's own installs, by the uid it runs as.
+    Uid(u32),
+    /// A remote client of the app, by its address.
+    Address(std::net::IpAddr),
+}
+
+impl std::fmt::Display for BanTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BanTarget::Uid(uid) => write!(f, "uid {uid}"),
+            BanTarget::Address(a) => write!(f, "address {a}"),
+        }
+    }
+}
 
 impl Manager {
     /// `io.redn.Admin.ListClients`.
@@ -112,6 +131,105 @@ impl Manager {
             listing: o.program.listing(),
             code_addr: o.installed.code_addr.0,
             wqes,
+        })
+    }
+
+    /// `io.redn.Admin.ListRemoteClients`: every remote client's session, by offload and
+    /// instance.
+    pub fn admin_remotes(&self) -> api::RemoteList {
+        let now = std::time::Instant::now();
+        let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let remotes = self
+            .installed
+            .iter()
+            .flat_map(|(h, o)| {
+                o.remote.iter().map(move |(id, r)| {
+                    let done = self.sample(&o.program, &r.installed).since(r.at_install);
+                    api::RemoteEntry {
+                        handle: *h,
+                        instance: *id,
+                        app: o.app.clone(),
+                        offload: o.program.name.clone(),
+                        peer: r.peer.to_string(),
+                        held_ns: ns(now.saturating_duration_since(r.attached_at)),
+                        idle_ns: ns(now.saturating_duration_since(r.active_at)),
+                        triggers: done.triggers,
+                    }
+                })
+            })
+            .collect();
+        api::RemoteList { remotes }
+    }
+
+    /// `io.redn.Admin.ListBans`: the bans in force, with the app rule's name (a remote
+    /// client's ban is keyed by the rule's number: see `AppKeys`).
+    pub fn admin_bans(&self) -> api::BanList {
+        let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let bans = self
+            .bans
+            .in_force(redn_sys::clock::SystemClock)
+            .into_iter()
+            .map(|(who, left)| {
+                let (app, uid, address) = match who {
+                    Banned::App { app, uid } => (app, Some(uid), None),
+                    Banned::Remote { app, addr } => (
+                        self.app_keys.name_of(app).unwrap_or("").to_owned(),
+                        None,
+                        Some(addr.to_string()),
+                    ),
+                };
+                api::BanEntry {
+                    app,
+                    uid,
+                    address,
+                    left_ns: left.map(ns),
+                }
+            })
+            .collect();
+        api::BanList { bans }
+    }
+
+    /// `io.redn.Admin.LiftBan`: lift the ban on app `app`'s installs by `uid`, or on its
+    /// remote clients at `address`: of every rule the name has had (a reload that gave the
+    /// name to other processes numbered it anew, and both may have banned the address).
+    /// Returns how many were lifted, and what to call the target in records.
+    ///
+    /// # Errors
+    /// `NoSuchBan` if none is in force.
+    pub fn admin_lift_ban(
+        &mut self,
+        app: &str,
+        target: BanTarget,
+    ) -> Result<api::Lifted, AdminError> {
+        let clock = redn_sys::clock::SystemClock;
+        let who: Vec<Banned> = match target {
+            BanTarget::Uid(uid) => vec![Banned::App {
+                app: app.to_owned(),
+                uid,
+            }],
+            BanTarget::Address(addr) => self
+                .bans
+                .in_force(clock)
+                .into_iter()
+                .filter_map(|(who, _)| match who {
+                    Banned::Remote { app: key, addr: a }
+                        if a == addr && self.app_keys.name_of(key) == Some(app) =>
+                    {
+                        Some(who)
+                    }
+                    _ => None,
+                })
+                .collect(),
+        };
+        let lifted = who.iter().filter(|w| self.bans.lift(w, clock)).count();
+        if lifted == 0 {
+            return Err(AdminError::NoSuchBan {
+                app: app.to_owned(),
+                target: target.to_string(),
+            });
+        }
+        Ok(api::Lifted {
+            lifted: u32::try_from(lifted).unwrap_or(u32::MAX),
         })
     }
 

@@ -13,6 +13,9 @@ use std::collections::HashMap;
 #[derive(Debug, Default)]
 pub(super) struct AppKeys {
     by_name: HashMap<String, (redn_policy::Matchers, crate::auditor::AppKey)>,
+    /// The name of every number given (one entry per rule a reload changed: bounded by
+    /// the operator's reloads, not by clients).
+    names: HashMap<crate::auditor::AppKey, String>,
     next: u64,
 }
 
@@ -32,7 +35,13 @@ impl AppKeys {
         self.next += 1;
         self.by_name
             .insert(name.to_owned(), (matchers.clone(), key));
+        self.names.insert(key, name.to_owned());
         key
+    }
+
+    /// The name of the rule numbered `key`, now or before a reload.
+    pub(super) fn name_of(&self, key: crate::auditor::AppKey) -> Option<&str> {
+        self.names.get(&key).map(String::as_str)
     }
 }
 
@@ -66,5 +75,9 @@ mod tests {
             ![kv, other, moved].contains(&back),
             "given back to uid 1000 it is a new app again: numbers are never reused"
         );
+        for (key, name) in [(kv, "kv"), (other, "cache"), (moved, "kv"), (back, "kv")] {
+            assert_eq!(keys.name_of(key), Some(name), "every number keeps its name");
+        }
+        assert_eq!(keys.name_of(crate::auditor::AppKey(99)), None);
     }
 }

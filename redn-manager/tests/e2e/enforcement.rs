@@ -364,6 +364,159 @@ fn a_banned_remote_client_alone_is_refused_for_its_ban() {
     assert!(cells[cells.len() - 1].parse::<u64>().is_ok(), "{table}");
 }
 
+/// An administrator, through `redn`, sees every remote client's session and every ban in
+/// force, lifts a ban and ends a session: each with its audit record, the manager acting
+/// on it at once, and a clear error for what is not there.
+#[test]
+fn an_admin_sees_sessions_and_bans_lifts_a_ban_and_ends_a_session_with_redn() {
+    // As in the ban test: server-loop overdraws a budget of 50 WQEs a trigger; an hour's ban.
+    let m = Manager::start_with_dataplane(
+        &policy("", "")
+            .replace("\"echo\"]", "\"echo\", \"server-loop\"]")
+            .replace("wqes_per_invocation = 64", "wqes_per_invocation = 50")
+            .replace(
+                "on_violation = \"terminate\"",
+                "on_violation = \"ban\"\nban_duration = \"1h\"",
+            ),
+    );
+    let s = server_loop_with_a_calm_client(&m);
+    let (handle, token, endpoint) = (s.handle, s.token.clone(), s.endpoint.clone());
+    let (neighbour, answer) = hello_at("127.0.0.2", &endpoint, handle, &token);
+    assert!(
+        matches!(answer, dataplane::Answer::Accepted(_)),
+        "{answer:?}"
+    );
+    let admin = m.admin().display().to_string();
+    let redn = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_redn"))
+            .args(["-s", &admin])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let rows = |args: &[&str]| -> Vec<serde_json::Value> {
+        let o = redn(args);
+        assert!(o.status.success(), "redn {args:?}: {o:?}");
+        serde_json::from_slice::<serde_json::Value>(&o.stdout)
+            .unwrap()
+            .as_array()
+            .expect("an array")
+            .clone()
+    };
+    // Both sessions: the calm client's (127.0.0.1, one GET) and the neighbour's.
+    let remotes = rows(&["-j", "remote", "show"]);
+    assert_eq!(remotes.len(), 2, "{remotes:?}");
+    let at = |addr: &str| {
+        remotes
+            .iter()
+            .find(|r| r["peer"].as_str().unwrap().starts_with(addr))
+            .unwrap_or_else(|| panic!("no session at {addr}: {remotes:?}"))
+            .clone()
+    };
+    let (calm, theirs) = (at("127.0.0.1:"), at("127.0.0.2:"));
+    for r in [&calm, &theirs] {
+        assert_eq!(
+            (&r["handle"], &r["app"]),
+            (&handle.into(), &"tester".into()),
+            "{r}"
+        );
+        assert_eq!(r["offload"], "server-loop", "{r}");
+        assert!(r["held_ns"].as_u64().unwrap() > 0, "{r}");
+    }
+    assert_eq!(
+        (&calm["triggers"], &theirs["triggers"]),
+        (&1.into(), &0.into())
+    );
+    let table = String::from_utf8(redn(&["remote"]).stdout).unwrap();
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["HANDLE", "INSTANCE", "APP", "OFFLOAD", "PEER", "HELD", "IDLE", "TRIGGERS"],
+        "{table}"
+    );
+    assert!(
+        table.contains(" server-loop ") && table.contains("s "),
+        "{table}"
+    );
+    // A runaway at 127.0.0.1 is banned; the ban is listed with what is left of its hour.
+    let mut runaway = remote_within(&endpoint, handle, &token, Duration::from_secs(1)).unwrap();
+    let mut served = 0u32;
+    while runaway.get(0x2a).is_ok() {
+        served += 1;
+        assert!(served < 10_000, "the runaway instance was never stopped");
+    }
+    audit_record_with(&m, &["event=ban ", " address=127.0.0.1 "]);
+    let bans = rows(&["-j", "ban", "show"]);
+    assert_eq!(bans.len(), 1, "{bans:?}");
+    assert_eq!(
+        (&bans[0]["app"], &bans[0]["address"], &bans[0]["uid"]),
+        (
+            &"tester".into(),
+            &"127.0.0.1".into(),
+            &serde_json::Value::Null
+        )
+    );
+    let left = bans[0]["left_ns"].as_u64().unwrap();
+    assert!(
+        (3_500_000_000_000..=3_600_000_000_000).contains(&left),
+        "{left}"
+    );
+    // Lifted: the address is served again at once.
+    let o = redn(&["ban", "lift", "tester", "127.0.0.1"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "1 ban(s) lifted");
+    audit_record_with(
+        &m,
+        &[
+            "event=unban ",
+            " app=tester ",
+            " address=127.0.0.1 ",
+            " lifted=1 ",
+        ],
+    );
+    assert!(rows(&["-j", "ban", "show"]).is_empty());
+    let (_back, again) = hello_at("127.0.0.1", &endpoint, handle, &token);
+    assert!(matches!(again, dataplane::Answer::Accepted(_)), "{again:?}");
+    let o = redn(&["ban", "lift", "tester", "127.0.0.1"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("NoSuchBan"),
+        "{o:?}"
+    );
+    let o = redn(&["ban", "lift", "tester", "nowhere"]);
+    assert_eq!(o.status.code(), Some(2), "a usage error: {o:?}");
+    // The neighbour's session ended: its connection closed, a record, no longer listed.
+    let instance = theirs["instance"].as_u64().unwrap().to_string();
+    let o = redn(&["remote", "kill", &handle.to_string(), &instance]);
+    assert!(o.status.success(), "{o:?}");
+    audit_record_with(
+        &m,
+        &[
+            "event=remote-exit ",
+            &format!(" instance={instance} "),
+            "disconnected by an administrator",
+        ],
+    );
+    neighbour.set_read_timeout(Some(DEADLINE)).unwrap();
+    let mut byte = [0u8; 1];
+    assert_eq!(
+        (&neighbour).read(&mut byte).unwrap(),
+        0,
+        "its connection closed"
+    );
+    let left: Vec<_> = rows(&["-j", "remote", "show"])
+        .into_iter()
+        .filter(|r| r["peer"].as_str().unwrap().starts_with("127.0.0.2:"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let o = redn(&["remote", "kill", &handle.to_string(), &instance]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("NoSuchRemote"),
+        "{o:?}"
+    );
+}
+
 #[test]
 fn a_remote_client_over_its_trigger_rate_is_throttled() {
     // Each GET is one trigger of server-loop's 56 WQEs, inside every WQE budget; 100

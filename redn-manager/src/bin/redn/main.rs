@@ -267,6 +267,80 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
             "remote_banned",
         ]),
         ("region", "show") => clients(&["id", "app", "regions", "pinned_bytes"]),
+        ("remote", "show") => {
+            let mut out = rows_of("ListRemoteClients", "remotes", &[], REMOTE_COLUMNS)?;
+            if let (false, Output::Rows { rows, .. }) = (opts.json, &mut out) {
+                for row in rows {
+                    humane_ns(row, "held_ns", "held");
+                    humane_ns(row, "idle_ns", "idle");
+                }
+            }
+            Ok(out)
+        }
+        ("remote", "kill") => {
+            let (handle, instance) = match rest {
+                [h, i] => (number::<u64>(h, "HANDLE")?, number::<u64>(i, "INSTANCE")?),
+                _ => {
+                    return Err(usage_error(format!(
+                        "redn {object} {command} takes HANDLE INSTANCE (got {})",
+                        rest.join(" ")
+                    )))
+                }
+            };
+            admin_call(
+                opts,
+                "DisconnectRemote",
+                json!({ "handle": handle, "instance": instance }),
+            )?;
+            Ok(Output::Text {
+                text: format!("remote client {instance} of offload {handle} disconnected"),
+                json: json!([{ "handle": handle, "instance": instance }]),
+            })
+        }
+        ("ban", "show") => {
+            let mut out = rows_of("ListBans", "bans", &[], &["app", "uid", "address", "left"])?;
+            if let (false, Output::Rows { rows, .. }) = (opts.json, &mut out) {
+                for row in rows {
+                    if row.get("left_ns").is_some_and(Value::is_null) {
+                        row.remove("left_ns");
+                        row.insert("left".to_owned(), Value::String("infinity".into()));
+                    } else {
+                        humane_ns(row, "left_ns", "left");
+                    }
+                }
+            }
+            Ok(out)
+        }
+        ("ban", "lift") => {
+            let (app, target) = match rest {
+                [app, uid, n] if uid == "uid" => (app, json!({ "uid": number::<u32>(n, "UID")? })),
+                [app, address] => {
+                    let a: std::net::IpAddr = address.parse().map_err(|_| {
+                        usage_error(format!("ADDRESS: {address:?} is not an IP address"))
+                    })?;
+                    (app, json!({ "address": a.to_string() }))
+                }
+                _ => {
+                    return Err(usage_error(format!(
+                        "redn {object} {command} takes APP ADDRESS or APP uid UID (got {})",
+                        rest.join(" ")
+                    )))
+                }
+            };
+            let mut params = json!({ "app": app });
+            if let (Value::Object(p), Value::Object(t)) = (&mut params, target) {
+                p.extend(t);
+            }
+            let reply = admin_call(opts, "LiftBan", params.clone())?;
+            let n = reply.get("lifted").and_then(Value::as_u64).unwrap_or(0);
+            if let Value::Object(p) = &mut params {
+                p.insert("lifted".to_owned(), n.into());
+            }
+            Ok(Output::Text {
+                text: format!("{n} ban(s) lifted"),
+                json: json!([params]),
+            })
+        }
         ("offload", "dump") => {
             let handle = one_number(rest, "HANDLE", object, command)?;
             let reply = admin_call(opts, "Dump", json!({ "handle": handle }))?;
@@ -369,15 +443,42 @@ fn monitor(opts: &Options) -> Result<Output> {
 /// The single number argument of `object command`.
 fn one_number(rest: &[String], name: &str, object: &str, command: &str) -> Result<u64> {
     match rest {
-        [one] => one
-            .parse()
-            .map_err(|_| usage_error(format!("{name} must be a number, not {one:?}"))),
+        [one] => number(one, name),
         [] => Err(usage_error(format!("redn {object} {command} needs {name}"))),
         _ => Err(usage_error(format!(
             "redn {object} {command} takes one {name} (got {})",
             rest.join(" ")
         ))),
     }
+}
+
+/// Argument `name` as a number.
+fn number<T: std::str::FromStr>(given: &str, name: &str) -> Result<T> {
+    given
+        .parse()
+        .map_err(|_| usage_error(format!("{name} must be a number, not {given:?}")))
+}
+
+/// The columns `redn remote show` prints (its times as [`humane_ns`] writes them).
+const REMOTE_COLUMNS: &[&str] = &[
+    "handle", "instance", "app", "offload", "peer", "held", "idle", "triggers",
+];
+
+/// The nanoseconds in `row[key]` as people read them in a table (`12.3s`, `4m05s`), as
+/// `row[name]` in its place.
+fn humane_ns(row: &mut Map<String, Value>, key: &str, name: &str) {
+    let Some(ns) = row.remove(key).as_ref().and_then(Value::as_u64) else {
+        return;
+    };
+    let secs = ns / 1_000_000_000;
+    let text = if secs >= 3600 {
+        format!("{}h{:02}m", secs / 3600, secs % 3600 / 60)
+    } else if secs >= 60 {
+        format!("{}m{:02}s", secs / 60, secs % 60)
+    } else {
+        format!("{}.{}s", secs, ns % 1_000_000_000 / 100_000_000)
+    };
+    row.insert(name.to_owned(), Value::String(text));
 }
 
 /// The admin socket: `-s`, else the config's `[admin] socket` (when `-c` names a config or

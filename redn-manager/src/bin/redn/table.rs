@@ -72,6 +72,40 @@ pub const COMMANDS: &[Cmd] = &[
                   (no manager needed); exit 1 if any refuses it",
     },
     Cmd {
+        object: "remote",
+        name: "show",
+        args: "",
+        completes: None,
+        options: &[],
+        summary: "remote clients' sessions: offload, instance, address, how long held and idle, \
+                  triggers",
+    },
+    Cmd {
+        object: "remote",
+        name: "kill",
+        args: "HANDLE INSTANCE",
+        completes: None,
+        options: &[],
+        summary: "end the remote client's session INSTANCE of offload HANDLE (it may say hello \
+                  again)",
+    },
+    Cmd {
+        object: "ban",
+        name: "show",
+        args: "",
+        completes: None,
+        options: &[],
+        summary: "bans in force: app, uid or remote address, time left",
+    },
+    Cmd {
+        object: "ban",
+        name: "lift",
+        args: "APP {ADDRESS | uid UID}",
+        completes: None,
+        options: &[],
+        summary: "lift the ban on app APP's remote clients at ADDRESS, or on its installs by UID",
+    },
+    Cmd {
         object: "stat",
         name: "show",
         args: "",
