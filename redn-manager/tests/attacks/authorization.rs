@@ -290,6 +290,13 @@ fn idor(socket: &Path) {
         ),
         ("TriggerTimes", json!({ "handle": handle })),
         ("ReloadPolicy", json!({})),
+        ("ListRemoteClients", json!({})),
+        ("ListBans", json!({})),
+        (
+            "DisconnectRemote",
+            json!({ "handle": handle, "instance": 0 }),
+        ),
+        ("LiftBan", json!({ "app": "kv", "address": "127.0.0.1" })),
     ];
     for (method, params) in admin_calls {
         let o = outcome(conn, &format!("io.redn.Admin.{method}"), params);
