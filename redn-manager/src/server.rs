@@ -428,6 +428,7 @@ impl Server {
                     self.read(token);
                 }
             }
+            self.audit_if_due();
         }
         if let Some(dp) = &mut self.dataplane {
             // Remote clients of offloads uninstalled in this turn lose their instances.
@@ -441,13 +442,21 @@ impl Server {
 
     /// An auditor round if one is due, then the records of what the manager did.
     fn audit_round(&mut self) {
+        self.audit_if_due();
+        self.drain_manager_records();
+        self.audit.flush();
+        self.feed_monitors();
+    }
+
+    /// An auditor round if one is due. Also between the events of a turn: a turn may
+    /// carry many hellos, each installing an instance, and the auditor's cadence must not
+    /// wait for all of them (a hello flood with a valid token would otherwise stretch its
+    /// rounds to one a turn).
+    fn audit_if_due(&mut self) {
         let clock = redn_sys::clock::SystemClock;
         if self.auditor.due(clock) {
             self.manager.audit_round(&mut self.auditor, clock);
         }
-        self.drain_manager_records();
-        self.audit.flush();
-        self.feed_monitors();
     }
 
     /// What `Monitor` reports once a second.
