@@ -308,9 +308,10 @@ fn a_client_sending_rnr_naks_cannot_stall_the_other_clients() {
     );
 }
 
-/// Attack 4: sequence NAKs at the answer's own PSN, each time it comes: go-back-N with no
-/// progress costs a retry each, so the manager resends at most `retry_cnt` (7) times and
-/// then puts its QP in error. Amplification is at most one WRITE per NAK.
+/// Attack 4: sequence NAKs at the answer's own PSN, each time it comes: the first starts a
+/// go-back and costs a retry; while it is under way further NAKs start none (rxe's
+/// `started_retry`), so the resends are the ACK timer's, at most `retry_cnt` (7), and then
+/// the manager puts its QP in error. Amplification is at most one WRITE per NAK.
 #[test]
 fn sequence_naks_cost_retries_and_end_in_error() {
     let s = Setup::start();

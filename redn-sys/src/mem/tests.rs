@@ -393,10 +393,17 @@ fn live_counts_the_registered_regions_as_regions_lists_them() {
     assert_eq!((t.live(), t.regions().len()), (4, 4));
     t.deregister(keys[1]).unwrap();
     t.deregister(keys[3]).unwrap();
-    assert!(t.deregister(keys[3]).is_none(), "a key gone twice counts once");
+    assert!(
+        t.deregister(keys[3]).is_none(),
+        "a key gone twice counts once"
+    );
     assert_eq!((t.live(), t.regions().len()), (2, 2));
     t.register(Pdn(1), &buf, 0, 64, Access::ALL).unwrap();
-    assert_eq!((t.live(), t.regions().len()), (3, 3), "a free slot taken again");
+    assert_eq!(
+        (t.live(), t.regions().len()),
+        (3, 3),
+        "a free slot taken again"
+    );
 }
 
 #[test]

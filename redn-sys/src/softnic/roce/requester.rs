@@ -177,6 +177,12 @@ pub struct Requester {
     /// READ: a response gap at this PSN was already retried (once per gap, as a NAK).
     gap_retried: Option<u32>,
     retries: u8,
+    /// A sequence NAK started a go-back that no progress has ended yet: further sequence
+    /// NAKs start no other and cost no retry, as in rxe's completer (`started_retry`,
+    /// cleared by `reset_retry_counters`); a resend lost again is the ACK timer's to retry.
+    /// Without it every NAK resent the whole window again: a peer repeating a NAK made the
+    /// QP send its window once a NAK.
+    nak_retry: bool,
     rnr: u8,
     deadline: Option<Instant>,
     rnr_until: Option<Instant>,
@@ -218,6 +224,7 @@ impl Requester {
             read_done: 0,
             gap_retried: None,
             retries: attrs.retry_cnt,
+            nak_retry: false,
             rnr: attrs.rnr_retry,
             fresh: start,
             resent: 0,
@@ -294,6 +301,7 @@ impl Requester {
             self.una = first;
             self.sent = first;
             self.retries = self.attrs.retry_cnt;
+            self.nak_retry = false;
             self.rnr = self.attrs.rnr_retry;
             self.deadline = None;
             self.rnr_until = None;
@@ -455,8 +463,15 @@ impl Requester {
                     .iter()
                     .rposition(|m| psn::diff(self.sent, m.first) >= 0)
                     .unwrap_or(0);
+                let window = i32::try_from(WINDOW).unwrap_or(i32::MAX);
+                // The last packet this call sends: before `next_psn`, or the window's end.
+                let last = if psn::diff(self.next_psn, self.una) > window {
+                    psn::add(self.una, WINDOW - 1)
+                } else {
+                    psn::add(self.next_psn, psn::MASK)
+                };
                 while psn::diff(self.sent, self.next_psn) < 0
-                    && psn::diff(self.sent, self.una) < i32::try_from(WINDOW).unwrap_or(i32::MAX)
+                    && psn::diff(self.sent, self.una) < window
                 {
                     // Past the messages `sent` has passed: the PSNs of `msgs` run contiguously
                     // to `next_psn`, so one holds it.
@@ -468,9 +483,12 @@ impl Requester {
                         at += 1;
                     }
                     let Some(m) = self.msgs.get(at) else { break };
-                    let (h, range) = self.packet(m, self.sent);
+                    let (mut h, range) = self.packet(m, self.sent);
                     if psn::diff(self.sent, self.fresh) < 0 {
                         self.resent += range.len() as u64;
+                        // The last of a go-back asks for its ACK itself: packets are being
+                        // recovered, and a copy that asks would only follow it.
+                        h.ack_req |= self.sent == last;
                     }
                     emit(&h, range.clone(), m.data.get(range).unwrap_or(&[]));
                     self.sent = psn::add(self.sent, 1);
@@ -662,21 +680,31 @@ impl Requester {
                         return Err(DropReason::UnexpectedResponse);
                     }
                     if front_msg.posted() {
-                        if h.psn != self.una {
-                            // It acknowledges packets: progress restores the retries.
-                            self.retries = self.attrs.retry_cnt;
-                        }
+                        let before = self.msgs.len();
                         self.una = h.psn;
                         self.acknowledge_to(h.psn);
                         if self.msgs.is_empty() {
                             return Ok(());
                         }
+                        if self.msgs.len() < before {
+                            // It acknowledges a whole message: progress restores the
+                            // retries (rxe's `check_psn`; packets of a message alone do not).
+                            self.retries = self.attrs.retry_cnt;
+                            self.nak_retry = false;
+                        }
+                        if psn::diff(self.sent, self.una) < 0 {
+                            self.sent = self.una;
+                        }
+                    }
+                    if self.nak_retry {
+                        return Ok(());
                     }
                     if self.retries == 0 {
                         self.fail(Nak::NoResponse);
                         return Ok(());
                     }
                     self.retries -= 1;
+                    self.nak_retry = true;
                     self.go_back();
                     return Ok(());
                 }
@@ -710,6 +738,7 @@ impl Requester {
                         self.clear_solicit();
                     }
                     self.retries = self.attrs.retry_cnt;
+                    self.nak_retry = false;
                     self.rnr = self.attrs.rnr_retry;
                     self.acknowledge_to(self.una);
                     if !self.msgs.is_empty() {
@@ -788,6 +817,7 @@ impl Requester {
         self.read_done += n;
         self.una = psn::add(self.una, 1);
         self.retries = self.attrs.retry_cnt;
+        self.nak_retry = false;
         if ends {
             self.finish_front(Ok(u64::from(len)));
             return Ok(());

@@ -179,40 +179,47 @@ fn only_packets_and_zero_length() {
 #[test]
 fn a_sequence_nak_goes_back_n_and_costs_a_retry() {
     let c = ManualClock::new();
+    let five = Message::Send {
+        len: 256 * 5,
+        imm: None,
+    };
     let mut r = Requester::new(attrs(), 7, 100);
-    start(
-        &mut r,
-        Message::Send {
-            len: 256 * 5,
-            imm: None,
-        },
-    );
+    start(&mut r, five);
     assert_eq!(tx(&mut r, c.now()).len(), 5);
     // Packet 102 was lost: the responder NAKs with its expected PSN.
-    for retry in 0..2 {
-        assert_eq!(answer(&mut r, 102, 0x60, c.now()), Ok(Progress::Pending));
-        let p = tx(&mut r, c.now());
-        assert_eq!(
-            p.iter().map(|(h, _)| h.psn).collect::<Vec<_>>(),
-            [102, 103, 104],
-            "{retry}"
-        );
-        assert_eq!(p[0].0.opcode, opcode::SEND_MIDDLE, "original segmentation");
-    }
+    assert_eq!(answer(&mut r, 102, 0x60, c.now()), Ok(Progress::Pending));
+    let p = tx(&mut r, c.now());
     assert_eq!(
-        answer(&mut r, 102, 0x60, c.now()),
-        Ok(Progress::Failed(Nak::NoResponse)),
+        p.iter().map(|(h, _)| h.psn).collect::<Vec<_>>(),
+        [102, 103, 104]
+    );
+    assert_eq!(p[0].0.opcode, opcode::SEND_MIDDLE, "original segmentation");
+    // While that go-back is under way, another NAK starts none and costs nothing (rxe's
+    // `started_retry`): a resend lost again is the ACK timer's.
+    for _ in 0..5 {
+        assert_eq!(answer(&mut r, 102, 0x60, c.now()), Ok(Progress::Pending));
+        assert!(
+            tx(&mut r, c.now()).is_empty(),
+            "a repeated NAK resends nothing"
+        );
+    }
+    c.advance(Duration::from_millis(2));
+    assert_eq!(timer(&mut r, c.now()), Progress::Pending);
+    assert_eq!(
+        tx(&mut r, c.now()).len(),
+        3,
+        "the timer's retry, the last of two"
+    );
+    c.advance(Duration::from_millis(2));
+    assert_eq!(
+        timer(&mut r, c.now()),
+        Progress::Failed(Nak::NoResponse),
         "retry_cnt 2 allows two resends"
     );
-    // A NAK further on acknowledges packets: that progress restores the retries.
+    // NAKs further into the same message acknowledge packets but finish no message: they
+    // restore nothing, and start no go-back while one is under way.
     let mut r = Requester::new(attrs(), 7, 100);
-    start(
-        &mut r,
-        Message::Send {
-            len: 256 * 5,
-            imm: None,
-        },
-    );
+    start(&mut r, five);
     tx(&mut r, c.now());
     for nak in [101, 101, 102, 102, 103, 103] {
         assert_eq!(
@@ -221,6 +228,46 @@ fn a_sequence_nak_goes_back_n_and_costs_a_retry() {
             "NAK {nak}"
         );
     }
+    let p = tx(&mut r, c.now());
+    assert_eq!(
+        p.iter().map(|(h, _)| h.psn).collect::<Vec<_>>(),
+        [103, 104],
+        "the one go-back, from what the NAKs acknowledged"
+    );
+    c.advance(Duration::from_millis(2));
+    assert_eq!(timer(&mut r, c.now()), Progress::Pending);
+    assert_eq!(tx(&mut r, c.now()).len(), 2, "the timer's retry");
+    c.advance(Duration::from_millis(2));
+    assert_eq!(
+        timer(&mut r, c.now()),
+        Progress::Failed(Nak::NoResponse),
+        "one retry for the NAKs, one for the timer"
+    );
+}
+
+#[test]
+fn a_sequence_nak_that_finishes_a_message_restores_the_retries() {
+    let c = ManualClock::new();
+    let mut r = Requester::new(attrs(), 7, 100);
+    for _ in 0..3 {
+        start(&mut r, write(8));
+    }
+    assert_eq!(tx(&mut r, c.now()).len(), 3);
+    assert_eq!(answer(&mut r, 100, 0x60, c.now()), Ok(Progress::Pending));
+    assert_eq!(tx(&mut r, c.now()).len(), 3, "all three again");
+    assert_eq!(answer(&mut r, 100, 0x60, c.now()), Ok(Progress::Pending));
+    assert!(tx(&mut r, c.now()).is_empty(), "not again");
+    // 101: the first WRITE arrived. Progress: a new go-back, of the two left.
+    assert_eq!(answer(&mut r, 101, 0x60, c.now()), Ok(Progress::Done(0)));
+    let p = tx(&mut r, c.now());
+    assert_eq!(p.iter().map(|(h, _)| h.psn).collect::<Vec<_>>(), [101, 102]);
+    // Its retries were restored, then its go-back took one: a timeout still resends once
+    // (without the progress, this go-back would have taken the last).
+    c.advance(Duration::from_millis(2));
+    assert_eq!(timer(&mut r, c.now()), Progress::Pending);
+    assert_eq!(tx(&mut r, c.now()).len(), 2);
+    c.advance(Duration::from_millis(2));
+    assert_eq!(timer(&mut r, c.now()), Progress::Failed(Nak::NoResponse));
 }
 
 #[test]
@@ -807,4 +854,39 @@ fn packets_sent_again_are_counted_as_resent_bytes_and_first_sends_are_not() {
     timer(&mut r, c.now());
     assert_eq!(tx(&mut r, c.now()).len(), 1);
     assert_eq!(r.resent_bytes(), 3 * 256 + 100);
+}
+
+#[test]
+fn the_last_packet_of_a_go_back_asks_for_its_ack_and_no_copy_follows() {
+    let c = ManualClock::new();
+    let mut r = Requester::new(attrs(), 7, 100);
+    for _ in 0..3 {
+        start_unasked(&mut r, 8);
+    }
+    assert_eq!(
+        asking(&tx(&mut r, c.now())),
+        [] as [u32; 0],
+        "nobody waits: none asks"
+    );
+    assert_eq!(answer(&mut r, 101, 0x60, c.now()), Ok(Progress::Done(0)));
+    let p = tx(&mut r, c.now());
+    assert_eq!(p.iter().map(|(h, _)| h.psn).collect::<Vec<_>>(), [101, 102]);
+    assert_eq!(asking(&p), [102], "the go-back's last asks");
+    assert!(!r.solicit(), "asked already: no copy to send");
+    assert!(tx(&mut r, c.now()).is_empty());
+    // More than a window to resend: its last packet is the window's end.
+    let mut r = Requester::new(attrs(), 7, 5);
+    start_unasked(&mut r, 256 * (WINDOW + 8));
+    assert_eq!(tx(&mut r, c.now()).len(), WINDOW as usize);
+    assert_eq!(answer(&mut r, 5, 0x60, c.now()), Ok(Progress::Pending));
+    let p = tx(&mut r, c.now());
+    assert_eq!(p.len(), WINDOW as usize);
+    let end = 5 + WINDOW - 1;
+    let mut expected: Vec<u32> = (5..end).filter(|i| i % 16 == 15).collect();
+    expected.push(end);
+    assert_eq!(
+        asking(&p),
+        expected,
+        "every sixteenth PSN, and the window's end"
+    );
 }
