@@ -322,15 +322,16 @@ impl Dataplane {
     }
 
     /// End the session holding instance `instance` of offload `handle` for an
-    /// administrator (`io.redn.Admin.DisconnectRemote`): its connection closed and its
-    /// instance released, with a `remote-exit` record; false if no such session.
+    /// administrator (`io.redn.Admin.DisconnectRemote`, `BanRemote`): its connection closed
+    /// and its instance released, with a `remote-exit` record saying `why`; false if no such
+    /// session.
     pub fn disconnect(
         &mut self,
         registry: &Registry,
-        handle: u64,
-        instance: u64,
+        (handle, instance): (u64, u64),
         manager: &mut Manager,
         audit: &mut Audit,
+        why: &str,
     ) -> bool {
         let Ok(token) = usize::try_from(instance) else {
             return false;
@@ -341,13 +342,7 @@ impl Dataplane {
             .and_then(|c| c.instance.as_ref())
             .is_some_and(|i| i.handle == handle);
         if held {
-            self.close(
-                registry,
-                token,
-                manager,
-                audit,
-                "disconnected by an administrator",
-            );
+            self.close(registry, token, manager, audit, why);
         }
         held
     }

@@ -366,6 +366,24 @@ pub struct BanList {
     pub bans: Vec<BanEntry>,
 }
 
+/// `io.redn.Admin.BanRemote` parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)] // the IDL documents the fields
+pub struct BanRemote {
+    pub app: String,
+    pub address: String,
+    #[serde(default)]
+    pub seconds: Option<u64>,
+}
+
+/// `io.redn.Admin.BanRemote` reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BannedRemote {
+    /// The sessions the ban ended.
+    pub ended: u32,
+}
+
 /// `io.redn.Admin.LiftBan` parameters: the app rule's name and one of `uid` (a ban on the
 /// app's own installs) or `address` (a ban on a remote client).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -143,6 +143,8 @@ pub enum AdminError {
     NoSuchRemote { handle: u64, instance: u64 },
     /// No ban in force on that app and address or uid.
     NoSuchBan { app: String, target: String },
+    /// No app rule of that name in the policy.
+    NoSuchApp { app: String },
 }
 
 impl Named for AdminError {
@@ -215,6 +217,7 @@ pub fn declared() -> Vec<(String, Vec<String>)> {
             app: s(),
             target: s(),
         },
+        AdminError::NoSuchApp { app: s() },
     ]));
     out
 }

@@ -506,6 +506,7 @@ mod tests {
                 "ListRemoteClients",
                 "DisconnectRemote",
                 "ListBans",
+                "BanRemote",
                 "LiftBan",
                 "ListDevices",
                 "Monitor"

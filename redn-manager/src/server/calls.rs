@@ -303,10 +303,10 @@ impl Server {
                     let registry = self.poll.registry();
                     dp.disconnect(
                         registry,
-                        p.handle,
-                        p.instance,
+                        (p.handle, p.instance),
                         &mut self.manager,
                         &mut self.audit,
+                        "disconnected by an administrator",
                     )
                 });
                 if gone {
@@ -317,6 +317,38 @@ impl Server {
                         instance: p.instance,
                     }))
                 }
+            }),
+            "BanRemote" => decode::<api::BanRemote>(call).and_then(|p| {
+                let addr: std::net::IpAddr = p.address.parse().map_err(|_| {
+                    ServiceError::InvalidParameter {
+                        parameter: "address".into(),
+                    }
+                    .to_wire()
+                })?;
+                let span = p.seconds.map(std::time::Duration::from_secs);
+                let sessions = self
+                    .manager
+                    .admin_ban_remote(&p.app, addr, span)
+                    .map_err(wire)?;
+                self.audit.event(
+                    &Record::new(Event::Ban, Severity::Warning)
+                        .field("app", &p.app)
+                        .field("address", addr)
+                        .field("duration", crate::auditor::describe_span(span))
+                        .field("by", "admin")
+                        .res(true),
+                );
+                let mut ended = 0u32;
+                if let Some(dp) = self.dataplane.as_mut() {
+                    let registry = self.poll.registry();
+                    for s in sessions {
+                        let why = "banned by an administrator";
+                        if dp.disconnect(registry, s, &mut self.manager, &mut self.audit, why) {
+                            ended += 1;
+                        }
+                    }
+                }
+                encode(&api::BannedRemote { ended })
             }),
             "LiftBan" => decode::<api::LiftBan>(call).and_then(|p| {
                 let invalid = || {

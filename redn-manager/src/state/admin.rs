@@ -189,6 +189,42 @@ impl Manager {
         api::BanList { bans }
     }
 
+    /// `io.redn.Admin.BanRemote`: ban the remote clients at `addr` from app `app`'s offloads
+    /// for `span` (`None`: for ever), under every number the rule's name has had (the
+    /// installs of a tenant a reload replaced serve on under theirs); the sessions the
+    /// address holds with them, for the data plane to end.
+    ///
+    /// # Errors
+    /// `NoSuchApp` if the policy has no rule of that name.
+    pub fn admin_ban_remote(
+        &mut self,
+        app: &str,
+        addr: std::net::IpAddr,
+        span: Option<std::time::Duration>,
+    ) -> Result<Vec<(u64, u64)>, AdminError> {
+        let rule = self.policy.app(app).ok_or_else(|| AdminError::NoSuchApp {
+            app: app.to_owned(),
+        })?;
+        // The number a new install under the rule gets, so that the ban holds for it too.
+        self.app_keys.key(app, &rule.matchers);
+        let keys = self.app_keys.keys_named(app);
+        for key in &keys {
+            let who = Banned::Remote { app: *key, addr };
+            self.bans.ban(who, span, redn_sys::clock::SystemClock);
+        }
+        Ok(self
+            .installed
+            .iter()
+            .filter(|(_, o)| keys.contains(&o.app_key))
+            .flat_map(|(h, o)| {
+                o.remote
+                    .iter()
+                    .filter(|(_, r)| r.peer.ip() == addr)
+                    .map(|(id, _)| (*h, *id))
+            })
+            .collect())
+    }
+
     /// `io.redn.Admin.LiftBan`: lift the ban on app `app`'s installs by `uid`, or on its
     /// remote clients at `address`: of every rule the name has had (a reload that gave the
     /// name to other processes numbered it anew, and both may have banned the address).

@@ -43,6 +43,18 @@ impl AppKeys {
     pub(super) fn name_of(&self, key: crate::auditor::AppKey) -> Option<&str> {
         self.names.get(&key).map(String::as_str)
     }
+
+    /// Every number the name `name` has had, in order.
+    pub(super) fn keys_named(&self, name: &str) -> Vec<crate::auditor::AppKey> {
+        let mut keys: Vec<_> = self
+            .names
+            .iter()
+            .filter(|(_, n)| n.as_str() == name)
+            .map(|(k, _)| *k)
+            .collect();
+        keys.sort();
+        keys
+    }
 }
 
 #[cfg(test)]
@@ -78,6 +90,9 @@ mod tests {
         for (key, name) in [(kv, "kv"), (other, "cache"), (moved, "kv"), (back, "kv")] {
             assert_eq!(keys.name_of(key), Some(name), "every number keeps its name");
         }
+        assert_eq!(keys.keys_named("kv"), [kv, moved, back]);
+        assert_eq!(keys.keys_named("cache"), [other]);
+        assert_eq!(keys.keys_named("none"), []);
         assert_eq!(keys.name_of(crate::auditor::AppKey(99)), None);
     }
 }

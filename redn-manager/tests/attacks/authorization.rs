@@ -297,6 +297,10 @@ fn idor(socket: &Path) {
             json!({ "handle": handle, "instance": 0 }),
         ),
         ("LiftBan", json!({ "app": "kv", "address": "127.0.0.1" })),
+        (
+            "BanRemote",
+            json!({ "app": "kv", "address": "127.0.0.1", "seconds": 60 }),
+        ),
     ];
     for (method, params) in admin_calls {
         let o = outcome(conn, &format!("io.redn.Admin.{method}"), params);

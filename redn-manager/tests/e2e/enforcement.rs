@@ -515,6 +515,52 @@ fn an_admin_sees_sessions_and_bans_lifts_a_ban_and_ends_a_session_with_redn() {
         String::from_utf8_lossy(&o.stderr).contains("NoSuchRemote"),
         "{o:?}"
     );
+    // An admin's own ban: the session 127.0.0.1 opened after the lift ends, its hellos are
+    // refused, and the ban is listed until lifted.
+    let o = redn(&["-j", "ban", "add", "tester", "127.0.0.1", "30m"]);
+    assert!(o.status.success(), "{o:?}");
+    let reply: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(reply[0]["ended"], 1, "{reply}");
+    audit_record_with(
+        &m,
+        &[
+            "event=ban ",
+            " app=tester ",
+            " address=127.0.0.1 ",
+            " by=admin ",
+        ],
+    );
+    audit_record_with(&m, &["event=remote-exit ", "banned by an administrator"]);
+    let (_t, refused) = hello_at("127.0.0.1", &endpoint, handle, &token);
+    assert!(
+        matches!(refused, dataplane::Answer::Refused(Refusal::Banned, _)),
+        "{refused:?}"
+    );
+    let bans = rows(&["-j", "ban", "show"]);
+    assert_eq!(bans.len(), 1, "{bans:?}");
+    let left = bans[0]["left_ns"].as_u64().unwrap();
+    assert!(
+        (1_700_000_000_000..=1_800_000_000_000).contains(&left),
+        "{left}"
+    );
+    for (bad, says) in [
+        (
+            &["ban", "add", "nobody", "127.0.0.1", "1h"][..],
+            "NoSuchApp",
+        ),
+        (&["ban", "add", "tester", "127.0.0.1", "soon"], "DURATION"),
+        (
+            &["ban", "add", "tester", "127.0.0.1", "10ms"],
+            "at least 1s",
+        ),
+    ] {
+        let o = redn(bad);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(says), "{bad:?}: {o:?}");
+    }
+    assert!(redn(&["ban", "lift", "tester", "127.0.0.1"])
+        .status
+        .success());
 }
 
 #[test]

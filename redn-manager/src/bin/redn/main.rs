@@ -311,6 +311,38 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
             }
             Ok(out)
         }
+        ("ban", "add") => {
+            let [app, address, duration] = rest else {
+                return Err(usage_error(format!(
+                    "redn {object} {command} takes APP ADDRESS DURATION (got {})",
+                    rest.join(" ")
+                )));
+            };
+            let a: std::net::IpAddr = address
+                .parse()
+                .map_err(|_| usage_error(format!("ADDRESS: {address:?} is not an IP address")))?;
+            let seconds = match duration
+                .parse::<redn_policy::TimeSpan>()
+                .map_err(|e| usage_error(format!("DURATION: {e}")))?
+            {
+                redn_policy::TimeSpan::Infinite => None,
+                redn_policy::TimeSpan::Finite(d) if d.as_secs() >= 1 => Some(d.as_secs()),
+                redn_policy::TimeSpan::Finite(_) => {
+                    return Err(usage_error("DURATION: at least 1s, or \"infinity\""))
+                }
+            };
+            let params = json!({ "app": app, "address": a.to_string(), "seconds": seconds });
+            let reply = admin_call(opts, "BanRemote", params.clone())?;
+            let ended = reply.get("ended").and_then(Value::as_u64).unwrap_or(0);
+            let mut row = params;
+            if let Value::Object(r) = &mut row {
+                r.insert("ended".to_owned(), ended.into());
+            }
+            Ok(Output::Text {
+                text: format!("{a} banned from app {app}'s offloads, {ended} session(s) ended"),
+                json: json!([row]),
+            })
+        }
         ("ban", "lift") => {
             let (app, target) = match rest {
                 [app, uid, n] if uid == "uid" => (app, json!({ "uid": number::<u32>(n, "UID")? })),

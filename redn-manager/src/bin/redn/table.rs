@@ -99,6 +99,15 @@ pub const COMMANDS: &[Cmd] = &[
     },
     Cmd {
         object: "ban",
+        name: "add",
+        args: "APP ADDRESS DURATION",
+        completes: None,
+        options: &[],
+        summary: "ban app APP's remote clients at ADDRESS for DURATION (\"1h\", \"infinity\"): \
+                  their sessions end, their hellos are refused",
+    },
+    Cmd {
+        object: "ban",
         name: "lift",
         args: "APP {ADDRESS | uid UID}",
         completes: None,
