@@ -2,7 +2,7 @@
 //!
 //! [`install`] creates the program's code region, CQs and queue pairs one after another
 //! through the [`Nic`] trait, so every backend installs the same way. Each object it creates
-//! goes into an [`Objects`] log as an owning handle ([`crate::handle`]); if a later step
+//! goes into an `Objects` log as an owning handle ([`crate::handle`]); if a later step
 //! fails, the log drops and releases everything made so far, newest first, so a refused or
 //! failed install leaves the NIC exactly as it was. An [`Installed`] offload owns its log and
 //! releases it the same way when removed or dropped.

@@ -4,7 +4,7 @@
 //!
 //! A [`RoceEndpoint`] binds one UDP socket for a softnic (port 4791 by default, another so
 //! that several softnics share a host) and runs a receive thread. [`RoceEndpoint::connect`]
-//! gives a local QP a [`Transport`](super::transport::Transport) that speaks RC to the
+//! gives a local QP a `Transport` (`softnic::transport`) that speaks RC to the
 //! remote QP a [`QpRecord`] describes; the records are exchanged out of band over TCP
 //! ([`exchange`]). In-process connections ([`Nic::connect`](crate::nic::Nic::connect),
 //! [`SoftNic::connect_pair`](super::SoftNic::connect_pair)) are unchanged.
