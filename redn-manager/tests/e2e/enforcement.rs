@@ -49,6 +49,29 @@ fn server_loop_with_a_calm_client(m: &Manager) -> ServerLoop {
     }
 }
 
+/// server-loop overdrawing a budget of 50 WQEs a trigger (it spends 56), remote clients
+/// banned for an hour over it.
+fn overdraw_ban_policy() -> String {
+    policy("", "")
+        .replace("\"echo\"]", "\"echo\", \"server-loop\"]")
+        .replace("wqes_per_invocation = 64", "wqes_per_invocation = 50")
+        .replace(
+            "on_violation = \"terminate\"",
+            "on_violation = \"ban\"\nban_duration = \"1h\"",
+        )
+}
+
+/// A remote client at 127.0.0.1 GETting until the auditor stops it; the client.
+fn run_away(endpoint: &str, handle: u64, token: &str) -> RemoteClient {
+    let mut runaway = remote_within(endpoint, handle, token, Duration::from_secs(1)).unwrap();
+    let mut served = 0u32;
+    while runaway.get(0x2a).is_ok() {
+        served += 1;
+        assert!(served < 10_000, "the runaway instance was never stopped");
+    }
+    runaway
+}
+
 #[test]
 fn a_remote_clients_runaway_instance_alone_is_terminated() {
     // server-loop spends 56 WQEs a round against a budget of 50 a trigger: each trigger
@@ -211,15 +234,7 @@ fn a_remote_client_over_its_wqe_rate_alone_is_throttled() {
 fn a_banned_remote_client_alone_is_refused_for_its_ban() {
     // As in the runaway test, server-loop overdraws its budget by 6 WQEs a trigger; the
     // policy bans for an hour.
-    let m = Manager::start_with_dataplane(
-        &policy("", "")
-            .replace("\"echo\"]", "\"echo\", \"server-loop\"]")
-            .replace("wqes_per_invocation = 64", "wqes_per_invocation = 50")
-            .replace(
-                "on_violation = \"terminate\"",
-                "on_violation = \"ban\"\nban_duration = \"1h\"",
-            ),
-    );
+    let m = Manager::start_with_dataplane(&overdraw_ban_policy());
     // The calm client, at 127.0.0.1 as the runaway will be, already holds its instance
     // (ended with the ban: a ban is of the address).
     let mut s = server_loop_with_a_calm_client(&m);
@@ -231,12 +246,7 @@ fn a_banned_remote_client_alone_is_refused_for_its_ban() {
         "{answer:?}"
     );
     // The runaway, at 127.0.0.1, gets until the auditor cuts it off.
-    let mut runaway = remote_within(&endpoint, handle, &token, Duration::from_secs(1)).unwrap();
-    let mut served = 0u32;
-    while runaway.get(0x2a).is_ok() {
-        served += 1;
-        assert!(served < 10_000, "the runaway instance was never stopped");
-    }
+    let mut runaway = run_away(&endpoint, handle, &token);
     let ban = audit_record_with(
         &m,
         &[
@@ -370,15 +380,7 @@ fn a_banned_remote_client_alone_is_refused_for_its_ban() {
 #[test]
 fn an_admin_sees_sessions_and_bans_lifts_a_ban_and_ends_a_session_with_redn() {
     // As in the ban test: server-loop overdraws a budget of 50 WQEs a trigger; an hour's ban.
-    let m = Manager::start_with_dataplane(
-        &policy("", "")
-            .replace("\"echo\"]", "\"echo\", \"server-loop\"]")
-            .replace("wqes_per_invocation = 64", "wqes_per_invocation = 50")
-            .replace(
-                "on_violation = \"terminate\"",
-                "on_violation = \"ban\"\nban_duration = \"1h\"",
-            ),
-    );
+    let m = Manager::start_with_dataplane(&overdraw_ban_policy());
     let s = server_loop_with_a_calm_client(&m);
     let (handle, token, endpoint) = (s.handle, s.token.clone(), s.endpoint.clone());
     let (neighbour, answer) = hello_at("127.0.0.2", &endpoint, handle, &token);
@@ -439,12 +441,7 @@ fn an_admin_sees_sessions_and_bans_lifts_a_ban_and_ends_a_session_with_redn() {
         "{table}"
     );
     // A runaway at 127.0.0.1 is banned; the ban is listed with what is left of its hour.
-    let mut runaway = remote_within(&endpoint, handle, &token, Duration::from_secs(1)).unwrap();
-    let mut served = 0u32;
-    while runaway.get(0x2a).is_ok() {
-        served += 1;
-        assert!(served < 10_000, "the runaway instance was never stopped");
-    }
+    run_away(&endpoint, handle, &token);
     audit_record_with(&m, &["event=ban ", " address=127.0.0.1 "]);
     let bans = rows(&["-j", "ban", "show"]);
     assert_eq!(bans.len(), 1, "{bans:?}");
