@@ -319,12 +319,7 @@ impl Server {
                 }
             }),
             "BanRemote" => decode::<api::BanRemote>(call).and_then(|p| {
-                let addr: std::net::IpAddr = p.address.parse().map_err(|_| {
-                    ServiceError::InvalidParameter {
-                        parameter: "address".into(),
-                    }
-                    .to_wire()
-                })?;
+                let addr = address_parameter(&p.address)?;
                 let span = p.seconds.map(std::time::Duration::from_secs);
                 let sessions = self
                     .manager
@@ -351,37 +346,21 @@ impl Server {
                 encode(&api::BannedRemote { ended })
             }),
             "LiftBan" => decode::<api::LiftBan>(call).and_then(|p| {
-                let invalid = || {
-                    ServiceError::InvalidParameter {
-                        parameter: "address".into(),
-                    }
-                    .to_wire()
-                };
+                use crate::state::BanTarget;
                 let target = match (p.uid, p.address.as_deref()) {
-                    (Some(uid), None) => crate::state::BanTarget::Uid(uid),
-                    (None, Some(a)) => {
-                        crate::state::BanTarget::Address(a.parse().map_err(|_| invalid())?)
-                    }
+                    (Some(uid), None) => BanTarget::Uid(uid),
+                    (None, Some(a)) => BanTarget::Address(address_parameter(a)?),
                     // Exactly one of the two.
-                    _ => return Err(invalid()),
+                    _ => return Err(invalid_address()),
                 };
                 let r = self.manager.admin_lift_ban(&p.app, target).map_err(wire)?;
-                self.audit.event(
-                    &Record::new(Event::Unban, Severity::Notice)
-                        .field("app", &p.app)
-                        .field(
-                            match target {
-                                crate::state::BanTarget::Uid(_) => "uid",
-                                crate::state::BanTarget::Address(_) => "address",
-                            },
-                            match target {
-                                crate::state::BanTarget::Uid(uid) => uid.to_string(),
-                                crate::state::BanTarget::Address(a) => a.to_string(),
-                            },
-                        )
-                        .field("lifted", r.lifted)
-                        .res(true),
-                );
+                let record = Record::new(Event::Unban, Severity::Notice).field("app", &p.app);
+                let record = match target {
+                    BanTarget::Uid(uid) => record.field("uid", uid),
+                    BanTarget::Address(a) => record.field("address", a),
+                };
+                self.audit
+                    .event(&record.field("lifted", r.lifted).res(true));
                 encode(&r)
             }),
             "ReloadPolicy" => match self.reload("ReloadPolicy") {
@@ -483,6 +462,19 @@ pub(super) fn error_reply(w: &WireError) -> Vec<u8> {
         continues: false,
     }
     .encode()
+}
+
+/// `org.varlink.service.InvalidParameter` naming `address`.
+fn invalid_address() -> WireError {
+    ServiceError::InvalidParameter {
+        parameter: "address".into(),
+    }
+    .to_wire()
+}
+
+/// An `address` parameter: an IPv4 or IPv6 address, or `InvalidParameter`.
+fn address_parameter(text: &str) -> Result<std::net::IpAddr, WireError> {
+    text.parse().map_err(|_| invalid_address())
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Map<String, Value>, WireError> {

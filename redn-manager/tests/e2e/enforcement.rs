@@ -482,6 +482,21 @@ fn an_admin_sees_sessions_and_bans_lifts_a_ban_and_ends_a_session_with_redn() {
     );
     let o = redn(&["ban", "lift", "tester", "nowhere"]);
     assert_eq!(o.status.code(), Some(2), "a usage error: {o:?}");
+    // The method itself, past redn's own checks: exactly one of uid and address, and an
+    // address that is one.
+    let mut admin_socket = m.raw(&m.admin());
+    for bad in [
+        serde_json::json!({ "app": "tester" }),
+        serde_json::json!({ "app": "tester", "uid": 0, "address": "127.0.0.1" }),
+        serde_json::json!({ "app": "tester", "address": "nowhere" }),
+    ] {
+        let r: Result<api::Lifted, _> = admin_socket.call("io.redn.Admin.LiftBan", &bad, &[]);
+        let e = format!("{:?}", r.expect_err("refused"));
+        assert!(
+            e.contains("InvalidParameter") && e.contains("address"),
+            "{bad}: {e}"
+        );
+    }
     // The neighbour's session ended: its connection closed, a record, no longer listed.
     let instance = theirs["instance"].as_u64().unwrap().to_string();
     let o = redn(&["remote", "kill", &handle.to_string(), &instance]);
