@@ -720,9 +720,10 @@ pub struct Bans {
 }
 
 impl Bans {
-    /// Ban `who` for `span` from now (`None`: forever).
+    /// Ban `who` for `span` from now (`None`: forever; so is a span too long for the
+    /// clock, as an administrator's `BanRemote` may ask).
     pub fn ban(&mut self, who: Banned, span: Option<Duration>, clock: impl Clock) {
-        let until = span.map(|d| clock.now() + d);
+        let until = span.and_then(|d| clock.now().checked_add(d));
         self.until.insert(who, until);
     }
 

@@ -281,6 +281,9 @@ fn bans_in_force_are_listed_with_what_is_left_and_can_be_lifted() {
     assert!(bans.lift(&app, &clock), "a ban for ever");
     assert_eq!(bans.in_force(&clock), []);
     assert_eq!(bans.held(), 0, "lifting drops the entries");
+    // A span past what the clock can hold is for ever, not a panic.
+    bans.ban(app.clone(), Some(Duration::from_secs(u64::MAX)), &clock);
+    assert_eq!(bans.in_force(&clock), [(app, None)]);
 }
 
 #[test]

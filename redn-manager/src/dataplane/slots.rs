@@ -166,7 +166,9 @@ impl Dataplane {
                 session: t,
                 why,
                 by_rule: true,
-                loser_barred_until: Some(now + after),
+                // A session held `after`, so it fits the clock; checked all the same (a
+                // policy may say 500 million years).
+                loser_barred_until: now.checked_add(after),
             });
         }
         why_not.push(format!(

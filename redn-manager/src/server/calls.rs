@@ -320,6 +320,13 @@ impl Server {
             }),
             "BanRemote" => decode::<api::BanRemote>(call).and_then(|p| {
                 let addr = address_parameter(&p.address)?;
+                if p.seconds == Some(0) {
+                    // As `ban_duration` in the policy: a ban is longer than 0s.
+                    return Err(ServiceError::InvalidParameter {
+                        parameter: "seconds".into(),
+                    }
+                    .to_wire());
+                }
                 let span = p.seconds.map(std::time::Duration::from_secs);
                 let sessions = self
                     .manager

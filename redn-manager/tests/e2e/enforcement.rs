@@ -497,6 +497,29 @@ fn an_admin_sees_sessions_and_bans_lifts_a_ban_and_ends_a_session_with_redn() {
             "{bad}: {e}"
         );
     }
+    // BanRemote for no time at all is refused; for longer than the clock can count, it is
+    // for ever (the manager serves on: no overflow).
+    let zero = serde_json::json!({ "app": "tester", "address": "127.0.0.9", "seconds": 0 });
+    let r: Result<api::BannedRemote, _> = admin_socket.call("io.redn.Admin.BanRemote", &zero, &[]);
+    let e = format!("{:?}", r.expect_err("refused"));
+    assert!(
+        e.contains("InvalidParameter") && e.contains("seconds"),
+        "{e}"
+    );
+    let huge = serde_json::json!({ "app": "tester", "address": "127.0.0.9", "seconds": u64::MAX });
+    let r: api::BannedRemote = admin_socket
+        .call("io.redn.Admin.BanRemote", &huge, &[])
+        .unwrap();
+    assert_eq!(r.ended, 0);
+    let bans = rows(&["-j", "ban", "show"]);
+    assert!(
+        bans.iter()
+            .any(|b| b["address"] == "127.0.0.9" && b["left_ns"].is_null()),
+        "{bans:?}"
+    );
+    assert!(redn(&["ban", "lift", "tester", "127.0.0.9"])
+        .status
+        .success());
     // The neighbour's session ended: its connection closed, a record, no longer listed.
     let instance = theirs["instance"].as_u64().unwrap().to_string();
     let o = redn(&["remote", "kill", &handle.to_string(), &instance]);
