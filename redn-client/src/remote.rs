@@ -456,7 +456,8 @@ impl RemoteClient {
             self.close_session();
             return Err(sys("post_send")(e));
         }
-        let deadline = Instant::now() + self.options.timeout;
+        // A timeout past what the clock counts (`Duration::MAX`) waits for ever.
+        let deadline = Instant::now().checked_add(self.options.timeout);
         let mut got = Vec::new();
         let mut out: Vec<Completion> = Vec::new();
         let mut idle = 0u32;
@@ -495,7 +496,7 @@ impl RemoteClient {
                 }
             }
             if out.is_empty() {
-                if Instant::now() >= deadline {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
                     self.close_session();
                     return Err(Error::Timeout {
                         waited: self.options.timeout,

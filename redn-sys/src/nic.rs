@@ -83,13 +83,16 @@ impl CompChannel {
     /// arming. `None` if the time passed first.
     #[must_use = "an event taken and dropped is lost"]
     pub fn get_event(&self, timeout: Duration) -> Option<Cqn> {
-        let deadline = Instant::now() + timeout;
+        // A timeout past what the clock can count (`Duration::MAX`) waits for ever.
+        let deadline = Instant::now().checked_add(timeout);
         let mut events = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(cq) = events.pop_front() {
                 return Some(cq);
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
             if left.is_zero() {
                 return None;
             }

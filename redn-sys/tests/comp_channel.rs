@@ -47,6 +47,12 @@ fn an_armed_cq_reports_its_next_completion_once() {
     nic.post_send(ep.qp.qpn, &[nop(4)]).unwrap();
     assert_eq!(ch.get_event(LONG), Some(ep.cq));
     assert_eq!(wait_cqes(&nic, ep.cq, 1)[0].wr_id, 4);
+
+    // A wait with no end (`Duration::MAX`, past what the clock counts) takes the event.
+    nic.req_notify_cq(ep.cq, &ch).unwrap();
+    nic.post_send(ep.qp.qpn, &[nop(5)]).unwrap();
+    assert_eq!(ch.get_event(Duration::MAX), Some(ep.cq));
+    assert_eq!(wait_cqes(&nic, ep.cq, 1)[0].wr_id, 5);
 }
 
 #[test]

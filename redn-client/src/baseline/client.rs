@@ -146,7 +146,8 @@ impl ClientCore {
         what: &'static str,
         mut take: impl FnMut(&Completion) -> Result<bool>,
     ) -> Result<()> {
-        let deadline = Instant::now() + self.options.timeout;
+        // A timeout past what the clock counts (`Duration::MAX`) waits for ever.
+        let deadline = Instant::now().checked_add(self.options.timeout);
         let mut got = 0;
         let mut idle = 0u32;
         while got < want {
@@ -165,7 +166,7 @@ impl ClientCore {
                 }
             }
             if self.out.is_empty() {
-                if Instant::now() >= deadline {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
                     return Err(Error::Timeout {
                         waited: self.options.timeout,
                         what,

@@ -263,6 +263,17 @@ fn remote_clients_past_the_apps_limit_are_refused() {
     assert_eq!(second.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
 }
 
+/// A client that asks to wait for ever (`Duration::MAX`, past what the clock can count) is
+/// served as any other. Before, its first GET overflowed `Instant` and panicked.
+#[test]
+fn a_remote_client_that_waits_for_ever_is_served() {
+    let m = Manager::start_with_dataplane(&policy("", ""));
+    let (handle, token, endpoint) = kv_app_left_serving(&m);
+    let mut c = remote_within(&endpoint, handle, &token, Duration::MAX).unwrap();
+    assert_eq!(c.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+    assert_eq!(c.get(0x99).unwrap(), None);
+}
+
 #[test]
 fn a_new_remote_client_at_the_apps_limit_takes_the_slot_of_the_one_idle_longest() {
     // Clients that say hello and then stay silent must not hold an app's slots for as
