@@ -44,7 +44,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod slots;
-use slots::{Eviction, ADDRESS_WIN_HOLD};
+use slots::Eviction;
 
 /// The listener's token; connections take the ones after it. Far above the tokens of the
 /// Unix-socket connections, so the two never meet.
@@ -86,9 +86,6 @@ struct RemoteInstance {
     /// rule, and the old tenant's sessions must not take the new tenant's slots.
     app_key: AppKey,
     offload: String,
-    /// When the hello was served: how long the session has held its slot, for
-    /// `evict_held_after`.
-    since: Instant,
 }
 
 impl RemoteInstance {
@@ -152,7 +149,7 @@ pub struct Dataplane {
     /// backlog with no edge to come for them.
     accept_stalled: bool,
     /// Per app and address, the sessions that took their slots by the address or the tenure
-    /// rule in the last [`ADDRESS_WIN_HOLD`], and when (older ones are dropped at each look).
+    /// rule in the last [`slots::ADDRESS_WIN_HOLD`], and when (older ones are dropped at each look).
     address_wins: HashMap<(AppKey, IpAddr), Vec<(usize, Instant)>>,
     /// Per app and address whose session gave its slot up by the tenure rule, until when
     /// that address may not take one by it: else the evicted client's next hello would
@@ -524,21 +521,8 @@ impl Dataplane {
                 if let Some(e) = evict {
                     let loser = self.conns.get(&e.session).map(|c| c.peer.ip());
                     self.close(registry, e.session, manager, audit, &e.why);
-                    let now = Instant::now();
-                    if let (true, Some(peer)) = (e.by_rule, peer) {
-                        self.address_wins.retain(|_, wins| {
-                            wins.retain(|(_, at)| now.duration_since(*at) < ADDRESS_WIN_HOLD);
-                            !wins.is_empty()
-                        });
-                        self.address_wins
-                            .entry((instance.app_key, peer.ip()))
-                            .or_default()
-                            .push((token, now));
-                    }
-                    if let (Some(until), Some(loser)) = (e.loser_barred_until, loser) {
-                        self.tenure_losses.retain(|_, until| *until > now);
-                        self.tenure_losses.insert((instance.app_key, loser), until);
-                    }
+                    let winner = peer.map(|p| (token, p.ip()));
+                    self.remember(&e, instance.app_key, winner, loser);
                 }
                 if let Some(c) = self.conns.get_mut(&token) {
                     audit.event(
@@ -751,7 +735,6 @@ impl Dataplane {
                 handle: hello.handle,
                 app: spec.app.to_owned(),
                 app_key: spec.app_key,
-                since: Instant::now(),
                 offload: spec.program.name.clone(),
             },
             installed,

@@ -290,8 +290,29 @@ struct RemoteInstance {
     /// the attach): how long the client has been idle, for `evict_idle_after`.
     triggers_seen: u64,
     active_at: std::time::Instant,
-    /// When it was attached, for `io.redn.Admin.ListRemoteClients`.
+    /// When it was attached: how long it has held its slot (`evict_held_after`,
+    /// `io.redn.Admin.ListRemoteClients`).
     attached_at: std::time::Instant,
+}
+
+impl RemoteInstance {
+    /// How long it has been idle and held its instance at `now`.
+    fn ages(&self, now: std::time::Instant) -> RemoteAges {
+        RemoteAges {
+            idle: now.saturating_duration_since(self.active_at),
+            held: now.saturating_duration_since(self.attached_at),
+        }
+    }
+}
+
+/// How long a remote client has been idle and has held its instance
+/// ([`Manager::remote_ages`]).
+#[derive(Clone, Copy, Debug)]
+pub struct RemoteAges {
+    /// Since its last trigger (or its attach).
+    pub idle: std::time::Duration,
+    /// Since its attach.
+    pub held: std::time::Duration,
 }
 
 /// What the data plane needs to serve a remote client of one installed offload (see
@@ -671,13 +692,14 @@ impl Manager {
         };
         let o_app_key = o.app_key;
         let at_install = self.sample(&o.program, &instance);
+        let now = std::time::Instant::now();
         let remote = RemoteInstance {
             peer,
             at_install,
             installed: instance,
             triggers_seen: at_install.triggers,
-            active_at: std::time::Instant::now(),
-            attached_at: std::time::Instant::now(),
+            active_at: now,
+            attached_at: now,
         };
         if let Some(o) = self.installed.get_mut(&handle) {
             o.remote.insert(id, remote);
@@ -702,16 +724,11 @@ impl Manager {
     }
 
     /// How long remote client `id` of offload `handle` has sent no trigger, as of the
-    /// auditor's latest round (from its attach if it never has); `None` if it holds no
+    /// auditor's latest round (from its attach if it never has), and how long it has held
+    /// its instance (for `evict_idle_after` and `evict_held_after`); `None` if it holds no
     /// instance.
-    pub fn remote_idle(
-        &self,
-        handle: u64,
-        id: u64,
-        now: std::time::Instant,
-    ) -> Option<std::time::Duration> {
-        let r = self.installed.get(&handle)?.remote.get(&id)?;
-        Some(now.saturating_duration_since(r.active_at))
+    pub fn remote_ages(&self, handle: u64, id: u64, now: std::time::Instant) -> Option<RemoteAges> {
+        Some(self.installed.get(&handle)?.remote.get(&id)?.ages(now))
     }
 
     /// True (once) if remote client `id`'s instance of offload `handle` was released because

@@ -19,10 +19,10 @@ pub(super) struct Eviction {
     pub(super) why: String,
     /// Taken by the address or the tenure rule (not for idling): the newcomer's address is
     /// remembered in [`Dataplane::address_wins`].
-    pub(super) by_rule: bool,
+    by_rule: bool,
     /// Taken by the tenure rule: until when the evicted session's address may not take a
     /// slot by that rule ([`Dataplane::tenure_losses`]).
-    pub(super) loser_barred_until: Option<Instant>,
+    loser_barred_until: Option<Instant>,
 }
 
 /// How long an address that took a slot by the address or the tenure rule and gave it up
@@ -73,11 +73,12 @@ impl Dataplane {
             .iter()
             .filter_map(|(t, c)| {
                 let i = c.instance.as_ref().filter(|i| i.app_key == app)?;
+                let ages = manager.remote_ages(i.handle, *t as u64, now)?;
                 Some(Held {
                     token: *t,
                     addr: c.peer.ip(),
-                    idle: manager.remote_idle(i.handle, *t as u64, now)?,
-                    held: now.duration_since(i.since),
+                    idle: ages.idle,
+                    held: ages.held,
                 })
             })
             .collect();
@@ -175,6 +176,33 @@ impl Dataplane {
             "none held for {after:?} by an address holding more sessions than yours"
         ));
         Err(why_not.join(", "))
+    }
+
+    /// Eviction `e` of app `app` was carried out, for the newcomer `winner` (its session and
+    /// address) and from the address `loser`: remember what bars them from the rules later
+    /// ([`Self::rule_barred`], [`Dataplane::tenure_losses`]), dropping what has run out.
+    pub(super) fn remember(
+        &mut self,
+        e: &Eviction,
+        app: AppKey,
+        winner: Option<(usize, IpAddr)>,
+        loser: Option<IpAddr>,
+    ) {
+        let now = Instant::now();
+        if let (true, Some((session, addr))) = (e.by_rule, winner) {
+            self.address_wins.retain(|_, wins| {
+                wins.retain(|(_, at)| now.duration_since(*at) < ADDRESS_WIN_HOLD);
+                !wins.is_empty()
+            });
+            self.address_wins
+                .entry((app, addr))
+                .or_default()
+                .push((session, now));
+        }
+        if let (Some(until), Some(loser)) = (e.loser_barred_until, loser) {
+            self.tenure_losses.retain(|_, until| *until > now);
+            self.tenure_losses.insert((app, loser), until);
+        }
     }
 
     /// True if `addr` took a slot of app `app` by the address or the tenure rule less than

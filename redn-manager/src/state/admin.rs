@@ -22,6 +22,12 @@ impl std::fmt::Display for BanTarget {
     }
 }
 
+/// `d` in whole nanoseconds, as the admin API's `*_ns` fields carry it (saturating: a span
+/// past 584 years reads as `u64::MAX`).
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl Manager {
     /// `io.redn.Admin.ListClients`.
     pub fn admin_clients(&self) -> api::ClientList {
@@ -138,21 +144,21 @@ impl Manager {
     /// instance.
     pub fn admin_remotes(&self) -> api::RemoteList {
         let now = std::time::Instant::now();
-        let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let remotes = self
             .installed
             .iter()
             .flat_map(|(h, o)| {
                 o.remote.iter().map(move |(id, r)| {
                     let done = self.sample(&o.program, &r.installed).since(r.at_install);
+                    let ages = r.ages(now);
                     api::RemoteEntry {
                         handle: *h,
                         instance: *id,
                         app: o.app.clone(),
                         offload: o.program.name.clone(),
                         peer: r.peer.to_string(),
-                        held_ns: ns(now.saturating_duration_since(r.attached_at)),
-                        idle_ns: ns(now.saturating_duration_since(r.active_at)),
+                        held_ns: nanos(ages.held),
+                        idle_ns: nanos(ages.idle),
                         triggers: done.triggers,
                     }
                 })
@@ -164,7 +170,6 @@ impl Manager {
     /// `io.redn.Admin.ListBans`: the bans in force, with the app rule's name (a remote
     /// client's ban is keyed by the rule's number: see `AppKeys`).
     pub fn admin_bans(&self) -> api::BanList {
-        let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let bans = self
             .bans
             .in_force(redn_sys::clock::SystemClock)
@@ -182,7 +187,7 @@ impl Manager {
                     app,
                     uid,
                     address,
-                    left_ns: left.map(ns),
+                    left_ns: left.map(nanos),
                 }
             })
             .collect();
@@ -208,21 +213,13 @@ impl Manager {
         // The number a new install under the rule gets, so that the ban holds for it too.
         self.app_keys.key(app, &rule.matchers);
         let keys = self.app_keys.keys_named(app);
-        for key in &keys {
-            let who = Banned::Remote { app: *key, addr };
+        let mut sessions = Vec::new();
+        for key in keys {
+            let who = Banned::Remote { app: key, addr };
             self.bans.ban(who, span, redn_sys::clock::SystemClock);
+            sessions.extend(self.sessions_of(crate::auditor::ClientId { app: key, addr }));
         }
-        Ok(self
-            .installed
-            .iter()
-            .filter(|(_, o)| keys.contains(&o.app_key))
-            .flat_map(|(h, o)| {
-                o.remote
-                    .iter()
-                    .filter(|(_, r)| r.peer.ip() == addr)
-                    .map(|(id, _)| (*h, *id))
-            })
-            .collect())
+        Ok(sessions)
     }
 
     /// `io.redn.Admin.LiftBan`: lift the ban on app `app`'s installs by `uid`, or on its

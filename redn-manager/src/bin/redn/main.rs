@@ -301,12 +301,7 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
             let mut out = rows_of("ListBans", "bans", &[], &["app", "uid", "address", "left"])?;
             if let (false, Output::Rows { rows, .. }) = (opts.json, &mut out) {
                 for row in rows {
-                    if row.get("left_ns").is_some_and(Value::is_null) {
-                        row.remove("left_ns");
-                        row.insert("left".to_owned(), Value::String("infinity".into()));
-                    } else {
-                        humane_ns(row, "left_ns", "left");
-                    }
+                    humane_ns(row, "left_ns", "left");
                 }
             }
             Ok(out)
@@ -318,9 +313,7 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
                     rest.join(" ")
                 )));
             };
-            let a: std::net::IpAddr = address
-                .parse()
-                .map_err(|_| usage_error(format!("ADDRESS: {address:?} is not an IP address")))?;
+            let a = ip_address(address)?;
             let seconds = match duration
                 .parse::<redn_policy::TimeSpan>()
                 .map_err(|e| usage_error(format!("DURATION: {e}")))?
@@ -332,12 +325,7 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
                 }
             };
             let params = json!({ "app": app, "address": a.to_string(), "seconds": seconds });
-            let reply = admin_call(opts, "BanRemote", params.clone())?;
-            let ended = reply.get("ended").and_then(Value::as_u64).unwrap_or(0);
-            let mut row = params;
-            if let Value::Object(r) = &mut row {
-                r.insert("ended".to_owned(), ended.into());
-            }
+            let (ended, row) = counted_call(opts, "BanRemote", params, "ended")?;
             Ok(Output::Text {
                 text: format!("{a} banned from app {app}'s offloads, {ended} session(s) ended"),
                 json: json!([row]),
@@ -346,12 +334,7 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
         ("ban", "lift") => {
             let (app, target) = match rest {
                 [app, uid, n] if uid == "uid" => (app, json!({ "uid": number::<u32>(n, "UID")? })),
-                [app, address] => {
-                    let a: std::net::IpAddr = address.parse().map_err(|_| {
-                        usage_error(format!("ADDRESS: {address:?} is not an IP address"))
-                    })?;
-                    (app, json!({ "address": a.to_string() }))
-                }
+                [app, address] => (app, json!({ "address": ip_address(address)?.to_string() })),
                 _ => {
                     return Err(usage_error(format!(
                         "redn {object} {command} takes APP ADDRESS or APP uid UID (got {})",
@@ -363,14 +346,10 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
             if let (Value::Object(p), Value::Object(t)) = (&mut params, target) {
                 p.extend(t);
             }
-            let reply = admin_call(opts, "LiftBan", params.clone())?;
-            let n = reply.get("lifted").and_then(Value::as_u64).unwrap_or(0);
-            if let Value::Object(p) = &mut params {
-                p.insert("lifted".to_owned(), n.into());
-            }
+            let (n, row) = counted_call(opts, "LiftBan", params, "lifted")?;
             Ok(Output::Text {
                 text: format!("{n} ban(s) lifted"),
-                json: json!([params]),
+                json: json!([row]),
             })
         }
         ("offload", "dump") => {
@@ -496,10 +475,33 @@ const REMOTE_COLUMNS: &[&str] = &[
     "handle", "instance", "app", "offload", "peer", "held", "idle", "triggers",
 ];
 
-/// The nanoseconds in `row[key]` as people read them in a table (`12.3s`, `4m05s`), as
-/// `row[name]` in its place.
+/// Argument `ADDRESS` as an IP address.
+fn ip_address(given: &str) -> Result<std::net::IpAddr> {
+    given
+        .parse()
+        .map_err(|_| usage_error(format!("ADDRESS: {given:?} is not an IP address")))
+}
+
+/// Call `method` with `params`; the count the reply gives as `key`, and the parameters
+/// with that count added, as the command's JSON row.
+fn counted_call(opts: &Options, method: &str, params: Value, key: &str) -> Result<(u64, Value)> {
+    let reply = admin_call(opts, method, params.clone())?;
+    let n = reply.get(key).and_then(Value::as_u64).unwrap_or(0);
+    let mut row = params;
+    if let Value::Object(r) = &mut row {
+        r.insert(key.to_owned(), n.into());
+    }
+    Ok((n, row))
+}
+
+/// The nanoseconds in `row[key]` as people read them in a table (`12.3s`, `4m05s`; null:
+/// `infinity`), as `row[name]` in its place.
 fn humane_ns(row: &mut Map<String, Value>, key: &str, name: &str) {
-    let Some(ns) = row.remove(key).as_ref().and_then(Value::as_u64) else {
+    let Some(value) = row.remove(key) else {
+        return;
+    };
+    let Some(ns) = value.as_u64() else {
+        row.insert(name.to_owned(), Value::String("infinity".into()));
         return;
     };
     let secs = ns / 1_000_000_000;

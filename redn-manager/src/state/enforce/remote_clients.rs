@@ -157,7 +157,7 @@ impl Manager {
 
     /// Every session (offload handle, instance id) remote `client` holds, with any of its
     /// app's offloads.
-    fn sessions_of(&self, client: ClientId) -> Vec<(u64, u64)> {
+    pub(in crate::state) fn sessions_of(&self, client: ClientId) -> Vec<(u64, u64)> {
         self.installed
             .iter()
             .filter(|(_, o)| o.app_key == client.app)
