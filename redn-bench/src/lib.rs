@@ -41,6 +41,7 @@ pub mod queues;
 pub mod report;
 pub mod setup;
 pub mod stats;
+pub mod steal;
 pub mod wait;
 
 use std::fmt::Display;

@@ -13,6 +13,7 @@ use super::{send_wr, take_cqes, wait_cq, Opts};
 use redn_bench::bytes::be48;
 use redn_bench::report::{mops, print_failed, verdict};
 use redn_bench::stats::{median, min};
+use redn_bench::steal::{fmt_share, verdict_note, StealMeter};
 use redn_bench::wait::WaitMode;
 use redn_bench::Ctx;
 use redn_program::program::catalog::{self, HashVariant, NODE_BYTES};
@@ -644,7 +645,7 @@ pub(crate) fn constructs_section(
     println!("   WQEs/op: measured from the server's QP counters (all program queues).");
     println!();
     println!(
-        "   {:<40} {:>3} {:>11} {:>9} {:>8} {:>8} {:>10} {:>9} {:>9}   target",
+        "   {:<40} {:>3} {:>11} {:>9} {:>8} {:>8} {:>10} {:>9} {:>9} {:>6}   target",
         "construct",
         "PUs",
         "softnic/s",
@@ -653,10 +654,14 @@ pub(crate) fn constructs_section(
         "WQEs/op",
         "native/s",
         "slowdown",
-        "CX-5"
+        "CX-5",
+        "stolen"
     );
+    // The hypervisor's share of the CPUs while each row ran (its native baseline included):
+    // from the end of the row before, or from here, to its own end.
+    let mut steal = StealMeter::start();
     // A row of the table, or FAILED (`short` names it there and in the anomaly) when it could
-    // not be measured; the median rate.
+    // not be measured; the median rate and the share of the CPUs stolen while it ran.
     let mut row = |name: &str,
                    short: &str,
                    p: usize,
@@ -664,6 +669,7 @@ pub(crate) fn constructs_section(
                    cx5: Option<f64>,
                    target: Option<f64>,
                    mode: WaitMode| {
+        let stolen = steal.lap();
         let r = match r {
             Ok(r) => r,
             Err(e) => {
@@ -678,7 +684,7 @@ pub(crate) fn constructs_section(
             None => String::new(),
         };
         println!(
-            "   {:<40} {:>3} {:>9}{} {:>8}M {:>8.1} {:>8.1} {:>9}M {:>8.1}× {:>9}   {}",
+            "   {:<40} {:>3} {:>9}{} {:>8}M {:>8.1} {:>8.1} {:>9}M {:>8.1}× {:>9} {:>6}   {}",
             name,
             p,
             mops(med),
@@ -689,9 +695,10 @@ pub(crate) fn constructs_section(
             mops(r.native),
             r.native / med,
             cx5.map_or("-".into(), |c| format!("{}M", mops(c))),
+            fmt_share(stolen),
             t
         );
-        Some(med)
+        Some((med, stolen))
     };
     // 1, 2 (the scaling target's) and all PUs.
     let mut pu_sets: Vec<usize> = vec![1, 2.min(all), all];
@@ -771,7 +778,8 @@ pub(crate) fn constructs_section(
         );
         let r = pipelined_tp(r, &|| native(p, &native_get_loop));
         let name = "if in hash-get (GETs, pipelined)";
-        gets.push((p, row(name, "if in hash-get", p, r, None, None, mode)));
+        let med = row(name, "if in hash-get", p, r, None, None, mode);
+        gets.push((p, med.map(|(rate, _)| rate)));
     }
     // The same GETs drained from a backlog by the server alone (the scaling target's rows):
     // a 1-PU run and a 2-PU run in turn, and the native loop on 1 and 2 threads in turn, so
@@ -896,12 +904,13 @@ pub(crate) fn constructs_section(
     println!("   CX-5: the paper's ConnectX-5 figures (whole NIC).");
     println!();
     match if1 {
-        Some(r) => println!(
-            "   target: if ≥ {} M/s on one PU (ConnectX-5: {} M/s): {} M/s: {}",
+        Some((r, stolen)) => println!(
+            "   target: if ≥ {} M/s on one PU (ConnectX-5: {} M/s): {} M/s: {}{}",
             IF_TARGET / 1e6,
             CX5_IF / 1e6,
             mops(r),
-            verdict(r >= IF_TARGET)
+            verdict(r >= IF_TARGET),
+            verdict_note(stolen)
         ),
         None if !o.row("if") => println!("   target: if ≥ {} M/s: not run", IF_TARGET / 1e6),
         None => println!(
@@ -910,12 +919,13 @@ pub(crate) fn constructs_section(
         ),
     }
     match loop1 {
-        Some(r) => println!(
-            "   target: recycled while ≥ {} M iterations/s on one PU (ConnectX-5: {} M/s): {} M/s: {}",
+        Some((r, stolen)) => println!(
+            "   target: recycled while ≥ {} M iterations/s on one PU (ConnectX-5: {} M/s): {} M/s: {}{}",
             LOOP_TARGET / 1e6,
             CX5_LOOP / 1e6,
             mops(r),
-            verdict(r >= LOOP_TARGET)
+            verdict(r >= LOOP_TARGET),
+            verdict_note(stolen)
         ),
         None if !o.row("recycled") => println!(
             "   target: recycled while ≥ {} M iterations/s: not run",

@@ -23,6 +23,7 @@
 
 use redn_bench::opts::{parse_num, CommonOpts};
 use redn_bench::report::{print_anomalies, print_head, section};
+use redn_bench::steal::{fmt_share, StealMeter};
 use redn_bench::wait::{timed_out, wait_produced, Backoff, WaitMode, WAIT_TIMEOUT};
 use redn_bench::Ctx;
 use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
@@ -322,6 +323,7 @@ fn send_wr(msg: Vec<u8>) -> WorkRequest {
 fn main() {
     let o = parse_args();
     let started = Instant::now();
+    let mut steal = StealMeter::start();
     let pus = format!(
         "server softnic {} PUs, client softnic {} PUs",
         o.common.pus, o.common.pus
@@ -368,6 +370,10 @@ fn main() {
     }
     println!();
     println!("load average at the end: {}", loadavg());
+    println!(
+        "the hypervisor's share of the CPUs' time over the run (steal): {}",
+        fmt_share(steal.lap())
+    );
     print_anomalies(&anomalies, started);
     drop(env);
     if !anomalies.is_empty() {
