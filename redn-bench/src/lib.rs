@@ -30,8 +30,9 @@
 //! ([`opts`]), median / p99 and the table's number formats ([`stats`], [`report`]), the
 //! queues, CQs, regions and softnics they run on ([`setup`]), writing WQEs straight into a
 //! send ring and the chains built from them ([`queues`]), waiting for the softnic and what
-//! to say when it hangs ([`wait`]), big-endian fields ([`bytes`]) and timing the native
-//! baselines ([`native`]), and line plots as SVG ([`plot`]).
+//! to say when it hangs ([`wait`]), big-endian fields ([`bytes`]), timing the native
+//! baselines ([`native`]), the hypervisor's share of the CPUs ([`steal`]), and line plots as
+//! SVG ([`plot`]).
 
 pub mod bytes;
 pub mod native;

@@ -3,6 +3,7 @@
 //! while it runs: the daemon stays up and keeps serving everyone else. `docs/attacks.md`
 //! lists them with what each pins.
 
+mod admin_remote;
 mod app_lifecycle;
 mod authorization;
 #[path = "../common/mod.rs"]
