@@ -479,9 +479,14 @@ fn invalid_address() -> WireError {
     .to_wire()
 }
 
-/// An `address` parameter: an IPv4 or IPv6 address, or `InvalidParameter`.
+/// An `address` parameter: an IPv4 or IPv6 address, or `InvalidParameter`. An IPv4 address
+/// written as IPv6 (`::ffff:a.b.c.d`, as dual-stack tools print it) is that IPv4 address:
+/// the data plane knows its clients by IPv4 address, and a ban under the other spelling
+/// would be listed but never match one.
 fn address_parameter(text: &str) -> Result<std::net::IpAddr, WireError> {
-    text.parse().map_err(|_| invalid_address())
+    text.parse::<std::net::IpAddr>()
+        .map(|a| a.to_canonical())
+        .map_err(|_| invalid_address())
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Map<String, Value>, WireError> {

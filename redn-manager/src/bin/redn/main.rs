@@ -475,10 +475,12 @@ const REMOTE_COLUMNS: &[&str] = &[
     "handle", "instance", "app", "offload", "peer", "held", "idle", "triggers",
 ];
 
-/// Argument `ADDRESS` as an IP address.
+/// Argument `ADDRESS` as an IP address (an IPv4 address written as IPv6, `::ffff:a.b.c.d`,
+/// as that IPv4 address, as the manager takes it).
 fn ip_address(given: &str) -> Result<std::net::IpAddr> {
     given
-        .parse()
+        .parse::<std::net::IpAddr>()
+        .map(|a| a.to_canonical())
         .map_err(|_| usage_error(format!("ADDRESS: {given:?} is not an IP address")))
 }
 
