@@ -318,6 +318,12 @@ pub struct Killed {
     pub uninstalled: u32,
 }
 
+/// The most bytes of entries an `io.redn.Admin` list reply carries (and at most half the
+/// manager's `pending-output-bytes`, which a larger reply would break: the connection is
+/// closed as a client's that does not read its replies). The rest are counted in the
+/// reply's `omitted`.
+pub const LIST_REPLY_MAX: usize = 4 << 20;
+
 /// `io.redn.Admin` remote client entry: one session, its own instance of an offload.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[allow(missing_docs)] // the IDL documents the fields
@@ -335,8 +341,12 @@ pub struct RemoteEntry {
 /// `io.redn.Admin.ListRemoteClients` reply.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RemoteList {
-    /// Every remote client's session.
+    /// Every remote client's session (the first that fit in one reply).
     pub remotes: Vec<RemoteEntry>,
+    /// Sessions left out: the list was longer than one reply may be (see
+    /// [`LIST_REPLY_MAX`]).
+    #[serde(default)]
+    pub omitted: u64,
 }
 
 /// `io.redn.Admin.DisconnectRemote` parameters.
@@ -362,8 +372,11 @@ pub struct BanEntry {
 /// `io.redn.Admin.ListBans` reply.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BanList {
-    /// The bans in force.
+    /// The bans in force (the first that fit in one reply).
     pub bans: Vec<BanEntry>,
+    /// Bans left out: the list was longer than one reply may be (see [`LIST_REPLY_MAX`]).
+    #[serde(default)]
+    pub omitted: u64,
 }
 
 /// `io.redn.Admin.BanRemote` parameters.

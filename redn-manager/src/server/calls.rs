@@ -296,8 +296,16 @@ impl Server {
                 },
                 Err(e) => Err(e),
             },
-            "ListRemoteClients" => encode(&m.admin_remotes()),
-            "ListBans" => encode(&m.admin_bans()),
+            "ListRemoteClients" => {
+                let mut list = m.admin_remotes();
+                list.omitted = fit_list(&mut list.remotes, list_budget(&m.limits));
+                encode(&list)
+            }
+            "ListBans" => {
+                let mut list = m.admin_bans();
+                list.omitted = fit_list(&mut list.bans, list_budget(&m.limits));
+                encode(&list)
+            }
             "DisconnectRemote" => decode::<api::DisconnectRemote>(call).and_then(|p| {
                 let gone = self.dataplane.as_mut().is_some_and(|dp| {
                     let registry = self.poll.registry();
@@ -440,6 +448,33 @@ impl Server {
     }
 }
 
+/// The bytes of entries a list reply may carry: [`api::LIST_REPLY_MAX`], and half of
+/// `pending-output-bytes` (past which a reply would close the connection as a client's
+/// that does not read its replies; half leaves room for the rest of the reply and what
+/// else the connection has queued).
+fn list_budget(limits: &crate::state::Limits) -> usize {
+    api::LIST_REPLY_MAX.min(limits.max_pending_output / 2)
+}
+
+/// Keep the first of `entries` whose JSON fits in `budget` bytes (with a separator each);
+/// how many were left out. A list (bans an administrator added by script, a data plane's
+/// sessions) can outgrow any one reply: the admin gets what fits and the count of the rest
+/// rather than a closed connection.
+fn fit_list<T: Serialize>(entries: &mut Vec<T>, budget: usize) -> u64 {
+    let mut used = 0usize;
+    let keep = entries
+        .iter()
+        .take_while(|e| {
+            let len = serde_json::to_vec(e).map_or(0, |v| v.len());
+            used = used.saturating_add(len + 1);
+            used <= budget
+        })
+        .count();
+    let omitted = entries.len() - keep;
+    entries.truncate(keep);
+    u64::try_from(omitted).unwrap_or(u64::MAX)
+}
+
 /// Bytes from hex (an even number of digits), at most 4096 bytes.
 fn parse_hex(text: &str) -> Option<Vec<u8>> {
     if text.len() % 2 != 0 || text.len() > 8192 {
@@ -518,6 +553,27 @@ fn decode<T: DeserializeOwned>(call: &Call) -> Result<T, WireError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_is_cut_to_its_byte_budget_and_counts_the_rest() {
+        let mut v: Vec<String> = (0..10).map(|i| format!("entry{i}")).collect();
+        // "entry0" is 8 bytes of JSON, 9 with its separator.
+        assert_eq!(fit_list(&mut v, 9 * 3 + 8), 7);
+        assert_eq!(v, ["entry0", "entry1", "entry2"]);
+        assert_eq!(fit_list(&mut v, 1 << 20), 0, "all fit");
+        assert_eq!(v.len(), 3);
+        assert_eq!(fit_list(&mut v, 0), 3, "none fits");
+        assert!(v.is_empty());
+        let limits = crate::state::Limits {
+            max_pending_output: 8192,
+            ..Default::default()
+        };
+        assert_eq!(list_budget(&limits), 4096);
+        assert_eq!(
+            list_budget(&crate::state::Limits::default()),
+            api::LIST_REPLY_MAX.min(2 << 20)
+        );
+    }
 
     #[test]
     fn test_run_triggers_are_even_hex() {

@@ -164,7 +164,10 @@ impl Manager {
                 })
             })
             .collect();
-        api::RemoteList { remotes }
+        api::RemoteList {
+            remotes,
+            omitted: 0,
+        }
     }
 
     /// `io.redn.Admin.ListBans`: the bans in force, with the app rule's name (a remote
@@ -191,7 +194,7 @@ impl Manager {
                 }
             })
             .collect();
-        api::BanList { bans }
+        api::BanList { bans, omitted: 0 }
     }
 
     /// `io.redn.Admin.BanRemote`: ban the remote clients at `addr` from app `app`'s offloads

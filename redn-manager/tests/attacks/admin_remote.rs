@@ -7,7 +7,6 @@ use super::*;
 use redn_proto::dataplane::{Answer, Refusal};
 use serde_json::{json, Value};
 use std::io::Read;
-use std::time::Duration;
 
 /// `io.redn.Admin.METHOD` on a connection of its own: the reply, or the error as text.
 fn admin(m: &Manager, method: &str, params: Value) -> Result<Value, String> {
@@ -65,4 +64,80 @@ fn an_ipv4_address_written_as_ipv4_mapped_ipv6_bans_and_lifts_that_client() {
     record_with(&m, &["event=unban ", " address=127.0.0.3 "]);
     let (_t, back) = hello_from("127.0.0.3", &a);
     assert!(matches!(back, Answer::Accepted(_)), "{back:?}");
+}
+
+/// A manager with a data plane and `--limit pending-output-bytes=BYTES` (a reply queue an
+/// operator sized down), policy from [`server_loop_policy`] with `edit`.
+fn with_output_cap(bytes: usize, edit: impl Fn(String) -> String) -> Manager {
+    let m = Manager::configure(&server_loop_policy(edit));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut config = std::fs::read_to_string(m.config()).unwrap();
+    config.push_str(&format!("[dataplane]\nlisten = \"127.0.0.1:{port}\"\n"));
+    std::fs::write(m.config(), config).unwrap();
+    m.launch(&["--limit", &format!("pending-output-bytes={bytes}")], &[])
+}
+
+#[test]
+fn lists_longer_than_one_reply_may_carry_are_cut_and_say_so() {
+    // A script bans 300 addresses one by one, and 64 sessions are served, under a reply
+    // queue of 8 KiB: neither list fits in one reply. Each must still be answered (the
+    // entries that fit, and how many were left out), not cut off with the admin's
+    // connection as a client that does not read its replies (before: the connection closed
+    // with a `disconnect reason=unread-replies` record, for ever while the bans stood).
+    const CAP: usize = 8192;
+    const BANS: usize = 300;
+    const SESSIONS: usize = 64;
+    let m = with_output_cap(CAP, |p| {
+        p.replace(
+            "max_remote_clients = 4",
+            &format!("max_remote_clients = {SESSIONS}"),
+        )
+    });
+    let a = server_loop_app(&m);
+    let mut held = Vec::new();
+    for i in 0..SESSIONS {
+        let (tcp, answer) = hello_from(&format!("127.0.1.{}", i + 1), &a);
+        assert!(matches!(answer, Answer::Accepted(_)), "{i}: {answer:?}");
+        held.push(tcp);
+    }
+    let mut c = m.raw(&m.admin());
+    for i in 0..BANS {
+        if i % 500 == 499 {
+            c = m.raw(&m.admin()); // under the per-connection request rate
+        }
+        let address = format!("10.0.{}.{}", i / 250, i % 250 + 1);
+        let ban = json!({ "app": "tester", "address": address, "seconds": 3600 });
+        c.call::<_, Value>("io.redn.Admin.BanRemote", &ban, &[])
+            .unwrap();
+    }
+    for (method, key, total) in [
+        ("ListBans", "bans", BANS),
+        ("ListRemoteClients", "remotes", SESSIONS),
+    ] {
+        let r =
+            admin(&m, method, json!({})).unwrap_or_else(|e| panic!("{method}: {e}\n{}", m.log()));
+        let listed = r[key].as_array().unwrap().len();
+        let omitted = usize::try_from(r["omitted"].as_u64().unwrap_or(0)).unwrap();
+        assert!(listed > 0, "{method}: {r}");
+        assert_eq!(
+            listed + omitted,
+            total,
+            "{method}: {listed} listed, {omitted} omitted"
+        );
+        assert!(
+            r.to_string().len() <= CAP,
+            "{method}: a reply of {} bytes",
+            r.to_string().len()
+        );
+    }
+    // The manager serves on.
+    let (_t, answer) = hello_from("127.0.2.1", &a);
+    assert!(
+        matches!(answer, Answer::Refused(Refusal::TooManyClients, _)),
+        "{answer:?}"
+    );
 }

@@ -554,6 +554,18 @@ fn list(
     renames: &[(&str, &str)],
 ) -> Result<Vec<Map<String, Value>>> {
     let reply = admin_call(opts, method, json!({}))?;
+    if let Some(n) = reply
+        .get("omitted")
+        .and_then(Value::as_u64)
+        .filter(|n| *n > 0)
+    {
+        // The rows still print; a closed stderr is no reason to fail.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "redn: {n} more not listed: the list is longer than one reply may be"
+        );
+    }
     let items = reply
         .get(key)
         .and_then(Value::as_array)
