@@ -706,6 +706,33 @@ fn print_output(opts: &Options, out: &Output) {
     }
 }
 
+/// `s` with its control characters (newlines, tabs, the escape that starts a terminal
+/// sequence, C1 codes) written as `\xNN`, as the audit records write them, and its
+/// bidirectional controls as `\u{NNNN}`: a
+/// table cell comes from the manager, and some come from its clients (an app's `exe` and
+/// `cgroup`, which any local user names), so printed raw one could forge rows or send
+/// the admin's terminal escape sequences.
+fn printable(s: &str) -> String {
+    if !s.chars().any(|c| c.is_control() || is_bidi_control(c)) {
+        return s.to_owned();
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            c if c.is_control() => out.push_str(&format!("\\x{:02x}", u32::from(c))),
+            c if is_bidi_control(c) => out.push_str(&format!("\\u{{{:04x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The bidirectional embeddings, overrides and isolates, which reorder how the rest of a
+/// line reads on screen.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 /// Rows as aligned columns with a header; every field with `details`.
 fn table_text(rows: &[Map<String, Value>], columns: &[&str], details: bool) -> String {
     if rows.is_empty() {
@@ -717,7 +744,7 @@ fn table_text(rows: &[Map<String, Value>], columns: &[&str], details: bool) -> S
         columns.iter().map(|c| (*c).to_owned()).collect()
     };
     let cell = |row: &Map<String, Value>, k: &str| match row.get(k) {
-        Some(Value::String(s)) => s.clone(),
+        Some(Value::String(s)) => printable(s),
         None | Some(Value::Null) => "-".to_owned(),
         Some(v) => v.to_string(),
     };
@@ -747,4 +774,35 @@ fn table_text(rows: &[Map<String, Value>], columns: &[&str], details: bool) -> S
         out.push_str(&line(keys.iter().map(|k| cell(r, k)).collect()));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_cells_cannot_forge_rows_or_reach_the_terminal() {
+        // An app's exe (any local user names it) with a title-setting OSC sequence, a
+        // cursor move and a forged row after a newline.
+        let exe = "/tmp/x\x1b]0;owned\x07\x1b[2J\r\n9  0  1  true  /usr/bin/ok\u{9b}31m";
+        let mut row = Map::new();
+        row.insert("id".into(), json!(7));
+        row.insert("exe".into(), json!(exe));
+        let text = table_text(&[row], &["id", "exe"], false);
+        assert_eq!(text.lines().count(), 2, "a header and one row: {text:?}");
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        assert!(
+            text.contains("/tmp/x\\x1b]0;owned\\x07\\x1b[2J\\x0d\\x0a9  0"),
+            "{text:?}"
+        );
+        assert!(text.contains("\\x9b31m"), "{text:?}");
+        let mut row = Map::new();
+        row.insert("cgroup".into(), json!("/user.slice/\u{202e}gpj.exe"));
+        let text = table_text(&[row], &["cgroup"], false);
+        assert!(text.contains("/user.slice/\\u{202e}gpj.exe"), "{text:?}");
+        assert_eq!(printable("plain é"), "plain é", "printable text as it is");
+    }
 }
