@@ -19,10 +19,17 @@
 //! twice (its counts are static and stay inside its rings), so the program's WQE count
 //! bounds any run with failures, and the soundness test checks exactly that. Telling the
 //! client's failures apart from the work it paid for is the manager's auditor's job.
+//!
+//! The checker's bounds passes live here too: `Checker::sizes_and_budget` (rings, code
+//! bytes and the declared WQE counts against the policy, before anything is allocated) and
+//! `Checker::execution_bounds` (static counts inside their rings, then the worst trigger,
+//! the install and the responses per trigger, from [`trigger_times`]).
 
-use redn_program::program::{Op, Program, QueueRole};
+use super::checker::Checker;
+use super::{overlap, source_name, Rule, WAIT_PI_BYTE};
+use redn_program::program::{Iterations, Op, Program, QueueRole};
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 
 /// "Never": a time no trigger count reaches.
 const NEVER: u64 = u64::MAX;
@@ -236,6 +243,262 @@ fn consumes_receive(op: &Op) -> bool {
 /// True if the WQE sends something to its peer (on the client-facing queue: a response).
 pub(super) fn responds(op: &Op) -> bool {
     matches!(op, Op::Write { .. })
+}
+
+impl Checker<'_> {
+    pub(super) fn sizes_and_budget(&mut self) {
+        let p = self.p;
+        for q in &p.queues {
+            if q.sq_bbs > self.g.max_ring_bbs {
+                self.find(
+                    Some(&q.name),
+                    None,
+                    "ring",
+                    Rule::Size,
+                    format!("{} BBs, the limit is {}", q.sq_bbs, self.g.max_ring_bbs),
+                );
+            }
+            if q.rq_slots > self.g.max_rq_slots {
+                self.find(
+                    Some(&q.name),
+                    None,
+                    "receive ring",
+                    Rule::Size,
+                    format!("{} slots, the limit is {}", q.rq_slots, self.g.max_rq_slots),
+                );
+            }
+        }
+        match p.code_bytes() {
+            Some(n) if n <= self.g.max_code_bytes => {}
+            n => self.find(
+                None,
+                None,
+                "code region",
+                Rule::Size,
+                format!(
+                    "rings, receive rings and static blocks need {} bytes, the limit is {}",
+                    n.map_or("over 2^64".to_string(), |n| n.to_string()),
+                    self.g.max_code_bytes
+                ),
+            ),
+        }
+        let total: u64 = p.queues.iter().map(|q| q.wqes.len() as u64).sum();
+        match p.iterations {
+            Iterations::Bounded {
+                invocations,
+                wqes_per_invocation,
+            } => {
+                let per = total.div_ceil(u64::from(invocations.max(1)));
+                if per > u64::from(wqes_per_invocation) {
+                    self.find(None, None, "iterations", Rule::WqeBudget, format!("declares {wqes_per_invocation} WQEs per invocation but holds {total} for {invocations} invocations"));
+                }
+                if wqes_per_invocation > self.g.max_wqes_per_invocation {
+                    self.find(
+                        None,
+                        None,
+                        "iterations",
+                        Rule::WqeBudget,
+                        format!(
+                            "{wqes_per_invocation} WQEs per invocation, the limit is {}",
+                            self.g.max_wqes_per_invocation
+                        ),
+                    );
+                }
+            }
+            Iterations::Recycled { wqes_per_round } => {
+                if self.g.loop_budget.is_none() {
+                    self.find(None, None, "iterations", Rule::UnboundedLoop, format!("recycled loop ({wqes_per_round} WQEs a round) but the policy gives no loop budget"));
+                }
+                if u64::from(wqes_per_round) < total {
+                    self.find(
+                        None,
+                        None,
+                        "iterations",
+                        Rule::WqeBudget,
+                        format!("declares {wqes_per_round} WQEs per round but holds {total}"),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Execution bounds (see [`bounds`](self)): a bounded program's counts are static and
+    /// reach no further than their rings, and the worst trigger (and the install, with no
+    /// trigger) runs no more WQEs than the policy allows and sends no more responses.
+    pub(super) fn execution_bounds(&mut self) {
+        let p = self.p;
+        let Iterations::Bounded {
+            wqes_per_invocation,
+            ..
+        } = p.iterations
+        else {
+            // A recycled loop runs for ever by design; its budget is the auditor's.
+            return;
+        };
+        let loop_hint = "a loop: declare the program recycled, with a loop budget";
+        let mut loops = Vec::new();
+        for pp in &p.patches {
+            let Some((qi, pos, w)) = self.idx.wqe(&pp.label) else {
+                continue;
+            };
+            if matches!(
+                w.op,
+                Op::Wait { .. } | Op::SendEn { .. } | Op::RecvEn { .. }
+            ) && overlap(
+                (pp.byte, pp.byte.saturating_add(pp.len)),
+                (WAIT_PI_BYTE - 4, WAIT_PI_BYTE + 4),
+            ) {
+                loops.push((
+                    p.queues[qi].name.clone(),
+                    Some((pos, pp.label.clone())),
+                    "count".to_string(),
+                    format!(
+                        "{} may change this count at run time: {loop_hint}",
+                        source_name(&pp.source)
+                    ),
+                ));
+            }
+        }
+        let ring = |name: &str, recv: bool| {
+            p.queues.iter().find(|q| q.name == name).map(|q| {
+                if recv {
+                    u64::from(q.rq_slots)
+                } else {
+                    u64::from(q.sq_bbs)
+                }
+            })
+        };
+        let mut past_ring = |queue: &str, at: Option<(u64, String)>, count: u32, recv: bool| {
+            if let Some(size) = ring(queue, recv).filter(|s| u64::from(count) > *s) {
+                loops.push((
+                    queue.to_string(),
+                    at,
+                    "count".into(),
+                    format!(
+                        "enables {} {count} of {queue:?}, whose ring holds {size}: it would run \
+                         its ring again, {loop_hint}",
+                        if recv { "receive" } else { "index" }
+                    ),
+                ));
+            }
+        };
+        for (name, count) in &p.entry {
+            past_ring(name, None, *count, false);
+        }
+        for (name, count) in &p.recv_entry {
+            past_ring(name, None, *count, true);
+        }
+        for q in &p.queues {
+            let mut pos = 0;
+            for w in &q.wqes {
+                match &w.op {
+                    Op::SendEn { queue, count } => {
+                        past_ring(queue, Some((pos, w.label.clone())), *count, false);
+                    }
+                    Op::RecvEn { queue, count } => {
+                        past_ring(queue, Some((pos, w.label.clone())), *count, true);
+                    }
+                    _ => {}
+                }
+                pos += w.op.bbs();
+            }
+        }
+        let static_counts = loops.is_empty();
+        for (qn, at, field, detail) in loops {
+            self.find(
+                Some(&qn),
+                at.as_ref().map(|(i, l)| (*i, l.as_str())),
+                &field,
+                Rule::UnboundedLoop,
+                detail,
+            );
+        }
+        if !static_counts {
+            // Times are meaningless where counts may change.
+            return;
+        }
+        let times = match trigger_times(p) {
+            Ok(t) => t,
+            Err(passes) => {
+                self.find(
+                    None,
+                    None,
+                    "iterations",
+                    Rule::WqeBudget,
+                    format!("which trigger runs each WQE did not settle in {passes} passes"),
+                );
+                return;
+            }
+        };
+        let mut wqes: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut responses: BTreeMap<u64, u64> = BTreeMap::new();
+        for (q, ts) in p.queues.iter().zip(&times) {
+            for (w, t) in q.wqes.iter().zip(ts) {
+                let Some(t) = t else { continue };
+                *wqes.entry(*t).or_default() += 1;
+                if q.role == QueueRole::Client && responds(&w.op) {
+                    *responses.entry(*t).or_default() += 1;
+                }
+            }
+        }
+        let install = wqes.get(&0).copied().unwrap_or(0);
+        let limit = u64::from(self.g.max_wqes_per_invocation);
+        if install > limit {
+            self.find(
+                None,
+                None,
+                "iterations",
+                Rule::WqeBudget,
+                format!("{install} WQEs run at install, with no trigger; the limit is {limit}"),
+            );
+        }
+        let worst = wqes
+            .iter()
+            .filter(|(t, _)| **t > 0)
+            .max_by_key(|(_, n)| **n);
+        if let Some((&t, &n)) = worst {
+            if n > u64::from(wqes_per_invocation) {
+                self.find(
+                    None,
+                    None,
+                    "iterations",
+                    Rule::WqeBudget,
+                    format!(
+                        "declares {wqes_per_invocation} WQEs per invocation, but trigger {t} \
+                         runs {n}"
+                    ),
+                );
+            }
+            if n > limit {
+                self.find(
+                    None,
+                    None,
+                    "iterations",
+                    Rule::WqeBudget,
+                    format!("trigger {t} runs {n} WQEs; the limit is {limit}"),
+                );
+            }
+        }
+        let max_responses = u64::from(self.g.max_responses_per_trigger);
+        if let Some((&t, &n)) = responses.iter().max_by_key(|(_, n)| **n) {
+            if n > max_responses {
+                self.find(
+                    None,
+                    None,
+                    "responses",
+                    Rule::WqeBudget,
+                    format!(
+                        "{} sends {n} responses; the limit is {max_responses}",
+                        if t == 0 {
+                            "the install".to_string()
+                        } else {
+                            format!("trigger {t}")
+                        }
+                    ),
+                );
+            }
+        }
+    }
 }
 
 #[cfg(test)]

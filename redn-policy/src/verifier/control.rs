@@ -24,9 +24,17 @@
 //! opmod known for masked atomics (it selects their width). The index and QPN bytes may
 //! hold anything: with WQE checks off (RedN's requirement) the NIC ignores them, which is
 //! what lets them carry operands.
+//!
+//! `Checker::control_words` runs the model over every WQE whose control word something may
+//! write, from the image the installer would write (`installed_images`), and turns each
+//! refusal into a finding.
 
+use super::checker::Checker;
+use super::Rule;
 use redn_program::endian::Be64;
-use redn_program::program::{Addr, Op, PatchPoint, PatchSource, Program, Sge, WqePos};
+use redn_program::program::{
+    Addr, CodeLayout, Op, PatchPoint, PatchSource, Program, Resolver, Sge, WqePos,
+};
 use redn_program::wqe::{bbs_for_ds, off, Opcode, OPMOD_EXT_ATOMIC_8B};
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -373,6 +381,133 @@ pub(super) fn constant_copy(
     let at = usize::try_from(*offset).ok()?;
     let bytes: [u8; 8] = block.bytes.get(at..at.checked_add(8)?)?.try_into().ok()?;
     Some(u64::from_le_bytes(bytes))
+}
+
+impl Checker<'_> {
+    /// The control-word model (see [`control`](self)): every value each WQE's first 8 bytes can
+    /// reach under every write the program can make into them must be one the hardware runs
+    /// as the WQE's own operation or a NOP.
+    pub(super) fn control_words(&mut self) {
+        let p = self.p;
+        let Some(images) = self.layout.clone().and_then(|l| installed_images(p, l)) else {
+            // Layout or rendering failed: the other passes say why.
+            if self.out.is_empty() {
+                self.find(
+                    None,
+                    None,
+                    "program",
+                    Rule::UnknownName,
+                    "the program cannot be laid out and rendered".into(),
+                );
+            }
+            return;
+        };
+        let image = |label: &str| images.get(label).copied();
+        let static_written = |name: &str| self.static_written(name);
+        let writers = Writers {
+            program: p,
+            patches: &self.patches,
+            positions: &self.idx.at,
+            image: &image,
+            static_written: &static_written,
+        };
+        let mut found = Vec::new();
+        for q in &p.queues {
+            let mut pos = 0;
+            for w in &q.wqes {
+                let transfers = writers.transfers(&w.label);
+                if !transfers.is_empty() {
+                    if let Some(img) = image(&w.label) {
+                        let mut first = [0u8; 8];
+                        first.copy_from_slice(&img[..8]);
+                        let initial = u64::from_le_bytes(first);
+                        let here = Some((pos, w.label.clone()));
+                        match explore(&w.op, initial, &transfers) {
+                            Ok(None) => {}
+                            Ok(Some(r)) => {
+                                let rule = if r.why.contains("may hold anything") {
+                                    Rule::ProtectedField
+                                } else if r.why.starts_with("ds") {
+                                    Rule::BadDs
+                                } else {
+                                    Rule::UnsafeSwap
+                                };
+                                let path = if r.path.is_empty() {
+                                    "as installed".to_string()
+                                } else {
+                                    format!("through {}", r.path.join(", then "))
+                                };
+                                found.push((
+                                    q.name.clone(),
+                                    here,
+                                    rule,
+                                    format!(
+                                        "may become [{}] {path} (step {} of the fixpoint): {}",
+                                        r.word, r.steps, r.why
+                                    ),
+                                ));
+                            }
+                            Err(n) => found.push((
+                                q.name.clone(),
+                                here,
+                                Rule::UnsafeSwap,
+                                format!(
+                                    "reaches more than {} values ({n} seen): too many to check",
+                                    MAX_STATES
+                                ),
+                            )),
+                        }
+                    }
+                }
+                pos += w.op.bbs();
+            }
+        }
+        for (qn, here, rule, detail) in found {
+            self.find(
+                Some(&qn),
+                here.as_ref().map(|(i, l)| (*i, l.as_str())),
+                "control word",
+                rule,
+                detail,
+            );
+        }
+    }
+}
+
+/// The first 64 bytes of every WQE the control-word model reads (those whose control word
+/// something may write, and every CAS, for its operands) as the installer would write them,
+/// with stand-in numbers (`Resolver::stand_in`) over `layout`; `None` if one of them cannot
+/// be rendered.
+fn installed_images(p: &Program, layout: CodeLayout) -> Option<HashMap<String, [u8; 64]>> {
+    let resolver = Resolver::stand_in(p, layout).ok()?;
+    let needed: std::collections::HashSet<&str> = p
+        .patches
+        .iter()
+        .filter(|pp| pp.byte < 8)
+        .map(|pp| pp.label.as_str())
+        .chain(
+            p.queues
+                .iter()
+                .flat_map(|q| &q.wqes)
+                .filter(|w| matches!(w.op, Op::Cas { .. } | Op::MaskedCas { .. }))
+                .map(|w| w.label.as_str()),
+        )
+        .collect();
+    let mut out = HashMap::new();
+    for (label, pos) in p.wqe_positions() {
+        if !needed.contains(label) {
+            continue;
+        }
+        let w = p.wqe_at(pos)?;
+        let q = &p.queues[pos.queue];
+        let bytes = p
+            .render_wqe(&resolver, q.role, resolver.queues[pos.queue].0, w, pos.bb)
+            .ok()?;
+        let mut img = [0u8; 64];
+        img.copy_from_slice(bytes.get(..64)?);
+        out.insert(label.to_string(), img);
+    }
+    Some(out)
 }
 
 #[cfg(test)]

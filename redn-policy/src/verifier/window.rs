@@ -23,7 +23,12 @@
 //!   read off the program (a counter something else also writes, a count patched from a
 //!   trigger, a READ or FETCH_ADD landing it or adding to its counter that something may
 //!   patch) is refused.
+//!
+//! `Checker::index_windows` turns each of [`check`]'s refusals into an `index-window`
+//! finding.
 
+use super::checker::Checker;
+use super::{Rule, WAIT_PI_BYTE};
 use redn_program::program::{Addr, Iterations, Op, PatchSource, Program};
 use std::collections::BTreeMap;
 
@@ -310,4 +315,19 @@ fn find_op<'p>(p: &'p Program, label: &str) -> Option<&'p Op> {
         .flat_map(|q| &q.wqes)
         .find(|w| w.label == label)
         .map(|w| &w.op)
+}
+
+impl Checker<'_> {
+    /// Counts within the hardware's index windows (see [`window`](self)).
+    pub(super) fn index_windows(&mut self) {
+        for r in check(self.p, WAIT_PI_BYTE) {
+            self.find(
+                Some(&r.queue),
+                r.wqe.as_ref().map(|(i, l)| (*i, l.as_str())),
+                r.field,
+                Rule::IndexWindow,
+                r.detail,
+            );
+        }
+    }
 }
