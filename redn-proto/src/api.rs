@@ -224,8 +224,12 @@ pub struct ClientEntry {
 /// `io.redn.Admin.ListClients` reply.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ClientList {
-    /// The clients.
+    /// The clients (the first that fit in one reply).
     pub clients: Vec<ClientEntry>,
+    /// Clients left out: the list was longer than one reply may be (see
+    /// [`LIST_REPLY_MAX`]).
+    #[serde(default)]
+    pub omitted: u64,
 }
 
 /// `io.redn.Admin` installed offload entry.
@@ -250,8 +254,12 @@ pub struct InstalledEntry {
 /// `io.redn.Admin.ListOffloads` reply.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct InstalledList {
-    /// The installed offloads.
+    /// The installed offloads (the first that fit in one reply).
     pub offloads: Vec<InstalledEntry>,
+    /// Offloads left out: the list was longer than one reply may be (see
+    /// [`LIST_REPLY_MAX`]).
+    #[serde(default)]
+    pub omitted: u64,
 }
 
 /// `io.redn.Admin` device entry.

@@ -254,8 +254,16 @@ impl Server {
         let wire = |e: AdminError| e.to_wire();
         let m = &mut self.manager;
         let r = match method {
-            "ListClients" => encode(&m.admin_clients()),
-            "ListOffloads" => encode(&m.admin_offloads()),
+            "ListClients" => {
+                let mut list = m.admin_clients();
+                list.omitted = fit_list(&mut list.clients, list_budget(&m.limits));
+                encode(&list)
+            }
+            "ListOffloads" => {
+                let mut list = m.admin_offloads();
+                list.omitted = fit_list(&mut list.offloads, list_budget(&m.limits));
+                encode(&list)
+            }
             "ListDevices" => {
                 let mut list = m.admin_devices();
                 if let (Some(dp), Some(dev)) = (&self.dataplane, list.devices.first_mut()) {
@@ -458,8 +466,9 @@ fn list_budget(limits: &crate::state::Limits) -> usize {
 
 /// Keep the first of `entries` whose JSON fits in `budget` bytes (with a separator each);
 /// how many were left out. A list (bans an administrator added by script, a data plane's
-/// sessions) can outgrow any one reply: the admin gets what fits and the count of the rest
-/// rather than a closed connection.
+/// sessions, clients whose programs' paths are as long as the kernel allows) can outgrow
+/// any one reply: the admin gets what fits and the count of the rest rather than a closed
+/// connection.
 fn fit_list<T: Serialize>(entries: &mut Vec<T>, budget: usize) -> u64 {
     let mut used = 0usize;
     let keep = entries

@@ -54,7 +54,10 @@ impl Manager {
                 .unwrap_or(u32::MAX),
             })
             .collect();
-        api::ClientList { clients }
+        api::ClientList {
+            clients,
+            omitted: 0,
+        }
     }
 
     /// `io.redn.Admin.ListOffloads`.
@@ -81,7 +84,10 @@ impl Manager {
                 }
             })
             .collect();
-        api::InstalledList { offloads }
+        api::InstalledList {
+            offloads,
+            omitted: 0,
+        }
     }
 
     /// `io.redn.Admin.ListDevices`: the backend device, with the objects it holds. The

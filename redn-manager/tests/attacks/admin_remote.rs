@@ -141,3 +141,85 @@ fn lists_longer_than_one_reply_may_carry_are_cut_and_say_so() {
         "{answer:?}"
     );
 }
+
+/// A directory tree removed when dropped.
+struct TempTree(std::path::PathBuf);
+
+impl Drop for TempTree {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// This test binary linked at a path as long as the kernel allows, each of its 15
+/// directories named by 250 control characters (6 bytes each in JSON: `\u0001`): a program
+/// any local user can run from a directory of their own.
+fn exe_at_a_hostile_path() -> (TempTree, std::path::PathBuf) {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::DirBuilderExt;
+    let me = std::env::current_exe().unwrap();
+    let root = me
+        .parent()
+        .unwrap()
+        .join(format!("redn-exe-{}", std::process::id()));
+    let mut dir = root.clone();
+    let name = std::ffi::OsStr::from_bytes(&[1u8; 250]);
+    for _ in 0..15 {
+        dir.push(name);
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(&dir)
+        .unwrap();
+    let exe = dir.join("x");
+    std::fs::hard_link(&me, &exe).unwrap();
+    (TempTree(root), exe)
+}
+
+#[test]
+fn a_user_with_a_long_exe_path_cannot_hide_the_client_list_from_the_admin() {
+    // Uid 65534 opens connections until refused, from a program whose path is 23 KB of
+    // JSON: the client list would be tens of MB in one reply. The admin must still get
+    // the clients that fit and the count of the rest (before: the admin's connection was
+    // closed at the pending-output cap, `redn client show` failed for as long as the
+    // attacker held its connections).
+    let m = open_manager(&[]);
+    let (_tree, exe) = exe_at_a_hostile_path();
+    let mut child = Command::new("setpriv")
+        .args([
+            &format!("--reuid={HOSTILE_UID}"),
+            &format!("--regid={HOSTILE_UID}"),
+            "--clear-groups",
+        ])
+        .arg(&exe)
+        .args([
+            "--exact",
+            "hostile_entry",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("REDN_ATTACK", "hold-connections")
+        .env("REDN_MANAGER_SOCKET", m.api())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let mut attacker = Attacker { child, out };
+    let verdict = attacker.line();
+    let held: usize = verdict
+        .rsplit_once("held=")
+        .and_then(|(_, n)| n.parse().ok())
+        .unwrap_or_else(|| panic!("{verdict}"));
+    assert!(held > 200, "{verdict}");
+    let r = admin(&m, "ListClients", json!({}))
+        .unwrap_or_else(|e| panic!("ListClients: {e}\n{verdict}"));
+    let listed = r["clients"].as_array().unwrap();
+    let omitted = usize::try_from(r["omitted"].as_u64().unwrap_or(0)).unwrap();
+    assert!(!listed.is_empty() && omitted > 0, "{} listed", listed.len());
+    assert_eq!(listed.len() + omitted, held);
+    assert!(listed[0]["exe"].as_str().unwrap().contains('\u{1}'));
+    attacker.finish();
+}
