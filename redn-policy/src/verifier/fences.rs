@@ -11,7 +11,10 @@ use redn_program::program::{Addr, Op};
 /// many signaled WQEs of its queue come before it.
 type Landing<'p> = (&'p str, Vec<(&'p Addr, u64)>, u64);
 
-/// Bytes a WQE names, for the fence rule: `len` bytes at `addr`.
+/// Whether `alen` bytes at `a` and `blen` bytes at `b` may be the same bytes, for the fence
+/// rule: two WQE or two static addresses by their names and offsets; two region addresses
+/// always may; addresses of different kinds never are (a WQE's bytes lie in the code
+/// ring, a static block in the program's own memory, a region in the app's).
 fn may_overlap(a: &Addr, alen: u64, b: &Addr, blen: u64) -> bool {
     let ranges =
         |x: u64, xl: u64, y: u64, yl: u64| x < y.saturating_add(yl) && y < x.saturating_add(xl);
