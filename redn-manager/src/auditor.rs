@@ -721,10 +721,27 @@ pub struct Bans {
 
 impl Bans {
     /// Ban `who` for `span` from now (`None`: forever; so is a span too long for the
-    /// clock, as an administrator's `BanRemote` may ask).
-    pub fn ban(&mut self, who: Banned, span: Option<Duration>, clock: impl Clock) {
-        let until = span.and_then(|d| clock.now().checked_add(d));
+    /// clock, as an administrator's `BanRemote` may ask), unless a ban of `who` in force
+    /// ends later: a ban never shortens another (an administrator banning an address the
+    /// auditor banned for ever, for a minute, must not let it back in a minute later;
+    /// `lift` is how a ban is cut short). What the ban in force now has left (`None`: for
+    /// ever), for its record.
+    pub fn ban(
+        &mut self,
+        who: Banned,
+        span: Option<Duration>,
+        clock: impl Clock,
+    ) -> Option<Duration> {
+        let now = clock.now();
+        let asked = span.and_then(|d| now.checked_add(d));
+        // An ended ban's end is before `asked`, so the later of the two is `asked`.
+        let until = match (self.until.get(&who), asked) {
+            (Some(None), _) | (_, None) => None,
+            (Some(Some(held)), Some(asked)) => Some((*held).max(asked)),
+            (None, Some(asked)) => Some(asked),
+        };
         self.until.insert(who, until);
+        until.map(|t| t.saturating_duration_since(now))
     }
 
     /// If `who` is banned now: `Some(remaining)` (`None` inside: forever).

@@ -43,7 +43,7 @@ mod app_keys;
 mod clients;
 mod enforce;
 mod install;
-pub use admin::BanTarget;
+pub use admin::{BanTarget, RemoteBan};
 use app_keys::AppKeys;
 pub use enforce::{server_loop_over, Teardown, MAX_TEST_RUN};
 

@@ -281,9 +281,60 @@ fn bans_in_force_are_listed_with_what_is_left_and_can_be_lifted() {
     assert!(bans.lift(&app, &clock), "a ban for ever");
     assert_eq!(bans.in_force(&clock), []);
     assert_eq!(bans.held(), 0, "lifting drops the entries");
-    // A span past what the clock can hold is for ever, not a panic.
-    bans.ban(app.clone(), Some(Duration::from_secs(u64::MAX)), &clock);
+    // A span past what the clock can hold is for ever, not a panic, and says so.
+    let kept = bans.ban(app.clone(), Some(Duration::from_secs(u64::MAX)), &clock);
+    assert_eq!(kept, None);
     assert_eq!(bans.in_force(&clock), [(app, None)]);
+}
+
+#[test]
+fn a_ban_never_shortens_a_ban_in_force() {
+    let clock = ManualClock::new();
+    let mut bans = Bans::default();
+    let who = |addr: &str| Banned::Remote {
+        app: AppKey(1),
+        addr: addr.parse().unwrap(),
+    };
+    let secs = Duration::from_secs;
+    assert_eq!(bans.ban(who("192.0.2.1"), None, &clock), None);
+    assert_eq!(bans.ban(who("192.0.2.1"), Some(secs(60)), &clock), None);
+    assert_eq!(
+        bans.banned(&who("192.0.2.1"), &clock),
+        Some(None),
+        "for ever"
+    );
+    assert_eq!(
+        bans.ban(who("192.0.2.2"), Some(secs(3600)), &clock),
+        Some(secs(3600))
+    );
+    clock.advance(secs(600));
+    assert_eq!(
+        bans.ban(who("192.0.2.2"), Some(secs(60)), &clock),
+        Some(secs(3000)),
+        "the longer ban kept"
+    );
+    assert_eq!(
+        bans.ban(who("192.0.2.2"), Some(secs(7200)), &clock),
+        Some(secs(7200)),
+        "a longer one extends it"
+    );
+    assert_eq!(bans.ban(who("192.0.2.2"), None, &clock), None, "for ever");
+    // An ended ban is no ban: a new one runs its own span.
+    assert_eq!(
+        bans.ban(who("192.0.2.3"), Some(secs(10)), &clock),
+        Some(secs(10))
+    );
+    clock.advance(secs(20));
+    assert_eq!(
+        bans.ban(who("192.0.2.3"), Some(secs(5)), &clock),
+        Some(secs(5))
+    );
+    // Lifted, an address may be banned for less.
+    assert!(bans.lift(&who("192.0.2.2"), &clock));
+    assert_eq!(
+        bans.ban(who("192.0.2.2"), Some(secs(1)), &clock),
+        Some(secs(1))
+    );
 }
 
 #[test]

@@ -344,7 +344,7 @@ impl Server {
                     .to_wire());
                 }
                 let span = p.seconds.map(std::time::Duration::from_secs);
-                let sessions = self
+                let crate::state::RemoteBan { sessions, left } = self
                     .manager
                     .admin_ban_remote(&p.app, addr, span)
                     .map_err(wire)?;
@@ -352,7 +352,7 @@ impl Server {
                     &Record::new(Event::Ban, Severity::Warning)
                         .field("app", &p.app)
                         .field("address", addr)
-                        .field("duration", crate::auditor::describe_span(span))
+                        .field("duration", crate::auditor::describe_span(left))
                         .field("by", "admin")
                         .res(true),
                 );

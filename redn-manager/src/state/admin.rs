@@ -22,6 +22,17 @@ impl std::fmt::Display for BanTarget {
     }
 }
 
+/// What `io.redn.Admin.BanRemote` did ([`Manager::admin_ban_remote`]).
+#[derive(Debug)]
+pub struct RemoteBan {
+    /// The sessions (offload handle, instance) the address holds with the app's offloads,
+    /// for the data plane to end.
+    pub sessions: Vec<(u64, u64)>,
+    /// What the ban under the rule as it is now has left (`None`: for ever), for the
+    /// record.
+    pub left: Option<std::time::Duration>,
+}
+
 /// `d` in whole nanoseconds, as the admin API's `*_ns` fields carry it (saturating: a span
 /// past 584 years reads as `u64::MAX`).
 fn nanos(d: std::time::Duration) -> u64 {
@@ -206,7 +217,9 @@ impl Manager {
     /// `io.redn.Admin.BanRemote`: ban the remote clients at `addr` from app `app`'s offloads
     /// for `span` (`None`: for ever), under every number the rule's name has had (the
     /// installs of a tenant a reload replaced serve on under theirs); the sessions the
-    /// address holds with them, for the data plane to end.
+    /// address holds with them, for the data plane to end, and what is left of the ban
+    /// under the rule as it is now (`None`: for ever; a ban in force that ends later is
+    /// kept: see `Bans::ban`), for the record.
     ///
     /// # Errors
     /// `NoSuchApp` if the policy has no rule of that name.
@@ -215,20 +228,24 @@ impl Manager {
         app: &str,
         addr: std::net::IpAddr,
         span: Option<std::time::Duration>,
-    ) -> Result<Vec<(u64, u64)>, AdminError> {
+    ) -> Result<RemoteBan, AdminError> {
         let rule = self.policy.app(app).ok_or_else(|| AdminError::NoSuchApp {
             app: app.to_owned(),
         })?;
         // The number a new install under the rule gets, so that the ban holds for it too.
-        self.app_keys.key(app, &rule.matchers);
+        let current = self.app_keys.key(app, &rule.matchers);
         let keys = self.app_keys.keys_named(app);
         let mut sessions = Vec::new();
+        let mut left = span;
         for key in keys {
             let who = Banned::Remote { app: key, addr };
-            self.bans.ban(who, span, redn_sys::clock::SystemClock);
+            let kept = self.bans.ban(who, span, redn_sys::clock::SystemClock);
+            if key == current {
+                left = kept;
+            }
             sessions.extend(self.sessions_of(crate::auditor::ClientId { app: key, addr }));
         }
-        Ok(sessions)
+        Ok(RemoteBan { sessions, left })
     }
 
     /// `io.redn.Admin.LiftBan`: lift the ban on app `app`'s installs by `uid`, or on its

@@ -611,13 +611,13 @@ impl Manager {
                 app: app.clone(),
                 uid,
             };
-            self.bans.ban(who, span, redn_sys::clock::SystemClock);
+            let kept = self.bans.ban(who, span, redn_sys::clock::SystemClock);
             let r = Record::new(Event::Ban, Severity::Warning)
                 .field("client", client)
                 .field("uid", uid)
                 .field("app", &app)
                 .field("handle", handle)
-                .field("duration", describe_span(span))
+                .field("duration", describe_span(kept))
                 .field("rule", v.rule())
                 .res(true);
             self.outbox.push(r);

@@ -223,3 +223,231 @@ fn a_user_with_a_long_exe_path_cannot_hide_the_client_list_from_the_admin() {
     assert!(listed[0]["exe"].as_str().unwrap().contains('\u{1}'));
     attacker.finish();
 }
+
+/// The NIC objects the manager holds (protection domains, regions, CQs, QPs).
+fn nic_objects(m: &Manager) -> [u64; 4] {
+    let r = admin(m, "ListDevices", json!({})).unwrap();
+    let d = &r["devices"][0];
+    ["pd", "mr", "cq", "qp"].map(|k| d[k].as_u64().unwrap())
+}
+
+/// The (handle, instance) of every session `ListRemoteClients` shows from `ip`.
+fn sessions_from(m: &Manager, ip: &str) -> Vec<(u64, u64)> {
+    let r = admin(m, "ListRemoteClients", json!({})).unwrap();
+    r["remotes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["peer"].as_str().unwrap().starts_with(&format!("{ip}:")))
+        .map(|s| {
+            (
+                s["handle"].as_u64().unwrap(),
+                s["instance"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn bad_parameters_gone_sessions_and_spent_bans_are_refused_by_name_and_leak_nothing() {
+    let m = Manager::start_with_dataplane(&server_loop_policy(|p| p));
+    let (one, two) = (server_loop_app(&m), server_loop_app(&m));
+    let baseline = nic_objects(&m);
+    // 127.0.0.3 holds a session with each of the app's two offloads, 127.0.0.4 one.
+    let mut held = Vec::new();
+    for (ip, a) in [
+        ("127.0.0.3", &one),
+        ("127.0.0.3", &two),
+        ("127.0.0.4", &one),
+    ] {
+        let (tcp, answer) = hello_from(ip, a);
+        assert!(matches!(answer, Answer::Accepted(_)), "{answer:?}");
+        held.push(tcp);
+    }
+    let theirs = sessions_from(&m, "127.0.0.4");
+    assert_eq!(theirs.len(), 1);
+    let (handle, instance) = theirs[0];
+    // DisconnectRemote of sessions nobody holds, or not with that offload; parameters no
+    // session id can be.
+    for (params, error) in [
+        (
+            json!({ "handle": handle, "instance": u64::MAX }),
+            "NoSuchRemote",
+        ),
+        (json!({ "handle": handle, "instance": 0 }), "NoSuchRemote"),
+        (
+            json!({ "handle": two.handle, "instance": instance }),
+            "NoSuchRemote",
+        ),
+        (
+            json!({ "handle": u64::MAX, "instance": instance }),
+            "NoSuchRemote",
+        ),
+        (
+            json!({ "handle": handle, "instance": -1 }),
+            "InvalidParameter",
+        ),
+        (
+            json!({ "handle": handle, "instance": 1.5 }),
+            "InvalidParameter",
+        ),
+        (
+            json!({ "handle": handle, "instance": "1" }),
+            "InvalidParameter",
+        ),
+        (json!({ "handle": handle }), "InvalidParameter"),
+    ] {
+        let e = admin(&m, "DisconnectRemote", params.clone()).expect_err("refused");
+        assert!(e.contains(error), "{params}: {e}");
+    }
+    // BanRemote: addresses that are not one, seconds that are not a count of them, apps
+    // the policy does not have.
+    let huge = "1".repeat(500_000);
+    for address in [
+        "",
+        " 127.0.0.3",
+        "127.0.0.3 ",
+        "127.0.0.3\n",
+        "127.0.0.3:4791",
+        "127.0.0.3/32",
+        "[::1]",
+        "127.0.0.03x",
+        "１２７.0.0.3",
+        "127.0.0.256",
+        huge.as_str(),
+    ] {
+        let ban = json!({ "app": "tester", "address": address, "seconds": 60 });
+        let e = admin(&m, "BanRemote", ban).expect_err("refused");
+        assert!(
+            e.contains("InvalidParameter") && e.contains("address"),
+            "{e:.200}"
+        );
+    }
+    for seconds in [json!(-1), json!(1.5), json!("60"), json!(1e300)] {
+        let ban = json!({ "app": "tester", "address": "127.0.0.3", "seconds": seconds });
+        let e = admin(&m, "BanRemote", ban).expect_err("refused");
+        assert!(
+            e.contains("InvalidParameter") && e.contains("seconds"),
+            "{e}"
+        );
+    }
+    for app in ["nope", "", "tester\n", huge.as_str()] {
+        let ban = json!({ "app": app, "address": "127.0.0.3", "seconds": 60 });
+        let e = admin(&m, "BanRemote", ban).expect_err("refused");
+        assert!(e.contains("NoSuchApp"), "{e:.200}");
+    }
+    // Addresses no client has: banned, nothing ended.
+    for address in ["0.0.0.0", "255.255.255.255", "::", "2001:db8::1"] {
+        let ban = json!({ "app": "tester", "address": address, "seconds": 60 });
+        let r = admin(&m, "BanRemote", ban).unwrap();
+        assert_eq!(r["ended"], 0, "{address}: {r}");
+    }
+    assert_eq!(sessions_from(&m, "127.0.0.3").len(), 2, "nothing ended yet");
+    // A ban ends the address's sessions with every offload of the app, and only those.
+    let mine = sessions_from(&m, "127.0.0.3");
+    let ban = json!({ "app": "tester", "address": "127.0.0.3", "seconds": 3600 });
+    let r = admin(&m, "BanRemote", ban).unwrap();
+    assert_eq!(r["ended"], 2, "{r}");
+    assert!(closed(&mut held[0]) && closed(&mut held[1]));
+    for (h, i) in &mine {
+        record_with(
+            &m,
+            &[
+                "event=remote-exit ",
+                &format!(" handle={h} "),
+                &format!(" instance={i} "),
+                "banned by an administrator",
+            ],
+        );
+        // Ended: not ended again, however often asked.
+        for _ in 0..2 {
+            let gone = json!({ "handle": h, "instance": i });
+            let e = admin(&m, "DisconnectRemote", gone).expect_err("gone");
+            assert!(e.contains("NoSuchRemote"), "{e}");
+        }
+    }
+    assert_eq!(
+        sessions_from(&m, "127.0.0.4"),
+        theirs,
+        "the neighbour serves on"
+    );
+    // A ban that ran out is no ban to lift; nor one on a uid nobody banned.
+    let ban = json!({ "app": "tester", "address": "127.0.0.5", "seconds": 1 });
+    admin(&m, "BanRemote", ban).unwrap();
+    wait_for("the 1s ban never ran out", || {
+        let bans = admin(&m, "ListBans", json!({})).unwrap();
+        !bans.to_string().contains("\"127.0.0.5\"")
+    });
+    for lift in [
+        json!({ "app": "tester", "address": "127.0.0.5" }),
+        json!({ "app": "tester", "uid": 0 }),
+        json!({ "app": "nope", "address": "127.0.0.3" }),
+    ] {
+        let e = admin(&m, "LiftBan", lift.clone()).expect_err("no such ban");
+        assert!(e.contains("NoSuchBan"), "{lift}: {e}");
+    }
+    let (_t, answer) = hello_from("127.0.0.5", &one);
+    assert!(matches!(answer, Answer::Accepted(_)), "{answer:?}");
+    drop(_t);
+    // Every session closed: the NIC holds what the two installs hold, no more.
+    drop(held);
+    wait_for("NIC objects never returned to the installs' own", || {
+        nic_objects(&m) == baseline
+    });
+}
+
+#[test]
+fn a_ban_is_recorded_as_it_holds_and_a_shorter_one_does_not_cut_it_short() {
+    // A ban longer than the clock can count holds for ever: its record says so (before:
+    // duration=18446744073709551615s). A careless admin (or script) banning an address
+    // already banned for ever, or for longer, does not shorten its ban (before: replaced,
+    // 60s left): lifting is how a ban is cut short.
+    let m = Manager::start_with_dataplane(&server_loop_policy(|p| p));
+    let ban = |address: &str, seconds: Option<u64>| {
+        let ban = json!({ "app": "tester", "address": address, "seconds": seconds });
+        admin(&m, "BanRemote", ban).unwrap();
+    };
+    let left = |address: &str| {
+        let bans = admin(&m, "ListBans", json!({})).unwrap();
+        let entry = bans["bans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["address"] == address)
+            .cloned();
+        entry.map(|b| b["left_ns"].as_u64())
+    };
+    ban("127.0.0.7", Some(u64::MAX));
+    record_with(
+        &m,
+        &["event=ban ", " address=127.0.0.7 ", " duration=infinity "],
+    );
+    ban("127.0.0.7", Some(60));
+    record_with(
+        &m,
+        &["event=ban ", " address=127.0.0.7 ", " duration=infinity "],
+    );
+    assert_eq!(left("127.0.0.7"), Some(None), "still for ever");
+    ban("127.0.0.8", None);
+    ban("127.0.0.8", Some(1));
+    assert_eq!(left("127.0.0.8"), Some(None), "still for ever");
+    ban("127.0.0.9", Some(3600));
+    ban("127.0.0.9", Some(60));
+    let kept = left("127.0.0.9").flatten().unwrap();
+    assert!(kept > 3_500_000_000_000, "the hour kept: {kept} ns left");
+    record_with(&m, &["event=ban ", " address=127.0.0.9 ", " duration=359"]);
+    // A longer ban extends a shorter one.
+    ban("127.0.0.9", Some(7200));
+    let longer = left("127.0.0.9").flatten().unwrap();
+    assert!(longer > 7_100_000_000_000, "{longer} ns left");
+    // Lifted, the address may be banned for less.
+    admin(
+        &m,
+        "LiftBan",
+        json!({ "app": "tester", "address": "127.0.0.9" }),
+    )
+    .unwrap();
+    ban("127.0.0.9", Some(60));
+    let short = left("127.0.0.9").flatten().unwrap();
+    assert!(short <= 60_000_000_000, "{short} ns left");
+}

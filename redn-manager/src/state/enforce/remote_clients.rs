@@ -48,10 +48,16 @@ impl Manager {
             .track_record(Event::Terminate, Severity::Warning, track)
             .field("rule", v.rule())
             .fields(v.details());
+        // Banned at once (nothing below reads the bans): the record says what holds.
         let ban_record = ban.map(|span| {
+            let who = Banned::Remote {
+                app: app_key,
+                addr: peer.ip(),
+            };
+            let kept = self.bans.ban(who, span, redn_sys::clock::SystemClock);
             self.track_record(Event::Ban, Severity::Warning, track)
                 .field("address", peer.ip())
-                .field("duration", describe_span(span))
+                .field("duration", describe_span(kept))
                 .field("rule", v.rule())
                 .res(true)
         });
@@ -63,12 +69,7 @@ impl Manager {
             o.remote_banned += u64::from(ban.is_some());
         }
         let banned = ban.is_some();
-        if let (Some(span), Some(r)) = (ban, ban_record) {
-            let who = Banned::Remote {
-                app: app_key,
-                addr: peer.ip(),
-            };
-            self.bans.ban(who, span, redn_sys::clock::SystemClock);
+        if let Some(r) = ban_record {
             self.outbox.push(r);
         }
         self.notes
