@@ -451,3 +451,49 @@ fn a_ban_is_recorded_as_it_holds_and_a_shorter_one_does_not_cut_it_short() {
     let short = left("127.0.0.9").flatten().unwrap();
     assert!(short <= 60_000_000_000, "{short} ns left");
 }
+
+#[test]
+fn bans_of_an_app_rule_a_reload_renamed_are_listed_and_lifted_under_the_old_name() {
+    // The admin bans 127.0.0.3 from "tester", then a reload renames the rule "renamed"
+    // (the same processes): the old rule's install is torn down with its sessions; the
+    // ban stays listed under the name it was given and is lifted by it; the old name is no
+    // app to ban from, the new one is.
+    let m = Manager::start_with_dataplane(&server_loop_policy(|p| p));
+    let a = server_loop_app(&m);
+    let (mut tcp, answer) = hello_from("127.0.0.4", &a);
+    assert!(matches!(answer, Answer::Accepted(_)), "{answer:?}");
+    let ban = json!({ "app": "tester", "address": "127.0.0.3", "seconds": 3600 });
+    admin(&m, "BanRemote", ban).unwrap();
+    let policy = std::fs::read_to_string(m.dir.join("policy.toml")).unwrap();
+    std::fs::write(
+        m.dir.join("policy.toml"),
+        policy.replace("name = \"tester\"", "name = \"renamed\""),
+    )
+    .unwrap();
+    admin(&m, "ReloadPolicy", json!({})).unwrap();
+    assert!(
+        closed(&mut tcp),
+        "the old rule's session ended with its install"
+    );
+    let bans = admin(&m, "ListBans", json!({})).unwrap();
+    assert_eq!(bans["bans"].as_array().unwrap().len(), 1, "{bans}");
+    assert_eq!(bans["bans"][0]["app"], "tester", "{bans}");
+    let old = json!({ "app": "tester", "address": "127.0.0.5", "seconds": 60 });
+    let e = admin(&m, "BanRemote", old).expect_err("no such app");
+    assert!(e.contains("NoSuchApp"), "{e}");
+    let new = json!({ "app": "renamed", "address": "127.0.0.3", "seconds": 60 });
+    assert_eq!(admin(&m, "BanRemote", new).unwrap()["ended"], 0);
+    let e = admin(
+        &m,
+        "LiftBan",
+        json!({ "app": "renamed", "address": "127.0.0.4" }),
+    )
+    .expect_err("never banned");
+    assert!(e.contains("NoSuchBan"), "{e}");
+    for app in ["tester", "renamed"] {
+        let lift = json!({ "app": app, "address": "127.0.0.3" });
+        assert_eq!(admin(&m, "LiftBan", lift).unwrap()["lifted"], 1, "{app}");
+    }
+    let bans = admin(&m, "ListBans", json!({})).unwrap();
+    assert!(bans["bans"].as_array().unwrap().is_empty(), "{bans}");
+}
