@@ -653,7 +653,9 @@ impl Manager {
     }
 
     /// Why a remote client at `addr` may not say hello to the offloads of app `app`
-    /// (numbered `key` for its remote clients) now: the auditor banned its address.
+    /// (numbered `key` for its remote clients) now: its address is banned, by the auditor
+    /// or an administrator (`BanRemote`); the refusal does not say which, as it cannot
+    /// know (a ban never shortens another: it may be both).
     pub fn remote_ban_refusal(
         &self,
         app: &str,
@@ -662,8 +664,7 @@ impl Manager {
     ) -> Option<String> {
         let left = self.ban_left(Banned::Remote { app: key, addr })?;
         Some(format!(
-            "address {addr} is banned from app {app:?}'s offloads by the auditor for {left} \
-             more"
+            "address {addr} is banned from app {app:?}'s offloads for {left} more"
         ))
     }
 
