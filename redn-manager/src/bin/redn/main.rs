@@ -314,16 +314,7 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
                 )));
             };
             let a = ip_address(address)?;
-            let seconds = match duration
-                .parse::<redn_policy::TimeSpan>()
-                .map_err(|e| usage_error(format!("DURATION: {e}")))?
-            {
-                redn_policy::TimeSpan::Infinite => None,
-                redn_policy::TimeSpan::Finite(d) if d.as_secs() >= 1 => Some(d.as_secs()),
-                redn_policy::TimeSpan::Finite(_) => {
-                    return Err(usage_error("DURATION: at least 1s, or \"infinity\""))
-                }
-            };
+            let seconds = ban_seconds(duration)?;
             let params = json!({ "app": app, "address": a.to_string(), "seconds": seconds });
             let (ended, row) = counted_call(opts, "BanRemote", params, "ended")?;
             Ok(Output::Text {
@@ -482,6 +473,23 @@ fn ip_address(given: &str) -> Result<std::net::IpAddr> {
         .parse::<std::net::IpAddr>()
         .map(|a| a.to_canonical())
         .map_err(|_| usage_error(format!("ADDRESS: {given:?} is not an IP address")))
+}
+
+/// Argument `DURATION` of `ban add` as `BanRemote`'s `seconds` (`None`: for ever): at
+/// least a second, and a fraction of one rounds up (the ban is at least as long as asked).
+fn ban_seconds(duration: &str) -> Result<Option<u64>> {
+    match duration
+        .parse::<redn_policy::TimeSpan>()
+        .map_err(|e| usage_error(format!("DURATION: {e}")))?
+    {
+        redn_policy::TimeSpan::Infinite => Ok(None),
+        redn_policy::TimeSpan::Finite(d) if d.as_secs() >= 1 => Ok(Some(
+            d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0)),
+        )),
+        redn_policy::TimeSpan::Finite(_) => {
+            Err(usage_error("DURATION: at least 1s, or \"infinity\""))
+        }
+    }
 }
 
 /// Call `method` with `params`; the count the reply gives as `key`, and the parameters
@@ -779,6 +787,38 @@ fn table_text(rows: &[Map<String, Value>], columns: &[&str], details: bool) -> S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ban_durations_round_up_to_whole_seconds_and_refuse_what_is_not_one() {
+        let ok = |d: &str| ban_seconds(d).unwrap_or_else(|e| panic!("{d}: {e}"));
+        assert_eq!(ok("30m"), Some(1800));
+        assert_eq!(ok("1s"), Some(1));
+        assert_eq!(ok("1500ms"), Some(2), "not cut to 1s");
+        assert_eq!(ok("1h 1ns"), Some(3601));
+        assert_eq!(ok("infinity"), None);
+        assert_eq!(ok("1000000000000w"), Some(604_800_000_000_000_000));
+        for bad in [
+            "",
+            " ",
+            "0",
+            "0s",
+            "999ms",
+            "-1s",
+            "1e999s",
+            "1.5s",
+            "1 s x",
+            "s",
+            "1x",
+            "99999999999999999999999999999999999999999s",
+            "１s",
+        ] {
+            let e = ban_seconds(bad).expect_err(bad);
+            assert!(
+                e.downcast_ref::<Usage>().is_some(),
+                "{bad}: a usage error, {e}"
+            );
+        }
+    }
 
     #[test]
     fn table_cells_cannot_forge_rows_or_reach_the_terminal() {
