@@ -93,6 +93,11 @@ const READS_PER_TURN: usize = 16;
 /// cost a parse and get no reply, so nothing else holds them back) is taken a slice at a
 /// time, after everyone else's.
 const MESSAGES_PER_TURN: usize = 64;
+/// Messages one uid's app connections together may have handled per turn: four
+/// connections' slices. Without it, a uid that spreads a backlog over the 1,024
+/// connections it may open had 65,536 messages (a good part of a second) handled ahead of
+/// everyone else's next turn. Admin connections (root, trusted) have only their own slice.
+const UID_MESSAGES_PER_TURN: usize = 4 * MESSAGES_PER_TURN;
 /// A connection with more replies than this unread is not read from, nor are its
 /// requests handled, until its peer reads them: a client that sends without reading holds
 /// this much of the daemon's memory (plus one reply and its input), not the whole
@@ -140,6 +145,9 @@ pub struct Server {
     conns: HashMap<usize, Conn>,
     /// Connections stopped after READS_PER_TURN reads with input maybe still waiting.
     unfinished: HashSet<usize>,
+    /// Messages each uid's app connections may still have handled this turn (a uid not
+    /// here has its whole [`UID_MESSAGES_PER_TURN`]).
+    uid_turn_left: HashMap<u32, usize>,
     next_token: usize,
     manager: Manager,
     procfs: Procfs,
@@ -216,6 +224,7 @@ impl Server {
             signals,
             conns: HashMap::new(),
             unfinished: HashSet::new(),
+            uid_turn_left: HashMap::new(),
             next_token: FIRST_CONN,
             manager,
             procfs: Procfs::default(),
@@ -386,6 +395,7 @@ impl Server {
         for t in std::mem::take(&mut self.unfinished) {
             ready.push((t, true, false));
         }
+        self.uid_turn_left.clear();
         if accepts_stalled {
             // No edge will come for what is already in a backlog: look again.
             for index in self.accept_stalled.clone() {

@@ -5,7 +5,7 @@
 
 use super::{
     error_reply, exited, Conn, Hangup, Server, SocketKind, BUFFER_ALLOWANCE, HANGUP_GRACE,
-    MESSAGES_PER_TURN, OUTPUT_HIGH_WATER, PIDFD_BASE, READS_PER_TURN,
+    MESSAGES_PER_TURN, OUTPUT_HIGH_WATER, PIDFD_BASE, READS_PER_TURN, UID_MESSAGES_PER_TURN,
 };
 use crate::audit::{Event, Record, Severity};
 use crate::outbox::Outbox;
@@ -279,11 +279,33 @@ impl Server {
         self.scratch = buf;
     }
 
+    /// Read and handle what connection `token` sent, within its slice of this turn and
+    /// what is left of its uid's.
     fn read_with(&mut self, token: usize, buf: &mut [u8]) {
+        let Some(c) = self.conns.get(&token) else {
+            return;
+        };
+        let uid = (c.kind == SocketKind::Api).then_some(c.peer.identity.uid);
+        let granted = uid.map_or(MESSAGES_PER_TURN, |uid| {
+            let left = *self
+                .uid_turn_left
+                .entry(uid)
+                .or_insert(UID_MESSAGES_PER_TURN);
+            left.min(MESSAGES_PER_TURN)
+        });
+        let mut budget = granted;
+        self.read_within(token, buf, &mut budget);
+        if let Some(left) = uid.and_then(|uid| self.uid_turn_left.get_mut(&uid)) {
+            *left -= granted - budget;
+        }
+    }
+
+    /// [`Server::read_with`] with `budget` messages (counted down).
+    fn read_within(&mut self, token: usize, buf: &mut [u8], budget: &mut usize) {
         let max_fds = self.manager.limits.codec.max_fds;
-        // Requests held back (paused, or left for the next turn) come first.
-        let mut budget = MESSAGES_PER_TURN;
-        if !self.drain_messages(token, &mut budget) {
+        // Requests held back (paused, or left for the next turn) come first; with no
+        // budget left, nothing is read (the connection waits for the next turn).
+        if !self.drain_messages(token, budget) {
             self.unfinished.insert(token);
             return;
         }
@@ -380,7 +402,7 @@ impl Server {
                 self.violation(token, "buffered-bytes", reason, true);
                 return;
             }
-            if !self.drain_messages(token, &mut budget) {
+            if !self.drain_messages(token, budget) {
                 // Its turn is used up: the rest next turn, after everyone else's.
                 break;
             }

@@ -377,6 +377,7 @@ fn a_connection_flooding_calls_gets_its_turn_and_no_more() {
     let mut attacker = m.raw(&m.api());
     let pid = nix::unistd::Pid::from_raw(i32::try_from(m.child.as_ref().unwrap().id()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    stopped(pid);
     let mut backlog = b"{\"method\":\"io.redn.Manager.GetInfo\",\"oneway\":true}\0".repeat(1500);
     backlog.extend_from_slice(
         b"{\"method\":\"io.redn.Manager.InstallOffload\",\
@@ -396,6 +397,83 @@ fn a_connection_flooding_calls_gets_its_turn_and_no_more() {
         Some(0),
         "the admin waited behind the whole backlog: {listed:?}"
     );
+}
+
+/// Wait until process `pid` is stopped (a `SIGSTOP` takes effect after `kill` returns).
+fn stopped(pid: nix::unistd::Pid) {
+    let deadline = std::time::Instant::now() + DEADLINE;
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        // The state follows the command's closing parenthesis.
+        let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+        if state == Some(Some('T')) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "not stopped: {stat}");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_uid_spreading_a_backlog_over_many_connections_gets_four_slices_a_turn() {
+    // Each connection has its slice of a turn (64 messages), and its uid's connections
+    // together four slices: a uid that spreads its backlog over many connections does not
+    // get a slice for each ahead of everyone else's next turn. With the manager stopped,
+    // 16 connections of the app's uid each queue turns of 63 one-way calls and an
+    // install (one install a slice), then the admin asks for the installed offloads; the
+    // manager resumes with all waiting, the admin's request readied last. The admin must
+    // see at most the four installs of the uid's four slices, not sixteen.
+    const CONNECTIONS: usize = 16;
+    let policy = policy("", "").replace("max_queues = 16", "max_queues = 1024");
+    let m = Manager::start(&policy, &["--limit", "requests-per-second=1000000"]);
+    let mut conns: Vec<Connection> = (0..CONNECTIONS).map(|_| m.raw(&m.api())).collect();
+    let mut admin = m.raw(&m.admin());
+    // Each accepted and registered before the stop, in this order.
+    for c in &mut conns {
+        let _: serde_json::Value = c.call("io.redn.Manager.GetInfo", &(), &[]).unwrap();
+    }
+    let _: serde_json::Value = admin.call("io.redn.Admin.ListOffloads", &(), &[]).unwrap();
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(m.child.as_ref().unwrap().id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    stopped(pid);
+    let mut slice = b"{\"method\":\"io.redn.Manager.GetInfo\",\"oneway\":true}\0".repeat(63);
+    slice.extend_from_slice(
+        b"{\"method\":\"io.redn.Manager.InstallOffload\",\"oneway\":true,\
+          \"parameters\":{\"offload\":\"echo\",\"regions\":[]}}\0",
+    );
+    let backlog = slice.repeat(2);
+    for c in &mut conns {
+        c.send_bytes(&backlog, &[]).unwrap();
+    }
+    admin
+        .send_bytes(b"{\"method\":\"io.redn.Admin.ListOffloads\"}\0", &[])
+        .unwrap();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let listed = admin.read_reply().unwrap();
+    let installed = listed.parameters["offloads"].as_array().map(Vec::len);
+    assert!(
+        installed.is_some_and(|n| n <= 4),
+        "the admin waited behind more than four of the uid's slices: {installed:?} installs \
+         before it"
+    );
+    // The backlogs are all served in the end: every install took place.
+    let deadline = std::time::Instant::now() + DEADLINE;
+    loop {
+        let r: redn_proto::api::InstalledList = m
+            .raw(&m.admin())
+            .call("io.redn.Admin.ListOffloads", &(), &[])
+            .unwrap();
+        if r.offloads.len() == 2 * CONNECTIONS {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {} installs",
+            r.offloads.len(),
+            2 * CONNECTIONS
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 #[test]
