@@ -36,7 +36,7 @@ const NEVER: u64 = u64::MAX;
 
 /// Each WQE's trigger time, by queue and WQE index (`None`: it never runs), or `Err` with
 /// the passes made if the fixpoint did not settle (the program is refused as unbounded).
-pub(super) fn trigger_times(p: &Program) -> Result<Vec<Vec<Option<u64>>>, usize> {
+fn trigger_times(p: &Program) -> Result<Vec<Vec<Option<u64>>>, usize> {
     // Each pass can only lower times, and a time is a trigger count no larger than the
     // client's receives, so passes are bounded; a cap guards against a mistake here.
     trigger_times_within(p, 4 * (p.wqe_count() + p.queues.len()) + 8)
@@ -241,7 +241,7 @@ fn consumes_receive(op: &Op) -> bool {
 }
 
 /// True if the WQE sends something to its peer (on the client-facing queue: a response).
-pub(super) fn responds(op: &Op) -> bool {
+fn responds(op: &Op) -> bool {
     matches!(op, Op::Write { .. })
 }
 

@@ -47,7 +47,7 @@ const COMPARE_MASK: u32 = 56;
 const _: () = assert!(SWAP as usize == off::SWAP_ADD && COMPARE as usize == off::COMPARE);
 
 /// Most values one control word may reach before the verifier gives up (and refuses).
-pub(super) const MAX_STATES: usize = 256;
+const MAX_STATES: usize = 256;
 
 /// An abstract control word: `value`'s bits where `known` is set, anything elsewhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -182,7 +182,7 @@ pub(super) fn judge(op: &Op, own_ds: u8, w: Word) -> Option<String> {
 }
 
 /// One refused control word: the value, how it is reached, and why it is refused.
-pub(super) struct Refusal {
+struct Refusal {
     pub word: String,
     pub path: Vec<String>,
     pub steps: usize,
@@ -192,7 +192,7 @@ pub(super) struct Refusal {
 /// Every value the control word of the WQE at `initial` reaches under `transfers`, breadth
 /// first; the first refused one (with the writers that lead to it), or `Err` if more than
 /// [`MAX_STATES`] values are reachable.
-pub(super) fn explore(
+fn explore(
     op: &Op,
     initial: u64,
     transfers: &[Transfer],
@@ -233,7 +233,7 @@ pub(super) fn explore(
 }
 
 /// What the program knows about one of its CAS WQEs and static blocks, to build transfers.
-pub(super) struct Writers<'p> {
+struct Writers<'p> {
     pub program: &'p Program,
     /// The program's patch points by the WQE they patch (`Program::patches_by_wqe`).
     pub patches: &'p HashMap<&'p str, Vec<&'p PatchPoint>>,

@@ -43,7 +43,7 @@ pub(super) const CQ_WINDOW: u64 = 1 << 23;
 type At = Option<(u64, String)>;
 
 /// One refusal: the queue it is about, where ([`At`]), the field, and what is wrong.
-pub(super) struct Refusal {
+struct Refusal {
     pub(super) queue: String,
     pub(super) wqe: At,
     pub(super) field: &'static str,
@@ -86,7 +86,7 @@ impl Kind {
 
 /// Every refusal of `p` (see the module comment). `wait_pi_byte`: where the 4-byte count
 /// sits in a WAIT, SEND_EN or RECV_EN.
-pub(super) fn check(p: &Program, wait_pi_byte: u32) -> Vec<Refusal> {
+fn check(p: &Program, wait_pi_byte: u32) -> Vec<Refusal> {
     let recycled = matches!(p.iterations, Iterations::Recycled { .. });
     let (lo, hi) = (wait_pi_byte, wait_pi_byte + 4);
     let mut out = Vec::new();
