@@ -349,13 +349,15 @@ impl RemoteClient {
             token: self.token,
             record: ours.encode().map_err(Error::Exchange)?,
         };
+        // The whole answer is due within the timeout, however it is cut up.
+        let deadline = Instant::now().checked_add(self.options.timeout);
         stream
             .write_all(&hello.encode().map_err(Error::Malformed)?)
             .map_err(io("sending the hello"))?;
         let mut header = [0u8; ANSWER_HEADER_LEN];
-        read_answer(stream, &mut header, self.options.timeout)?;
+        read_answer(stream, &mut header, deadline, self.options.timeout)?;
         let mut body = vec![0u8; Answer::body_len(&header).map_err(Error::Malformed)?];
-        read_answer(stream, &mut body, self.options.timeout)?;
+        read_answer(stream, &mut body, deadline, self.options.timeout)?;
         match Answer::decode(&header, &body).map_err(Error::Malformed)? {
             Answer::Refused(refusal, reason) => Err(Error::RemoteRefused { refusal, reason }),
             Answer::Accepted(a) => {
@@ -631,17 +633,56 @@ fn key_bytes(key: u64) -> [u8; 6] {
     [b[0], b[1], b[2], b[3], b[4], b[5]]
 }
 
-fn read_answer(stream: &mut TcpStream, buf: &mut [u8], waited: Duration) -> Result<()> {
-    stream.read_exact(buf).map_err(|e| match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Timeout {
-            waited,
-            what: "the manager's answer",
-        },
-        _ => Error::Dataplane {
-            what: "reading the answer",
-            source: e,
-        },
-    })
+/// Fill `buf` from `stream` by `deadline` (none: no limit). Each read waits only for what
+/// is left of it, so an answer sent a byte at a time cannot hold the client past its
+/// timeout, as a read timeout alone (restarted by every byte) would.
+fn read_answer(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    deadline: Option<Instant>,
+    waited: Duration,
+) -> Result<()> {
+    let timeout = || Error::Timeout {
+        waited,
+        what: "the manager's answer",
+    };
+    let mut at = 0;
+    while at < buf.len() {
+        if let Some(d) = deadline {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(timeout());
+            }
+            stream
+                .set_read_timeout(Some(left))
+                .map_err(io("setting socket options"))?;
+        }
+        match stream.read(&mut buf[at..]) {
+            Ok(0) => {
+                return Err(Error::Dataplane {
+                    what: "reading the answer",
+                    source: std::io::ErrorKind::UnexpectedEof.into(),
+                })
+            }
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(timeout())
+            }
+            Err(source) => {
+                return Err(Error::Dataplane {
+                    what: "reading the answer",
+                    source,
+                })
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

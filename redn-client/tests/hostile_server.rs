@@ -1,0 +1,160 @@
+//! A hostile or broken server against the client library: a fake data plane on TCP that
+//! answers the hello badly, a fake manager whose RoCE side attacks the client's memory, and
+//! a fake varlink manager socket. What must hold: no panic, no hang past the client's
+//! timeout, no allocation sized by the server, no access to client memory but writes into
+//! the response region, and a named error for every bad answer.
+
+// Lengths here are small constants: no cast in this file can lose a bit that matters.
+#![allow(clippy::cast_possible_truncation)]
+
+use redn_client::remote::{RemoteClient, RemoteOptions};
+use redn_client::Error;
+use redn_program::wqe::{Payload, RemoteAddr, Sge, WorkRequest, WqeFlags, WrOp};
+use redn_proto::dataplane::{
+    Accepted, Answer, Hello, Refusal, ANSWER_HEADER_LEN, HELLO_HEADER_LEN,
+};
+use redn_sys::mem::SharedBuffer;
+use redn_sys::nic::{Completion, CqConfig, Nic, QpConfig};
+use redn_sys::softnic::roce::{QpRecord, RegionRecord, RoceConfig, RoceEndpoint};
+use redn_sys::softnic::{SoftNic, SoftNicConfig};
+use redn_sys::{Access, Cqn, Pdn, Qpn, Rkey, VirtAddr};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn token() -> String {
+    "ab".repeat(32)
+}
+
+fn opts(timeout: Duration) -> RemoteOptions {
+    RemoteOptions {
+        timeout,
+        source: None,
+    }
+}
+
+/// Run `f` on a thread; panic if it takes longer than `limit` (a hang), or panics.
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(v) => v,
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("still running after {limit:?}"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the client panicked"),
+    }
+}
+
+/// A listener on loopback whose every connection is handed to `serve` with its index, on
+/// a thread of its own.
+fn fake_dataplane(
+    serve: impl Fn(usize, TcpStream) + Send + Sync + 'static,
+) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = Arc::clone(&count);
+    let serve = Arc::new(serve);
+    std::thread::spawn(move || {
+        for (i, s) in l.incoming().enumerate() {
+            let Ok(s) = s else { continue };
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let serve = Arc::clone(&serve);
+            std::thread::spawn(move || serve(i, s));
+        }
+    });
+    (addr, count)
+}
+
+/// Read a whole hello from `s`.
+fn read_hello(s: &mut TcpStream) -> Option<Hello> {
+    let mut b = vec![0u8; HELLO_HEADER_LEN];
+    s.read_exact(&mut b).ok()?;
+    let len = Hello::frame_len(&b).ok()??;
+    b.resize(len, 0);
+    s.read_exact(&mut b[HELLO_HEADER_LEN..]).ok()?;
+    Hello::decode(&b).ok()
+}
+
+/// A plausible record of a manager at `ip` (nobody listens at its port).
+fn manager_record(ip: Ipv4Addr) -> QpRecord {
+    let mut r = QpRecord::new(0x42, 7, SocketAddrV4::new(ip, 9));
+    r.regions.push(RegionRecord {
+        name: "table".into(),
+        addr: 0x5500_0000_0000,
+        rkey: 0,
+        len: 64 << 10,
+        rights: 0,
+    });
+    r
+}
+
+fn accepted(offload: &str, trigger_len: u32, record: Vec<u8>) -> Vec<u8> {
+    Answer::Accepted(Accepted {
+        invocations: 0,
+        trigger_len,
+        offload: offload.into(),
+        record,
+    })
+    .encode()
+    .expect("answer")
+}
+
+/// A data plane that reads the hello and writes `answer`, then holds the connection open
+/// for a while.
+fn answering(answer: Vec<u8>) -> SocketAddr {
+    fake_dataplane(move |_, mut s| {
+        if read_hello(&mut s).is_some() {
+            let _ = s.write_all(&answer);
+            std::thread::sleep(Duration::from_secs(30));
+        }
+    })
+    .0
+}
+
+/// `RemoteClient::connect` to `addr` within a generous deadline.
+fn connect(addr: SocketAddr, timeout: Duration) -> Result<RemoteClient, Error> {
+    within(timeout * 3 + Duration::from_secs(5), move || {
+        RemoteClient::connect(addr, 1, &token(), opts(timeout))
+    })
+}
+
+fn kind(r: &Result<RemoteClient, Error>) -> String {
+    match r {
+        Ok(_) => "connected".into(),
+        Err(e) => redn_client::error_chain(e),
+    }
+}
+
+#[test]
+fn an_answer_dribbled_a_byte_at_a_time_times_out_on_the_clients_clock() {
+    // Every byte comes within the timeout of the one before, the whole answer long after.
+    let answer = accepted(
+        "hash-get",
+        14,
+        manager_record(Ipv4Addr::LOCALHOST).encode().unwrap(),
+    );
+    let (addr, _) = fake_dataplane(move |_, mut s| {
+        if read_hello(&mut s).is_none() {
+            return;
+        }
+        for b in &answer {
+            if s.write_all(&[*b]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(150));
+        }
+    });
+    let t0 = Instant::now();
+    let r = connect(addr, Duration::from_millis(600));
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "{} after {:?}",
+        kind(&r),
+        t0.elapsed()
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+}
