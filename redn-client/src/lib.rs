@@ -132,8 +132,8 @@ pub enum Error {
         /// Bytes the offload takes.
         want: u32,
     },
-    /// A baseline server's or client's answer, record or setting did not check
-    /// ([`baseline`]).
+    /// A server's answer, record or setting did not check: a baseline server's or
+    /// client's ([`baseline`]), or the data plane's ([`remote`]).
     #[error("bad {from}: {detail}")]
     BadAnswer {
         /// Whose answer (or which input).

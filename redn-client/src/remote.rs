@@ -17,7 +17,7 @@
 
 use crate::kv::{bucket_indices, BUCKET_STRIDE, MAX_KEY};
 use crate::{Error, Result};
-use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp};
+use redn_program::wqe::{Payload, WorkRequest, WqeFlags, WrOp, MAX_WQE_BYTES};
 use redn_proto::dataplane::{Accepted, Answer, Hello, ANSWER_HEADER_LEN, TOKEN_LEN};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, MrInfo, Nic, QpConfig};
@@ -361,6 +361,17 @@ impl RemoteClient {
         match Answer::decode(&header, &body).map_err(Error::Malformed)? {
             Answer::Refused(refusal, reason) => Err(Error::RemoteRefused { refusal, reason }),
             Answer::Accepted(a) => {
+                // Triggers go out inline in one WQE; a longer one can never be sent, and
+                // find() builds its trigger this long.
+                if usize::try_from(a.trigger_len).map_or(true, |n| n > MAX_WQE_BYTES) {
+                    return Err(Error::BadAnswer {
+                        from: "the manager's answer",
+                        detail: format!(
+                            "a trigger of {} bytes, over a WQE's {MAX_WQE_BYTES}",
+                            a.trigger_len
+                        ),
+                    });
+                }
                 let theirs = QpRecord::decode(&a.record).map_err(Error::Exchange)?;
                 self.ep
                     .connect(&ours, &theirs)

@@ -158,3 +158,22 @@ fn an_answer_dribbled_a_byte_at_a_time_times_out_on_the_clients_clock() {
     );
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
 }
+
+#[test]
+fn an_absurd_trigger_length_is_refused_before_anything_is_sized_from_it() {
+    // list-find sizes its trigger from the answer's trigger length: 2^32 - 1 would be a
+    // 4 GiB trigger, and no trigger over a WQE's inline room (under 1 KiB) can be sent.
+    for len in [u32::MAX, 1 << 20, 4096] {
+        let addr = answering(accepted(
+            "list-find",
+            len,
+            manager_record(Ipv4Addr::LOCALHOST).encode().unwrap(),
+        ));
+        let r = connect(addr, Duration::from_secs(2));
+        assert!(
+            matches!(&r, Err(Error::BadAnswer { detail, .. }) if detail.contains("trigger")),
+            "trigger length {len}: {}",
+            kind(&r)
+        );
+    }
+}
