@@ -373,6 +373,19 @@ impl RemoteClient {
                     });
                 }
                 let theirs = QpRecord::decode(&a.record).map_err(Error::Exchange)?;
+                // The manager's RoCE side is on the host this connection reached (as the
+                // manager checks the client's): triggers carry keys, and go where the
+                // record says.
+                let peer = stream.peer_addr().map_err(io("peer address"))?.ip();
+                if IpAddr::V4(*theirs.addr.ip()) != peer {
+                    return Err(Error::BadAnswer {
+                        from: "the manager's record",
+                        detail: format!(
+                            "its address {} is not {peer}, the data plane's",
+                            theirs.addr.ip()
+                        ),
+                    });
+                }
                 self.ep
                     .connect(&ours, &theirs)
                     .map_err(sys("connecting the queue pair"))?;

@@ -177,3 +177,25 @@ fn an_absurd_trigger_length_is_refused_before_anything_is_sized_from_it() {
         );
     }
 }
+#[test]
+fn a_manager_record_naming_another_host_is_refused() {
+    // The client would send its triggers (its keys) to whoever the record names: a third
+    // host, the network's broadcast address.
+    for ip in [
+        Ipv4Addr::new(10, 1, 2, 3),
+        Ipv4Addr::BROADCAST,
+        Ipv4Addr::new(127, 0, 0, 2),
+    ] {
+        let addr = answering(accepted(
+            "hash-get",
+            14,
+            manager_record(ip).encode().unwrap(),
+        ));
+        let r = connect(addr, Duration::from_secs(2));
+        assert!(
+            matches!(&r, Err(Error::BadAnswer { detail, .. }) if detail.contains(&ip.to_string())),
+            "{ip}: {}",
+            kind(&r)
+        );
+    }
+}
