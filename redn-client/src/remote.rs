@@ -584,6 +584,17 @@ impl RemoteClient {
         }
         let offload = self.offload()?;
         let table = self.region("table", &offload)?;
+        // The manager's numbers: a table past the end of the address space has no
+        // bucket addresses (each below is under `table.addr + table.len`).
+        if table.addr.checked_add(table.len).is_none() {
+            return Err(Error::BadAnswer {
+                from: "the manager's record",
+                detail: format!(
+                    "table region of {} bytes at {:#x} passes the end of the address space",
+                    table.len, table.addr
+                ),
+            });
+        }
         let buckets = table.len / BUCKET_STRIDE;
         let [a, b] = bucket_indices(key, buckets).map(|i| table.addr + i * BUCKET_STRIDE);
         let key_le = key_bytes(key);

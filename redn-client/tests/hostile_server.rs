@@ -199,3 +199,25 @@ fn a_manager_record_naming_another_host_is_refused() {
         );
     }
 }
+#[test]
+fn a_table_region_at_the_top_of_the_address_space_is_a_named_error() {
+    // get() computes bucket addresses from the table region the manager names.
+    for (at, len) in [
+        (u64::MAX - 100, u64::MAX),
+        (u64::MAX - 17, 18),
+        (1 << 63, u64::MAX),
+    ] {
+        let mut rec = manager_record(Ipv4Addr::LOCALHOST);
+        rec.regions[0].addr = at;
+        rec.regions[0].len = len;
+        let addr = answering(accepted("hash-get", 14, rec.encode().unwrap()));
+        let mut c = connect(addr, Duration::from_millis(500)).expect("connect");
+        let r = within(Duration::from_secs(10), move || {
+            (1..=20u64).map(|k| c.get(k)).find(Result::is_err)
+        });
+        assert!(
+            matches!(&r, Some(Err(Error::BadAnswer { .. }))),
+            "table at {at:#x}, {len} bytes: {r:?}"
+        );
+    }
+}
