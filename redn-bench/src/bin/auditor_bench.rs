@@ -37,9 +37,10 @@ USAGE:
     cargo run --release -p redn-bench --bin auditor_bench -- [--quick] [--runs N] [--offloads N]
 
 OPTIONS:
-    --quick        fewer runs (50 terminations, 1 s of load)
-    --runs N       runaway loops to terminate (10..=10000)
-    --offloads N   well-behaved offloads under load for the CPU row (1..=64)
+    --quick        fewer runs (50 terminations and GETs, 1 s of load instead of 3 s)
+    --runs N       runaway loops to terminate, and GETs per row of the neighbour rows
+                   (default 200; 10..=10000)
+    --offloads N   well-behaved offloads under load for the CPU row (default 16; 1..=64)
     -h, --help     this text
 
 Goals (issue 21): onset to termination <= 10 ms at p99; the auditor's CPU share <= 1 %;

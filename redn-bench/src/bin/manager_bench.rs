@@ -28,14 +28,16 @@ use std::time::{Duration, Instant};
 
 const USAGE: &str = "\
 manager_bench: the manager's varlink control plane (round trip, install, idle connections)
+and its data plane (a remote client's GET, a hello)
 
 USAGE:
     cargo run --release -p redn-bench --bin manager_bench -- [--quick] [--runs N] [--idle N]
 
 OPTIONS:
-    --quick     fewer runs (500 round trips, 50 installs, 1000 idle connections)
-    --runs N    round trips per row (installs and hellos: N / 10), 10..=1000000
-    --idle N    idle connections for the memory row (1..=4000)
+    --quick     fewer runs (500 round trips and GETs, 50 installs and hellos)
+    --runs N    round trips and remote GETs per row (installs and hellos: N / 10, at
+                least 10); default 5000, 10..=1000000
+    --idle N    idle connections for the memory row (default 1000; 1..=4000)
     -h, --help  this text
 
 Goal (issue 20): InstallOffload of a catalog offload at most 1 ms at p50.

@@ -73,11 +73,12 @@ Section 1 (chain latency, paper Fig. 8): chains of N NOPs, N in 1..64, in three 
   WQEs are written straight into the ring (encoding not timed); then a NOP on a queue of
   its own runs on each PU the chain uses (untimed: every sample starts with its PUs awake,
   where a long chain's writing would otherwise outlast the PU's idle spin and add an unpark
-  to the longest chains alone); the time runs from the
-  doorbell until the host sees the chain done, two ways: \"CQ\" busy-polls
-  Nic::cq_produced; \"flag\" appends one 8 B inline WRITE to a host word the host spins on
-  (so the host never calls into the softnic while the chain runs); \"sleep\" (doorbell order
-  only) appends WAIT(last NOP's CQE) + a signaled NOP to the master, whose CQ is armed for a
+  to the longest chains alone); the time runs from the doorbell until the host sees the
+  chain done, four ways (--detect): \"poll\" busy-polls the CQ with Nic::poll_cq, as a
+  verbs host does; \"count\" busy-polls Nic::cq_produced, the count WAIT compares with;
+  \"flag\" appends one 8 B inline WRITE to a host word the host spins on (so the host
+  never calls into the softnic while the chain runs); \"sleep\" (doorbell order only)
+  appends WAIT(last NOP's CQE) + a signaled NOP to the master, whose CQ is armed for a
   completion channel the host sleeps on (so on 2 cores the two PUs of (c') have both; the
   host's wake-up is in every length and cancels in the slope). Lengths and modes are
   interleaved. Reported: median, p99, and the slope (median(64) - median(1)) / 63. The
