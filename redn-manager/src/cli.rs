@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 const USAGE: &str = "\
 Usage: redn-manager [--config PATH] [--check] [--limit NAME=VALUE]...
-       redn-manager --help | --version
+       redn-manager --help | -h | --version | -V
 
 The RedN offload manager: serves io.redn.Manager (varlink) to local apps on the api
 socket and io.redn.Admin on the admin socket, as manager.toml says.
@@ -30,7 +30,8 @@ socket and io.redn.Admin on the admin socket, as manager.toml says.
                        connections-per-uid (1024), regions-per-uid (64),
                        bytes-per-uid (68719476736), pending-output-bytes (4194304),
                        buffered-bytes-per-uid (33554432)
-  --help, --version    this text, the version
+  --help (-h)          this text
+  --version (-V)       the version
 
 Sockets come from systemd socket activation (LISTEN_FDS; names manager or varlink,
 and admin) or are bound here, each under PATH.lock: a second manager on the same
