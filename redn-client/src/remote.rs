@@ -33,6 +33,11 @@ use std::time::{Duration, Instant};
 const RESPONSE_LEN: usize = 64 << 10;
 /// Receives kept posted for responses.
 const RECEIVES: u32 = 16;
+/// Responses one trigger may bring, and their bytes together: a server that streams
+/// answers without the last one cannot make the client hold more. (An offload's answers
+/// to one trigger are a few: one per key a trigger carries, and a trigger fits a WQE.)
+const MAX_RESPONSES: usize = 1024;
+const MAX_RESPONSE_BYTES: usize = 16 << 20;
 /// Remote rights of the response buffer in the exchange record: WRITE.
 const RIGHT_WRITE: u32 = 2;
 
@@ -445,11 +450,12 @@ impl RemoteClient {
     }
 
     /// Send one raw trigger (`trigger_len` bytes, the offload's format) and collect
-    /// responses until `done` says the last one came.
+    /// responses until `done` says the last one came (at most 1,024 of them, 16 MiB in all).
     ///
     /// # Errors
-    /// [`Error::TriggerLength`], [`Error::Timeout`], [`Error::ResponseFailed`], and what
-    /// opening a session can fail with.
+    /// [`Error::TriggerLength`], [`Error::Timeout`], [`Error::ResponseFailed`],
+    /// [`Error::BadAnswer`] past the most responses one trigger may bring (the session is
+    /// closed), and what opening a session can fail with.
     pub fn trigger_until(
         &mut self,
         msg: &[u8],
@@ -485,6 +491,7 @@ impl RemoteClient {
         // A timeout past what the clock counts (`Duration::MAX`) waits for ever.
         let deadline = Instant::now().checked_add(self.options.timeout);
         let mut got = Vec::new();
+        let mut got_bytes = 0usize;
         let mut out: Vec<Completion> = Vec::new();
         let mut idle = 0u32;
         loop {
@@ -516,9 +523,21 @@ impl RemoteClient {
                     received_ns: c.cqe.timestamp,
                 };
                 let last = done(&r);
+                got_bytes += r.data.len();
                 got.push(r);
                 if last {
                     return Ok(got);
+                }
+                if got.len() >= MAX_RESPONSES || got_bytes > MAX_RESPONSE_BYTES {
+                    self.close_session();
+                    return Err(Error::BadAnswer {
+                        from: "the server's responses",
+                        detail: format!(
+                            "{} responses ({got_bytes} bytes) to one trigger and no last \
+                             one; at most {MAX_RESPONSES} ({MAX_RESPONSE_BYTES} bytes) are taken",
+                            got.len()
+                        ),
+                    });
                 }
             }
             if out.is_empty() {

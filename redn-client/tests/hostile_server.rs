@@ -9,10 +9,8 @@
 
 use redn_client::remote::{RemoteClient, RemoteOptions};
 use redn_client::Error;
-use redn_program::wqe::{Payload, RemoteAddr, Sge, WorkRequest, WqeFlags, WrOp};
-use redn_proto::dataplane::{
-    Accepted, Answer, Hello, Refusal, ANSWER_HEADER_LEN, HELLO_HEADER_LEN,
-};
+use redn_program::wqe::{Payload, RemoteAddr, WorkRequest, WqeFlags, WrOp};
+use redn_proto::dataplane::{Accepted, Answer, Hello, HELLO_HEADER_LEN};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, Nic, QpConfig};
 use redn_sys::softnic::roce::{QpRecord, RegionRecord, RoceConfig, RoceEndpoint};
@@ -106,10 +104,15 @@ fn accepted(offload: &str, trigger_len: u32, record: Vec<u8>) -> Vec<u8> {
 /// A data plane that reads the hello and writes `answer`, then holds the connection open
 /// for a while.
 fn answering(answer: Vec<u8>) -> SocketAddr {
+    answering_then(answer, Duration::from_secs(30))
+}
+
+/// A data plane that reads the hello, writes `answer` and closes `hold` later.
+fn answering_then(answer: Vec<u8>, hold: Duration) -> SocketAddr {
     fake_dataplane(move |_, mut s| {
         if read_hello(&mut s).is_some() {
             let _ = s.write_all(&answer);
-            std::thread::sleep(Duration::from_secs(30));
+            std::thread::sleep(hold);
         }
     })
     .0
@@ -220,4 +223,178 @@ fn a_table_region_at_the_top_of_the_address_space_is_a_named_error() {
             "table at {at:#x}, {len} bytes: {r:?}"
         );
     }
+}
+
+/// A fake manager's RoCE side: a softnic of its own whose QP is connected to the client's,
+/// with memory to land triggers in.
+struct Rogue {
+    nic: SoftNic,
+    _ep: RoceEndpoint,
+    cq: Cqn,
+    qp: Qpn,
+    mr: redn_sys::nic::MrInfo,
+    _mem: Arc<SharedBuffer>,
+    /// The client's record.
+    client: QpRecord,
+    stream: TcpStream,
+}
+
+const ROGUE_MEM: usize = 1 << 20;
+
+impl Rogue {
+    /// Read the hello on `s`, connect a QP to the client's and answer as `offload`.
+    fn answer(mut stream: TcpStream, offload: &str, trigger_len: u32) -> Option<Rogue> {
+        let hello = read_hello(&mut stream)?;
+        let client = QpRecord::decode(&hello.record).ok()?;
+        let nic = SoftNic::new(SoftNicConfig::new("rogue")).ok()?;
+        let mut cfg = RoceConfig::new(Ipv4Addr::LOCALHOST);
+        cfg.bind.set_port(0);
+        let ep = RoceEndpoint::start(&nic, &cfg).ok()?;
+        let pd: Pdn = nic.alloc_pd().ok()?;
+        let cq = nic.create_cq(CqConfig::new(1024)).ok()?;
+        let qp = nic.create_qp(QpConfig::new(pd, cq)).ok()?.qpn;
+        let mem = SharedBuffer::new(ROGUE_MEM);
+        let mr = nic
+            .reg_mr(pd, &mem, 0, ROGUE_MEM, Access::LOCAL_WRITE)
+            .ok()?;
+        for i in 0..32u64 {
+            nic.post_recv(qp, 1000 + i, &[mr.sge(i * 4096, 4096)])
+                .ok()?;
+        }
+        let mut ours = ep.record(qp, 99);
+        for name in ["table", "list"] {
+            ours.regions.push(RegionRecord {
+                name: name.into(),
+                addr: 0x5500_0000_0000,
+                rkey: 0,
+                len: 64 << 10,
+                rights: 0,
+            });
+        }
+        ep.connect(&ours, &client).ok()?;
+        stream
+            .write_all(&accepted(offload, trigger_len, ours.encode().ok()?))
+            .ok()?;
+        Some(Rogue {
+            nic,
+            _ep: ep,
+            cq,
+            qp,
+            mr,
+            _mem: mem,
+            client,
+            stream,
+        })
+    }
+
+    fn response(&self) -> RegionRecord {
+        self.client
+            .region("response")
+            .cloned()
+            .expect("a response region")
+    }
+
+    /// Where the response region's byte `off` is, with its key.
+    fn at(&self, off: i64) -> RemoteAddr {
+        let r = self.response();
+        RemoteAddr {
+            addr: VirtAddr(r.addr.wrapping_add_signed(off)),
+            rkey: Rkey(r.rkey),
+        }
+    }
+
+    /// The next completion `pick` takes, within 10 s.
+    fn wait(&self, mut pick: impl FnMut(&Completion) -> bool) -> Option<Completion> {
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut out = Vec::new();
+        while Instant::now() < end {
+            out.clear();
+            self.nic.poll_cq(self.cq, 16, &mut out).ok()?;
+            if let Some(c) = out.iter().find(|c| pick(c)) {
+                return Some(*c);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        None
+    }
+
+    /// Wait for the client's trigger.
+    fn trigger(&self) -> bool {
+        self.wait(|c| c.wr_id >= 1000 && c.is_ok()).is_some()
+    }
+}
+
+type Outcome = (usize, Option<Result<(), redn_program::wqe::Syndrome>>);
+
+/// A fake data plane whose `i`-th connection gets a rogue that runs `script(i, rogue)`, sends
+/// its outcome and then holds the connection open.
+fn rogue_dataplane(
+    offload: &'static str,
+    trigger_len: u32,
+    script: impl Fn(usize, &Rogue) -> Option<Result<(), redn_program::wqe::Syndrome>>
+        + Send
+        + Sync
+        + 'static,
+) -> (SocketAddr, mpsc::Receiver<Outcome>) {
+    let (tx, rx) = mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let (addr, _) = fake_dataplane(move |i, s| {
+        let Some(r) = Rogue::answer(s, offload, trigger_len) else {
+            return;
+        };
+        let out = script(i, &r);
+        let _ = tx.lock().unwrap().send((i, out));
+        std::thread::sleep(Duration::from_secs(20));
+        drop(r.stream);
+    });
+    (addr, rx)
+}
+
+#[test]
+fn responses_streamed_to_one_trigger_are_bounded() {
+    // list-find's answer ends with an empty response; this server never sends it, and
+    // streams 2 KiB answers for as long as the client takes them.
+    let (addr, rx) = rogue_dataplane("list-find", 56, |_, r| {
+        if !r.trigger() {
+            return None;
+        }
+        let end = Instant::now() + Duration::from_secs(8);
+        let mut sent = 0u64;
+        while Instant::now() < end {
+            let burst: Vec<WorkRequest> = (0..8)
+                .map(|i| WorkRequest {
+                    wr_id: 100 + i,
+                    flags: if i == 7 {
+                        WqeFlags::SIGNALED
+                    } else {
+                        WqeFlags::NONE
+                    },
+                    op: WrOp::Write {
+                        remote: r.at(0),
+                        payload: Payload::Sgl(vec![r.mr.sge(0, 2048)]),
+                        imm: Some(1),
+                    },
+                })
+                .collect();
+            if r.nic.post_send(r.qp, &burst).is_err() {
+                break;
+            }
+            match r.wait(|c| c.wr_id == 107) {
+                Some(c) if c.is_ok() => sent += 8,
+                _ => break,
+            }
+        }
+        eprintln!("the rogue wrote {sent} responses");
+        Some(Ok(()))
+    });
+    let timeout = Duration::from_secs(4);
+    let mut c = connect(addr, timeout).expect("connect");
+    let t0 = Instant::now();
+    let r = within(Duration::from_secs(30), move || c.find(5));
+    eprintln!("find: {r:?} after {:?}", t0.elapsed());
+    let _ = rx.recv_timeout(Duration::from_secs(20));
+    assert!(
+        matches!(&r, Err(Error::BadAnswer { detail, .. }) if detail.contains("responses")),
+        "{r:?}"
+    );
 }
