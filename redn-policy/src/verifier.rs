@@ -177,7 +177,8 @@ pub enum Rule {
     BadDs,
     /// More WQEs per invocation than the policy allows, or more than declared.
     WqeBudget,
-    /// A recycled loop without a run-time budget.
+    /// A recycled loop without a run-time budget, or a loop in a bounded program: a count
+    /// a patch point may change, or an enable past its ring.
     UnboundedLoop,
     /// A ring, receive queue or queue count over the limits.
     Size,
