@@ -398,3 +398,65 @@ fn responses_streamed_to_one_trigger_are_bounded() {
         "{r:?}"
     );
 }
+
+/// A fake manager socket whose first connection gets `serve` (after the call it reads).
+fn fake_manager(
+    serve: impl FnOnce(std::os::unix::net::UnixStream) + Send + 'static,
+) -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "redn-hostile-{}-{}.sock",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_file(&path);
+    let l = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+    std::thread::spawn(move || {
+        if let Ok((s, _)) = l.accept() {
+            serve(s);
+        }
+    });
+    path
+}
+
+/// Read one call (up to its NUL) from `s`.
+fn read_call(s: &mut std::os::unix::net::UnixStream) -> Option<Vec<u8>> {
+    let mut call = Vec::new();
+    let mut b = [0u8; 1];
+    loop {
+        s.read_exact(&mut b).ok()?;
+        if b[0] == 0 {
+            return Some(call);
+        }
+        call.push(b[0]);
+    }
+}
+
+#[test]
+fn a_reply_dribbled_a_byte_at_a_time_times_out_on_the_callers_clock() {
+    let path = fake_manager(|mut s| {
+        if read_call(&mut s).is_none() {
+            return;
+        }
+        for b in b"{\"parameters\":{\"padding\":\"..........................\"}}\0" {
+            if s.write_all(&[*b]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(150));
+        }
+    });
+    let t0 = Instant::now();
+    let r = within(Duration::from_secs(30), move || {
+        let mut c = redn_proto::client::Connection::connect(&path, Duration::from_millis(600))
+            .expect("connect");
+        c.call_raw("io.redn.Manager.GetInfo", Default::default(), &[])
+            .map(|_| ())
+    });
+    assert!(
+        matches!(&r, Err(redn_proto::Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::TimedOut),
+        "{r:?} after {:?}",
+        t0.elapsed()
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+}

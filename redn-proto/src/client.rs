@@ -13,7 +13,7 @@ use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A connection to a varlink service on a unix socket.
 #[derive(Debug)]
@@ -121,21 +121,30 @@ impl Connection {
         self.stream.write_all(&bytes[sent..]).map_err(io("write"))
     }
 
-    /// Read the next reply.
+    /// Read the next reply: the whole of it within the read timeout, however its bytes
+    /// are spread out.
     ///
     /// # Errors
     /// [`Error::Io`] (including a timeout), [`Error::Closed`], [`Error::Protocol`].
     pub fn read_reply(&mut self) -> Result<Reply> {
         let mut buf = [0u8; 16 << 10];
+        // One deadline for the reply, not a timeout per read: a peer that sends a byte
+        // now and then would otherwise hold the caller for ever.
+        let deadline = self
+            .stream
+            .read_timeout()
+            .ok()
+            .flatten()
+            .and_then(|t| Instant::now().checked_add(t));
         loop {
             if let Some(msg) = self.incoming.next_message() {
                 return Reply::parse(&msg?, &self.limits);
             }
-            // Blocking read (the socket is blocking; the timeout bounds it). recvmsg with
+            // Blocking read (the socket is blocking; the deadline bounds it). recvmsg with
             // MSG_DONTWAIT would spin, so wait for readability first.
             wait_readable(
                 self.stream.as_fd(),
-                self.stream.read_timeout().ok().flatten(),
+                deadline.map(|d| d.saturating_duration_since(Instant::now())),
             )?;
             let got = match recv_with_fds(self.stream.as_fd(), &mut buf) {
                 // A signal, or a wakeup with nothing to read yet (MSG_DONTWAIT).
