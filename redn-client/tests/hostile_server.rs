@@ -460,3 +460,29 @@ fn a_reply_dribbled_a_byte_at_a_time_times_out_on_the_callers_clock() {
     );
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
 }
+
+#[test]
+fn a_manager_that_never_reads_cannot_hold_a_large_call_for_ever() {
+    let path = fake_manager(|s| {
+        std::thread::sleep(Duration::from_secs(30));
+        drop(s);
+    });
+    let t0 = Instant::now();
+    let r = within(Duration::from_secs(30), move || {
+        let mut c = redn_proto::client::Connection::connect(&path, Duration::from_millis(600))
+            .expect("connect");
+        let p = std::collections::HashMap::from([("offload", "x".repeat(8 << 20))]);
+        c.call::<_, std::collections::HashMap<String, String>>(
+            "io.redn.Manager.InstallOffload",
+            &p,
+            &[],
+        )
+        .map(|_| ())
+    });
+    assert!(
+        matches!(&r, Err(redn_proto::Error::Io { source, .. }) if matches!(source.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock)),
+        "{r:?} after {:?}",
+        t0.elapsed()
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+}

@@ -28,7 +28,8 @@ fn io(call: &'static str) -> impl Fn(std::io::Error) -> Error {
 }
 
 impl Connection {
-    /// Connect to the socket at `path`; every read waits at most `timeout`.
+    /// Connect to the socket at `path`; a call's sending, and its reply, each take at most
+    /// `timeout`.
     ///
     /// # Errors
     /// [`Error::Io`] (`connect`).
@@ -36,6 +37,7 @@ impl Connection {
         let stream = UnixStream::connect(path).map_err(io("connect"))?;
         stream
             .set_read_timeout(Some(timeout))
+            .and_then(|()| stream.set_write_timeout(Some(timeout)))
             .map_err(io("setsockopt"))?;
         Ok(Connection::from_stream(stream))
     }
@@ -107,18 +109,68 @@ impl Connection {
     }
 
     /// Send raw bytes (with fds on the first byte) as they are: for tests of malformed input.
+    /// All of them within the write timeout, if the socket has one: a peer that never reads
+    /// cannot hold the caller.
     ///
     /// # Errors
-    /// [`Error::Io`].
+    /// [`Error::Io`] (`TimedOut` past the write timeout).
     pub fn send_bytes(&mut self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
-        let sent = loop {
+        let timeout = self.stream.write_timeout().ok().flatten();
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let timed_out = |call| Error::Io {
+            call,
+            source: std::io::Error::new(std::io::ErrorKind::TimedOut, "the peer does not read"),
+        };
+        // A blocking sendmsg waits at most the write timeout (SO_SNDTIMEO).
+        let mut at = loop {
             match send_with_fds(self.stream.as_fd(), bytes, fds) {
                 Err(Error::Io { source, .. })
                     if source.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::WouldBlock =>
+                {
+                    return Err(timed_out("sendmsg"))
+                }
                 other => break other?,
             }
         };
-        self.stream.write_all(&bytes[sent..]).map_err(io("write"))
+        let mut result = Ok(());
+        let mut shortened = false;
+        while at < bytes.len() {
+            if let Some(d) = deadline {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    result = Err(timed_out("write"));
+                    break;
+                }
+                shortened = true;
+                if let Err(e) = self.stream.set_write_timeout(Some(left)) {
+                    result = Err(io("setsockopt")(e));
+                    break;
+                }
+            }
+            match self.stream.write(&bytes[at..]) {
+                Ok(0) => {
+                    result = Err(io("write")(std::io::ErrorKind::WriteZero.into()));
+                    break;
+                }
+                Ok(n) => at += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    result = Err(timed_out("write"));
+                    break;
+                }
+                Err(e) => {
+                    result = Err(io("write")(e));
+                    break;
+                }
+            }
+        }
+        if shortened {
+            // The next call's own timeout again.
+            let _ = self.stream.set_write_timeout(timeout);
+        }
+        result
     }
 
     /// Read the next reply: the whole of it within the read timeout, however its bytes
