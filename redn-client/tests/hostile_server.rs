@@ -486,3 +486,54 @@ fn a_manager_that_never_reads_cannot_hold_a_large_call_for_ever() {
     );
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
 }
+
+#[test]
+fn replies_no_call_asked_for_are_refused_not_taken_for_the_next_calls() {
+    let path = fake_manager(|mut s| {
+        // Two replies to the first call; the second call's own reply after it.
+        if read_call(&mut s).is_none() {
+            return;
+        }
+        let _ = s.write_all(b"{\"parameters\":{\"n\":1}}\0{\"parameters\":{\"n\":2}}\0");
+        if read_call(&mut s).is_none() {
+            return;
+        }
+        let _ = s.write_all(b"{\"parameters\":{\"n\":3}}\0");
+        // A reply that says more follow, to a call that did not ask for more.
+        if read_call(&mut s).is_none() {
+            return;
+        }
+        let _ = s.write_all(
+            b"{\"parameters\":{\"n\":4},\"continues\":true}\0{\"parameters\":{\"n\":5}}\0",
+        );
+        std::thread::sleep(Duration::from_secs(5));
+    });
+    let calls = within(Duration::from_secs(20), move || {
+        let mut c = redn_proto::client::Connection::connect(&path, Duration::from_secs(2))
+            .expect("connect");
+        let mut n = || {
+            c.call_raw("io.redn.Manager.GetInfo", Default::default(), &[])
+                .map(|p| p.get("n").and_then(serde_json_value_u64))
+        };
+        let first = n();
+        std::thread::sleep(Duration::from_millis(200));
+        (first, n(), n(), n())
+    });
+    let (first, second, third, fourth) = calls;
+    assert_eq!(first.as_ref().ok(), Some(&Some(1)), "{first:?}");
+    assert!(
+        matches!(&second, Err(redn_proto::Error::Protocol { .. })),
+        "the second call took the first call's second reply: {second:?}"
+    );
+    // The stray reply is dropped; the next call is sent and gets its own.
+    assert_eq!(third.as_ref().ok(), Some(&Some(3)), "{third:?}");
+    assert!(
+        matches!(&fourth, Err(redn_proto::Error::Protocol { .. })),
+        "a reply that continues, to a call without more: {fourth:?}"
+    );
+}
+
+/// A JSON number as a u64 (serde_json is not a dependency of these tests).
+fn serde_json_value_u64<V: std::fmt::Display>(v: V) -> Option<u64> {
+    v.to_string().parse().ok()
+}

@@ -73,9 +73,21 @@ impl Connection {
         parameters: Map<String, Value>,
         fds: &[BorrowedFd<'_>],
     ) -> Result<Map<String, Value>> {
+        // Varlink replies carry no call id: bytes that came since the last reply answer no
+        // call of ours, and would be taken for this call's reply.
+        self.refuse_unsolicited()?;
         let bytes = Call::new(method, parameters).encode();
         self.send_bytes(&bytes, fds)?;
         let reply = self.read_reply()?;
+        if reply.continues {
+            // Only a call with `more` is answered with several replies; the rest would be
+            // taken for the next calls' replies.
+            self.incoming.clear();
+            return Err(Error::protocol(
+                "reply",
+                format!("{method}'s reply says more follow, and the call did not ask for more"),
+            ));
+        }
         match reply.error {
             Some(name) => Err(Error::Remote(WireError {
                 name,
@@ -83,6 +95,39 @@ impl Connection {
             })),
             None => Ok(reply.parameters),
         }
+    }
+
+    /// Take what the peer sent since the last reply (without waiting) and refuse it: no
+    /// call was waiting for it. What was there is dropped, so that the next call gets its
+    /// own reply.
+    fn refuse_unsolicited(&mut self) -> Result<()> {
+        let mut buf = [0u8; 16 << 10];
+        loop {
+            match recv_with_fds(self.stream.as_fd(), &mut buf) {
+                Ok(got) if got.len > 0 => {
+                    drop(got.fds);
+                    self.incoming.extend(&buf[..got.len]);
+                }
+                // Closed: the call's send or read says so.
+                Ok(_) => break,
+                Err(Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::WouldBlock =>
+                {
+                    break
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if self.incoming.is_empty() {
+            return Ok(());
+        }
+        self.incoming.clear();
+        Err(Error::protocol(
+            "reply",
+            "the peer sent a reply that no call was waiting for",
+        ))
     }
 
     /// Call with typed parameters and reply.

@@ -65,7 +65,8 @@ pub enum Error {
     /// A message broke one of the [`codec::Limits`] or the varlink message rules.
     #[error("{limit}: {reason}")]
     Protocol {
-        /// Which rule or limit: `message-size`, `fds`, `nesting`, `json`, `header`.
+        /// Which rule or limit: `message-size`, `fds`, `nesting`, `json`, `header`, `reply`
+        /// (a reply no call asked for).
         limit: &'static str,
         /// What was wrong.
         reason: String,
