@@ -192,11 +192,7 @@ struct Refusal {
 /// Every value the control word of the WQE at `initial` reaches under `transfers`, breadth
 /// first; the first refused one (with the writers that lead to it), or `Err` if more than
 /// [`MAX_STATES`] values are reachable.
-fn explore(
-    op: &Op,
-    initial: u64,
-    transfers: &[Transfer],
-) -> Result<Option<Refusal>, usize> {
+fn explore(op: &Op, initial: u64, transfers: &[Transfer]) -> Result<Option<Refusal>, usize> {
     let own_ds = op.ds();
     let start = Word::exact(initial);
     let mut parent: HashMap<Word, (Word, usize)> = HashMap::new();
