@@ -257,7 +257,8 @@ impl fmt::Display for Finding {
 pub struct Stats {
     /// WQEs checked.
     pub wqes: usize,
-    /// The per-invocation limit.
+    /// The policy's limit on the WQEs one invocation (a trigger, or the install) runs; the
+    /// program as a whole may hold more.
     pub limit: u32,
     /// Queues.
     pub queues: usize,
@@ -301,7 +302,7 @@ impl Report {
             s.push('\n');
         }
         s.push_str(&format!(
-            "{}: {}\nchecked {} wqes (limit {}) queues {} patch_points {} loops {}\n",
+            "{}: {}\nchecked {} wqes (limit {} per invocation) queues {} patch_points {} loops {}\n",
             self.program,
             if self.accepted() {
                 "accepted".to_string()

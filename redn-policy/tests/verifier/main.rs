@@ -40,7 +40,7 @@ fn every_catalog_program_is_accepted() {
         let r = verify(&p, &g);
         assert!(r.accepted(), "{}", r.log());
         assert!(r.log().ends_with(&format!(
-            "checked {} wqes (limit 256) queues {} patch_points {} loops {}\n",
+            "checked {} wqes (limit 256 per invocation) queues {} patch_points {} loops {}\n",
             p.wqe_count(),
             p.queues.len(),
             p.patches.len(),

@@ -641,8 +641,14 @@ fn offload_verify(args: &[String]) -> Result<Output> {
         let report = verify(&program, &grants_at_quota(app, &program));
         let accepted = report.accepted() && app.allows_offload(&program.name);
         refused |= !accepted;
+        // The log below is the verifier's alone; say what it found when the rule refuses
+        // anyway, so that its closing "accepted" is not read as the verdict.
         let verdict = if !app.allows_offload(&program.name) {
-            "refused: the app rule does not list this offload"
+            if report.accepted() {
+                "refused: the app rule does not list this offload (the verifier alone accepts it)"
+            } else {
+                "refused: the app rule does not list this offload (and the verifier refuses it)"
+            }
         } else if accepted {
             "accepted"
         } else {
