@@ -91,22 +91,22 @@ fn install(m: &mut Manager, client: u64, r: &api::RegionRegistered) -> (u64, Vec
 }
 
 fn main() {
-    let mut runs = 200usize;
-    let mut load = Duration::from_secs(3);
+    // `--runs` wins over `--quick`'s count wherever it stands on the command line.
+    let mut runs = None;
+    let mut quick = false;
     let mut n_offloads = 16usize;
     let whole = |n: u64| usize::try_from(n).map_err(|e| e.to_string());
     read_command_line("auditor_bench", USAGE, &mut |name, value| {
         match name {
-            "--quick" => {
-                runs = 50;
-                load = Duration::from_secs(1);
-            }
-            "--runs" => runs = whole(parse_in("--runs", value(), 10..=10_000)?)?,
+            "--quick" => quick = true,
+            "--runs" => runs = Some(whole(parse_in("--runs", value(), 10..=10_000)?)?),
             "--offloads" => n_offloads = whole(parse_in("--offloads", value(), 1..=64)?)?,
             _ => return Ok(false),
         }
         Ok(true)
     });
+    let runs = runs.unwrap_or(if quick { 50 } else { 200 });
+    let load = Duration::from_secs(if quick { 1 } else { 3 });
     let interval = redn_manager::auditor::DEFAULT_INTERVAL;
     println!(
         "auditor_bench: softnic with 2 PUs, auditor round every {} µs; times in µs",

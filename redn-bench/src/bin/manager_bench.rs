@@ -132,19 +132,21 @@ fn rss_kib() -> u64 {
 }
 
 fn main() {
-    let mut runs = 5000usize;
+    // `--runs` wins over `--quick`'s count wherever it stands on the command line.
+    let mut runs = None;
+    let mut quick = false;
     let mut idle = 1000usize;
     let whole = |n: u64| usize::try_from(n).map_err(|e| e.to_string());
     read_command_line("manager_bench", USAGE, &mut |name, value| {
         match name {
-            "--quick" => runs = 500,
-            "--runs" => runs = whole(parse_in("--runs", value(), 10..=1_000_000)?)?,
+            "--quick" => quick = true,
+            "--runs" => runs = Some(whole(parse_in("--runs", value(), 10..=1_000_000)?)?),
             "--idle" => idle = whole(parse_in("--idle", value(), 1..=4000)?)?,
             _ => return Ok(false),
         }
         Ok(true)
     });
-    run(runs, idle);
+    run(runs.unwrap_or(if quick { 500 } else { 5000 }), idle);
 }
 
 fn run(runs: usize, idle: usize) {
