@@ -9,8 +9,10 @@
 
 use redn_client::remote::{RemoteClient, RemoteOptions};
 use redn_client::Error;
-use redn_program::wqe::{Payload, RemoteAddr, WorkRequest, WqeFlags, WrOp};
-use redn_proto::dataplane::{Accepted, Answer, Hello, HELLO_HEADER_LEN};
+use redn_program::wqe::{Payload, RemoteAddr, Sge, WorkRequest, WqeFlags, WrOp};
+use redn_proto::dataplane::{
+    Accepted, Answer, Hello, Refusal, ANSWER_HEADER_LEN, HELLO_HEADER_LEN,
+};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, CqConfig, Nic, QpConfig};
 use redn_sys::softnic::roce::{QpRecord, RegionRecord, RoceConfig, RoceEndpoint};
@@ -303,6 +305,19 @@ impl Rogue {
         }
     }
 
+    /// Post `op` signaled; its completion's status, or `None` if none came in 10 s.
+    fn run(&self, op: WrOp) -> Option<Result<(), redn_program::wqe::Syndrome>> {
+        let wr = WorkRequest {
+            wr_id: 7,
+            flags: WqeFlags::SIGNALED,
+            op,
+        };
+        if self.nic.post_send(self.qp, &[wr]).is_err() {
+            return Some(Err(redn_program::wqe::Syndrome::WrFlush));
+        }
+        self.wait(|c| c.wr_id == 7).map(|c| c.status)
+    }
+
     /// The next completion `pick` takes, within 10 s.
     fn wait(&self, mut pick: impl FnMut(&Completion) -> bool) -> Option<Completion> {
         let end = Instant::now() + Duration::from_secs(10);
@@ -321,6 +336,20 @@ impl Rogue {
     /// Wait for the client's trigger.
     fn trigger(&self) -> bool {
         self.wait(|c| c.wr_id >= 1000 && c.is_ok()).is_some()
+    }
+
+    /// Answer as the offload would: a WRITE with immediate of `data` at the region's start.
+    fn respond(&self, data: &[u8]) -> Option<Result<(), redn_program::wqe::Syndrome>> {
+        self.run(WrOp::Write {
+            remote: self.at(0),
+            payload: Payload::Inline(data.to_vec()),
+            imm: Some(1),
+        })
+    }
+
+    /// A gather entry of `len` bytes of the rogue's memory.
+    fn local(&self, len: u32) -> Sge {
+        self.mr.sge(ROGUE_MEM as u64 / 2, len)
     }
 }
 
@@ -536,4 +565,673 @@ fn replies_no_call_asked_for_are_refused_not_taken_for_the_next_calls() {
 /// A JSON number as a u64 (serde_json is not a dependency of these tests).
 fn serde_json_value_u64<V: std::fmt::Display>(v: V) -> Option<u64> {
     v.to_string().parse().ok()
+}
+
+#[test]
+fn a_hostile_manager_socket_gets_named_errors_and_its_fds_are_closed() {
+    use std::os::fd::AsFd;
+    let info =
+        b"{\"parameters\":{\"version\":\"1\",\"backend\":\"softnic\",\"app\":\"a\",\"uid\":1,\
+        \"pid\":1,\"max_regions\":1,\"max_pinned\":1,\"regions\":0,\"pinned\":0,\"offloads\":0}}\0";
+    // fds the reply brings unasked: 253 copies of a pipe's write end (the most one message
+    // may carry), then 3 more on a reply in the middle of another message's bytes.
+    let (mut read_end, write_end) = std::os::unix::net::UnixStream::pair().expect("pair");
+    let path = fake_manager(move |mut s| {
+        if read_call(&mut s).is_none() {
+            return;
+        }
+        let copies: Vec<std::os::fd::OwnedFd> = (0..253)
+            .map(|_| write_end.as_fd().try_clone_to_owned().expect("dup"))
+            .collect();
+        let fds: Vec<_> = copies.iter().map(AsFd::as_fd).collect();
+        redn_proto::fds::send_with_fds(s.as_fd(), &info[..10], &fds).expect("send");
+        s.write_all(&info[10..]).expect("rest");
+        if read_call(&mut s).is_none() {
+            return;
+        }
+        let three = &fds[..3];
+        s.write_all(&info[..5]).expect("start");
+        let _ = redn_proto::fds::send_with_fds(s.as_fd(), &info[5..], three);
+        drop(copies);
+        drop(write_end);
+        std::thread::sleep(Duration::from_secs(5));
+    });
+    let r = within(Duration::from_secs(20), move || {
+        let mut c = redn_client::Client::connect(&path).expect("connect");
+        (c.info().map(|i| i.app), c.info().map(|i| i.app))
+    });
+    assert_eq!(r.0.as_ref().ok().map(String::as_str), Some("a"), "{r:?}");
+    assert!(r.1.is_ok(), "{r:?}");
+    // Every copy was closed in the client: the pipe's other end reads the end of file.
+    read_end
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut b = [0u8; 1];
+    assert_eq!(read_end.read(&mut b).expect("EOF, not a timeout"), 0);
+
+    // Replies that are not replies: each a named error, none a hang.
+    let huge_path = fake_manager(|mut s| {
+        let _ = read_call(&mut s);
+        let chunk = vec![b' '; 1 << 20];
+        for _ in 0..100 {
+            if s.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+    });
+    let t0 = Instant::now();
+    let r = within(Duration::from_secs(30), move || {
+        redn_client::Client::connect(&huge_path)
+            .expect("connect")
+            .info()
+    });
+    assert!(
+        matches!(
+            &r,
+            Err(Error::Protocol(redn_proto::Error::Protocol {
+                limit: "message-size",
+                ..
+            }))
+        ),
+        "100 MB with no NUL: {r:?} after {:?}",
+        t0.elapsed()
+    );
+    let deep = [vec![b'['; 100_000], vec![b']'; 100_000], vec![0]].concat();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("not JSON", b"\xff\xfe garbage\0".to_vec()),
+        ("an array", b"[1,2,3]\0".to_vec()),
+        ("100,000 arrays deep", deep),
+        (
+            "parameters of another shape",
+            b"{\"parameters\":{\"version\":7}}\0".to_vec(),
+        ),
+        (
+            "an error nobody defined",
+            b"{\"error\":\"org.example.Nope\",\"parameters\":{}}\0".to_vec(),
+        ),
+        (
+            "a known error with parameters of another shape",
+            b"{\"error\":\"io.redn.Manager.QuotaExceeded\",\"parameters\":{\"limit\":[1]}}\0"
+                .to_vec(),
+        ),
+        ("an error that is not a string", b"{\"error\":5}\0".to_vec()),
+        ("the close", Vec::new()),
+    ];
+    for (what, reply) in cases {
+        let path = fake_manager(move |mut s| {
+            let _ = read_call(&mut s);
+            let _ = s.write_all(&reply);
+        });
+        let r = within(Duration::from_secs(30), move || {
+            redn_client::Client::connect(&path).expect("connect").info()
+        });
+        assert!(
+            matches!(&r, Err(Error::Protocol(_) | Error::Refused(_))),
+            "{what}: {r:?}"
+        );
+    }
+}
+
+/// What a bad answer must come back as.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Want {
+    Malformed,
+    Exchange,
+    Refused,
+    Dataplane,
+    Timeout,
+}
+
+fn want_of(r: &Result<RemoteClient, Error>) -> Option<Want> {
+    match r {
+        Err(Error::Malformed(_)) => Some(Want::Malformed),
+        Err(Error::Exchange(_)) => Some(Want::Exchange),
+        Err(Error::RemoteRefused { .. }) => Some(Want::Refused),
+        Err(Error::Dataplane { .. }) => Some(Want::Dataplane),
+        Err(Error::Timeout { .. }) => Some(Want::Timeout),
+        _ => None,
+    }
+}
+
+/// A good record's bytes with `patch` applied.
+fn record_bytes(patch: impl Fn(&mut Vec<u8>)) -> Vec<u8> {
+    let mut b = manager_record(Ipv4Addr::LOCALHOST).encode().unwrap();
+    patch(&mut b);
+    b
+}
+
+/// An accepted answer carrying `record` as it is (the encoder would refuse some).
+fn accepted_raw(record: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&0u32.to_be_bytes());
+    body.extend_from_slice(&14u32.to_be_bytes());
+    body.push(8);
+    body.extend_from_slice(b"hash-get");
+    body.extend_from_slice(record);
+    let mut b = b"RDNA\x01\x00".to_vec();
+    b.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    b.extend_from_slice(&body);
+    b
+}
+
+#[test]
+fn wrong_answers_to_the_hello_get_named_errors_within_the_timeout() {
+    let timeout = Duration::from_millis(800);
+    let header = |status: u8, len: u16| {
+        let mut b = b"RDNA\x01".to_vec();
+        b.push(status);
+        b.extend_from_slice(&len.to_be_bytes());
+        b
+    };
+    let be32 =
+        |at: usize, v: u32| move |b: &mut Vec<u8>| b[at..at + 4].copy_from_slice(&v.to_be_bytes());
+    let be16 =
+        |at: usize, v: u16| move |b: &mut Vec<u8>| b[at..at + 2].copy_from_slice(&v.to_be_bytes());
+    let mut refusal = header(Refusal::AccessDenied.code(), 4096);
+    refusal.extend(std::iter::repeat(0xff).take(4096));
+    let mut short_body = header(0, 100);
+    short_body.extend_from_slice(&[0; 10]);
+    let mut bad_name = accepted_raw(&manager_record(Ipv4Addr::LOCALHOST).encode().unwrap());
+    bad_name[ANSWER_HEADER_LEN + 9] = 0xff;
+    let mut long_name = accepted_raw(&manager_record(Ipv4Addr::LOCALHOST).encode().unwrap());
+    long_name[ANSWER_HEADER_LEN + 8] = 200;
+    let cases: Vec<(&str, Vec<u8>, Want)> = vec![
+        (
+            "an HTTP error page",
+            b"HTTP/1.0 400 Bad Request\r\n\r\n".to_vec(),
+            Want::Malformed,
+        ),
+        (
+            "three bytes, then the close",
+            b"RDN".to_vec(),
+            Want::Dataplane,
+        ),
+        (
+            "a body cut short, then the close",
+            short_body,
+            Want::Dataplane,
+        ),
+        (
+            "a body of 65535 bytes",
+            header(0, u16::MAX),
+            Want::Malformed,
+        ),
+        ("an unknown status", header(200, 0), Want::Malformed),
+        (
+            "version 2",
+            b"RDNA\x02\x00\x00\x00".to_vec(),
+            Want::Malformed,
+        ),
+        (
+            "an accepted answer with no body",
+            header(0, 0),
+            Want::Malformed,
+        ),
+        (
+            "a refusal of 4 KiB that is not UTF-8",
+            refusal,
+            Want::Refused,
+        ),
+        (
+            "an offload name that is not UTF-8",
+            bad_name,
+            Want::Malformed,
+        ),
+        (
+            "an offload name longer than the body",
+            long_name,
+            Want::Malformed,
+        ),
+        (
+            "a record cut to its header",
+            accepted_raw(&record_bytes(|b| b.truncate(32))),
+            Want::Exchange,
+        ),
+        (
+            "QPN 0",
+            accepted_raw(&record_bytes(be32(8, 0))),
+            Want::Exchange,
+        ),
+        (
+            "QPN 1",
+            accepted_raw(&record_bytes(be32(8, 1))),
+            Want::Exchange,
+        ),
+        (
+            "QPN 2^24",
+            accepted_raw(&record_bytes(be32(8, 1 << 24))),
+            Want::Exchange,
+        ),
+        (
+            "PSN 2^24",
+            accepted_raw(&record_bytes(be32(12, 1 << 24))),
+            Want::Exchange,
+        ),
+        (
+            "address 0.0.0.0",
+            accepted_raw(&record_bytes(be32(16, 0))),
+            Want::Exchange,
+        ),
+        (
+            "port 0",
+            accepted_raw(&record_bytes(be16(20, 0))),
+            Want::Exchange,
+        ),
+        (
+            "MTU 0",
+            accepted_raw(&record_bytes(be16(22, 0))),
+            Want::Exchange,
+        ),
+        (
+            "MTU 65535",
+            accepted_raw(&record_bytes(be16(22, u16::MAX))),
+            Want::Exchange,
+        ),
+        (
+            "MTU 4097",
+            accepted_raw(&record_bytes(be16(22, 4097))),
+            Want::Exchange,
+        ),
+        (
+            "retry count 255",
+            accepted_raw(&record_bytes(|b| b[27] = 255)),
+            Want::Exchange,
+        ),
+        (
+            "65 regions",
+            accepted_raw(&record_bytes(be16(6, 65))),
+            Want::Exchange,
+        ),
+        (
+            "a region count past the bytes",
+            accepted_raw(&record_bytes(be16(6, 2))),
+            Want::Exchange,
+        ),
+        (
+            "a region name with bytes after its NUL",
+            accepted_raw(&record_bytes(|b| b[32 + 15] = b'x')),
+            Want::Exchange,
+        ),
+        (
+            "a record's magic",
+            accepted_raw(&record_bytes(|b| b[0] = b'X')),
+            Want::Exchange,
+        ),
+    ];
+    for (what, answer, want) in cases {
+        let addr = if what.ends_with("the close") {
+            answering_then(answer, Duration::ZERO)
+        } else {
+            answering(answer)
+        };
+        let t0 = Instant::now();
+        let r = connect(addr, timeout);
+        assert_eq!(want_of(&r), Some(want), "{what}: {}", kind(&r));
+        assert!(
+            t0.elapsed() < timeout + Duration::from_secs(2),
+            "{what}: {:?}",
+            t0.elapsed()
+        );
+    }
+
+    // Silence, 100 MB of garbage, an accept and a close: a timeout, a refusal after eight
+    // bytes, a named error.
+    let (silent, _) = fake_dataplane(|_, mut s| {
+        let _ = read_hello(&mut s);
+        std::thread::sleep(Duration::from_secs(10));
+    });
+    let (flood, _) = fake_dataplane(|_, mut s| {
+        let chunk = vec![b'A'; 1 << 20];
+        for _ in 0..100 {
+            if s.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+    });
+    let (closing, _) = fake_dataplane(|_, s| drop(s));
+    for (what, addr, want) in [
+        ("no answer", silent, Want::Timeout),
+        ("100 MB of garbage", flood, Want::Malformed),
+        ("a close at once", closing, Want::Dataplane),
+    ] {
+        let t0 = Instant::now();
+        let r = connect(addr, timeout);
+        assert_eq!(want_of(&r), Some(want), "{what}: {}", kind(&r));
+        assert!(
+            t0.elapsed() < timeout + Duration::from_secs(2),
+            "{what}: {:?}",
+            t0.elapsed()
+        );
+    }
+}
+
+#[test]
+fn a_server_that_closes_every_connection_costs_one_attempt_a_call() {
+    // The first connection is served and then closed; every later one is closed at accept.
+    let answer = accepted(
+        "hash-get",
+        14,
+        manager_record(Ipv4Addr::LOCALHOST).encode().unwrap(),
+    );
+    let (addr, count) = fake_dataplane(move |i, mut s| {
+        if i == 0 && read_hello(&mut s).is_some() {
+            let _ = s.write_all(&answer);
+        }
+    });
+    let mut c = connect(addr, Duration::from_secs(1)).expect("the first session");
+    std::thread::sleep(Duration::from_millis(200));
+    let (c, errors) = within(Duration::from_secs(30), move || {
+        let errors: Vec<String> = (0..10)
+            .map(|_| match c.get(5) {
+                Ok(v) => format!("answered {v:?}"),
+                Err(e) => redn_client::error_chain(&e),
+            })
+            .collect();
+        (c, errors)
+    });
+    for e in &errors {
+        assert!(
+            e.contains("failed") && !e.contains("answered"),
+            "each call fails with a named error: {errors:?}"
+        );
+    }
+    // The closed session was noticed (stale), and each call made one attempt, no loop.
+    let made = count.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        made, 11,
+        "connections for 1 session and 10 calls: {errors:?}"
+    );
+    assert!(c.session().is_none());
+}
+
+/// What a rogue posts against the client.
+type Attack = Box<dyn Fn(&Rogue) -> WrOp + Send + Sync>;
+
+#[test]
+fn the_server_may_only_write_into_the_response_region() {
+    let len = 64 << 10;
+    // What each session's rogue does before the client's trigger (the first and last
+    // sessions answer the trigger properly).
+    let attacks: Vec<(&str, Attack)> = vec![
+        (
+            "READ of the response region",
+            Box::new(|r: &Rogue| WrOp::Read {
+                remote: r.at(0),
+                sgl: vec![r.local(64)],
+            }),
+        ),
+        (
+            "WRITE just past its end",
+            Box::new(move |r: &Rogue| WrOp::Write {
+                remote: r.at(len),
+                payload: Payload::Inline(vec![0xee; 8]),
+                imm: None,
+            }),
+        ),
+        (
+            "WRITE over its end",
+            Box::new(move |r: &Rogue| WrOp::Write {
+                remote: r.at(len - 8),
+                payload: Payload::Inline(vec![0xee; 16]),
+                imm: Some(1),
+            }),
+        ),
+        (
+            "WRITE just before its start",
+            Box::new(|r: &Rogue| WrOp::Write {
+                remote: r.at(-8),
+                payload: Payload::Inline(vec![0xee; 8]),
+                imm: None,
+            }),
+        ),
+        (
+            "WRITE_IMM of 64 KiB + 1 from its start",
+            Box::new(|r: &Rogue| WrOp::Write {
+                remote: r.at(0),
+                payload: Payload::Sgl(vec![r.mr.sge(0, 64 << 10), r.mr.sge(0, 1)]),
+                imm: Some(1),
+            }),
+        ),
+        (
+            "compare and swap on it",
+            Box::new(|r: &Rogue| WrOp::CompareSwap {
+                remote: r.at(0),
+                compare: 0,
+                swap: u64::MAX,
+                result: Some(r.local(8)),
+            }),
+        ),
+        (
+            "fetch and add on it",
+            Box::new(|r: &Rogue| WrOp::FetchAdd {
+                remote: r.at(64),
+                add: 1,
+                result: Some(r.local(8)),
+            }),
+        ),
+        (
+            "WRITE with the next key index",
+            Box::new(|r: &Rogue| {
+                let mut at = r.at(0);
+                at.rkey = Rkey(at.rkey.0.wrapping_add(0x100));
+                WrOp::Write {
+                    remote: at,
+                    payload: Payload::Inline(vec![0xee; 8]),
+                    imm: None,
+                }
+            }),
+        ),
+        (
+            "WRITE with another tag",
+            Box::new(|r: &Rogue| {
+                let mut at = r.at(0);
+                at.rkey = Rkey(at.rkey.0 ^ 0x5a);
+                WrOp::Write {
+                    remote: at,
+                    payload: Payload::Inline(vec![0xee; 8]),
+                    imm: None,
+                }
+            }),
+        ),
+        (
+            "READ with the previous key index",
+            Box::new(|r: &Rogue| {
+                let mut at = r.at(0);
+                at.rkey = Rkey(at.rkey.0.wrapping_sub(0x100));
+                WrOp::Read {
+                    remote: at,
+                    sgl: vec![r.local(64)],
+                }
+            }),
+        ),
+        (
+            "WRITE at address 0, key 0",
+            Box::new(|_: &Rogue| WrOp::Write {
+                remote: RemoteAddr {
+                    addr: VirtAddr(0),
+                    rkey: Rkey(0),
+                },
+                payload: Payload::Inline(vec![0xee; 8]),
+                imm: None,
+            }),
+        ),
+        (
+            "a SEND with a payload into a receive with no buffer",
+            Box::new(|_: &Rogue| WrOp::Send {
+                payload: Payload::Inline(vec![0xee; 8]),
+                imm: None,
+            }),
+        ),
+    ];
+    let n = attacks.len();
+    let attacks = Arc::new(attacks);
+    let script_attacks = Arc::clone(&attacks);
+    let (addr, rx) = rogue_dataplane("hash-get", 14, move |i, r| {
+        if i == 0 || i == n + 1 {
+            if !r.trigger() {
+                return None;
+            }
+            return r.respond(b"hello");
+        }
+        match script_attacks.get(i - 1) {
+            Some((_, op)) => r.run(op(r)),
+            None => None,
+        }
+    });
+    let c = connect(addr, Duration::from_millis(700)).expect("connect");
+    let outcome = |rx: &mpsc::Receiver<Outcome>| {
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("the rogue's outcome")
+    };
+    let (mut c, r) = trigger_within(c, Duration::from_secs(10));
+    assert_eq!(outcome(&rx), (0, Some(Ok(()))));
+    assert_eq!(r.expect("a proper answer")[0].data, b"hello");
+    for (what, _) in attacks.iter() {
+        c.reconnect().expect("a new session");
+        let (_, out) = outcome(&rx);
+        assert!(
+            matches!(out, Some(Err(_))),
+            "{what}: the rogue's request completed {out:?}"
+        );
+        let (back, r) = trigger_within(c, Duration::from_secs(10));
+        c = back;
+        eprintln!("{what}: the rogue saw {out:?}, the client {r:?}");
+        assert!(
+            matches!(r, Err(Error::ResponseFailed { .. } | Error::Timeout { .. })),
+            "{what}: the client's trigger got {r:?}"
+        );
+    }
+    c.reconnect().expect("the last session");
+    let (_, r) = trigger_within(c, Duration::from_secs(10));
+    assert_eq!(outcome(&rx), (n + 1, Some(Ok(()))));
+    assert_eq!(
+        r.expect("a proper answer after the attacks")[0].data,
+        b"hello"
+    );
+}
+
+type Answered = Result<Vec<redn_client::remote::Response>, Error>;
+
+/// One hash-get-sized trigger from `c`, on a thread, within `limit`.
+fn trigger_within(mut c: RemoteClient, limit: Duration) -> (RemoteClient, Answered) {
+    within(limit, move || {
+        let r = c.trigger(&[1; 14], 1);
+        (c, r)
+    })
+}
+
+#[test]
+fn a_storm_of_naks_and_answers_to_nothing_leaves_the_client_answerable() {
+    use redn_sys::softnic::roce::packet::{self, opcode, Aeth, AtomicEth, Header, Reth, Route};
+    // The "manager" is a bare UDP socket of the test's: every datagram is made by hand.
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+    let SocketAddr::V4(rogue) = udp.local_addr().unwrap() else {
+        unreachable!()
+    };
+    let (tx, rx) = mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let (addr, _) = fake_dataplane(move |_, mut s| {
+        let Some(hello) = read_hello(&mut s) else {
+            return;
+        };
+        let Ok(client) = QpRecord::decode(&hello.record) else {
+            return;
+        };
+        let ours = QpRecord::new(0x42, 7, rogue);
+        let _ = s.write_all(&accepted("hash-get", 14, ours.encode().unwrap()));
+        let _ = tx.lock().unwrap().send(client);
+        std::thread::sleep(Duration::from_secs(30));
+    });
+    let c = connect(addr, Duration::from_secs(5)).expect("connect");
+    let client = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the client's record");
+    let response = client.region("response").cloned().expect("response region");
+    let to_client = Route {
+        src: rogue,
+        dst: client.addr,
+    };
+    let from_client = Route {
+        src: client.addr,
+        dst: rogue,
+    };
+    let send = |h: Header, payload: &[u8]| {
+        let mut b = Vec::new();
+        packet::encode(&mut b, &to_client, &h, payload);
+        let _ = udp.send_to(&b, client.addr);
+    };
+    let waiting = std::thread::spawn(move || trigger_within(c, Duration::from_secs(30)));
+    // The trigger.
+    udp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = vec![0u8; 9000];
+    let psn = loop {
+        let (n, _) = udp.recv_from(&mut buf).expect("the client's trigger");
+        if let Ok(p) = packet::decode(&from_client, &buf[..n]) {
+            if p.header.opcode == opcode::SEND_ONLY {
+                break p.header.psn;
+            }
+        }
+    };
+    let aeth = |syndrome| Some(Aeth { syndrome, msn: 1 });
+    let mut h = Header::new(opcode::ACKNOWLEDGE, client.qpn, psn);
+    for round in 0..300u32 {
+        // NAKs of every kind (the requester resends or waits; none ends the session here
+        // but the fatal ones), ACKs of PSNs never sent, responses to READs and atomics
+        // never made, requests outside the response region, and bytes that are no packet.
+        let far = psn.wrapping_add(1000 + round) & 0xff_ffff;
+        for (op, at, syndrome) in [
+            (opcode::ACKNOWLEDGE, far, 0x1f),
+            (opcode::ACKNOWLEDGE, psn, 0x20 | 31),
+            (opcode::ACKNOWLEDGE, psn.wrapping_sub(5) & 0xff_ffff, 0x60),
+            (opcode::READ_RESPONSE_ONLY, psn, 0x1f),
+            (opcode::READ_RESPONSE_FIRST, far, 0x1f),
+            (opcode::ATOMIC_ACKNOWLEDGE, psn, 0x1f),
+        ] {
+            h.opcode = op;
+            h.psn = at;
+            h.aeth = aeth(syndrome);
+            h.atomic_ack = Some(u64::MAX);
+            send(h, &[0xee; 64]);
+        }
+        let mut w = Header::new(opcode::WRITE_ONLY, client.qpn, far);
+        w.reth = Some(Reth {
+            va: response.addr,
+            rkey: response.rkey,
+            len: 8,
+        });
+        send(w, &[0xee; 8]);
+        let mut a = Header::new(opcode::COMPARE_SWAP, client.qpn, far);
+        a.atomic = Some(AtomicEth {
+            va: response.addr,
+            rkey: response.rkey,
+            swap_add: 1,
+            compare: 0,
+        });
+        send(a, &[]);
+        let _ = udp.send_to(&[0xff; 40], client.addr);
+        let _ = udp.send_to(&[0x00; 7], client.addr);
+    }
+    // Then the answer, as the manager's offload would send it: the ACK of the trigger and
+    // a WRITE with immediate into the response region at the rogue's first PSN.
+    h.opcode = opcode::ACKNOWLEDGE;
+    h.psn = psn;
+    h.aeth = aeth(0x1f);
+    send(h, &[]);
+    let mut w = Header::new(opcode::WRITE_ONLY_IMM, client.qpn, 7);
+    w.reth = Some(Reth {
+        va: response.addr,
+        rkey: response.rkey,
+        len: 5,
+    });
+    w.imm = Some(1);
+    w.ack_req = true;
+    send(w, b"hello");
+    let (c, r) = waiting.join().expect("the client");
+    eprintln!("after the storm: {r:?}");
+    match &r {
+        Ok(got) => assert_eq!(got[0].data, b"hello"),
+        Err(Error::ResponseFailed { .. } | Error::Timeout { .. }) => {}
+        Err(e) => panic!("not a named failure of the session: {e:?}"),
+    }
+    drop(c);
 }
