@@ -1235,3 +1235,32 @@ fn a_storm_of_naks_and_answers_to_nothing_leaves_the_client_answerable() {
     }
     drop(c);
 }
+#[test]
+fn a_record_dribbled_a_byte_at_a_time_times_out_on_the_exchanges_clock() {
+    use redn_sys::softnic::roce::{exchange_client, ExchangeError};
+    let record = manager_record(Ipv4Addr::LOCALHOST).encode().unwrap();
+    let (addr, _) = fake_dataplane(move |_, mut s| {
+        let mut theirs = [0u8; 32];
+        if s.read_exact(&mut theirs).is_err() {
+            return;
+        }
+        for b in &record {
+            if s.write_all(&[*b]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(150));
+        }
+    });
+    let t0 = Instant::now();
+    let r = within(Duration::from_secs(30), move || {
+        let mut s = TcpStream::connect(addr).expect("connect");
+        let ours = QpRecord::new(0x43, 1, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 4791));
+        exchange_client(&mut s, &ours, Duration::from_millis(600)).map(|_| ())
+    });
+    assert!(
+        matches!(&r, Err(ExchangeError::Io(e)) if matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock)),
+        "{r:?} after {:?}",
+        t0.elapsed()
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+}

@@ -8,7 +8,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The record's first bytes.
 pub const MAGIC: [u8; 4] = *b"RDNX";
@@ -317,8 +317,42 @@ pub fn write_record(s: &mut impl Write, r: &QpRecord) -> Result<(), ExchangeErro
     Ok(())
 }
 
+/// Reads from a stream until a deadline, however the bytes are spread out: each read waits
+/// only for what is left (a read timeout alone restarts with every byte a peer trickles).
+struct Deadline<'a> {
+    s: &'a TcpStream,
+    at: Option<Instant>,
+}
+
+impl<'a> Deadline<'a> {
+    /// `timeout` from now (no deadline if the clock cannot count that far).
+    fn after(s: &'a TcpStream, timeout: Duration) -> Deadline<'a> {
+        Deadline {
+            s,
+            at: Instant::now().checked_add(timeout),
+        }
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(at) = self.at {
+            let left = at.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the peer's record did not come in time",
+                ));
+            }
+            self.s.set_read_timeout(Some(left))?;
+        }
+        let mut s = self.s;
+        s.read(buf)
+    }
+}
+
 /// The client's side: send `ours`, then read and return the server's record. Waits at most
-/// `timeout` for each read.
+/// `timeout` for the whole record.
 ///
 /// # Errors
 /// I/O, or a record that does not check.
@@ -327,9 +361,9 @@ pub fn exchange_client(
     ours: &QpRecord,
     timeout: Duration,
 ) -> Result<QpRecord, ExchangeError> {
-    s.set_read_timeout(Some(timeout))?;
+    let at = Instant::now().checked_add(timeout);
     write_record(s, ours)?;
-    read_record(s)
+    read_record(&mut Deadline { s, at })
 }
 
 /// The server's side: read the client's record, then send `ours` (made with the client's
@@ -342,8 +376,7 @@ pub fn exchange_server(
     timeout: Duration,
     ours: impl FnOnce(&QpRecord) -> QpRecord,
 ) -> Result<(QpRecord, QpRecord), ExchangeError> {
-    s.set_read_timeout(Some(timeout))?;
-    let theirs = read_record(s)?;
+    let theirs = read_record(&mut Deadline::after(s, timeout))?;
     let mine = ours(&theirs);
     write_record(s, &mine)?;
     Ok((theirs, mine))
