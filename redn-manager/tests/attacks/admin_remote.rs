@@ -69,16 +69,8 @@ fn an_ipv4_address_written_as_ipv4_mapped_ipv6_bans_and_lifts_that_client() {
 /// A manager with a data plane and `--limit pending-output-bytes=BYTES` (a reply queue an
 /// operator sized down), policy from [`server_loop_policy`] with `edit`.
 fn with_output_cap(bytes: usize, edit: impl Fn(String) -> String) -> Manager {
-    let m = Manager::configure(&server_loop_policy(edit));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut config = std::fs::read_to_string(m.config()).unwrap();
-    config.push_str(&format!("[dataplane]\nlisten = \"127.0.0.1:{port}\"\n"));
-    std::fs::write(m.config(), config).unwrap();
-    m.launch(&["--limit", &format!("pending-output-bytes={bytes}")], &[])
+    let cap = format!("pending-output-bytes={bytes}");
+    Manager::start_with_dataplane_and(&server_loop_policy(edit), &["--limit", &cap])
 }
 
 #[test]
@@ -186,28 +178,7 @@ fn a_user_with_a_long_exe_path_cannot_hide_the_client_list_from_the_admin() {
     // attacker held its connections).
     let m = open_manager(&[]);
     let (_tree, exe) = exe_at_a_hostile_path();
-    let mut child = Command::new("setpriv")
-        .args([
-            &format!("--reuid={HOSTILE_UID}"),
-            &format!("--regid={HOSTILE_UID}"),
-            "--clear-groups",
-        ])
-        .arg(&exe)
-        .args([
-            "--exact",
-            "hostile_entry",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("REDN_ATTACK", "hold-connections")
-        .env("REDN_MANAGER_SOCKET", m.api())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = BufReader::new(child.stdout.take().unwrap());
-    let mut attacker = Attacker { child, out };
+    let mut attacker = Attacker::start_at(&exe, "hold-connections", &m.api());
     let verdict = attacker.line();
     let held: usize = verdict
         .rsplit_once("held=")

@@ -30,13 +30,19 @@ const HOSTILE_UID: &str = "65534";
 
 /// This test binary again, as `uid`, doing attack `role` against `socket`.
 fn hostile_as(uid: &str, role: &str, socket: &Path) -> Child {
+    hostile_at(&std::env::current_exe().unwrap(), uid, role, socket)
+}
+
+/// This test binary run from `exe` (a link to it), as `uid`, doing attack `role` against
+/// `socket`.
+fn hostile_at(exe: &Path, uid: &str, role: &str, socket: &Path) -> Child {
     Command::new("setpriv")
         .args([
             &format!("--reuid={uid}"),
             &format!("--regid={uid}"),
             "--clear-groups",
         ])
-        .arg(std::env::current_exe().unwrap())
+        .arg(exe)
         .args([
             "--exact",
             "hostile_entry",
@@ -73,7 +79,16 @@ struct Attacker {
 impl Attacker {
     /// Start attack `role` against `socket` as `uid`.
     fn start_as(uid: &str, role: &str, socket: &Path) -> Attacker {
-        let mut child = hostile_as(uid, role, socket);
+        Attacker::watch(hostile_as(uid, role, socket))
+    }
+
+    /// Start attack `role` against `socket` as uid 65534, from the test binary linked at
+    /// `exe`.
+    fn start_at(exe: &Path, role: &str, socket: &Path) -> Attacker {
+        Attacker::watch(hostile_at(exe, HOSTILE_UID, role, socket))
+    }
+
+    fn watch(mut child: Child) -> Attacker {
         let out = BufReader::new(child.stdout.take().unwrap());
         Attacker { child, out }
     }

@@ -125,6 +125,11 @@ impl Manager {
 
     /// Start it with a data plane on a free loopback port.
     pub fn start_with_dataplane(policy_text: &str) -> Manager {
+        Manager::start_with_dataplane_and(policy_text, &[])
+    }
+
+    /// Start it with a data plane on a free loopback port and `args`.
+    pub fn start_with_dataplane_and(policy_text: &str, args: &[&str]) -> Manager {
         let m = Manager::configure(policy_text);
         // The config refuses port 0: take a free port from the kernel and let it go.
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -135,7 +140,7 @@ impl Manager {
         let mut config = std::fs::read_to_string(m.config()).unwrap();
         config.push_str(&format!("[dataplane]\nlisten = \"127.0.0.1:{port}\"\n"));
         std::fs::write(m.config(), config).unwrap();
-        m.launch(&[], &[])
+        m.launch(args, &[])
     }
 
     /// Run the configured manager with `args` as `wrapper` runs it; wait for READY=1.
