@@ -687,56 +687,48 @@ fn key_bytes(key: u64) -> [u8; 6] {
     [b[0], b[1], b[2], b[3], b[4], b[5]]
 }
 
-/// Fill `buf` from `stream` by `deadline` (none: no limit). Each read waits only for what
-/// is left of it, so an answer sent a byte at a time cannot hold the client past its
-/// timeout, as a read timeout alone (restarted by every byte) would.
+/// Reads from a stream until a deadline (none: no limit), however the bytes are spread out:
+/// each read waits only for what is left of it, where a read timeout alone restarts with
+/// every byte a server trickles. A read past the deadline fails `TimedOut`.
+pub(crate) struct ByDeadline<'a> {
+    pub(crate) stream: &'a TcpStream,
+    pub(crate) deadline: Option<Instant>,
+}
+
+impl Read for ByDeadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(d) = self.deadline {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+            self.stream.set_read_timeout(Some(left))?;
+        }
+        let mut s = self.stream;
+        s.read(buf)
+    }
+}
+
+/// Fill `buf` from `stream` by `deadline`, so that an answer sent a byte at a time cannot
+/// hold the client past its timeout.
 fn read_answer(
-    stream: &mut TcpStream,
+    stream: &TcpStream,
     buf: &mut [u8],
     deadline: Option<Instant>,
     waited: Duration,
 ) -> Result<()> {
-    let timeout = || Error::Timeout {
-        waited,
-        what: "the manager's answer",
-    };
-    let mut at = 0;
-    while at < buf.len() {
-        if let Some(d) = deadline {
-            let left = d.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(timeout());
-            }
-            stream
-                .set_read_timeout(Some(left))
-                .map_err(io("setting socket options"))?;
-        }
-        match stream.read(&mut buf[at..]) {
-            Ok(0) => {
-                return Err(Error::Dataplane {
-                    what: "reading the answer",
-                    source: std::io::ErrorKind::UnexpectedEof.into(),
-                })
-            }
-            Ok(n) => at += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(timeout())
-            }
-            Err(source) => {
-                return Err(Error::Dataplane {
-                    what: "reading the answer",
-                    source,
-                })
-            }
-        }
-    }
-    Ok(())
+    ByDeadline { stream, deadline }
+        .read_exact(buf)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Error::Timeout {
+                waited,
+                what: "the manager's answer",
+            },
+            _ => Error::Dataplane {
+                what: "reading the answer",
+                source: e,
+            },
+        })
 }
 
 #[cfg(test)]

@@ -1264,3 +1264,36 @@ fn a_record_dribbled_a_byte_at_a_time_times_out_on_the_exchanges_clock() {
     );
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
 }
+
+#[test]
+fn a_baseline_server_dribbling_its_header_times_out_on_the_clients_clock() {
+    use redn_client::baseline::{BaselineOptions, RpcClient};
+    let (addr, _) = fake_dataplane(|_, mut s| {
+        let mut hello = [0u8; 8];
+        if s.read_exact(&mut hello).is_err()
+            || redn_sys::softnic::roce::read_record(&mut s).is_err()
+        {
+            return;
+        }
+        for _ in 0..64 {
+            if s.write_all(&[0]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(150));
+        }
+    });
+    let t0 = Instant::now();
+    let r = within(Duration::from_secs(30), move || {
+        let options = BaselineOptions {
+            timeout: Duration::from_millis(600),
+            ..BaselineOptions::default()
+        };
+        RpcClient::connect(addr, options).map(|_| ())
+    });
+    assert!(
+        matches!(&r, Err(Error::Timeout { .. })),
+        "{r:?} after {:?}",
+        t0.elapsed()
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+}

@@ -7,12 +7,14 @@ use super::{
     RIGHT_READ, RIGHT_WRITE, TOO_LARGE, VERSION,
 };
 use crate::kv::{bucket_indices, BUCKET_LEN, BUCKET_STRIDE, MAX_KEY};
-use crate::remote::{fresh_psn, io, sys, LocalNic};
+use crate::remote::{fresh_psn, io, sys, ByDeadline, LocalNic};
 use crate::{Error, Result};
 use redn_program::wqe::{CqeOpcode, Payload, RemoteAddr, WorkRequest, WqeFlags, WrOp};
 use redn_sys::mem::SharedBuffer;
 use redn_sys::nic::{Completion, MrInfo, Nic, QpConfig};
-use redn_sys::softnic::roce::{read_record, write_record, QpRecord, RegionRecord, RoceEndpoint};
+use redn_sys::softnic::roce::{
+    read_record, write_record, ExchangeError, QpRecord, RegionRecord, RoceEndpoint,
+};
 use redn_sys::softnic::SoftNic;
 use redn_sys::{Access, Cqn, Qpn, Rkey, VirtAddr};
 use std::io::{Read, Write};
@@ -88,10 +90,16 @@ impl ClientCore {
         hello[..4].copy_from_slice(&MAGIC);
         hello[4] = VERSION;
         hello[5] = kind as u8;
+        // The server's header and record are due within the timeout as a whole.
+        let deadline = Instant::now().checked_add(options.timeout);
         stream.write_all(&hello).map_err(io("sending the hello"))?;
         write_record(&mut stream, &ours).map_err(Error::Exchange)?;
+        let mut answer = ByDeadline {
+            stream: &stream,
+            deadline,
+        };
         let mut h = [0u8; HEADER_LEN];
-        stream
+        answer
             .read_exact(&mut h)
             .map_err(|e| timeout_or(e, options.timeout, "the server's answer"))?;
         let from = "the baseline server's answer";
@@ -118,7 +126,17 @@ impl ClientCore {
         if buckets == 0 {
             return Err(bad(from, "a table of 0 buckets".into()));
         }
-        let theirs = read_record(&mut stream).map_err(Error::Exchange)?;
+        let theirs = read_record(&mut answer).map_err(|e| match e {
+            ExchangeError::Io(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                timeout_or(e, options.timeout, "the server's record")
+            }
+            e => Error::Exchange(e),
+        })?;
         ep.connect(&ours, &theirs)
             .map_err(sys("connecting the queue pair"))?;
         Ok(ClientCore {
