@@ -1297,3 +1297,38 @@ fn a_baseline_server_dribbling_its_header_times_out_on_the_clients_clock() {
     );
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
 }
+
+#[test]
+fn a_baseline_server_record_naming_another_host_is_refused() {
+    use redn_client::baseline::{BaselineOptions, RpcClient};
+    let (addr, _) = fake_dataplane(|_, mut s| {
+        let mut hello = [0u8; 8];
+        if s.read_exact(&mut hello).is_err()
+            || redn_sys::softnic::roce::read_record(&mut s).is_err()
+        {
+            return;
+        }
+        // An RPC server's header: 1 bucket at base 0, values up to 64 bytes.
+        let mut h = [0u8; 32];
+        h[..4].copy_from_slice(b"RDNB");
+        h[4] = 1;
+        h[5] = 2;
+        h[8..16].copy_from_slice(&1u64.to_be_bytes());
+        h[24..28].copy_from_slice(&64u32.to_be_bytes());
+        let rec = QpRecord::new(0x42, 7, SocketAddrV4::new(Ipv4Addr::new(10, 1, 2, 3), 4791));
+        let _ = s.write_all(&h);
+        let _ = s.write_all(&rec.encode().unwrap());
+        std::thread::sleep(Duration::from_secs(10));
+    });
+    let r = within(Duration::from_secs(30), move || {
+        let options = BaselineOptions {
+            timeout: Duration::from_secs(2),
+            ..BaselineOptions::default()
+        };
+        RpcClient::connect(addr, options).map(|_| ())
+    });
+    assert!(
+        matches!(&r, Err(Error::BadAnswer { detail, .. }) if detail.contains("10.1.2.3")),
+        "{r:?}"
+    );
+}

@@ -137,6 +137,18 @@ impl ClientCore {
             }
             e => Error::Exchange(e),
         })?;
+        // Its RoCE side is on the host this connection reached: requests go where the
+        // record says.
+        let peer = stream.peer_addr().map_err(io("peer address"))?.ip();
+        if std::net::IpAddr::V4(*theirs.addr.ip()) != peer {
+            return Err(bad(
+                "the baseline server's record",
+                format!(
+                    "its address {} is not {peer}, the server's",
+                    theirs.addr.ip()
+                ),
+            ));
+        }
         ep.connect(&ours, &theirs)
             .map_err(sys("connecting the queue pair"))?;
         Ok(ClientCore {
