@@ -1332,3 +1332,41 @@ fn a_baseline_server_record_naming_another_host_is_refused() {
         "{r:?}"
     );
 }
+
+#[test]
+fn a_manager_socket_that_never_accepts_cannot_hold_the_connect() {
+    use nix::sys::socket::{
+        bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
+    };
+    let path =
+        std::env::temp_dir().join(format!("redn-hostile-{}-backlog.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let l = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .expect("socket");
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&l),
+        &UnixAddr::new(&path).expect("path"),
+    )
+    .expect("bind");
+    listen(&l, Backlog::new(0).expect("backlog")).expect("listen");
+    // The one connection a backlog of 0 takes; nobody ever accepts.
+    let _held = std::os::unix::net::UnixStream::connect(&path).expect("the backlog's one");
+    let t0 = Instant::now();
+    let p = path.clone();
+    let r = within(Duration::from_secs(30), move || {
+        redn_proto::client::Connection::connect(&p, Duration::from_millis(600)).map(|_| ())
+    });
+    assert!(r.is_err(), "connected to a listener that never accepts");
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "{r:?} after {:?}",
+        t0.elapsed()
+    );
+    drop(l);
+    let _ = std::fs::remove_file(&path);
+}

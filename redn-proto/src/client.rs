@@ -34,7 +34,7 @@ impl Connection {
     /// # Errors
     /// [`Error::Io`] (`connect`).
     pub fn connect(path: &Path, timeout: Duration) -> Result<Connection> {
-        let stream = UnixStream::connect(path).map_err(io("connect"))?;
+        let stream = connect_within(path, timeout)?;
         stream
             .set_read_timeout(Some(timeout))
             .and_then(|()| stream.set_write_timeout(Some(timeout)))
@@ -262,6 +262,36 @@ impl Connection {
             drop(got.fds);
             self.incoming.extend(&buf[..got.len]);
         }
+    }
+}
+
+/// A stream connected to `path`. A listener that never accepts and whose backlog is full
+/// keeps a blocking `connect` waiting for as long as it likes (unix(7)); the socket's send
+/// timeout, set first, bounds the wait to `timeout`.
+fn connect_within(path: &Path, timeout: Duration) -> Result<UnixStream> {
+    use nix::sys::socket::{
+        connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, UnixAddr,
+    };
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| io("socket")(e.into()))?;
+    let tv = nix::sys::time::TimeVal::new(
+        i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+        i64::from(timeout.subsec_micros()),
+    );
+    setsockopt(&fd, sockopt::SendTimeout, &tv).map_err(|e| io("setsockopt")(e.into()))?;
+    let addr = UnixAddr::new(path).map_err(|e| io("connect")(e.into()))?;
+    match connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr) {
+        Ok(()) => Ok(UnixStream::from(fd)),
+        Err(nix::errno::Errno::EAGAIN) => Err(io("connect")(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the listener did not take the connection in time",
+        ))),
+        Err(e) => Err(io("connect")(e.into())),
     }
 }
 
