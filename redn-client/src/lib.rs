@@ -101,7 +101,8 @@ pub enum Error {
     RemoteRefused {
         /// Which refusal.
         refusal: redn_proto::dataplane::Refusal,
-        /// The manager's reason.
+        /// The manager's reason (control characters and bidi marks escaped:
+        /// [`redn_proto::printable`]).
         reason: String,
     },
     /// The manager's answer did not parse.

@@ -364,7 +364,11 @@ impl RemoteClient {
         let mut body = vec![0u8; Answer::body_len(&header).map_err(Error::Malformed)?];
         read_answer(stream, &mut body, deadline, self.options.timeout)?;
         match Answer::decode(&header, &body).map_err(Error::Malformed)? {
-            Answer::Refused(refusal, reason) => Err(Error::RemoteRefused { refusal, reason }),
+            // The reason is the server's text, and goes into messages users print.
+            Answer::Refused(refusal, reason) => Err(Error::RemoteRefused {
+                refusal,
+                reason: redn_proto::printable(&reason).into_owned(),
+            }),
             Answer::Accepted(a) => {
                 // Triggers go out inline in one WQE; a longer one can never be sent, and
                 // find() builds its trigger this long.

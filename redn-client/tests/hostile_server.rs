@@ -1370,3 +1370,68 @@ fn a_manager_socket_that_never_accepts_cannot_hold_the_connect() {
     drop(l);
     let _ = std::fs::remove_file(&path);
 }
+
+/// Characters a terminal acts on, or that reorder what it shows.
+fn reaches_the_terminal(s: &str) -> bool {
+    s.chars().any(|c| {
+        c.is_control()
+            || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    })
+}
+
+#[test]
+fn a_servers_words_cannot_reach_the_users_terminal_through_an_error() {
+    // A terminal title, a forged line, a right-to-left override: in a refusal's reason on
+    // the data plane and in a varlink error's name.
+    let evil = "\u{1b}]0;owned\u{7}\r\nkvclient: all good\u{202e}\u{9b}2J";
+    let mut refusal = b"RDNA\x01".to_vec();
+    refusal.push(Refusal::AccessDenied.code());
+    refusal.extend_from_slice(&(evil.len() as u16).to_be_bytes());
+    refusal.extend_from_slice(evil.as_bytes());
+    let r = connect(answering(refusal), Duration::from_secs(2));
+    assert!(
+        matches!(r, Err(Error::RemoteRefused { .. })),
+        "{}",
+        kind(&r)
+    );
+    let shown = kind(&r);
+    assert!(!reaches_the_terminal(&shown), "{shown:?}");
+    assert!(
+        shown.contains("owned"),
+        "the reason is still shown: {shown:?}"
+    );
+
+    let name = serde_name(&format!("io.evil.{evil}"));
+    let path = fake_manager(move |mut s| {
+        let _ = read_call(&mut s);
+        let _ = s.write_all(format!("{{\"error\":{name},\"parameters\":{{}}}}\0").as_bytes());
+        std::thread::sleep(Duration::from_secs(2));
+    });
+    let r = within(Duration::from_secs(30), move || {
+        redn_client::Client::connect(&path).expect("connect").info()
+    });
+    let shown = match &r {
+        Err(e) => redn_client::error_chain(e),
+        Ok(i) => panic!("{i:?}"),
+    };
+    assert!(!reaches_the_terminal(&shown), "{shown:?}");
+    assert!(
+        shown.contains("owned"),
+        "the name is still shown: {shown:?}"
+    );
+}
+
+/// `s` as a JSON string, control characters escaped as JSON escapes them.
+fn serde_name(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}

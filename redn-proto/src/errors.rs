@@ -22,7 +22,8 @@ pub struct WireError {
 
 impl fmt::Display for WireError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.name)?;
+        // The name comes from the peer: printed so that it cannot reach a terminal.
+        write!(f, "{}", crate::printable(&self.name))?;
         if !self.parameters.is_empty() {
             write!(f, " {}", Value::Object(self.parameters.clone()))?;
         }

@@ -107,3 +107,29 @@ impl Error {
 
 /// The crate's result type.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// `text` from a peer, made safe to print in a message: control characters (C0, DEL, C1:
+/// escape sequences, carriage returns, newlines) and the marks that reorder a line (bidi
+/// overrides, isolates and marks) become `\u{NNNN}`, so what a peer sends cannot move a
+/// terminal's cursor, retitle it, forge lines or reorder them.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let hidden = |c: char| {
+        c.is_control()
+            || matches!(
+                c,
+                '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+            )
+    };
+    if !text.chars().any(hidden) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if hidden(c) {
+            out.push_str(&format!("\\u{{{:04x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
