@@ -1435,3 +1435,35 @@ fn serde_name(s: &str) -> String {
     out.push('"');
     out
 }
+
+#[test]
+fn a_record_naming_the_clients_own_queue_pair_ends_in_a_named_error() {
+    // On one host the manager's address is the client's: a record may name the client's
+    // own UDP port and QP, so that its trigger comes back to itself.
+    let (addr, _) = fake_dataplane(|_, mut s| {
+        let Some(hello) = read_hello(&mut s) else {
+            return;
+        };
+        let Ok(mut theirs) = QpRecord::decode(&hello.record) else {
+            return;
+        };
+        theirs.regions.clear();
+        let _ = s.write_all(&accepted("hash-get", 14, theirs.encode().unwrap()));
+        std::thread::sleep(Duration::from_secs(30));
+    });
+    let c = connect(addr, Duration::from_millis(800)).expect("connect");
+    let (mut c, r) = trigger_within(c, Duration::from_secs(20));
+    eprintln!("{r:?}");
+    assert!(
+        matches!(r, Err(Error::ResponseFailed { .. } | Error::Timeout { .. })),
+        "{r:?}"
+    );
+    let again = within(Duration::from_secs(20), move || c.trigger(&[1; 14], 1));
+    assert!(
+        matches!(
+            again,
+            Err(Error::ResponseFailed { .. } | Error::Timeout { .. })
+        ),
+        "{again:?}"
+    );
+}
