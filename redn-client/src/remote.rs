@@ -466,6 +466,12 @@ impl RemoteClient {
         mut done: impl FnMut(&Response) -> bool,
     ) -> Result<Vec<Response>> {
         self.ready_session()?;
+        if !self.drop_stale() {
+            // The session failed while idle: this trigger goes out on a new one.
+            self.close_session();
+            self.ready_session()?;
+            self.drop_stale();
+        }
         let Some(s) = self.session.as_mut() else {
             return Err(Error::SessionLost);
         };
@@ -561,6 +567,39 @@ impl RemoteClient {
                 }
             }
         }
+    }
+
+    /// Drop the completions that came before a trigger was sent: they answer no trigger
+    /// (a server's WRITEs with immediate nobody asked for, an extra response to an earlier
+    /// trigger after its caller stopped waiting), and would be taken for the next one's
+    /// answer. At most a few CQs' worth, so that a server writing without pause cannot
+    /// keep the client here. False if one was an error: the session's QP is then dead.
+    fn drop_stale(&mut self) -> bool {
+        let Some(qp) = self.session.as_ref().map(|s| s.qp) else {
+            return true;
+        };
+        let mut out: Vec<Completion> = Vec::new();
+        let mut dropped = 0;
+        while dropped < 4 * RECEIVES {
+            out.clear();
+            if self.nic.poll_cq(self.cq, 16, &mut out).is_err() {
+                return false;
+            }
+            if out.is_empty() {
+                break;
+            }
+            for c in &out {
+                dropped += 1;
+                if c.qpn != qp {
+                    continue; // an earlier session's receives, flushed as it closed
+                }
+                if c.status.is_err() {
+                    return false;
+                }
+                let _ = self.nic.post_recv(qp, c.wr_id, &[]);
+            }
+        }
+        true
     }
 
     /// Send one raw trigger and wait for `responses` responses.
