@@ -1505,3 +1505,79 @@ fn a_response_to_no_trigger_is_not_taken_for_the_next_triggers() {
         String::from_utf8_lossy(&r[0].data)
     );
 }
+
+/// Set in a child of [`a_huge_reply_is_not_blown_up_while_parsed`]: the socket to call.
+const REPLY_CHILD_ENV: &str = "REDN_HOSTILE_REPLY_CHILD";
+
+/// This process's peak resident memory, in KiB.
+fn peak_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?.to_owned();
+            line.split_whitespace().nth(1)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// The child's part: call the socket the parent named, report the peak memory.
+#[test]
+fn huge_reply_child() {
+    let Some(path) = std::env::var_os(REPLY_CHILD_ENV) else {
+        return;
+    };
+    let r = redn_client::Client::connect(std::path::Path::new(&path))
+        .expect("connect")
+        .info();
+    println!("PEAK {} {}", peak_kib(), r.is_ok());
+}
+
+#[test]
+fn a_huge_reply_is_not_blown_up_while_parsed() {
+    // A reply just under the 16 MiB cap made of tiny values, which the client's type
+    // does not even have: what the client holds should be about the bytes, not a tree of
+    // four million values. Measured in a child process of its own.
+    let path = fake_manager(|mut s| {
+        let _ = read_call(&mut s);
+        let mut m =
+            b"{\"parameters\":{\"version\":\"1\",\"backend\":\"b\",\"app\":\"a\",\"uid\":1,\
+            \"pid\":1,\"max_regions\":1,\"max_pinned\":1,\"regions\":0,\"pinned\":0,\
+            \"offloads\":0,\"padding\":["
+                .to_vec();
+        while m.len() < (16 << 20) - 64 {
+            m.extend_from_slice(b"0,");
+        }
+        m.extend_from_slice(b"0]}}\0");
+        let _ = s.write_all(&m);
+        std::thread::sleep(Duration::from_secs(20));
+    });
+    let out = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .args([
+            "--exact",
+            "huge_reply_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(REPLY_CHILD_ENV, &path)
+        .output()
+        .expect("the child");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // The harness prints the test's name on the same line.
+    let line = text
+        .lines()
+        .find_map(|l| l.split_once("PEAK ").map(|(_, r)| r))
+        .unwrap_or_else(|| panic!("no report: {text} {}", String::from_utf8_lossy(&out.stderr)));
+    let mut words = line.split_whitespace();
+    let peak: u64 = words.next().and_then(|w| w.parse().ok()).expect("a number");
+    assert_eq!(
+        words.next(),
+        Some("true"),
+        "the reply is a good one: {line}"
+    );
+    eprintln!("a 16 MiB reply: peak {} MiB", peak >> 10);
+    assert!(
+        peak < 120 << 10,
+        "a 16 MiB reply took the client to {} MiB",
+        peak >> 10
+    );
+}

@@ -2,12 +2,12 @@
 //! is sent, so fds always ride a call no earlier call is still waiting behind (see
 //! [`crate::fds`]).
 
-use crate::codec::{Call, Limits, MessageBuffer, Reply};
+use crate::codec::{check_depth, Call, Limits, MessageBuffer, Reply};
 use crate::errors::WireError;
 use crate::fds::{recv_with_fds, send_with_fds};
 use crate::{Error, Result};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -73,20 +73,11 @@ impl Connection {
         parameters: Map<String, Value>,
         fds: &[BorrowedFd<'_>],
     ) -> Result<Map<String, Value>> {
-        // Varlink replies carry no call id: bytes that came since the last reply answer no
-        // call of ours, and would be taken for this call's reply.
-        self.refuse_unsolicited()?;
-        let bytes = Call::new(method, parameters).encode();
-        self.send_bytes(&bytes, fds)?;
-        let reply = self.read_reply()?;
+        let msg = self.exchange(method, parameters, fds)?;
+        let reply = Reply::parse(&msg, &self.limits)?;
         if reply.continues {
-            // Only a call with `more` is answered with several replies; the rest would be
-            // taken for the next calls' replies.
             self.incoming.clear();
-            return Err(Error::protocol(
-                "reply",
-                format!("{method}'s reply says more follow, and the call did not ask for more"),
-            ));
+            return Err(more_refused(method));
         }
         match reply.error {
             Some(name) => Err(Error::Remote(WireError {
@@ -130,7 +121,10 @@ impl Connection {
         ))
     }
 
-    /// Call with typed parameters and reply.
+    /// Call with typed parameters and reply. A reply's parameters are parsed straight into
+    /// `R` (what `R` does not have is skipped, not built), so a peer's large reply costs
+    /// about its bytes; an error reply's parameters, small in every interface, are parsed
+    /// into a [`WireError`] if there are at most [`MAX_ERROR_VALUES`] values.
     ///
     /// # Errors
     /// As [`Connection::call_raw`], and [`Error::Reply`] if the reply has another shape.
@@ -149,8 +143,59 @@ impl Connection {
             Value::Null => Map::new(),
             _ => return Err(shape("parameters must serialise as an object".into())),
         };
-        let reply = self.call_raw(method, params, fds)?;
-        serde_json::from_value(Value::Object(reply)).map_err(|e| shape(e.to_string()))
+        let msg = self.exchange(method, params, fds)?;
+        check_depth(&msg, self.limits.max_depth)?;
+        let head: Head = serde_json::from_slice(&msg)
+            .map_err(|e| Error::protocol("json", format!("not a reply: {e}")))?;
+        let header = |reason: &str| Error::protocol("header", reason);
+        if matches!(head.continues, Some(Skim::True)) {
+            self.incoming.clear();
+            return Err(more_refused(method));
+        }
+        match head.error {
+            None | Some(Skim::Null) => {}
+            Some(Skim::Str) => {
+                // Rare and small: parsed whole, once its size in values is known.
+                if count_values(&msg) > MAX_ERROR_VALUES {
+                    return Err(Error::protocol(
+                        "message-size",
+                        format!("an error reply of more than {MAX_ERROR_VALUES} values"),
+                    ));
+                }
+                let reply = Reply::parse(&msg, &self.limits)?;
+                return Err(Error::Remote(WireError {
+                    name: reply.error.unwrap_or_default(),
+                    parameters: reply.parameters,
+                }));
+            }
+            Some(_) => return Err(header("\"error\" must be a string")),
+        }
+        match head.parameters {
+            None | Some(Skim::Null) => {
+                serde_json::from_value(Value::Object(Map::new())).map_err(|e| shape(e.to_string()))
+            }
+            Some(Skim::Object) => serde_json::from_slice::<Body<R>>(&msg)
+                .map_err(|e| shape(e.to_string()))?
+                .parameters
+                .map_or_else(|| serde_json::from_value(Value::Object(Map::new())), Ok)
+                .map_err(|e| shape(e.to_string())),
+            Some(_) => Err(header("\"parameters\" must be an object")),
+        }
+    }
+
+    /// Refuse what came unasked, send `method`'s call, and read the reply's bytes.
+    fn exchange(
+        &mut self,
+        method: &str,
+        parameters: Map<String, Value>,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<Vec<u8>> {
+        // Varlink replies carry no call id: bytes that came since the last reply answer no
+        // call of ours, and would be taken for this call's reply.
+        self.refuse_unsolicited()?;
+        let bytes = Call::new(method, parameters).encode();
+        self.send_bytes(&bytes, fds)?;
+        self.read_message()
     }
 
     /// Send raw bytes (with fds on the first byte) as they are: for tests of malformed input.
@@ -224,6 +269,12 @@ impl Connection {
     /// # Errors
     /// [`Error::Io`] (including a timeout), [`Error::Closed`], [`Error::Protocol`].
     pub fn read_reply(&mut self) -> Result<Reply> {
+        let msg = self.read_message()?;
+        Reply::parse(&msg, &self.limits)
+    }
+
+    /// The next message's bytes (without its NUL), within the read timeout as a whole.
+    fn read_message(&mut self) -> Result<Vec<u8>> {
         let mut buf = [0u8; 16 << 10];
         // One deadline for the reply, not a timeout per read: a peer that sends a byte
         // now and then would otherwise hold the caller for ever.
@@ -235,7 +286,7 @@ impl Connection {
             .and_then(|t| Instant::now().checked_add(t));
         loop {
             if let Some(msg) = self.incoming.next_message() {
-                return Reply::parse(&msg?, &self.limits);
+                return msg;
             }
             // Blocking read (the socket is blocking; the deadline bounds it). recvmsg with
             // MSG_DONTWAIT would spin, so wait for readability first.
@@ -263,6 +314,138 @@ impl Connection {
             self.incoming.extend(&buf[..got.len]);
         }
     }
+}
+
+/// Most JSON values an error reply may hold (every interface's errors have a few).
+pub const MAX_ERROR_VALUES: usize = 4096;
+
+/// Only a call with `more` is answered with several replies; the rest would be taken for
+/// the next calls' replies.
+fn more_refused(method: &str) -> Error {
+    Error::protocol(
+        "reply",
+        format!("{method}'s reply says more follow, and the call did not ask for more"),
+    )
+}
+
+/// A reply's header, its parameters skipped rather than built.
+#[derive(Deserialize)]
+struct Head {
+    #[serde(default)]
+    error: Option<Skim>,
+    #[serde(default)]
+    parameters: Option<Skim>,
+    #[serde(default)]
+    continues: Option<Skim>,
+}
+
+/// A reply's parameters as the caller's type.
+#[derive(Deserialize)]
+#[serde(bound = "R: DeserializeOwned")]
+struct Body<R> {
+    #[serde(default = "none")]
+    parameters: Option<R>,
+}
+
+fn none<R>() -> Option<R> {
+    None
+}
+
+/// What kind a JSON value is, its content skipped.
+enum Skim {
+    Null,
+    True,
+    Str,
+    Object,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Skim {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Skim, D::Error> {
+        d.deserialize_any(SkimVisitor)
+    }
+}
+
+struct SkimVisitor;
+
+impl<'de> serde::de::Visitor<'de> for SkimVisitor {
+    type Value = Skim;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_unit<E>(self) -> std::result::Result<Skim, E> {
+        Ok(Skim::Null)
+    }
+
+    fn visit_none<E>(self) -> std::result::Result<Skim, E> {
+        Ok(Skim::Null)
+    }
+
+    fn visit_bool<E>(self, v: bool) -> std::result::Result<Skim, E> {
+        Ok(if v { Skim::True } else { Skim::Other })
+    }
+
+    fn visit_i64<E>(self, _: i64) -> std::result::Result<Skim, E> {
+        Ok(Skim::Other)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> std::result::Result<Skim, E> {
+        Ok(Skim::Other)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> std::result::Result<Skim, E> {
+        Ok(Skim::Other)
+    }
+
+    fn visit_str<E>(self, _: &str) -> std::result::Result<Skim, E> {
+        Ok(Skim::Str)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut a: A,
+    ) -> std::result::Result<Skim, A::Error> {
+        while a.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(Skim::Other)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut a: A,
+    ) -> std::result::Result<Skim, A::Error> {
+        while a
+            .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+            .is_some()
+        {}
+        Ok(Skim::Object)
+    }
+}
+
+/// About how many values `json` holds (its commas and openings, outside strings), without
+/// parsing it.
+fn count_values(json: &[u8]) -> usize {
+    let mut n = 1usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in json {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b',' | b'[' | b'{' => n += 1,
+            _ => {}
+        }
+    }
+    n
 }
 
 /// A stream connected to `path`. A listener that never accepts and whose backlog is full
