@@ -426,26 +426,9 @@ impl<'de> serde::de::Visitor<'de> for SkimVisitor {
 /// About how many values `json` holds (its commas and openings, outside strings), without
 /// parsing it.
 fn count_values(json: &[u8]) -> usize {
-    let mut n = 1usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for &b in json {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b',' | b'[' | b'{' => n += 1,
-            _ => {}
-        }
-    }
-    n
+    1 + crate::codec::outside_strings(json)
+        .filter(|b| matches!(b, b',' | b'[' | b'{'))
+        .count()
 }
 
 /// A stream connected to `path`. A listener that never accepts and whose backlog is full

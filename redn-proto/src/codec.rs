@@ -132,20 +132,8 @@ fn too_large(max: usize) -> Error {
 /// [`Error::Protocol`] (`nesting`).
 pub fn check_depth(json: &[u8], max: usize) -> Result<()> {
     let mut depth = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for &b in json {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
+    for b in outside_strings(json) {
         match b {
-            b'"' => in_string = true,
             b'[' | b'{' => {
                 depth += 1;
                 if depth > max {
@@ -160,6 +148,27 @@ pub fn check_depth(json: &[u8], max: usize) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The bytes of `json` that are not inside one of its strings (an opening quote is, the rest
+/// of the string and its closing quote are not), for checks of its shape that do not parse
+/// it.
+pub(crate) fn outside_strings(json: &[u8]) -> impl Iterator<Item = u8> + '_ {
+    let mut in_string = false;
+    let mut escaped = false;
+    json.iter().copied().filter(move |&b| {
+        if !in_string {
+            in_string = b == b'"';
+            return true;
+        }
+        match (escaped, b) {
+            (true, _) => escaped = false,
+            (false, b'\\') => escaped = true,
+            (false, b'"') => in_string = false,
+            _ => {}
+        }
+        false
+    })
 }
 
 /// Parse one message as a JSON object, checking its depth first.
@@ -401,6 +410,13 @@ mod tests {
         whole.extend(&[b' '; 17]);
         whole.extend(b"\0");
         assert!(whole.next_message().unwrap().is_err());
+    }
+
+    #[test]
+    fn only_the_bytes_outside_strings_are_seen() {
+        // Opening quotes are seen; the strings' bytes, escaped quotes and closing quotes not.
+        let seen: Vec<u8> = outside_strings(br#"{"a,[":[1,"\"{,"],"b":2}"#).collect();
+        assert_eq!(seen, br#"{":[1,"],":2}"#);
     }
 
     #[test]
