@@ -490,6 +490,7 @@ impl Server {
                 .dataplane
                 .as_ref()
                 .map_or(0, Dataplane::packets_dropped),
+            heap_in_use: crate::heap_trim::heap_in_use(),
         }
     }
 

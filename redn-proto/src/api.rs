@@ -479,6 +479,8 @@ pub struct MonitorCounters {
     pub buffered_bytes: u64,
     #[serde(default)]
     pub packets_dropped: u64,
+    #[serde(default)]
+    pub heap_in_use: Option<u64>,
 }
 
 /// One `io.redn.Admin.Monitor` reply: a record, or the counters.
