@@ -8,6 +8,7 @@
 //! was preempted, the contender yields its core instead of burning it.
 
 use std::cell::UnsafeCell;
+use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -38,7 +39,10 @@ impl<T> SpinLock<T> {
         if self.locked.swap(true, Ordering::Acquire) {
             self.lock_contended();
         }
-        SpinGuard { lock: self }
+        SpinGuard {
+            lock: self,
+            _value: PhantomData,
+        }
     }
 
     /// Wait for the holder: spin on a plain load (no cache-line ping-pong), then take it.
@@ -66,6 +70,10 @@ impl<T> SpinLock<T> {
 /// sections leave their data consistent at every point a panic could occur, so no poisoning).
 pub(crate) struct SpinGuard<'a, T> {
     lock: &'a SpinLock<T>,
+    /// The guard hands out `&T` and `&mut T`, so it is `Sync` only for a `T: Sync` and `Send`
+    /// only for a `T: Send`, as `&mut T` is. Without it the guard would be `Sync` whenever
+    /// the lock is (`T: Send`), and threads sharing one guard of a `Cell` would race on it.
+    _value: PhantomData<&'a mut T>,
 }
 
 impl<T> Deref for SpinGuard<'_, T> {
@@ -125,6 +133,27 @@ mod tests {
         }
         let g = lock.lock();
         assert_eq!(*g, (threads * per, threads * per));
+    }
+
+    /// A guard is shared between threads only when `T` may be (`&SpinGuard` derefs to `&T`):
+    /// a guard of a `Cell` is not `Sync`, though the lock is. (Before the guard said so, two
+    /// threads sharing one guard of a `Cell<u32>` raced on it in safe code: Miri reported
+    /// the data race.)
+    #[test]
+    fn a_guard_is_sync_only_for_a_sync_value() {
+        use super::SpinGuard;
+        use std::cell::Cell;
+        /// Implemented twice for a `Sync` type, so naming the method is ambiguous (and does
+        /// not compile) exactly when the type is `Sync`.
+        trait AmbiguousIfSync<A> {
+            fn some_item() {}
+        }
+        impl<T: ?Sized> AmbiguousIfSync<()> for T {}
+        impl<T: ?Sized + Sync> AmbiguousIfSync<u8> for T {}
+        <SpinGuard<'static, Cell<u32>> as AmbiguousIfSync<_>>::some_item();
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<SpinLock<Cell<u32>>>();
+        send_sync::<SpinGuard<'static, u32>>();
     }
 
     /// A guard dropped by a panic releases the lock.
