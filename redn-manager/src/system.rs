@@ -216,9 +216,22 @@ pub fn activated_sockets() -> Result<Vec<(&'static str, UnixListener)>, StartErr
             }
         };
         let fd = RawFd::try_from(3 + i).unwrap_or(RawFd::MAX);
-        // SAFETY: sd_listen_fds(3): with LISTEN_PID our pid, fds 3..3+LISTEN_FDS are open
-        // sockets systemd handed to this process, owned by nobody else in it; each is
-        // wrapped once, here.
+        // The variables are only text: a fd they name that is closed, or that this process
+        // opened itself (the signalfd made just before, if fd 3 was free), must not become a
+        // second owner's. What systemd passes is a socket; look before wrapping (through
+        // /proc, which needs no fd of ours), as sd_is_socket(3) would.
+        let is_socket =
+            fs::metadata(format!("/proc/self/fd/{fd}")).is_ok_and(|m| m.file_type().is_socket());
+        if !is_socket {
+            return Err(StartError::Activation(format!(
+                "LISTEN_FDS names fd {fd}, which is not an open socket"
+            )));
+        }
+        // SAFETY: sd_listen_fds(3): with LISTEN_PID our pid (checked above), fds
+        // 3..3+LISTEN_FDS are sockets systemd handed to this process, open (and a socket:
+        // checked just above) and owned by nobody else in it, since the manager opens no
+        // socket before this; each is wrapped once: here, and a second call finds the
+        // variables removed above and wraps nothing.
         #[allow(unsafe_code)]
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
         let _ = nix::fcntl::fcntl(

@@ -854,3 +854,42 @@ fn the_softnic_pus_run_on_the_cpus_the_config_names() {
     );
     assert!(!m.api().exists());
 }
+
+/// LISTEN_FDS naming a fd that systemd did not pass (here fd 3, closed when the manager
+/// starts, so the signalfd it makes before adopting sockets takes it) is refused: the fd is
+/// not a socket, and wrapping it would have made the signalfd a listener with two owners.
+#[test]
+fn listen_fds_naming_a_fd_that_is_no_socket_is_refused() {
+    let m = Manager::configure(&policy("", ""));
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" --config \"$1\" 3<&-")
+        .arg(common::MANAGER)
+        .arg(m.config())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{err}");
+    assert!(err.contains("fd 3, which is not an open socket"), "{err}");
+    assert!(!m.api().exists(), "it went on with its own sockets");
+}
