@@ -550,6 +550,18 @@ fn exec_race(socket: &Path) {
     .map(|a| CString::new(*a).unwrap())
     .collect();
     let env = [CString::new("REDN_AUTH_ROLE=idle").unwrap()];
+    // execve's NULL-terminated arrays, built here: the forked child may not allocate (nix's
+    // `execve` would build them in the child, with malloc).
+    let argv: Vec<*const std::ffi::c_char> = args
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain([std::ptr::null()])
+        .collect();
+    let envp: Vec<*const std::ffi::c_char> = env
+        .iter()
+        .map(|e| e.as_ptr())
+        .chain([std::ptr::null()])
+        .collect();
     let own_exe = std::env::current_exe().unwrap();
     let mut busy: Vec<Connection> = (0..busy_connections)
         .map(|_| Connection::connect(socket, DEADLINE).unwrap())
@@ -571,11 +583,15 @@ fn exec_race(socket: &Path) {
         for b in &mut busy {
             b.send_bytes(&request, &[]).unwrap();
         }
-        // SAFETY: the child only connects, execs and exits (async-signal-safe calls).
+        // SAFETY: fork(2) in a threaded process: the child makes only async-signal-safe calls
+        // (connect, execve, _exit) and allocates nothing; `addr`, `prog`, `argv` and `envp`
+        // were built before the fork.
         let child = match unsafe { nix::unistd::fork() }.unwrap() {
             nix::unistd::ForkResult::Child => {
                 if connect(sock.as_raw_fd(), &addr).is_ok() {
-                    let _ = nix::unistd::execve(&prog, &args, &env);
+                    // SAFETY: `prog` is a NUL-terminated path; `argv` and `envp` are arrays
+                    // of NUL-terminated strings (`args`, `env`, alive here) ending in NULL.
+                    unsafe { nix::libc::execve(prog.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
                 }
                 // SAFETY: leaving the forked child without running anything of the parent's.
                 unsafe { nix::libc::_exit(1) }
