@@ -366,9 +366,11 @@ fn recv_many<const N: usize>(fd: i32, batch: &mut RecvBatch, want: usize) -> io:
         };
     }
     let msgs = arrays.link(want);
-    // SAFETY: `want` (<= BATCH) initialised headers pointing into `arrays`' addresses and
-    // iovecs and the batch's buffers (each iovec's length is its buffer's), all alive
-    // for this call.
+    // SAFETY: `msgs` is the first `want` of `arrays`' N headers (`want` clamped to N above;
+    // `link` would panic past N), each pointing at its address and iovec in `arrays` and
+    // the iovec at one of the batch's BATCH (>= N) buffers with that buffer's length, so
+    // the kernel writes nothing outside them; `arrays` and `batch` outlive the call, and
+    // nothing else touches them during it.
     let n = unsafe {
         libc::recvmmsg(
             fd,
