@@ -49,7 +49,9 @@ pub struct SharedBuffer {
 // memory owned by `backing` (or kept mapped until `release` runs in Drop), so it stays valid for
 // as long as the SharedBuffer lives, whichever thread holds it.
 unsafe impl Send for SharedBuffer {}
-// SAFETY: as above: all shared access is atomic.
+// SAFETY: through `&SharedBuffer` the memory is reached only as `&[AtomicU64]` (`words`,
+// which every accessor uses), so shared access from any thread is atomic; it is released only
+// in Drop (under `&mut`), by `release`, which is itself `Send + Sync`.
 unsafe impl Sync for SharedBuffer {}
 
 impl fmt::Debug for SharedBuffer {
@@ -82,7 +84,8 @@ impl SharedBuffer {
     pub fn new(len: usize) -> Arc<SharedBuffer> {
         let n = len.div_ceil(WORD).max(1);
         if n * WORD >= MAP_AT {
-            // SAFETY: an anonymous mapping is backed by no file that could shrink under it.
+            // SAFETY: `mapping`'s one condition is a file that stays `len` bytes long; an
+            // anonymous mapping (fd -1) has no file, so nothing can shrink under it.
             let mapped = unsafe { Self::mapping(n * WORD, ANONYMOUS, -1) };
             // Out of mappings (`vm.max_map_count`): the heap still serves.
             if let Ok(b) = mapped {
