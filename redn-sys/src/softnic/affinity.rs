@@ -81,15 +81,18 @@ pub fn pin_calling_thread(cpu: usize) -> Result<()> {
     pin_thread(me, cpu, "a thread")
 }
 
-/// Pin `thread`, a live thread of this process, to `cpu`; `who` names it in the error.
+/// Pin `thread`, a thread of this process not yet joined or detached, to `cpu`; `who` names
+/// it in the error.
 fn pin_thread(thread: libc::pthread_t, cpu: usize, who: &str) -> Result<()> {
     let mut set = empty_set();
     if cpu < MAX_CPUS {
         // SAFETY: `set` is a valid `cpu_set_t` and `cpu` < CPU_SETSIZE, its size in bits.
         unsafe { libc::CPU_SET(cpu, &mut set) };
     }
-    // SAFETY: the callers pass a live thread's `pthread_t`; `set` is a valid `cpu_set_t`
-    // of the size passed.
+    // SAFETY: `thread` is neither joined nor detached (`pin` borrows its JoinHandle,
+    // `pin_calling_thread` passes the caller's own), so the id stays valid even if the thread
+    // has exited (the call then fails, ESRCH); `set` is a valid `cpu_set_t` of the size
+    // passed, which the kernel only reads.
     let rc = unsafe { libc::pthread_setaffinity_np(thread, std::mem::size_of_val(&set), &set) };
     if rc == 0 {
         Ok(())
