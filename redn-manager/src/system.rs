@@ -166,7 +166,11 @@ pub fn bind_locked(cfg: &SocketConfig) -> Result<BoundSocket, StartError> {
 /// Sockets systemd passed (`LISTEN_FDS` from fd 3, for this pid, named by
 /// `LISTEN_FDNAMES`): by role, `"api"` for a fd named `manager`, `varlink` or unnamed (a
 /// lone socket), `"admin"` for one named `admin`. The variables are removed so children do
-/// not see them.
+/// not see them, and so a second call adopts nothing.
+///
+/// Call it before any other thread starts (`run` does, before the softnic's PUs):
+/// `remove_var` races with any other thread's `getenv` (glibc does not lock the environment
+/// for readers; edition 2024 makes it an `unsafe fn` for that reason).
 ///
 /// # Errors
 /// [`StartError::Activation`] for names it does not know or counts that do not fit.
