@@ -11,6 +11,7 @@
 //! no written line; a writer pays one lock per shard.
 
 use std::cell::UnsafeCell;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -84,11 +85,10 @@ impl<T> ReadMostly<T> {
             .0
             .read()
             .unwrap_or_else(|e| e.into_inner());
-        // SAFETY: a shard's read lock is held (in `lock`, kept beside the reference for the
-        // guard's life), and `write` hands out `&mut T` only while it holds every shard's
-        // write lock, so no exclusive reference exists while this one does.
-        let value = unsafe { &*self.value.get() };
-        ReadGuard { _lock: lock, value }
+        ReadGuard {
+            _lock: lock,
+            value: self,
+        }
     }
 
     /// Exclusive access, held until the guard is dropped: waits for every reader.
@@ -96,54 +96,69 @@ impl<T> ReadMostly<T> {
         // In index order, so that two writers cannot each hold a shard the other waits for.
         let locks =
             std::array::from_fn(|i| self.shards[i].0.write().unwrap_or_else(|e| e.into_inner()));
-        // SAFETY: every shard's write lock is held (in `locks`, kept for the guard's life):
-        // no reader holds a shard's read lock, and no other writer holds any lock, so this is
-        // the only reference to the value.
-        let value = unsafe { &mut *self.value.get() };
         WriteGuard {
             _locks: locks,
-            value,
+            value: self,
+            _exclusive: PhantomData,
         }
     }
 }
 
 /// Read access to a [`ReadMostly`] value.
+///
+/// The guards hold the lock, not a reference to the value, and make one in each `deref`
+/// (as std's guards hold pointers): a `&T` or `&mut T` field would be asserted valid for as
+/// long as the guard is passed around, dropping it included, and `drop(guard)` releases the
+/// locks inside that call, while a writer (or reader) may then already reach the value.
+/// Miri reported exactly that: a late reader's `&T` beside the `&mut T` of a `WriteGuard`
+/// still protected inside `drop`.
 pub(crate) struct ReadGuard<'a, T> {
     _lock: RwLockReadGuard<'a, ()>,
-    value: &'a T,
+    value: &'a ReadMostly<T>,
 }
 
 impl<T> std::ops::Deref for ReadGuard<'_, T> {
     type Target = T;
 
     fn deref(&self) -> &T {
-        self.value
+        // SAFETY: this guard holds a shard's read lock (`_lock`) while it lives, and `write`
+        // hands out `&mut T` only while it holds every shard's write lock, so no exclusive
+        // reference exists while this one does; it lives no longer than `&self`.
+        unsafe { &*self.value.value.get() }
     }
 }
 
 impl<T: std::fmt::Debug> std::fmt::Debug for ReadGuard<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.value.fmt(f)
+        (**self).fmt(f)
     }
 }
 
-/// Exclusive access to a [`ReadMostly`] value.
+/// Exclusive access to a [`ReadMostly`] value (see [`ReadGuard`] for why it holds no
+/// reference to the value).
 pub(crate) struct WriteGuard<'a, T> {
     _locks: [RwLockWriteGuard<'a, ()>; SHARDS],
-    value: &'a mut T,
+    value: &'a ReadMostly<T>,
+    /// Hands out `&mut T`: `Sync` only for a `T: Sync`, as `&mut T` is.
+    _exclusive: PhantomData<&'a mut T>,
 }
 
 impl<T> std::ops::Deref for WriteGuard<'_, T> {
     type Target = T;
 
     fn deref(&self) -> &T {
-        self.value
+        // SAFETY: this guard holds every shard's write lock (`_locks`) while it lives: no
+        // reader holds a shard's read lock and no other writer any lock, so the only
+        // references to the value are this guard's, and `&self` excludes `deref_mut`'s.
+        unsafe { &*self.value.value.get() }
     }
 }
 
 impl<T> std::ops::DerefMut for WriteGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
-        self.value
+        // SAFETY: as in `deref`; `&mut self` makes this the one reference the guard hands
+        // out, for no longer than that borrow.
+        unsafe { &mut *self.value.value.get() }
     }
 }
 
