@@ -47,8 +47,7 @@ fn rule(name: &str, matchers: &str, offloads: &str) -> String {
 /// A manager whose API socket any uid may open (the admin socket stays 0600, root's).
 fn open_with(policy_text: &str) -> Manager {
     let m = Manager::configure(policy_text);
-    let config = std::fs::read_to_string(m.config()).unwrap();
-    std::fs::write(m.config(), config.replace("0660", "0666")).unwrap();
+    m.open_api_socket();
     m.launch(&[], &[])
 }
 
@@ -695,8 +694,7 @@ fn a_process_that_execs_another_program_after_connecting_is_not_served_as_it() {
         rule("attacker", &format!("uid = {NOBODY}"), "[]")
     );
     std::fs::write(m.dir.join("policy.toml"), policy_text).unwrap();
-    let config = std::fs::read_to_string(m.config()).unwrap();
-    std::fs::write(m.config(), config.replace("0660", "0666")).unwrap();
+    m.open_api_socket();
     let m = m.launch(&[], &[]);
     let mut app = AuthProcess::start_exe(&victim, &m, NOBODY, NOBODY, "install-echo-and-exit", &[]);
     let handle = app.reports()["installed"]["handle"].as_u64().unwrap();
@@ -913,8 +911,7 @@ fn an_exe_rule_is_not_matched_by_another_program_mounted_at_its_path() {
         rule("attacker", &format!("uid = {NOBODY}"), "[]")
     );
     std::fs::write(m.dir.join("policy.toml"), policy_text).unwrap();
-    let config = std::fs::read_to_string(m.config()).unwrap();
-    std::fs::write(m.config(), config.replace("0660", "0666")).unwrap();
+    m.open_api_socket();
     let m = m.launch(&[], &[]);
     let mut app = AuthProcess::start_exe(&victim, &m, NOBODY, NOBODY, "install-echo-and-exit", &[]);
     let handle = app.reports()["installed"]["handle"].as_u64().unwrap();

@@ -81,6 +81,15 @@ impl Manager {
         m
     }
 
+    /// Let any uid open the API socket (mode 0666; the admin socket stays root's). Only the
+    /// `mode` key changes: the config's paths hold the test's pid, which may contain "0660".
+    pub fn open_api_socket(&self) {
+        let config = std::fs::read_to_string(self.config()).unwrap();
+        let open = config.replace("mode = \"0660\"", "mode = \"0666\"");
+        assert_ne!(open, config, "the config has no mode = \"0660\"");
+        std::fs::write(self.config(), open).unwrap();
+    }
+
     /// Start it and wait for READY=1 on a notify socket.
     pub fn start(policy_text: &str, args: &[&str]) -> Manager {
         Manager::start_under(policy_text, args, &[])
