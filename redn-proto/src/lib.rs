@@ -109,9 +109,10 @@ impl Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// `text` from a peer, made safe to print in a message: control characters (C0, DEL, C1:
-/// escape sequences, carriage returns, newlines) and the marks that reorder a line (bidi
-/// overrides, isolates and marks) become `\u{NNNN}`, so what a peer sends cannot move a
-/// terminal's cursor, retitle it, forge lines or reorder them.
+/// escape sequences, carriage returns, newlines) become `\xNN`, as the audit records write
+/// them, and the marks that reorder a line (bidi overrides, isolates and marks) `\u{NNNN}`,
+/// so what a peer sends cannot move a terminal's cursor, retitle it, forge lines or reorder
+/// them.
 pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     let hidden = |c: char| {
         c.is_control()
@@ -125,7 +126,10 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     }
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
-        if hidden(c) {
+        if c.is_control() {
+            // Every control character is below U+00A0: two hex digits.
+            out.push_str(&format!("\\x{:02x}", u32::from(c)));
+        } else if hidden(c) {
             out.push_str(&format!("\\u{{{:04x}}}", u32::from(c)));
         } else {
             out.push(c);

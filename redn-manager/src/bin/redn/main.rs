@@ -720,31 +720,11 @@ fn print_output(opts: &Options, out: &Output) {
     }
 }
 
-/// `s` with its control characters (newlines, tabs, the escape that starts a terminal
-/// sequence, C1 codes) written as `\xNN`, as the audit records write them, and its
-/// bidirectional controls as `\u{NNNN}`: a
-/// table cell comes from the manager, and some come from its clients (an app's `exe` and
-/// `cgroup`, which any local user names), so printed raw one could forge rows or send
-/// the admin's terminal escape sequences.
+/// `s` as [`redn_proto::printable`] writes it: a table cell comes from the manager, and some
+/// come from its clients (an app's `exe` and `cgroup`, which any local user names), so
+/// printed raw one could forge rows or send the admin's terminal escape sequences.
 fn printable(s: &str) -> String {
-    if !s.chars().any(|c| c.is_control() || is_bidi_control(c)) {
-        return s.to_owned();
-    }
-    let mut out = String::with_capacity(s.len() + 8);
-    for c in s.chars() {
-        match c {
-            c if c.is_control() => out.push_str(&format!("\\x{:02x}", u32::from(c))),
-            c if is_bidi_control(c) => out.push_str(&format!("\\u{{{:04x}}}", u32::from(c))),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// The bidirectional embeddings, overrides and isolates, which reorder how the rest of a
-/// line reads on screen.
-fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    redn_proto::printable(s).into_owned()
 }
 
 /// Rows as aligned columns with a header; every field with `details`.
