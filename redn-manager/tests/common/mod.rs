@@ -180,6 +180,20 @@ impl Manager {
             }
             None => Command::new(MANAGER),
         };
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the closure runs in the forked child before exec and makes one prctl
+            // system call, which is async-signal-safe (no allocation, no lock taken).
+            unsafe {
+                command.pre_exec(|| {
+                    // A test that nextest kills past its timeout runs no `Drop`: its manager
+                    // would live on, orphaned, and load the rest of the run. The kernel kills
+                    // it with the test instead (not across a wrapper that changes uid).
+                    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                        .map_err(std::io::Error::from)
+                });
+            }
+        }
         let child = command
             .arg("--config")
             .arg(m.config())
