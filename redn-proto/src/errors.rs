@@ -146,6 +146,8 @@ pub enum AdminError {
     NoSuchBan { app: String, target: String },
     /// No app rule of that name in the policy.
     NoSuchApp { app: String },
+    /// No remote client can have that address: the data plane does not serve its family.
+    AddressNotServed { address: String, reason: String },
 }
 
 impl Named for AdminError {
@@ -219,6 +221,10 @@ pub fn declared() -> Vec<(String, Vec<String>)> {
             target: s(),
         },
         AdminError::NoSuchApp { app: s() },
+        AdminError::AddressNotServed {
+            address: s(),
+            reason: s(),
+        },
     ]));
     out
 }

@@ -335,7 +335,7 @@ impl Server {
                 }
             }),
             "BanRemote" => decode::<api::BanRemote>(call).and_then(|p| {
-                let addr = address_parameter(&p.address)?;
+                let addr = self.remote_address(&p.address)?;
                 if p.seconds == Some(0) {
                     // As `ban_duration` in the policy: a ban is longer than 0s.
                     return Err(ServiceError::InvalidParameter {
@@ -372,7 +372,7 @@ impl Server {
                 use crate::state::BanTarget;
                 let target = match (p.uid, p.address.as_deref()) {
                     (Some(uid), None) => BanTarget::Uid(uid),
-                    (None, Some(a)) => BanTarget::Address(address_parameter(a)?),
+                    (None, Some(a)) => BanTarget::Address(self.remote_address(a)?),
                     // Exactly one of the two.
                     _ => return Err(invalid_address()),
                 };
@@ -413,6 +413,28 @@ impl Server {
             .to_wire()),
         };
         (r, false)
+    }
+
+    /// A remote client's `address` parameter ([`address_parameter`]) that a remote client
+    /// can have: a plain IPv6 address is `AddressNotServed` while the data plane serves IPv4
+    /// only (it always does: its listener and the softnic's RoCEv2 endpoints are IPv4, and a
+    /// client's RoCE record is), since a ban on it would be listed and match nobody.
+    fn remote_address(&self, text: &str) -> Result<std::net::IpAddr, WireError> {
+        let addr = address_parameter(text)?;
+        let ipv6_served = self
+            .dataplane
+            .as_ref()
+            .is_some_and(|dp| dp.local_addr().is_ipv6());
+        if addr.is_ipv6() && !ipv6_served {
+            return Err(AdminError::AddressNotServed {
+                address: addr.to_string(),
+                reason: "the data plane serves remote clients over IPv4 only (the softnic's \
+                         RoCEv2), so no remote client has an IPv6 address"
+                    .into(),
+            }
+            .to_wire());
+        }
+        Ok(addr)
     }
 
     /// `io.redn.Admin.Monitor`: with `more`, subscribe the connection (records and counters

@@ -66,6 +66,64 @@ fn an_ipv4_address_written_as_ipv4_mapped_ipv6_bans_and_lifts_that_client() {
     assert!(matches!(back, Answer::Accepted(_)), "{back:?}");
 }
 
+#[test]
+fn a_plain_ipv6_address_no_remote_client_can_have_is_refused_by_name() {
+    // The data plane is IPv4 only (its listener, the softnic's RoCEv2 endpoints, the
+    // address in a client's record): no remote client has a plain IPv6 address. A ban on
+    // one must be refused with the reason, not kept as if it held (before: `ended=0`, a
+    // `ban` record, listed by ListBans, matching nobody, while the admin believed the
+    // address kept out).
+    let m = Manager::start_with_dataplane(&server_loop_policy(|p| p));
+    let a = server_loop_app(&m);
+    let endpoint: std::net::SocketAddr = a.endpoint.parse().unwrap();
+    assert!(endpoint.is_ipv4(), "{endpoint}");
+    let v6 = std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, endpoint.port()));
+    assert!(
+        std::net::TcpStream::connect_timeout(&v6, DEADLINE).is_err(),
+        "nothing reaches the data plane over IPv6"
+    );
+    for address in [
+        "::1",
+        "::",
+        "2001:db8::1",
+        "fe80::1",
+        "::127.0.0.3",
+        "64:ff9b::7f00:3",
+        "2001:DB8:0:0:0:0:0:1",
+    ] {
+        let canonical = address.parse::<std::net::IpAddr>().unwrap().to_string();
+        let ban = json!({ "app": "tester", "address": address, "seconds": 60 });
+        let e = admin(&m, "BanRemote", ban).expect_err("refused");
+        assert!(
+            e.contains("AddressNotServed") && e.contains(&canonical) && e.contains("IPv4 only"),
+            "{address}: {e}"
+        );
+        let lift = json!({ "app": "tester", "address": address });
+        let e = admin(&m, "LiftBan", lift).expect_err("refused");
+        assert!(e.contains("AddressNotServed"), "{address}: {e}");
+    }
+    let bans = admin(&m, "ListBans", json!({})).unwrap();
+    assert!(bans["bans"].as_array().unwrap().is_empty(), "{bans}");
+    // Still refused as what it is: no address at all, or no app.
+    let ban = json!({ "app": "tester", "address": "[::1]", "seconds": 60 });
+    let e = admin(&m, "BanRemote", ban).expect_err("refused");
+    assert!(
+        e.contains("InvalidParameter") && e.contains("address"),
+        "{e}"
+    );
+    let ban = json!({ "app": "nope", "address": "::1", "seconds": 60 });
+    let e = admin(&m, "BanRemote", ban).expect_err("refused");
+    assert!(
+        e.contains("AddressNotServed"),
+        "the address is checked first: {e}"
+    );
+    // An IPv4 address written as IPv6 is that IPv4 address, and banned as it.
+    let ban = json!({ "app": "tester", "address": "::ffff:127.0.0.3", "seconds": 60 });
+    admin(&m, "BanRemote", ban).unwrap();
+    let bans = admin(&m, "ListBans", json!({})).unwrap();
+    assert_eq!(bans["bans"][0]["address"], "127.0.0.3", "{bans}");
+}
+
 /// A manager with a data plane and `--limit pending-output-bytes=BYTES` (a reply queue an
 /// operator sized down), policy from [`server_loop_policy`] with `edit`.
 fn with_output_cap(bytes: usize, edit: impl Fn(String) -> String) -> Manager {
@@ -307,8 +365,9 @@ fn bad_parameters_gone_sessions_and_spent_bans_are_refused_by_name_and_leak_noth
         let e = admin(&m, "BanRemote", ban).expect_err("refused");
         assert!(e.contains("NoSuchApp"), "{e:.200}");
     }
-    // Addresses no client has: banned, nothing ended.
-    for address in ["0.0.0.0", "255.255.255.255", "::", "2001:db8::1"] {
+    // Addresses no client has: banned, nothing ended (plain IPv6 ones are refused: see
+    // `a_plain_ipv6_address_no_remote_client_can_have_is_refused_by_name`).
+    for address in ["0.0.0.0", "255.255.255.255"] {
         let ban = json!({ "app": "tester", "address": address, "seconds": 60 });
         let r = admin(&m, "BanRemote", ban).unwrap();
         assert_eq!(r["ended"], 0, "{address}: {r}");
