@@ -404,6 +404,14 @@ impl Auditor {
             .retain(|_, (_, seen)| now.saturating_duration_since(*seen) < CLIENT_MEMORY);
     }
 
+    /// Forget remote client `id`: its rate window, its throttle and when one was last
+    /// lifted. It was banned: once its ban ends (or is lifted) it starts afresh, as a client
+    /// this auditor terminated does, rather than going on throttled or escalated for what
+    /// it did before its ban. Whether it was remembered.
+    pub fn forget_client(&mut self, id: ClientId) -> bool {
+        self.clients.remove(&id).is_some()
+    }
+
     /// Whether remote client `id` is remembered (its rate window and throttle).
     pub fn knows_client(&self, id: ClientId) -> bool {
         self.clients.contains_key(&id)

@@ -346,7 +346,7 @@ impl Server {
                 let span = p.seconds.map(std::time::Duration::from_secs);
                 let crate::state::RemoteBan { sessions, left } = self
                     .manager
-                    .admin_ban_remote(&p.app, addr, span)
+                    .admin_ban_remote(&mut self.auditor, &p.app, addr, span)
                     .map_err(wire)?;
                 self.audit.event(
                     &Record::new(Event::Ban, Severity::Warning)

@@ -219,12 +219,15 @@ impl Manager {
     /// installs of a tenant a reload replaced serve on under theirs); the sessions the
     /// address holds with them, for the data plane to end, and what is left of the ban
     /// under the rule as it is now (`None`: for ever; a ban in force that ends later is
-    /// kept: see `Bans::ban`), for the record.
+    /// kept: see `Bans::ban`), for the record. What `auditor` and enforcement held of the
+    /// address as the app's client goes (`forget_banned_client`): after its ban it starts
+    /// afresh, as after the auditor's own ban.
     ///
     /// # Errors
     /// `NoSuchApp` if the policy has no rule of that name.
     pub fn admin_ban_remote(
         &mut self,
+        auditor: &mut crate::auditor::Auditor,
         app: &str,
         addr: std::net::IpAddr,
         span: Option<std::time::Duration>,
@@ -243,7 +246,9 @@ impl Manager {
             if key == current {
                 left = kept;
             }
-            sessions.extend(self.sessions_of(crate::auditor::ClientId { app: key, addr }));
+            let client = crate::auditor::ClientId { app: key, addr };
+            sessions.extend(self.sessions_of(client));
+            self.forget_banned_client(auditor, client);
         }
         Ok(RemoteBan { sessions, left })
     }

@@ -380,7 +380,17 @@ impl Manager {
                 }
                 // A remote client is not the app: its address is banned, not the app.
                 (Some(Verdict::Ban(v, span)), Some(id)) => {
+                    let client = self.installed.get(&track.handle).and_then(|o| {
+                        let r = o.remote.get(&id)?;
+                        Some(ClientId {
+                            app: o.app_key,
+                            addr: r.peer.ip(),
+                        })
+                    });
                     self.terminate_remote(track.handle, id, &v, Some(span));
+                    if let Some(client) = client {
+                        self.forget_banned_client(auditor, client);
+                    }
                 }
             }
         }
@@ -415,7 +425,10 @@ impl Manager {
                 }
                 Verdict::Unthrottle(_) => self.pace_client(client, handle, None),
                 Verdict::Terminate(v) => self.terminate_client(client, &v, None),
-                Verdict::Ban(v, span) => self.terminate_client(client, &v, Some(span)),
+                Verdict::Ban(v, span) => {
+                    self.terminate_client(client, &v, Some(span));
+                    self.forget_banned_client(auditor, client);
+                }
             }
         }
         auditor.retain(

@@ -527,3 +527,96 @@ fn bans_of_an_app_rule_a_reload_renamed_are_listed_and_lifted_under_the_old_name
     let bans = admin(&m, "ListBans", json!({})).unwrap();
     assert!(bans["bans"].as_array().unwrap().is_empty(), "{bans}");
 }
+
+/// Flood GETs from `source` on one session until it ends (or `most` passes): the GETs
+/// served and how the session ended.
+fn flood_from(a: &App, source: [u8; 4], most: std::time::Duration) -> (u64, Option<String>) {
+    let at = Some(std::net::Ipv4Addr::from(source));
+    let mut c = remote_client_from(a, std::time::Duration::from_secs(2), at).unwrap();
+    let end = std::time::Instant::now() + most;
+    let mut n = 0;
+    while std::time::Instant::now() < end {
+        if let Err(e) = c.get(0x2a) {
+            return (n, Some(format!("{e:?}")));
+        }
+        n += 1;
+    }
+    (n, None)
+}
+
+/// The first auditor verdict on `address` among the records from now on (`throttle`,
+/// `unthrottle`, `terminate` or `ban`, naming it as `address=` or `peer=`), within `within`.
+fn next_verdict_on(m: &Manager, address: &str, within: std::time::Duration) -> Option<String> {
+    let syslog = m.syslog.as_ref().unwrap();
+    syslog
+        .set_read_timeout(Some(std::time::Duration::from_millis(50)))
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let start = std::time::Instant::now();
+    let named = [format!(" address={address} "), format!(" peer={address}:")];
+    let found = loop {
+        if start.elapsed() > within {
+            break None;
+        }
+        let Ok(n) = recv(syslog, &mut buf) else {
+            continue;
+        };
+        let rec = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let verdict = ["throttle", "unthrottle", "terminate", "ban"]
+            .iter()
+            .any(|e| rec.contains(&format!("event={e} ")));
+        if verdict && named.iter().any(|n| rec.contains(n.as_str())) {
+            break Some(rec);
+        }
+    };
+    syslog.set_read_timeout(Some(DEADLINE)).unwrap();
+    found
+}
+
+#[test]
+fn a_client_banned_while_throttled_starts_afresh_when_its_ban_ends() {
+    // 100 triggers a second, banned for an hour by the auditor past throttling. A client
+    // floods and is throttled; the admin bans its address for a second, then it comes back
+    // and floods again. Its ban was the penalty: it must be judged afresh, throttled first
+    // (as after the auditor's own ban), not go on throttled and be banned for an hour at
+    // once for what it did before its ban (before: its throttle outlived the ban by up to
+    // CLIENT_MEMORY, 60 s: paced from its hello, then `terminate rule=still-flooding` and
+    // the auditor's hour-long ban, with no throttle first).
+    use std::time::Duration;
+    let m = Manager::start_with_dataplane(&trigger_budget_ban_policy());
+    let a = server_loop_app(&m);
+    let flood = std::thread::scope(|s| {
+        let flooder = s.spawn(|| flood_from(&a, [127, 0, 0, 5], Duration::from_secs(10)));
+        let throttled = next_verdict_on(&m, "127.0.0.5", Duration::from_secs(5));
+        let ban = json!({ "app": "tester", "address": "127.0.0.5", "seconds": 1 });
+        let banned = admin(&m, "BanRemote", ban).unwrap();
+        (throttled, banned, flooder.join().unwrap())
+    });
+    let (throttled, banned, (served, ended)) = flood;
+    let throttled = throttled.expect("the first flood was never judged");
+    assert!(
+        throttled.contains("event=throttle ") && banned["ended"] == 1,
+        "the admin banned a throttled client: {throttled}, {banned}"
+    );
+    assert!(
+        ended.is_some(),
+        "its session ended with the ban ({served} GETs)"
+    );
+    wait_for("the 1 s ban never ran out", || {
+        let bans = admin(&m, "ListBans", json!({})).unwrap();
+        !bans.to_string().contains("\"127.0.0.5\"")
+    });
+    drain_records(&m, Duration::from_millis(100));
+    let again = std::thread::scope(|s| {
+        let flooder = s.spawn(|| flood_from(&a, [127, 0, 0, 5], Duration::from_secs(3)));
+        let first = next_verdict_on(&m, "127.0.0.5", Duration::from_secs(5));
+        (first, flooder.join().unwrap())
+    });
+    let (first, (served, ended)) = again;
+    let first = first.expect("the second flood was never judged");
+    assert!(
+        first.contains("event=throttle ") && first.contains(" rule=triggers-per-second "),
+        "back from its ban, the client's first flood is throttled first, as a new client's: \
+         {first} ({served} GETs, ended by {ended:?})"
+    );
+}

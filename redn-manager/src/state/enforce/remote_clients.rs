@@ -4,7 +4,7 @@
 
 use super::super::Manager;
 use crate::audit::{Event, Severity};
-use crate::auditor::{describe_span, Banned, ClientId, TrackId, Violation};
+use crate::auditor::{describe_span, Auditor, Banned, ClientId, TrackId, Violation};
 use redn_proto::api;
 use redn_sys::nic::RateLimit;
 
@@ -169,6 +169,24 @@ impl Manager {
                     .map(|(id, _)| (*h, *id))
             })
             .collect()
+    }
+
+    /// Remote `client` was banned (by the auditor or an administrator): what enforcement
+    /// holds of it goes, the auditor's rate window, throttle and escalation, its pace and
+    /// what its released sessions did. Its sessions have ended and its hellos are refused,
+    /// so nothing of it is judged or paced meanwhile; kept, a client whose ban is shorter
+    /// than [`crate::auditor::CLIENT_MEMORY`] came back throttled (or, without a pace,
+    /// believed throttled by the auditor) and was escalated past throttling for what it did
+    /// before its ban. After its ban it starts afresh, as a client the auditor terminated
+    /// does.
+    pub(in crate::state) fn forget_banned_client(
+        &mut self,
+        auditor: &mut Auditor,
+        client: ClientId,
+    ) {
+        auditor.forget_client(client);
+        self.client_pacing.remove(&client);
+        self.retired_clients.remove(&client);
     }
 
     /// Remote `client` was just banned from its app's offloads: its other sessions with any

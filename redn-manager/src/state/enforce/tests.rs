@@ -312,3 +312,133 @@ fn a_throttled_installs_remote_clients_are_paced_by_the_rule_and_reloads() {
     // The app's own queues keep its throttle until the auditor lifts it.
     assert_eq!(nic.rate_limit(own).unwrap(), throttle);
 }
+
+#[test]
+fn a_remote_client_banned_for_a_runaway_instance_keeps_no_throttle_or_pace() {
+    // A remote client the auditor throttled for its rates, then banned (for 1 s) because
+    // one of its instances ran past its loop budget. Its ban ends its sessions and drops
+    // its pace; the auditor must not go on holding it throttled (before: it did, for up to
+    // CLIENT_MEMORY, 60 s: back from its ban the client was unpaced yet judged as
+    // throttled, so the auditor recorded `unthrottle` for a client it no longer paced, or
+    // banned it as `still-flooding` with no pacer to press against and no throttle first).
+    let clock = redn_sys::clock::ManualClock::new();
+    let (mut m, client) = manager_on(
+        "triggers_per_second = 100\non_violation = \"ban\"\nban_duration = \"1s\"",
+        Arc::new(redn_sys::softnic::SoftNic::with_pus(1).unwrap()),
+    );
+    let (handle, _) = install_server_loop(&mut m, client).unwrap();
+    // Another install lends its queues as the remote client's instance of `handle`; its
+    // parking queue drives them.
+    let (spare, trigger) = install_server_loop(&mut m, client).unwrap();
+    let lent = m.installed.remove(&spare).unwrap();
+    let parking = lent._parking;
+    assert!(m.attach_remote(handle, 1, "127.0.0.2:4000".parse().unwrap(), lent.installed));
+    let remote = ClientId {
+        app: m.installed[&handle].app_key,
+        addr: "127.0.0.2".parse().unwrap(),
+    };
+    // Throttled for its rates, as an audit round throttles it.
+    let mut auditor = Auditor::new(Duration::ZERO);
+    let budget = Budget::of(m.policy.app("t").unwrap());
+    let flood = Sample {
+        triggers: 1_000,
+        ..Sample::default()
+    };
+    auditor.observe_client(remote, budget, Sample::default(), &clock);
+    clock.advance(crate::auditor::RATE_WINDOW);
+    let Some(Verdict::Throttle(v, _)) = auditor.observe_client(remote, budget, flood, &clock)
+    else {
+        panic!("not throttled");
+    };
+    // Paced loosely, so that its runaway is quick to show.
+    let loose = RateLimit::default().with_wqes(1_000_000);
+    m.pace_client(remote, handle, Some((&v, loose)));
+    assert!(auditor.is_client_throttled(remote) && m.client_pacing.contains_key(&remote));
+    // Its instance runs away: 32 triggers of server-loop are far past 16 WQEs each.
+    let qpn = parking._qp.qpn();
+    for _ in 0..32 {
+        m.nic.post_recv(qpn, 0, &[]).unwrap();
+        let wr = WorkRequest {
+            wr_id: 0,
+            flags: WqeFlags::NONE,
+            op: WrOp::Send {
+                payload: Payload::Inline(trigger.clone()),
+                imm: None,
+            },
+        };
+        m.nic.post_send(qpn, &[wr]).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while m.has_remote(handle, 1) {
+        assert!(Instant::now() < deadline, "the runaway was never stopped");
+        m.audit_round(&mut auditor, &clock);
+        std::thread::yield_now();
+    }
+    let bodies: Vec<String> = m.take_records().iter().map(|r| r.body()).collect();
+    assert!(
+        bodies
+            .iter()
+            .any(|b| b.starts_with("event=ban ") && b.contains(" address=127.0.0.2 ")),
+        "{bodies:?}"
+    );
+    assert!(m.remote_ban_refusal("t", remote.app, remote.addr).is_some());
+    assert!(
+        !m.client_pacing.contains_key(&remote),
+        "its sessions ended, nothing to pace"
+    );
+    assert!(
+        !auditor.knows_client(remote) && !auditor.is_client_throttled(remote),
+        "after its ban the client starts afresh, not throttled without a pace"
+    );
+    m.audit_round(&mut auditor, &clock);
+    assert!(
+        !m.retired_clients.contains_key(&remote),
+        "nothing of it is kept"
+    );
+    drop(parking);
+}
+
+#[test]
+fn an_admin_ban_forgets_the_clients_throttle_under_every_number_of_the_app() {
+    // As the auditor's own ban does: the address's throttle and pace as the app's client
+    // go with an admin's ban (`BanRemote`), so that after the ban it starts afresh.
+    let clock = redn_sys::clock::ManualClock::new();
+    let (mut m, client) =
+        manager("triggers_per_second = 100\non_violation = \"ban\"\nban_duration = \"1h\"");
+    let (handle, _) = install_server_loop(&mut m, client).unwrap();
+    let addr: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+    let remote = ClientId {
+        app: m.installed[&handle].app_key,
+        addr,
+    };
+    let other = ClientId {
+        addr: "127.0.0.3".parse().unwrap(),
+        ..remote
+    };
+    let mut auditor = Auditor::new(Duration::ZERO);
+    let budget = Budget::of(m.policy.app("t").unwrap());
+    let flood = Sample {
+        triggers: 1_000,
+        ..Sample::default()
+    };
+    for c in [remote, other] {
+        auditor.observe_client(c, budget, Sample::default(), &clock);
+    }
+    clock.advance(crate::auditor::RATE_WINDOW);
+    for c in [remote, other] {
+        let Some(Verdict::Throttle(v, limit)) = auditor.observe_client(c, budget, flood, &clock)
+        else {
+            panic!("not throttled");
+        };
+        m.pace_client(c, handle, Some((&v, limit)));
+    }
+    let ban = m
+        .admin_ban_remote(&mut auditor, "t", addr, Some(Duration::from_secs(1)))
+        .unwrap();
+    assert!(ban.sessions.is_empty());
+    assert!(!auditor.knows_client(remote) && !m.client_pacing.contains_key(&remote));
+    assert!(
+        auditor.is_client_throttled(other) && m.client_pacing.contains_key(&other),
+        "another address keeps its throttle"
+    );
+}
