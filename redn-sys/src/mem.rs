@@ -1030,6 +1030,6 @@ fn merge(word: &AtomicU64, at: usize, part: &[u8]) {
     });
 }
 
-mod read_mostly;
+pub(crate) mod read_mostly;
 #[cfg(test)]
 mod tests;

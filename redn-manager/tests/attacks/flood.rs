@@ -321,9 +321,27 @@ fn read_replies(
     }
 }
 
-/// The kernel's view of the UDP socket bound at `addr`, from `/proc/net/udp`: bytes waiting
-/// to be read, and datagrams dropped because its receive buffer was full.
+/// The kernel's view of the UDP sockets bound at `addr` (the endpoint's main socket and its
+/// peers' own, `roce/io/peers.rs`), from `/proc/net/udp`: bytes waiting to be read, and
+/// datagrams dropped because a receive buffer was full, summed over them.
 fn udp_socket(addr: SocketAddrV4) -> (u64, u64) {
+    udp_rows(addr)
+        .iter()
+        .fold((0, 0), |(q, d), r| (q + r.queued, d + r.drops))
+}
+
+/// One UDP socket as `/proc/net/udp` shows it.
+struct UdpRow {
+    /// The address it is connected to, as the table writes it (`00000000:0000`: none).
+    remote: String,
+    /// Bytes waiting to be read.
+    queued: u64,
+    /// Datagrams dropped because its receive buffer was full.
+    drops: u64,
+}
+
+/// The UDP sockets bound at `addr`, from `/proc/net/udp`.
+fn udp_rows(addr: SocketAddrV4) -> Vec<UdpRow> {
     let local = format!(
         "{:08X}:{:04X}",
         u32::from_ne_bytes(addr.ip().octets()),
@@ -333,16 +351,18 @@ fn udp_socket(addr: SocketAddrV4) -> (u64, u64) {
     // sockets come and go (other tests, in parallel): read again before giving up.
     for _ in 0..100 {
         let table = std::fs::read_to_string("/proc/net/udp").unwrap();
-        let row = table
+        let rows: Vec<UdpRow> = table
             .lines()
             .map(|l| l.split_whitespace().collect::<Vec<_>>())
-            .find(|f| f.get(1) == Some(&local.as_str()));
-        if let Some(row) = row {
-            let queued = row[4].split(':').nth(1).unwrap();
-            return (
-                u64::from_str_radix(queued, 16).unwrap(),
-                row[12].parse().unwrap(),
-            );
+            .filter(|f| f.get(1) == Some(&local.as_str()))
+            .map(|row| UdpRow {
+                remote: row[2].to_string(),
+                queued: u64::from_str_radix(row[4].split(':').nth(1).unwrap(), 16).unwrap(),
+                drops: row[12].parse().unwrap(),
+            })
+            .collect();
+        if !rows.is_empty() {
+            return rows;
         }
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -551,7 +571,7 @@ fn phase(
     Phase {
         name,
         sent,
-        lost: lost_after - lost_before,
+        lost: lost_after.saturating_sub(lost_before),
         replies,
         gets,
         manager_cpu,
@@ -791,3 +811,57 @@ fn peers_whose_qps_share_a_number_get_as_many_acks_as_a_peer_whose_number_differ
 
 /// Bursts of duplicates in the shared-QP-number test.
 const DUPLICATE_BURSTS: usize = 50;
+
+/// A stranger floods the manager's RoCE port while the manager is stopped, far past what
+/// its socket holds, and the good client asks for a GET meanwhile: the flood fills only the
+/// endpoint's main socket, the client's datagrams wait in the socket the manager keeps for
+/// it (`roce/io/peers.rs`), and the GET is answered once the manager runs again. Before, one
+/// socket took every datagram: the flood filled it, the kernel dropped the client's request
+/// with the flood's, and the client got its answer only after its ACK timeout resent it.
+#[test]
+fn a_strangers_flood_fills_only_the_main_socket_and_no_clients_own() {
+    let mut s = Setup::start();
+    let mut a = Attacker::start();
+    let qp = a.hello(&s.hostile_offload, 0x42);
+    let (sock, d) = stranger(&a, qp);
+    let to = a.server();
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(s.m.child.as_ref().unwrap().id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    stopped(pid);
+    // 20,000 datagrams of about 1 KiB of kernel memory each: more than the main socket's
+    // 8 MiB (or the 208 KiB of rmem_max's default, without CAP_NET_ADMIN).
+    for _ in 0..20_000 {
+        sock.send_to(&d, to).unwrap();
+    }
+    let got = std::thread::scope(|scope| {
+        let good = &mut s.good;
+        let get = scope.spawn(move || good.get(0x2a));
+        // The request is on its way while the manager is still stopped.
+        std::thread::sleep(Duration::from_millis(50));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+        get.join().unwrap()
+    });
+    assert_eq!(got.unwrap().as_deref(), Some(&b"hello"[..]));
+    let rows = udp_rows(to);
+    let main = rows
+        .iter()
+        .find(|r| r.remote == "00000000:0000")
+        .expect("the main socket");
+    assert!(main.drops > 0, "the flood did not overflow the main socket");
+    let own: Vec<&UdpRow> = rows
+        .iter()
+        .filter(|r| r.remote != "00000000:0000")
+        .collect();
+    assert!(
+        own.len() >= 2,
+        "a socket for the good client and one for the attacker: {} rows",
+        rows.len()
+    );
+    for r in own {
+        assert_eq!(
+            r.drops, 0,
+            "the socket kept for {} dropped datagrams",
+            r.remote
+        );
+    }
+}

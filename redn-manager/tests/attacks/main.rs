@@ -507,3 +507,18 @@ fn knock_on_a_hoard(
     );
     (got_in, answers)
 }
+
+/// Wait until process `pid` is stopped (a `SIGSTOP` takes effect after `kill` returns).
+fn stopped(pid: nix::unistd::Pid) {
+    let deadline = std::time::Instant::now() + DEADLINE;
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        // The state follows the command's closing parenthesis.
+        let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+        if state == Some(Some('T')) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "not stopped: {stat}");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}

@@ -399,21 +399,6 @@ fn a_connection_flooding_calls_gets_its_turn_and_no_more() {
     );
 }
 
-/// Wait until process `pid` is stopped (a `SIGSTOP` takes effect after `kill` returns).
-fn stopped(pid: nix::unistd::Pid) {
-    let deadline = std::time::Instant::now() + DEADLINE;
-    loop {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        // The state follows the command's closing parenthesis.
-        let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
-        if state == Some(Some('T')) {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "not stopped: {stat}");
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-}
-
 #[test]
 fn a_uid_spreading_a_backlog_over_many_connections_gets_four_slices_a_turn() {
     // Each connection has its slice of a turn (64 messages), and its uid's connections

@@ -5,10 +5,14 @@
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::packet::{MAX_MTU, MAX_OVERHEAD};
+
+mod peers;
+use peers::PeerTable;
+pub use peers::{PeerLease, DIRECT_PEERS, MAIN_EVERY, MAX_PEER_SOCKETS};
 
 /// Datagrams one system call moves at most.
 pub const BATCH: usize = 64;
@@ -18,6 +22,9 @@ const SMALL_BATCH: usize = 8;
 /// [`BATCH`] as the system call takes it.
 const BATCH_U32: u32 = 64;
 const _: () = assert!(BATCH_U32 as usize == BATCH);
+/// [`BATCH`] as `epoll_wait` takes it.
+const BATCH_I32: i32 = 64;
+const _: () = assert!(BATCH_I32 as usize == BATCH);
 /// Bytes a receive buffer holds: the largest packet plus room to notice one larger.
 const RECV_BUF: usize = MAX_MTU + MAX_OVERHEAD + 64;
 
@@ -87,6 +94,12 @@ pub trait DatagramIo: Send + Sync {
     fn recv(&self, batch: &mut RecvBatch, wait: Option<Duration>) -> io::Result<usize>;
     /// The address datagrams are sent from and received at.
     fn local_addr(&self) -> SocketAddrV4;
+    /// Datagrams from `remote` (a peer a QP is now connected to) queue apart from everyone
+    /// else's for as long as the lease lives, if this I/O can do that (see
+    /// `roce/io/peers.rs`); by default they share the one queue.
+    fn peer_lease(&self, remote: SocketAddrV4) -> PeerLease {
+        PeerLease::none(remote)
+    }
 }
 
 /// A UDP socket with batched system calls.
@@ -94,6 +107,8 @@ pub trait DatagramIo: Send + Sync {
 pub struct UdpIo {
     socket: UdpSocket,
     local: SocketAddrV4,
+    /// The connected peers' own sockets, polled beside `socket`.
+    peers: Arc<PeerTable>,
 }
 
 fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
@@ -205,7 +220,21 @@ impl UdpIo {
             std::net::SocketAddr::V4(a) => a,
             std::net::SocketAddr::V6(_) => return Err(io::Error::other("bound an IPv6 address")),
         };
-        Ok(UdpIo { socket, local })
+        // After the bind, so that another socket binding the port without it still fails
+        // "address in use"; the peers' sockets join the port with it (`peers.rs`).
+        setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+        let peers = Arc::new(PeerTable::new(local, fd)?);
+        Ok(UdpIo {
+            socket,
+            local,
+            peers,
+        })
+    }
+
+    /// Peer sockets open now, and those that could not be made.
+    #[must_use]
+    pub fn peer_sockets(&self) -> (usize, usize) {
+        (self.peers.sockets(), self.peers.failures())
     }
 }
 
@@ -255,6 +284,16 @@ impl DatagramIo for UdpIo {
     }
 
     fn recv(&self, batch: &mut RecvBatch, wait: Option<Duration>) -> io::Result<usize> {
+        let taken = match wait {
+            Some(w) => self.peers.wait(batch, w),
+            None => self.peers.poll(batch),
+        };
+        if let Some(r) = taken {
+            let n = r?;
+            batch.adapt(n);
+            return Ok(n);
+        }
+        // No peer sockets: the main socket alone.
         let fd = self.socket.as_raw_fd();
         if let Some(w) = wait {
             let mut pfd = libc::pollfd {
@@ -269,18 +308,28 @@ impl DatagramIo for UdpIo {
                 return Ok(0);
             }
         }
-        let want = batch.want.clamp(1, BATCH);
-        let n = match want {
-            1 => recv_one(fd, batch)?,
-            2..=SMALL_BATCH => recv_many::<SMALL_BATCH>(fd, batch, want)?,
-            _ => recv_many::<BATCH>(fd, batch, want)?,
-        };
+        let n = recv_at(fd, batch, 0, batch.want.clamp(1, BATCH))?;
         batch.adapt(n);
         Ok(n)
     }
 
     fn local_addr(&self) -> SocketAddrV4 {
         self.local
+    }
+
+    fn peer_lease(&self, remote: SocketAddrV4) -> PeerLease {
+        self.peers.lease(remote)
+    }
+}
+
+/// Receive up to `want` datagrams (1..=BATCH - at) from `fd` into the batch's slots from
+/// `at` on, not waiting: a plain `recvfrom` for one, a `recvmmsg` for more.
+fn recv_at(fd: i32, batch: &mut RecvBatch, at: usize, want: usize) -> io::Result<usize> {
+    match want.min(BATCH - at.min(BATCH)) {
+        0 => Ok(0),
+        1 => recv_one(fd, batch, at),
+        w @ 2..=SMALL_BATCH => recv_many::<SMALL_BATCH>(fd, batch, at, w),
+        w => recv_many::<BATCH>(fd, batch, at, w),
     }
 }
 
@@ -329,10 +378,10 @@ fn send_one(fd: i32, to: SocketAddrV4, d: &[u8]) -> io::Result<()> {
 }
 
 /// Receive one datagram into slot 0, not waiting: 1, or 0 if none is there.
-fn recv_one(fd: i32, batch: &mut RecvBatch) -> io::Result<usize> {
+fn recv_one(fd: i32, batch: &mut RecvBatch, at: usize) -> io::Result<usize> {
     let mut addr = sockaddr_of(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
     let mut len = sockaddr_len();
-    let buf = &mut batch.bufs[0];
+    let buf = &mut batch.bufs[at];
     // SAFETY: `buf` is valid for `buf.len()` bytes and `addr` for `len`, for this call.
     let r = unsafe {
         libc::recvfrom(
@@ -348,29 +397,40 @@ fn recv_one(fd: i32, batch: &mut RecvBatch) -> io::Result<usize> {
         return benign(io::Error::last_os_error()).map(|_| 0);
     }
     // 0 <= r <= buf.len().
-    batch.lens[0] = r.unsigned_abs();
-    batch.from[0] = addr_from(&addr);
+    batch.lens[at] = r.unsigned_abs();
+    batch.from[at] = addr_from(&addr);
     Ok(1)
 }
 
-/// Receive up to `want` datagrams (2..=N, N <= BATCH) in one `recvmmsg`, not waiting. `N`
-/// sizes the headers zeroed for the call: 6 KiB for a full batch, which a poll right after
-/// one datagram arrived (want 8, request-answer traffic's common case) need not pay.
-fn recv_many<const N: usize>(fd: i32, batch: &mut RecvBatch, want: usize) -> io::Result<usize> {
-    let want = want.min(N);
+/// Receive up to `want` datagrams (2..=N, N <= BATCH) in one `recvmmsg` into the slots from
+/// `at` on (`want` is cut to the slots left), not waiting. `N` sizes the headers zeroed for
+/// the call: 6 KiB for a full batch, which a poll right after one datagram arrived (want 8,
+/// request-answer traffic's common case) need not pay.
+fn recv_many<const N: usize>(
+    fd: i32,
+    batch: &mut RecvBatch,
+    at: usize,
+    want: usize,
+) -> io::Result<usize> {
+    let want = want.min(N).min(BATCH.saturating_sub(at));
     let mut arrays = MsgArrays::<N>::new();
-    for (iov, b) in arrays.iovs.iter_mut().zip(batch.bufs.iter_mut()).take(want) {
+    for (iov, b) in arrays
+        .iovs
+        .iter_mut()
+        .zip(batch.bufs[at..].iter_mut())
+        .take(want)
+    {
         *iov = libc::iovec {
             iov_base: b.as_mut_ptr().cast(),
             iov_len: b.len(),
         };
     }
     let msgs = arrays.link(want);
-    // SAFETY: `msgs` is the first `want` of `arrays`' N headers (`want` clamped to N above;
-    // `link` would panic past N), each pointing at its address and iovec in `arrays` and
-    // the iovec at one of the batch's BATCH (>= N) buffers with that buffer's length, so
-    // the kernel writes nothing outside them; `arrays` and `batch` outlive the call, and
-    // nothing else touches them during it.
+    // SAFETY: `msgs` is the first `want` of `arrays`' N headers (`want` clamped to N and to
+    // the BATCH - `at` slots left above; `link` would panic past N), each pointing at its
+    // address and iovec in `arrays` and the iovec at one of the batch's buffers from `at` on
+    // with that buffer's length, so the kernel writes nothing outside them; `arrays` and
+    // `batch` outlive the call, and nothing else touches them during it.
     let n = unsafe {
         libc::recvmmsg(
             fd,
@@ -386,8 +446,8 @@ fn recv_many<const N: usize>(fd: i32, batch: &mut RecvBatch, want: usize) -> io:
     // 0 <= n <= want.
     let n = n.unsigned_abs() as usize;
     for i in 0..n {
-        batch.lens[i] = arrays.msgs[i].msg_len as usize;
-        batch.from[i] = addr_from(&arrays.addrs[i]);
+        batch.lens[at + i] = arrays.msgs[i].msg_len as usize;
+        batch.from[at + i] = addr_from(&arrays.addrs[i]);
     }
     Ok(n)
 }
@@ -470,6 +530,10 @@ impl<I: DatagramIo> DatagramIo for LossyIo<I> {
 
     fn local_addr(&self) -> SocketAddrV4 {
         self.inner.local_addr()
+    }
+
+    fn peer_lease(&self, remote: SocketAddrV4) -> PeerLease {
+        self.inner.peer_lease(remote)
     }
 }
 

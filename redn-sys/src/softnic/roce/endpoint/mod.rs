@@ -294,7 +294,12 @@ impl RoceEndpoint {
                 needed: "an unconnected QP",
             });
         }
+        // Before the connection is in the table: from here on the peer's datagrams queue on
+        // its own socket, and none for this QP can have come to the main one before (they
+        // were for an unknown QP, and dropped).
+        let queue = self.inner.io.peer_lease(remote.addr);
         let conn = Arc::new(Conn {
+            _queue: queue,
             remote: remote.addr,
             local: InProcess {
                 target: Arc::clone(&q),

@@ -7,7 +7,7 @@ use super::{Inner, HELD_ACKS};
 use crate::mem::KeyCache;
 use crate::softnic::idle::{Found, IdleWork};
 use crate::softnic::in_process::InProcess;
-use crate::softnic::roce::io::RecvBatch;
+use crate::softnic::roce::io::{PeerLease, RecvBatch};
 use crate::softnic::roce::responder::Responder;
 use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,6 +21,9 @@ pub(super) struct Conn {
     pub(super) mailbox: Mailbox,
     /// How the QP's PU takes packets off the socket while it waits for an answer.
     pub(super) poller: Arc<PuPoller>,
+    /// The peer's datagrams queue on a socket of their own while a connection to it lives
+    /// (`roce/io/peers.rs`).
+    pub(super) _queue: PeerLease,
 }
 
 /// One PU's turn at the endpoint's socket. While the PU is awake it takes the packets off

@@ -1,0 +1,542 @@
+//! Receive queues of their own for connected peers.
+//!
+//! Every datagram to an endpoint's port used to wait in one socket's queue, so anyone who
+//! could reach the port (a stranger, or one peer) could fill it: the kernel then dropped the
+//! other peers' datagrams with the flood's, and they came back only after their sender's
+//! ACK timeout. Now each remote address a QP is connected to gets a UDP socket bound to the
+//! endpoint's own address and port and *connected* to the peer: Linux delivers a datagram
+//! to the socket whose bound and connected addresses match it best (`compute_score` in
+//! `net/ipv4/udp.c`; within a `SO_REUSEPORT` group that has connected members, the
+//! connected one wins for its peer since Linux 5.4, commit acdcecc61285), so each peer's
+//! datagrams queue apart from everyone else's and a flood fills only its sender's queue.
+//! What no connected socket takes (strangers, peers past [`MAX_PEER_SOCKETS`]) stays on the
+//! endpoint's main socket.
+//!
+//! Sending stays on the main socket: on a connected socket Linux writes the socket's IP
+//! identification counter into every datagram, which the ICRC covers and the receiver cannot
+//! see (`docs/rocev2.md`, "I/O").
+//!
+//! The main socket binds without `SO_REUSEPORT` and sets it afterwards, so another process
+//! that binds the port as usual still fails with "address in use" (a second endpoint
+//! configured on the same port must not silently share its traffic); the peer sockets set it
+//! before they bind, which the kernel allows only to the same effective uid.
+//!
+//! **Who is read first.** A poll visits the sockets in turn, from a cursor that moves past
+//! each socket that yielded datagrams, and returns what the first one that has any yields:
+//! one busy peer cannot keep the others waiting for more than its turn. The main socket,
+//! which has only strangers' datagrams while every peer has its own socket, is visited on
+//! every [`MAIN_EVERY`]th poll only (on every poll while some peer shares it). With more than
+//! [`DIRECT_PEERS`] peer sockets an `epoll` set says which sockets have datagrams, one
+//! system call for all, and each ready socket gives at most a poll's share of the batch,
+//! peers before the main socket.
+
+use super::{benign, recv_at, setsockopt_int, sockaddr_len, sockaddr_of, RecvBatch, BATCH};
+use crate::mem::read_mostly::ReadMostly;
+use std::collections::HashMap;
+use std::io;
+use std::net::{SocketAddrV4, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Peer sockets polled one after another; past this many an `epoll` set says which are
+/// ready (a poll of an idle socket is a system call, ~0.5 µs on our VMs).
+pub const DIRECT_PEERS: usize = 2;
+/// Peer sockets an endpoint opens at most (each is a file descriptor and, when full, up to
+/// [`PEER_RCVBUF`] of kernel memory); the peers past it share the main socket.
+pub const MAX_PEER_SOCKETS: usize = 256;
+/// While every peer has its own socket, the main socket is polled on every this many polls.
+pub const MAIN_EVERY: usize = 8;
+/// A peer socket's receive buffer: a window of full 4 KiB packets with the kernel's
+/// per-datagram overhead.
+const PEER_RCVBUF: i32 = 1 << 20;
+
+/// A socket bound to `local` with `SO_REUSEPORT` set before the bind (so that it joins the
+/// main socket's port), non-blocking reads by flag.
+fn reuseport_socket(local: SocketAddrV4) -> io::Result<UdpSocket> {
+    // SAFETY: plain system call with constant arguments; the result is checked below.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_INET,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_UDP,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by `socket` (checked non-negative) and nothing else
+    // owns it: the OwnedFd closes it on every path from here.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+    let addr = sockaddr_of(local);
+    // SAFETY: `addr` is a live sockaddr_in and the length passed is its size.
+    let r = unsafe { libc::bind(fd, std::ptr::from_ref(&addr).cast(), sockaddr_len()) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(UdpSocket::from(owned))
+}
+
+/// A socket of the main socket's address and port, connected to `remote`: `remote`'s
+/// datagrams to that port queue here.
+fn peer_socket(local: SocketAddrV4, remote: SocketAddrV4) -> io::Result<UdpSocket> {
+    let s = reuseport_socket(local)?;
+    let fd = s.as_raw_fd();
+    if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, PEER_RCVBUF).is_err() {
+        setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, PEER_RCVBUF)?;
+    }
+    s.connect(remote)?;
+    Ok(s)
+}
+
+/// Datagrams from one remote address have their own socket for as long as this lives
+/// ([`super::DatagramIo::peer_lease`]); every QP connected to that address holds one.
+#[derive(Debug)]
+pub struct PeerLease {
+    table: Option<Arc<PeerTable>>,
+    remote: SocketAddrV4,
+}
+
+impl PeerLease {
+    /// A lease that gives nothing (an I/O without peer sockets).
+    #[must_use]
+    pub fn none(remote: SocketAddrV4) -> PeerLease {
+        PeerLease {
+            table: None,
+            remote,
+        }
+    }
+}
+
+impl Drop for PeerLease {
+    fn drop(&mut self) {
+        if let Some(t) = self.table.take() {
+            t.release(self.remote);
+        }
+    }
+}
+
+/// One peer's socket.
+#[derive(Debug)]
+struct PeerSocket {
+    remote: SocketAddrV4,
+    socket: UdpSocket,
+}
+
+/// A remote address's leases.
+#[derive(Debug)]
+struct Leases {
+    count: usize,
+    /// It has a socket of its own (else its datagrams come to the main socket).
+    own: bool,
+}
+
+/// The peer sockets, in polling order.
+#[derive(Debug, Default)]
+struct PeerSet {
+    sockets: Vec<PeerSocket>,
+    leases: HashMap<SocketAddrV4, Leases>,
+    /// Remote addresses with leases and no socket of their own (the cap, or a failed
+    /// socket call): their datagrams come to the main socket, polled at every poll.
+    shared: usize,
+}
+
+/// An endpoint's peer sockets, with the main socket's descriptor they are polled beside.
+#[derive(Debug)]
+pub(super) struct PeerTable {
+    local: SocketAddrV4,
+    main: RawFd,
+    /// Every socket (the main one and each peer's), for polls with more than
+    /// [`DIRECT_PEERS`] peers and for the receive thread's waits.
+    epoll: OwnedFd,
+    set: ReadMostly<PeerSet>,
+    /// Where the next direct poll starts (an index into `sockets`, taken modulo their count).
+    cursor: AtomicUsize,
+    /// Direct polls made, for the main socket's turn.
+    polls: AtomicUsize,
+    /// Peer sockets that could not be made (counted for tests and diagnosis).
+    failures: AtomicUsize,
+}
+
+fn epoll_add(epoll: RawFd, fd: RawFd) -> io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        // The descriptor, to tell the ready sockets apart.
+        u64: u64::try_from(fd).unwrap_or(0),
+    };
+    // SAFETY: `ev` is a live epoll_event for this call; both descriptors are open (the
+    // table owns `epoll`, its caller `fd`).
+    let r = unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+impl PeerTable {
+    /// A table for the main socket `main` (bound at `local`, `SO_REUSEPORT` already set).
+    pub(super) fn new(local: SocketAddrV4, main: RawFd) -> io::Result<PeerTable> {
+        // SAFETY: plain system call; the result is checked below.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `ep` was just returned by `epoll_create1` (checked) and nothing else owns it.
+        let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
+        epoll_add(ep, main)?;
+        Ok(PeerTable {
+            local,
+            main,
+            epoll,
+            set: ReadMostly::default(),
+            cursor: AtomicUsize::new(0),
+            polls: AtomicUsize::new(0),
+            failures: AtomicUsize::new(0),
+        })
+    }
+
+    /// A lease on `remote`'s socket, made at its first lease.
+    pub(super) fn lease(self: &Arc<Self>, remote: SocketAddrV4) -> PeerLease {
+        let mut set = self.set.write();
+        if let Some(l) = set.leases.get_mut(&remote) {
+            l.count += 1;
+        } else {
+            let own = set.sockets.len() < MAX_PEER_SOCKETS
+                && match peer_socket(self.local, remote)
+                    .and_then(|s| epoll_add(self.epoll.as_raw_fd(), s.as_raw_fd()).map(|()| s))
+                {
+                    Ok(socket) => {
+                        set.sockets.push(PeerSocket { remote, socket });
+                        true
+                    }
+                    Err(_) => {
+                        self.failures.fetch_add(1, Ordering::Relaxed);
+                        false
+                    }
+                };
+            if !own {
+                set.shared += 1;
+            }
+            set.leases.insert(remote, Leases { count: 1, own });
+        }
+        PeerLease {
+            table: Some(Arc::clone(self)),
+            remote,
+        }
+    }
+
+    /// One lease on `remote` ended; its socket closes with its last (the datagrams still
+    /// queued on it were for QPs that are gone).
+    fn release(&self, remote: SocketAddrV4) {
+        let mut set = self.set.write();
+        let Some(l) = set.leases.get_mut(&remote) else {
+            return;
+        };
+        l.count -= 1;
+        if l.count > 0 {
+            return;
+        }
+        let own = l.own;
+        set.leases.remove(&remote);
+        if own {
+            // Closing the descriptor takes it out of the epoll set.
+            set.sockets.retain(|p| p.remote != remote);
+        } else {
+            set.shared -= 1;
+        }
+    }
+
+    /// Peer sockets open now.
+    pub(super) fn sockets(&self) -> usize {
+        self.set.read().sockets.len()
+    }
+
+    /// Peer sockets that could not be made.
+    pub(super) fn failures(&self) -> usize {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Take datagrams without waiting, `Some(n)`, or `None` when there are no peer sockets
+    /// (the caller polls the main socket alone, as before).
+    pub(super) fn poll(&self, batch: &mut RecvBatch) -> Option<io::Result<usize>> {
+        let set = self.set.read();
+        let peers = set.sockets.len();
+        if peers == 0 {
+            return None;
+        }
+        let want = batch.want.clamp(1, BATCH);
+        if peers > DIRECT_PEERS {
+            return Some(self.take_ready(&set, batch, want, 0));
+        }
+        let polls = self.polls.load(Ordering::Relaxed);
+        // A plain load and store: a lost step between PUs only moves the main socket's turn.
+        self.polls.store(polls.wrapping_add(1), Ordering::Relaxed);
+        let start = self.cursor.load(Ordering::Relaxed);
+        for k in 0..peers {
+            let i = (start + k) % peers;
+            match recv_at(set.sockets[i].socket.as_raw_fd(), batch, 0, want) {
+                Ok(0) => {}
+                Ok(n) => {
+                    self.cursor.store(i + 1, Ordering::Relaxed);
+                    return Some(Ok(n));
+                }
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        if set.shared > 0 || polls % MAIN_EVERY == 0 {
+            return Some(recv_at(self.main, batch, 0, want));
+        }
+        Some(Ok(0))
+    }
+
+    /// Wait up to `wait` for a datagram on any socket, then take what is ready (the receive
+    /// thread's wait); `None` when there are no peer sockets.
+    ///
+    /// The wait holds no lock (a connect or a QP's end would otherwise wait for it, up to
+    /// the receive thread's nap): it only says that something is ready, and the take asks
+    /// the epoll set again under the read lock, so that every descriptor it reads from is
+    /// one of the table's sockets (a descriptor closed during the wait may have been
+    /// reused by any file).
+    pub(super) fn wait(&self, batch: &mut RecvBatch, wait: Duration) -> Option<io::Result<usize>> {
+        if self.set.read().sockets.is_empty() {
+            return None;
+        }
+        let ms = i32::try_from(wait.as_millis().max(1)).unwrap_or(i32::MAX);
+        // SAFETY: all-zero is a valid epoll_event.
+        let mut ev: libc::epoll_event = unsafe { std::mem::zeroed() };
+        // SAFETY: one live epoll_event, count 1; the epoll descriptor is the table's own.
+        let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), &mut ev, 1, ms) };
+        if n < 0 {
+            return Some(benign(io::Error::last_os_error()).map(|_| 0));
+        }
+        if n == 0 {
+            return Some(Ok(0));
+        }
+        let set = self.set.read();
+        let want = batch.want.clamp(1, BATCH);
+        Some(self.take_ready(&set, batch, want, 0))
+    }
+
+    /// Ask the epoll set which sockets are ready (waiting up to `ms`), then take up to
+    /// `want` datagrams from each, peers first, until the batch is full. `_set` is the read
+    /// guard's value: while it is held no socket of the table closes, so every descriptor
+    /// the epoll set names is open and the table's.
+    fn take_ready(
+        &self,
+        _set: &PeerSet,
+        batch: &mut RecvBatch,
+        want: usize,
+        ms: i32,
+    ) -> io::Result<usize> {
+        // SAFETY: all-zero is a valid epoll_event array.
+        let mut events: [libc::epoll_event; BATCH] = unsafe { std::mem::zeroed() };
+        // SAFETY: `events` holds BATCH entries, the count passed; the epoll descriptor is
+        // the table's own and open.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.epoll.as_raw_fd(),
+                events.as_mut_ptr(),
+                super::BATCH_I32,
+                ms,
+            )
+        };
+        if n < 0 {
+            return benign(io::Error::last_os_error()).map(|_| 0);
+        }
+        // 0 <= n <= BATCH.
+        let ready = &events[..n.unsigned_abs() as usize];
+        let mut filled = 0;
+        let mut main_ready = false;
+        for ev in ready {
+            let Ok(fd) = RawFd::try_from(ev.u64) else {
+                continue;
+            };
+            if fd == self.main {
+                main_ready = true;
+                continue;
+            }
+            if filled == BATCH {
+                break;
+            }
+            filled += recv_at(fd, batch, filled, want.min(BATCH - filled))?;
+        }
+        if main_ready && filled < BATCH {
+            filled += recv_at(self.main, batch, filled, want.min(BATCH - filled))?;
+        }
+        Ok(filled)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{DatagramIo, UdpIo};
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn endpoint() -> UdpIo {
+        UdpIo::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap()
+    }
+
+    /// Every datagram `io` has queued now, with its sender, over as many polls as it takes;
+    /// and how many polls that was.
+    fn drain(io: &UdpIo) -> (Vec<(SocketAddrV4, Vec<u8>)>, usize) {
+        let mut rb = RecvBatch::default();
+        let (mut got, mut polls, mut idle) = (Vec::new(), 0, 0);
+        // Idle polls in a row before the queues count as empty: the main socket is looked at
+        // on every MAIN_EVERY-th poll only.
+        while idle < 2 * MAIN_EVERY {
+            let n = io.recv(&mut rb, None).unwrap();
+            polls += 1;
+            idle = if n == 0 { idle + 1 } else { 0 };
+            for i in 0..n {
+                let (d, from) = rb.get(i);
+                got.push((from, d.to_vec()));
+            }
+        }
+        (got, polls)
+    }
+
+    fn from(got: &[(SocketAddrV4, Vec<u8>)], who: SocketAddrV4) -> Vec<u32> {
+        got.iter()
+            .filter(|(a, _)| *a == who)
+            .map(|(_, d)| u32::from_be_bytes(d[..4].try_into().unwrap()))
+            .collect()
+    }
+
+    fn send_numbered(io: &UdpIo, to: SocketAddrV4, range: std::ops::Range<u32>, len: usize) {
+        for i in range {
+            let mut d = vec![0u8; len];
+            d[..4].copy_from_slice(&i.to_be_bytes());
+            io.send(&[(to, &d[..])]).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_strangers_flood_that_fills_the_main_socket_costs_a_peer_none_of_its_datagrams() {
+        let server = endpoint();
+        let (peer, stranger) = (endpoint(), endpoint());
+        let _lease = server.peer_lease(peer.local_addr());
+        assert_eq!(server.peer_sockets(), (1, 0));
+        // Far more than the main socket's 8 MiB holds: the kernel drops the rest.
+        send_numbered(&stranger, server.local_addr(), 0..20_000, 1400);
+        send_numbered(&peer, server.local_addr(), 0..300, 1400);
+        let (got, _) = drain(&server);
+        assert_eq!(
+            from(&got, peer.local_addr()),
+            (0..300).collect::<Vec<_>>(),
+            "every one of the peer's datagrams, in order"
+        );
+        let strangers = from(&got, stranger.local_addr()).len();
+        assert!(
+            strangers > 0 && strangers < 20_000,
+            "the stranger's flood was received in part ({strangers})"
+        );
+    }
+
+    #[test]
+    fn a_busy_peer_does_not_keep_a_quiet_one_waiting_past_its_turn() {
+        let server = endpoint();
+        let (busy, quiet) = (endpoint(), endpoint());
+        let _leases = (
+            server.peer_lease(busy.local_addr()),
+            server.peer_lease(quiet.local_addr()),
+        );
+        send_numbered(&busy, server.local_addr(), 0..500, 64);
+        send_numbered(&quiet, server.local_addr(), 0..5, 64);
+        let (got, _) = drain(&server);
+        assert_eq!(from(&got, busy.local_addr()).len(), 500);
+        let last_quiet = got
+            .iter()
+            .rposition(|(a, _)| *a == quiet.local_addr())
+            .unwrap();
+        assert_eq!(from(&got, quiet.local_addr()), vec![0, 1, 2, 3, 4]);
+        assert!(
+            last_quiet < 100,
+            "the quiet peer's 5 datagrams came within the first 100 taken, not after the \
+             busy one's 500 (the last at {last_quiet})"
+        );
+    }
+
+    #[test]
+    fn past_two_peers_an_epoll_set_finds_every_sockets_datagrams_and_a_wait_wakes_for_them() {
+        let server = endpoint();
+        let peers: Vec<UdpIo> = (0..DIRECT_PEERS + 2).map(|_| endpoint()).collect();
+        let stranger = endpoint();
+        let leases: Vec<PeerLease> = peers
+            .iter()
+            .map(|p| server.peer_lease(p.local_addr()))
+            .collect();
+        assert_eq!(server.peer_sockets(), (peers.len(), 0));
+        for p in &peers {
+            send_numbered(p, server.local_addr(), 0..20, 100);
+        }
+        send_numbered(&stranger, server.local_addr(), 0..20, 100);
+        let (got, _) = drain(&server);
+        for p in peers.iter().chain([&stranger]) {
+            assert_eq!(from(&got, p.local_addr()), (0..20).collect::<Vec<_>>());
+        }
+        // The receive thread's wait wakes for a peer's datagram and for a stranger's.
+        let mut rb = RecvBatch::default();
+        for who in [&peers[1], &stranger] {
+            send_numbered(who, server.local_addr(), 7..8, 100);
+            let n = server.recv(&mut rb, Some(Duration::from_secs(10))).unwrap();
+            assert_eq!((n, rb.get(0).1), (1, who.local_addr()));
+        }
+        // A lease's end closes its socket: that address's datagrams come to the main socket.
+        drop(leases);
+        assert_eq!(server.peer_sockets(), (0, 0));
+        send_numbered(&peers[0], server.local_addr(), 9..10, 100);
+        let n = server.recv(&mut rb, Some(Duration::from_secs(10))).unwrap();
+        assert_eq!((n, rb.get(0).1), (1, peers[0].local_addr()));
+    }
+
+    #[test]
+    fn leases_share_a_socket_and_peers_past_the_cap_share_the_main_socket() {
+        let server = endpoint();
+        let base = 20_000u16;
+        let fake =
+            |i: usize| SocketAddrV4::new(Ipv4Addr::LOCALHOST, base + u16::try_from(i).unwrap());
+        let mut leases: Vec<PeerLease> = (0..MAX_PEER_SOCKETS)
+            .map(|i| server.peer_lease(fake(i)))
+            .collect();
+        let again = server.peer_lease(fake(0));
+        assert_eq!(
+            server.peer_sockets(),
+            (MAX_PEER_SOCKETS, 0),
+            "a second lease shares"
+        );
+        drop(again);
+        assert_eq!(
+            server.peer_sockets().0,
+            MAX_PEER_SOCKETS,
+            "the first still holds it"
+        );
+        // A real peer past the cap: its datagrams come to the main socket, polled every time.
+        let late = endpoint();
+        leases.push(server.peer_lease(late.local_addr()));
+        assert_eq!(server.peer_sockets().0, MAX_PEER_SOCKETS);
+        send_numbered(&late, server.local_addr(), 0..3, 64);
+        let mut rb = RecvBatch::default();
+        let mut got = 0;
+        for _ in 0..3 {
+            got += server.recv(&mut rb, None).unwrap();
+        }
+        assert_eq!(
+            got, 3,
+            "the main socket is polled on every poll while a peer shares it"
+        );
+        drop(leases);
+        assert_eq!(server.peer_sockets(), (0, 0));
+    }
+
+    #[test]
+    fn another_socket_binding_the_port_as_usual_is_refused() {
+        let server = endpoint();
+        let _lease = server.peer_lease(endpoint().local_addr());
+        let e = std::net::UdpSocket::bind(server.local_addr()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
+    }
+}
