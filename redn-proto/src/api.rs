@@ -226,10 +226,14 @@ pub struct ClientEntry {
 pub struct ClientList {
     /// The clients (the first that fit in one reply).
     pub clients: Vec<ClientEntry>,
-    /// Clients left out: the list was longer than one reply may be (see
-    /// [`LIST_REPLY_MAX`]).
+    /// Clients left out after these: past the call's `limit`, or more than one reply may
+    /// carry (see [`LIST_REPLY_MAX`]).
     #[serde(default)]
     pub omitted: u64,
+    /// Where the next page starts (the `offset` to ask for it), when entries were left
+    /// out; absent at the end of the list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<u64>,
 }
 
 /// `io.redn.Admin` installed offload entry.
@@ -256,10 +260,14 @@ pub struct InstalledEntry {
 pub struct InstalledList {
     /// The installed offloads (the first that fit in one reply).
     pub offloads: Vec<InstalledEntry>,
-    /// Offloads left out: the list was longer than one reply may be (see
-    /// [`LIST_REPLY_MAX`]).
+    /// Offloads left out after these: past the call's `limit`, or more than one reply may
+    /// carry (see [`LIST_REPLY_MAX`]).
     #[serde(default)]
     pub omitted: u64,
+    /// Where the next page starts (the `offset` to ask for it), when entries were left
+    /// out; absent at the end of the list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<u64>,
 }
 
 /// `io.redn.Admin` device entry.
@@ -332,6 +340,28 @@ pub struct Killed {
 /// reply's `omitted`.
 pub const LIST_REPLY_MAX: usize = 4 << 20;
 
+/// The most entries one page of an `io.redn.Admin` list carries: a larger `limit` is taken
+/// as this.
+pub const LIST_LIMIT_MAX: u64 = 10_000;
+
+/// The parameters of the `io.redn.Admin` lists (`ListClients`, `ListOffloads`,
+/// `ListRemoteClients`, `ListBans`): which page of the list, in its order (clients by id,
+/// offloads by handle, sessions by handle and instance, bans on uids before bans on
+/// addresses). Without
+/// them, the list from its start, as many entries as fit in one reply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListPage {
+    /// Entries to skip: the `next` of the reply before (default 0; past the end, none are
+    /// listed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    /// At most this many entries (at least 1; more than [`LIST_LIMIT_MAX`] is taken as it);
+    /// fewer if they do not fit in one reply. Default: as many as fit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+}
+
 /// `io.redn.Admin` remote client entry: one session, its own instance of an offload.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[allow(missing_docs)] // the IDL documents the fields
@@ -351,10 +381,14 @@ pub struct RemoteEntry {
 pub struct RemoteList {
     /// Every remote client's session (the first that fit in one reply).
     pub remotes: Vec<RemoteEntry>,
-    /// Sessions left out: the list was longer than one reply may be (see
-    /// [`LIST_REPLY_MAX`]).
+    /// Sessions left out after these: past the call's `limit`, or more than one reply may
+    /// carry (see [`LIST_REPLY_MAX`]).
     #[serde(default)]
     pub omitted: u64,
+    /// Where the next page starts (the `offset` to ask for it), when entries were left
+    /// out; absent at the end of the list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<u64>,
 }
 
 /// `io.redn.Admin.DisconnectRemote` parameters.
@@ -382,9 +416,14 @@ pub struct BanEntry {
 pub struct BanList {
     /// The bans in force (the first that fit in one reply).
     pub bans: Vec<BanEntry>,
-    /// Bans left out: the list was longer than one reply may be (see [`LIST_REPLY_MAX`]).
+    /// Bans left out after these: past the call's `limit`, or more than one reply may
+    /// carry (see [`LIST_REPLY_MAX`]).
     #[serde(default)]
     pub omitted: u64,
+    /// Where the next page starts (the `offset` to ask for it), when entries were left
+    /// out; absent at the end of the list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<u64>,
 }
 
 /// `io.redn.Admin.BanRemote` parameters.

@@ -254,16 +254,16 @@ impl Server {
         let wire = |e: AdminError| e.to_wire();
         let m = &mut self.manager;
         let r = match method {
-            "ListClients" => {
+            "ListClients" => decode::<api::ListPage>(call).and_then(|p| {
                 let mut list = m.admin_clients();
-                list.omitted = fit_list(&mut list.clients, list_budget(&m.limits));
+                (list.omitted, list.next) = page(&mut list.clients, p, list_budget(&m.limits))?;
                 encode(&list)
-            }
-            "ListOffloads" => {
+            }),
+            "ListOffloads" => decode::<api::ListPage>(call).and_then(|p| {
                 let mut list = m.admin_offloads();
-                list.omitted = fit_list(&mut list.offloads, list_budget(&m.limits));
+                (list.omitted, list.next) = page(&mut list.offloads, p, list_budget(&m.limits))?;
                 encode(&list)
-            }
+            }),
             "ListDevices" => {
                 let mut list = m.admin_devices();
                 if let (Some(dp), Some(dev)) = (&self.dataplane, list.devices.first_mut()) {
@@ -304,16 +304,16 @@ impl Server {
                 },
                 Err(e) => Err(e),
             },
-            "ListRemoteClients" => {
+            "ListRemoteClients" => decode::<api::ListPage>(call).and_then(|p| {
                 let mut list = m.admin_remotes();
-                list.omitted = fit_list(&mut list.remotes, list_budget(&m.limits));
+                (list.omitted, list.next) = page(&mut list.remotes, p, list_budget(&m.limits))?;
                 encode(&list)
-            }
-            "ListBans" => {
+            }),
+            "ListBans" => decode::<api::ListPage>(call).and_then(|p| {
                 let mut list = m.admin_bans();
-                list.omitted = fit_list(&mut list.bans, list_budget(&m.limits));
+                (list.omitted, list.next) = page(&mut list.bans, p, list_budget(&m.limits))?;
                 encode(&list)
-            }
+            }),
             "DisconnectRemote" => decode::<api::DisconnectRemote>(call).and_then(|p| {
                 let gone = self.dataplane.as_mut().is_some_and(|dp| {
                     let registry = self.poll.registry();
@@ -506,6 +506,40 @@ fn fit_list<T: Serialize>(entries: &mut Vec<T>, budget: usize) -> u64 {
     u64::try_from(omitted).unwrap_or(u64::MAX)
 }
 
+/// Cut `entries` (a whole list, in its order) to the page `p` asks for (from its `offset`,
+/// at most its `limit`, capped at [`api::LIST_LIMIT_MAX`]), then to what fits in `budget`
+/// bytes ([`fit_list`]): how many were left out after the page's entries, and the offset
+/// the next page starts at (`None` at the end of the list). A call without `offset` and
+/// `limit` gets what it always got: the list from its start, as much as fits.
+///
+/// # Errors
+/// `InvalidParameter` naming `limit` if it is 0.
+fn page<T: Serialize>(
+    entries: &mut Vec<T>,
+    p: api::ListPage,
+    budget: usize,
+) -> Result<(u64, Option<u64>), WireError> {
+    if p.limit == Some(0) {
+        return Err(ServiceError::InvalidParameter {
+            parameter: "limit".into(),
+        }
+        .to_wire());
+    }
+    let start = usize::try_from(p.offset.unwrap_or(0))
+        .unwrap_or(usize::MAX)
+        .min(entries.len());
+    entries.drain(..start);
+    let limit = p.limit.map_or(usize::MAX, |l| {
+        usize::try_from(l.min(api::LIST_LIMIT_MAX)).unwrap_or(usize::MAX)
+    });
+    let past_limit = entries.len().saturating_sub(limit);
+    entries.truncate(limit);
+    let omitted =
+        fit_list(entries, budget).saturating_add(u64::try_from(past_limit).unwrap_or(u64::MAX));
+    let next = (omitted > 0).then(|| u64::try_from(start + entries.len()).unwrap_or(u64::MAX));
+    Ok((omitted, next))
+}
+
 /// Bytes from hex (an even number of digits), at most 4096 bytes.
 fn parse_hex(text: &str) -> Option<Vec<u8>> {
     if text.len() % 2 != 0 || text.len() > 8192 {
@@ -603,6 +637,57 @@ mod tests {
         assert_eq!(
             list_budget(&crate::state::Limits::default()),
             api::LIST_REPLY_MAX.min(2 << 20)
+        );
+    }
+
+    #[test]
+    fn a_page_starts_at_its_offset_stops_at_its_limit_and_says_where_the_next_starts() {
+        let list = || -> Vec<String> { (0..10).map(|i| format!("entry{i}")).collect() };
+        let at = |offset: Option<u64>, limit: Option<u64>| api::ListPage { offset, limit };
+        let mut v = list();
+        assert_eq!(page(&mut v, at(None, None), 1 << 20).unwrap(), (0, None));
+        assert_eq!(v.len(), 10, "all of it, as before paging");
+        let mut v = list();
+        assert_eq!(
+            page(&mut v, at(Some(2), Some(3)), 1 << 20).unwrap(),
+            (5, Some(5))
+        );
+        assert_eq!(v, ["entry2", "entry3", "entry4"]);
+        // Cut by bytes too: "entry0" is 9 bytes with its separator.
+        let mut v = list();
+        assert_eq!(page(&mut v, at(Some(8), None), 9).unwrap(), (1, Some(9)));
+        assert_eq!(v, ["entry8"]);
+        let mut v = list();
+        assert_eq!(page(&mut v, at(None, None), 9 * 4).unwrap(), (6, Some(4)));
+        assert_eq!(
+            v.len(),
+            4,
+            "the old call, cut as before, and where to go on"
+        );
+        let mut v = list();
+        assert_eq!(
+            page(&mut v, at(Some(7), Some(3)), 1 << 20).unwrap(),
+            (0, None)
+        );
+        assert_eq!(v, ["entry7", "entry8", "entry9"], "the last page");
+        for offset in [10, 11, u64::MAX] {
+            let mut v = list();
+            assert_eq!(
+                page(&mut v, at(Some(offset), None), 1 << 20).unwrap(),
+                (0, None)
+            );
+            assert!(v.is_empty(), "{offset}: past the end");
+        }
+        let mut v = list();
+        let e = page(&mut v, at(None, Some(0)), 1 << 20).unwrap_err();
+        assert!(e.to_string().contains("limit"), "{e}");
+        // A limit past the cap is the cap.
+        let mut v: Vec<u32> = (0..20_000).collect();
+        let (omitted, next) = page(&mut v, at(Some(1), Some(u64::MAX)), 1 << 30).unwrap();
+        assert_eq!(v.len() as u64, api::LIST_LIMIT_MAX);
+        assert_eq!(
+            (omitted, next),
+            (20_000 - 1 - api::LIST_LIMIT_MAX, Some(10_001))
         );
     }
 

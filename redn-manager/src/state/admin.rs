@@ -68,6 +68,7 @@ impl Manager {
         api::ClientList {
             clients,
             omitted: 0,
+            next: None,
         }
     }
 
@@ -98,6 +99,7 @@ impl Manager {
         api::InstalledList {
             offloads,
             omitted: 0,
+            next: None,
         }
     }
 
@@ -184,6 +186,7 @@ impl Manager {
         api::RemoteList {
             remotes,
             omitted: 0,
+            next: None,
         }
     }
 
@@ -211,7 +214,11 @@ impl Manager {
                 }
             })
             .collect();
-        api::BanList { bans, omitted: 0 }
+        api::BanList {
+            bans,
+            omitted: 0,
+            next: None,
+        }
     }
 
     /// `io.redn.Admin.BanRemote`: ban the remote clients at `addr` from app `app`'s offloads

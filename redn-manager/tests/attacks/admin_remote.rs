@@ -620,3 +620,172 @@ fn a_client_banned_while_throttled_starts_afresh_when_its_ban_ends() {
          {first} ({served} GETs, ended by {ended:?})"
     );
 }
+
+/// Every page of `method`'s list from the start, following `next` (and the call with the
+/// page asked for, each reply): the entries, in order.
+fn all_pages(m: &Manager, method: &str, key: &str, limit: Option<u64>) -> Vec<Value> {
+    let mut c = m.raw(&m.admin());
+    let mut entries = Vec::new();
+    let mut params = json!({});
+    if let Some(l) = limit {
+        params["limit"] = json!(l);
+    }
+    for _ in 0..1000 {
+        let r: Value = c
+            .call(&format!("io.redn.Admin.{method}"), &params, &[])
+            .unwrap_or_else(|e| panic!("{method} {params}: {e:?}"));
+        let page = r[key].as_array().unwrap();
+        let before = entries.len();
+        entries.extend(page.iter().cloned());
+        let omitted = r["omitted"].as_u64().unwrap();
+        match r.get("next").and_then(Value::as_u64) {
+            None => {
+                assert_eq!(omitted, 0, "{method}: no next page, yet {omitted} omitted");
+                return entries;
+            }
+            Some(next) => {
+                assert!(
+                    !page.is_empty(),
+                    "{method} {params}: an empty page, and a next"
+                );
+                assert_eq!(
+                    usize::try_from(next).ok(),
+                    Some(entries.len()),
+                    "{method}: next after {before}"
+                );
+                params["offset"] = json!(next);
+            }
+        }
+    }
+    panic!("{method}: more than 1000 pages");
+}
+
+#[test]
+fn every_entry_of_a_long_list_is_reached_a_page_at_a_time() {
+    // As in `lists_longer_than_one_reply_may_carry_are_cut_and_say_so`: 300 bans and 24
+    // sessions under a reply queue of 8 KiB. The entries past the first reply must be
+    // reachable, by `offset` and `limit` with the reply saying where the next page starts,
+    // and `redn ban show` must show them all (before: `offset` was ignored, every call
+    // answered the first page, and the admin had only the count of the rest).
+    const BANS: usize = 300;
+    const SESSIONS: usize = 24;
+    let m = with_output_cap(8192, |p| {
+        p.replace(
+            "max_remote_clients = 4",
+            &format!("max_remote_clients = {SESSIONS}"),
+        )
+    });
+    let a = server_loop_app(&m);
+    let mut held = Vec::new();
+    for i in 0..SESSIONS {
+        let (tcp, answer) = hello_from(&format!("127.0.1.{}", i + 1), &a);
+        assert!(matches!(answer, Answer::Accepted(_)), "{i}: {answer:?}");
+        held.push(tcp);
+    }
+    let mut c = m.raw(&m.admin());
+    let mut banned = Vec::new();
+    for i in 0..BANS {
+        let address = format!("10.0.{}.{}", i / 250, i % 250 + 1);
+        let ban = json!({ "app": "tester", "address": address, "seconds": 3600 });
+        c.call::<_, Value>("io.redn.Admin.BanRemote", &ban, &[])
+            .unwrap();
+        banned.push(address);
+    }
+    drop(c);
+    // The old call: the first page, as before, with where the next starts.
+    let first = admin(&m, "ListBans", json!({})).unwrap();
+    let listed = first["bans"].as_array().unwrap().len();
+    assert!(listed > 0 && listed < BANS, "{listed}");
+    assert_eq!(first["omitted"].as_u64(), Some((BANS - listed) as u64));
+    assert_eq!(first["next"].as_u64(), Some(listed as u64));
+    // Every ban, once each, in the order the first page began.
+    for limit in [None, Some(7), Some(u64::MAX)] {
+        let bans = all_pages(&m, "ListBans", "bans", limit);
+        let mut addresses: Vec<String> = bans
+            .iter()
+            .map(|b| b["address"].as_str().unwrap().to_owned())
+            .collect();
+        let first_page: Vec<&str> = first["bans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["address"].as_str().unwrap())
+            .collect();
+        assert_eq!(addresses[..listed], first_page[..], "the same order");
+        addresses.sort();
+        let mut want = banned.clone();
+        want.sort();
+        assert_eq!(addresses, want, "limit {limit:?}");
+        let sessions = all_pages(&m, "ListRemoteClients", "remotes", limit);
+        assert_eq!(sessions.len(), SESSIONS, "limit {limit:?}");
+    }
+    // A page in the middle, the last one, and past the end.
+    let r = admin(&m, "ListBans", json!({ "offset": 10, "limit": 5 })).unwrap();
+    assert_eq!(r["bans"].as_array().unwrap().len(), 5, "{r}");
+    assert_eq!(
+        (r["omitted"].as_u64(), r["next"].as_u64()),
+        (Some(285), Some(15))
+    );
+    let r = admin(&m, "ListBans", json!({ "offset": 298, "limit": 5 })).unwrap();
+    assert_eq!(r["bans"].as_array().unwrap().len(), 2, "{r}");
+    assert_eq!(
+        (r["omitted"].as_u64(), r.get("next")),
+        (Some(0), None),
+        "{r}"
+    );
+    for offset in [json!(300), json!(u64::MAX)] {
+        let r = admin(&m, "ListBans", json!({ "offset": offset })).unwrap();
+        assert!(r["bans"].as_array().unwrap().is_empty(), "{r}");
+        assert_eq!(
+            (r["omitted"].as_u64(), r.get("next")),
+            (Some(0), None),
+            "{r}"
+        );
+    }
+    let r = admin(&m, "ListOffloads", json!({ "limit": 1 })).unwrap();
+    assert_eq!(r["offloads"].as_array().unwrap().len(), 1, "{r}");
+    let r = admin(&m, "ListClients", json!({ "offset": 0, "limit": 1 })).unwrap();
+    assert_eq!(r["clients"].as_array().unwrap().len(), 1, "{r}");
+    // Parameters that are no page, by name.
+    for (method, params, name) in [
+        ("ListBans", json!({ "limit": 0 }), "limit"),
+        ("ListBans", json!({ "limit": -1 }), "limit"),
+        ("ListRemoteClients", json!({ "limit": 1.5 }), "limit"),
+        ("ListClients", json!({ "offset": -1 }), "offset"),
+        ("ListOffloads", json!({ "offset": "5" }), "offset"),
+        ("ListBans", json!({ "offset": 1e300 }), "offset"),
+        ("ListBans", json!({ "page": 2 }), "page"),
+    ] {
+        let e = admin(&m, method, params.clone()).expect_err("refused");
+        assert!(
+            e.contains("InvalidParameter") && e.contains(name),
+            "{method} {params}: {e}"
+        );
+    }
+    // `redn ban show` fetches every page; with --offset and --limit, one.
+    let redn = |args: &[&str]| {
+        let admin = m.admin();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_redn"))
+            .args(["-s", admin.to_str().unwrap(), "-j"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            rows.as_array().unwrap().len(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (rows, stderr) = redn(&["ban", "show"]);
+    assert_eq!(rows, BANS, "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+    let (rows, _) = redn(&["remote", "show"]);
+    assert_eq!(rows, SESSIONS);
+    let (rows, stderr) = redn(&["ban", "show", "--offset", "10", "--limit", "5"]);
+    assert_eq!(rows, 5);
+    assert!(stderr.contains("--offset 15"), "{stderr}");
+    let (rows, stderr) = redn(&["ban", "show", "--offset", "298"]);
+    assert_eq!(rows, 2);
+    assert!(stderr.is_empty(), "{stderr}");
+}

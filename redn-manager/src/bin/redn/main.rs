@@ -131,7 +131,7 @@ fn parse_options(args: &[String], opts: &mut Options) -> Result<Vec<String>> {
             "-h" | "--help" => rest = vec!["help".to_owned()],
             "-V" | "--version" => rest = vec!["version".to_owned()],
             // Options of one command (`--policy`, `--app`) stay with it.
-            "--policy" | "--app" => {
+            "--policy" | "--app" | "--offset" | "--limit" => {
                 rest.push(a.clone());
                 rest.push(value(a)?);
             }
@@ -186,9 +186,9 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
     };
     // The admin lists, each command showing its own columns of them.
     let rows_of = |method: &str, key: &str, renames: &[(&str, &str)], columns| {
-        no_args()?;
+        let paging = paging(rest, object, command)?;
         Ok(Output::Rows {
-            rows: list(opts, method, key, renames)?,
+            rows: list(opts, method, key, renames, paging)?,
             columns,
         })
     };
@@ -213,7 +213,7 @@ fn run(opts: &Options, args: &[String]) -> Result<Output> {
         ("offload", "verify") => offload_verify(rest),
         ("dev", "show") => {
             no_args()?;
-            let mut rows = list(opts, "ListDevices", "devices", &[])?;
+            let mut rows = list(opts, "ListDevices", "devices", &[], Paging::default())?;
             // Flat rows, as every -j object is: the drops by reason as one
             // "reason=count,..." string ("-" for none).
             for row in &mut rows {
@@ -553,49 +553,122 @@ fn admin_call(opts: &Options, method: &str, parameters: Value) -> Result<Map<Str
         .with_context(|| format!("{ADMIN}.{method}"))
 }
 
-/// The array `key` of a list method's reply as rows, with keys renamed so that units are in
-/// their names.
+/// Which part of an admin list to show: all of it (every page the manager has, each from
+/// the `next` of the one before), or the one page `--offset` and `--limit` name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Paging {
+    offset: Option<u64>,
+    limit: Option<u64>,
+}
+
+/// The `--offset N` and `--limit N` of a list command, its only arguments.
+fn paging(rest: &[String], object: &str, command: &str) -> Result<Paging> {
+    let mut p = Paging::default();
+    let mut it = rest.iter();
+    while let Some(a) = it.next() {
+        let (slot, name) = match a.as_str() {
+            "--offset" => (&mut p.offset, "--offset"),
+            "--limit" => (&mut p.limit, "--limit"),
+            _ => {
+                return Err(usage_error(format!(
+                    "redn {object} {command} takes [--offset N] [--limit N] (got {})",
+                    rest.join(" ")
+                )))
+            }
+        };
+        let value = it
+            .next()
+            .ok_or_else(|| usage_error(format!("{name} needs a value")))?;
+        if slot.is_some() {
+            return Err(usage_error(format!("{name} given twice")));
+        }
+        *slot = Some(number(value, name)?);
+    }
+    if p.limit == Some(0) {
+        return Err(usage_error("--limit must be at least 1"));
+    }
+    Ok(p)
+}
+
+/// Say `text` on stderr: the rows still print, and a closed stderr is no reason to fail.
+fn note(text: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "redn: {text}");
+}
+
+/// The array `key` of a list method's replies as rows, with keys renamed so that units are
+/// in their names: every page of the list (each asked for at the `next` of the one before),
+/// or the one `paging` names, saying on stderr where the next starts. The list may change
+/// between two pages (an entry added or gone before the next page's offset moves the rest
+/// by one), as between two `redn` runs.
 fn list(
     opts: &Options,
     method: &str,
     key: &str,
     renames: &[(&str, &str)],
+    paging: Paging,
 ) -> Result<Vec<Map<String, Value>>> {
-    let reply = admin_call(opts, method, json!({}))?;
-    if let Some(n) = reply
-        .get("omitted")
-        .and_then(Value::as_u64)
-        .filter(|n| *n > 0)
-    {
-        // The rows still print; a closed stderr is no reason to fail.
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "redn: {n} more not listed: the list is longer than one reply may be"
-        );
+    let one_page = paging != Paging::default();
+    let mut params = Map::new();
+    if let Some(o) = paging.offset {
+        params.insert("offset".into(), o.into());
     }
-    let items = reply
-        .get(key)
-        .and_then(Value::as_array)
-        .ok_or_else(|| anyhow!("{method}: the reply has no {key} array"))?;
-    items
-        .iter()
-        .map(|item| {
+    if let Some(l) = paging.limit {
+        params.insert("limit".into(), l.into());
+    }
+    let mut rows = Vec::new();
+    loop {
+        let reply = admin_call(opts, method, Value::Object(params.clone()))?;
+        let items = reply
+            .get(key)
+            .and_then(Value::as_array)
+            .ok_or_else(|| anyhow!("{method}: the reply has no {key} array"))?;
+        for item in items {
             let Value::Object(fields) = item else {
                 bail!("{method}: an entry of {key} is not an object");
             };
-            Ok(fields
-                .iter()
-                .map(|(k, v)| {
-                    let name = renames
-                        .iter()
-                        .find(|(from, _)| from == k)
-                        .map_or(k.as_str(), |(_, to)| to);
-                    (name.to_owned(), v.clone())
-                })
-                .collect())
-        })
-        .collect()
+            rows.push(
+                fields
+                    .iter()
+                    .map(|(k, v)| {
+                        let name = renames
+                            .iter()
+                            .find(|(from, _)| from == k)
+                            .map_or(k.as_str(), |(_, to)| to);
+                        (name.to_owned(), v.clone())
+                    })
+                    .collect(),
+            );
+        }
+        let omitted = reply.get("omitted").and_then(Value::as_u64).unwrap_or(0);
+        let at = params.get("offset").and_then(Value::as_u64).unwrap_or(0);
+        match reply.get("next").and_then(Value::as_u64) {
+            Some(next) if one_page => {
+                note(&format!("{omitted} more: the next page is --offset {next}"));
+                return Ok(rows);
+            }
+            // An entry larger than one reply may carry (a low pending-output-bytes).
+            Some(next) if items.is_empty() || next <= at => {
+                note(&format!(
+                    "{omitted} more not listed: the entry at --offset {at} is larger than one \
+                     reply may carry"
+                ));
+                return Ok(rows);
+            }
+            Some(next) => {
+                params.insert("offset".into(), next.into());
+            }
+            None => {
+                if omitted > 0 {
+                    // A manager that does not page its lists.
+                    note(&format!(
+                        "{omitted} more not listed: the list is longer than one reply may be"
+                    ));
+                }
+                return Ok(rows);
+            }
+        }
+    }
 }
 
 /// `redn offload verify FILE [--policy PATH] [--app NAME]`: the verifier, offline, for
@@ -803,6 +876,37 @@ mod tests {
                 e.downcast_ref::<Usage>().is_some(),
                 "{bad}: a usage error, {e}"
             );
+        }
+    }
+
+    #[test]
+    fn list_commands_take_an_offset_and_a_limit_and_nothing_else() {
+        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let ok = |a: &[&str]| paging(&args(a), "ban", "show").unwrap();
+        assert_eq!(ok(&[]), Paging::default(), "every page");
+        assert_eq!(
+            ok(&["--limit", "5", "--offset", "10"]),
+            Paging {
+                offset: Some(10),
+                limit: Some(5)
+            }
+        );
+        assert_eq!(
+            ok(&["--offset", "18446744073709551615"]).offset,
+            Some(u64::MAX)
+        );
+        for bad in [
+            &["x"][..],
+            &["--offset"],
+            &["--offset", "-1"],
+            &["--offset", "1.5"],
+            &["--limit", "0"],
+            &["--limit", "1", "--limit", "2"],
+            &["--offset", "18446744073709551616"],
+            &["--all"],
+        ] {
+            let e = paging(&args(bad), "ban", "show").expect_err("refused");
+            assert!(e.downcast_ref::<Usage>().is_some(), "{bad:?}: {e}");
         }
     }
 

@@ -18,6 +18,9 @@ pub struct Cmd {
     pub summary: &'static str,
 }
 
+/// The options of the commands that show an admin list (every page of it without them).
+const LIST_OPTIONS: &[&str] = &["--offset", "--limit"];
+
 /// Every command. The first command of each object is its default (`redn client` is
 /// `redn client show`).
 pub const COMMANDS: &[Cmd] = &[
@@ -33,9 +36,9 @@ pub const COMMANDS: &[Cmd] = &[
     Cmd {
         object: "client",
         name: "show",
-        args: "",
+        args: "[--offset N] [--limit N]",
         completes: None,
-        options: &[],
+        options: LIST_OPTIONS,
         summary: "apps the manager knows: identity, regions, pinned bytes, offloads",
     },
     Cmd {
@@ -49,9 +52,9 @@ pub const COMMANDS: &[Cmd] = &[
     Cmd {
         object: "offload",
         name: "show",
-        args: "",
+        args: "[--offset N] [--limit N]",
         completes: None,
-        options: &[],
+        options: LIST_OPTIONS,
         summary: "installed offloads: handle, owner, queues, keys, code bytes, counters",
     },
     Cmd {
@@ -74,9 +77,9 @@ pub const COMMANDS: &[Cmd] = &[
     Cmd {
         object: "remote",
         name: "show",
-        args: "",
+        args: "[--offset N] [--limit N]",
         completes: None,
-        options: &[],
+        options: LIST_OPTIONS,
         summary: "remote clients' sessions: offload, instance, address, how long held and idle, \
                   triggers",
     },
@@ -92,9 +95,9 @@ pub const COMMANDS: &[Cmd] = &[
     Cmd {
         object: "ban",
         name: "show",
-        args: "",
+        args: "[--offset N] [--limit N]",
         completes: None,
-        options: &[],
+        options: LIST_OPTIONS,
         summary: "bans in force: app, uid or remote address, time left",
     },
     Cmd {
@@ -117,17 +120,17 @@ pub const COMMANDS: &[Cmd] = &[
     Cmd {
         object: "stat",
         name: "show",
-        args: "",
+        args: "[--offset N] [--limit N]",
         completes: None,
-        options: &[],
+        options: LIST_OPTIONS,
         summary: "per installed offload: triggers served, WQEs run, errors",
     },
     Cmd {
         object: "region",
         name: "show",
-        args: "",
+        args: "[--offset N] [--limit N]",
         completes: None,
-        options: &[],
+        options: LIST_OPTIONS,
         summary: "registered regions and pinned bytes, per client",
     },
     Cmd {
@@ -252,6 +255,11 @@ pub fn usage() -> String {
         s.push_str(&object_usage(object));
     }
     s.push_str(
+        "\nThe show commands with [--offset N] [--limit N] show every entry of the manager's\n\
+         list, a reply's page after another; with them, the one page that starts at entry N\n\
+         (from 0) and holds at most N entries, saying on stderr where the next starts.\n",
+    );
+    s.push_str(
         "\nExit status: 0 on success, 1 when the command failed or the verifier refused,\n\
          2 for a usage error. Errors go to stderr as `Error: ...`, or with -j to stdout as\n\
          {\"error\": \"...\"}.\n",
@@ -294,7 +302,7 @@ pub fn completion(shell: &str) -> Option<String> {
                  _redn() {\n    local cur words=() i\n    cur=\"${COMP_WORDS[COMP_CWORD]}\"\n\
                  \x20   for ((i = 1; i < COMP_CWORD; i++)); do\n\
                  \x20       case \"${COMP_WORDS[i]}\" in\n\
-                 \x20           -s|--socket|-c|--config|--policy|--app) ((i++)) ;;\n\
+                 \x20           -s|--socket|-c|--config|--policy|--app|--offset|--limit) ((i++)) ;;\n\
                  \x20           -*) ;;\n\
                  \x20           *) words+=(\"${COMP_WORDS[i]}\") ;;\n\
                  \x20       esac\n    done\n",
