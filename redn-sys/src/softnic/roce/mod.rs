@@ -21,6 +21,8 @@ pub mod io;
 pub mod packet;
 mod requester;
 mod responder;
+#[cfg(test)]
+mod sim_tests;
 
 pub use endpoint::{RoceConfig, RoceCounters, RoceEndpoint, ROCE_PORT};
 pub use exchange::{

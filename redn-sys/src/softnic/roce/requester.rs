@@ -178,10 +178,11 @@ pub struct Requester {
     gap_retried: Option<u32>,
     retries: u8,
     /// A sequence NAK started a go-back that no progress has ended yet: further sequence
-    /// NAKs start no other and cost no retry, as in rxe's completer (`started_retry`,
-    /// cleared by `reset_retry_counters`); a resend lost again is the ACK timer's to retry.
-    /// Without it every NAK resent the whole window again: a peer repeating a NAK made the
-    /// QP send its window once a NAK.
+    /// NAKs at the same PSN start no other and cost no retry, as in rxe's completer
+    /// (`started_retry`, cleared by `reset_retry_counters`); a resend lost again is the ACK
+    /// timer's to retry. Without it every NAK resent the whole window again: a peer
+    /// repeating a NAK made the QP send its window once a NAK. A NAK at a later PSN is
+    /// progress (it acknowledges packets) and names a new gap: it clears this.
     nak_retry: bool,
     rnr: u8,
     deadline: Option<Instant>,
@@ -244,6 +245,14 @@ impl Requester {
     #[must_use]
     pub fn next_psn(&self) -> u32 {
         self.next_psn
+    }
+
+    /// Retries left before a timeout or a sequence NAK without progress fails the oldest
+    /// message.
+    #[cfg(test)]
+    #[must_use]
+    pub fn retries_left(&self) -> u8 {
+        self.retries
     }
 
     /// Messages started and not finished.
@@ -680,15 +689,30 @@ impl Requester {
                         return Err(DropReason::UnexpectedResponse);
                     }
                     if front_msg.posted() {
-                        let before = self.msgs.len();
+                        let progress = psn::diff(h.psn, self.una) > 0;
                         self.una = h.psn;
                         self.acknowledge_to(h.psn);
                         if self.msgs.is_empty() {
                             return Ok(());
                         }
-                        if self.msgs.len() < before {
-                            // It acknowledges a whole message: progress restores the
-                            // retries (rxe's `check_psn`; packets of a message alone do not).
+                        if progress {
+                            // It acknowledges packets not acknowledged before (a NAK
+                            // acknowledges every PSN before its own: "a nak implicitly
+                            // acks all packets with psns before", rxe's `check_ack`):
+                            // progress, as an ACK that moves `una` is, so the retries are
+                            // restored (rxe resets them at every ACK). And it names a new
+                            // gap, not the one the go-back under way is for (a responder
+                            // NAKs a gap once, and again only after taking the PSN it
+                            // named), so a go-back starts from it. rxe's completer does
+                            // neither for a NAK inside the oldest WQE (`started_retry`
+                            // holds until an ACK); neither did this: each new gap then
+                            // waited for the ACK timer at a retry's cost, and a long
+                            // WRITE meeting a gap in every go-back ran out of retries
+                            // while moving on (`sim_tests`). A NAK at the PSN already
+                            // named still starts nothing and costs nothing; a peer moving
+                            // its NAKs on a PSN at a time gets a window resent per PSN it
+                            // acknowledges, as one moving them a message of one packet at
+                            // a time always could.
                             self.retries = self.attrs.retry_cnt;
                             self.nak_retry = false;
                         }
