@@ -102,7 +102,8 @@ impl Default for Limits {
 
 impl Limits {
     /// Shrink the connection caps so that what clients may hold fits in `nofile` file
-    /// descriptors (the manager's `RLIMIT_NOFILE`), [`RESERVED_FDS`] kept back: an app or
+    /// descriptors (the manager's `RLIMIT_NOFILE`), [`RESERVED_FDS`] kept back, and with a
+    /// data plane the RoCE endpoint's peer sockets (at most `MAX_PEER_SOCKETS`): an app or
     /// admin connection costs its socket, its process's pidfd and the fds a message may
     /// carry (held until the message is complete), a data-plane connection one (counted
     /// only with a data plane). Without this, one uid opening
@@ -120,7 +121,14 @@ impl Limits {
         };
         let per_conn = 2 + self.codec.max_fds as u64;
         let wanted = per_conn * unix + remote;
-        let available = nofile.saturating_sub(RESERVED_FDS);
+        // The data plane's endpoint keeps a socket for each remote address it has QPs
+        // connected to, up to a fixed number (`redn_sys::softnic::roce::io::peers`).
+        let peer_sockets = if dataplane {
+            redn_sys::softnic::roce::io::MAX_PEER_SOCKETS as u64
+        } else {
+            0
+        };
+        let available = nofile.saturating_sub(RESERVED_FDS + peer_sockets);
         if wanted <= available {
             return None;
         }
@@ -914,8 +922,16 @@ mod tests {
                 0
             };
             let held = 2 * l.max_connections + remote;
-            if nofile > RESERVED_FDS {
-                assert!(held as u64 + RESERVED_FDS <= nofile, "{nofile}: {l:?}");
+            let peer_sockets = if dataplane {
+                redn_sys::softnic::roce::io::MAX_PEER_SOCKETS as u64
+            } else {
+                0
+            };
+            if nofile > RESERVED_FDS + peer_sockets {
+                assert!(
+                    held as u64 + RESERVED_FDS + peer_sockets <= nofile,
+                    "{nofile}: {l:?}"
+                );
             }
             assert!(
                 l.max_connections >= 1 && l.max_connections_per_uid >= 1,
