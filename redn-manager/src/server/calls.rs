@@ -415,10 +415,12 @@ impl Server {
         (r, false)
     }
 
-    /// A remote client's `address` parameter ([`address_parameter`]) that a remote client
-    /// can have: a plain IPv6 address is `AddressNotServed` while the data plane serves IPv4
-    /// only (it always does: its listener and the softnic's RoCEv2 endpoints are IPv4, and a
-    /// client's RoCE record is), since a ban on it would be listed and match nobody.
+    /// A remote client's `address` parameter ([`address_parameter`]), which must be one a
+    /// remote client can have: a plain IPv6 address is `AddressNotServed` while the data
+    /// plane serves IPv4 only, since a ban on it would be listed and match nobody. Today it
+    /// always does: `Dataplane::bind` refuses an IPv6 listener (so every TCP peer is IPv4),
+    /// the softnic's RoCEv2 endpoints are IPv4, and a client's RoCE record carries an IPv4
+    /// address that must be the one its hello came from.
     fn remote_address(&self, text: &str) -> Result<std::net::IpAddr, WireError> {
         let addr = address_parameter(text)?;
         let ipv6_served = self
