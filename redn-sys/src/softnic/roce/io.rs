@@ -12,7 +12,7 @@ use super::packet::{MAX_MTU, MAX_OVERHEAD};
 
 mod peers;
 use peers::PeerTable;
-pub use peers::{PeerLease, DIRECT_PEERS, MAIN_EVERY, MAX_PEER_SOCKETS};
+pub use peers::{PeerLease, DIRECT_PEERS, MAIN_EVERY, MAX_PEER_SOCKETS, MAX_PEER_SOCKETS_PER_IP};
 
 /// Datagrams one system call moves at most.
 pub const BATCH: usize = 64;

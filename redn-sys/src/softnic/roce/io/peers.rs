@@ -9,8 +9,8 @@
 //! `net/ipv4/udp.c`; within a `SO_REUSEPORT` group that has connected members, the
 //! connected one wins for its peer since Linux 5.4, commit acdcecc61285), so each peer's
 //! datagrams queue apart from everyone else's and a flood fills only its sender's queue.
-//! What no connected socket takes (strangers, peers past [`MAX_PEER_SOCKETS`]) stays on the
-//! endpoint's main socket.
+//! What no connected socket takes (strangers, peers past [`MAX_PEER_SOCKETS`], or past
+//! [`MAX_PEER_SOCKETS_PER_IP`] of one IP address) stays on the endpoint's main socket.
 //!
 //! Sending stays on the main socket: on a connected socket Linux writes the socket's IP
 //! identification counter into every datagram, which the ICRC covers and the receiver cannot
@@ -46,6 +46,10 @@ pub const DIRECT_PEERS: usize = 2;
 /// Peer sockets an endpoint opens at most (each is a file descriptor and, when full, up to
 /// [`PEER_RCVBUF`] of kernel memory); the peers past it share the main socket.
 pub const MAX_PEER_SOCKETS: usize = 256;
+/// Peer sockets for the addresses of one IP at most: every UDP port of a host is a peer
+/// address, and one host that opened connections from a port each would otherwise take
+/// every socket and leave later peers to share the main socket with strangers.
+pub const MAX_PEER_SOCKETS_PER_IP: usize = 16;
 /// While every peer has its own socket, the main socket is polled on every this many polls.
 pub const MAIN_EVERY: usize = 8;
 /// A peer socket's receive buffer: a window of full 4 KiB packets with the kernel's
@@ -204,7 +208,13 @@ impl PeerTable {
         if let Some(l) = set.leases.get_mut(&remote) {
             l.count += 1;
         } else {
+            let same_ip = set
+                .sockets
+                .iter()
+                .filter(|p| p.remote.ip() == remote.ip())
+                .count();
             let own = set.sockets.len() < MAX_PEER_SOCKETS
+                && same_ip < MAX_PEER_SOCKETS_PER_IP
                 && match peer_socket(self.local, remote)
                     .and_then(|s| epoll_add(self.epoll.as_raw_fd(), s.as_raw_fd()).map(|()| s))
                 {
@@ -497,8 +507,12 @@ mod tests {
     fn leases_share_a_socket_and_peers_past_the_cap_share_the_main_socket() {
         let server = endpoint();
         let base = 20_000u16;
-        let fake =
-            |i: usize| SocketAddrV4::new(Ipv4Addr::LOCALHOST, base + u16::try_from(i).unwrap());
+        // Each on an address of its own in 127/8 (one IP's ports share a smaller cap).
+        let fake = |i: usize| {
+            let i = u16::try_from(i).unwrap();
+            let [hi, lo] = i.to_be_bytes();
+            SocketAddrV4::new(Ipv4Addr::new(127, 1, hi, lo), base + i)
+        };
         let mut leases: Vec<PeerLease> = (0..MAX_PEER_SOCKETS)
             .map(|i| server.peer_lease(fake(i)))
             .collect();
@@ -538,5 +552,25 @@ mod tests {
         let _lease = server.peer_lease(endpoint().local_addr());
         let e = std::net::UdpSocket::bind(server.local_addr()).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
+    }
+
+    #[test]
+    fn one_ip_gets_at_most_its_share_of_the_peer_sockets() {
+        let server = endpoint();
+        let port = |i: usize| {
+            SocketAddrV4::new(
+                Ipv4Addr::new(127, 0, 0, 9),
+                30_000 + u16::try_from(i).unwrap(),
+            )
+        };
+        let leases: Vec<PeerLease> = (0..MAX_PEER_SOCKETS_PER_IP + 5)
+            .map(|i| server.peer_lease(port(i)))
+            .collect();
+        assert_eq!(server.peer_sockets().0, MAX_PEER_SOCKETS_PER_IP);
+        // Another host still gets a socket of its own.
+        let _other = server.peer_lease(SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 10), 30_000));
+        assert_eq!(server.peer_sockets().0, MAX_PEER_SOCKETS_PER_IP + 1);
+        drop(leases);
+        assert_eq!(server.peer_sockets().0, 1);
     }
 }
