@@ -44,7 +44,8 @@ use std::time::Duration;
 /// ready (a poll of an idle socket is a system call, ~0.5 µs on our VMs).
 pub const DIRECT_PEERS: usize = 2;
 /// Peer sockets an endpoint opens at most (each is a file descriptor and, when full, up to
-/// [`PEER_RCVBUF`] of kernel memory); the peers past it share the main socket.
+/// a peer socket's 1 MiB receive buffer of kernel memory); the peers past it share the
+/// main socket.
 pub const MAX_PEER_SOCKETS: usize = 256;
 /// Peer sockets for the addresses of one IP at most: every UDP port of a host is a peer
 /// address, and one host that opened connections from a port each would otherwise take
