@@ -255,9 +255,10 @@ pub fn usage() -> String {
         s.push_str(&object_usage(object));
     }
     s.push_str(
-        "\nThe show commands with [--offset N] [--limit N] show every entry of the manager's\n\
-         list, a reply's page after another; with them, the one page that starts at entry N\n\
-         (from 0) and holds at most N entries, saying on stderr where the next starts.\n",
+        "\nThe show commands that take [--offset N] [--limit N] show every entry of the\n\
+         manager's list, fetched a page at a time. Given --offset or --limit they show one\n\
+         page instead: from entry N (counted from 0), at most N entries, and say on stderr\n\
+         where the next page starts.\n",
     );
     s.push_str(
         "\nExit status: 0 on success, 1 when the command failed or the verifier refused,\n\
