@@ -216,8 +216,10 @@ fn a_sequence_nak_goes_back_n_and_costs_a_retry() {
         Progress::Failed(Nak::NoResponse),
         "retry_cnt 2 allows two resends"
     );
-    // NAKs further into the same message acknowledge packets but finish no message: they
-    // restore nothing, and start no go-back while one is under way.
+    // NAKs further into the same message acknowledge packets: each that moves the oldest
+    // unacknowledged PSN is progress (it restores the retries and starts a go-back from
+    // itself), a repeat of the PSN already named starts nothing. Nothing goes out between
+    // them here, so the go-backs end as one, from the last PSN named.
     let mut r = Requester::new(attrs(), 7, 100);
     start(&mut r, five);
     tx(&mut r, c.now());
