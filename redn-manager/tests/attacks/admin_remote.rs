@@ -253,6 +253,44 @@ fn a_user_with_a_long_exe_path_cannot_hide_the_client_list_from_the_admin() {
     attacker.finish();
 }
 
+#[test]
+fn entries_too_large_for_any_reply_are_counted_and_end_redns_walk_through_the_pages() {
+    // Under a reply queue of 16 KiB (8 KiB of entries a reply), every client entry of a
+    // program at a 23 KB path is too large for any reply: the first page is empty, with
+    // `next` at its own offset. `redn client show` must say so and stop, not ask for the
+    // same page for ever.
+    let m = Manager::configure(&policy("", ""));
+    m.open_api_socket();
+    let m = m.launch(&["--limit", "pending-output-bytes=16384"], &[]);
+    let (_tree, exe) = exe_at_a_hostile_path();
+    let mut attacker = Attacker::start_at(&exe, "hold-connections", &m.api());
+    let verdict = attacker.line();
+    let held: u64 = verdict
+        .rsplit_once("held=")
+        .and_then(|(_, n)| n.parse().ok())
+        .unwrap_or_else(|| panic!("{verdict}"));
+    for offset in [0, 5] {
+        let r = admin(&m, "ListClients", json!({ "offset": offset })).unwrap();
+        assert!(r["clients"].as_array().unwrap().is_empty(), "{r:.300}");
+        assert_eq!(r["omitted"].as_u64(), Some(held - offset), "{r:.300}");
+        assert_eq!(r["next"].as_u64(), Some(offset), "{r:.300}");
+    }
+    let admin = m.admin();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_redn"))
+        .args(["-s", admin.to_str().unwrap(), "-j", "client", "show"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+    assert!(
+        stderr.contains(&format!("{held} more not listed"))
+            && stderr.contains("larger than one reply may carry"),
+        "{stderr}"
+    );
+    attacker.finish();
+}
+
 /// The NIC objects the manager holds (protection domains, regions, CQs, QPs).
 fn nic_objects(m: &Manager) -> [u64; 4] {
     let r = admin(m, "ListDevices", json!({})).unwrap();
