@@ -100,6 +100,11 @@ pub trait DatagramIo: Send + Sync {
     fn peer_lease(&self, remote: SocketAddrV4) -> PeerLease {
         PeerLease::none(remote)
     }
+    /// Datagrams thrown away unread since the last call: those still queued on a peer's
+    /// socket when its last lease ended (for QPs that are gone). None by default.
+    fn take_discarded(&self) -> u64 {
+        0
+    }
 }
 
 /// A UDP socket with batched system calls.
@@ -320,6 +325,10 @@ impl DatagramIo for UdpIo {
     fn peer_lease(&self, remote: SocketAddrV4) -> PeerLease {
         self.peers.lease(remote)
     }
+
+    fn take_discarded(&self) -> u64 {
+        self.peers.take_discarded()
+    }
 }
 
 /// Receive up to `want` datagrams (1..=BATCH - at) from `fd` into the batch's slots from
@@ -534,6 +543,10 @@ impl<I: DatagramIo> DatagramIo for LossyIo<I> {
 
     fn peer_lease(&self, remote: SocketAddrV4) -> PeerLease {
         self.inner.peer_lease(remote)
+    }
+
+    fn take_discarded(&self) -> u64 {
+        self.inner.take_discarded()
     }
 }
 

@@ -413,6 +413,11 @@ impl DropCounters {
         self.0[why as usize].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Count `n` drops at once.
+    pub fn add(&self, why: DropReason, n: u64) {
+        self.0[why as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Drops for one reason so far.
     #[must_use]
     pub fn get(&self, why: DropReason) -> u64 {

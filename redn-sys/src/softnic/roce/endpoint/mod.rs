@@ -18,7 +18,7 @@ mod tests;
 
 use super::exchange::QpRecord;
 use super::io::{DatagramIo, Faults, LossyIo, UdpIo};
-use super::packet::DropCounters;
+use super::packet::{DropCounters, DropReason};
 use super::requester::{Requester, RequesterAttrs};
 use super::responder::Responder;
 use crate::mem::KeyCache;
@@ -165,6 +165,16 @@ impl Inner {
         }
     }
 
+    /// Count the datagrams the I/O threw away unread (a peer's socket closed with its last
+    /// QP, holding datagrams for QPs that are gone) as for an unknown QP, which is what
+    /// they would have met on the one socket.
+    fn count_discarded(&self) {
+        let n = self.io.take_discarded();
+        if n > 0 {
+            self.drops.add(DropReason::UnknownQp, n);
+        }
+    }
+
     fn send(&self, batch: &[(SocketAddrV4, &[u8])]) {
         self.sent.fetch_add(batch.len() as u64, Ordering::Relaxed);
         // A failed send is a lost packet: the requester's timer recovers it.
@@ -240,6 +250,7 @@ impl RoceEndpoint {
     /// Datagrams dropped, per reason.
     #[must_use]
     pub fn drops(&self) -> &DropCounters {
+        self.inner.count_discarded();
         &self.inner.drops
     }
 
@@ -250,7 +261,10 @@ impl RoceEndpoint {
             sent: self.inner.sent.load(Ordering::Relaxed),
             received: self.inner.received.load(Ordering::Relaxed),
             by_receive_thread: self.inner.by_receive_thread.load(Ordering::Relaxed),
-            dropped: self.inner.drops.total(),
+            dropped: {
+                self.inner.count_discarded();
+                self.inner.drops.total()
+            },
         }
     }
 

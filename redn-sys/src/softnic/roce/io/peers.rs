@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -163,6 +163,40 @@ pub(super) struct PeerTable {
     polls: AtomicUsize,
     /// Peer sockets that could not be made (counted for tests and diagnosis).
     failures: AtomicUsize,
+    /// Datagrams still queued on peer sockets when they closed, not yet taken by
+    /// [`PeerTable::take_discarded`].
+    discarded: AtomicU64,
+}
+
+/// Datagrams a closing peer socket drains at most (each a non-blocking receive of one byte
+/// that says the datagram is there): its 1 MiB holds about a thousand.
+const DRAIN_MAX: u64 = 4096;
+
+/// Read and count what waits on `socket` (up to [`DRAIN_MAX`]), without waiting.
+fn drain(socket: &UdpSocket) -> u64 {
+    let mut byte = [0u8; 1];
+    let mut n = 0;
+    while n < DRAIN_MAX {
+        // SAFETY: `byte` is valid for its one byte for this call; the descriptor is the
+        // socket's own, open while `socket` is borrowed.
+        let r = unsafe {
+            libc::recv(
+                socket.as_raw_fd(),
+                byte.as_mut_ptr().cast(),
+                byte.len(),
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+            )
+        };
+        if r < 0 {
+            match io::Error::last_os_error().kind() {
+                io::ErrorKind::Interrupted => continue,
+                // Empty (WouldBlock), or an error queued by an ICMP message: done either way.
+                _ => break,
+            }
+        }
+        n += 1;
+    }
+    n
 }
 
 fn epoll_add(epoll: RawFd, fd: RawFd) -> io::Result<()> {
@@ -200,6 +234,7 @@ impl PeerTable {
             cursor: AtomicUsize::new(0),
             polls: AtomicUsize::new(0),
             failures: AtomicUsize::new(0),
+            discarded: AtomicU64::new(0),
         })
     }
 
@@ -253,8 +288,13 @@ impl PeerTable {
         let own = l.own;
         set.leases.remove(&remote);
         if own {
-            // Closing the descriptor takes it out of the epoll set.
-            set.sockets.retain(|p| p.remote != remote);
+            // What still waits there was for QPs that are gone: counted, then thrown away
+            // with the socket. Closing the descriptor takes it out of the epoll set.
+            if let Some(i) = set.sockets.iter().position(|p| p.remote == remote) {
+                let closing = set.sockets.remove(i);
+                self.discarded
+                    .fetch_add(drain(&closing.socket), Ordering::Relaxed);
+            }
         } else {
             set.shared -= 1;
         }
@@ -263,6 +303,14 @@ impl PeerTable {
     /// Peer sockets open now.
     pub(super) fn sockets(&self) -> usize {
         self.set.read().sockets.len()
+    }
+
+    /// Datagrams thrown away with closing peer sockets since the last call.
+    pub(super) fn take_discarded(&self) -> u64 {
+        if self.discarded.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        self.discarded.swap(0, Ordering::Relaxed)
     }
 
     /// Peer sockets that could not be made.
@@ -555,6 +603,192 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
     }
 
+    /// Every datagram `io` has queued now, taken with `rb` (whose batch size carries over
+    /// from earlier polls), over as many polls as it takes.
+    fn drain_with(io: &UdpIo, rb: &mut RecvBatch) -> Vec<(SocketAddrV4, Vec<u8>)> {
+        let (mut got, mut idle) = (Vec::new(), 0);
+        while idle < 2 * MAIN_EVERY {
+            let n = io.recv(rb, None).unwrap();
+            idle = if n == 0 { idle + 1 } else { 0 };
+            for i in 0..n {
+                let (d, from) = rb.get(i);
+                got.push((from, d.to_vec()));
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn past_two_peers_a_busy_peer_does_not_keep_a_quiet_one_waiting_past_its_turn() {
+        let server = endpoint();
+        let peers: Vec<UdpIo> = (0..=DIRECT_PEERS).map(|_| endpoint()).collect();
+        let _leases: Vec<PeerLease> = peers
+            .iter()
+            .map(|p| server.peer_lease(p.local_addr()))
+            .collect();
+        let (busy, quiet) = (&peers[0], &peers[1]);
+        send_numbered(busy, server.local_addr(), 0..600, 64);
+        // Polls that fill what they ask for ask for more, up to a whole batch: the busy
+        // peer's socket always has one now.
+        let mut rb = RecvBatch::default();
+        while rb.want() < BATCH {
+            assert!(server.recv(&mut rb, None).unwrap() > 0);
+        }
+        send_numbered(quiet, server.local_addr(), 0..5, 64);
+        let got = drain_with(&server, &mut rb);
+        let busy_after = from(&got, busy.local_addr()).len();
+        assert_eq!(from(&got, quiet.local_addr()), vec![0, 1, 2, 3, 4]);
+        let last_quiet = got
+            .iter()
+            .rposition(|(a, _)| *a == quiet.local_addr())
+            .unwrap();
+        assert!(
+            last_quiet < BATCH,
+            "the quiet peer's 5 datagrams came within the first batch taken after they \
+             were sent, not after the busy peer's {busy_after} (the last at {last_quiet})"
+        );
+    }
+
+    /// An ICMP "destination unreachable" of `code` about a datagram `server` sent `peer`, as
+    /// `peer`'s host (or a firewall on the way) would send it back; false where this
+    /// process may not open a raw socket.
+    fn icmp_unreachable(server: SocketAddrV4, peer: SocketAddrV4, code: u8) -> bool {
+        fn checksum(b: &[u8]) -> u16 {
+            let mut sum: u32 = b
+                .chunks(2)
+                .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+                .sum();
+            while sum > 0xffff {
+                sum = (sum & 0xffff) + (sum >> 16);
+            }
+            !u16::try_from(sum).unwrap()
+        }
+        // The quoted datagram: its IPv4 header and its UDP header's 8 bytes.
+        let mut ip = vec![0x45, 0, 0, 36, 0, 0, 0x40, 0, 64, 17, 0, 0];
+        ip.extend_from_slice(&server.ip().octets());
+        ip.extend_from_slice(&peer.ip().octets());
+        let sum = checksum(&ip);
+        ip[10..12].copy_from_slice(&sum.to_be_bytes());
+        ip.extend_from_slice(&server.port().to_be_bytes());
+        ip.extend_from_slice(&peer.port().to_be_bytes());
+        ip.extend_from_slice(&[0, 16, 0, 0]);
+        let mut icmp = vec![3, code, 0, 0, 0, 0, 0, 0];
+        icmp.extend_from_slice(&ip);
+        let sum = checksum(&icmp);
+        icmp[2..4].copy_from_slice(&sum.to_be_bytes());
+        // SAFETY: plain system call; the result is checked.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP) };
+        if fd < 0 {
+            return false;
+        }
+        // SAFETY: `fd` was just opened (checked) and nothing else owns it.
+        let _owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        let to = sockaddr_of(SocketAddrV4::new(*server.ip(), 0));
+        // SAFETY: `icmp` and `to` are valid for their lengths for this call.
+        let r = unsafe {
+            libc::sendto(
+                fd,
+                icmp.as_ptr().cast(),
+                icmp.len(),
+                0,
+                std::ptr::from_ref(&to).cast(),
+                sockaddr_len(),
+            )
+        };
+        assert_eq!(
+            r,
+            isize::try_from(icmp.len()).unwrap(),
+            "{}",
+            io::Error::last_os_error()
+        );
+        true
+    }
+
+    #[test]
+    fn an_icmp_error_on_a_peers_socket_costs_no_socket_its_datagrams() {
+        // The direct polls, then the epoll set's.
+        for n in [DIRECT_PEERS, DIRECT_PEERS + 1] {
+            let server = endpoint();
+            let peers: Vec<UdpIo> = (0..n).map(|_| endpoint()).collect();
+            let _leases: Vec<PeerLease> = peers
+                .iter()
+                .map(|p| server.peer_lease(p.local_addr()))
+                .collect();
+            send_numbered(&peers[0], server.local_addr(), 0..5, 64);
+            // "Administratively prohibited" (a firewall's REJECT): a hard error, which Linux
+            // queues on the connected socket for its next receive.
+            if !icmp_unreachable(server.local_addr(), peers[1].local_addr(), 13) {
+                println!("skipped: no raw socket (needs CAP_NET_RAW)");
+                return;
+            }
+            for p in &peers[1..] {
+                send_numbered(p, server.local_addr(), 0..5, 64);
+            }
+            let mut rb = RecvBatch::default();
+            let mut got = Vec::new();
+            for _ in 0..4 * MAIN_EVERY {
+                let k = server
+                    .recv(&mut rb, None)
+                    .unwrap_or_else(|e| panic!("{n} peers: a receive failed: {e}"));
+                for i in 0..k {
+                    let (d, from) = rb.get(i);
+                    got.push((from, d.to_vec()));
+                }
+            }
+            for p in &peers {
+                assert_eq!(
+                    from(&got, p.local_addr()),
+                    (0..5).collect::<Vec<_>>(),
+                    "{n} peers"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_peer_socket_closed_while_another_holder_keeps_it_open_is_not_read_by_number() {
+        let server = endpoint();
+        let peers: Vec<UdpIo> = (0..=DIRECT_PEERS + 1).map(|_| endpoint()).collect();
+        let mut leases: Vec<PeerLease> = peers
+            .iter()
+            .map(|p| server.peer_lease(p.local_addr()))
+            .collect();
+        // What a child forked meanwhile holds until it execs or exits: a copy of the first
+        // peer's socket, which keeps it open (and its datagrams coming) after the table
+        // closed its own descriptor.
+        let copy = server
+            .peers
+            .set
+            .read()
+            .sockets
+            .iter()
+            .find(|p| p.remote == peers[0].local_addr())
+            .unwrap()
+            .socket
+            .try_clone()
+            .unwrap();
+        drop(leases.remove(0));
+        send_numbered(&peers[0], server.local_addr(), 0..3, 64);
+        send_numbered(&peers[1], server.local_addr(), 0..3, 64);
+        let mut rb = RecvBatch::default();
+        let mut got = Vec::new();
+        for _ in 0..4 * MAIN_EVERY {
+            let k = server.recv(&mut rb, None).unwrap_or_else(|e| {
+                panic!("a receive failed (it read a descriptor the table closed?): {e}")
+            });
+            for i in 0..k {
+                let (d, from) = rb.get(i);
+                got.push((from, d.to_vec()));
+            }
+        }
+        assert_eq!(from(&got, peers[1].local_addr()), vec![0, 1, 2]);
+        assert!(
+            from(&got, peers[0].local_addr()).is_empty(),
+            "what queued on the copy stays there"
+        );
+        drop(copy);
+    }
+
     #[test]
     fn one_ip_gets_at_most_its_share_of_the_peer_sockets() {
         let server = endpoint();
@@ -573,5 +807,18 @@ mod tests {
         assert_eq!(server.peer_sockets().0, MAX_PEER_SOCKETS_PER_IP + 1);
         drop(leases);
         assert_eq!(server.peer_sockets().0, 1);
+    }
+
+    #[test]
+    fn datagrams_left_on_a_closing_peer_socket_are_counted_as_thrown_away() {
+        let server = endpoint();
+        let peer = endpoint();
+        let lease = server.peer_lease(peer.local_addr());
+        send_numbered(&peer, server.local_addr(), 0..25, 64);
+        // Queued on the peer's socket (loopback delivers within the send).
+        assert_eq!(server.take_discarded(), 0);
+        drop(lease);
+        assert_eq!(server.take_discarded(), 25);
+        assert_eq!(server.take_discarded(), 0, "taken once");
     }
 }
