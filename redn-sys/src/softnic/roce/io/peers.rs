@@ -27,8 +27,10 @@
 //! which has only strangers' datagrams while every peer has its own socket, is visited on
 //! every [`MAIN_EVERY`]th poll only (on every poll while some peer shares it). With more than
 //! [`DIRECT_PEERS`] peer sockets an `epoll` set says which sockets have datagrams, one
-//! system call for all, and each ready socket gives at most a poll's share of the batch,
-//! peers before the main socket.
+//! system call for all, and every ready socket it names gives at most an equal share of
+//! the batch, peers before the main socket (see `take_ready` for why every one is read).
+//! An error a peer's socket returns (an ICMP error about what was sent to the peer) is
+//! nothing from that socket, not a failed poll.
 
 use super::{benign, recv_at, setsockopt_int, sockaddr_len, sockaddr_of, RecvBatch, BATCH};
 use crate::mem::read_mostly::ReadMostly;
@@ -199,6 +201,28 @@ fn drain(socket: &UdpSocket) -> u64 {
     n
 }
 
+/// Take `fd` out of the epoll set `epoll`.
+///
+/// Closing a descriptor does not do it when another descriptor refers to the same socket (a
+/// child forked meanwhile holds a copy until it execs or exits): the set would go on naming
+/// the socket by its old number, which the next file opened may take, and a poll would
+/// read from that file (an app's connection, a varlink client's).
+fn epoll_del(epoll: RawFd, fd: RawFd) {
+    // SAFETY: plain system call on descriptors the table owns (the event argument may be
+    // null for EPOLL_CTL_DEL); a failure leaves nothing to undo.
+    unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+}
+
+/// Receive from a peer's socket: an error is none now. A connected socket is given the
+/// ICMP errors that come back about what was sent to its peer (port, host or network
+/// unreachable, a firewall's "administratively prohibited", "fragmentation needed", as
+/// the peer's host or anyone on the way sends them), each returned once by its next
+/// receive instead of a datagram: not the endpoint's fault, and no reason to give up the
+/// other sockets' datagrams or to pause the poller.
+fn recv_peer(fd: RawFd, batch: &mut RecvBatch, at: usize, want: usize) -> usize {
+    recv_at(fd, batch, at, want).unwrap_or(0)
+}
+
 fn epoll_add(epoll: RawFd, fd: RawFd) -> io::Result<()> {
     let mut ev = libc::epoll_event {
         events: libc::EPOLLIN as u32,
@@ -289,9 +313,10 @@ impl PeerTable {
         set.leases.remove(&remote);
         if own {
             // What still waits there was for QPs that are gone: counted, then thrown away
-            // with the socket. Closing the descriptor takes it out of the epoll set.
+            // with the socket, taken out of the epoll set first (see `epoll_del`).
             if let Some(i) = set.sockets.iter().position(|p| p.remote == remote) {
                 let closing = set.sockets.remove(i);
+                epoll_del(self.epoll.as_raw_fd(), closing.socket.as_raw_fd());
                 self.discarded
                     .fetch_add(drain(&closing.socket), Ordering::Relaxed);
             }
@@ -336,13 +361,10 @@ impl PeerTable {
         let start = self.cursor.load(Ordering::Relaxed);
         for k in 0..peers {
             let i = (start + k) % peers;
-            match recv_at(set.sockets[i].socket.as_raw_fd(), batch, 0, want) {
-                Ok(0) => {}
-                Ok(n) => {
-                    self.cursor.store(i + 1, Ordering::Relaxed);
-                    return Some(Ok(n));
-                }
-                Err(e) => return Some(Err(e)),
+            let n = recv_peer(set.sockets[i].socket.as_raw_fd(), batch, 0, want);
+            if n > 0 {
+                self.cursor.store(i + 1, Ordering::Relaxed);
+                return Some(Ok(n));
             }
         }
         if set.shared > 0 || polls % MAIN_EVERY == 0 {
@@ -380,9 +402,17 @@ impl PeerTable {
     }
 
     /// Ask the epoll set which sockets are ready (waiting up to `ms`), then take up to
-    /// `want` datagrams from each, peers first, until the batch is full. `_set` is the read
-    /// guard's value: while it is held no socket of the table closes, so every descriptor
-    /// the epoll set names is open and the table's.
+    /// `want` datagrams from each, and no more than an equal share of the batch, peers
+    /// first. `_set` is the read guard's value: while it is held no socket of the table
+    /// closes, and a closing one leaves the set first, so every descriptor the epoll set
+    /// names is open and the table's.
+    ///
+    /// Every socket the set names is read: epoll puts each socket it names at the back of
+    /// its ready list, behind those it did not get to, so one named and left unread (the
+    /// batch full) came again behind the busy socket that filled the batch, every time.
+    /// A peer that always had a batch waiting so kept every socket named after it waiting
+    /// for as long as it sent (tested: a quiet peer's 5 datagrams came after the busy
+    /// one's 591).
     fn take_ready(
         &self,
         _set: &PeerSet,
@@ -407,6 +437,8 @@ impl PeerTable {
         }
         // 0 <= n <= BATCH.
         let ready = &events[..n.unsigned_abs() as usize];
+        // At least 1, and the shares together at most BATCH.
+        let share = want.min(BATCH / ready.len().max(1));
         let mut filled = 0;
         let mut main_ready = false;
         for ev in ready {
@@ -417,13 +449,15 @@ impl PeerTable {
                 main_ready = true;
                 continue;
             }
-            if filled == BATCH {
-                break;
-            }
-            filled += recv_at(fd, batch, filled, want.min(BATCH - filled))?;
+            filled += recv_peer(fd, batch, filled, share);
         }
-        if main_ready && filled < BATCH {
-            filled += recv_at(self.main, batch, filled, want.min(BATCH - filled))?;
+        if main_ready {
+            match recv_at(self.main, batch, filled, share) {
+                Ok(k) => filled += k,
+                // Not at the cost of what the peers' sockets gave.
+                Err(e) if filled == 0 => return Err(e),
+                Err(_) => {}
+            }
         }
         Ok(filled)
     }
