@@ -14,6 +14,7 @@ mod enforcement;
 mod eviction;
 mod flood;
 mod lifecycle;
+mod peer_sockets;
 mod raw_peer;
 mod records;
 mod requester;
@@ -232,6 +233,7 @@ fn hostile_entry() {
             let text: Vec<String> = tally.iter().map(|(k, n)| format!("{k}={n}")).collect();
             println!("HOSTILE {}", text.join(" "));
         }
+        "bind-udp" => peer_sockets::hostile_bind(),
         other => panic!("unknown attack {other}"),
     }
 }
