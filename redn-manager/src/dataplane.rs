@@ -35,6 +35,7 @@ use redn_policy::Token as OffloadToken;
 use redn_program::program::{Iterations, RegionRole};
 use redn_proto::dataplane::{Accepted, Answer, Hello, Refusal};
 use redn_sys::install::{install, Installed, RegionBinding};
+use redn_sys::softnic::roce::io::PeerBudget;
 use redn_sys::softnic::roce::{QpRecord, RegionRecord, RoceConfig, RoceEndpoint};
 use redn_sys::softnic::SoftNic;
 use std::collections::HashMap;
@@ -139,6 +140,10 @@ pub struct Dataplane {
     addr: SocketAddr,
     nic: Arc<SoftNic>,
     endpoints: HashMap<Ipv4Addr, RoceEndpoint>,
+    /// The caps of the endpoints' peer sockets, shared: at most `MAX_PEER_SOCKETS` over
+    /// all of them (what the fd budget keeps back, `Limits::fit_fds`), and one host's share
+    /// over all of them, however many local addresses clients come in on.
+    peer_budget: Arc<PeerBudget>,
     conns: HashMap<usize, Conn>,
     next_token: usize,
     serial: u64,
@@ -195,6 +200,7 @@ impl Dataplane {
             addr,
             nic,
             endpoints: HashMap::new(),
+            peer_budget: PeerBudget::new(),
             conns: HashMap::new(),
             next_token: FIRST_TOKEN + 1,
             serial: 0,
@@ -656,6 +662,7 @@ impl Dataplane {
             std::collections::hash_map::Entry::Vacant(v) => {
                 let mut cfg = RoceConfig::new(local_ip);
                 cfg.bind.set_port(0);
+                cfg.peer_budget = Some(Arc::clone(&self.peer_budget));
                 let ep = RoceEndpoint::start(&self.nic, &cfg).map_err(|e| {
                     refuse(
                         Refusal::NoDevice,

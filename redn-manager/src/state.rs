@@ -121,8 +121,9 @@ impl Limits {
         };
         let per_conn = 2 + self.codec.max_fds as u64;
         let wanted = per_conn * unix + remote;
-        // The data plane's endpoint keeps a socket for each remote address it has QPs
-        // connected to, up to a fixed number (`redn_sys::softnic::roce::io::peers`).
+        // The data plane's endpoints keep a socket for each remote address they have QPs
+        // connected to, up to a fixed number over all of them (they share one
+        // `PeerBudget`: `redn_sys::softnic::roce::io::peers`).
         let peer_sockets = if dataplane {
             redn_sys::softnic::roce::io::MAX_PEER_SOCKETS as u64
         } else {

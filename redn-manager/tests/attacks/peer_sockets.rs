@@ -358,3 +358,57 @@ pub fn hostile_bind() {
     let (plain, reuseport) = (attempt(false), attempt(true));
     report_and_hold(&format!("plain={plain} reuseport={reuseport}"));
 }
+
+/// With the data plane listening on every address (`0.0.0.0`), each local address a hello
+/// comes in on has a RoCE endpoint of its own: one host holds 20 sessions at 127.0.0.1 and
+/// 20 at 127.0.0.2 (from 40 UDP ports). Its share of the peer sockets, and the manager's
+/// 256 (which its fd budget keeps back), are over all the endpoints, not each.
+#[test]
+fn one_hosts_share_of_the_peer_sockets_is_over_every_endpoint() {
+    let m = Manager::configure(
+        &policy("", "").replace("max_remote_clients = 4", "max_remote_clients = 48"),
+    );
+    let port = std::net::TcpListener::bind("0.0.0.0:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut config = std::fs::read_to_string(m.config()).unwrap();
+    config.push_str(&format!("[dataplane]\nlisten = \"0.0.0.0:{port}\"\n"));
+    std::fs::write(m.config(), config).unwrap();
+    let m = m.launch(&[], &[]);
+    let mut app = m.client();
+    let served = Served::install(&mut app, "hash-get");
+    let mut sessions = Vec::new();
+    let mut endpoints = Vec::new();
+    for local in [1, 2] {
+        let mut door = served.door.clone();
+        door.endpoint = format!("127.0.0.{local}:{port}");
+        for _ in 0..PER_IP + 4 {
+            let p = Peer::new();
+            let session = hello_from(&p, &door, 0x42);
+            endpoints.push(session.server.addr);
+            sessions.push((p, session));
+        }
+    }
+    endpoints.sort();
+    endpoints.dedup();
+    assert_eq!(endpoints.len(), 2, "an endpoint for each local address");
+    let held: usize = endpoints
+        .iter()
+        .map(|e| peer_sockets(*e).values().sum::<usize>())
+        .sum();
+    assert_eq!(
+        held, PER_IP,
+        "127.0.0.1's peer sockets over both endpoints ({endpoints:?})"
+    );
+    // All served, past the share too.
+    for i in [0, PER_IP + 3, PER_IP + 4, 2 * PER_IP + 7] {
+        let (p, session) = &mut sessions[i];
+        p.trigger_answered(session);
+    }
+    drop(sessions);
+    for e in endpoints {
+        wait_for("peer sockets left open", || peer_sockets(e).is_empty());
+    }
+}

@@ -12,7 +12,9 @@ use super::packet::{MAX_MTU, MAX_OVERHEAD};
 
 mod peers;
 use peers::PeerTable;
-pub use peers::{PeerLease, DIRECT_PEERS, MAIN_EVERY, MAX_PEER_SOCKETS, MAX_PEER_SOCKETS_PER_IP};
+pub use peers::{
+    PeerBudget, PeerLease, DIRECT_PEERS, MAIN_EVERY, MAX_PEER_SOCKETS, MAX_PEER_SOCKETS_PER_IP,
+};
 
 /// Datagrams one system call moves at most.
 pub const BATCH: usize = 64;
@@ -197,6 +199,15 @@ impl UdpIo {
     /// # Errors
     /// The socket's bind or option calls.
     pub fn bind(addr: SocketAddrV4) -> io::Result<UdpIo> {
+        UdpIo::bind_sharing(addr, PeerBudget::new())
+    }
+
+    /// [`UdpIo::bind`], its peer sockets within `budget`, which other endpoints may share
+    /// (see [`PeerBudget`]).
+    ///
+    /// # Errors
+    /// The socket's bind or option calls.
+    pub fn bind_sharing(addr: SocketAddrV4, budget: Arc<PeerBudget>) -> io::Result<UdpIo> {
         if addr.ip().is_unspecified() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -228,7 +239,7 @@ impl UdpIo {
         // After the bind, so that another socket binding the port without it still fails
         // "address in use"; the peers' sockets join the port with it (`peers.rs`).
         setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
-        let peers = Arc::new(PeerTable::new(local, fd)?);
+        let peers = Arc::new(PeerTable::new(local, fd, budget)?);
         Ok(UdpIo {
             socket,
             local,

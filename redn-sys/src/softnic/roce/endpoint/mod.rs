@@ -17,7 +17,7 @@ mod transport;
 mod tests;
 
 use super::exchange::QpRecord;
-use super::io::{DatagramIo, Faults, LossyIo, UdpIo};
+use super::io::{DatagramIo, Faults, LossyIo, PeerBudget, UdpIo};
 use super::packet::{DropCounters, DropReason};
 use super::requester::{Requester, RequesterAttrs};
 use super::responder::Responder;
@@ -55,6 +55,9 @@ pub struct RoceConfig {
     pub spin: Duration,
     /// Faults to inject on what this endpoint sends (tests).
     pub faults: Option<Faults>,
+    /// The peer sockets' caps to share with other endpoints of the process (`None`: caps
+    /// of its own; see [`PeerBudget`]).
+    pub peer_budget: Option<Arc<PeerBudget>>,
 }
 
 impl RoceConfig {
@@ -65,6 +68,7 @@ impl RoceConfig {
             bind: SocketAddrV4::new(ip, ROCE_PORT),
             spin: Duration::from_micros(50),
             faults: None,
+            peer_budget: None,
         }
     }
 }
@@ -203,7 +207,8 @@ impl RoceEndpoint {
     /// # Errors
     /// [`Error::Roce`] if the socket cannot be bound or configured.
     pub fn start(nic: &SoftNic, cfg: &RoceConfig) -> Result<RoceEndpoint> {
-        let udp = UdpIo::bind(cfg.bind).map_err(|source| Error::Roce {
+        let budget = cfg.peer_budget.clone().unwrap_or_default();
+        let udp = UdpIo::bind_sharing(cfg.bind, budget).map_err(|source| Error::Roce {
             what: "bind the RoCE UDP socket",
             source,
         })?;

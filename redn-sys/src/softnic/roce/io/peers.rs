@@ -34,20 +34,21 @@
 
 use super::{benign, recv_at, setsockopt_int, sockaddr_len, sockaddr_of, RecvBatch, BATCH};
 use crate::mem::read_mostly::ReadMostly;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::io;
-use std::net::{SocketAddrV4, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Peer sockets polled one after another; past this many an `epoll` set says which are
 /// ready (a poll of an idle socket is a system call, ~0.5 µs on our VMs).
 pub const DIRECT_PEERS: usize = 2;
-/// Peer sockets an endpoint opens at most (each is a file descriptor and, when full, up to
-/// a peer socket's 1 MiB receive buffer of kernel memory); the peers past it share the
-/// main socket.
+/// Peer sockets an endpoint opens at most, or the endpoints sharing a [`PeerBudget`]
+/// together (each is a file descriptor and, when full, up to a peer socket's 1 MiB receive
+/// buffer of kernel memory); the peers past it share the main socket.
 pub const MAX_PEER_SOCKETS: usize = 256;
 /// Peer sockets for the addresses of one IP at most: every UDP port of a host is a peer
 /// address, and one host that opened connections from a port each would otherwise take
@@ -125,6 +126,63 @@ impl Drop for PeerLease {
     }
 }
 
+/// What the peer sockets of the endpoints that share it may take: at most
+/// [`MAX_PEER_SOCKETS`] together, and at most [`MAX_PEER_SOCKETS_PER_IP`] for the addresses
+/// of one IP over all of them. An endpoint has one of its own unless its
+/// [`RoceConfig`](crate::softnic::roce::RoceConfig) gives it one to share: a process with
+/// an endpoint on each of several local addresses (the manager's data plane listening on
+/// all of them) shares one, so that its file descriptors for peer sockets stay within what
+/// it keeps back for them, and one host cannot take a share at every endpoint (16 sockets
+/// at each, before: 32 for a host with sessions at two endpoints).
+#[derive(Debug, Default)]
+pub struct PeerBudget {
+    /// Peer sockets open, in all and by remote IP.
+    open: Mutex<(usize, HashMap<Ipv4Addr, usize>)>,
+}
+
+impl PeerBudget {
+    /// A budget for endpoints to share.
+    #[must_use]
+    pub fn new() -> Arc<PeerBudget> {
+        Arc::default()
+    }
+
+    /// Peer sockets open now under this budget.
+    #[must_use]
+    pub fn open(&self) -> usize {
+        self.open.lock().unwrap_or_else(|e| e.into_inner()).0
+    }
+
+    /// A socket for a peer at `ip`, if the caps leave room.
+    fn take(&self, ip: Ipv4Addr) -> bool {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let (all, by_ip) = &mut *open;
+        let of_ip = by_ip.entry(ip).or_default();
+        if *all >= MAX_PEER_SOCKETS || *of_ip >= MAX_PEER_SOCKETS_PER_IP {
+            if *of_ip == 0 {
+                by_ip.remove(&ip);
+            }
+            return false;
+        }
+        *of_ip += 1;
+        *all += 1;
+        true
+    }
+
+    /// A socket [`PeerBudget::take`] gave for a peer at `ip` is closed.
+    fn give(&self, ip: Ipv4Addr) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let (all, by_ip) = &mut *open;
+        *all = all.saturating_sub(1);
+        if let Entry::Occupied(mut e) = by_ip.entry(ip) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
+}
+
 /// One peer's socket.
 #[derive(Debug)]
 struct PeerSocket {
@@ -165,6 +223,8 @@ pub(super) struct PeerTable {
     polls: AtomicUsize,
     /// Peer sockets that could not be made (counted for tests and diagnosis).
     failures: AtomicUsize,
+    /// How many peer sockets it may open, shared with other endpoints or its own.
+    budget: Arc<PeerBudget>,
     /// Datagrams still queued on peer sockets when they closed, not yet taken by
     /// [`PeerTable::take_discarded`].
     discarded: AtomicU64,
@@ -240,8 +300,13 @@ fn epoll_add(epoll: RawFd, fd: RawFd) -> io::Result<()> {
 }
 
 impl PeerTable {
-    /// A table for the main socket `main` (bound at `local`, `SO_REUSEPORT` already set).
-    pub(super) fn new(local: SocketAddrV4, main: RawFd) -> io::Result<PeerTable> {
+    /// A table for the main socket `main` (bound at `local`, `SO_REUSEPORT` already set),
+    /// its peer sockets within `budget`.
+    pub(super) fn new(
+        local: SocketAddrV4,
+        main: RawFd,
+        budget: Arc<PeerBudget>,
+    ) -> io::Result<PeerTable> {
         // SAFETY: plain system call; the result is checked below.
         let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if ep < 0 {
@@ -259,6 +324,7 @@ impl PeerTable {
             polls: AtomicUsize::new(0),
             failures: AtomicUsize::new(0),
             discarded: AtomicU64::new(0),
+            budget,
         })
     }
 
@@ -268,13 +334,7 @@ impl PeerTable {
         if let Some(l) = set.leases.get_mut(&remote) {
             l.count += 1;
         } else {
-            let same_ip = set
-                .sockets
-                .iter()
-                .filter(|p| p.remote.ip() == remote.ip())
-                .count();
-            let own = set.sockets.len() < MAX_PEER_SOCKETS
-                && same_ip < MAX_PEER_SOCKETS_PER_IP
+            let own = self.budget.take(*remote.ip())
                 && match peer_socket(self.local, remote)
                     .and_then(|s| epoll_add(self.epoll.as_raw_fd(), s.as_raw_fd()).map(|()| s))
                 {
@@ -284,6 +344,7 @@ impl PeerTable {
                     }
                     Err(_) => {
                         self.failures.fetch_add(1, Ordering::Relaxed);
+                        self.budget.give(*remote.ip());
                         false
                     }
                 };
@@ -319,6 +380,8 @@ impl PeerTable {
                 epoll_del(self.epoll.as_raw_fd(), closing.socket.as_raw_fd());
                 self.discarded
                     .fetch_add(drain(&closing.socket), Ordering::Relaxed);
+                drop(closing);
+                self.budget.give(*remote.ip());
             }
         } else {
             set.shared -= 1;
@@ -821,6 +884,51 @@ mod tests {
             "what queued on the copy stays there"
         );
         drop(copy);
+    }
+
+    #[test]
+    fn endpoints_sharing_a_budget_share_its_caps() {
+        let budget = PeerBudget::new();
+        let bind = || {
+            UdpIo::bind_sharing(
+                SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+                Arc::clone(&budget),
+            )
+            .unwrap()
+        };
+        let (a, b) = (bind(), bind());
+        let port = |i: usize| {
+            SocketAddrV4::new(
+                Ipv4Addr::new(127, 0, 0, 9),
+                30_000 + u16::try_from(i).unwrap(),
+            )
+        };
+        // One IP at both endpoints: its share over the two.
+        let mut leases: Vec<PeerLease> = (0..MAX_PEER_SOCKETS_PER_IP)
+            .flat_map(|i| [a.peer_lease(port(i)), b.peer_lease(port(100 + i))])
+            .collect();
+        assert_eq!(
+            a.peer_sockets().0 + b.peer_sockets().0,
+            MAX_PEER_SOCKETS_PER_IP
+        );
+        // Every IP at both: the cap over the two.
+        let fake = |i: usize| {
+            let [hi, lo] = u16::try_from(i).unwrap().to_be_bytes();
+            SocketAddrV4::new(Ipv4Addr::new(127, 2, hi, lo), 20_000)
+        };
+        leases.extend((0..MAX_PEER_SOCKETS).map(|i| {
+            if i % 2 == 0 {
+                a.peer_lease(fake(i))
+            } else {
+                b.peer_lease(fake(i))
+            }
+        }));
+        assert_eq!(a.peer_sockets().0 + b.peer_sockets().0, MAX_PEER_SOCKETS);
+        assert_eq!(budget.open(), MAX_PEER_SOCKETS);
+        drop(leases);
+        assert_eq!(budget.open(), 0, "every socket given back");
+        let _again = b.peer_lease(port(0));
+        assert_eq!(b.peer_sockets().0, 1);
     }
 
     #[test]
