@@ -24,8 +24,9 @@
 //! **Who is read first.** A poll visits the sockets in turn, from a cursor that moves past
 //! each socket that yielded datagrams, and returns what the first one that has any yields:
 //! one busy peer cannot keep the others waiting for more than its turn. The main socket,
-//! which has only strangers' datagrams while every peer has its own socket, is visited on
-//! every [`MAIN_EVERY`]th poll only (on every poll while some peer shares it). With more than
+//! which has only strangers' datagrams while every peer has its own socket, takes its turn
+//! in the rotation on every [`MAIN_EVERY`]th poll only (on every poll while some peer
+//! shares it). With more than
 //! [`DIRECT_PEERS`] peer sockets an `epoll` set says which sockets have datagrams, one
 //! system call for all, and every ready socket it names gives at most an equal share of
 //! the batch, peers before the main socket (see `take_ready` for why every one is read).
@@ -422,16 +423,27 @@ impl PeerTable {
         // A plain load and store: a lost step between PUs only moves the main socket's turn.
         self.polls.store(polls.wrapping_add(1), Ordering::Relaxed);
         let start = self.cursor.load(Ordering::Relaxed);
-        for k in 0..peers {
-            let i = (start + k) % peers;
-            let n = recv_peer(set.sockets[i].socket.as_raw_fd(), batch, 0, want);
+        // The main socket, when its turn is due (a peer shares it, or every MAIN_EVERY-th
+        // poll), is one more in the rotation, after the peers'. Only after them all, a
+        // peer whose socket always had datagrams kept it from ever being read: a peer
+        // sharing it (past the caps) waited for as long as the other sent (its 5
+        // datagrams after all 591 of the busy peer's, tested).
+        let main_due = set.shared > 0 || polls % MAIN_EVERY == 0;
+        let slots = peers + usize::from(main_due);
+        for k in 0..slots {
+            let i = (start + k) % slots;
+            let n = if i == peers {
+                match recv_at(self.main, batch, 0, want) {
+                    Ok(n) => n,
+                    Err(e) => return Some(Err(e)),
+                }
+            } else {
+                recv_peer(set.sockets[i].socket.as_raw_fd(), batch, 0, want)
+            };
             if n > 0 {
                 self.cursor.store(i + 1, Ordering::Relaxed);
                 return Some(Ok(n));
             }
-        }
-        if set.shared > 0 || polls % MAIN_EVERY == 0 {
-            return Some(recv_at(self.main, batch, 0, want));
         }
         Some(Ok(0))
     }
@@ -884,6 +896,53 @@ mod tests {
             "what queued on the copy stays there"
         );
         drop(copy);
+    }
+
+    #[test]
+    fn a_busy_peer_does_not_keep_a_peer_sharing_the_main_socket_waiting() {
+        // Another endpoint sharing the budget holds all but one of 127.0.0.1's sockets: the
+        // busy peer gets the last, the quiet one (127.0.0.1 too) shares the main socket.
+        let budget = PeerBudget::new();
+        let bind = || {
+            UdpIo::bind_sharing(
+                SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+                Arc::clone(&budget),
+            )
+            .unwrap()
+        };
+        let (other, server) = (bind(), bind());
+        let _held: Vec<PeerLease> = (0..MAX_PEER_SOCKETS_PER_IP - 1)
+            .map(|i| {
+                other.peer_lease(SocketAddrV4::new(
+                    Ipv4Addr::LOCALHOST,
+                    40_000 + u16::try_from(i).unwrap(),
+                ))
+            })
+            .collect();
+        let (busy, quiet) = (endpoint(), endpoint());
+        let _leases = (
+            server.peer_lease(busy.local_addr()),
+            server.peer_lease(quiet.local_addr()),
+        );
+        assert_eq!(server.peer_sockets(), (1, 0), "the quiet peer shares");
+        send_numbered(&busy, server.local_addr(), 0..600, 64);
+        let mut rb = RecvBatch::default();
+        while rb.want() < BATCH {
+            assert!(server.recv(&mut rb, None).unwrap() > 0);
+        }
+        send_numbered(&quiet, server.local_addr(), 0..5, 64);
+        let got = drain_with(&server, &mut rb);
+        let busy_after = from(&got, busy.local_addr()).len();
+        assert_eq!(from(&got, quiet.local_addr()), vec![0, 1, 2, 3, 4]);
+        let last_quiet = got
+            .iter()
+            .rposition(|(a, _)| *a == quiet.local_addr())
+            .unwrap();
+        assert!(
+            last_quiet < 2 * BATCH,
+            "the quiet peer's 5 datagrams came within two batches, not after the busy \
+             peer's {busy_after} (the last at {last_quiet})"
+        );
     }
 
     #[test]
