@@ -24,7 +24,8 @@
 //!
 //! The softnic's RoCEv2 endpoints (one per local IPv4 address clients come in on, bound to
 //! an ephemeral UDP port that the records carry) run their own receive threads, as they
-//! always do.
+//! always do; past four, one with no client left is dropped (`Dataplane::reap_endpoint`),
+//! and all share one cap on their peer sockets (`PeerBudget`).
 
 use crate::audit::{Audit, Event, Record, Severity};
 use crate::auditor::AppKey;
@@ -50,6 +51,9 @@ use slots::Eviction;
 /// The listener's token; connections take the ones after it. Far above the tokens of the
 /// Unix-socket connections, so the two never meet.
 pub const FIRST_TOKEN: usize = usize::MAX / 2;
+/// RoCE endpoints kept open with no remote client on them, at most (see
+/// `Dataplane::reap_endpoint`): a data plane listening at one address has one, which stays.
+const IDLE_ENDPOINTS: usize = 4;
 /// Connections that have not finished their hello; past this, the oldest is dropped.
 const MAX_PENDING: usize = 64;
 /// Remote rights bit for WRITE in an exchange record.
@@ -144,6 +148,10 @@ pub struct Dataplane {
     /// all of them (what the fd budget keeps back, `Limits::fit_fds`), and one host's share
     /// over all of them, however many local addresses clients come in on.
     peer_budget: Arc<PeerBudget>,
+    /// Datagrams dropped by endpoints since reaped, by reason and in all (the counts an
+    /// operator reads do not go back).
+    retired_drops: std::collections::BTreeMap<String, u64>,
+    retired_dropped: u64,
     conns: HashMap<usize, Conn>,
     next_token: usize,
     serial: u64,
@@ -201,6 +209,8 @@ impl Dataplane {
             nic,
             endpoints: HashMap::new(),
             peer_budget: PeerBudget::new(),
+            retired_drops: std::collections::BTreeMap::new(),
+            retired_dropped: 0,
             conns: HashMap::new(),
             next_token: FIRST_TOKEN + 1,
             serial: 0,
@@ -230,7 +240,7 @@ impl Dataplane {
     /// RoCE datagrams its endpoints dropped, by reason (those with a count), over every
     /// endpoint: what an operator reads to tell a hostile or broken sender from loss.
     pub fn packet_drops(&self) -> std::collections::BTreeMap<String, u64> {
-        let mut drops = std::collections::BTreeMap::new();
+        let mut drops = self.retired_drops.clone();
         for ep in self.endpoints.values() {
             for (why, n) in ep.drops().snapshot() {
                 if n > 0 {
@@ -244,7 +254,12 @@ impl Dataplane {
     /// RoCE datagrams its endpoints dropped, for every reason (what `Monitor` reports each
     /// second: a sum of counters, without the by-reason map).
     pub fn packets_dropped(&self) -> u64 {
-        self.endpoints.values().map(|ep| ep.drops().total()).sum()
+        self.retired_dropped
+            + self
+                .endpoints
+                .values()
+                .map(|ep| ep.drops().total())
+                .sum::<u64>()
     }
 
     /// Whether the last `accept` failed with connections maybe left in the backlog: the
@@ -442,7 +457,43 @@ impl Dataplane {
                         .field("reason", why),
                 );
             }
+            self.reap_endpoint(c.local);
         }
+    }
+
+    /// Drop the RoCE endpoint of local address `local` if no remote client is served on it
+    /// and more than [`IDLE_ENDPOINTS`] endpoints are open. Listening on every address,
+    /// the data plane makes an endpoint (a socket, an epoll set, a receive thread) for each
+    /// local address a hello comes in on, and a local client can reach 16 million of them
+    /// (127/8): kept for ever, 100 hellos at 100 addresses, each closed, left the manager
+    /// 200 more files and 100 more threads.
+    fn reap_endpoint(&mut self, local: SocketAddr) {
+        let IpAddr::V4(ip) = local.ip() else {
+            return;
+        };
+        if self.endpoints.len() <= IDLE_ENDPOINTS
+            || self
+                .conns
+                .values()
+                .any(|c| c.instance.is_some() && c.local.ip() == local.ip())
+        {
+            return;
+        }
+        let Some(ep) = self.endpoints.remove(&ip) else {
+            return;
+        };
+        for (why, n) in ep.drops().snapshot() {
+            if n > 0 {
+                *self.retired_drops.entry(why.name().to_owned()).or_insert(0) += n;
+            }
+        }
+        self.retired_dropped += ep.drops().total();
+        // Its drop joins its receive thread, which naps up to 10 ms: not on the event loop
+        // (where the thread cannot be started, the closure and the endpoint are dropped
+        // here).
+        let _ = std::thread::Builder::new()
+            .name("redn-ep-reap".into())
+            .spawn(move || drop(ep));
     }
 
     fn read(

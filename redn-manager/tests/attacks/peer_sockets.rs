@@ -365,20 +365,9 @@ pub fn hostile_bind() {
 /// 256 (which its fd budget keeps back), are over all the endpoints, not each.
 #[test]
 fn one_hosts_share_of_the_peer_sockets_is_over_every_endpoint() {
-    let m = Manager::configure(
+    let (_m, _app, served, port) = listening_everywhere(
         &policy("", "").replace("max_remote_clients = 4", "max_remote_clients = 48"),
     );
-    let port = std::net::TcpListener::bind("0.0.0.0:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut config = std::fs::read_to_string(m.config()).unwrap();
-    config.push_str(&format!("[dataplane]\nlisten = \"0.0.0.0:{port}\"\n"));
-    std::fs::write(m.config(), config).unwrap();
-    let m = m.launch(&[], &[]);
-    let mut app = m.client();
-    let served = Served::install(&mut app, "hash-get");
     let mut sessions = Vec::new();
     let mut endpoints = Vec::new();
     for local in [1, 2] {
@@ -411,4 +400,63 @@ fn one_hosts_share_of_the_peer_sockets_is_over_every_endpoint() {
     for e in endpoints {
         wait_for("peer sockets left open", || peer_sockets(e).is_empty());
     }
+}
+
+/// A manager whose data plane listens on every address (`0.0.0.0`), an app serving
+/// hash-get on it, and the data plane's port.
+fn listening_everywhere(policy_text: &str) -> (Manager, redn_client::Client, Served, u16) {
+    let m = Manager::configure(policy_text);
+    let port = std::net::TcpListener::bind("0.0.0.0:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut config = std::fs::read_to_string(m.config()).unwrap();
+    config.push_str(&format!("[dataplane]\nlisten = \"0.0.0.0:{port}\"\n"));
+    std::fs::write(m.config(), config).unwrap();
+    let m = m.launch(&[], &[]);
+    let mut app = m.client();
+    let served = Served::install(&mut app, "hash-get");
+    (m, app, served, port)
+}
+
+/// Listening on every address, the data plane has a RoCE endpoint (a socket, an epoll
+/// set, a receive thread) for each local address a hello comes in on: a client says hello
+/// at 40 addresses of 127/8, one after another, each session closed. At most four idle
+/// endpoints are kept: the manager's files and threads come back to within four
+/// endpoints' of what it had, and a client is served after.
+#[test]
+fn hellos_at_many_local_addresses_leave_no_endpoint_behind() {
+    let (m, _app, served, port) = listening_everywhere(&policy("", ""));
+    let pid = m.child.as_ref().unwrap().id();
+    let threads = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .count()
+    };
+    let (fds, tasks) = (open_fds(&m), threads());
+    for n in 2..42 {
+        let mut door = served.door.clone();
+        door.endpoint = format!("127.0.0.{n}:{port}");
+        let p = Peer::new();
+        drop(hello_from(&p, &door, 0x42));
+    }
+    let mut now = (0, 0);
+    let bounded = (0..3000).any(|_| {
+        now = (open_fds(&m), threads());
+        now.0 <= fds + 2 * 4 && now.1 <= tasks + 4 || {
+            std::thread::sleep(Duration::from_millis(10));
+            false
+        }
+    });
+    assert!(
+        bounded,
+        "after hellos at 40 addresses: {} files and {} threads, {fds} and {tasks} before",
+        now.0, now.1
+    );
+    let mut door = served.door.clone();
+    door.endpoint = format!("127.0.0.1:{port}");
+    let p = Peer::new();
+    let mut session = hello_from(&p, &door, 0x42);
+    p.trigger_answered(&mut session);
 }
