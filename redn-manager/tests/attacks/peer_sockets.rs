@@ -165,6 +165,9 @@ fn every_peer_socket_closes_with_the_last_session_of_its_peer_however_it_ends() 
     for _ in 0..5 {
         let mut c = door.good_client();
         assert_eq!(c.get(0x2a).unwrap().as_deref(), Some(&b"hello"[..]));
+        drop(c);
+        // Each session's socket closed before the next (and its slot free: four at most).
+        s.wait_no_peer_sockets();
     }
     // Raw clients closing with a FIN, a reset, a half-close; two QPs of one peer address
     // (one socket, two leases) ending one after the other.
@@ -180,6 +183,7 @@ fn every_peer_socket_closes_with_the_last_session_of_its_peer_however_it_ends() 
             _ => a.tcp.shutdown(std::net::Shutdown::Write).unwrap(),
         }
         drop(b);
+        s.wait_no_peer_sockets();
     }
     assert_eq!(peak, 1, "two QPs of one peer address share one socket");
     // Clients that die mid-session: the offload's answer unacknowledged, their UDP port
@@ -192,6 +196,7 @@ fn every_peer_socket_closes_with_the_last_session_of_its_peer_however_it_ends() 
         drop(peer);
         std::thread::sleep(Duration::from_millis(20));
         drop(session);
+        s.wait_no_peer_sockets();
     }
     // Sessions whose QP the client put in error.
     for _ in 0..10 {
@@ -200,9 +205,9 @@ fn every_peer_socket_closes_with_the_last_session_of_its_peer_however_it_ends() 
         peer.write_to_a_bad_key(&session);
         peer.next_syndrome();
         drop(session);
+        s.wait_no_peer_sockets();
     }
     // Evicted: four idle sessions hold every slot; four newcomers take them.
-    s.wait_no_peer_sockets();
     let holders: Vec<(Peer, Session)> = (0..4)
         .map(|_| {
             let p = Peer::new();
