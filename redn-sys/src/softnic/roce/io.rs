@@ -300,8 +300,10 @@ impl DatagramIo for UdpIo {
     }
 
     fn recv(&self, batch: &mut RecvBatch, wait: Option<Duration>) -> io::Result<usize> {
+        // A wait goes through the table whether or not there are peer sockets: it also
+        // ends when one opens (see `peers.rs`, `PeerTable::wake`).
         let taken = match wait {
-            Some(w) => self.peers.wait(batch, w),
+            Some(w) => Some(self.peers.wait(batch, w)),
             None => self.peers.poll(batch),
         };
         if let Some(r) = taken {
@@ -309,21 +311,8 @@ impl DatagramIo for UdpIo {
             batch.adapt(n);
             return Ok(n);
         }
-        // No peer sockets: the main socket alone.
+        // A poll with no peer sockets: the main socket alone.
         let fd = self.socket.as_raw_fd();
-        if let Some(w) = wait {
-            let mut pfd = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let ms = i32::try_from(w.as_millis().max(1)).unwrap_or(i32::MAX);
-            // SAFETY: one valid pollfd, count 1.
-            let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-            if r <= 0 {
-                return Ok(0);
-            }
-        }
         let n = recv_at(fd, batch, 0, batch.want.clamp(1, BATCH))?;
         batch.adapt(n);
         Ok(n)

@@ -223,6 +223,15 @@ pub(super) struct PeerTable {
     /// Every socket (the main one and each peer's), for polls with more than
     /// [`DIRECT_PEERS`] peers and for the receive thread's waits.
     epoll: OwnedFd,
+    /// An eventfd the receive thread's wait also waits on (in the epoll set for good, and
+    /// in the few `poll` watches otherwise): written when a peer socket opens or closes,
+    /// so that a wait under way starts again with the sockets as they are now. Without it,
+    /// a wait that began before a QP connected to a new peer did not watch the socket
+    /// made for it, nor one that began in the epoll set when the set emptied (the peers
+    /// down to [`DIRECT_PEERS`]): the peer's datagrams waited for the wait's end, up to
+    /// the receive thread's nap (10 ms), the first trigger of every new session at an
+    /// idle endpoint among them.
+    wake: OwnedFd,
     set: ReadMostly<PeerSet>,
     /// Where the next direct poll starts (an index into `sockets`, taken modulo their count).
     cursor: AtomicUsize,
@@ -321,6 +330,14 @@ impl PeerTable {
         }
         // SAFETY: `ep` was just returned by `epoll_create1` (checked) and nothing else owns it.
         let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
+        // SAFETY: plain system call; the result is checked below.
+        let wfd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if wfd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `wfd` was just returned by `eventfd` (checked) and nothing else owns it.
+        let wake = unsafe { OwnedFd::from_raw_fd(wfd) };
+        epoll_add(ep, wfd)?;
         Ok(PeerTable {
             local,
             main,
@@ -331,6 +348,7 @@ impl PeerTable {
             failures: AtomicUsize::new(0),
             discarded: AtomicU64::new(0),
             budget,
+            wake,
         })
     }
 
@@ -350,6 +368,7 @@ impl PeerTable {
                     Ok(socket) => {
                         set.sockets.push(PeerSocket { remote, socket });
                         self.sync_epoll(&mut set);
+                        self.wake();
                         true
                     }
                     Err(_) => {
@@ -393,6 +412,7 @@ impl PeerTable {
                 drop(closing);
                 self.budget.give(*remote.ip());
                 self.sync_epoll(&mut set);
+                self.wake();
             }
         } else {
             set.shared -= 1;
@@ -431,6 +451,28 @@ impl PeerTable {
         let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", self.epoll.as_raw_fd()))
             .unwrap_or_default();
         info.lines().filter(|l| l.starts_with("tfd:")).count()
+    }
+
+    /// End the receive thread's wait under way (see `wake`).
+    fn wake(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: `one` is valid for its 8 bytes for this call; the descriptor is the
+        // table's own eventfd. A full counter (EAGAIN) is already a wake.
+        unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    }
+
+    /// Reset the eventfd a wake wrote (the waiter woke).
+    fn woken(&self) {
+        let mut count = [0u8; 8];
+        // SAFETY: `count` is valid for its 8 bytes for this call; the descriptor is the
+        // table's own eventfd, non-blocking (EAGAIN when nothing was written).
+        unsafe {
+            libc::read(
+                self.wake.as_raw_fd(),
+                count.as_mut_ptr().cast(),
+                count.len(),
+            )
+        };
     }
 
     /// Peer sockets open now.
@@ -493,20 +535,17 @@ impl PeerTable {
     }
 
     /// Wait up to `wait` for a datagram on any socket, then take what is ready (the receive
-    /// thread's wait); `None` when there are no peer sockets.
+    /// thread's wait). A peer socket opened or closed meanwhile ends the wait (`wake`).
     ///
     /// The wait holds no lock (a connect or a QP's end would otherwise wait for it, up to
     /// the receive thread's nap): it only says that something is ready, and the take asks
     /// the epoll set again under the read lock, so that every descriptor it reads from is
     /// one of the table's sockets (a descriptor closed during the wait may have been
     /// reused by any file).
-    pub(super) fn wait(&self, batch: &mut RecvBatch, wait: Duration) -> Option<io::Result<usize>> {
+    pub(super) fn wait(&self, batch: &mut RecvBatch, wait: Duration) -> io::Result<usize> {
         let ms = i32::try_from(wait.as_millis().max(1)).unwrap_or(i32::MAX);
         let few: Vec<RawFd> = {
             let set = self.set.read();
-            if set.sockets.is_empty() {
-                return None;
-            }
             if set.registered {
                 Vec::new()
             } else {
@@ -516,41 +555,45 @@ impl PeerTable {
             }
         };
         if !few.is_empty() {
-            return Some(self.wait_few(&few, batch, ms));
+            return self.wait_few(&few, batch, ms);
         }
         // SAFETY: all-zero is a valid epoll_event.
         let mut ev: libc::epoll_event = unsafe { std::mem::zeroed() };
         // SAFETY: one live epoll_event, count 1; the epoll descriptor is the table's own.
         let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), &mut ev, 1, ms) };
         if n < 0 {
-            return Some(benign(io::Error::last_os_error()).map(|_| 0));
+            return benign(io::Error::last_os_error()).map(|_| 0);
         }
         if n == 0 {
-            return Some(Ok(0));
+            return Ok(0);
         }
         let set = self.set.read();
         let want = batch.want.clamp(1, BATCH);
         if !set.registered {
-            // The set emptied meanwhile (peers fell to DIRECT_PEERS): the next wait polls.
-            return Some(Ok(0));
+            // The set emptied meanwhile (peers fell to DIRECT_PEERS), which woke it: the
+            // next wait polls.
+            self.woken();
+            return Ok(0);
         }
-        Some(self.take_ready(&set, batch, want, 0))
+        self.take_ready(&set, batch, want, 0)
     }
 
     /// The receive thread's wait while the epoll set is empty: `poll` on the main socket
-    /// and the few peer sockets, `fds`, copied out of the table, without its lock. A
-    /// descriptor closed meanwhile and reused by another file can only end the wait early:
-    /// the take, under the read lock, reads only from descriptors that are the table's.
+    /// and the few peer sockets, `fds`, copied out of the table, without its lock, and on
+    /// the wake eventfd. A descriptor closed meanwhile and reused by another file can only
+    /// end the wait early: the take, under the read lock, reads only from descriptors that
+    /// are the table's.
     fn wait_few(&self, fds: &[RawFd], batch: &mut RecvBatch, ms: i32) -> io::Result<usize> {
         let mut polled: Vec<libc::pollfd> = fds
             .iter()
+            .chain([&self.wake.as_raw_fd()])
             .map(|&fd| libc::pollfd {
                 fd,
                 events: libc::POLLIN,
                 revents: 0,
             })
             .collect();
-        // At most 1 + DIRECT_PEERS entries.
+        // At most 2 + DIRECT_PEERS entries.
         let count = libc::nfds_t::try_from(polled.len()).unwrap_or(0);
         // SAFETY: `polled` holds `count` live pollfd entries for this call.
         let r = unsafe { libc::poll(polled.as_mut_ptr(), count, ms) };
@@ -559,10 +602,17 @@ impl PeerTable {
         }
         let set = self.set.read();
         let want = batch.want.clamp(1, BATCH);
-        let share = want.min(BATCH / polled.len());
+        let wake = self.wake.as_raw_fd();
+        let ready = polled
+            .iter()
+            .filter(|p| p.revents != 0 && p.fd != wake)
+            .count();
+        let share = want.min(BATCH / ready.max(1));
         let mut filled = 0;
         for p in polled.iter().filter(|p| p.revents != 0) {
-            if p.fd == self.main {
+            if p.fd == wake {
+                self.woken();
+            } else if p.fd == self.main {
                 filled += recv_at(self.main, batch, filled, share).unwrap_or(0);
             } else if set.sockets.iter().any(|s| s.socket.as_raw_fd() == p.fd) {
                 filled += recv_peer(p.fd, batch, filled, share);
@@ -615,6 +665,11 @@ impl PeerTable {
             let Ok(fd) = RawFd::try_from(ev.u64) else {
                 continue;
             };
+            if fd == self.wake.as_raw_fd() {
+                // A wait under way woke for a socket opened or closed: nothing to read.
+                self.woken();
+                continue;
+            }
             if fd == self.main {
                 main_ready = true;
                 continue;
@@ -1040,6 +1095,68 @@ mod tests {
         );
     }
 
+    /// The receive thread's waits (of 3 s in all) until one takes a datagram: how many it
+    /// took and from whom (0 when none came). A wait may end with none (a socket opened
+    /// or closed), as the receive thread's do; it waits again, as they do.
+    fn wait_for_one(io: &UdpIo) -> (usize, SocketAddrV4) {
+        let mut rb = RecvBatch::default();
+        let end = std::time::Instant::now() + Duration::from_secs(3);
+        loop {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return (0, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
+            }
+            let n = io.recv(&mut rb, Some(left)).unwrap();
+            if n > 0 {
+                return (n, rb.get(0).1);
+            }
+        }
+    }
+
+    /// The receive thread's wait is under way when a QP connects to a new peer, whose
+    /// first datagram then comes to the socket made for it: the wait returns it, with no
+    /// peer socket before, with one, and with two (the third opens the epoll set), and
+    /// with three when the fourth's lease ends (the set closes again).
+    #[test]
+    fn a_wait_under_way_wakes_for_a_peer_whose_socket_opened_during_it() {
+        for before in 0..=DIRECT_PEERS {
+            let server = endpoint();
+            let old: Vec<UdpIo> = (0..before).map(|_| endpoint()).collect();
+            let _old: Vec<PeerLease> = old
+                .iter()
+                .map(|p| server.peer_lease(p.local_addr()))
+                .collect();
+            let new = endpoint();
+            let got = std::thread::scope(|s| {
+                let waiter = s.spawn(|| wait_for_one(&server));
+                // Into its wait first, most likely (if not, it finds the socket anyway).
+                std::thread::sleep(Duration::from_millis(100));
+                let lease = server.peer_lease(new.local_addr());
+                send_numbered(&new, server.local_addr(), 0..1, 64);
+                let got = waiter.join().unwrap();
+                drop(lease);
+                got
+            });
+            assert_eq!(got, (1, new.local_addr()), "{before} peer sockets before");
+        }
+        // The set closing under a wait: four peers, the fourth's lease ends mid-wait, and
+        // then the first sends.
+        let server = endpoint();
+        let peers: Vec<UdpIo> = (0..=DIRECT_PEERS + 1).map(|_| endpoint()).collect();
+        let mut leases: Vec<PeerLease> = peers
+            .iter()
+            .map(|p| server.peer_lease(p.local_addr()))
+            .collect();
+        let got = std::thread::scope(|s| {
+            let waiter = s.spawn(|| wait_for_one(&server));
+            std::thread::sleep(Duration::from_millis(100));
+            drop(leases.pop());
+            send_numbered(&peers[0], server.local_addr(), 0..1, 64);
+            waiter.join().unwrap()
+        });
+        assert_eq!(got, (1, peers[0].local_addr()), "the set closed mid-wait");
+    }
+
     #[test]
     fn endpoints_sharing_a_budget_share_its_caps() {
         let budget = PeerBudget::new();
@@ -1126,15 +1243,16 @@ mod tests {
         let mut leases = Vec::new();
         for (k, p) in peers.iter().enumerate() {
             leases.push(server.peer_lease(p.local_addr()));
-            // The main socket and every peer's, once past DIRECT_PEERS; none before.
-            let expected = if k < DIRECT_PEERS { 0 } else { k + 2 };
+            // The wake eventfd always; the main socket and every peer's once past
+            // DIRECT_PEERS.
+            let expected = if k < DIRECT_PEERS { 1 } else { k + 3 };
             assert_eq!(server.peers.epoll_entries(), expected, "{} peers", k + 1);
             send_numbered(p, server.local_addr(), 0..1, 64);
             let n = server.recv(&mut rb, Some(Duration::from_secs(10))).unwrap();
             assert_eq!((n, rb.get(0).1), (1, p.local_addr()), "{} peers", k + 1);
         }
         leases.pop();
-        assert_eq!(server.peers.epoll_entries(), 0, "back to direct polls");
+        assert_eq!(server.peers.epoll_entries(), 1, "back to direct polls");
         // A wait still wakes for a stranger (the main socket) and for a peer.
         let stranger = endpoint();
         for who in [&stranger, &peers[0]] {
