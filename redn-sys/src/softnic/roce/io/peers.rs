@@ -698,6 +698,15 @@ mod tests {
         UdpIo::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap()
     }
 
+    /// An endpoint whose peer sockets count against `budget`.
+    fn sharing(budget: &Arc<PeerBudget>) -> UdpIo {
+        UdpIo::bind_sharing(
+            SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+            Arc::clone(budget),
+        )
+        .unwrap()
+    }
+
     /// Every datagram `io` has queued now, with its sender, over as many polls as it takes;
     /// and how many polls that was.
     fn drain(io: &UdpIo) -> (Vec<(SocketAddrV4, Vec<u8>)>, usize) {
@@ -1053,13 +1062,7 @@ mod tests {
         // Another endpoint sharing the budget holds all but one of 127.0.0.1's sockets: the
         // busy peer gets the last, the quiet one (127.0.0.1 too) shares the main socket.
         let budget = PeerBudget::new();
-        let bind = || {
-            UdpIo::bind_sharing(
-                SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
-                Arc::clone(&budget),
-            )
-            .unwrap()
-        };
+        let bind = || sharing(&budget);
         let (other, server) = (bind(), bind());
         let _held: Vec<PeerLease> = (0..MAX_PEER_SOCKETS_PER_IP - 1)
             .map(|i| {
@@ -1160,13 +1163,7 @@ mod tests {
     #[test]
     fn endpoints_sharing_a_budget_share_its_caps() {
         let budget = PeerBudget::new();
-        let bind = || {
-            UdpIo::bind_sharing(
-                SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
-                Arc::clone(&budget),
-            )
-            .unwrap()
-        };
+        let bind = || sharing(&budget);
         let (a, b) = (bind(), bind());
         let port = |i: usize| {
             SocketAddrV4::new(
