@@ -24,6 +24,7 @@ use super::responder::Responder;
 use crate::mem::KeyCache;
 use crate::softnic::idle::IdleWork;
 use crate::softnic::in_process::InProcess;
+use crate::softnic::qp::QpShared;
 use crate::softnic::shared::{ObjectMap, Shared};
 use crate::softnic::SoftNic;
 use crate::types::Qpn;
@@ -287,8 +288,12 @@ impl RoceEndpoint {
     /// # Errors
     /// No such QP, a QP already connected or past INIT, or attributes out of range.
     pub fn connect(&self, local: &QpRecord, remote: &QpRecord) -> Result<()> {
-        let qpn = Qpn(local.qpn);
-        let q = self.inner.nic.qp(qpn)?;
+        self.connect_qp(self.inner.nic.qp(Qpn(local.qpn))?, local, remote)
+    }
+
+    /// [`Self::connect`] for the QP `q`, looked up already.
+    fn connect_qp(&self, q: Arc<QpShared>, local: &QpRecord, remote: &QpRecord) -> Result<()> {
+        let qpn = q.qpn;
         if q.state() != QpState::Init {
             return Err(Error::QpState {
                 qpn,
@@ -305,6 +310,13 @@ impl RoceEndpoint {
             });
         }
         let mut peer = q.peer.lock().unwrap_or_else(|e| e.into_inner());
+        // A QP destroyed since it was looked up (on another thread): `destroy_qp` marks it
+        // destroyed before it takes the peer under this lock, so either it is seen here or
+        // the destroy takes what this connect installs. Without this the connection and its
+        // peer socket were held for ever.
+        if q.destroyed.load(Ordering::Acquire) {
+            return Err(Error::NoSuchQp(qpn));
+        }
         if peer.is_some() {
             return Err(Error::QpState {
                 qpn,

@@ -503,6 +503,31 @@ fn a_destroyed_qp_leaves_nothing_in_its_endpoint() {
     }
 }
 
+/// A connect that looked its QP up before another thread destroyed it refuses, and leaves
+/// neither a connection nor a peer socket behind (`destroy_qp` took no transport: there
+/// was none yet).
+#[test]
+fn a_connect_racing_the_destroy_of_its_qp_leaves_nothing_behind() {
+    let nic = SoftNic::new(SoftNicConfig::new("endpoint-race")).unwrap();
+    let ep = RoceEndpoint::start(&nic, &RoceConfig::new(Ipv4Addr::LOCALHOST)).unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let cq = nic.create_cq(CqConfig::new(16)).unwrap();
+    let qp = nic.create_qp(QpConfig::new(pd, cq)).unwrap().qpn;
+    let looked_up = nic.shared.qp(qp).unwrap();
+    // A whole `destroy_qp` lands after the connect checked the QP's state and before it
+    // takes the QP's peer lock: the QP is marked destroyed and its (empty) peer was taken.
+    // Modelled on the QP the connect holds, whose state it has already checked.
+    looked_up.destroyed.store(true, Ordering::Release);
+    let peer = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 4799);
+    let got = ep.connect_qp(looked_up, &ep.record(qp, 1), &QpRecord::new(0x99, 1, peer));
+    assert!(matches!(got, Err(Error::NoSuchQp(q)) if q == qp), "{got:?}");
+    assert_eq!(
+        ep.inner.conns.read().unwrap().len(),
+        0,
+        "a connection was left"
+    );
+}
+
 /// Datagrams any thread's receive takes (the receive thread's waits as short sleeps).
 struct Open {
     local: SocketAddrV4,
