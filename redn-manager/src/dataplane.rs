@@ -9,7 +9,8 @@
 //! ([`Manager::remote_client_spec`]), the client's address checked against
 //! the app's `remote_sources` (if its rule has them), the client's record checked (its RoCE
 //! address must be the address the hello came from, so nobody can aim the manager's
-//! traffic at a third host; its `response` region must be large enough), and the app's
+//! traffic at a third host, nor at the manager's own endpoint; its `response` region must
+//! be large enough), and the app's
 //! `max_remote_clients` counted. Then the offload is installed once more for this client
 //! alone through `redn_sys::install::install`: its own managed queues, receive ring and
 //! code region, its own two protection domains, the client-facing queue connected over
@@ -724,6 +725,18 @@ impl Dataplane {
             }
         };
         let ep: &RoceEndpoint = ep;
+        if theirs.addr == ep.local_addr() {
+            // Only a local client at the endpoint's IP can name it. The QP would be
+            // connected to the endpoint itself (inert: nothing else sends from that port),
+            // with a peer socket connected to its own address.
+            return Err(refuse(
+                Refusal::InvalidHello,
+                format!(
+                    "record addr: {} is this manager's own RoCE endpoint",
+                    theirs.addr
+                ),
+            ));
+        }
         let mut bindings = spec.data_bindings.clone();
         let mut regions: Vec<RegionRecord> = bindings
             .iter()

@@ -535,6 +535,21 @@ fn hello_records_are_checked_and_half_open_connections_capped() {
         raw_hello(&endpoint, &hello("127.0.0.1:4791", vec![read_only])),
         "needs that many and WRITE",
     );
+    // Nor to the manager's own RoCE endpoint (a local client can name its port): learnt
+    // from an accepted hello's record, whose session ends with its connection.
+    let (session, answer) = say_hello(
+        std::net::TcpStream::connect(&endpoint).unwrap(),
+        &hello("127.0.0.1:4791", vec![response.clone()]),
+    );
+    let dataplane::Answer::Accepted(accepted) = answer else {
+        panic!("a good hello was refused: {answer:?}")
+    };
+    let own = QpRecord::decode(&accepted.record).unwrap().addr;
+    drop(session);
+    refused(
+        raw_hello(&endpoint, &hello(&own.to_string(), vec![response.clone()])),
+        "this manager's own RoCE endpoint",
+    );
     // Connections that never finish a hello: past 64, the oldest goes.
     let mut idle: Vec<std::net::TcpStream> = (0..65)
         .map(|_| std::net::TcpStream::connect(&endpoint).unwrap())
