@@ -131,6 +131,43 @@ fn with_output_cap(bytes: usize, edit: impl Fn(String) -> String) -> Manager {
     Manager::start_with_dataplane_and(&server_loop_policy(edit), &["--limit", &cap])
 }
 
+/// Long admin lists under a small reply queue: a manager [`with_output_cap`] of `cap`
+/// bytes serving the server loop to `sessions` remote clients (from 127.0.1.1 on, their
+/// connections held), whose app has `bans` addresses banned for an hour (from 10.0.0.1 on).
+/// The manager, the app, the held connections and the banned addresses.
+fn long_lists(
+    cap: usize,
+    sessions: usize,
+    bans: usize,
+) -> (Manager, App, Vec<std::net::TcpStream>, Vec<String>) {
+    let m = with_output_cap(cap, |p| {
+        p.replace(
+            "max_remote_clients = 4",
+            &format!("max_remote_clients = {sessions}"),
+        )
+    });
+    let a = server_loop_app(&m);
+    let mut held = Vec::new();
+    for i in 0..sessions {
+        let (tcp, answer) = hello_from(&format!("127.0.1.{}", i + 1), &a);
+        assert!(matches!(answer, Answer::Accepted(_)), "{i}: {answer:?}");
+        held.push(tcp);
+    }
+    let mut c = m.raw(&m.admin());
+    let mut banned = Vec::new();
+    for i in 0..bans {
+        if i % 500 == 499 {
+            c = m.raw(&m.admin()); // under the per-connection request rate
+        }
+        let address = format!("10.0.{}.{}", i / 250, i % 250 + 1);
+        let ban = json!({ "app": "tester", "address": address, "seconds": 3600 });
+        c.call::<_, Value>("io.redn.Admin.BanRemote", &ban, &[])
+            .unwrap();
+        banned.push(address);
+    }
+    (m, a, held, banned)
+}
+
 #[test]
 fn lists_longer_than_one_reply_may_carry_are_cut_and_say_so() {
     // A script bans 300 addresses one by one, and 64 sessions are served, under a reply
@@ -141,29 +178,7 @@ fn lists_longer_than_one_reply_may_carry_are_cut_and_say_so() {
     const CAP: usize = 8192;
     const BANS: usize = 300;
     const SESSIONS: usize = 64;
-    let m = with_output_cap(CAP, |p| {
-        p.replace(
-            "max_remote_clients = 4",
-            &format!("max_remote_clients = {SESSIONS}"),
-        )
-    });
-    let a = server_loop_app(&m);
-    let mut held = Vec::new();
-    for i in 0..SESSIONS {
-        let (tcp, answer) = hello_from(&format!("127.0.1.{}", i + 1), &a);
-        assert!(matches!(answer, Answer::Accepted(_)), "{i}: {answer:?}");
-        held.push(tcp);
-    }
-    let mut c = m.raw(&m.admin());
-    for i in 0..BANS {
-        if i % 500 == 499 {
-            c = m.raw(&m.admin()); // under the per-connection request rate
-        }
-        let address = format!("10.0.{}.{}", i / 250, i % 250 + 1);
-        let ban = json!({ "app": "tester", "address": address, "seconds": 3600 });
-        c.call::<_, Value>("io.redn.Admin.BanRemote", &ban, &[])
-            .unwrap();
-    }
+    let (m, a, _held, _) = long_lists(CAP, SESSIONS, BANS);
     for (method, key, total) in [
         ("ListBans", "bans", BANS),
         ("ListRemoteClients", "remotes", SESSIONS),
@@ -585,30 +600,13 @@ fn flood_from(a: &App, source: [u8; 4], most: std::time::Duration) -> (u64, Opti
 /// The first auditor verdict on `address` among the records from now on (`throttle`,
 /// `unthrottle`, `terminate` or `ban`, naming it as `address=` or `peer=`), within `within`.
 fn next_verdict_on(m: &Manager, address: &str, within: std::time::Duration) -> Option<String> {
-    let syslog = m.syslog.as_ref().unwrap();
-    syslog
-        .set_read_timeout(Some(std::time::Duration::from_millis(50)))
-        .unwrap();
-    let mut buf = [0u8; 4096];
-    let start = std::time::Instant::now();
     let named = [format!(" address={address} "), format!(" peer={address}:")];
-    let found = loop {
-        if start.elapsed() > within {
-            break None;
-        }
-        let Ok(n) = recv(syslog, &mut buf) else {
-            continue;
-        };
-        let rec = String::from_utf8_lossy(&buf[..n]).into_owned();
+    first_record_where(m, within, |rec| {
         let verdict = ["throttle", "unthrottle", "terminate", "ban"]
             .iter()
             .any(|e| rec.contains(&format!("event={e} ")));
-        if verdict && named.iter().any(|n| rec.contains(n.as_str())) {
-            break Some(rec);
-        }
-    };
-    syslog.set_read_timeout(Some(DEADLINE)).unwrap();
-    found
+        verdict && named.iter().any(|n| rec.contains(n.as_str()))
+    })
 }
 
 #[test]
@@ -707,29 +705,7 @@ fn every_entry_of_a_long_list_is_reached_a_page_at_a_time() {
     // answered the first page, and the admin had only the count of the rest).
     const BANS: usize = 300;
     const SESSIONS: usize = 24;
-    let m = with_output_cap(8192, |p| {
-        p.replace(
-            "max_remote_clients = 4",
-            &format!("max_remote_clients = {SESSIONS}"),
-        )
-    });
-    let a = server_loop_app(&m);
-    let mut held = Vec::new();
-    for i in 0..SESSIONS {
-        let (tcp, answer) = hello_from(&format!("127.0.1.{}", i + 1), &a);
-        assert!(matches!(answer, Answer::Accepted(_)), "{i}: {answer:?}");
-        held.push(tcp);
-    }
-    let mut c = m.raw(&m.admin());
-    let mut banned = Vec::new();
-    for i in 0..BANS {
-        let address = format!("10.0.{}.{}", i / 250, i % 250 + 1);
-        let ban = json!({ "app": "tester", "address": address, "seconds": 3600 });
-        c.call::<_, Value>("io.redn.Admin.BanRemote", &ban, &[])
-            .unwrap();
-        banned.push(address);
-    }
-    drop(c);
+    let (m, _a, _held, banned) = long_lists(8192, SESSIONS, BANS);
     // The old call: the first page, as before, with where the next starts.
     let first = admin(&m, "ListBans", json!({})).unwrap();
     let listed = first["bans"].as_array().unwrap().len();

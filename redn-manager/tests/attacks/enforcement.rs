@@ -35,26 +35,7 @@ use std::time::{Duration, Instant};
 
 /// The first record holding all of `needles` within `within` (others read and dropped).
 fn wait_record(m: &Manager, needles: &[&str], within: Duration) -> Option<String> {
-    let syslog = m.syslog.as_ref().unwrap();
-    syslog
-        .set_read_timeout(Some(Duration::from_millis(50)))
-        .unwrap();
-    let mut buf = [0u8; 4096];
-    let start = Instant::now();
-    let found = loop {
-        if start.elapsed() > within {
-            break None;
-        }
-        let Ok(n) = recv(syslog, &mut buf) else {
-            continue;
-        };
-        let rec = String::from_utf8_lossy(&buf[..n]).into_owned();
-        if needles.iter().all(|n| rec.contains(n)) {
-            break Some(rec);
-        }
-    };
-    syslog.set_read_timeout(Some(DEADLINE)).unwrap();
-    found
+    first_record_where(m, within, |rec| needles.iter().all(|n| rec.contains(n)))
 }
 
 /// GET key 0x2a on `c` until `until`; the GETs served and the error that ended it, if any.

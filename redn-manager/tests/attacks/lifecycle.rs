@@ -16,7 +16,7 @@
 //! whose records name a plain UDP socket it bound, from which it sends hand-built RoCE
 //! packets.
 
-use super::raw_peer::{Door, Peer, Session};
+use super::raw_peer::{reset, Door, Peer, Session};
 use super::*;
 use nix::sys::socket::{setsockopt, sockopt};
 use redn_proto::dataplane::Refusal;
@@ -34,16 +34,6 @@ fn nic_objects(m: &Manager) -> [u64; 4] {
         m.admin_call("io.redn.Admin.ListDevices", serde_json::json!({}));
     let d = &list.devices[0];
     [d.pd, d.mr, d.cq, d.qp]
-}
-
-/// Close `tcp` with a reset instead of a FIN (`SO_LINGER` 0).
-fn reset(tcp: TcpStream) {
-    let linger = nix::libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    setsockopt(&tcp, sockopt::Linger, &linger).unwrap();
-    drop(tcp);
 }
 
 /// A manager with a data plane, an app that installed hash-get (four triggers an instance)

@@ -524,3 +524,32 @@ fn stopped(pid: nix::unistd::Pid) {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
+
+/// The first audit record `m` sends from now on that `wanted` accepts, within `within`
+/// (the others read and dropped).
+fn first_record_where(
+    m: &Manager,
+    within: std::time::Duration,
+    wanted: impl Fn(&str) -> bool,
+) -> Option<String> {
+    let syslog = m.syslog.as_ref().unwrap();
+    syslog
+        .set_read_timeout(Some(std::time::Duration::from_millis(50)))
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let start = std::time::Instant::now();
+    let found = loop {
+        if start.elapsed() > within {
+            break None;
+        }
+        let Ok(n) = recv(syslog, &mut buf) else {
+            continue;
+        };
+        let rec = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if wanted(&rec) {
+            break Some(rec);
+        }
+    };
+    syslog.set_read_timeout(Some(DEADLINE)).unwrap();
+    found
+}

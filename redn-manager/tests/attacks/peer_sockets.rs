@@ -11,13 +11,13 @@
 //! The sockets are read from `/proc/net/udp` (those at the endpoint's address and port with
 //! a remote address) and the manager's open files from `/proc/<pid>/fd`.
 
-use super::raw_peer::{Door, Peer, Served, Session};
+use super::raw_peer::{reset, Door, Peer, Served, Session};
 use super::*;
 use nix::sys::socket::{setsockopt, sockopt};
 use redn_proto::dataplane::Answer;
 use redn_sys::softnic::roce::QpRecord;
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddrV4, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::Duration;
 
 /// Peer sockets one IP gets at most (`redn_sys::softnic::roce::io::MAX_PEER_SOCKETS_PER_IP`).
@@ -104,16 +104,6 @@ fn hello_from(peer: &Peer, door: &Door, qpn: u32) -> Session {
         },
         Answer::Refused(r, why) => panic!("hello from {} refused: {r}: {why}", peer.me),
     }
-}
-
-/// Close `tcp` with a reset instead of a FIN (`SO_LINGER` 0).
-fn reset(tcp: TcpStream) {
-    let linger = nix::libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    setsockopt(&tcp, sockopt::Linger, &linger).unwrap();
-    drop(tcp);
 }
 
 /// A manager serving hash-get to remote clients with `policy_edit` applied to the test

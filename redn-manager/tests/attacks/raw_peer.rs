@@ -350,3 +350,13 @@ pub fn is_rnr(h: &Header) -> bool {
     h.aeth
         .is_some_and(|a| matches!(Syndrome::of(a.syndrome), Syndrome::Rnr(_)))
 }
+
+/// Close `tcp` with a reset instead of a FIN (`SO_LINGER` 0).
+pub(super) fn reset(tcp: TcpStream) {
+    let linger = nix::libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    nix::sys::socket::setsockopt(&tcp, nix::sys::socket::sockopt::Linger, &linger).unwrap();
+    drop(tcp);
+}
