@@ -279,30 +279,8 @@ fn sessions_whose_queue_pair_is_in_error_are_released() {
                     .map(|k| d.get(*k).copied().unwrap_or(0))
                     .sum::<u64>()
             };
-            let before = dropped(&s.m);
             let h = Header::new(opcode::SEND_ONLY, session.server.qpn, session.epsn);
-            // Sent again each second, as a peer would retry: in about 1 run in 6 a SEND
-            // sent as the auditor released the QP went uncounted, probably lost with the
-            // QP's closing peer socket; not understood (`docs/attacks.md`, "Not yet tried,
-            // or left").
-            let start = std::time::Instant::now();
-            let mut last_send = None::<std::time::Instant>;
-            while dropped(&s.m) <= before {
-                if last_send.is_none_or(|t| t.elapsed() > std::time::Duration::from_secs(1)) {
-                    peer.send(&session.server, &h, &[]);
-                    last_send = Some(std::time::Instant::now());
-                }
-                if start.elapsed() > DEADLINE {
-                    let l: redn_proto::api::DeviceList =
-                        s.m.admin_call("io.redn.Admin.ListDevices", serde_json::json!({}));
-                    panic!(
-                        "round {round}: the QP in error never dropped the SEND ({before} \
-                         dropped before; now {:?})",
-                        l.devices[0].packet_drops
-                    );
-                }
-                std::thread::yield_now();
-            }
+            send_until_counted(&peer, &session.server, &h, || dropped(&s.m));
         }
         if round % 3 == 0 {
             reset(session.tcp);
@@ -595,11 +573,8 @@ fn ended_sessions_leave_no_memory_in_the_roce_endpoint() {
         let server = session.server.clone();
         drop(session);
         s.wait_held(0);
-        let before = unknown_qp(&s.m);
-        peer.send(&server, &Header::new(opcode::SEND_ONLY, server.qpn, 0), &[]);
-        wait_for("the dead QP's datagram was never dropped", || {
-            unknown_qp(&s.m) > before
-        });
+        let h = Header::new(opcode::SEND_ONLY, server.qpn, 0);
+        send_until_counted(&peer, &server, &h, || unknown_qp(&s.m));
     }
     let control_growth = rss_kib(&s.m).saturating_sub(control_start);
     // The attack: hello, close, nothing more.
@@ -622,4 +597,29 @@ fn ended_sessions_leave_no_memory_in_the_roce_endpoint() {
         "{leak_growth} KiB for {sessions} sessions against {control_growth} KiB with the \
          entries removed: the endpoint keeps what ended sessions held"
     );
+}
+
+/// Send `h` (no payload) from `peer` to `server` until `count` goes up, again each second,
+/// as a peer would retry: a datagram sent as its QP's peer socket closes can be lost with
+/// the socket, uncounted, under CPU load (`docs/attacks.md`, "Not yet tried, or left").
+fn send_until_counted(
+    peer: &Peer,
+    server: &redn_sys::softnic::roce::QpRecord,
+    h: &Header,
+    count: impl Fn() -> u64,
+) {
+    let before = count();
+    let start = Instant::now();
+    let mut last_send = None::<Instant>;
+    while count() <= before {
+        if last_send.map_or(true, |t| t.elapsed() > Duration::from_secs(1)) {
+            peer.send(server, h, &[]);
+            last_send = Some(Instant::now());
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "a datagram to a QP in error or gone was never dropped ({before} dropped before)"
+        );
+        std::thread::yield_now();
+    }
 }
